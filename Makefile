@@ -1,0 +1,45 @@
+# Trainyard: `make up` runs the local stack and an example job; `make test` runs every test.
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+
+.PHONY: install up demo down status test lint schemas bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml deploy/local/system-packages.sh
+	bash deploy/local/system-packages.sh
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	touch $(STAMP)
+
+## Start NATS, PostgreSQL, the four services and two node agents, then run the example job.
+up: install
+	$(PY) -m libs.devstack up
+	$(PY) -m libs.devstack demo
+
+demo: install
+	$(PY) -m libs.devstack demo
+
+down:
+	$(PY) -m libs.devstack down
+
+status:
+	$(PY) -m libs.devstack status
+
+## Every test: unit, integration (real NATS and PostgreSQL) and end to end (the whole stack).
+test: install
+	$(PY) -m pytest
+
+lint: install
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy .
+
+## Regenerate docs/schemas/ from the contracts.
+schemas: install
+	$(PY) -m libs.contracts.schema_export docs/schemas
+
+clean:
+	rm -rf $(VENV) .trainyard .pytest_cache .mypy_cache .ruff_cache

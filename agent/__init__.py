@@ -1,0 +1,1 @@
+"""Node agent: one per compute host; registers, heartbeats, runs process groups, ships logs."""

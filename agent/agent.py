@@ -1,0 +1,230 @@
+"""The node agent: the only Trainyard process on a compute host. It speaks NATS alone.
+
+- registers the host with the monitor and sends heartbeats;
+- answers start/stop requests from the launcher; a repeated start of the same (job, attempt,
+  rank) is acknowledged without starting anything, and a stopped attempt never starts again;
+- runs each node of a job as a process group in its workspace, ships its output to JetStream in
+  numbered chunks, and reports start and exit as JetStream messages whose ids make retries harmless.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import msgspec
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js import JetStreamContext
+
+from agent.process import ProcessGroup
+from agent.workspace import BACKEND, WorkspaceError, build_workspace
+from libs.contracts import subjects
+from libs.contracts.agent import (
+    Heartbeat,
+    LogChunk,
+    NodeAccepted,
+    ProcessAccepted,
+    ProcessExited,
+    ProcessStarted,
+    RegisterNode,
+    StartProcess,
+    Stopped,
+    StopProcesses,
+)
+from libs.contracts.cluster import NodeInfo
+from libs.contracts.codec import decode, encode
+from libs.messaging.connection import connect, ensure_streams
+from libs.messaging.rpc import ServiceUnavailable, call
+from libs.telemetry.logs import get_logger
+from libs.telemetry.tracing import context_from_headers, tracer
+
+log = get_logger(__name__)
+span_tracer = tracer("trainyard.agent")
+LOG_FLUSH_SECONDS = 0.2
+LOG_CHUNK_LINES = 200
+
+
+@dataclass
+class RunningNode:
+    job_id: str
+    attempt: int
+    rank: int
+    group: ProcessGroup | None = None
+    task: asyncio.Task[None] | None = None
+    log_seq: int = 0
+    pending_lines: list[str] = field(default_factory=list)
+    # Chunks must reach the stream in `seq` order; the flusher and the reader share this lock.
+    ship_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+
+
+class NodeAgent:
+    def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path) -> None:
+        self.info = info
+        self.nats_url = nats_url
+        self.root = root
+        self.storage = storage
+        self.nodes: dict[tuple[str, int, int], RunningNode] = {}
+        self.stopped_attempts: set[tuple[str, int]] = set()
+        self.heartbeat_seconds = 2.0
+        self.nc: Client
+        self.js: JetStreamContext
+        self._tasks: list[asyncio.Task[Any]] = []
+
+    async def start(self) -> None:
+        self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}")
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js)
+        await self.nc.subscribe(subjects.agent_start(self.info.name), cb=self._on_start)
+        await self.nc.subscribe(subjects.agent_stop(self.info.name), cb=self._on_stop)
+        await self._register()
+        self._tasks.append(asyncio.create_task(self._heartbeats()))
+        log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        for node in list(self.nodes.values()):
+            if node.group is not None:
+                await node.group.stop(2.0)
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+
+    # --- registration and heartbeats --------------------------------------------------------------
+
+    async def _register(self) -> None:
+        delay = 0.2
+        while True:
+            try:
+                reply = await call(self.nc, subjects.REGISTER_NODE, RegisterNode(node=self.info), timeout=5.0,
+                                   reply_type=NodeAccepted)
+                self.heartbeat_seconds = reply.heartbeat_seconds
+                return
+            except (ServiceUnavailable, msgspec.ValidationError) as exc:
+                log.info("agent.register_retry", node=self.info.name, error=str(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _heartbeats(self) -> None:
+        while True:
+            running = [f"{n.job_id}/{n.attempt}/{n.rank}" for n in self.nodes.values() if n.task and not n.task.done()]
+            beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running)
+            with contextlib.suppress(Exception):
+                await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat))
+            await asyncio.sleep(self.heartbeat_seconds)
+
+    # --- requests from the launcher ---------------------------------------------------------------
+
+    async def _on_start(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, StartProcess)
+        except msgspec.ValidationError as exc:
+            log.warning("agent.bad_request", error=str(exc))
+            return
+        key = (request.job_id, request.attempt, request.launch.rank)
+        known = key in self.nodes or (request.job_id, request.attempt) in self.stopped_attempts
+        if not known:
+            node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank)
+            self.nodes[key] = node
+            with span_tracer.start_as_current_span("agent start", context=context_from_headers(msg.headers)):
+                node.task = asyncio.create_task(self._run(node, request))
+        await msg.respond(encode(ProcessAccepted(already_known=known)))
+
+    async def _on_stop(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, StopProcesses)
+        except msgspec.ValidationError as exc:
+            log.warning("agent.bad_request", error=str(exc))
+            return
+        self.stopped_attempts.add((request.job_id, request.attempt))
+        targets = [n for n in self.nodes.values()
+                   if (n.job_id, n.attempt) == (request.job_id, request.attempt) and n.group is not None]
+        await asyncio.gather(*(n.group.stop(request.grace_seconds) for n in targets if n.group))
+        log.info("agent.stopped", job_id=request.job_id, attempt=request.attempt, processes=len(targets))
+        await msg.respond(encode(Stopped(stopped=len(targets))))
+
+    # --- running one node of a job ----------------------------------------------------------------
+
+    async def _run(self, node: RunningNode, request: StartProcess) -> None:
+        launch = request.launch
+        bound = log.bind(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name)
+        root = self.root / "jobs" / node.job_id / str(node.attempt) / f"rank-{node.rank}"
+        try:
+            workspace, files = build_workspace(root, self.storage, launch)
+        except (WorkspaceError, OSError) as exc:
+            await self._ship(node, [f"[trainyard] cannot prepare the workspace: {exc}"])
+            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+                                             node=self.info.name, exit_code=127), "exited", node)
+            return
+        env = {**os.environ, **{k: workspace.translate(v, files) for k, v in launch.env.items()}}
+        # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
+        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
+        env.update(TRAINYARD_JOB_ID=node.job_id, TRAINYARD_ATTEMPT=str(node.attempt),
+                   TRAINYARD_RANK=str(node.rank), TRAINYARD_NODE=self.info.name,
+                   TRAINYARD_WORKSPACE=str(workspace.path), TRAINYARD_WORKSPACE_BACKEND=BACKEND)
+        argv = [workspace.translate(arg, files) for arg in launch.argv]
+        cwd = workspace.path / "algorithm"
+        group = ProcessGroup(argv, env, cwd if cwd.exists() else workspace.path, root / "output.log")
+        try:
+            await group.start()
+        except OSError as exc:
+            await self._ship(node, [f"[trainyard] cannot start {argv[0]!r}: {exc}"])
+            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+                                             node=self.info.name, exit_code=127), "exited", node)
+            return
+        node.group = group
+        bound.info("agent.process_started", pid=group.pid, argv=argv)
+        await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+                                          node=self.info.name, pid=group.pid), "started", node)
+        flusher = asyncio.create_task(self._flush_periodically(node))
+        try:
+            code = await group.pump(lambda line: self._collect(node, line))
+        finally:
+            flusher.cancel()
+        await self._ship(node, [])
+        bound.info("agent.process_exited", exit_code=code)
+        await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+                                         node=self.info.name, exit_code=code), "exited", node)
+
+    async def _collect(self, node: RunningNode, line: str) -> None:
+        node.pending_lines.append(line)
+        if len(node.pending_lines) >= LOG_CHUNK_LINES:
+            await self._ship(node, [])
+
+    async def _flush_periodically(self, node: RunningNode) -> None:
+        while True:
+            await asyncio.sleep(LOG_FLUSH_SECONDS)
+            await self._ship(node, [])
+
+    async def _ship(self, node: RunningNode, extra: list[str]) -> None:
+        async with node.ship_lock:
+            lines, node.pending_lines = node.pending_lines + extra, []
+            if not lines:
+                return
+            chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
+                             seq=node.log_seq, lines=lines)
+            node.log_seq += 1
+            msg_id = f"{node.job_id}.{node.attempt}.{node.rank}.log.{chunk.seq}"
+            await self._publish(subjects.job_logs(node.job_id, node.rank), encode(chunk), msg_id)
+
+    async def _report(self, report: ProcessStarted | ProcessExited, kind: str, node: RunningNode) -> None:
+        msg_id = f"{node.job_id}.{node.attempt}.{node.rank}.{kind}"
+        await self._publish(subjects.agent_report(self.info.name), encode(report), msg_id)
+
+    async def _publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+        """Publish to JetStream until it acknowledges; the message id makes repeats harmless."""
+        delay = 0.1
+        while True:
+            try:
+                await self.js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id})
+                return
+            except Exception as exc:  # JetStream unavailable or timed out: try again
+                log.warning("agent.publish_retry", subject=subject, error=repr(exc))
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)

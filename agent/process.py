@@ -1,0 +1,62 @@
+"""One node's process group: started in its own session, its output read line by line, killed whole."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+LineSink = Callable[[str], Awaitable[None]]
+
+
+class ProcessGroup:
+    """A command run as the leader of a new session, so that stop() reaches every child it forks."""
+
+    def __init__(self, argv: list[str], env: dict[str, str], cwd: Path, log_path: Path) -> None:
+        self.argv = argv
+        self.env = env
+        self.cwd = cwd
+        self.log_path = log_path
+        self.proc: asyncio.subprocess.Process | None = None
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    async def start(self) -> None:
+        self.proc = await asyncio.create_subprocess_exec(
+            *self.argv, env=self.env, cwd=self.cwd, stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+        )
+
+    async def pump(self, sink: LineSink) -> int:
+        """Send every output line to `sink` (and the node's log file); return the exit code."""
+        assert self.proc is not None and self.proc.stdout is not None
+        with self.log_path.open("a", encoding="utf-8") as log_file:
+            async for raw in self.proc.stdout:
+                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+                log_file.write(line + "\n")
+                log_file.flush()
+                await sink(line)
+        code = await self.proc.wait()
+        # A process killed by signal N reports -N; shells report 128+N. Use the shell convention.
+        return 128 - code if code < 0 else code
+
+    async def stop(self, grace_seconds: float) -> None:
+        """SIGTERM the whole group, then SIGKILL what is left after `grace_seconds`."""
+        if self.proc is None or self.proc.returncode is not None:
+            return
+        self._signal(signal.SIGTERM)
+        try:
+            await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace_seconds)
+        except TimeoutError:
+            self._signal(signal.SIGKILL)
+
+    def _signal(self, sig: signal.Signals) -> None:
+        assert self.proc is not None
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.proc.pid, sig)

@@ -1,0 +1,311 @@
+"""`trainyard`: the command-line tool, a thin layer over `client.api.TrainyardClient` (SPEC X6)."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from functools import wraps
+from pathlib import Path
+from typing import Annotated, Any
+
+import msgspec
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from client.api import TrainyardClient, TrainyardError
+from libs.contracts.agent import LogChunk
+from libs.contracts.events import EventEnvelope
+from libs.contracts.jobspec import SpecError, decode_spec
+from libs.contracts.messages import JOB_STATUSES, JobStatus, JobView
+from libs.messaging.rpc import ServiceUnavailable
+
+app = typer.Typer(help="Trainyard: queue, launch and follow distributed training jobs.",
+                  no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+# Piped output is not cut to 80 columns: tables stay one row per item for grep and friends.
+out = Console(highlight=False, width=None if os.isatty(1) else int(os.environ.get("COLUMNS", "200")))
+err = Console(stderr=True, highlight=False)
+
+JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
+FollowOption = Annotated[bool, typer.Option("--follow", "-f", help="Follow status and logs until the job ends.")]
+
+STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "failed": "red",
+                "stopped": "magenta", "expired": "magenta"}
+
+
+def _fail(message: str, hint: str | None = None) -> typer.Exit:
+    err.print(f"[bold red]error:[/] {message}")
+    if hint:
+        err.print(f"[dim]hint:[/] {hint}")
+    return typer.Exit(1)
+
+
+def _run(command: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
+    """Run an async command with a connected client; turn refusals into readable errors."""
+
+    @wraps(command)
+    def wrapper(*args: Any, **kwargs: Any) -> None:
+        async def main() -> None:
+            client = await TrainyardClient.open()
+            try:
+                await command(client, *args, **kwargs)
+            finally:
+                await client.close()
+
+        try:
+            asyncio.run(main())
+        except TrainyardError as exc:
+            for field_error in exc.error.errors:
+                err.print(f"  [red]{field_error.field}[/]: {field_error.message}"
+                          + (f"\n    [dim]hint: {field_error.hint}[/]" if field_error.hint else ""))
+            raise _fail(exc.error.message if not exc.error.errors else "the request was refused",
+                        exc.error.hint) from None
+        except ServiceUnavailable as exc:
+            raise _fail(str(exc), "is the stack running? start it with `make up`, or set NATS_URL") from None
+        except KeyboardInterrupt:
+            raise typer.Exit(130) from None
+
+    # typer reads the signature: hide the injected client parameter (and resolve the annotations,
+    # which are strings under `from __future__ import annotations`).
+    signature = inspect.signature(command, eval_str=True)
+    wrapper.__signature__ = signature.replace(parameters=list(signature.parameters.values())[1:])  # type: ignore[attr-defined]
+    return wrapper
+
+
+def _json(value: Any) -> None:
+    sys.stdout.write(msgspec.json.format(msgspec.json.encode(value)).decode() + "\n")
+
+
+def _time(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def _status(job: JobView) -> str:
+    return f"[{STATUS_STYLE.get(job.status, 'white')}]{job.status}[/]"
+
+
+# --- commands --------------------------------------------------------------------------------------
+
+
+@app.command()
+@_run
+async def submit(client: TrainyardClient,
+                 file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False)],
+                 follow: FollowOption = False,
+                 as_json: JsonOption = False) -> None:
+    """Submit a job described in FILE."""
+    try:
+        spec = decode_spec(file.read_bytes(), yaml=file.suffix in (".yaml", ".yml"))
+    except SpecError as exc:
+        for field_error in exc.errors:
+            err.print(f"  [red]{field_error.field}[/]: {field_error.message}"
+                      + (f"\n    [dim]hint: {field_error.hint}[/]" if field_error.hint else ""))
+        raise _fail(f"{file} is not a valid job spec; nothing was submitted") from None
+    accepted = await client.submit(spec)
+    if as_json:
+        _json(accepted)
+    else:
+        out.print(f"submitted [bold]{accepted.job_id}[/] ({spec.name}): {accepted.status}")
+    if follow:
+        job = await follow_job(client, accepted.job_id)
+        if job.status != "succeeded":
+            raise typer.Exit(1)
+
+
+async def follow_job(client: TrainyardClient, job_id: str) -> JobView:
+    """Print status changes and every node's log lines until the job ends."""
+
+    def on_change(job: JobView) -> None:
+        where = ", ".join(f"rank {p.rank}@{p.node}" for p in job.placement)
+        detail = f" on {where}" if where else (f" (position {job.queue_position})" if job.queue_position else "")
+        out.print(f"[dim]{datetime.now().strftime('%H:%M:%S')}[/] {job.job_id} {_status(job)}{detail}"
+                  + (f": {job.reason}" if job.reason else ""))
+
+    async def print_logs() -> None:
+        async for chunk in client.logs(job_id, follow=True):
+            _print_chunk(chunk, prefix=True)
+
+    log_task = asyncio.create_task(print_logs())
+    job = await client.wait(job_id, on_change=on_change)
+    await log_task
+    return job
+
+
+def _print_chunk(chunk: LogChunk, *, prefix: bool) -> None:
+    for line in chunk.lines:
+        out.print(f"[blue]\\[rank {chunk.rank}][/] {line}" if prefix else line, markup=prefix)
+
+
+@app.command("list")
+@_run
+async def list_jobs(client: TrainyardClient,
+                    status: Annotated[list[str] | None,
+                                      typer.Option("--status", "-s", help="Only these statuses.")] = None,
+                    project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
+                    as_json: JsonOption = False) -> None:
+    """List jobs, newest first."""
+    unknown = [s for s in status or [] if s not in JOB_STATUSES]
+    if unknown:
+        raise _fail(f"unknown status {unknown[0]!r}", f"choose from {', '.join(JOB_STATUSES)}")
+    statuses: list[JobStatus] = [s for s in JOB_STATUSES if s in (status or [])]
+    jobs = await client.list_jobs(statuses, project)
+    if as_json:
+        _json(jobs)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("JOB", "NAME", "STATUS", "PRIORITY", "MODE", "NODES", "FLAVOR", "CREATOR", "SUBMITTED"):
+        table.add_column(column)
+    for job in jobs:
+        table.add_row(job.job_id, job.name, _status(job), job.priority, job.mode, str(job.nodes),
+                      job.flavor or ",".join(job.flavors), job.creator, _time(job.submitted_at))
+    out.print(table if jobs else "no jobs")
+
+
+@app.command()
+@_run
+async def show(client: TrainyardClient, job_id: Annotated[str, typer.Argument(help="Job id.")],
+               as_json: JsonOption = False) -> None:
+    """Show a job: its state, placement and per-node instances."""
+    details = await client.get_job(job_id)
+    if as_json:
+        _json(details)
+        return
+    job = details.job
+    table = Table(box=None, show_header=False)
+    table.add_column(style="bold")
+    table.add_column()
+    rows = [("job", job.job_id), ("name", job.name), ("project", job.project), ("creator", job.creator),
+            ("status", _status(job)), ("reason", job.reason or "-"),
+            ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
+            ("priority", job.priority), ("mode", f"{job.mode}, {job.nodes} node(s)"),
+            ("flavor", job.flavor or f"one of {', '.join(job.flavors)}"), ("attempt", str(job.attempt)),
+            ("submitted", _time(job.submitted_at)), ("started", _time(job.started_at)),
+            ("ended", _time(job.ended_at)), ("output", job.output or "-")]
+    if job.queue_position:
+        rows.insert(5, ("queue position", str(job.queue_position)))
+    for key, value in rows:
+        table.add_row(key, value)
+    out.print(table)
+    if job.instances:
+        instances = Table(title="instances", box=None, header_style="bold", title_justify="left")
+        for column in ("RANK", "NODE", "ROLE", "STATE", "PID", "EXIT"):
+            instances.add_column(column)
+        for inst in job.instances:
+            instances.add_row(str(inst.rank), inst.node, "master" if inst.master else "worker", inst.state,
+                              str(inst.pid or "-"), "-" if inst.exit_code is None else str(inst.exit_code))
+        out.print(instances)
+
+
+@app.command()
+@_run
+async def logs(client: TrainyardClient, job_id: Annotated[str, typer.Argument(help="Job id.")],
+               node: Annotated[int | None, typer.Option("--node", "-n", help="Only this rank.")] = None,
+               follow: FollowOption = False) -> None:
+    """Print a job's logs: every node merged with rank prefixes, or one node."""
+    await client.get_job(job_id)  # a clear error for an unknown job
+    async for chunk in client.logs(job_id, node, follow=follow):
+        _print_chunk(chunk, prefix=node is None)
+
+
+@app.command()
+@_run
+async def events(client: TrainyardClient, job_id: Annotated[str, typer.Argument(help="Job id.")],
+                 as_json: JsonOption = False) -> None:
+    """Print the full event history of a job across services."""
+    history = await client.events(job_id)
+    if as_json:
+        _json(history)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("TIME", "SERVICE", "EVENT", "DETAILS"):
+        table.add_column(column)
+    for envelope in history:
+        table.add_row(_time(envelope.recorded_at), envelope.service, type(envelope.event).name(),
+                      _event_details(envelope))
+    out.print(table if history else f"no events for {job_id}")
+
+
+def _event_details(envelope: EventEnvelope) -> str:
+    skip = {"job_id", "spec", "nodes"}
+    fields = msgspec.structs.asdict(envelope.event)
+    parts = []
+    for key, value in fields.items():
+        if key in skip or value in (None, [], {}):
+            continue
+        if key == "placement":
+            value = ", ".join(f"{p.rank}@{p.node}" for p in value)
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+@app.command()
+@_run
+async def stop(client: TrainyardClient, job_ids: Annotated[list[str], typer.Argument(help="Job ids.")]) -> None:
+    """Stop jobs: queued ones leave the queue, running ones are terminated."""
+    done = await client.stop(job_ids)
+    out.print(done.message)
+
+
+@app.command()
+@_run
+async def delete(client: TrainyardClient, job_ids: Annotated[list[str], typer.Argument(help="Job ids.")]) -> None:
+    """Delete ended jobs (stop running ones first)."""
+    done = await client.delete(job_ids)
+    out.print(done.message)
+
+
+@app.command()
+@_run
+async def nodes(client: TrainyardClient, as_json: JsonOption = False) -> None:
+    """List registered nodes with their resources and use."""
+    views = await client.nodes()
+    if as_json:
+        _json(views)
+        return
+    table = Table(box=None, header_style="bold")
+    for column in ("NODE", "STATUS", "ADDRESS", "CPU", "MEMORY (MiB)", "ACCELERATORS", "POOLS", "OS / KERNEL", "JOBS"):
+        table.add_column(column)
+    for view in views:
+        info = view.info
+        boards = ", ".join(f"{a.count}x {a.board}" for a in info.accelerators) or "-"
+        table.add_row(info.name, "[green]ready[/]" if view.status == "ready" else "[red]lost[/]", info.address,
+                      f"{view.used.cpus:g}/{info.cpus:g}", f"{view.used.memory_mib}/{info.memory_mib}",
+                      f"{view.used.accelerators}/{info.accelerator_count} {boards}" if info.accelerators else "-",
+                      ",".join(info.pools) or "-", f"{info.os} / {info.kernel}", str(len(view.jobs)))
+    out.print(table if views else "no nodes registered")
+
+
+@app.command()
+@_run
+async def queue(client: TrainyardClient, as_json: JsonOption = False) -> None:
+    """Show demand as the autoscaler sees it: queued jobs per flavor."""
+    status = await client.queue_status()
+    if as_json:
+        _json(status)
+        return
+    out.print(f"queued jobs: {status.queued_jobs}   running jobs: {status.running_jobs}")
+    for flavor, count in status.queued_by_flavor.items():
+        out.print(f"  {flavor}: {count} queued")
+
+
+@app.command()
+@_run
+async def wait(client: TrainyardClient, job_id: Annotated[str, typer.Argument(help="Job id.")],
+               timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None) -> None:
+    """Wait until a job ends; exit 0 only if it succeeded."""
+    job = await client.wait(job_id, timeout=timeout)
+    out.print(f"{job.job_id} {_status(job)}" + (f": {job.reason}" if job.reason else ""))
+    if job.status != "succeeded":
+        raise typer.Exit(1)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

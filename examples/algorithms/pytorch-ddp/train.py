@@ -1,0 +1,51 @@
+"""A small DistributedDataParallel job: fits y = 3x + 2 with gloo on CPU; rank 0 saves a checkpoint.
+
+Launched by Trainyard's PyTorch mode through torch.distributed.launch, which sets RANK,
+WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for every process.
+"""
+
+import argparse
+import os
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=40)
+    args, _ = parser.parse_known_args()  # torch.distributed.launch adds --local-rank
+
+    dist.init_process_group(backend="gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    print(f"rank {rank}/{world} on {os.environ.get('TRAINYARD_NODE', '?')} joined "
+          f"(master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']})", flush=True)
+
+    torch.manual_seed(1234 + rank)
+    model = nn.parallel.DistributedDataParallel(nn.Linear(1, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(1, args.steps + 1):
+        x = torch.rand(64, 1)
+        loss = nn.functional.mse_loss(model(x), 3 * x + 2)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        if step % 10 == 0 or step == args.steps:
+            print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
+        time.sleep(0.05)
+
+    if rank == 0:
+        outputs = Path(os.environ.get("TRAINYARD_WORKSPACE", "/workspace")) / "outputs"
+        checkpoint = outputs / "checkpoint.pt"
+        torch.save({"step": args.steps, "model": model.module.state_dict()}, checkpoint)
+        weight, bias = model.module.weight.item(), model.module.bias.item()
+        print(f"rank 0 saved {checkpoint.name}: weight {weight:.3f} bias {bias:.3f}", flush=True)
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The protocol between the launcher, the monitor and node agents.
+
+Agents speak NATS only: they register and heartbeat to the monitor, take start/stop requests from
+the launcher, and publish process reports and log chunks to JetStream, where the services read
+them durably (an agent never touches PostgreSQL).
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+from msgspec import Struct
+
+from libs.contracts.cluster import NodeInfo
+from libs.contracts.events import NodeLaunch
+
+
+class _AgentMessage(Struct, frozen=True, kw_only=True, tag_field="type"):
+    pass
+
+
+class RegisterNode(_AgentMessage, frozen=True, tag="RegisterNode.v1"):
+    node: NodeInfo
+
+
+class NodeAccepted(_AgentMessage, frozen=True, tag="NodeAccepted.v1"):
+    heartbeat_seconds: float
+
+
+class Heartbeat(_AgentMessage, frozen=True, tag="Heartbeat.v1"):
+    node: str
+    sent_at: datetime
+    running: list[str] = msgspec.field(default_factory=list)
+
+
+class StartProcess(_AgentMessage, frozen=True, tag="StartProcess.v1"):
+    """Start one node of a job. Idempotent per (job_id, attempt, rank)."""
+
+    job_id: str
+    attempt: int
+    launch: NodeLaunch
+
+
+class ProcessAccepted(_AgentMessage, frozen=True, tag="ProcessAccepted.v1"):
+    already_known: bool
+
+
+class StopProcesses(_AgentMessage, frozen=True, tag="StopProcesses.v1"):
+    """Stop every process of a job attempt on this node: SIGTERM, then SIGKILL after the grace."""
+
+    job_id: str
+    attempt: int
+    grace_seconds: float = 10.0
+
+
+class Stopped(_AgentMessage, frozen=True, tag="Stopped.v1"):
+    stopped: int
+
+
+class ProcessStarted(_AgentMessage, frozen=True, tag="ProcessStarted.v1"):
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    pid: int
+
+
+class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    exit_code: int
+
+
+class LogChunk(Struct, frozen=True, kw_only=True):
+    """Consecutive lines of one node's output; `seq` numbers chunks from 0 for dedupe."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    seq: int
+    lines: list[str]
+
+
+ProcessReport = ProcessStarted | ProcessExited
+AgentReply = NodeAccepted | ProcessAccepted | Stopped

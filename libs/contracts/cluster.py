@@ -1,0 +1,116 @@
+"""Nodes and flavors: what a compute host offers and what one node of a job asks for."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import msgspec
+from msgspec import Meta, Struct
+
+from libs.contracts.jobspec import NodeName, ResourceName
+
+
+class Accelerators(Struct, frozen=True, kw_only=True):
+    """A group of identical accelerator boards on one host."""
+
+    board: str
+    count: Annotated[int, Meta(ge=0)]
+    driver_version: str | None = None
+
+
+class NodeInfo(Struct, frozen=True, kw_only=True):
+    """What a node agent registers: identity, address and resources of its host."""
+
+    name: NodeName
+    address: str
+    os: str = ""
+    kernel: str = ""
+    cpus: Annotated[float, Meta(gt=0)]
+    memory_mib: Annotated[int, Meta(gt=0)]
+    accelerators: list[Accelerators] = msgspec.field(default_factory=list)
+    pools: list[ResourceName] = msgspec.field(default_factory=list)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+    @property
+    def accelerator_count(self) -> int:
+        return sum(group.count for group in self.accelerators)
+
+    @property
+    def board(self) -> str | None:
+        return self.accelerators[0].board if self.accelerators else None
+
+    @property
+    def driver_version(self) -> str | None:
+        return self.accelerators[0].driver_version if self.accelerators else None
+
+
+class Flavor(Struct, frozen=True, kw_only=True):
+    """The resources of one node of a job (SPEC J9)."""
+
+    name: ResourceName
+    cpus: Annotated[float, Meta(gt=0)]
+    memory_mib: Annotated[int, Meta(gt=0)]
+    accelerators: Annotated[int, Meta(ge=0)] = 0
+    board: str | None = None
+
+    @property
+    def slots(self) -> int:
+        """L7: processes per node: the accelerator count, or 1 for CPU flavors."""
+        return self.accelerators or 1
+
+
+class Resources(Struct, frozen=True, kw_only=True):
+    """An amount of CPU, memory and accelerators, used for free/used arithmetic."""
+
+    cpus: float = 0.0
+    memory_mib: int = 0
+    accelerators: int = 0
+
+    def __add__(self, other: Resources) -> Resources:
+        return Resources(cpus=self.cpus + other.cpus, memory_mib=self.memory_mib + other.memory_mib,
+                         accelerators=self.accelerators + other.accelerators)
+
+    def __sub__(self, other: Resources) -> Resources:
+        return Resources(cpus=self.cpus - other.cpus, memory_mib=self.memory_mib - other.memory_mib,
+                         accelerators=self.accelerators - other.accelerators)
+
+    def fits_in(self, other: Resources) -> bool:
+        # A small epsilon keeps fractional CPUs (0.5 + 0.5) from failing on float rounding.
+        return (self.cpus <= other.cpus + 1e-9 and self.memory_mib <= other.memory_mib
+                and self.accelerators <= other.accelerators)
+
+    @classmethod
+    def of_flavor(cls, flavor: Flavor) -> Resources:
+        return cls(cpus=flavor.cpus, memory_mib=flavor.memory_mib, accelerators=flavor.accelerators)
+
+    @classmethod
+    def of_node(cls, node: NodeInfo) -> Resources:
+        return cls(cpus=node.cpus, memory_mib=node.memory_mib, accelerators=node.accelerator_count)
+
+
+class AgentConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """A node agent to run: unset resources are read from the real machine; accelerators listed
+    here are presented as simulated boards (for tests and demos on machines without any)."""
+
+    name: NodeName
+    address: str = "127.0.0.1"
+    cpus: Annotated[float, Meta(gt=0)] | None = None
+    memory_mib: Annotated[int, Meta(gt=0)] | None = None
+    accelerators: list[Accelerators] = msgspec.field(default_factory=list)
+    pools: list[ResourceName] = msgspec.field(default_factory=list)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+
+class ClusterConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """The flavors a deployment offers and, for a local stack, the agents it runs."""
+
+    flavors: list[Flavor]
+    nodes: list[AgentConfig] = msgspec.field(default_factory=list)
+
+    @classmethod
+    def load(cls, path: str | Path) -> ClusterConfig:
+        return msgspec.yaml.decode(Path(path).read_bytes(), type=cls)
+
+    def flavor(self, name: str) -> Flavor | None:
+        return next((f for f in self.flavors if f.name == name), None)

@@ -1,0 +1,198 @@
+"""Domain events: every change of state in Trainyard is one of these (SPEC X1).
+
+Events are stored in each service's PostgreSQL event log and published to JetStream on
+`trainyard.events.<service>.<aggregate>.<id>.<EventName>` (see `subjects`). They are tagged with a
+versioned name (`JobSubmitted.v1`): a changed meaning gets a new tag, never a silent edit. Stored
+events tolerate unknown fields so that older readers survive newer writers.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import msgspec
+from msgspec import Struct
+
+from libs.contracts.cluster import NodeInfo
+from libs.contracts.jobspec import JobSpec
+
+
+class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
+    """Base of all events; `type` carries the versioned tag."""
+
+    @classmethod
+    def name(cls) -> str:
+        """The event name used as the last token of its subject."""
+        return cls.__name__
+
+
+class Placement(Struct, frozen=True, kw_only=True):
+    """Where one rank of a job runs."""
+
+    rank: int
+    node: str
+    address: str
+    slots: int
+
+
+# --- scheduler: aggregate "job" -----------------------------------------------------------------
+
+
+class JobSubmitted(_Event, frozen=True, tag="JobSubmitted.v1"):
+    """A job was accepted and queued (S12 `queued`)."""
+
+    job_id: str
+    spec: JobSpec
+    creator: str
+
+
+class JobAdmitted(_Event, frozen=True, tag="JobAdmitted.v1"):
+    """All nodes of the job were placed at once (S4); it is now `running`."""
+
+    job_id: str
+    attempt: int
+    flavor: str
+    placement: list[Placement]
+
+
+class JobStopRequested(_Event, frozen=True, tag="JobStopRequested.v1"):
+    """A user asked to stop a running job; the launcher is stopping its processes."""
+
+    job_id: str
+    by: str
+
+
+class JobSucceeded(_Event, frozen=True, tag="JobSucceeded.v1"):
+    job_id: str
+
+
+class JobFailed(_Event, frozen=True, tag="JobFailed.v1"):
+    job_id: str
+    reason: str
+    exit_code: int | None = None
+
+
+class JobStopped(_Event, frozen=True, tag="JobStopped.v1"):
+    job_id: str
+    by: str
+    reason: str = "stopped by user"
+
+
+class JobDeleted(_Event, frozen=True, tag="JobDeleted.v1"):
+    job_id: str
+    by: str
+
+
+# --- launcher: aggregate "launch" (id = job id) ---------------------------------------------------
+
+
+class Mount(Struct, frozen=True, kw_only=True):
+    """A storage path (relative to the shared storage root) shown inside the workspace."""
+
+    source: str
+    target: str
+    read_only: bool
+
+
+class NodeLaunch(Struct, frozen=True, kw_only=True):
+    """What one node of a job is started with."""
+
+    rank: int
+    node: str
+    address: str
+    argv: list[str]
+    env: dict[str, str]
+    mounts: list[Mount]
+    files: dict[str, str] = msgspec.field(default_factory=dict)
+    master: bool = False
+
+
+class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
+    """The launcher worked out every node's command, environment and workspace."""
+
+    job_id: str
+    attempt: int
+    mode: str
+    nodes: list[NodeLaunch]
+
+
+class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    pid: int
+
+
+class NodeProcessExited(_Event, frozen=True, tag="NodeProcessExited.v1"):
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    exit_code: int
+
+
+class LaunchSucceeded(_Event, frozen=True, tag="LaunchSucceeded.v1"):
+    job_id: str
+    attempt: int
+
+
+class LaunchFailed(_Event, frozen=True, tag="LaunchFailed.v1"):
+    job_id: str
+    attempt: int
+    reason: str
+    exit_code: int | None = None
+
+
+class LaunchStopped(_Event, frozen=True, tag="LaunchStopped.v1"):
+    job_id: str
+    attempt: int
+
+
+# --- monitor: aggregate "node" (id = node name) --------------------------------------------------
+
+
+class NodeRegistered(_Event, frozen=True, tag="NodeRegistered.v1"):
+    """A node agent announced itself (or its resources changed)."""
+
+    node: NodeInfo
+
+
+class NodeLost(_Event, frozen=True, tag="NodeLost.v1"):
+    """A node stopped sending heartbeats; it is unschedulable until it returns."""
+
+    node_name: str
+    last_seen: datetime
+    reason: str
+
+
+class NodeRecovered(_Event, frozen=True, tag="NodeRecovered.v1"):
+    node_name: str
+
+
+JobEvent = (JobSubmitted | JobAdmitted | JobStopRequested | JobSucceeded | JobFailed | JobStopped
+            | JobDeleted)
+LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | LaunchSucceeded | LaunchFailed
+               | LaunchStopped)
+NodeEvent = NodeRegistered | NodeLost | NodeRecovered
+Event = JobEvent | LaunchEvent | NodeEvent
+
+EVENT_TYPES: tuple[type[_Event], ...] = (
+    JobSubmitted, JobAdmitted, JobStopRequested, JobSucceeded, JobFailed, JobStopped, JobDeleted,
+    LaunchPlanned, NodeProcessStarted, NodeProcessExited, LaunchSucceeded, LaunchFailed, LaunchStopped,
+    NodeRegistered, NodeLost, NodeRecovered,
+)
+
+
+class EventEnvelope(Struct, frozen=True, kw_only=True):
+    """An event as stored and as published: where it belongs and where it sits in its log."""
+
+    event_id: str
+    service: str
+    aggregate_type: str
+    aggregate_id: str
+    version: int
+    position: int
+    recorded_at: datetime
+    event: Event
+    trace: dict[str, str] = msgspec.field(default_factory=dict)

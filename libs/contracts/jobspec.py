@@ -1,0 +1,370 @@
+"""The job specification (SPEC J1–J18) and its validation at the edge.
+
+`JobSpec` is what a user writes (YAML or JSON). Decoding forbids unknown fields, so a typo is an
+error rather than a silently ignored setting. `validate_spec` applies the cross-field rules that a
+type alone cannot express and returns every problem at once, each naming its field and the fix.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+# Names appear in NATS subjects and in paths under /workspace, so keep them to a safe alphabet.
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
+NODE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+
+ResourceName = Annotated[str, Meta(pattern=SAFE_NAME, description="letters, digits, '_', '.', '-'")]
+NodeName = Annotated[str, Meta(pattern=NODE_NAME, description="lower-case DNS label")]
+PositiveInt = Annotated[int, Meta(ge=1)]
+NonNegativeInt = Annotated[int, Meta(ge=0)]
+
+Access = Literal["read-write", "read-only", "none"]
+JobType = Literal["regular", "batch"]
+Priority = Literal["normal", "urgent", "very-urgent"]
+Mode = Literal["pytorch", "pytorch-deepspeed", "horovod", "tensorflow", "single-node"]
+
+MODES: tuple[Mode, ...] = ("pytorch", "pytorch-deepspeed", "horovod", "tensorflow", "single-node")
+PRIORITY_RANK: dict[str, int] = {"very-urgent": 0, "urgent": 1, "normal": 2}
+
+
+class _Spec(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
+    """Base of every user-written part: unknown fields are errors, values are immutable."""
+
+
+class AlgorithmRef(_Spec, frozen=True):
+    """J6: the code to run, mounted at /workspace/algorithm."""
+
+    name: ResourceName
+    read_only: bool = False
+
+
+class DatasetRef(_Spec, frozen=True):
+    """J5: a dataset, own (`private`) or a favourite with a version."""
+
+    name: ResourceName
+    source: Literal["private", "favorite"] = "private"
+    version: ResourceName | None = None
+    read_only: bool = True
+
+
+class AnnotationDatasetRef(_Spec, frozen=True):
+    """J5: the annotation files of one version of an annotation dataset."""
+
+    name: ResourceName
+    version: ResourceName
+    read_only: bool = True
+
+
+class ModelRef(_Spec, frozen=True):
+    """J17: a model, always mounted read-only."""
+
+    name: ResourceName
+    source: Literal["pretrained", "private", "favorite"] = "private"
+    version: ResourceName | None = None
+
+
+class VolumeRef(_Spec, frozen=True):
+    """J17: a storage volume, always writable."""
+
+    name: ResourceName
+
+
+class OutputRef(_Spec, frozen=True):
+    """J7: the output model location, mounted writable at /workspace/outputs."""
+
+    name: ResourceName
+
+
+class BatchTask(_Spec, frozen=True):
+    """J3: one task of a batch job, with its own algorithm and run command."""
+
+    algorithm: AlgorithmRef
+    command: str
+
+
+class Elastic(_Spec, frozen=True):
+    """J12/S10: run on any node count from `min_nodes` up to the requested count."""
+
+    min_nodes: PositiveInt
+    allow_scale_up: bool = True
+    allow_scale_down: bool = True
+
+
+class PerformanceDetection(_Spec, frozen=True):
+    """J12/M6: act when hardware time / e2e time crosses `threshold` over `window` iterations."""
+
+    threshold: Annotated[float, Meta(gt=0)]
+    action: Literal["alert", "reschedule"] = "alert"
+    direction: Literal["above", "below"] = "above"
+    window: PositiveInt = 10
+
+
+class CheckpointResume(_Spec, frozen=True):
+    """J12: resume from a checkpoint after hardware faults."""
+
+    max_resumes: NonNegativeInt = 3
+    graceful_shutdown_seconds: NonNegativeInt = 60
+    elastic: Elastic | None = None
+    performance: PerformanceDetection | None = None
+
+
+class FaultRestart(_Spec, frozen=True):
+    """J13: restart a failed command up to `max_restarts` times."""
+
+    max_restarts: PositiveInt
+
+
+class DebugTerminal(_Spec, frozen=True):
+    """J15: keep the environment after an abnormal end; `retention` defaults to the admin setting."""
+
+    enabled: bool = True
+    retention: str | None = None
+
+
+class LifecycleScripts(_Spec, frozen=True):
+    """J18: commands run at defined points of the job's life."""
+
+    before_start: str | None = None
+    after_end: str | None = None
+
+
+class JobSpec(_Spec, frozen=True):
+    """Everything a user states about a training job (SPEC J1–J18)."""
+
+    name: Annotated[str, Meta(min_length=1, max_length=128)]
+    project: ResourceName = "default"
+    access: Access = "none"
+    type: JobType = "regular"
+    priority: Priority = "normal"
+    mode: Mode = "single-node"
+    nodes: PositiveInt = 1
+    parameter_servers: NonNegativeInt = 0
+    flavors: list[ResourceName] = msgspec.field(default_factory=list)
+    node_names: list[NodeName] = msgspec.field(default_factory=list)
+    driver_version: str | None = None
+    pool: ResourceName | None = None
+    image: str | None = None
+    algorithm: AlgorithmRef | None = None
+    command: str | None = None
+    tasks: list[BatchTask] = msgspec.field(default_factory=list)
+    datasets: list[DatasetRef] = msgspec.field(default_factory=list)
+    annotation_datasets: list[AnnotationDatasetRef] = msgspec.field(default_factory=list)
+    models: list[ModelRef] = msgspec.field(default_factory=list)
+    volumes: list[VolumeRef] = msgspec.field(default_factory=list)
+    output: OutputRef | None = None
+    env: dict[str, str] = msgspec.field(default_factory=dict)
+    checkpoint_resume: CheckpointResume | None = None
+    fault_restart: FaultRestart | None = None
+    data_preparation: bool = False
+    debug_terminal: DebugTerminal | None = None
+    duration: str | None = None
+    lifecycle: LifecycleScripts | None = None
+
+    @property
+    def max_duration_seconds(self) -> int | None:
+        """J16: the duration limit in seconds, or None for no limit."""
+        return parse_duration(self.duration) if self.duration else None
+
+
+class FieldError(Struct, frozen=True, kw_only=True):
+    """One problem with a spec: which field, what is wrong, and how to fix it."""
+
+    field: str
+    message: str
+    hint: str | None = None
+
+    def __str__(self) -> str:
+        text = f"{self.field}: {self.message}"
+        return f"{text} (hint: {self.hint})" if self.hint else text
+
+
+class SpecError(ValueError):
+    """A job spec that cannot be accepted; `errors` lists every problem found."""
+
+    def __init__(self, errors: list[FieldError]) -> None:
+        self.errors = errors
+        super().__init__("; ".join(str(e) for e in errors))
+
+
+_DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
+_DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+_ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
+_SHELL_OPERATORS = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", "<<", ";;", "|&", "(", ")"})
+
+
+def parse_duration(text: str) -> int:
+    """Parse `90s`, `30m`, `4h` or `2d` into seconds; raise ValueError otherwise."""
+    match = _DURATION.match(text)
+    if not match or int(match.group(1)) == 0:
+        raise ValueError(f"{text!r} is not a duration like 30m, 4h or 2d")
+    return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
+
+
+def command_problem(command: str) -> str | None:
+    """J11: why `command` does not begin with an executable, or None when it is fine.
+
+    Shell syntax (variable assignments, `&&`, pipes, redirections) is refused because the
+    platform runs the command directly, not through a shell.
+    """
+    if not command.strip():
+        return "is empty"
+    lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+    lexer.whitespace_split = True
+    try:
+        tokens = list(lexer)
+    except ValueError as exc:  # unbalanced quotes
+        return f"cannot be parsed ({exc})"
+    if _ENV_ASSIGNMENT.match(tokens[0]):
+        return f"begins with the variable assignment {tokens[0]!r}, not an executable"
+    operators = [t for t in tokens if t in _SHELL_OPERATORS]
+    if operators:
+        return f"uses the shell operator {operators[0]!r}"
+    if "`" in command or "$(" in command:
+        return "uses shell command substitution"
+    return None
+
+
+def _command_errors(field: str, command: str | None) -> list[FieldError]:
+    if command is None:
+        return [FieldError(field=field, message="is required", hint='e.g. "python3 train.py"')]
+    problem = command_problem(command)
+    if problem is None:
+        return []
+    return [
+        FieldError(
+            field=field,
+            message=f"must begin with an executable; it {problem}",
+            hint=f"wrap shell syntax as bash -c {shlex.quote(command)}, "
+            "and put variables in `env:` instead of KEY=VALUE prefixes",
+        )
+    ]
+
+
+def validate_spec(spec: JobSpec) -> list[FieldError]:
+    """Apply the cross-field rules of J1–J18; an empty list means the spec is acceptable."""
+    errors: list[FieldError] = []
+    add = errors.append
+
+    if not spec.name.strip():
+        add(FieldError(field="name", message="must not be blank"))
+
+    # J3 / J6 / J11: what runs.
+    if spec.type == "regular":
+        if spec.tasks:
+            add(FieldError(field="tasks", message="is only for batch jobs", hint="set type: batch"))
+        if spec.algorithm is None:
+            add(FieldError(field="algorithm", message="a regular job needs exactly one algorithm"))
+        errors.extend(_command_errors("command", spec.command))
+    else:
+        if not spec.tasks:
+            add(FieldError(field="tasks", message="a batch job needs at least one task",
+                           hint="list tasks, each with an algorithm and a command"))
+        if spec.command is not None or spec.algorithm is not None:
+            add(FieldError(field="command", message="a batch job takes its algorithm and command per task",
+                           hint="move them under tasks:"))
+        for index, task in enumerate(spec.tasks):
+            errors.extend(_command_errors(f"tasks[{index}].command", task.command))
+
+    # J7: exactly one output location.
+    if spec.output is None:
+        add(FieldError(field="output", message="an output model location is required",
+                       hint="output: {name: my-outputs}"))
+
+    # J8: distributed mode and node counts.
+    if spec.parameter_servers and spec.mode != "tensorflow":
+        add(FieldError(field="parameter_servers", message="is only for the tensorflow mode",
+                       hint="remove it or set mode: tensorflow"))
+    if spec.mode == "single-node" and spec.nodes != 1:
+        add(FieldError(field="nodes", message="single-node jobs run on exactly 1 node",
+                       hint="set nodes: 1 or choose a distributed mode"))
+
+    # J9: flavors and placement restrictions.
+    if not spec.flavors:
+        add(FieldError(field="flavors", message="at least one node flavor is required"))
+    if len(set(spec.flavors)) != len(spec.flavors):
+        add(FieldError(field="flavors", message="lists a flavor twice"))
+    if spec.node_names and (spec.driver_version or spec.pool):
+        add(FieldError(field="node_names", message="node pinning cannot be combined with "
+                       "driver_version or pool", hint="keep node_names, or driver_version/pool"))
+
+    # J12 / J13: checkpoint resume and fault restart.
+    resume = spec.checkpoint_resume
+    if resume is not None:
+        if spec.fault_restart is not None:
+            add(FieldError(field="fault_restart", message="excludes checkpoint_resume",
+                           hint="choose one of checkpoint_resume and fault_restart"))
+        if spec.type != "regular":
+            add(FieldError(field="checkpoint_resume", message="is only for regular jobs"))
+        if spec.pool is None:
+            add(FieldError(field="checkpoint_resume", message="needs a dedicated resource pool",
+                           hint="set pool: <your dedicated pool>"))
+        if resume.elastic is not None and resume.elastic.min_nodes > spec.nodes:
+            add(FieldError(field="checkpoint_resume.elastic.min_nodes",
+                           message=f"is {resume.elastic.min_nodes}, more than nodes ({spec.nodes})"))
+
+    # J14: data preparation copies datasets, so they must be read-only.
+    if spec.data_preparation:
+        for index, dataset in enumerate(spec.datasets):
+            if not dataset.read_only:
+                add(FieldError(field=f"datasets[{index}].read_only",
+                               message="data preparation needs read-only datasets",
+                               hint="set read_only: true or turn data_preparation off"))
+
+    for index, dataset in enumerate(spec.datasets):
+        if dataset.source == "favorite" and dataset.version is None:
+            add(FieldError(field=f"datasets[{index}].version", message="a favourite dataset needs a version"))
+    for index, model in enumerate(spec.models):
+        if model.source == "favorite" and model.version is None:
+            add(FieldError(field=f"models[{index}].version", message="a favourite model needs a version"))
+
+    for key in spec.env:
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+            add(FieldError(field=f"env.{key}", message="is not a valid environment variable name"))
+
+    for field, text in (("duration", spec.duration),
+                        ("debug_terminal.retention", spec.debug_terminal and spec.debug_terminal.retention)):
+        if text:
+            try:
+                parse_duration(text)
+            except ValueError as exc:
+                add(FieldError(field=field, message=str(exc)))
+
+    if spec.lifecycle is not None:
+        for point in ("before_start", "after_end"):
+            script = getattr(spec.lifecycle, point)
+            if script is not None:
+                errors.extend(_command_errors(f"lifecycle.{point}", script))
+    return errors
+
+
+def decode_spec(data: bytes | str, *, yaml: bool = False) -> JobSpec:
+    """Decode and validate a spec; raise SpecError naming every bad field."""
+    try:
+        spec = msgspec.yaml.decode(data, type=JobSpec) if yaml else msgspec.json.decode(data, type=JobSpec)
+    except msgspec.ValidationError as exc:
+        raise SpecError([field_error_from_msgspec(exc)]) from None
+    except msgspec.DecodeError as exc:
+        raise SpecError([FieldError(field="(document)", message=f"is not valid: {exc}")]) from None
+    errors = validate_spec(spec)
+    if errors:
+        raise SpecError(errors)
+    return spec
+
+
+def field_error_from_msgspec(exc: msgspec.ValidationError) -> FieldError:
+    """Turn msgspec's "Expected ... - at `$.nodes`" into a FieldError on `nodes`."""
+    text = str(exc)
+    unknown = re.match(r"Object contains unknown field `(.+?)`(?: - at `\$\.?(.*)`)?$", text)
+    if unknown:
+        where = unknown.group(2)
+        return FieldError(field=f"{where}.{unknown.group(1)}" if where else unknown.group(1),
+                          message="is not a known field", hint="check its spelling against docs/jobs.md")
+    match = re.search(r" - at `\$\.?(.*)`$", text)
+    if match:
+        return FieldError(field=match.group(1) or "(document)", message=text[: match.start()])
+    return FieldError(field="(document)", message=text)

@@ -1,0 +1,68 @@
+"""Every NATS subject and JetStream stream name Trainyard uses (SPEC X2, X4).
+
+Public subjects for alerting consumers are the `trainyard.events.>` tree; docs/architecture.md
+lists them. Ids that appear in subjects (job ids, node names) never contain `.`, `*` or `>`.
+"""
+
+from __future__ import annotations
+
+# JetStream streams.
+EVENTS_STREAM = "TRAINYARD_EVENTS"
+AGENT_REPORTS_STREAM = "TRAINYARD_AGENT_REPORTS"
+LOGS_STREAM = "TRAINYARD_LOGS"
+
+# Public domain events: trainyard.events.<service>.<aggregate>.<aggregate id>.<EventName>.
+EVENTS_ALL = "trainyard.events.>"
+
+
+def event_subject(service: str, aggregate_type: str, aggregate_id: str, event_name: str) -> str:
+    return f"trainyard.events.{service}.{aggregate_type}.{aggregate_id}.{event_name}"
+
+
+def events_of_service(service: str) -> str:
+    return f"trainyard.events.{service}.>"
+
+
+def events_of_job(job_id: str) -> str:
+    """Every service's events about one job (their aggregate id is the job id)."""
+    return f"trainyard.events.*.*.{job_id}.*"
+
+
+# Commands and queries (core NATS request/reply). The scheduler owns jobs.
+SUBMIT_JOB = "trainyard.cmd.jobs.submit"
+STOP_JOBS = "trainyard.cmd.jobs.stop"
+DELETE_JOBS = "trainyard.cmd.jobs.delete"
+LIST_JOBS = "trainyard.query.jobs.list"
+GET_JOB = "trainyard.query.jobs.get"
+LIST_NODES = "trainyard.query.nodes.list"
+QUEUE_STATUS = "trainyard.query.autoscaler.status"
+
+# Node agents.
+REGISTER_NODE = "trainyard.nodes.register"
+HEARTBEAT_ALL = "trainyard.nodes.heartbeat.*"
+
+
+def heartbeat(node: str) -> str:
+    return f"trainyard.nodes.heartbeat.{node}"
+
+
+def agent_start(node: str) -> str:
+    return f"trainyard.agent.{node}.start"
+
+
+def agent_stop(node: str) -> str:
+    return f"trainyard.agent.{node}.stop"
+
+
+AGENT_REPORTS_ALL = "trainyard.agent-reports.>"
+
+
+def agent_report(node: str) -> str:
+    return f"trainyard.agent-reports.{node}"
+
+
+LOGS_ALL = "trainyard.logs.>"
+
+
+def job_logs(job_id: str, rank: int | str = "*") -> str:
+    return f"trainyard.logs.{job_id}.{rank}"

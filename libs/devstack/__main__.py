@@ -1,0 +1,184 @@
+"""`python -m libs.devstack up | down | status | demo`: the one-command local stack (SPEC X5)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import typer
+from rich.console import Console
+
+from libs.contracts.cluster import ClusterConfig
+from libs.devstack.servers import (
+    ServerError,
+    create_database,
+    port_open,
+    postgres_url,
+    start_nats,
+    start_postgres,
+    stop_postgres,
+)
+from libs.devstack.stack import (
+    REPO_ROOT,
+    SERVICES,
+    STACK_ENV_FILE,
+    ProcessSet,
+    home_dir,
+    read_stack_env,
+    seed_storage,
+    stack_env,
+    start_platform,
+)
+
+app = typer.Typer(help="Run Trainyard locally.", no_args_is_help=True, add_completion=False)
+console = Console(highlight=False)
+CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
+NATS_PORT = int(os.environ.get("TRAINYARD_NATS_PORT", "14222"))
+PG_PORT = int(os.environ.get("TRAINYARD_PG_PORT", "15432"))
+
+
+def _alive(pid_file: Path) -> bool:
+    try:
+        os.kill(int(pid_file.read_text()), 0)
+        return True
+    except (OSError, ValueError):
+        return False
+
+
+@app.command()
+def up() -> None:
+    """Start NATS, PostgreSQL, the services and the node agents; leave them running."""
+    home = home_dir()
+    run = home / "run"
+    if run.exists() and any(_alive(p) for p in run.glob("*.pid")):
+        console.print(f"the stack is already running (under {home}); `make down` stops it")
+        return
+    home.mkdir(parents=True, exist_ok=True)
+    nats_url = os.environ.get("NATS_URL")
+    database_url = os.environ.get("DATABASE_URL")
+    try:
+        if nats_url is None:
+            if port_open(NATS_PORT):
+                raise ServerError(f"port {NATS_PORT} is taken; set TRAINYARD_NATS_PORT or NATS_URL")
+            console.print(f"[dim]starting nats-server (JetStream) on 127.0.0.1:{NATS_PORT}[/]")
+            nats = start_nats(home / "nats", NATS_PORT)
+            run.mkdir(parents=True, exist_ok=True)
+            (run / "nats.pid").write_text(str(nats.pid))
+            nats_url = f"nats://127.0.0.1:{NATS_PORT}"
+        if database_url is None:
+            console.print(f"[dim]starting PostgreSQL on 127.0.0.1:{PG_PORT}[/]")
+            start_postgres(home / "postgres", PG_PORT)
+            asyncio.run(create_database(postgres_url(PG_PORT, "postgres"), "trainyard"))
+            database_url = postgres_url(PG_PORT, "trainyard")
+    except ServerError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(1) from None
+    storage = home / "storage"
+    seed_storage(storage)
+    env = stack_env(nats_url=nats_url, database_url=database_url, storage=storage, cluster=CLUSTER)
+    (home / STACK_ENV_FILE).write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
+    processes = ProcessSet(home, env)
+    start_platform(processes, CLUSTER, home / "agents")
+    expected = {n.name for n in ClusterConfig.load(CLUSTER).nodes}
+    console.print(f"[dim]started {', '.join(SERVICES)} and {len(expected)} node agent(s); waiting for nodes[/]")
+    try:
+        asyncio.run(_wait_for_nodes(nats_url, expected, timeout=90))
+    except TimeoutError as exc:
+        console.print(f"[red]error:[/] {exc}; see the logs in {home / 'logs'}")
+        raise typer.Exit(1) from None
+    console.print(f"[green]the stack is up[/]: NATS {nats_url}, logs in {home / 'logs'}, storage in {storage}")
+
+
+async def _wait_for_nodes(nats_url: str, expected: set[str], timeout: float) -> None:
+    from client.api import TrainyardClient
+    from libs.messaging.rpc import ServiceUnavailable
+
+    deadline = time.monotonic() + timeout
+    async with TrainyardClient.connect(nats_url) as client:
+        while time.monotonic() < deadline:
+            try:
+                ready = {n.info.name for n in await client.nodes() if n.status == "ready"}
+                if expected <= ready:
+                    return
+            except ServiceUnavailable:
+                pass
+            await asyncio.sleep(0.5)
+    raise TimeoutError(f"nodes {sorted(expected)} did not all register within {timeout:g}s")
+
+
+@app.command()
+def down() -> None:
+    """Stop everything `up` started."""
+    home = home_dir()
+    run = home / "run"
+    pids = {p.stem: int(p.read_text()) for p in run.glob("*.pid")} if run.exists() else {}
+    # Agents and services first, the servers they talk to last.
+    for name in sorted(pids, key=lambda n: n == "nats"):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(pids[name], signal.SIGTERM)
+    deadline = time.monotonic() + 15
+    for name, pid in pids.items():
+        while time.monotonic() < deadline and _alive(run / f"{name}.pid"):
+            time.sleep(0.1)
+        if _alive(run / f"{name}.pid"):
+            os.killpg(pid, signal.SIGKILL)
+        (run / f"{name}.pid").unlink(missing_ok=True)
+    stop_postgres(home / "postgres")
+    (home / STACK_ENV_FILE).unlink(missing_ok=True)
+    console.print("the stack is down")
+
+
+@app.command()
+def status() -> None:
+    """Show which stack processes are running."""
+    run = home_dir() / "run"
+    pid_files = sorted(run.glob("*.pid")) if run.exists() else []
+    if not pid_files:
+        console.print("the stack is not running")
+        return
+    for pid_file in pid_files:
+        state = "[green]running[/]" if _alive(pid_file) else "[red]exited[/]"
+        console.print(f"{pid_file.stem:20} {state}")
+
+
+@app.command()
+def demo(spec: Path = typer.Argument(REPO_ROOT / "examples" / "pytorch-ddp.yaml")) -> None:
+    """Submit the example job to the running stack, follow it to the end, show its outputs."""
+    env = read_stack_env()
+    if not env:
+        console.print("[red]error:[/] the stack is not running; start it with `make up`")
+        raise typer.Exit(1)
+    status_ok = asyncio.run(_demo(env["NATS_URL"], spec, Path(env["TRAINYARD_STORAGE"])))
+    raise typer.Exit(0 if status_ok else 1)
+
+
+async def _demo(nats_url: str, spec_path: Path, storage: Path) -> bool:
+    from client.api import TrainyardClient
+    from client.cli import follow_job
+    from libs.contracts.jobspec import decode_spec
+
+    spec = decode_spec(spec_path.read_bytes(), yaml=True)
+    async with TrainyardClient.connect(nats_url) as client:
+        accepted = await client.submit(spec)
+        console.print(f"submitted [bold]{accepted.job_id}[/] ({spec.name}) from {spec_path.name}")
+        job = await follow_job(client, accepted.job_id)
+    if job.status != "succeeded":
+        console.print(f"[red]{job.job_id} {job.status}[/]: {job.reason}")
+        return False
+    outputs = storage / "outputs" / (spec.output.name if spec.output else "")
+    console.print(f"[green]{job.job_id} succeeded[/]; its outputs are in {outputs}:")
+    for path in sorted(outputs.rglob("*")):
+        if path.is_file():
+            console.print(f"  {path.relative_to(outputs)}  ({path.stat().st_size} bytes)")
+    console.print("try: trainyard list | trainyard show JOB | trainyard logs JOB | trainyard events JOB "
+                  "(after `source .trainyard/stack.env`), and `make down` to stop")
+    return True
+
+
+if __name__ == "__main__":
+    sys.exit(app())

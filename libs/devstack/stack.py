@@ -1,0 +1,115 @@
+"""The local stack: servers, the four services and the node agents as separate processes.
+
+`python -m libs.devstack up` starts everything under `.trainyard/` (or $TRAINYARD_HOME) and leaves
+it running; `down` stops it; `demo` runs the example job. Tests use `ProcessSet` to run the same
+processes and kill them at will.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from libs.contracts.cluster import ClusterConfig
+
+SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+STACK_ENV_FILE = "stack.env"
+
+
+def home_dir() -> Path:
+    return Path(os.environ.get("TRAINYARD_HOME", REPO_ROOT / ".trainyard")).resolve()
+
+
+def service_argv(name: str) -> list[str]:
+    return [sys.executable, "-m", f"services.{name}"]
+
+
+def agent_argv(node: str, cluster: Path, root: Path) -> list[str]:
+    return [sys.executable, "-m", "agent", "--name", node, "--config", str(cluster), "--root", str(root)]
+
+
+@dataclass
+class ProcessSet:
+    """Named child processes with logs in `home/logs` and pid files in `home/run`."""
+
+    home: Path
+    env: Mapping[str, str]
+    processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+        (self.home / "logs").mkdir(parents=True, exist_ok=True)
+        (self.home / "run").mkdir(parents=True, exist_ok=True)
+        with (self.home / "logs" / f"{name}.log").open("ab") as log:
+            process = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, **self.env}, stdout=log,
+                                       stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
+        self.processes[name] = process
+        (self.home / "run" / f"{name}.pid").write_text(str(process.pid))
+        return process
+
+    def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
+        """Signal one process (SIGKILL by default: a crash, not a shutdown) and reap it."""
+        process = self.processes.pop(name)
+        process.send_signal(sig)
+        process.wait(timeout=30)
+
+    def log(self, name: str) -> str:
+        path = self.home / "logs" / f"{name}.log"
+        return path.read_text(errors="replace") if path.exists() else ""
+
+    def stop_all(self, timeout: float = 15.0) -> None:
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + timeout
+        for process in self.processes.values():
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        self.processes.clear()
+
+
+def stack_env(*, nats_url: str, database_url: str, storage: Path, cluster: Path,
+              extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    return {"NATS_URL": nats_url, "DATABASE_URL": database_url, "TRAINYARD_STORAGE": str(storage),
+            "TRAINYARD_CLUSTER": str(cluster), "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def start_platform(processes: ProcessSet, cluster: Path, agents_root: Path) -> None:
+    """Start the four services and one agent per node in the cluster config."""
+    for name in SERVICES:
+        processes.start(name, service_argv(name))
+    for node in ClusterConfig.load(cluster).nodes:
+        processes.start(f"agent-{node.name}", agent_argv(node.name, cluster, agents_root))
+
+
+def seed_storage(storage: Path, examples: Path = REPO_ROOT / "examples") -> None:
+    """Copy the example algorithms and datasets into shared storage (refreshing older copies)."""
+    for kind in ("algorithms", "datasets"):
+        source = examples / kind
+        if not source.is_dir():
+            continue
+        for item in source.iterdir():
+            target = storage / kind / item.name
+            if target.exists():
+                shutil.rmtree(target)
+            shutil.copytree(item, target)
+    (storage / "outputs").mkdir(parents=True, exist_ok=True)
+
+
+def read_stack_env(home: Path | None = None) -> dict[str, str]:
+    """The variables a running local stack wrote for clients (empty when none is running)."""
+    path = (home or home_dir()) / STACK_ENV_FILE
+    if not path.exists():
+        return {}
+    pairs = (line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+    return {key.removeprefix("export ").strip(): value.strip() for key, value in pairs}

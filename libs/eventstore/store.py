@@ -1,0 +1,207 @@
+"""An append-only event log in PostgreSQL, one schema per service (SPEC X1).
+
+Each event belongs to an aggregate (a job, a launch, a node) and carries that aggregate's version;
+appending at a stale version raises `ConcurrencyConflict`. A global `position` orders all events of
+the store. Appends take a transaction-scoped advisory lock, so positions become visible in the order
+they were taken: without it a relay tailing by position could pass a lower position that commits
+later and skip it for good.
+
+A consumer that reacts to messages from elsewhere passes a `Tracking` record with its append; the
+record and the events commit together, so a redelivered or replayed message has its effect once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+import zlib
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+import msgspec
+
+from libs.contracts.codec import decode_any, encode
+from libs.contracts.events import Event, EventEnvelope
+
+
+class ConcurrencyConflict(Exception):
+    """An aggregate changed since its version was read; reload and decide again."""
+
+
+class AlreadyProcessed(Exception):
+    """The tracked message was processed before; nothing was written."""
+
+
+@dataclass(frozen=True)
+class NewEvent:
+    """An event to append to `aggregate_type`/`aggregate_id`."""
+
+    aggregate_type: str
+    aggregate_id: str
+    event: Event
+
+
+@dataclass(frozen=True)
+class Tracking:
+    """`consumer` has processed its upstream message at `position` (e.g. a JetStream sequence)."""
+
+    consumer: str
+    position: int
+
+
+def _schema_sql(schema: str) -> str:
+    return f"""
+    CREATE SCHEMA IF NOT EXISTS {schema};
+    CREATE TABLE IF NOT EXISTS {schema}.events (
+        position       bigserial PRIMARY KEY,
+        event_id       uuid        NOT NULL UNIQUE,
+        aggregate_type text        NOT NULL,
+        aggregate_id   text        NOT NULL,
+        version        integer     NOT NULL,
+        type           text        NOT NULL,
+        data           jsonb       NOT NULL,
+        trace          jsonb       NOT NULL DEFAULT '{{}}',
+        recorded_at    timestamptz NOT NULL DEFAULT clock_timestamp(),
+        UNIQUE (aggregate_type, aggregate_id, version)
+    );
+    CREATE TABLE IF NOT EXISTS {schema}.tracking (
+        consumer text   PRIMARY KEY,
+        position bigint NOT NULL
+    );
+    CREATE TABLE IF NOT EXISTS {schema}.relay (
+        id                 integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
+        published_position bigint  NOT NULL DEFAULT 0
+    );
+    INSERT INTO {schema}.relay (id) VALUES (1) ON CONFLICT DO NOTHING;
+    """
+
+
+class EventStore:
+    """The event log of one service, kept in the PostgreSQL schema named after it."""
+
+    def __init__(self, pool: asyncpg.Pool, service: str) -> None:
+        if not service.isidentifier():
+            raise ValueError(f"service name {service!r} is not a valid schema name")
+        self.pool = pool
+        self.service = service
+        self.schema = service
+        self.notify_channel = f"{service}_events"
+        # Distinct per store, stable across processes: the key of the append lock.
+        self.lock_key = zlib.crc32(f"trainyard.{service}.append".encode())
+
+    async def migrate(self) -> None:
+        # Two processes of one service may start together; serialise DDL between them.
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key + 1)
+            await conn.execute(_schema_sql(self.schema))
+
+    async def append(
+        self,
+        events: Sequence[NewEvent],
+        *,
+        expected_versions: dict[tuple[str, str], int],
+        tracking: Tracking | None = None,
+        trace: dict[str, str] | None = None,
+    ) -> list[EventEnvelope]:
+        """Append `events` atomically and return them as stored.
+
+        `expected_versions` gives, for every aggregate touched, the version the caller decided on
+        (0 for a new aggregate). Raises ConcurrencyConflict when any moved on, AlreadyProcessed
+        when `tracking` shows the upstream message was handled before.
+        """
+        versions = dict(expected_versions)
+        trace_json = encode(trace or {}).decode()
+        stored: list[EventEnvelope] = []
+        async with self.pool.acquire() as conn, conn.transaction():
+            await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key)
+            if tracking is not None:
+                await self._track(conn, tracking)
+            for new in events:
+                key = (new.aggregate_type, new.aggregate_id)
+                if key not in versions:
+                    raise ValueError(f"no expected version given for {key}")
+                versions[key] += 1
+                event_id = str(uuid.uuid4())
+                try:
+                    row = await conn.fetchrow(
+                        f"""INSERT INTO {self.schema}.events
+                            (event_id, aggregate_type, aggregate_id, version, type, data, trace)
+                            VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
+                            RETURNING position, recorded_at""",
+                        event_id, new.aggregate_type, new.aggregate_id, versions[key],
+                        type(new.event).__struct_config__.tag, encode(new.event).decode(), trace_json,
+                    )
+                except asyncpg.UniqueViolationError:
+                    raise ConcurrencyConflict(
+                        f"{new.aggregate_type} {new.aggregate_id} is past version {versions[key] - 1}"
+                    ) from None
+                assert row is not None
+                stored.append(EventEnvelope(
+                    event_id=event_id, service=self.service, aggregate_type=new.aggregate_type,
+                    aggregate_id=new.aggregate_id, version=versions[key], position=row["position"],
+                    recorded_at=row["recorded_at"], event=new.event, trace=trace or {},
+                ))
+            await conn.execute(f"NOTIFY {self.notify_channel}")
+        return stored
+
+    async def _track(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], tracking: Tracking) -> None:
+        done = await conn.fetchval(
+            f"SELECT position FROM {self.schema}.tracking WHERE consumer = $1 FOR UPDATE",
+            tracking.consumer,
+        )
+        if done is not None and tracking.position <= done:
+            raise AlreadyProcessed(f"{tracking.consumer} already processed {tracking.position}")
+        await conn.execute(
+            f"""INSERT INTO {self.schema}.tracking (consumer, position) VALUES ($1, $2)
+                ON CONFLICT (consumer) DO UPDATE SET position = EXCLUDED.position""",
+            tracking.consumer, tracking.position,
+        )
+
+    async def record_tracking(self, tracking: Tracking) -> None:
+        """Mark an upstream message as processed when handling it appended nothing."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            with contextlib.suppress(AlreadyProcessed):
+                await self._track(conn, tracking)
+
+    async def tracked_position(self, consumer: str) -> int:
+        value = await self.pool.fetchval(
+            f"SELECT position FROM {self.schema}.tracking WHERE consumer = $1", consumer
+        )
+        return int(value or 0)
+
+    async def read_all(self, after: int = 0, batch: int = 1000) -> AsyncIterator[EventEnvelope]:
+        """Every event after `position`, in order: the input of a rebuild."""
+        position = after
+        while True:
+            rows = await self.pool.fetch(
+                f"""SELECT * FROM {self.schema}.events WHERE position > $1
+                    ORDER BY position LIMIT $2""",
+                position, batch,
+            )
+            for row in rows:
+                yield self.envelope(row)
+            if len(rows) < batch:
+                return
+            position = rows[-1]["position"]
+
+    async def read_aggregate(self, aggregate_type: str, aggregate_id: str) -> list[EventEnvelope]:
+        rows = await self.pool.fetch(
+            f"""SELECT * FROM {self.schema}.events WHERE aggregate_type = $1 AND aggregate_id = $2
+                ORDER BY version""",
+            aggregate_type, aggregate_id,
+        )
+        return [self.envelope(row) for row in rows]
+
+    async def last_position(self) -> int:
+        return int(await self.pool.fetchval(f"SELECT coalesce(max(position), 0) FROM {self.schema}.events"))
+
+    def envelope(self, row: asyncpg.Record) -> EventEnvelope:
+        recorded_at: datetime = row["recorded_at"]
+        return EventEnvelope(
+            event_id=str(row["event_id"]), service=self.service, aggregate_type=row["aggregate_type"],
+            aggregate_id=row["aggregate_id"], version=row["version"], position=row["position"],
+            recorded_at=recorded_at, event=decode_any(row["data"], Event),
+            trace=msgspec.json.decode(row["trace"]),
+        )

@@ -1,0 +1,1 @@
+"""NATS plumbing shared by services, agents and the client: connections, streams, RPC, followers."""

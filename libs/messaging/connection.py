@@ -1,0 +1,38 @@
+"""Connecting to NATS and declaring the JetStream streams every process relies on."""
+
+from __future__ import annotations
+
+import nats
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from nats.js.errors import BadRequestError
+
+from libs.contracts import subjects
+
+DAY = 86400.0
+
+# Every stream drops messages re-published within two minutes with the same Nats-Msg-Id.
+STREAMS: tuple[StreamConfig, ...] = (
+    StreamConfig(name=subjects.EVENTS_STREAM, subjects=[subjects.EVENTS_ALL], storage=StorageType.FILE,
+                 duplicate_window=120.0),
+    StreamConfig(name=subjects.AGENT_REPORTS_STREAM, subjects=[subjects.AGENT_REPORTS_ALL],
+                 storage=StorageType.FILE, duplicate_window=120.0),
+    StreamConfig(name=subjects.LOGS_STREAM, subjects=[subjects.LOGS_ALL], storage=StorageType.FILE,
+                 duplicate_window=120.0, max_age=7 * DAY, max_bytes=8 * 1024**3, discard=DiscardPolicy.OLD),
+)
+
+
+async def connect(url: str, name: str) -> Client:
+    """A connection that keeps reconnecting for as long as the process lives."""
+    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                              connect_timeout=5)
+
+
+async def ensure_streams(js: JetStreamContext) -> None:
+    """Create or update the streams; safe to call from every process at start-up."""
+    for config in STREAMS:
+        try:
+            await js.add_stream(config)
+        except BadRequestError:
+            await js.update_stream(config)

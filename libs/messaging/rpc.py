@@ -1,0 +1,82 @@
+"""Request/reply over core NATS with typed messages: the service side (faststream) and the caller.
+
+A responder decodes the request into its contract type, runs the handler inside a span that
+continues the caller's trace, and always answers: with the handler's reply, or with a
+`CommandError` that says what was wrong. Nothing reaches the handler that failed to decode.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+import msgspec
+from faststream.nats import NatsBroker
+from faststream.nats.annotations import NatsMessage
+from nats.aio.client import Client
+from nats.errors import NoRespondersError
+from nats.errors import TimeoutError as NatsTimeout
+
+from libs.contracts.codec import decode_any, encode
+from libs.contracts.jobspec import SpecError, field_error_from_msgspec
+from libs.contracts.messages import CommandError, Reply
+from libs.telemetry.logs import get_logger
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+
+log = get_logger(__name__)
+
+RequestHandler = Callable[[Any], Awaitable[Any]]
+
+
+def error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError) -> CommandError:
+    if isinstance(exc, msgspec.ValidationError):
+        error = field_error_from_msgspec(exc)
+        if error.field.startswith("spec."):
+            error = msgspec.structs.replace(error, field=error.field.removeprefix("spec."))
+            return CommandError(code="invalid-spec", message=f"the job spec is invalid: {error}",
+                                errors=[error])
+        return CommandError(code="invalid-request", message=str(error), errors=[error])
+    return CommandError(code="invalid-request", message=f"the request is not valid JSON: {exc}")
+
+
+def register_responder(broker: NatsBroker, service: str, subject: str, request_type: object,
+                       handler: RequestHandler, *, queue: str | None = None) -> None:
+    """Answer requests on `subject`; several instances share the load through `queue`."""
+    span_tracer = tracer(f"trainyard.{service}")
+
+    async def respond(msg: NatsMessage) -> bytes:
+        parent = context_from_headers(msg.headers)
+        with span_tracer.start_as_current_span(f"{service} {subject}", context=parent) as span:
+            try:
+                request = decode_any(msg.body, request_type)
+            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+                return encode(error_for_decode_failure(exc))
+            try:
+                reply = await handler(request)
+            except SpecError as exc:
+                reply = CommandError(code="invalid-spec", message=f"the job spec is invalid: {exc}",
+                                     errors=exc.errors)
+            except Exception as exc:
+                log.exception("rpc.handler_failed", subject=subject)
+                span.record_exception(exc)
+                reply = CommandError(code="internal", message=f"{service} failed: {exc}",
+                                     hint=f"see the {service} log for details")
+            return encode(reply)
+
+    broker.subscriber(subject, queue=queue or f"trainyard-{service}")(respond)
+
+
+class ServiceUnavailable(Exception):
+    """No service answered; the stack is probably not running."""
+
+
+async def call(nc: Client, subject: str, request: msgspec.Struct, *, timeout: float = 10.0,
+               reply_type: object = Reply) -> Any:
+    """Send `request` and return the decoded reply (a CommandError is returned, not raised)."""
+    try:
+        msg = await nc.request(subject, encode(request), timeout=timeout, headers=current_trace_headers())
+    except NoRespondersError:
+        raise ServiceUnavailable(f"nothing answers on {subject}") from None
+    except NatsTimeout:
+        raise ServiceUnavailable(f"no answer on {subject} within {timeout:g}s") from None
+    return decode_any(msg.data, reply_type)

@@ -1,0 +1,93 @@
+"""The process shell every service shares: connections, its event store, relay and lifecycle.
+
+A service module builds on a `ServiceRuntime`: it rebuilds its state from `runtime.store`, adds
+followers and responders, then calls `runtime.serve()`, which runs until SIGTERM/SIGINT.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+from collections.abc import Coroutine
+from typing import Any
+
+import asyncpg
+from faststream.nats import NatsBroker
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from libs.eventstore import EventStore, OutboxRelay
+from libs.messaging.connection import connect, ensure_streams
+from libs.settings import Settings
+from libs.telemetry.logs import configure_logging, get_logger
+from libs.telemetry.tracing import configure_tracing, shutdown_tracing
+
+log = get_logger(__name__)
+
+
+class ServiceRuntime:
+    """Connections and background tasks of one service process."""
+
+    pool: asyncpg.Pool
+    store: EventStore
+    nc: Client
+    js: JetStreamContext
+    broker: NatsBroker
+
+    def __init__(self, name: str, settings: Settings | None = None) -> None:
+        self.name = name
+        self.settings = settings or Settings()
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._stopping = asyncio.Event()
+
+    async def start(self) -> None:
+        configure_logging(self.name)
+        configure_tracing(self.name)
+        self.pool = await asyncpg.create_pool(self.settings.database_url, min_size=2, max_size=8)
+        self.store = EventStore(self.pool, self.name)
+        await self.store.migrate()
+        self.nc = await connect(self.settings.nats_url, f"trainyard-{self.name}")
+        self.js = self.nc.jetstream()
+        await ensure_streams(self.js)
+        self.broker = NatsBroker(self.settings.nats_url, logger=None)
+        self.spawn(OutboxRelay(self.store, self.js).run(), "relay")
+
+    def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
+        """Run `coro` for the life of the service; a crash in it stops the service loudly."""
+        task = asyncio.create_task(coro, name=f"{self.name}.{name}")
+        task.add_done_callback(self._task_done)
+        self._tasks.append(task)
+        return task
+
+    def _task_done(self, task: asyncio.Task[Any]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            log.error("service.task_crashed", task=task.get_name(), error=repr(exc), exc_info=exc)
+            self._stopping.set()
+
+    async def serve(self) -> None:
+        """Start answering requests and run until asked to stop."""
+        await self.broker.start()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self._stopping.set)
+        log.info("service.ready")
+        await self._stopping.wait()
+        await self.close()
+
+    async def close(self) -> None:
+        log.info("service.stopping")
+        for task in self._tasks:
+            task.cancel()
+        for task in self._tasks:
+            with contextlib.suppress(BaseException):
+                await task
+        with contextlib.suppress(Exception):
+            await self.broker.stop()
+        with contextlib.suppress(Exception):
+            await self.nc.drain()
+        await self.pool.close()
+        shutdown_tracing()

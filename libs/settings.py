@@ -1,0 +1,31 @@
+"""Where the servers are and how the platform is tuned, from the environment."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+def _float(name: str, default: float) -> float:
+    return float(os.environ.get(name, default))
+
+
+@dataclass(frozen=True)
+class Settings:
+    """Read once at start-up; every process takes the same variables."""
+
+    nats_url: str = field(default_factory=lambda: os.environ.get("NATS_URL", "nats://127.0.0.1:4222"))
+    database_url: str = field(
+        default_factory=lambda: os.environ.get("DATABASE_URL", "postgresql://127.0.0.1:5432/trainyard")
+    )
+    # Shared storage holding algorithms, datasets, models, volumes and outputs (SPEC L1).
+    storage_root: Path = field(
+        default_factory=lambda: Path(os.environ.get("TRAINYARD_STORAGE", ".trainyard/storage")).resolve()
+    )
+    cluster_config: Path = field(
+        default_factory=lambda: Path(os.environ.get("TRAINYARD_CLUSTER", "deploy/local/cluster.yaml"))
+    )
+    heartbeat_seconds: float = field(default_factory=lambda: _float("TRAINYARD_HEARTBEAT_SECONDS", 2.0))
+    node_lost_seconds: float = field(default_factory=lambda: _float("TRAINYARD_NODE_LOST_SECONDS", 10.0))
+    stop_grace_seconds: float = field(default_factory=lambda: _float("TRAINYARD_STOP_GRACE_SECONDS", 10.0))

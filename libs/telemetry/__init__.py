@@ -1,0 +1,1 @@
+"""Structured logs and traces (SPEC X3)."""

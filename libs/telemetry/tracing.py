@@ -1,0 +1,61 @@
+"""OpenTelemetry set-up and the propagation of trace context through NATS headers.
+
+The exporter is chosen by TRAINYARD_TRACES: `otlp` (endpoint from the standard OTEL_EXPORTER_OTLP_*
+variables), `console`, or `off` (the default, and what tests use). Context travels in the W3C
+`traceparent`/`tracestate` headers of every NATS message and is stored with each event, so a job's
+spans join one trace from submit through scheduler, launcher and agent.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+
+from opentelemetry import context as otel_context
+from opentelemetry import trace
+from opentelemetry.propagate import extract, inject
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
+_configured = False
+
+
+def configure_tracing(service: str) -> None:
+    global _configured
+    if _configured:
+        return
+    _configured = True
+    mode = os.environ.get("TRAINYARD_TRACES", "off").lower()
+    provider = TracerProvider(resource=Resource.create({"service.name": f"trainyard-{service}"}))
+    exporter: SpanExporter | None = None
+    if mode == "console":
+        exporter = ConsoleSpanExporter()
+    elif mode == "otlp":
+        from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+
+        exporter = OTLPSpanExporter()
+    if exporter is not None:
+        provider.add_span_processor(BatchSpanProcessor(exporter))
+    trace.set_tracer_provider(provider)
+
+
+def shutdown_tracing() -> None:
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, TracerProvider):
+        provider.shutdown()
+
+
+def tracer(name: str) -> trace.Tracer:
+    return trace.get_tracer(name)
+
+
+def current_trace_headers() -> dict[str, str]:
+    """The current context as headers (`traceparent`, `tracestate`) to put on a NATS message."""
+    carrier: dict[str, str] = {}
+    inject(carrier)
+    return carrier
+
+
+def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Context:
+    return extract(dict(headers or {}))

@@ -1,0 +1,1 @@
+"""Autoscaler service: demand per queue and flavor (A1, A6); providers come later."""

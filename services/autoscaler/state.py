@@ -1,0 +1,40 @@
+"""The autoscaler's view of demand: which jobs wait, for which flavors, and which run."""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobDeleted,
+    JobFailed,
+    JobStopped,
+    JobSubmitted,
+    JobSucceeded,
+)
+
+
+@dataclass
+class DemandState:
+    queued: dict[str, list[str]] = field(default_factory=dict)  # job id -> acceptable flavors
+    running: set[str] = field(default_factory=set)
+
+    def apply(self, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        if isinstance(event, JobSubmitted):
+            self.queued[event.job_id] = list(event.spec.flavors)
+        elif isinstance(event, JobAdmitted):
+            self.queued.pop(event.job_id, None)
+            self.running.add(event.job_id)
+        elif isinstance(event, JobSucceeded | JobFailed | JobStopped | JobDeleted):
+            self.queued.pop(event.job_id, None)
+            self.running.discard(event.job_id)
+
+    def queued_by_flavor(self) -> dict[str, int]:
+        """Queued jobs per flavor they could use (a job with two flavors counts for both)."""
+        counts: Counter[str] = Counter()
+        for flavors in self.queued.values():
+            counts.update(flavors)
+        return dict(sorted(counts.items()))

@@ -1,0 +1,121 @@
+"""Launch planning as a pure function: (job spec, placement) -> what every node runs (SPEC L1–L7).
+
+For each rank the plan gives the argv, the environment the distributed mode expects, the files it
+expects (hostfiles), and the storage mounts that make up its /workspace. The formats follow the
+platform document to the character; tests compare them with its examples.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+
+from libs.contracts.cluster import Flavor
+from libs.contracts.events import Mount, NodeLaunch, Placement
+from libs.contracts.jobspec import JobSpec
+
+MPI_HOSTFILE = "/etc/mpi/hostfile"
+MPICH_HOSTFILE = "/etc/mpi/mpich_hostfile"
+DEEPSPEED_HOSTFILE = "/job/hostfile"
+MPIRUN_PREFIX = ("mpirun --allow-run-as-root -np {np} -bind-to none -map-by slot -x NCCL_DEBUG=INFO "
+                 "-x LD_LIBRARY_PATH -x PATH -mca pml ob1 -mca btl ^openib")
+
+
+class PlanError(ValueError):
+    """The job cannot be launched as specified; the message says why."""
+
+
+def workspace_mounts(spec: JobSpec, *, task_index: int | None = None) -> list[Mount]:
+    """L1: the /workspace tree as mounts of shared storage (targets relative to /workspace)."""
+    mounts: list[Mount] = []
+    algorithm = spec.tasks[task_index].algorithm if task_index is not None else spec.algorithm
+    if algorithm is not None:
+        mounts.append(Mount(source=f"algorithms/{algorithm.name}", target="algorithm",
+                            read_only=algorithm.read_only))
+    for dataset in spec.datasets:
+        source = f"datasets/{dataset.name}" + (f"/{dataset.version}" if dataset.version else "")
+        target = (f"dataset/private/{dataset.name}" if dataset.source == "private"
+                  else f"dataset/favorite/{dataset.name}/{dataset.version}")
+        mounts.append(Mount(source=source, target=target, read_only=dataset.read_only))
+    for annotation in spec.annotation_datasets:
+        mounts.append(Mount(source=f"annotations/{annotation.name}/{annotation.version}",
+                            target=f"anno_dataset/{annotation.name}/annotation",
+                            read_only=annotation.read_only))
+    for model in spec.models:
+        source = f"models/{model.name}" + (f"/{model.version}" if model.version else "")
+        target = (f"model/favorite/{model.name}/{model.version}" if model.source == "favorite"
+                  else f"model/{model.source}/{model.name}")
+        mounts.append(Mount(source=source, target=target, read_only=True))
+    if spec.output is not None:
+        # J3: task n of a batch job writes to <job name>-<n> without knowing it.
+        suffix = f"/{spec.name}-{task_index + 1}" if task_index is not None else ""
+        mounts.append(Mount(source=f"outputs/{spec.output.name}{suffix}", target="outputs", read_only=False))
+    for volume in spec.volumes:
+        mounts.append(Mount(source=f"volumes/{volume.name}", target=f"volume/{volume.name}", read_only=False))
+    return mounts
+
+
+def hostfile_openmpi(placement: list[Placement]) -> str:
+    return "".join(f"{p.node} slots={p.slots}\n" for p in placement)
+
+
+def hostfile_mpich(placement: list[Placement]) -> str:
+    return "".join(f"{p.node}:{p.slots}\n" for p in placement)
+
+
+def tf_config(placement: list[Placement], rank: int, port: int) -> str:
+    """L3 (AllReduce): every node is a worker; the cluster lists them all."""
+    workers = [f"{p.address}:{port}" for p in placement]
+    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank},
+                       "environment": "cloud"})
+
+
+def pytorch_argv(argv: list[str], command: str, *, slots: int, nodes: int, rank: int,
+                 master_addr: str, master_port: int) -> list[str]:
+    """L4: wrap `python[3] script ...` in torch.distributed.launch; leave anything else alone."""
+    if argv[0] not in ("python", "python3") or "torch.distributed.launch" in command:
+        return argv
+    # The seed's master uses localhost: the rendezvous store runs on the master itself.
+    address = "localhost" if rank == 0 else master_addr
+    return [argv[0], "-m", "torch.distributed.launch", f"--nproc_per_node={slots}", f"--nnodes={nodes}",
+            f"--node_rank={rank}", f"--master_addr={address}", f"--master_port={master_port}", *argv[1:]]
+
+
+def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
+                master_port: int) -> list[NodeLaunch]:
+    """Every node's launch for a regular job."""
+    if spec.type == "batch":
+        raise PlanError("batch jobs cannot be launched yet")
+    if spec.mode == "tensorflow" and spec.parameter_servers:
+        raise PlanError("TensorFlow parameter-server clusters cannot be launched yet; use parameter_servers: 0")
+    assert spec.command is not None
+    command = spec.command
+    argv = shlex.split(command)
+    nodes = len(placement)
+    master = placement[0]
+    mounts = workspace_mounts(spec)
+    launches: list[NodeLaunch] = []
+    for place in placement:
+        env = dict(spec.env)
+        files: dict[str, str] = {}
+        node_argv = argv
+        if spec.mode in ("pytorch", "pytorch-deepspeed"):
+            env.update(MASTER_ADDR=master.address, MASTER_PORT=str(master_port), WORLD_SIZE=str(nodes),
+                       RANK=str(place.rank), SLOTS=str(flavor.slots))
+            if spec.mode == "pytorch":
+                node_argv = pytorch_argv(argv, command, slots=flavor.slots, nodes=nodes, rank=place.rank,
+                                         master_addr=master.address, master_port=master_port)
+            else:
+                files[DEEPSPEED_HOSTFILE] = hostfile_openmpi(placement)
+        elif spec.mode == "horovod":
+            env.update(OMPI_MCA_orte_default_hostfile=MPI_HOSTFILE, HYDRA_HOST_FILE=MPICH_HOSTFILE,
+                       HYDRA_IFACE="eth0")
+            files[MPI_HOSTFILE] = hostfile_openmpi(placement)
+            files[MPICH_HOSTFILE] = hostfile_mpich(placement)
+            if "mpirun" not in argv:
+                node_argv = [*shlex.split(MPIRUN_PREFIX.format(np=nodes * flavor.slots)), *argv]
+        elif spec.mode == "tensorflow":
+            env["TF_CONFIG"] = tf_config(placement, place.rank, master_port)
+        launches.append(NodeLaunch(rank=place.rank, node=place.node, address=place.address, argv=node_argv,
+                                   env=env, mounts=mounts, files=files, master=place.rank == 0))
+    return launches

@@ -1,0 +1,234 @@
+"""The launcher service: turns admissions into processes on node agents and reports how they end.
+
+It follows the scheduler's job events (admissions and stops) and the agents' process reports. What
+it decides is recorded first (LaunchPlanned, NodeProcessStarted, ...); talking to agents happens
+after, in a dispatcher that re-sends until the agents confirm. Agents treat a repeated start of the
+same (job, attempt, rank) as already done, so a restart neither launches twice nor forgets a job.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+
+import msgspec
+from nats.aio.msg import Msg
+
+from libs.contracts import subjects
+from libs.contracts.agent import (
+    AgentReply,
+    ProcessExited,
+    ProcessReport,
+    ProcessStarted,
+    StartProcess,
+    StopProcesses,
+)
+from libs.contracts.cluster import ClusterConfig
+from libs.contracts.codec import decode, decode_any
+from libs.contracts.events import (
+    Event,
+    EventEnvelope,
+    JobAdmitted,
+    LaunchFailed,
+    LaunchPlanned,
+    LaunchStopped,
+    LaunchSucceeded,
+    NodeProcessExited,
+    NodeProcessStarted,
+)
+from libs.eventstore import NewEvent, Tracking
+from libs.messaging.follower import StreamFollower
+from libs.messaging.rpc import ServiceUnavailable, call
+from libs.runtime import ServiceRuntime
+from libs.telemetry.logs import get_logger
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+from services.launcher.planner import PlanError, plan_launch
+from services.launcher.state import Launch, LauncherState
+
+SERVICE = "launcher"
+RESEND_SECONDS = 5.0
+log = get_logger(__name__)
+span_tracer = tracer("trainyard.launcher")
+
+
+class Launcher:
+    def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig) -> None:
+        self.rt = runtime
+        self.cluster = cluster
+        self.state = LauncherState()
+        self.lock = asyncio.Lock()
+        self.wake = asyncio.Event()
+        self.followers: list[StreamFollower] = []
+        # When a start or stop was last sent, per (job, attempt, rank or node), and which nodes
+        # confirmed a stop: in memory only, so after a restart everything unconfirmed is sent again.
+        self._sent: dict[tuple[str, int, object, str], float] = {}
+        self._stop_confirmed: dict[tuple[str, int], set[str]] = {}
+
+    async def start(self) -> None:
+        async for envelope in self.rt.store.read_all():
+            self.state.apply(envelope)
+        log.info("launcher.rebuilt", launches=len(self.state.launches))
+        self.followers = [
+            StreamFollower(self.rt.js, self.rt.store, stream=subjects.EVENTS_STREAM,
+                           subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
+                           handle=self.on_scheduler_event),
+            StreamFollower(self.rt.js, self.rt.store, stream=subjects.AGENT_REPORTS_STREAM,
+                           subject=subjects.AGENT_REPORTS_ALL, consumer="agent-reports",
+                           handle=self.on_agent_report),
+        ]
+        for follower in self.followers:
+            await follower.start()
+        self.rt.spawn(self.dispatch_loop(), "dispatch")
+
+    async def _append(self, job_id: str, events: list[Event], tracking: Tracking | None) -> None:
+        stored = await self.rt.store.append(
+            [NewEvent("launch", job_id, e) for e in events],
+            expected_versions={("launch", job_id): self.state.versions.get(job_id, 0)},
+            tracking=tracking, trace=current_trace_headers(),
+        )
+        for envelope in stored:
+            self.state.apply(envelope)
+            log.info("launch.event", job_id=job_id, event_type=type(envelope.event).name())
+        self.wake.set()
+
+    # --- scheduler events -------------------------------------------------------------------------
+
+    async def on_scheduler_event(self, msg: Msg, tracking: Tracking | None) -> bool:
+        try:
+            envelope = decode(msg.data, EventEnvelope)
+        except msgspec.ValidationError:
+            log.warning("launcher.unknown_event", subject=msg.subject)
+            return False
+        async with self.lock:
+            self.state.apply(envelope)
+            self.wake.set()
+            event = envelope.event
+            if tracking is None or not isinstance(event, JobAdmitted):
+                return False
+            launch = self.state.launches.get(event.job_id)
+            if launch is not None and launch.attempt >= event.attempt:
+                return False
+            with span_tracer.start_as_current_span("launcher plan", context=context_from_headers(envelope.trace)):
+                await self._append(event.job_id, [self._plan(event)], tracking)
+            return True
+
+    def _plan(self, admission: JobAdmitted) -> Event:
+        spec = self.state.specs.get(admission.job_id)
+        flavor = self.cluster.flavor(admission.flavor)
+        if spec is None or flavor is None:
+            return LaunchFailed(job_id=admission.job_id, attempt=admission.attempt,
+                                reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
+        try:
+            nodes = plan_launch(spec, flavor, admission.placement, master_port=self.state.free_master_port())
+        except PlanError as exc:
+            return LaunchFailed(job_id=admission.job_id, attempt=admission.attempt, reason=str(exc))
+        return LaunchPlanned(job_id=admission.job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes)
+
+    # --- agent reports ----------------------------------------------------------------------------
+
+    async def on_agent_report(self, msg: Msg, tracking: Tracking | None) -> bool:
+        if tracking is None:
+            return False
+        try:
+            report = decode_any(msg.data, ProcessReport)
+        except msgspec.ValidationError:
+            log.warning("launcher.unknown_report", subject=msg.subject)
+            return False
+        async with self.lock:
+            launch = self.state.launches.get(report.job_id)
+            if launch is None or launch.attempt != report.attempt:
+                return False
+            events = self._record_report(launch, report)
+            if not events:
+                return False
+            await self._append(launch.job_id, events, tracking)
+            return True
+
+    def _record_report(self, launch: Launch, report: ProcessStarted | ProcessExited) -> list[Event]:
+        key = dict(job_id=launch.job_id, attempt=launch.attempt, rank=report.rank, node=report.node)
+        if isinstance(report, ProcessStarted):
+            if report.rank in launch.started or report.rank in launch.exited:
+                return []
+            return [NodeProcessStarted(pid=report.pid, **key)]  # type: ignore[arg-type]
+        if report.rank in launch.exited:
+            return []
+        events: list[Event] = [NodeProcessExited(exit_code=report.exit_code, **key)]  # type: ignore[arg-type]
+        if launch.outcome is not None:
+            return events
+        exited = {**launch.exited, report.rank: report.exit_code}
+        if self.state.stop_wanted(launch):
+            return events  # the dispatcher records LaunchStopped once every node confirmed
+        if report.exit_code != 0:
+            events.append(LaunchFailed(
+                job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,
+                reason=f"rank {report.rank} on {report.node} exited with code {report.exit_code}"))
+        elif len(exited) == len(launch.nodes) and all(code == 0 for code in exited.values()):
+            events.append(LaunchSucceeded(job_id=launch.job_id, attempt=launch.attempt))
+        return events
+
+    # --- talking to agents ------------------------------------------------------------------------
+
+    async def dispatch_loop(self) -> None:
+        for follower in self.followers:
+            await follower.caught_up.wait()
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), 1.0)
+            self.wake.clear()
+            async with self.lock:
+                await self._record_finished_stops()
+                work = self._due_work()
+            await asyncio.gather(*work)
+
+    async def _record_finished_stops(self) -> None:
+        """A stopped launch ends once every node confirmed the stop and no process still runs."""
+        for launch in self.state.active():
+            if launch.outcome is not None or not self.state.stop_wanted(launch) or launch.running_ranks():
+                continue
+            confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
+            if {n.node for n in launch.nodes} <= confirmed:
+                await self._append(launch.job_id, [LaunchStopped(job_id=launch.job_id, attempt=launch.attempt)],
+                                   None)
+
+    def _due_work(self) -> list[asyncio.Future[None]]:
+        now = time.monotonic()
+        work: list[asyncio.Future[None]] = []
+        for launch in self.state.active():
+            if self.state.stop_wanted(launch):
+                confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
+                running = {launch.node_of(r).node for r in launch.running_ranks()}
+                for node in {n.node for n in launch.nodes} - (confirmed - running):
+                    if self._due(("stop", launch.attempt, node, launch.job_id), now):
+                        work.append(asyncio.ensure_future(self._stop(launch, node)))
+                continue
+            for rank in launch.pending_ranks():
+                if self._due(("start", launch.attempt, rank, launch.job_id), now):
+                    work.append(asyncio.ensure_future(self._start(launch, rank)))
+        return work
+
+    def _due(self, key: tuple[str, int, object, str], now: float) -> bool:
+        if now - self._sent.get(key, -RESEND_SECONDS) < RESEND_SECONDS:
+            return False
+        self._sent[key] = now
+        return True
+
+    async def _start(self, launch: Launch, rank: int) -> None:
+        node = launch.node_of(rank)
+        request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node)
+        try:
+            await call(self.rt.nc, subjects.agent_start(node.node), request, timeout=5.0, reply_type=AgentReply)
+            log.info("launch.start_sent", job_id=launch.job_id, rank=rank, node=node.node)
+        except ServiceUnavailable as exc:
+            log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node.node, error=str(exc))
+
+    async def _stop(self, launch: Launch, node: str) -> None:
+        request = StopProcesses(job_id=launch.job_id, attempt=launch.attempt,
+                                grace_seconds=self.rt.settings.stop_grace_seconds)
+        try:
+            await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)
+            self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
+            self.wake.set()
+            log.info("launch.stop_confirmed", job_id=launch.job_id, node=node)
+        except ServiceUnavailable as exc:
+            log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node, error=str(exc))

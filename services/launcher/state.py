@@ -1,0 +1,106 @@
+"""The launcher's state: its launches (own events) and what it needs from the scheduler's events."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobFailed,
+    JobStopped,
+    JobStopRequested,
+    JobSubmitted,
+    JobSucceeded,
+    LaunchFailed,
+    LaunchPlanned,
+    LaunchStopped,
+    LaunchSucceeded,
+    NodeLaunch,
+    NodeProcessExited,
+    NodeProcessStarted,
+)
+from libs.contracts.jobspec import JobSpec
+
+FIRST_MASTER_PORT = 29500
+
+
+@dataclass
+class Launch:
+    """One attempt of one job across its nodes."""
+
+    job_id: str
+    attempt: int
+    nodes: list[NodeLaunch]
+    version: int
+    started: dict[int, int] = field(default_factory=dict)  # rank -> pid
+    exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
+    outcome: str | None = None  # succeeded | failed | stopped
+
+    @property
+    def master_port(self) -> int:
+        return int(self.nodes[0].env.get("MASTER_PORT", 0)) if self.nodes else 0
+
+    def running_ranks(self) -> list[int]:
+        return [rank for rank in self.started if rank not in self.exited]
+
+    def pending_ranks(self) -> list[int]:
+        return [n.rank for n in self.nodes if n.rank not in self.started and n.rank not in self.exited]
+
+    def node_of(self, rank: int) -> NodeLaunch:
+        return next(n for n in self.nodes if n.rank == rank)
+
+
+@dataclass
+class LauncherState:
+    specs: dict[str, JobSpec] = field(default_factory=dict)
+    admissions: dict[str, JobAdmitted] = field(default_factory=dict)
+    # Jobs the scheduler wants ended (stop requested, failed elsewhere, finished).
+    ending: set[str] = field(default_factory=set)
+    launches: dict[str, Launch] = field(default_factory=dict)
+    versions: dict[str, int] = field(default_factory=dict)
+
+    def apply(self, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        if envelope.service == "scheduler":
+            if isinstance(event, JobSubmitted):
+                self.specs[event.job_id] = event.spec
+            elif isinstance(event, JobAdmitted):
+                self.admissions[event.job_id] = event
+                self.ending.discard(event.job_id)
+            elif isinstance(event, JobStopRequested | JobFailed | JobStopped | JobSucceeded):
+                self.ending.add(event.job_id)
+            return
+        if envelope.service != "launcher":
+            return
+        self.versions[envelope.aggregate_id] = envelope.version
+        if isinstance(event, LaunchPlanned):
+            self.launches[event.job_id] = Launch(job_id=event.job_id, attempt=event.attempt,
+                                                 nodes=list(event.nodes), version=envelope.version)
+            return
+        launch = self.launches.get(envelope.aggregate_id)
+        if launch is None or getattr(event, "attempt", None) != launch.attempt:
+            return
+        if isinstance(event, NodeProcessStarted):
+            launch.started[event.rank] = event.pid
+        elif isinstance(event, NodeProcessExited):
+            launch.exited[event.rank] = event.exit_code
+        elif isinstance(event, LaunchSucceeded):
+            launch.outcome = "succeeded"
+        elif isinstance(event, LaunchFailed):
+            launch.outcome = "failed"
+        elif isinstance(event, LaunchStopped):
+            launch.outcome = "stopped"
+
+    def stop_wanted(self, launch: Launch) -> bool:
+        return launch.job_id in self.ending or launch.outcome is not None
+
+    def active(self) -> list[Launch]:
+        return [launch for launch in self.launches.values() if launch.outcome is None or launch.running_ranks()]
+
+    def free_master_port(self) -> int:
+        used = {launch.master_port for launch in self.active()}
+        port = FIRST_MASTER_PORT
+        while port in used:
+            port += 1
+        return port

@@ -1,0 +1,1 @@
+"""Monitor service: node registration, heartbeats and fault patrol (M2)."""

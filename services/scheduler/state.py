@@ -1,0 +1,200 @@
+"""The scheduler's state: a fold of its own job events and of the monitor's and launcher's events.
+
+Nothing here does I/O. `SchedulerState.apply` takes stored events of any service and updates the
+jobs and the node view; the service calls it during rebuild and after every append.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobDeleted,
+    JobFailed,
+    JobStopped,
+    JobStopRequested,
+    JobSubmitted,
+    JobSucceeded,
+    LaunchPlanned,
+    NodeLost,
+    NodeProcessExited,
+    NodeProcessStarted,
+    NodeRecovered,
+    NodeRegistered,
+    Placement,
+)
+from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
+from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
+
+
+@dataclass
+class Instance:
+    """One node of a running job, as the launcher reports it."""
+
+    rank: int
+    node: str
+    pid: int | None = None
+    exit_code: int | None = None
+
+    @property
+    def state(self) -> str:
+        if self.exit_code is not None:
+            return "exited"
+        return "running" if self.pid is not None else "pending"
+
+
+@dataclass
+class Job:
+    job_id: str
+    spec: JobSpec
+    creator: str
+    submitted_at: datetime
+    queue_order: int
+    version: int = 0
+    status: JobStatus = "queued"
+    attempt: int = 0
+    flavor: str | None = None
+    placement: list[Placement] = field(default_factory=list)
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    reason: str | None = None
+    exit_code: int | None = None
+    stop_requested: bool = False
+    deleted: bool = False
+    instances: dict[int, Instance] = field(default_factory=dict)
+    trace: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def terminal(self) -> bool:
+        return self.status in TERMINAL_STATUSES
+
+    def sort_key(self) -> tuple[int, int]:
+        """S1: very urgent before urgent before normal; first come first served within a level."""
+        return (PRIORITY_RANK[self.spec.priority], self.queue_order)
+
+
+@dataclass
+class NodeState:
+    info: NodeInfo
+    lost: bool = False
+
+
+@dataclass
+class SchedulerState:
+    cluster: ClusterConfig
+    jobs: dict[str, Job] = field(default_factory=dict)
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+
+    # --- folding events --------------------------------------------------------------------------
+
+    def apply(self, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        at = envelope.recorded_at
+        if isinstance(event, NodeRegistered):
+            self.nodes[event.node.name] = NodeState(info=event.node)
+            return
+        if isinstance(event, NodeLost):
+            if event.node_name in self.nodes:
+                self.nodes[event.node_name].lost = True
+            return
+        if isinstance(event, NodeRecovered):
+            if event.node_name in self.nodes:
+                self.nodes[event.node_name].lost = False
+            return
+        if isinstance(event, JobSubmitted):
+            self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
+                                          submitted_at=at, queue_order=envelope.position,
+                                          trace=envelope.trace)
+        job = self.jobs.get(getattr(event, "job_id", ""))
+        if job is None:
+            return
+        if envelope.service == "scheduler":
+            job.version = envelope.version
+            self._apply_job_event(job, envelope)
+        else:
+            self._apply_launch_event(job, envelope)
+
+    def _apply_job_event(self, job: Job, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        at = envelope.recorded_at
+        if isinstance(event, JobAdmitted):
+            job.status = "running"
+            job.attempt = event.attempt
+            job.flavor = event.flavor
+            job.placement = list(event.placement)
+            job.started_at = at
+            job.instances = {p.rank: Instance(rank=p.rank, node=p.node) for p in event.placement}
+        elif isinstance(event, JobStopRequested):
+            job.stop_requested = True
+        elif isinstance(event, JobSucceeded):
+            job.status, job.ended_at, job.exit_code = "succeeded", at, 0
+        elif isinstance(event, JobFailed):
+            job.status, job.ended_at = "failed", at
+            job.reason, job.exit_code = event.reason, event.exit_code
+        elif isinstance(event, JobStopped):
+            job.status, job.ended_at, job.reason = "stopped", at, event.reason
+        elif isinstance(event, JobDeleted):
+            job.deleted = True
+
+    def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        if getattr(event, "attempt", None) != job.attempt:
+            return
+        if isinstance(event, LaunchPlanned):
+            for launch in event.nodes:
+                job.instances.setdefault(launch.rank, Instance(rank=launch.rank, node=launch.node))
+        elif isinstance(event, NodeProcessStarted):
+            instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
+            instance.pid = event.pid
+        elif isinstance(event, NodeProcessExited):
+            instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
+            instance.exit_code = event.exit_code
+
+    # --- queries ---------------------------------------------------------------------------------
+
+    def flavor(self, name: str) -> Flavor | None:
+        return self.cluster.flavor(name)
+
+    def queue(self) -> list[Job]:
+        """Queued jobs in start order (S1)."""
+        return sorted((j for j in self.jobs.values() if j.status == "queued"), key=Job.sort_key)
+
+    def running(self) -> list[Job]:
+        return [j for j in self.jobs.values() if j.status == "running"]
+
+    def used(self) -> dict[str, Resources]:
+        """Resources held per node by running jobs."""
+        used: dict[str, Resources] = {name: Resources() for name in self.nodes}
+        for job in self.running():
+            flavor = self.flavor(job.flavor or "")
+            if flavor is None:
+                continue
+            for placement in job.placement:
+                used[placement.node] = used.get(placement.node, Resources()) + Resources.of_flavor(flavor)
+        return used
+
+    def jobs_on(self, node: str) -> list[Job]:
+        return [j for j in self.running() if any(p.node == node for p in j.placement)]
+
+    def view(self, job: Job) -> JobView:
+        queue_position = None
+        if job.status == "queued":
+            queue_position = next(i for i, j in enumerate(self.queue(), start=1) if j is job)
+        spec = job.spec
+        return JobView(
+            job_id=job.job_id, name=spec.name, project=spec.project, creator=job.creator,
+            status=job.status, priority=spec.priority, mode=spec.mode, nodes=spec.nodes,
+            flavors=list(spec.flavors), submitted_at=job.submitted_at, flavor=job.flavor,
+            attempt=job.attempt, started_at=job.started_at, ended_at=job.ended_at, reason=job.reason,
+            exit_code=job.exit_code, output=spec.output.name if spec.output else None,
+            queue_position=queue_position, placement=list(job.placement),
+            instances=[
+                InstanceView(rank=i.rank, node=i.node, master=i.rank == 0, state=i.state,  # type: ignore[arg-type]
+                             pid=i.pid, exit_code=i.exit_code)
+                for i in sorted(job.instances.values(), key=lambda i: i.rank)
+            ],
+        )
