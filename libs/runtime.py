@@ -68,13 +68,17 @@ class ServiceRuntime:
             log.error("service.task_crashed", task=task.get_name(), error=repr(exc), exc_info=exc)
             self._stopping.set()
 
+    async def listen(self) -> None:
+        """Start answering requests (after the service registered its responders)."""
+        await self.broker.start()
+        log.info("service.ready")
+
     async def serve(self) -> None:
         """Start answering requests and run until asked to stop."""
-        await self.broker.start()
+        await self.listen()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self._stopping.set)
-        log.info("service.ready")
         await self._stopping.wait()
         await self.close()
 

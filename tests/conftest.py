@@ -1,0 +1,54 @@
+"""Shared fixtures: real servers for the session, and a clean database and JetStream per test."""
+
+from __future__ import annotations
+
+import contextlib
+import tempfile
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.js.errors import NotFoundError
+
+from libs.contracts import subjects
+from libs.devstack.servers import create_database
+from tests.servers import Servers, provide_servers
+
+
+@pytest.fixture(scope="session")
+def servers() -> Iterator[Servers]:
+    # Postgres runs as an unprivileged user when we are root, so its folder must be reachable.
+    with tempfile.TemporaryDirectory(prefix="trainyard-servers-") as workdir:
+        Path(workdir).chmod(0o755)
+        with provide_servers(Path(workdir)) as found:
+            yield found
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def database_url(servers: Servers) -> AsyncIterator[str]:
+    """A fresh, empty database for one test."""
+    name = f"t_{uuid.uuid4().hex[:12]}"
+    await create_database(servers.postgres_admin_url, name)
+    yield servers.database_url(name)
+    import asyncpg
+
+    conn = await asyncpg.connect(servers.postgres_admin_url)
+    try:
+        await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    finally:
+        await conn.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def nats_url(servers: Servers) -> str:
+    """The NATS server, with Trainyard's streams removed so every test starts from empty logs."""
+    nc = await nats.connect(servers.nats_url)
+    js = nc.jetstream()
+    for stream in (subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM):
+        with contextlib.suppress(NotFoundError):
+            await js.delete_stream(stream)
+    await nc.close()
+    return servers.nats_url

@@ -1,0 +1,109 @@
+"""The whole stack as separate processes: four services and two node agents per test."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+import pytest_asyncio
+
+from client.api import TrainyardClient
+from libs.contracts.messages import JobView
+from libs.devstack.stack import REPO_ROOT, SERVICES, ProcessSet, agent_argv, seed_storage, service_argv, stack_env
+from libs.messaging.rpc import ServiceUnavailable
+
+CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
+NODES = ("node-a", "node-b")
+TEST_ALGORITHMS = Path(__file__).parent / "algorithms"
+
+
+class Stack:
+    """Processes of one test's platform, with helpers to crash and restart them."""
+
+    def __init__(self, home: Path, nats_url: str, database_url: str) -> None:
+        self.home = home
+        self.storage = home / "storage"
+        seed_storage(self.storage)
+        for algorithm in TEST_ALGORITHMS.iterdir():
+            shutil.copytree(algorithm, self.storage / "algorithms" / algorithm.name)
+        env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=CLUSTER,
+                        extra={"TRAINYARD_HEARTBEAT_SECONDS": "0.5", "TRAINYARD_NODE_LOST_SECONDS": "3",
+                               "TRAINYARD_STOP_GRACE_SECONDS": "3"})
+        self.processes = ProcessSet(home, env)
+        self.nats_url = nats_url
+        self.client: TrainyardClient | None = None
+
+    def start(self, name: str) -> None:
+        if name in SERVICES:
+            self.processes.start(name, service_argv(name))
+        else:
+            self.processes.start(name, agent_argv(name.removeprefix("agent-"), CLUSTER, self.home / "agents"))
+
+    def start_all(self, *, agents: bool = True) -> None:
+        for name in SERVICES:
+            self.start(name)
+        if agents:
+            for node in NODES:
+                self.start(f"agent-{node}")
+
+    def crash(self, name: str) -> None:
+        """kill -9: no shutdown code runs."""
+        self.processes.kill(name, signal.SIGKILL)
+
+    async def api(self) -> TrainyardClient:
+        if self.client is None:
+            self.client = await TrainyardClient.open(self.nats_url, user="tester")
+        return self.client
+
+    async def wait_for_nodes(self, count: int = len(NODES), timeout: float = 60) -> None:
+        api = await self.api()
+        async with asyncio.timeout(timeout):
+            while True:
+                with contextlib.suppress(ServiceUnavailable):
+                    if sum(n.status == "ready" for n in await api.nodes()) >= count:
+                        return
+                await asyncio.sleep(0.2)
+
+    async def wait_until(self, job_id: str, check: str, timeout: float = 60) -> JobView:
+        """Wait until the job is `running` with every instance started, or ended (`ended`)."""
+        api = await self.api()
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    job = (await api.get_job(job_id)).job
+                except ServiceUnavailable:  # a service being restarted by the test
+                    await asyncio.sleep(0.2)
+                    continue
+                if check == "running" and job.instances and all(i.state == "running" for i in job.instances):
+                    return job
+                if check == "ended" and job.status in ("succeeded", "failed", "stopped", "expired"):
+                    return job
+                await asyncio.sleep(0.2)
+
+    async def logs(self, job_id: str, rank: int | None = None) -> list[str]:
+        api = await self.api()
+        return [f"[{c.rank}] {line}" for c in [c async for c in api.logs(job_id, rank)] for line in c.lines]
+
+    def dump_logs(self) -> str:
+        parts = []
+        for path in sorted((self.home / "logs").glob("*.log")):
+            parts.append(f"----- {path.name}\n{path.read_text(errors='replace')[-4000:]}")
+        return "\n".join(parts)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def stack(tmp_path: Path, nats_url: str, database_url: str,
+                request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
+    tmp_path.chmod(0o755)
+    platform = Stack(tmp_path, nats_url, database_url)
+    yield platform
+    if platform.client is not None:
+        await platform.client.close()
+    platform.processes.stop_all()
+    # Shown by pytest only when the test failed.
+    print(platform.dump_logs())

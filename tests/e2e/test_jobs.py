@@ -1,0 +1,112 @@
+"""Real jobs through the real stack: services and agents as processes, NATS and PostgreSQL."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import msgspec
+import pytest
+
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef, decode_spec
+from libs.devstack.stack import REPO_ROOT
+from tests.e2e.conftest import Stack
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
+
+
+def sleeper(name: str, *, nodes: int = 1, seconds: float = 1.0, exit_code: int = 0) -> JobSpec:
+    return JobSpec(name=name, mode="pytorch" if nodes > 1 else "single-node", nodes=nodes, flavors=["cpu-1"],
+                   algorithm=AlgorithmRef(name="sleeper"), output=OutputRef(name=name),
+                   command=f"bash -c \"exec python3 run.py --seconds {seconds} --exit-code {exit_code}\"")
+
+
+async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
+    stack.start_all()
+    await stack.wait_for_nodes()
+    spec = decode_spec((REPO_ROOT / "examples" / "pytorch-ddp.yaml").read_bytes(), yaml=True)
+    accepted = await (await stack.api()).submit(msgspec.structs.replace(spec, command="python3 train.py --steps 20"))
+
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+    assert job.status == "succeeded", job.reason
+    assert {p.node for p in job.placement} == {"node-a", "node-b"}
+    lines = await stack.logs(accepted.job_id)
+    assert any(line.startswith("[0] rank 0/2") for line in lines)
+    assert any(line.startswith("[1] rank 1/2") for line in lines)
+    assert (stack.storage / "outputs" / "pytorch-ddp-demo" / "checkpoint.pt").stat().st_size > 0
+    history = [type(e.event).name() for e in await (await stack.api()).events(accepted.job_id)]
+    assert history[:3] == ["JobSubmitted", "JobAdmitted", "LaunchPlanned"]
+    assert history[-2:] == ["LaunchSucceeded", "JobSucceeded"]
+
+
+async def test_a_failing_command_fails_the_job_with_its_exit_code(stack: Stack) -> None:
+    stack.start_all()
+    await stack.wait_for_nodes()
+    accepted = await (await stack.api()).submit(sleeper("fails", seconds=0.2, exit_code=3))
+    job = await stack.wait_until(accepted.job_id, "ended")
+    assert (job.status, job.exit_code) == ("failed", 3)
+    assert "exited with code 3" in (job.reason or "")
+
+
+async def test_stopping_a_running_job_kills_its_processes(stack: Stack) -> None:
+    stack.start_all()
+    await stack.wait_for_nodes()
+    api = await stack.api()
+    accepted = await api.submit(sleeper("long", nodes=2, seconds=120))
+    running = await stack.wait_until(accepted.job_id, "running")
+    await api.stop([accepted.job_id])
+    job = await stack.wait_until(accepted.job_id, "ended")
+    assert job.status == "stopped"
+    for instance in running.instances:
+        assert instance.pid is not None
+        with pytest.raises(ProcessLookupError):
+            os.kill(instance.pid, 0)
+
+
+async def test_a_lost_node_fails_the_jobs_running_on_it(stack: Stack) -> None:
+    stack.start_all()
+    await stack.wait_for_nodes()
+    api = await stack.api()
+    accepted = await api.submit(sleeper("on-two-nodes", nodes=2, seconds=120))
+    await stack.wait_until(accepted.job_id, "running")
+    stack.crash("agent-node-b")
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=30)
+    assert job.status == "failed"
+    assert "node node-b was lost" in (job.reason or "")
+    assert {n.info.name: n.status for n in await api.nodes()} == {"node-a": "ready", "node-b": "lost"}
+
+
+async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
+    stack.start_all()
+    await stack.wait_for_nodes()
+    accepted = await (await stack.api()).submit(sleeper("cli", seconds=0.2))
+    await stack.wait_until(accepted.job_id, "ended")
+
+    def trainyard(*args: str) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "NATS_URL": stack.nats_url, "COLUMNS": "200"}
+        return subprocess.run([sys.executable, "-m", "client.cli", *args], capture_output=True, text=True,
+                              env=env, cwd=REPO_ROOT, timeout=60, check=False)
+
+    listed = trainyard("list", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(j["job_id"], j["status"]) for j in msgspec.json.decode(listed.stdout)] == [(accepted.job_id, "succeeded")]
+    table = trainyard("list")
+    assert accepted.job_id in table.stdout and "succeeded" in table.stdout
+    shown = trainyard("show", accepted.job_id)
+    assert "master" in shown.stdout and "exited" in shown.stdout
+    logs = trainyard("logs", accepted.job_id)
+    assert "[rank 0] started rank 0" in logs.stdout
+    events = trainyard("events", accepted.job_id)
+    assert "JobSucceeded" in events.stdout
+    nodes = trainyard("nodes")
+    assert "node-a" in nodes.stdout and "ready" in nodes.stdout
+
+    missing = trainyard("show", "job-ffffffffffff")
+    assert missing.returncode == 1
+    assert "no such job" in missing.stderr and "trainyard list" in missing.stderr
+
+    bad = REPO_ROOT / "tests" / "e2e" / "bad-job.yaml"
+    refused = trainyard("submit", str(bad))
+    assert refused.returncode == 1
+    assert "command" in refused.stderr and "bash -c" in refused.stderr and "nothing was submitted" in refused.stderr

@@ -1,0 +1,54 @@
+"""Crash a service with kill -9 at the worst moment: no job is lost and none runs twice."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from libs.contracts.events import JobAdmitted, LaunchPlanned, NodeProcessStarted
+from tests.e2e.conftest import Stack
+from tests.e2e.test_jobs import sleeper
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
+
+
+async def test_scheduler_killed_between_submit_and_admission_admits_the_job_once(stack: Stack) -> None:
+    # No agents yet: the job is accepted and stays queued.
+    stack.start_all(agents=False)
+    api = await stack.api()
+    await stack.wait_for_nodes(count=0)
+    accepted = await api.submit(sleeper("survivor", nodes=2, seconds=0.5))
+    assert (await api.get_job(accepted.job_id)).job.status == "queued"
+
+    stack.crash("scheduler")
+    stack.start("scheduler")
+    stack.start("agent-node-a")
+    stack.start("agent-node-b")
+
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
+    assert job.status == "succeeded", job.reason
+    history = await api.events(accepted.job_id)
+    assert sum(isinstance(e.event, JobAdmitted) for e in history) == 1
+    assert sum(isinstance(e.event, LaunchPlanned) for e in history) == 1
+
+
+async def test_launcher_killed_while_a_job_runs_neither_relaunches_nor_forgets_it(stack: Stack) -> None:
+    stack.start_all()
+    await stack.wait_for_nodes()
+    api = await stack.api()
+    accepted = await api.submit(sleeper("keeps-running", nodes=2, seconds=6))
+    await stack.wait_until(accepted.job_id, "running")
+
+    stack.crash("launcher")
+    await asyncio.sleep(1.0)
+    stack.start("launcher")
+
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
+    assert job.status == "succeeded", job.reason
+    lines = await stack.logs(accepted.job_id)
+    # Each rank's script started exactly once.
+    assert sum("started rank" in line for line in lines) == 2
+    history = await api.events(accepted.job_id)
+    assert sum(isinstance(e.event, LaunchPlanned) for e in history) == 1
+    assert sorted(e.event.rank for e in history if isinstance(e.event, NodeProcessStarted)) == [0, 1]

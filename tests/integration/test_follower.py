@@ -1,0 +1,118 @@
+"""StreamFollower: replays a stream on every start and reacts exactly once per message."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime
+
+import asyncpg
+import nats
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from libs.contracts import subjects
+from libs.contracts.codec import decode, encode
+from libs.contracts.events import EventEnvelope, JobStopped, NodeRecovered
+from libs.eventstore import EventStore, NewEvent, Tracking
+from libs.messaging.connection import ensure_streams
+from libs.messaging.follower import StreamFollower
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def store(database_url: str) -> AsyncIterator[EventStore]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
+    event_store = EventStore(pool, "launcher")
+    await event_store.migrate()
+    yield event_store
+    await pool.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def nc(nats_url: str) -> AsyncIterator[Client]:
+    client = await nats.connect(nats_url)
+    await ensure_streams(client.jetstream())
+    yield client
+    await client.close()
+
+
+async def publish_upstream(nc: Client, job_ids: list[str]) -> None:
+    for position, job_id in enumerate(job_ids, start=1):
+        envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type="job",
+                                 aggregate_id=job_id, version=1, position=position,
+                                 recorded_at=datetime.now(UTC), event=JobStopped(job_id=job_id, by="bob"))
+        await nc.jetstream().publish(subjects.event_subject("scheduler", "job", job_id, "JobStopped"),
+                                     encode(envelope))
+
+
+class Recorder:
+    """Folds every message; reacts by appending one event per message, with its tracking."""
+
+    def __init__(self, store: EventStore, fail_first: str | None = None) -> None:
+        self.store = store
+        self.folded: list[str] = []
+        self.fail_first = fail_first
+
+    async def handle(self, msg: Msg, tracking: Tracking | None) -> bool:
+        job_id = decode(msg.data, EventEnvelope).aggregate_id
+        if job_id == self.fail_first:
+            self.fail_first = None
+            raise RuntimeError("a passing failure")
+        self.folded.append(job_id)
+        if tracking is None:
+            return False
+        await self.store.append([NewEvent("node", job_id, NodeRecovered(node_name=job_id))],
+                                expected_versions={("node", job_id): 0}, tracking=tracking)
+        return True
+
+
+async def follow(nc: Client, store: EventStore, recorder: Recorder, expected: int) -> StreamFollower:
+    follower = StreamFollower(nc.jetstream(), store, stream=subjects.EVENTS_STREAM,
+                              subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
+                              handle=recorder.handle, retry_seconds=0.01)
+    await follower.start()
+    await asyncio.wait_for(follower.caught_up.wait(), 10)
+    for _ in range(100):
+        if len(recorder.folded) >= expected:
+            break
+        await asyncio.sleep(0.05)
+    return follower
+
+
+async def test_restart_replays_everything_and_reacts_only_to_new_messages(nc: Client, store: EventStore) -> None:
+    await publish_upstream(nc, [f"a{i}" for i in range(5)])
+    first = Recorder(store)
+    follower = await follow(nc, store, first, expected=5)
+    await follower.stop()
+    assert first.folded == [f"a{i}" for i in range(5)]
+
+    await publish_upstream(nc, [f"b{i}" for i in range(3)])
+    second = Recorder(store)
+    follower = await follow(nc, store, second, expected=8)
+    await follower.stop()
+
+    # The view is rebuilt from the first message; reactions happened once per message in all.
+    assert second.folded == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(3)]
+    reacted = [e.aggregate_id async for e in store.read_all()]
+    assert reacted == [f"a{i}" for i in range(5)] + [f"b{i}" for i in range(3)]
+
+
+async def test_a_failing_handler_is_retried_not_skipped(nc: Client, store: EventStore) -> None:
+    await publish_upstream(nc, ["x0", "x1", "x2"])
+    recorder = Recorder(store, fail_first="x1")
+    follower = await follow(nc, store, recorder, expected=3)
+    await follower.stop()
+    assert recorder.folded == ["x0", "x1", "x2"]
+    assert [e.aggregate_id async for e in store.read_all()] == ["x0", "x1", "x2"]
+
+
+async def test_an_empty_stream_counts_as_caught_up(nc: Client, store: EventStore) -> None:
+    recorder = Recorder(store)
+    follower = await follow(nc, store, recorder, expected=0)
+    await follower.stop()
+    assert recorder.folded == []

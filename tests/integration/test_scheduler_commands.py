@@ -1,0 +1,144 @@
+"""The scheduler's commands and queries through the Python client, on real NATS and PostgreSQL."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from client.api import TrainyardClient, TrainyardError
+from libs.contracts import subjects
+from libs.contracts.cluster import ClusterConfig
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.runtime import ServiceRuntime
+from libs.settings import Settings
+from services.scheduler.service import Scheduler
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.yaml"
+
+
+class Schedulers:
+    """Starts schedulers in this process; no nodes exist, so jobs stay queued."""
+
+    def __init__(self, nats_url: str, database_url: str) -> None:
+        self.settings = Settings(nats_url=nats_url, database_url=database_url)
+        self.running: list[ServiceRuntime] = []
+
+    async def start(self) -> None:
+        runtime = ServiceRuntime("scheduler", self.settings)
+        await runtime.start()
+        await Scheduler(runtime, ClusterConfig.load(CLUSTER)).start()
+        await runtime.listen()
+        self.running.append(runtime)
+
+    async def stop_all(self) -> None:
+        while self.running:
+            await self.running.pop().close()
+
+
+def spec(name: str = "train", **changes: object) -> JobSpec:
+    base = JobSpec(name=name, mode="single-node", flavors=["cpu-1"], algorithm=AlgorithmRef(name="algo"),
+                   command="python3 train.py", output=OutputRef(name="out"))
+    return msgspec.structs.replace(base, **changes)
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def schedulers(nats_url: str, database_url: str) -> AsyncIterator[Schedulers]:
+    control = Schedulers(nats_url, database_url)
+    yield control
+    await control.stop_all()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(nats_url: str, schedulers: Schedulers) -> AsyncIterator[TrainyardClient]:
+    await schedulers.start()
+    api = await TrainyardClient.open(nats_url, user="alice")
+    yield api
+    await api.close()
+
+
+async def test_a_bad_spec_is_refused_with_every_field_named_and_nothing_stored(client: TrainyardClient) -> None:
+    with pytest.raises(TrainyardError) as refused:
+        await client.submit(spec(command="KEY=1 python3 train.py", flavors=["cpu-1", "no-such-flavor"]))
+    error = refused.value.error
+    assert error.code == "invalid-spec"
+    assert {e.field for e in error.errors} == {"command", "flavors[1]"}
+    assert any("bash -c" in (e.hint or "") for e in error.errors)
+    assert await client.list_jobs() == []
+
+
+async def test_unknown_request_fields_are_refused(client: TrainyardClient) -> None:
+    payload = {"type": "ListJobs.v1", "statuses": [], "colour": "blue"}
+    msg = await client.nc.request(subjects.LIST_JOBS, json.dumps(payload).encode(), timeout=5)
+    reply = json.loads(msg.data)
+    assert reply["type"] == "Error.v1"
+    assert reply["code"] == "invalid-request"
+    assert "colour" in reply["message"]
+
+
+async def test_a_spec_error_inside_a_submit_names_the_spec_field(client: TrainyardClient) -> None:
+    payload = {"type": "SubmitJob.v1", "job_id": "job-000000000001", "user": "alice",
+               "spec": {**msgspec.to_builtins(spec()), "nodes": 0}}
+    msg = await client.nc.request(subjects.SUBMIT_JOB, json.dumps(payload).encode(), timeout=5)
+    reply = json.loads(msg.data)
+    assert (reply["code"], reply["errors"][0]["field"]) == ("invalid-spec", "nodes")
+
+
+async def test_submitting_the_same_job_id_twice_creates_one_job(client: TrainyardClient) -> None:
+    first = await client.submit(spec(), job_id="job-0123456789ab")
+    again = await client.submit(spec(), job_id="job-0123456789ab")
+    assert (first.created, again.created) == (True, False)
+    assert [j.job_id for j in await client.list_jobs()] == ["job-0123456789ab"]
+    history = await client.events("job-0123456789ab")
+    assert [type(e.event).name() for e in history] == ["JobSubmitted"]
+
+    with pytest.raises(TrainyardError) as refused:
+        await client.submit(spec(name="other"), job_id="job-0123456789ab")
+    assert refused.value.error.code == "conflict"
+
+
+async def test_queue_order_follows_priority_then_submission(client: TrainyardClient) -> None:
+    normal = await client.submit(spec("normal"))
+    urgent = await client.submit(spec("urgent", priority="urgent"))
+    very = await client.submit(spec("very", priority="very-urgent"))
+    later_urgent = await client.submit(spec("urgent-2", priority="urgent"))
+    positions = {j.job_id: j.queue_position for j in await client.list_jobs(["queued"])}
+    assert positions == {very.job_id: 1, urgent.job_id: 2, later_urgent.job_id: 3, normal.job_id: 4}
+
+
+async def test_stop_and_delete(client: TrainyardClient) -> None:
+    job = await client.submit(spec())
+    with pytest.raises(TrainyardError) as refused:
+        await client.delete([job.job_id])
+    assert refused.value.error.code == "invalid-state"
+    assert f"trainyard stop {job.job_id}" in (refused.value.error.hint or "")
+
+    await client.stop([job.job_id])
+    assert (await client.get_job(job.job_id)).job.status == "stopped"
+    await client.stop([job.job_id])  # stopping again changes nothing and is not an error
+    await client.delete([job.job_id])
+    with pytest.raises(TrainyardError) as gone:
+        await client.get_job(job.job_id)
+    assert gone.value.error.code == "not-found"
+
+    with pytest.raises(TrainyardError) as unknown:
+        await client.stop(["job-ffffffffffff"])
+    assert unknown.value.error.code == "not-found"
+
+
+async def test_state_is_rebuilt_from_the_log_after_a_restart(client: TrainyardClient,
+                                                            schedulers: Schedulers) -> None:
+    kept = await client.submit(spec("kept", priority="urgent"))
+    stopped = await client.submit(spec("stopped"))
+    await client.stop([stopped.job_id])
+    before = await client.list_jobs()
+
+    await schedulers.stop_all()
+    await schedulers.start()
+    assert await client.list_jobs() == before
+    assert (await client.get_job(kept.job_id)).job.queue_position == 1
