@@ -23,7 +23,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from agent.process import ProcessGroup
+from agent.process import ProcessGroup, kill_leftovers, remove_record, write_record
 from agent.workspace import BACKEND, WorkspaceError, build_workspace
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -83,6 +83,7 @@ class NodeAgent:
         await ensure_streams(self.js)
         await self.nc.subscribe(subjects.agent_start(self.info.name), cb=self._on_start)
         await self.nc.subscribe(subjects.agent_stop(self.info.name), cb=self._on_stop)
+        await self._end_leftovers()
         await self._register()
         self._tasks.append(asyncio.create_task(self._heartbeats()))
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
@@ -95,6 +96,16 @@ class NodeAgent:
                 await node.group.stop(2.0)
         with contextlib.suppress(Exception):
             await self.nc.drain()
+
+    async def _end_leftovers(self) -> None:
+        for record in kill_leftovers(self.root):
+            job_id, attempt, rank = str(record["job_id"]), int(record["attempt"]), int(record["rank"])
+            log.warning("agent.leftover_killed", job_id=job_id, attempt=attempt, rank=rank, pid=record["pid"])
+            # seq -1: the agent's own closing notice, distinct from the chunks the process wrote.
+            node = RunningNode(job_id=job_id, attempt=attempt, rank=rank, log_seq=-1)
+            await self._ship(node, ["[trainyard] the node agent restarted and stopped this process"])
+            await self._report(ProcessExited(job_id=job_id, attempt=attempt, rank=rank, node=self.info.name,
+                                             exit_code=137), "exited", node)
 
     # --- registration and heartbeats --------------------------------------------------------------
 
@@ -179,6 +190,7 @@ class NodeAgent:
                                              node=self.info.name, exit_code=127), "exited", node)
             return
         node.group = group
+        write_record(root, {"job_id": node.job_id, "attempt": node.attempt, "rank": node.rank, "pid": group.pid})
         bound.info("agent.process_started", pid=group.pid, argv=argv)
         await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
                                           node=self.info.name, pid=group.pid), "started", node)
@@ -188,6 +200,7 @@ class NodeAgent:
         finally:
             flusher.cancel()
         await self._ship(node, [])
+        remove_record(root)
         bound.info("agent.process_exited", exit_code=code)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
                                          node=self.info.name, exit_code=code), "exited", node)

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
 import signal
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 LineSink = Callable[[str], Awaitable[None]]
 
@@ -60,3 +62,34 @@ class ProcessGroup:
         assert self.proc is not None
         with contextlib.suppress(ProcessLookupError):
             os.killpg(self.proc.pid, sig)
+
+
+RECORD_NAME = "process.json"
+
+
+def write_record(directory: Path, record: dict[str, object]) -> None:
+    """Remember a running process group, so that a later agent can find what was left behind."""
+    (directory / RECORD_NAME).write_text(json.dumps(record))
+
+
+def remove_record(directory: Path) -> None:
+    (directory / RECORD_NAME).unlink(missing_ok=True)
+
+
+def kill_leftovers(root: Path) -> list[dict[str, Any]]:
+    """Kill every process group recorded under `root` by an agent that is gone; return their records.
+
+    A restarted agent cannot supervise processes its predecessor started (they are not its
+    children), so it ends them and reports them as exited instead of leaving them unwatched.
+    """
+    found = []
+    for path in root.glob(f"jobs/*/*/rank-*/{RECORD_NAME}"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(int(record["pid"]), signal.SIGKILL)
+        path.unlink(missing_ok=True)
+        found.append(record)
+    return found

@@ -75,7 +75,8 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
 
 
 class LogChunk(Struct, frozen=True, kw_only=True):
-    """Consecutive lines of one node's output; `seq` numbers chunks from 0 for dedupe."""
+    """Consecutive lines of one node's output; `seq` numbers chunks from 0 for dedupe (-1 marks a
+    notice from a restarted agent about a process it had to stop)."""
 
     job_id: str
     attempt: int

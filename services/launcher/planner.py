@@ -8,6 +8,7 @@ platform document to the character; tests compare them with its examples.
 from __future__ import annotations
 
 import json
+import re
 import shlex
 
 from libs.contracts.cluster import Flavor
@@ -19,6 +20,8 @@ MPICH_HOSTFILE = "/etc/mpi/mpich_hostfile"
 DEEPSPEED_HOSTFILE = "/job/hostfile"
 MPIRUN_PREFIX = ("mpirun --allow-run-as-root -np {np} -bind-to none -map-by slot -x NCCL_DEBUG=INFO "
                  "-x LD_LIBRARY_PATH -x PATH -mca pml ob1 -mca btl ^openib")
+# "Contains mpirun" (L2): as a word, also as a path (/usr/bin/mpirun) or inside `bash -c "..."`.
+_MPIRUN = re.compile(r"(?<![\w.-])mpirun(?![\w-])")
 
 
 class PlanError(ValueError):
@@ -89,7 +92,8 @@ def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
     if spec.mode == "tensorflow" and spec.parameter_servers:
         raise PlanError("TensorFlow parameter-server clusters cannot be launched yet; use parameter_servers: 0")
     assert spec.command is not None
-    command = spec.command
+    # A backslash-newline continues the line, as in the platform document's multi-line examples.
+    command = re.sub(r"\\\r?\n", "", spec.command)
     argv = shlex.split(command)
     nodes = len(placement)
     master = placement[0]
@@ -112,7 +116,7 @@ def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
                        HYDRA_IFACE="eth0")
             files[MPI_HOSTFILE] = hostfile_openmpi(placement)
             files[MPICH_HOSTFILE] = hostfile_mpich(placement)
-            if "mpirun" not in argv:
+            if not _MPIRUN.search(command):
                 node_argv = [*shlex.split(MPIRUN_PREFIX.format(np=nodes * flavor.slots)), *argv]
         elif spec.mode == "tensorflow":
             env["TF_CONFIG"] = tf_config(placement, place.rank, master_port)

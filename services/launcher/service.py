@@ -217,8 +217,9 @@ class Launcher:
         node = launch.node_of(rank)
         request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node)
         try:
-            await call(self.rt.nc, subjects.agent_start(node.node), request, timeout=5.0, reply_type=AgentReply)
-            log.info("launch.start_sent", job_id=launch.job_id, rank=rank, node=node.node)
+            with span_tracer.start_as_current_span("launcher start", context=context_from_headers(launch.trace)):
+                await call(self.rt.nc, subjects.agent_start(node.node), request, timeout=5.0, reply_type=AgentReply)
+                log.info("launch.start_sent", job_id=launch.job_id, rank=rank, node=node.node)
         except ServiceUnavailable as exc:
             log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node.node, error=str(exc))
 
@@ -226,7 +227,8 @@ class Launcher:
         request = StopProcesses(job_id=launch.job_id, attempt=launch.attempt,
                                 grace_seconds=self.rt.settings.stop_grace_seconds)
         try:
-            await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)
+            with span_tracer.start_as_current_span("launcher stop", context=context_from_headers(launch.trace)):
+                await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)
             self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
             self.wake.set()
             log.info("launch.stop_confirmed", job_id=launch.job_id, node=node)

@@ -36,6 +36,7 @@ class Launch:
     started: dict[int, int] = field(default_factory=dict)  # rank -> pid
     exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
     outcome: str | None = None  # succeeded | failed | stopped
+    trace: dict[str, str] = field(default_factory=dict)  # the job's trace, continued by every call
 
     @property
     def master_port(self) -> int:
@@ -76,7 +77,8 @@ class LauncherState:
         self.versions[envelope.aggregate_id] = envelope.version
         if isinstance(event, LaunchPlanned):
             self.launches[event.job_id] = Launch(job_id=event.job_id, attempt=event.attempt,
-                                                 nodes=list(event.nodes), version=envelope.version)
+                                                 nodes=list(event.nodes), version=envelope.version,
+                                                 trace=envelope.trace)
             return
         launch = self.launches.get(envelope.aggregate_id)
         if launch is None or getattr(event, "attempt", None) != launch.attempt:

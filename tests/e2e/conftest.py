@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
+from agent.process import kill_leftovers
 from client.api import TrainyardClient
 from libs.contracts.messages import JobView
 from libs.devstack.stack import REPO_ROOT, SERVICES, ProcessSet, agent_argv, seed_storage, service_argv, stack_env
@@ -20,6 +21,15 @@ from libs.messaging.rpc import ServiceUnavailable
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
 NODES = ("node-a", "node-b")
 TEST_ALGORITHMS = Path(__file__).parent / "algorithms"
+
+
+def process_alive(pid: int) -> bool:
+    """True while `pid` runs; a zombie nobody reaped (an orphan under a container's init) is dead."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
 
 
 class Stack:
@@ -105,5 +115,8 @@ async def stack(tmp_path: Path, nats_url: str, database_url: str,
     if platform.client is not None:
         await platform.client.close()
     platform.processes.stop_all()
+    # Jobs of agents the test killed are not anyone's children any more: end them here.
+    for node in NODES:
+        kill_leftovers(tmp_path / "agents" / node)
     # Shown by pytest only when the test failed.
     print(platform.dump_logs())

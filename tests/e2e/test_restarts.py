@@ -7,7 +7,7 @@ import asyncio
 import pytest
 
 from libs.contracts.events import JobAdmitted, LaunchPlanned, NodeProcessStarted
-from tests.e2e.conftest import Stack
+from tests.e2e.conftest import Stack, process_alive
 from tests.e2e.test_jobs import sleeper
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
@@ -52,3 +52,22 @@ async def test_launcher_killed_while_a_job_runs_neither_relaunches_nor_forgets_i
     history = await api.events(accepted.job_id)
     assert sum(isinstance(e.event, LaunchPlanned) for e in history) == 1
     assert sorted(e.event.rank for e in history if isinstance(e.event, NodeProcessStarted)) == [0, 1]
+
+
+async def test_a_restarted_agent_ends_what_it_can_no_longer_supervise(stack: Stack) -> None:
+    stack.start_all()
+    await stack.wait_for_nodes()
+    api = await stack.api()
+    accepted = await api.submit(sleeper("orphaned", nodes=2, seconds=120))
+    running = await stack.wait_until(accepted.job_id, "running")
+    orphan = next(i.pid for i in running.instances if i.node == "node-b")
+
+    stack.crash("agent-node-b")
+    stack.start("agent-node-b")  # back before the monitor would call the node lost
+
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=60)
+    assert (job.status, job.exit_code) == ("failed", 137)
+    assert "on node-b exited with code 137" in (job.reason or "")
+    assert orphan is not None
+    assert not process_alive(orphan)
+    assert any("agent restarted" in line for line in await stack.logs(accepted.job_id, 1))
