@@ -11,7 +11,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml deploy/local/system-packages.sh
 	bash deploy/local/system-packages.sh
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 numpy
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
