@@ -1,7 +1,7 @@
 """The job specification (SPEC J1–J18) and its validation at the edge.
 
-`JobSpec` is what a user writes (YAML or JSON). Decoding forbids unknown fields, so a typo is an
-error rather than a silently ignored setting. `validate_spec` applies the cross-field rules that a
+`JobSpec` is what a user writes (YAML or JSON). `decode_spec` refuses unknown fields, so a typo is
+an error rather than a silently ignored setting. `validate_spec` applies the cross-field rules that a
 type alone cannot express and returns every problem at once, each naming its field and the fix.
 """
 
@@ -13,6 +13,8 @@ from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta, Struct
+
+from libs.contracts.strict import decode_strict
 
 # Names appear in NATS subjects and in paths under /workspace, so keep them to a safe alphabet.
 SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
@@ -32,8 +34,10 @@ MODES: tuple[Mode, ...] = ("pytorch", "pytorch-deepspeed", "horovod", "tensorflo
 PRIORITY_RANK: dict[str, int] = {"very-urgent": 0, "urgent": 1, "normal": 2}
 
 
-class _Spec(Struct, forbid_unknown_fields=True, frozen=True, kw_only=True):
-    """Base of every user-written part: unknown fields are errors, values are immutable."""
+class _Spec(Struct, frozen=True, kw_only=True):
+    """Base of every user-written part. Values are immutable; unknown fields are refused where
+    people and clients write specs (`decode_spec`, request decoding: see `strict`), but tolerated
+    inside stored events so that an older reader survives a newer writer."""
 
 
 class AlgorithmRef(_Spec, frozen=True):
@@ -194,7 +198,7 @@ class SpecError(ValueError):
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
-_SHELL_OPERATORS = frozenset({"&&", "||", ";", "|", "&", ">", ">>", "<", "<<", ";;", "|&", "(", ")"})
+_SHELL_OPERATOR_CHARS = frozenset(";&|<>()")
 
 
 def parse_duration(text: str) -> int:
@@ -221,11 +225,41 @@ def command_problem(command: str) -> str | None:
         return f"cannot be parsed ({exc})"
     if _ENV_ASSIGNMENT.match(tokens[0]):
         return f"begins with the variable assignment {tokens[0]!r}, not an executable"
-    operators = [t for t in tokens if t in _SHELL_OPERATORS]
-    if operators:
-        return f"uses the shell operator {operators[0]!r}"
-    if "`" in command or "$(" in command:
-        return "uses shell command substitution"
+    return _unquoted_shell_syntax(command.strip())
+
+
+def _unquoted_shell_syntax(command: str) -> str | None:
+    """The first shell operator (`&&`, `|`, `2>&1`, ...), command substitution or statement break
+    outside quotes, if any.
+
+    Quoted text is literal (`--sep "|"` is a plain argument, `bash -c "echo $(date)"` hands the
+    substitution to bash) and a backslash escapes the next character, so a line continuation is not
+    a second statement.
+    """
+    quote: str | None = None
+    index = 0
+    while index < len(command):
+        char = command[index]
+        if quote == "'":
+            if char == "'":
+                quote = None
+        elif char == "\\":
+            index += 1
+        elif quote == '"':
+            if char == '"':
+                quote = None
+        elif char in "'\"":
+            quote = char
+        elif char == "`" or command.startswith("$(", index):
+            return "uses shell command substitution"
+        elif char in _SHELL_OPERATOR_CHARS:
+            end = index
+            while end < len(command) and command[end] in _SHELL_OPERATOR_CHARS:
+                end += 1
+            return f"uses the shell operator {command[index:end]!r}"
+        elif char == "\n":
+            return "has several lines, i.e. several statements"
+        index += 1
     return None
 
 
@@ -264,9 +298,10 @@ def validate_spec(spec: JobSpec) -> list[FieldError]:
         if not spec.tasks:
             add(FieldError(field="tasks", message="a batch job needs at least one task",
                            hint="list tasks, each with an algorithm and a command"))
-        if spec.command is not None or spec.algorithm is not None:
-            add(FieldError(field="command", message="a batch job takes its algorithm and command per task",
-                           hint="move them under tasks:"))
+        for field, value in (("algorithm", spec.algorithm), ("command", spec.command)):
+            if value is not None:
+                add(FieldError(field=field, message="a batch job takes its algorithm and command per task",
+                               hint="move them under tasks:"))
         for index, task in enumerate(spec.tasks):
             errors.extend(_command_errors(f"tasks[{index}].command", task.command))
 
@@ -345,7 +380,7 @@ def validate_spec(spec: JobSpec) -> list[FieldError]:
 def decode_spec(data: bytes | str, *, yaml: bool = False) -> JobSpec:
     """Decode and validate a spec; raise SpecError naming every bad field."""
     try:
-        spec = msgspec.yaml.decode(data, type=JobSpec) if yaml else msgspec.json.decode(data, type=JobSpec)
+        spec: JobSpec = decode_strict(data, JobSpec, yaml=yaml)
     except msgspec.ValidationError as exc:
         raise SpecError([field_error_from_msgspec(exc)]) from None
     except msgspec.DecodeError as exc:
@@ -359,11 +394,13 @@ def decode_spec(data: bytes | str, *, yaml: bool = False) -> JobSpec:
 def field_error_from_msgspec(exc: msgspec.ValidationError) -> FieldError:
     """Turn msgspec's "Expected ... - at `$.nodes`" into a FieldError on `nodes`."""
     text = str(exc)
-    unknown = re.match(r"Object contains unknown field `(.+?)`(?: - at `\$\.?(.*)`)?$", text)
-    if unknown:
-        where = unknown.group(2)
-        return FieldError(field=f"{where}.{unknown.group(1)}" if where else unknown.group(1),
-                          message="is not a known field", hint="check its spelling against docs/jobs.md")
+    named = re.match(r"Object (contains unknown|missing required) field `(.+?)`(?: - at `\$\.?(.*)`)?$", text)
+    if named:
+        where = named.group(3)
+        field = f"{where}.{named.group(2)}" if where else named.group(2)
+        if named.group(1) == "missing required":
+            return FieldError(field=field, message="is required")
+        return FieldError(field=field, message="is not a known field", hint="check its spelling against docs/jobs.md")
     match = re.search(r" - at `\$\.?(.*)`$", text)
     if match:
         return FieldError(field=match.group(1) or "(document)", message=text[: match.start()])

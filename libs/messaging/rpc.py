@@ -20,6 +20,7 @@ from nats.errors import TimeoutError as NatsTimeout
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.jobspec import SpecError, field_error_from_msgspec
 from libs.contracts.messages import CommandError, Reply
+from libs.contracts.strict import decode_strict
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 
@@ -48,7 +49,7 @@ def register_responder(broker: NatsBroker, service: str, subject: str, request_t
         parent = context_from_headers(msg.headers)
         with span_tracer.start_as_current_span(f"{service} {subject}", context=parent) as span:
             try:
-                request = decode_any(msg.body, request_type)
+                request = decode_strict(msg.body, request_type)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 return encode(error_for_decode_failure(exc))
             try:

@@ -57,19 +57,23 @@ def eligible(node: NodeInfo, spec: JobSpec, flavor: Flavor) -> bool:
 def place_gang(spec: JobSpec, flavor: Flavor, nodes: Iterable[NodeCapacity]) -> list[Placement] | None:
     """Place all `spec.nodes` ranks of one flavor, or return None.
 
-    Each rank goes to the eligible node with the most free CPU left (ties by name), which spreads a
-    job across hosts when it can and packs it when it must.
+    Each rank goes to the eligible node holding the fewest ranks of this job so far, then with the
+    most free CPU left (ties by name), which spreads a job across hosts when it can and packs it when
+    it must.
     """
+    nodes = list(nodes)
     need = Resources.of_flavor(flavor)
     free = {n.info.name: n.free for n in nodes if eligible(n.info, spec, flavor)}
     infos = {n.info.name: n.info for n in nodes}
+    ranks_on = dict.fromkeys(free, 0)
     placement: list[Placement] = []
     for rank in range(spec.nodes):
         candidates = [name for name, left in free.items() if need.fits_in(left)]
         if not candidates:
             return None
-        best = min(candidates, key=lambda name: (-free[name].cpus, -free[name].memory_mib, name))
+        best = min(candidates, key=lambda name: (ranks_on[name], -free[name].cpus, -free[name].memory_mib, name))
         free[best] = free[best] - need
+        ranks_on[best] += 1
         placement.append(Placement(rank=rank, node=best, address=infos[best].address, slots=flavor.slots))
     return placement
 

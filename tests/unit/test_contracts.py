@@ -1,0 +1,366 @@
+"""Wire contracts (SPEC X1, X2): tagged unions round-trip through the codec; requests are strict,
+stored events are lenient."""
+
+from __future__ import annotations
+
+import json
+from datetime import UTC, datetime, timedelta, timezone
+from typing import Any
+
+import msgspec
+import pytest
+
+from libs.contracts.agent import (
+    AgentReply,
+    Heartbeat,
+    LogChunk,
+    NodeAccepted,
+    ProcessAccepted,
+    ProcessExited,
+    ProcessReport,
+    ProcessStarted,
+    RegisterNode,
+    StartProcess,
+    Stopped,
+    StopProcesses,
+)
+from libs.contracts.cluster import Accelerators, NodeInfo, Resources
+from libs.contracts.codec import decode, decode_any, encode
+from libs.contracts.events import (
+    EVENT_TYPES,
+    Event,
+    EventEnvelope,
+    JobAdmitted,
+    JobDeleted,
+    JobFailed,
+    JobStopped,
+    JobStopRequested,
+    JobSubmitted,
+    JobSucceeded,
+    LaunchFailed,
+    LaunchPlanned,
+    LaunchStopped,
+    LaunchSucceeded,
+    Mount,
+    NodeLaunch,
+    NodeLost,
+    NodeProcessExited,
+    NodeProcessStarted,
+    NodeRecovered,
+    NodeRegistered,
+    Placement,
+)
+from libs.contracts.jobspec import (
+    AlgorithmRef,
+    CheckpointResume,
+    DatasetRef,
+    Elastic,
+    FieldError,
+    JobSpec,
+    OutputRef,
+    field_error_from_msgspec,
+)
+from libs.contracts.messages import (
+    CommandError,
+    DeleteJobs,
+    Done,
+    GetJob,
+    GetQueueStatus,
+    InstanceView,
+    JobAccepted,
+    JobDetails,
+    JobList,
+    JobView,
+    ListJobs,
+    ListNodes,
+    NodeList,
+    NodeView,
+    QueueStatus,
+    Reply,
+    Request,
+    StopJobs,
+    SubmitJob,
+)
+from libs.contracts.strict import decode_strict
+
+AT = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
+
+SPEC = JobSpec(
+    name="bert", mode="pytorch", nodes=2, flavors=["gpu-4", "gpu-8"], pool="team-a",
+    algorithm=AlgorithmRef(name="bert-code"), command="python3 train.py --lr 0.1",
+    output=OutputRef(name="bert-out"), datasets=[DatasetRef(name="wiki", source="favorite", version="v2")],
+    env={"NCCL_DEBUG": "INFO"}, checkpoint_resume=CheckpointResume(elastic=Elastic(min_nodes=1)),
+)
+NODE = NodeInfo(name="gpu-node-1", address="10.0.0.7", os="ubuntu 22.04", kernel="6.5", cpus=64.0,
+                memory_mib=512000, accelerators=[Accelerators(board="A100", count=8, driver_version="535.104")],
+                pools=["team-a"], labels={"zone": "a"})
+PLACEMENT = [Placement(rank=0, node="gpu-node-1", address="10.0.0.7", slots=4),
+             Placement(rank=1, node="gpu-node-2", address="10.0.0.8", slots=4)]
+LAUNCH = NodeLaunch(rank=0, node="gpu-node-1", address="10.0.0.7", argv=["python3", "train.py"],
+                    env={"RANK": "0"}, mounts=[Mount(source="outputs/o", target="outputs", read_only=False)],
+                    files={"/job/hostfile": "gpu-node-1 slots=4\n"}, master=True)
+
+EVENT_SAMPLES: list[Any] = [
+    JobSubmitted(job_id="job-000000000001", spec=SPEC, creator="alice"),
+    JobAdmitted(job_id="job-000000000001", attempt=1, flavor="gpu-4", placement=PLACEMENT),
+    JobStopRequested(job_id="job-000000000001", by="alice"),
+    JobSucceeded(job_id="job-000000000001"),
+    JobFailed(job_id="job-000000000001", reason="rank 1 exited with code 3", exit_code=3),
+    JobStopped(job_id="job-000000000001", by="bob", reason="maintenance"),
+    JobDeleted(job_id="job-000000000001", by="alice"),
+    LaunchPlanned(job_id="job-000000000001", attempt=1, mode="pytorch", nodes=[LAUNCH]),
+    NodeProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=4242),
+    NodeProcessExited(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", exit_code=137),
+    LaunchSucceeded(job_id="job-000000000001", attempt=1),
+    LaunchFailed(job_id="job-000000000001", attempt=2, reason="agent unreachable"),
+    LaunchStopped(job_id="job-000000000001", attempt=1),
+    NodeRegistered(node=NODE),
+    NodeLost(node_name="gpu-node-1", last_seen=AT, reason="no heartbeat for 30s"),
+    NodeRecovered(node_name="gpu-node-1"),
+]
+
+
+def test_samples_cover_every_event_type() -> None:
+    assert {type(e) for e in EVENT_SAMPLES} == set(EVENT_TYPES)
+    assert len(EVENT_SAMPLES) == len(EVENT_TYPES)
+
+
+@pytest.mark.parametrize("event", EVENT_SAMPLES, ids=lambda e: type(e).__name__)
+def test_every_event_round_trips_through_the_event_union(event: Any) -> None:
+    data = encode(event)
+    decoded = decode_any(data, Event)
+    assert type(decoded) is type(event)
+    assert decoded == event
+    assert encode(decoded) == data
+
+
+@pytest.mark.parametrize("event", EVENT_SAMPLES, ids=lambda e: type(e).__name__)
+def test_every_event_carries_its_versioned_tag(event: Any) -> None:
+    document = json.loads(encode(event))
+    assert document["type"] == f"{type(event).__name__}.v1"
+    assert type(event).name() == type(event).__name__
+
+
+def test_event_tags_are_unique() -> None:
+    tags = [t.__struct_config__.tag for t in EVENT_TYPES]
+    assert len(set(tags)) == len(tags)
+
+
+@pytest.mark.parametrize("event", EVENT_SAMPLES, ids=lambda e: type(e).__name__)
+def test_envelope_round_trips_with_its_event(event: Any) -> None:
+    envelope = EventEnvelope(event_id="e-1", service="scheduler", aggregate_type="job",
+                             aggregate_id="job-000000000001", version=3, position=17, recorded_at=AT,
+                             event=event, trace={"traceparent": "00-abc-def-01"})
+    decoded = decode(encode(envelope), EventEnvelope)
+    assert decoded == envelope
+    assert decoded.recorded_at == AT
+
+
+def test_event_with_an_unknown_field_still_decodes() -> None:
+    document = json.loads(encode(JobFailed(job_id="job-000000000001", reason="oom", exit_code=137)))
+    document["added_by_a_newer_writer"] = {"nested": [1, 2]}
+    decoded = decode_any(json.dumps(document), Event)
+    assert decoded == JobFailed(job_id="job-000000000001", reason="oom", exit_code=137)
+
+
+def test_envelope_and_nested_parts_with_unknown_fields_still_decode() -> None:
+    envelope = EventEnvelope(event_id="e-1", service="launcher", aggregate_type="launch",
+                             aggregate_id="job-000000000001", version=1, position=1, recorded_at=AT,
+                             event=EVENT_SAMPLES[7])
+    document = json.loads(encode(envelope))
+    document["shard"] = 3
+    document["event"]["priority"] = "high"
+    document["event"]["nodes"][0]["cgroup"] = "/trainyard"
+    document["event"]["nodes"][0]["mounts"][0]["propagation"] = "rslave"
+    assert decode(json.dumps(document), EventEnvelope) == envelope
+
+
+def test_event_missing_an_optional_field_gets_its_default() -> None:
+    decoded = decode_any(b'{"type": "JobStopped.v1", "job_id": "job-1", "by": "alice"}', Event)
+    assert decoded == JobStopped(job_id="job-1", by="alice", reason="stopped by user")
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        b'{"type": "JobExploded.v1", "job_id": "job-1"}',
+        b'{"type": "JobSucceeded.v2", "job_id": "job-1"}',
+        b'{"job_id": "job-1"}',
+        b'{"type": "JobSucceeded.v1"}',
+        b'{"type": "JobAdmitted.v1", "job_id": "j", "attempt": "one", "flavor": "f", "placement": []}',
+    ],
+)
+def test_unknown_tags_and_bad_events_are_rejected(data: bytes) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        decode_any(data, Event)
+
+
+def test_datetimes_keep_their_instant_across_time_zones() -> None:
+    shanghai = timezone(timedelta(hours=8))
+    event = NodeLost(node_name="n1", last_seen=AT.astimezone(shanghai), reason="gone")
+    decoded = decode_any(encode(event), Event)
+    assert decoded.last_seen == AT
+
+
+# --- requests: strict ------------------------------------------------------------------------------------
+
+REQUEST_SAMPLES: list[Any] = [
+    SubmitJob(job_id="job-000000000001", spec=SPEC, user="alice"),
+    StopJobs(job_ids=["job-000000000001", "job-000000000002"], user="alice"),
+    DeleteJobs(job_ids=["job-000000000001"], user="admin"),
+    ListJobs(statuses=["queued", "running"], project="vision", limit=20),
+    ListJobs(),
+    GetJob(job_id="job-000000000001"),
+    ListNodes(),
+    GetQueueStatus(),
+]
+
+
+@pytest.mark.parametrize("request_", REQUEST_SAMPLES, ids=lambda r: type(r).__name__)
+def test_every_request_round_trips_through_the_request_union(request_: Any) -> None:
+    decoded = decode_any(encode(request_), Request)
+    assert type(decoded) is type(request_)
+    assert decoded == request_
+
+
+@pytest.mark.parametrize("request_", REQUEST_SAMPLES, ids=lambda r: type(r).__name__)
+def test_requests_forbid_unknown_fields(request_: Any) -> None:
+    document = json.loads(encode(request_))
+    document["colour"] = "blue"
+    with pytest.raises(msgspec.ValidationError, match="unknown field `colour`"):
+        decode_any(json.dumps(document), Request)
+
+
+def test_unknown_field_inside_a_submitted_spec_is_named_with_its_path() -> None:
+    document = json.loads(encode(REQUEST_SAMPLES[0]))
+    document["spec"]["checkpoint_resume"]["max_resume"] = 2
+    with pytest.raises(msgspec.ValidationError) as raised:
+        decode_strict(json.dumps(document), Request)
+    error = field_error_from_msgspec(raised.value)
+    assert error.field == "spec.checkpoint_resume.max_resume"
+    assert error.message == "is not a known field"
+
+
+def test_missing_field_inside_a_submitted_spec_is_named_with_its_path() -> None:
+    document = json.loads(encode(REQUEST_SAMPLES[0]))
+    del document["spec"]["name"]
+    with pytest.raises(msgspec.ValidationError) as raised:
+        decode_any(json.dumps(document), Request)
+    assert field_error_from_msgspec(raised.value).field == "spec.name"
+
+
+def test_request_with_a_bad_status_filter_is_rejected() -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.statuses\[0\]"):
+        decode_any(b'{"type": "ListJobs.v1", "statuses": ["sleeping"]}', Request)
+
+
+def test_an_event_is_not_a_request() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        decode_any(encode(EVENT_SAMPLES[0]), Request)
+
+
+# --- replies ---------------------------------------------------------------------------------------------
+
+VIEW = JobView(job_id="job-000000000001", name="bert", project="default", creator="alice", status="running",
+               priority="urgent", mode="pytorch", nodes=2, flavors=["gpu-4"], submitted_at=AT, flavor="gpu-4",
+               attempt=1, started_at=AT, placement=PLACEMENT,
+               instances=[InstanceView(rank=0, node="gpu-node-1", master=True, state="running", pid=7)])
+
+REPLY_SAMPLES: list[Any] = [
+    CommandError(code="invalid-spec", message="the job spec is invalid", hint="fix it",
+                 errors=[FieldError(field="nodes", message="is bad", hint="use 1")]),
+    JobAccepted(job_id="job-000000000001", status="queued", created=True),
+    JobList(jobs=[VIEW]),
+    JobDetails(job=VIEW, spec=SPEC),
+    NodeList(nodes=[NodeView(info=NODE, status="ready", used=Resources(cpus=8, memory_mib=1024, accelerators=4),
+                             jobs=["job-000000000001"])]),
+    Done(job_ids=["job-000000000001"], message="stopping 1 job(s)"),
+    QueueStatus(queued_jobs=2, queued_by_flavor={"gpu-4": 3}, running_jobs=1),
+]
+
+
+@pytest.mark.parametrize("reply", REPLY_SAMPLES, ids=lambda r: type(r).__name__)
+def test_every_reply_round_trips_through_the_reply_union(reply: Any) -> None:
+    decoded = decode_any(encode(reply), Reply)
+    assert type(decoded) is type(reply)
+    assert decoded == reply
+
+
+def test_command_error_is_tagged_error_v1() -> None:
+    assert json.loads(encode(REPLY_SAMPLES[0]))["type"] == "Error.v1"
+
+
+# --- node agent protocol ---------------------------------------------------------------------------------
+
+AGENT_SAMPLES: list[Any] = [
+    RegisterNode(node=NODE),
+    NodeAccepted(heartbeat_seconds=2.5),
+    Heartbeat(node="gpu-node-1", sent_at=AT, running=["job-000000000001"]),
+    StartProcess(job_id="job-000000000001", attempt=1, launch=LAUNCH),
+    ProcessAccepted(already_known=False),
+    StopProcesses(job_id="job-000000000001", attempt=1, grace_seconds=30.0),
+    Stopped(stopped=2),
+    ProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=99),
+    ProcessExited(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", exit_code=0),
+]
+AgentMessage = (RegisterNode | NodeAccepted | Heartbeat | StartProcess | ProcessAccepted | StopProcesses | Stopped
+                | ProcessStarted | ProcessExited)
+
+
+@pytest.mark.parametrize("message", AGENT_SAMPLES, ids=lambda m: type(m).__name__)
+def test_every_agent_message_round_trips(message: Any) -> None:
+    decoded = decode_any(encode(message), AgentMessage)
+    assert type(decoded) is type(message)
+    assert decoded == message
+
+
+@pytest.mark.parametrize("report", AGENT_SAMPLES[7:], ids=lambda m: type(m).__name__)
+def test_process_reports_decode_as_process_report(report: Any) -> None:
+    assert decode_any(encode(report), ProcessReport) == report
+
+
+@pytest.mark.parametrize("reply", [AGENT_SAMPLES[1], AGENT_SAMPLES[4], AGENT_SAMPLES[6]],
+                         ids=lambda m: type(m).__name__)
+def test_agent_replies_decode_as_agent_reply(reply: Any) -> None:
+    assert decode_any(encode(reply), AgentReply) == reply
+
+
+def test_a_process_report_is_not_an_agent_reply() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        decode_any(encode(AGENT_SAMPLES[7]), AgentReply)
+
+
+def test_stop_processes_defaults_to_a_ten_second_grace() -> None:
+    decoded = decode_any(b'{"type": "StopProcesses.v1", "job_id": "j", "attempt": 1}', AgentMessage)
+    assert decoded == StopProcesses(job_id="j", attempt=1, grace_seconds=10.0)
+
+
+def test_log_chunk_round_trips() -> None:
+    chunk = LogChunk(job_id="job-000000000001", attempt=1, rank=1, node="gpu-node-2", seq=0,
+                     lines=["epoch 1", "this iteration hardware time is 2201.521 and e2e time is 3317.79 ms."])
+    assert decode(encode(chunk), LogChunk) == chunk
+
+
+def test_node_info_accelerator_summary() -> None:
+    assert NODE.accelerator_count == 8
+    assert NODE.board == "A100"
+    assert NODE.driver_version == "535.104"
+    cpu_only = NodeInfo(name="cpu-1", address="10.0.0.9", cpus=4, memory_mib=8192)
+    assert (cpu_only.accelerator_count, cpu_only.board, cpu_only.driver_version) == (0, None, None)
+
+
+def test_a_stored_submission_with_a_newer_spec_field_still_decodes() -> None:
+    """Events outlive their writers: a spec field an older reader does not know is skipped."""
+    event = JobSubmitted(job_id="job-000000000001", spec=SPEC, creator="alice")
+    document = json.loads(encode(event))
+    document["spec"]["added_later"] = {"x": 1}
+    document["spec"]["checkpoint_resume"]["added_later_too"] = True
+    assert decode_any(json.dumps(document), Event) == event
+
+
+def test_strict_decoding_names_unknown_fields_in_lists_and_options() -> None:
+    document = json.loads(encode(REQUEST_SAMPLES[0]))
+    document["spec"]["datasets"] = [{"name": "a"}, {"name": "b", "readonly": True}]
+    with pytest.raises(msgspec.ValidationError) as raised:
+        decode_strict(json.dumps(document), Request)
+    assert field_error_from_msgspec(raised.value).field == "spec.datasets[1].readonly"

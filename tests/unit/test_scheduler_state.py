@@ -1,0 +1,326 @@
+"""The scheduler's state as a fold of stored events (SPEC X1, S1, S12)."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import pytest
+
+from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobDeleted,
+    JobFailed,
+    JobStopped,
+    JobStopRequested,
+    JobSubmitted,
+    JobSucceeded,
+    LaunchFailed,
+    LaunchPlanned,
+    NodeLaunch,
+    NodeLost,
+    NodeProcessExited,
+    NodeProcessStarted,
+    NodeRecovered,
+    NodeRegistered,
+    Placement,
+)
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from services.scheduler.state import SchedulerState
+
+T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
+CPU4 = Flavor(name="cpu-4", cpus=4, memory_mib=8192)
+GPU4 = Flavor(name="gpu-4", cpus=8, memory_mib=32768, accelerators=4)
+CLUSTER = ClusterConfig(flavors=[CPU4, GPU4])
+AGGREGATE = {"scheduler": "job", "launcher": "launch", "monitor": "node"}
+
+
+class Log:
+    """Builds envelopes the way the event store numbers them and folds them into a fresh state."""
+
+    def __init__(self) -> None:
+        self.state = SchedulerState(CLUSTER)
+        self.position = 0
+        self.versions: dict[tuple[str, str], int] = {}
+
+    def apply(self, event: Any, *, service: str = "scheduler", aggregate_id: str | None = None,
+              trace: dict[str, str] | None = None) -> EventEnvelope:
+        self.position += 1
+        aggregate = aggregate_id or getattr(event, "job_id", None) or getattr(event, "node_name", None) \
+            or event.node.name
+        key = (service, aggregate)
+        self.versions[key] = self.versions.get(key, 0) + 1
+        envelope = EventEnvelope(event_id=f"e{self.position}", service=service,
+                                 aggregate_type=AGGREGATE[service], aggregate_id=aggregate,
+                                 version=self.versions[key], position=self.position,
+                                 recorded_at=T0 + timedelta(minutes=self.position), event=event,
+                                 trace=trace or {})
+        self.state.apply(envelope)
+        return envelope
+
+    def submit(self, job_id: str, priority: str = "normal", nodes: int = 1, **extra: Any) -> None:
+        spec = JobSpec(name=f"name-{job_id}", priority=priority, nodes=nodes,  # type: ignore[arg-type]
+                       mode="pytorch" if nodes > 1 else "single-node", flavors=["cpu-4", "gpu-4"],
+                       algorithm=AlgorithmRef(name="code"), command="python3 train.py",
+                       output=OutputRef(name="out"), **extra)
+        self.apply(JobSubmitted(job_id=job_id, spec=spec, creator="alice"))
+
+    def admit(self, job_id: str, nodes: list[str], flavor: str = "cpu-4", attempt: int = 1) -> None:
+        placement = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(nodes)]
+        self.apply(JobAdmitted(job_id=job_id, attempt=attempt, flavor=flavor, placement=placement))
+
+    def register(self, name: str, cpus: float = 16, memory_mib: int = 65536) -> None:
+        self.apply(NodeRegistered(node=NodeInfo(name=name, address=f"addr-{name}", cpus=cpus, memory_mib=memory_mib)),
+                   service="monitor")
+
+    def queue_ids(self) -> list[str]:
+        return [job.job_id for job in self.state.queue()]
+
+
+@pytest.fixture
+def log() -> Log:
+    return Log()
+
+
+# --- S1: queue order ------------------------------------------------------------------------------------
+
+
+def test_queue_orders_by_priority_then_submission(log: Log) -> None:
+    for job_id, priority in [("n1", "normal"), ("u1", "urgent"), ("v1", "very-urgent"), ("n2", "normal"),
+                             ("u2", "urgent"), ("v2", "very-urgent"), ("n3", "normal")]:
+        log.submit(job_id, priority)
+    assert log.queue_ids() == ["v1", "v2", "u1", "u2", "n1", "n2", "n3"]
+
+
+def test_queue_positions_in_views_follow_the_queue(log: Log) -> None:
+    log.submit("a")
+    log.submit("b", "urgent")
+    log.submit("c")
+    positions = {j: log.state.view(log.state.jobs[j]).queue_position for j in ("a", "b", "c")}
+    assert positions == {"b": 1, "a": 2, "c": 3}
+
+
+def test_admitted_and_finished_jobs_leave_the_queue(log: Log) -> None:
+    for job_id in ("a", "b", "c", "d"):
+        log.submit(job_id)
+    log.register("n1")
+    log.admit("a", ["n1"])
+    log.apply(JobStopped(job_id="b", by="alice"))
+    assert log.queue_ids() == ["c", "d"]
+    assert log.state.view(log.state.jobs["a"]).queue_position is None
+
+
+def test_first_come_first_served_survives_interleaved_events(log: Log) -> None:
+    log.submit("early")
+    log.register("n1")
+    log.register("n2")
+    log.submit("late")
+    assert log.queue_ids() == ["early", "late"]
+
+
+# --- S12: status transitions ------------------------------------------------------------------------------
+
+
+def test_submitted_job_is_queued_with_its_submission_time(log: Log) -> None:
+    log.submit("a")
+    job = log.state.jobs["a"]
+    assert job.status == "queued"
+    assert job.submitted_at == T0 + timedelta(minutes=1)
+    assert job.creator == "alice"
+    assert not job.terminal
+    view = log.state.view(job)
+    assert (view.status, view.name, view.output, view.attempt, view.flavor) == ("queued", "name-a", "out", 0, None)
+
+
+def test_admission_makes_the_job_running_with_its_placement(log: Log) -> None:
+    log.submit("a", nodes=2)
+    log.admit("a", ["n1", "n2"], flavor="gpu-4")
+    job = log.state.jobs["a"]
+    assert job.status == "running"
+    assert (job.attempt, job.flavor) == (1, "gpu-4")
+    assert [p.node for p in job.placement] == ["n1", "n2"]
+    assert job.started_at == T0 + timedelta(minutes=2)
+    view = log.state.view(job)
+    assert [(i.rank, i.node, i.master, i.state) for i in view.instances] == [
+        (0, "n1", True, "pending"), (1, "n2", False, "pending")]
+    assert [j.job_id for j in log.state.running()] == ["a"]
+
+
+def test_running_job_succeeds(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"])
+    log.apply(JobSucceeded(job_id="a"))
+    job = log.state.jobs["a"]
+    assert (job.status, job.exit_code, job.terminal) == ("succeeded", 0, True)
+    assert job.ended_at == T0 + timedelta(minutes=3)
+    assert log.state.running() == []
+
+
+def test_running_job_fails_with_reason_and_exit_code(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"])
+    log.apply(JobFailed(job_id="a", reason="rank 0 on n1 exited with code 3", exit_code=3))
+    view = log.state.view(log.state.jobs["a"])
+    assert (view.status, view.reason, view.exit_code) == ("failed", "rank 0 on n1 exited with code 3", 3)
+    assert view.ended_at is not None
+
+
+def test_stop_request_keeps_the_job_running_until_it_is_stopped(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"])
+    log.apply(JobStopRequested(job_id="a", by="alice"))
+    job = log.state.jobs["a"]
+    assert job.status == "running" and job.stop_requested
+    log.apply(JobStopped(job_id="a", by="alice"))
+    assert (job.status, job.reason) == ("stopped", "stopped by user")
+    assert job.terminal
+
+
+def test_queued_job_can_be_stopped_directly(log: Log) -> None:
+    log.submit("a")
+    log.apply(JobStopped(job_id="a", by="bob", reason="no longer needed"))
+    job = log.state.jobs["a"]
+    assert (job.status, job.reason, job.started_at) == ("stopped", "no longer needed", None)
+    assert log.state.queue() == []
+
+
+def test_deleted_job_is_marked_and_keeps_its_final_status(log: Log) -> None:
+    log.submit("a")
+    log.apply(JobStopped(job_id="a", by="alice"))
+    log.apply(JobDeleted(job_id="a", by="alice"))
+    job = log.state.jobs["a"]
+    assert job.deleted and job.status == "stopped"
+    assert log.state.queue() == [] and log.state.running() == []
+
+
+def test_readmission_starts_a_new_attempt(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"], attempt=1)
+    log.admit("a", ["n2"], attempt=2)
+    job = log.state.jobs["a"]
+    assert job.attempt == 2
+    assert [i.node for i in job.instances.values()] == ["n2"]
+
+
+def test_job_version_tracks_its_own_scheduler_events(log: Log) -> None:
+    log.submit("a")
+    log.submit("b")
+    log.admit("a", ["n1"])
+    log.apply(NodeProcessStarted(job_id="a", attempt=1, rank=0, node="n1", pid=5), service="launcher")
+    assert log.state.jobs["a"].version == 2
+    assert log.state.jobs["b"].version == 1
+
+
+def test_submission_trace_is_kept_for_the_admission(log: Log) -> None:
+    log.apply(JobSubmitted(job_id="a", spec=JobSpec(name="a"), creator="alice"),
+              trace={"traceparent": "00-1-2-01"})
+    assert log.state.jobs["a"].trace == {"traceparent": "00-1-2-01"}
+
+
+def test_events_of_unknown_jobs_are_ignored(log: Log) -> None:
+    log.apply(JobSucceeded(job_id="ghost"))
+    log.apply(NodeProcessStarted(job_id="ghost", attempt=1, rank=0, node="n1", pid=1), service="launcher")
+    assert log.state.jobs == {}
+
+
+# --- launcher events: instances --------------------------------------------------------------------------
+
+
+def test_process_reports_update_the_instances_of_the_current_attempt(log: Log) -> None:
+    log.submit("a", nodes=2)
+    log.admit("a", ["n1", "n2"])
+    log.apply(LaunchPlanned(job_id="a", attempt=1, mode="pytorch", nodes=[
+        NodeLaunch(rank=r, node=n, address=f"addr-{n}", argv=["python3"], env={}, mounts=[])
+        for r, n in enumerate(["n1", "n2"])]), service="launcher")
+    log.apply(NodeProcessStarted(job_id="a", attempt=1, rank=0, node="n1", pid=100), service="launcher")
+    log.apply(NodeProcessStarted(job_id="a", attempt=1, rank=1, node="n2", pid=200), service="launcher")
+    log.apply(NodeProcessExited(job_id="a", attempt=1, rank=1, node="n2", exit_code=1), service="launcher")
+    instances = log.state.view(log.state.jobs["a"]).instances
+    assert [(i.rank, i.state, i.pid, i.exit_code) for i in instances] == [
+        (0, "running", 100, None), (1, "exited", 200, 1)]
+
+
+def test_reports_of_an_older_attempt_are_ignored(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"], attempt=1)
+    log.admit("a", ["n1"], attempt=2)
+    log.apply(NodeProcessStarted(job_id="a", attempt=1, rank=0, node="n1", pid=100), service="launcher")
+    assert log.state.jobs["a"].instances[0].pid is None
+
+
+def test_launch_outcomes_do_not_change_the_status_by_themselves(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"])
+    log.apply(LaunchFailed(job_id="a", attempt=1, reason="boom"), service="launcher")
+    assert log.state.jobs["a"].status == "running"  # the scheduler records JobFailed in reaction
+
+
+# --- nodes and used resources -----------------------------------------------------------------------------
+
+
+def test_used_resources_per_node_sum_the_flavors_of_running_ranks(log: Log) -> None:
+    for name in ("n1", "n2", "n3"):
+        log.register(name)
+    log.submit("a", nodes=2)
+    log.submit("b", nodes=1)
+    log.admit("a", ["n1", "n2"], flavor="gpu-4")
+    log.admit("b", ["n1"], flavor="cpu-4")
+    used = log.state.used()
+    assert used == {
+        "n1": Resources(cpus=12, memory_mib=40960, accelerators=4),
+        "n2": Resources(cpus=8, memory_mib=32768, accelerators=4),
+        "n3": Resources(),
+    }
+    assert sorted(j.job_id for j in log.state.jobs_on("n1")) == ["a", "b"]
+    assert [j.job_id for j in log.state.jobs_on("n3")] == []
+
+
+def test_two_ranks_on_one_node_count_twice(log: Log) -> None:
+    log.register("n1")
+    log.submit("a", nodes=2)
+    log.admit("a", ["n1", "n1"])
+    assert log.state.used()["n1"] == Resources(cpus=8, memory_mib=16384)
+
+
+@pytest.mark.parametrize("end", [JobSucceeded(job_id="a"), JobFailed(job_id="a", reason="x"),
+                                 JobStopped(job_id="a", by="u")], ids=lambda e: type(e).__name__)
+def test_finished_jobs_release_their_resources(log: Log, end: Any) -> None:
+    log.register("n1")
+    log.submit("a")
+    log.admit("a", ["n1"])
+    log.apply(end)
+    assert log.state.used() == {"n1": Resources()}
+    assert log.state.jobs_on("n1") == []
+
+
+def test_queued_jobs_hold_no_resources(log: Log) -> None:
+    log.register("n1")
+    log.submit("a")
+    assert log.state.used() == {"n1": Resources()}
+
+
+def test_node_lost_and_recovered(log: Log) -> None:
+    log.register("n1")
+    log.apply(NodeLost(node_name="n1", last_seen=T0, reason="no heartbeat"), service="monitor")
+    assert log.state.nodes["n1"].lost
+    log.apply(NodeRecovered(node_name="n1"), service="monitor")
+    assert not log.state.nodes["n1"].lost
+
+
+def test_loss_of_an_unknown_node_is_ignored(log: Log) -> None:
+    log.apply(NodeLost(node_name="ghost", last_seen=T0, reason="?"), service="monitor")
+    assert log.state.nodes == {}
+
+
+def test_reregistration_replaces_the_node_resources(log: Log) -> None:
+    log.register("n1", cpus=8)
+    log.register("n1", cpus=32)
+    assert log.state.nodes["n1"].info.cpus == 32
+    assert list(log.state.nodes) == ["n1"]
+
+
+def test_flavor_lookup_uses_the_cluster_config(log: Log) -> None:
+    assert log.state.flavor("gpu-4") == GPU4
+    assert log.state.flavor("nope") is None
