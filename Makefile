@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 
-.PHONY: install up demo down status test lint schemas bench clean
+.PHONY: install up demo down status test lint schemas clean
 
 install: $(STAMP)
 

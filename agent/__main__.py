@@ -7,6 +7,8 @@ import asyncio
 import signal
 from pathlib import Path
 
+import msgspec
+
 from agent.agent import NodeAgent
 from agent.resources import describe_host, parse_accelerators
 from libs.contracts.cluster import AgentConfig, ClusterConfig
@@ -16,6 +18,15 @@ from libs.telemetry.tracing import configure_tracing, shutdown_tracing
 
 
 def _config(args: argparse.Namespace) -> AgentConfig:
+    config = _read_config(args)
+    try:  # Struct constructors do not check constraints; a round trip through msgspec does.
+        return msgspec.convert(msgspec.to_builtins(config), AgentConfig)
+    except msgspec.ValidationError as exc:
+        raise SystemExit(f"invalid node settings: {exc}; node names are lower-case DNS labels "
+                         "such as node-a") from None
+
+
+def _read_config(args: argparse.Namespace) -> AgentConfig:
     if args.config:
         cluster = ClusterConfig.load(args.config)
         for node in cluster.nodes:

@@ -40,6 +40,7 @@ from libs.contracts.agent import (
 )
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, encode
+from libs.contracts.messages import CommandError
 from libs.messaging.connection import connect, ensure_streams
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
@@ -62,6 +63,8 @@ class RunningNode:
     pending_lines: list[str] = field(default_factory=list)
     # Chunks must reach the stream in `seq` order; the flusher and the reader share this lock.
     ship_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The job's trace context from the start request, carried on this node's reports.
+    trace: dict[str, str] = field(default_factory=dict)
 
 
 class NodeAgent:
@@ -114,13 +117,17 @@ class NodeAgent:
         while True:
             try:
                 reply = await call(self.nc, subjects.REGISTER_NODE, RegisterNode(node=self.info), timeout=5.0,
-                                   reply_type=NodeAccepted)
-                self.heartbeat_seconds = reply.heartbeat_seconds
-                return
-            except (ServiceUnavailable, msgspec.ValidationError) as exc:
+                                   reply_type=NodeAccepted | CommandError)
+            except ServiceUnavailable as exc:  # the monitor is not up yet: keep trying
                 log.info("agent.register_retry", node=self.info.name, error=str(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 5.0)
+                continue
+            if isinstance(reply, CommandError):
+                # A refused registration does not fix itself: stop with the monitor's reason.
+                raise SystemExit(f"the monitor refused node {self.info.name}: {reply.message}")
+            self.heartbeat_seconds = reply.heartbeat_seconds
+            return
 
     async def _heartbeats(self) -> None:
         while True:
@@ -141,7 +148,9 @@ class NodeAgent:
         key = (request.job_id, request.attempt, request.launch.rank)
         known = key in self.nodes or (request.job_id, request.attempt) in self.stopped_attempts
         if not known:
-            node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank)
+            trace = {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}
+            node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
+                               trace=trace)
             self.nodes[key] = node
             with span_tracer.start_as_current_span("agent start", context=context_from_headers(msg.headers)):
                 node.task = asyncio.create_task(self._run(node, request))
@@ -228,14 +237,14 @@ class NodeAgent:
 
     async def _report(self, report: ProcessStarted | ProcessExited, kind: str, node: RunningNode) -> None:
         msg_id = f"{node.job_id}.{node.attempt}.{node.rank}.{kind}"
-        await self._publish(subjects.agent_report(self.info.name), encode(report), msg_id)
+        await self._publish(subjects.agent_report(self.info.name), encode(report), msg_id, node.trace)
 
-    async def _publish(self, subject: str, payload: bytes, msg_id: str) -> None:
+    async def _publish(self, subject: str, payload: bytes, msg_id: str, trace: dict[str, str] | None = None) -> None:
         """Publish to JetStream until it acknowledges; the message id makes repeats harmless."""
         delay = 0.1
         while True:
             try:
-                await self.js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id})
+                await self.js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id, **(trace or {})})
                 return
             except Exception as exc:  # JetStream unavailable or timed out: try again
                 log.warning("agent.publish_retry", subject=subject, error=repr(exc))

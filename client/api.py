@@ -47,7 +47,7 @@ from libs.contracts.messages import (
     StopJobs,
     SubmitJob,
 )
-from libs.messaging.connection import connect
+from libs.messaging.connection import connect_once
 from libs.messaging.rpc import ServiceUnavailable, call
 
 
@@ -81,9 +81,10 @@ class TrainyardClient:
     async def open(cls, nats_url: str | None = None, *, user: str | None = None) -> TrainyardClient:
         url = nats_url or default_nats_url()
         try:
-            nc = await asyncio.wait_for(connect(url, "trainyard-client"), 10)
-        except (OSError, TimeoutError, Exception) as exc:
-            raise ServiceUnavailable(f"cannot connect to NATS at {url}: {exc}") from None
+            nc = await connect_once(url, "trainyard-client")
+        except Exception as exc:
+            reason = str(exc) or type(exc).__name__
+            raise ServiceUnavailable(f"cannot connect to NATS at {url} ({reason})") from None
         return cls(nc, user=user)
 
     @classmethod
@@ -189,7 +190,7 @@ class TrainyardClient:
         stopper = asyncio.ensure_future(follow) if follow is not None else None
         try:
             info = await sub.consumer_info()
-            if stopper is None and not info.num_pending and not (info.delivered and info.delivered.stream_seq):
+            if stopper is None and not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
                 return
             while True:
                 getter = asyncio.ensure_future(queue.get())

@@ -15,12 +15,14 @@ from typing import Annotated, Any
 import msgspec
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
+from rich.text import Text
 
 from client.api import TrainyardClient, TrainyardError
 from libs.contracts.agent import LogChunk
 from libs.contracts.events import EventEnvelope
-from libs.contracts.jobspec import SpecError, decode_spec
+from libs.contracts.jobspec import FieldError, SpecError, decode_spec
 from libs.contracts.messages import JOB_STATUSES, JobStatus, JobView
 from libs.messaging.rpc import ServiceUnavailable
 
@@ -28,7 +30,7 @@ app = typer.Typer(help="Trainyard: queue, launch and follow distributed training
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
 # Piped output is not cut to 80 columns: tables stay one row per item for grep and friends.
 out = Console(highlight=False, width=None if os.isatty(1) else int(os.environ.get("COLUMNS", "200")))
-err = Console(stderr=True, highlight=False)
+err = Console(stderr=True, highlight=False, soft_wrap=True)
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 FollowOption = Annotated[bool, typer.Option("--follow", "-f", help="Follow status and logs until the job ends.")]
@@ -38,10 +40,16 @@ STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "fa
 
 
 def _fail(message: str, hint: str | None = None) -> typer.Exit:
-    err.print(f"[bold red]error:[/] {message}")
+    err.print(f"[bold red]error:[/] {escape(message)}")
     if hint:
-        err.print(f"[dim]hint:[/] {hint}")
+        err.print(f"[dim]hint:[/] {escape(hint)}")
     return typer.Exit(1)
+
+
+def _print_field_errors(errors: list[FieldError]) -> None:
+    for error in errors:
+        err.print(f"  [red]{escape(error.field)}[/]: {escape(error.message)}"
+                  + (f"\n    [dim]hint: {escape(error.hint)}[/]" if error.hint else ""))
 
 
 def _run(command: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., None]:
@@ -59,9 +67,7 @@ def _run(command: Callable[..., Coroutine[Any, Any, None]]) -> Callable[..., Non
         try:
             asyncio.run(main())
         except TrainyardError as exc:
-            for field_error in exc.error.errors:
-                err.print(f"  [red]{field_error.field}[/]: {field_error.message}"
-                          + (f"\n    [dim]hint: {field_error.hint}[/]" if field_error.hint else ""))
+            _print_field_errors(exc.error.errors)
             raise _fail(exc.error.message if not exc.error.errors else "the request was refused",
                         exc.error.hint) from None
         except ServiceUnavailable as exc:
@@ -101,15 +107,13 @@ async def submit(client: TrainyardClient,
     try:
         spec = decode_spec(file.read_bytes(), yaml=file.suffix in (".yaml", ".yml"))
     except SpecError as exc:
-        for field_error in exc.errors:
-            err.print(f"  [red]{field_error.field}[/]: {field_error.message}"
-                      + (f"\n    [dim]hint: {field_error.hint}[/]" if field_error.hint else ""))
+        _print_field_errors(exc.errors)
         raise _fail(f"{file} is not a valid job spec; nothing was submitted") from None
     accepted = await client.submit(spec)
     if as_json:
         _json(accepted)
     else:
-        out.print(f"submitted [bold]{accepted.job_id}[/] ({spec.name}): {accepted.status}")
+        out.print(f"submitted [bold]{accepted.job_id}[/] ({escape(spec.name)}): {accepted.status}")
     if follow:
         job = await follow_job(client, accepted.job_id)
         if job.status != "succeeded":
@@ -119,11 +123,20 @@ async def submit(client: TrainyardClient,
 async def follow_job(client: TrainyardClient, job_id: str) -> JobView:
     """Print status changes and every node's log lines until the job ends."""
 
+    last_status: list[str] = []
+
     def on_change(job: JobView) -> None:
-        where = ", ".join(f"rank {p.rank}@{p.node}" for p in job.placement)
-        detail = f" on {where}" if where else (f" (position {job.queue_position})" if job.queue_position else "")
-        out.print(f"[dim]{datetime.now().strftime('%H:%M:%S')}[/] {job.job_id} {_status(job)}{detail}"
-                  + (f": {job.reason}" if job.reason else ""))
+        running = sum(i.state == "running" for i in job.instances)
+        if job.status == "queued":
+            detail = f" (position {job.queue_position})" if job.queue_position else ""
+        elif job.status == "running" and last_status[-1:] != ["running"]:
+            detail = " on " + ", ".join(f"rank {p.rank}@{p.node}" for p in job.placement)
+        elif job.status == "running":
+            detail = f": {running}/{len(job.instances)} instances running"
+        else:
+            detail = f": {escape(job.reason)}" if job.reason else ""
+        last_status.append(job.status)
+        out.print(f"[dim]{datetime.now().strftime('%H:%M:%S')}[/] {job.job_id} {_status(job)}{detail}")
 
     async def print_logs() -> None:
         async for chunk in client.logs(job_id, follow=True):
@@ -136,8 +149,10 @@ async def follow_job(client: TrainyardClient, job_id: str) -> JobView:
 
 
 def _print_chunk(chunk: LogChunk, *, prefix: bool) -> None:
+    # Log lines are the job's text: never read as markup or emoji, never re-wrapped.
     for line in chunk.lines:
-        out.print(f"[blue]\\[rank {chunk.rank}][/] {line}" if prefix else line, markup=prefix)
+        text = Text.assemble((f"[rank {chunk.rank}] ", "blue"), line) if prefix else Text(line)
+        out.print(text, soft_wrap=True, emoji=False, highlight=False)
 
 
 @app.command("list")
@@ -160,7 +175,7 @@ async def list_jobs(client: TrainyardClient,
     for column in ("JOB", "NAME", "STATUS", "PRIORITY", "MODE", "NODES", "FLAVOR", "CREATOR", "SUBMITTED"):
         table.add_column(column)
     for job in jobs:
-        table.add_row(job.job_id, job.name, _status(job), job.priority, job.mode, str(job.nodes),
+        table.add_row(job.job_id, escape(job.name), _status(job), job.priority, job.mode, str(job.nodes),
                       job.flavor or ",".join(job.flavors), job.creator, _time(job.submitted_at))
     out.print(table if jobs else "no jobs")
 
@@ -178,8 +193,8 @@ async def show(client: TrainyardClient, job_id: Annotated[str, typer.Argument(he
     table = Table(box=None, show_header=False)
     table.add_column(style="bold")
     table.add_column()
-    rows = [("job", job.job_id), ("name", job.name), ("project", job.project), ("creator", job.creator),
-            ("status", _status(job)), ("reason", job.reason or "-"),
+    rows = [("job", job.job_id), ("name", escape(job.name)), ("project", job.project), ("creator", job.creator),
+            ("status", _status(job)), ("reason", escape(job.reason or "-")),
             ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
             ("priority", job.priority), ("mode", f"{job.mode}, {job.nodes} node(s)"),
             ("flavor", job.flavor or f"one of {', '.join(job.flavors)}"), ("attempt", str(job.attempt)),
@@ -217,6 +232,8 @@ async def events(client: TrainyardClient, job_id: Annotated[str, typer.Argument(
                  as_json: JsonOption = False) -> None:
     """Print the full event history of a job across services."""
     history = await client.events(job_id)
+    if not history:
+        raise _fail(f"no events for {job_id}", "check the id with `trainyard list`")
     if as_json:
         _json(history)
         return
@@ -225,8 +242,8 @@ async def events(client: TrainyardClient, job_id: Annotated[str, typer.Argument(
         table.add_column(column)
     for envelope in history:
         table.add_row(_time(envelope.recorded_at), envelope.service, type(envelope.event).name(),
-                      _event_details(envelope))
-    out.print(table if history else f"no events for {job_id}")
+                      escape(_event_details(envelope)))
+    out.print(table)
 
 
 def _event_details(envelope: EventEnvelope) -> str:
@@ -297,8 +314,11 @@ async def queue(client: TrainyardClient, as_json: JsonOption = False) -> None:
 async def wait(client: TrainyardClient, job_id: Annotated[str, typer.Argument(help="Job id.")],
                timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None) -> None:
     """Wait until a job ends; exit 0 only if it succeeded."""
-    job = await client.wait(job_id, timeout=timeout)
-    out.print(f"{job.job_id} {_status(job)}" + (f": {job.reason}" if job.reason else ""))
+    try:
+        job = await client.wait(job_id, timeout=timeout)
+    except TimeoutError as exc:
+        raise _fail(str(exc), "wait longer with --timeout, or drop it to wait until the job ends") from None
+    out.print(f"{job.job_id} {_status(job)}" + (f": {escape(job.reason)}" if job.reason else ""))
     if job.status != "succeeded":
         raise typer.Exit(1)
 

@@ -29,3 +29,5 @@ class Settings:
     heartbeat_seconds: float = field(default_factory=lambda: _float("TRAINYARD_HEARTBEAT_SECONDS", 2.0))
     node_lost_seconds: float = field(default_factory=lambda: _float("TRAINYARD_NODE_LOST_SECONDS", 10.0))
     stop_grace_seconds: float = field(default_factory=lambda: _float("TRAINYARD_STOP_GRACE_SECONDS", 10.0))
+    # How long the launcher keeps asking an unreachable node to stop before it gives its processes up.
+    stop_give_up_seconds: float = field(default_factory=lambda: _float("TRAINYARD_STOP_GIVE_UP_SECONDS", 60.0))

@@ -132,6 +132,16 @@ class NodeProcessExited(_Event, frozen=True, tag="NodeProcessExited.v1"):
     exit_code: int
 
 
+class NodeProcessLost(_Event, frozen=True, tag="NodeProcessLost.v1"):
+    """The launcher gave up on a process whose node stopped answering; its fate is unknown."""
+
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    reason: str
+
+
 class LaunchSucceeded(_Event, frozen=True, tag="LaunchSucceeded.v1"):
     job_id: str
     attempt: int
@@ -172,14 +182,15 @@ class NodeRecovered(_Event, frozen=True, tag="NodeRecovered.v1"):
 
 JobEvent = (JobSubmitted | JobAdmitted | JobStopRequested | JobSucceeded | JobFailed | JobStopped
             | JobDeleted)
-LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | LaunchSucceeded | LaunchFailed
-               | LaunchStopped)
+LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LaunchSucceeded
+               | LaunchFailed | LaunchStopped)
 NodeEvent = NodeRegistered | NodeLost | NodeRecovered
 Event = JobEvent | LaunchEvent | NodeEvent
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobAdmitted, JobStopRequested, JobSucceeded, JobFailed, JobStopped, JobDeleted,
-    LaunchPlanned, NodeProcessStarted, NodeProcessExited, LaunchSucceeded, LaunchFailed, LaunchStopped,
+    LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LaunchSucceeded, LaunchFailed,
+    LaunchStopped,
     NodeRegistered, NodeLost, NodeRecovered,
 )
 

@@ -93,7 +93,7 @@ class InstanceView(Struct, frozen=True, kw_only=True):
     rank: int
     node: str
     master: bool
-    state: Literal["pending", "running", "exited"]
+    state: Literal["pending", "running", "exited", "lost"]
     pid: int | None = None
     exit_code: int | None = None
 

@@ -59,8 +59,11 @@ def up() -> None:
         console.print(f"the stack is already running (under {home}); `make down` stops it")
         return
     home.mkdir(parents=True, exist_ok=True)
-    nats_url = os.environ.get("NATS_URL")
-    database_url = os.environ.get("DATABASE_URL")
+    # Servers named in the environment are used as they are, unless they are this stack's own
+    # (left there by `source .trainyard/stack.env`): those are started again here.
+    own = {f"nats://127.0.0.1:{NATS_PORT}", postgres_url(PG_PORT, "trainyard")}
+    nats_url = os.environ.get("NATS_URL") if os.environ.get("NATS_URL") not in own else None
+    database_url = os.environ.get("DATABASE_URL") if os.environ.get("DATABASE_URL") not in own else None
     try:
         if nats_url is None:
             if port_open(NATS_PORT):
@@ -175,8 +178,8 @@ async def _demo(nats_url: str, spec_path: Path, storage: Path) -> bool:
     for path in sorted(outputs.rglob("*")):
         if path.is_file():
             console.print(f"  {path.relative_to(outputs)}  ({path.stat().st_size} bytes)")
-    console.print("try: trainyard list | trainyard show JOB | trainyard logs JOB | trainyard events JOB "
-                  "(after `source .trainyard/stack.env`), and `make down` to stop")
+    console.print("the stack stays up; try .venv/bin/trainyard list | show JOB | logs JOB | events JOB, "
+                  "and `make down` to stop it")
     return True
 
 

@@ -24,9 +24,19 @@ STREAMS: tuple[StreamConfig, ...] = (
 
 
 async def connect(url: str, name: str) -> Client:
-    """A connection that keeps reconnecting for as long as the process lives."""
+    """A connection that keeps reconnecting for as long as the process lives (services, agents)."""
     return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
                               connect_timeout=5)
+
+
+async def _quiet(_: Exception) -> None:
+    """Connection errors surface as the exception connect_once raises, not as logged tracebacks."""
+
+
+async def connect_once(url: str, name: str) -> Client:
+    """A client's connection: fails fast when the server is not there, reconnects a while after."""
+    return await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=3,
+                              reconnect_time_wait=0.5, connect_timeout=3, error_cb=_quiet)
 
 
 async def ensure_streams(js: JetStreamContext) -> None:

@@ -49,8 +49,10 @@ class StreamFollower:
         sub = await self.js.subscribe(self.subject, stream=self.stream, ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.ALL, cb=self._on_message)
         self._sub = sub
+        # Nothing matched the filter yet (the consumer sequence counts matching deliveries only; the
+        # stream sequence may already point past other services' messages): the view is complete.
         info = await sub.consumer_info()
-        if not info.num_pending and not (info.delivered and info.delivered.stream_seq):
+        if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
             self.caught_up.set()
 
     async def stop(self) -> None:

@@ -35,6 +35,7 @@ from libs.contracts.events import (
     LaunchStopped,
     LaunchSucceeded,
     NodeProcessExited,
+    NodeProcessLost,
     NodeProcessStarted,
 )
 from libs.eventstore import NewEvent, Tracking
@@ -64,6 +65,7 @@ class Launcher:
         # confirmed a stop: in memory only, so after a restart everything unconfirmed is sent again.
         self._sent: dict[tuple[str, int, object, str], float] = {}
         self._stop_confirmed: dict[tuple[str, int], set[str]] = {}
+        self._unanswered_since: dict[tuple[str, int, str], float] = {}
 
     async def start(self) -> None:
         async for envelope in self.rt.store.read_all():
@@ -142,7 +144,8 @@ class Launcher:
             events = self._record_report(launch, report)
             if not events:
                 return False
-            await self._append(launch.job_id, events, tracking)
+            with span_tracer.start_as_current_span("launcher report", context=context_from_headers(msg.headers)):
+                await self._append(launch.job_id, events, tracking)
             return True
 
     def _record_report(self, launch: Launch, report: ProcessStarted | ProcessExited) -> list[Event]:
@@ -230,7 +233,24 @@ class Launcher:
             with span_tracer.start_as_current_span("launcher stop", context=context_from_headers(launch.trace)):
                 await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)
             self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
+            self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
             self.wake.set()
             log.info("launch.stop_confirmed", job_id=launch.job_id, node=node)
         except ServiceUnavailable as exc:
             log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node, error=str(exc))
+            since = self._unanswered_since.setdefault((launch.job_id, launch.attempt, node), time.monotonic())
+            if time.monotonic() - since >= self.rt.settings.stop_give_up_seconds:
+                await self._give_up(launch, node)
+
+    async def _give_up(self, launch: Launch, node: str) -> None:
+        """A node that never answers keeps its processes' fate unknown; record that and move on."""
+        async with self.lock:
+            ranks = [r for r in launch.running_ranks() if launch.node_of(r).node == node]
+            reason = f"node {node} did not answer stop requests for {self.rt.settings.stop_give_up_seconds:g}s"
+            if ranks:
+                await self._append(launch.job_id, [
+                    NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, rank=r, node=node, reason=reason)
+                    for r in ranks], None)
+            self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
+            self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
+            self.wake.set()

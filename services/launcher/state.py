@@ -18,6 +18,7 @@ from libs.contracts.events import (
     LaunchSucceeded,
     NodeLaunch,
     NodeProcessExited,
+    NodeProcessLost,
     NodeProcessStarted,
 )
 from libs.contracts.jobspec import JobSpec
@@ -35,6 +36,7 @@ class Launch:
     version: int
     started: dict[int, int] = field(default_factory=dict)  # rank -> pid
     exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
+    lost: set[int] = field(default_factory=set)  # ranks on nodes that stopped answering
     outcome: str | None = None  # succeeded | failed | stopped
     trace: dict[str, str] = field(default_factory=dict)  # the job's trace, continued by every call
 
@@ -43,10 +45,11 @@ class Launch:
         return int(self.nodes[0].env.get("MASTER_PORT", 0)) if self.nodes else 0
 
     def running_ranks(self) -> list[int]:
-        return [rank for rank in self.started if rank not in self.exited]
+        return [rank for rank in self.started if rank not in self.exited and rank not in self.lost]
 
     def pending_ranks(self) -> list[int]:
-        return [n.rank for n in self.nodes if n.rank not in self.started and n.rank not in self.exited]
+        done = self.started.keys() | self.exited.keys() | self.lost
+        return [n.rank for n in self.nodes if n.rank not in done]
 
     def node_of(self, rank: int) -> NodeLaunch:
         return next(n for n in self.nodes if n.rank == rank)
@@ -87,6 +90,8 @@ class LauncherState:
             launch.started[event.rank] = event.pid
         elif isinstance(event, NodeProcessExited):
             launch.exited[event.rank] = event.exit_code
+        elif isinstance(event, NodeProcessLost):
+            launch.lost.add(event.rank)
         elif isinstance(event, LaunchSucceeded):
             launch.outcome = "succeeded"
         elif isinstance(event, LaunchFailed):

@@ -152,8 +152,8 @@ class Scheduler:
             return [(job.job_id, JobSucceeded(job_id=job.job_id))]
         if isinstance(event, LaunchFailed):
             return [(job.job_id, JobFailed(job_id=job.job_id, reason=event.reason, exit_code=event.exit_code))]
-        if job.stop_requested:
-            return [(job.job_id, JobStopped(job_id=job.job_id, by="user"))]
+        if job.stop_requested_by is not None:
+            return [(job.job_id, JobStopped(job_id=job.job_id, by=job.stop_requested_by))]
         return [(job.job_id, JobFailed(job_id=job.job_id, reason="its processes were stopped"))]
 
     # --- scheduling cycles -------------------------------------------------------------------------
@@ -236,7 +236,7 @@ class Scheduler:
                 job = self.state.jobs[job_id]
                 if job.status == "queued":
                     changes.append((job_id, JobStopped(job_id=job_id, by=request.user)))
-                elif job.status == "running" and not job.stop_requested:
+                elif job.status == "running" and job.stop_requested_by is None:
                     changes.append((job_id, JobStopRequested(job_id=job_id, by=request.user)))
             if changes:
                 await self._append(changes)
@@ -251,9 +251,9 @@ class Scheduler:
                 return CommandError(code="invalid-state",
                                     message=f"still queued or running: {', '.join(active)}",
                                     hint=f"stop first: trainyard stop {' '.join(active)}; nothing was deleted")
-            await self._append([(j, JobDeleted(job_id=j, by=request.user))
-                                for j in dict.fromkeys(request.job_ids)])
-        return Done(job_ids=request.job_ids, message=f"deleted {len(request.job_ids)} job(s)")
+            job_ids = list(dict.fromkeys(request.job_ids))
+            await self._append([(j, JobDeleted(job_id=j, by=request.user)) for j in job_ids])
+        return Done(job_ids=job_ids, message=f"deleted {len(job_ids)} job(s)")
 
     # --- queries -----------------------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from libs.contracts.events import (
     LaunchPlanned,
     NodeLost,
     NodeProcessExited,
+    NodeProcessLost,
     NodeProcessStarted,
     NodeRecovered,
     NodeRegistered,
@@ -39,9 +40,12 @@ class Instance:
     node: str
     pid: int | None = None
     exit_code: int | None = None
+    lost: bool = False
 
     @property
     def state(self) -> str:
+        if self.lost:
+            return "lost"
         if self.exit_code is not None:
             return "exited"
         return "running" if self.pid is not None else "pending"
@@ -63,7 +67,7 @@ class Job:
     ended_at: datetime | None = None
     reason: str | None = None
     exit_code: int | None = None
-    stop_requested: bool = False
+    stop_requested_by: str | None = None
     deleted: bool = False
     instances: dict[int, Instance] = field(default_factory=dict)
     trace: dict[str, str] = field(default_factory=dict)
@@ -129,7 +133,7 @@ class SchedulerState:
             job.started_at = at
             job.instances = {p.rank: Instance(rank=p.rank, node=p.node) for p in event.placement}
         elif isinstance(event, JobStopRequested):
-            job.stop_requested = True
+            job.stop_requested_by = event.by
         elif isinstance(event, JobSucceeded):
             job.status, job.ended_at, job.exit_code = "succeeded", at, 0
         elif isinstance(event, JobFailed):
@@ -153,6 +157,8 @@ class SchedulerState:
         elif isinstance(event, NodeProcessExited):
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
             instance.exit_code = event.exit_code
+        elif isinstance(event, NodeProcessLost):
+            job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node)).lost = True
 
     # --- queries ---------------------------------------------------------------------------------
 

@@ -43,7 +43,7 @@ class Stack:
             shutil.copytree(algorithm, self.storage / "algorithms" / algorithm.name)
         env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=CLUSTER,
                         extra={"TRAINYARD_HEARTBEAT_SECONDS": "0.5", "TRAINYARD_NODE_LOST_SECONDS": "3",
-                               "TRAINYARD_STOP_GRACE_SECONDS": "3"})
+                               "TRAINYARD_STOP_GRACE_SECONDS": "3", "TRAINYARD_STOP_GIVE_UP_SECONDS": "3"})
         self.processes = ProcessSet(home, env)
         self.nats_url = nats_url
         self.client: TrainyardClient | None = None

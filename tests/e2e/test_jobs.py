@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -40,13 +41,18 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     assert history[:3] == ["JobSubmitted", "JobAdmitted", "LaunchPlanned"]
     assert history[-2:] == ["LaunchSucceeded", "JobSucceeded"]
 
-    # One trace follows the job from the scheduler through the launcher to both agents.
+    # One trace follows the job from the scheduler through the launcher to both agents and back.
+    def records(process: str) -> list[dict[str, str]]:
+        lines = stack.processes.log(process).splitlines()
+        return [r for r in map(json.loads, filter(lambda line: line.startswith("{"), lines))
+                if r.get("job_id") == accepted.job_id and "trace_id" in r]
+
     def traces(process: str) -> set[str]:
-        records = (json.loads(line) for line in stack.processes.log(process).splitlines() if line.startswith("{"))
-        return {r["trace_id"] for r in records if r.get("job_id") == accepted.job_id and "trace_id" in r}
+        return {r["trace_id"] for r in records(process)}
 
     shared = traces("scheduler") & traces("launcher") & traces("agent-node-a") & traces("agent-node-b")
     assert len(shared) == 1
+    assert {r["trace_id"] for r in records("scheduler") if r.get("event_type") == "JobSucceeded"} == shared
 
 
 async def test_a_failing_command_fails_the_job_with_its_exit_code(stack: Stack) -> None:
@@ -67,6 +73,8 @@ async def test_stopping_a_running_job_kills_its_processes(stack: Stack) -> None:
     await api.stop([accepted.job_id])
     job = await stack.wait_until(accepted.job_id, "ended")
     assert job.status == "stopped"
+    stopped = [e.event for e in await api.events(accepted.job_id) if type(e.event).name() == "JobStopped"]
+    assert [getattr(e, "by", None) for e in stopped] == ["tester"]
     for instance in running.instances:
         assert instance.pid is not None
         assert not process_alive(instance.pid)
@@ -83,6 +91,13 @@ async def test_a_lost_node_fails_the_jobs_running_on_it(stack: Stack) -> None:
     assert job.status == "failed"
     assert "node node-b was lost" in (job.reason or "")
     assert {n.info.name: n.status for n in await api.nodes()} == {"node-a": "ready", "node-b": "lost"}
+
+    # The launcher stops rank 0, gives rank 1 up when node-b never answers, and closes the launch.
+    async with asyncio.timeout(30):
+        while "LaunchStopped" not in [type(e.event).name() for e in await api.events(accepted.job_id)]:
+            await asyncio.sleep(0.3)
+    instances = {i.rank: i.state for i in (await api.get_job(accepted.job_id)).job.instances}
+    assert instances == {0: "exited", 1: "lost"}
 
 
 async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:

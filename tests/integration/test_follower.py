@@ -116,3 +116,17 @@ async def test_an_empty_stream_counts_as_caught_up(nc: Client, store: EventStore
     follower = await follow(nc, store, recorder, expected=0)
     await follower.stop()
     assert recorder.folded == []
+
+
+async def test_a_stream_with_only_other_subjects_counts_as_caught_up(nc: Client, store: EventStore) -> None:
+    """Other services' messages fill the stream, none match the filter: the view is complete."""
+    for i in range(3):
+        envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="node",
+                                 aggregate_id=f"n{i}", version=1, position=i + 1, recorded_at=datetime.now(UTC),
+                                 event=NodeRecovered(node_name=f"n{i}"))
+        await nc.jetstream().publish(subjects.event_subject("monitor", "node", f"n{i}", "NodeRecovered"),
+                                     encode(envelope))
+    recorder = Recorder(store)
+    follower = await follow(nc, store, recorder, expected=0)
+    await follower.stop()
+    assert recorder.folded == []

@@ -172,7 +172,7 @@ def test_stop_request_keeps_the_job_running_until_it_is_stopped(log: Log) -> Non
     log.admit("a", ["n1"])
     log.apply(JobStopRequested(job_id="a", by="alice"))
     job = log.state.jobs["a"]
-    assert job.status == "running" and job.stop_requested
+    assert (job.status, job.stop_requested_by) == ("running", "alice")
     log.apply(JobStopped(job_id="a", by="alice"))
     assert (job.status, job.reason) == ("stopped", "stopped by user")
     assert job.terminal
