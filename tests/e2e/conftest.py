@@ -61,6 +61,12 @@ class Stack:
             for node in NODES:
                 self.start(f"agent-{node}")
 
+    async def up(self) -> TrainyardClient:
+        """Start every service and agent; return a client once all nodes are ready."""
+        self.start_all()
+        await self.wait_for_nodes()
+        return await self.api()
+
     def crash(self, name: str) -> None:
         """kill -9: no shutdown code runs."""
         self.processes.kill(name, signal.SIGKILL)

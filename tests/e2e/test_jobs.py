@@ -25,8 +25,7 @@ def sleeper(name: str, *, nodes: int = 1, seconds: float = 1.0, exit_code: int =
 
 
 async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
-    stack.start_all()
-    await stack.wait_for_nodes()
+    await stack.up()
     spec = decode_spec((REPO_ROOT / "examples" / "pytorch-ddp.yaml").read_bytes(), yaml=True)
     accepted = await (await stack.api()).submit(msgspec.structs.replace(spec, command="python3 train.py --steps 20"))
 
@@ -56,8 +55,7 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
 
 
 async def test_a_failing_command_fails_the_job_with_its_exit_code(stack: Stack) -> None:
-    stack.start_all()
-    await stack.wait_for_nodes()
+    await stack.up()
     accepted = await (await stack.api()).submit(sleeper("fails", seconds=0.2, exit_code=3))
     job = await stack.wait_until(accepted.job_id, "ended")
     assert (job.status, job.exit_code) == ("failed", 3)
@@ -65,9 +63,7 @@ async def test_a_failing_command_fails_the_job_with_its_exit_code(stack: Stack) 
 
 
 async def test_stopping_a_running_job_kills_its_processes(stack: Stack) -> None:
-    stack.start_all()
-    await stack.wait_for_nodes()
-    api = await stack.api()
+    api = await stack.up()
     accepted = await api.submit(sleeper("long", nodes=2, seconds=120))
     running = await stack.wait_until(accepted.job_id, "running")
     await api.stop([accepted.job_id])
@@ -81,9 +77,7 @@ async def test_stopping_a_running_job_kills_its_processes(stack: Stack) -> None:
 
 
 async def test_a_lost_node_fails_the_jobs_running_on_it(stack: Stack) -> None:
-    stack.start_all()
-    await stack.wait_for_nodes()
-    api = await stack.api()
+    api = await stack.up()
     accepted = await api.submit(sleeper("on-two-nodes", nodes=2, seconds=120))
     await stack.wait_until(accepted.job_id, "running")
     stack.crash("agent-node-b")
@@ -101,8 +95,7 @@ async def test_a_lost_node_fails_the_jobs_running_on_it(stack: Stack) -> None:
 
 
 async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
-    stack.start_all()
-    await stack.wait_for_nodes()
+    await stack.up()
     accepted = await (await stack.api()).submit(sleeper("cli", seconds=0.2))
     await stack.wait_until(accepted.job_id, "ended")
 

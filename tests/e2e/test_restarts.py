@@ -34,9 +34,7 @@ async def test_scheduler_killed_between_submit_and_admission_admits_the_job_once
 
 
 async def test_launcher_killed_while_a_job_runs_neither_relaunches_nor_forgets_it(stack: Stack) -> None:
-    stack.start_all()
-    await stack.wait_for_nodes()
-    api = await stack.api()
+    api = await stack.up()
     accepted = await api.submit(sleeper("keeps-running", nodes=2, seconds=6))
     await stack.wait_until(accepted.job_id, "running")
 
@@ -55,9 +53,7 @@ async def test_launcher_killed_while_a_job_runs_neither_relaunches_nor_forgets_i
 
 
 async def test_a_restarted_agent_ends_what_it_can_no_longer_supervise(stack: Stack) -> None:
-    stack.start_all()
-    await stack.wait_for_nodes()
-    api = await stack.api()
+    api = await stack.up()
     accepted = await api.submit(sleeper("orphaned", nodes=2, seconds=120))
     running = await stack.wait_until(accepted.job_id, "running")
     orphan = next(i.pid for i in running.instances if i.node == "node-b")

@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
 
-import asyncpg
-import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
@@ -17,26 +14,14 @@ from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, NodeRecovered
 from libs.eventstore import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, OutboxRelay, Tracking
-from libs.messaging.connection import ensure_streams
+from tests.integration.conftest import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def store(database_url: str) -> AsyncIterator[EventStore]:
-    pool = await asyncpg.create_pool(database_url, min_size=2, max_size=12)
-    event_store = EventStore(pool, "scheduler")
-    await event_store.migrate()
-    yield event_store
-    await pool.close()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    client = await nats.connect(nats_url)
-    await ensure_streams(client.jetstream())
-    yield client
-    await client.close()
+async def store(make_store: StoreFactory) -> EventStore:
+    return await make_store("scheduler")
 
 
 def stopped(job_id: str) -> NewEvent:

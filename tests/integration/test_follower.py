@@ -4,11 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
-import asyncpg
-import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
@@ -18,27 +15,15 @@ from libs.contracts import subjects
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import EventEnvelope, JobStopped, NodeRecovered
 from libs.eventstore import EventStore, NewEvent, Tracking
-from libs.messaging.connection import ensure_streams
 from libs.messaging.follower import StreamFollower
+from tests.integration.conftest import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def store(database_url: str) -> AsyncIterator[EventStore]:
-    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=4)
-    event_store = EventStore(pool, "launcher")
-    await event_store.migrate()
-    yield event_store
-    await pool.close()
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def nc(nats_url: str) -> AsyncIterator[Client]:
-    client = await nats.connect(nats_url)
-    await ensure_streams(client.jetstream())
-    yield client
-    await client.close()
+async def store(make_store: StoreFactory) -> EventStore:
+    return await make_store("launcher")
 
 
 async def publish_upstream(nc: Client, job_ids: list[str]) -> None:
