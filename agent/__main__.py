@@ -28,7 +28,10 @@ def _config(args: argparse.Namespace) -> AgentConfig:
 
 def _read_config(args: argparse.Namespace) -> AgentConfig:
     if args.config:
-        cluster = ClusterConfig.load(args.config)
+        try:
+            cluster = ClusterConfig.load(args.config)
+        except (OSError, msgspec.ValidationError, msgspec.DecodeError) as exc:
+            raise SystemExit(f"cannot read {args.config}: {exc}") from None
         for node in cluster.nodes:
             if node.name == args.name:
                 return node

@@ -22,7 +22,7 @@ from rich.text import Text
 from client.api import TrainyardClient, TrainyardError
 from libs.contracts.agent import LogChunk
 from libs.contracts.events import EventEnvelope
-from libs.contracts.jobspec import FieldError, SpecError, decode_spec
+from libs.contracts.jobspec import FieldError, JobSpec, SpecError, decode_spec
 from libs.contracts.messages import JOB_STATUSES, JobStatus, JobView
 from libs.messaging.rpc import ServiceUnavailable
 
@@ -100,15 +100,12 @@ def _status(job: JobView) -> str:
 @app.command()
 @_run
 async def submit(client: TrainyardClient,
-                 file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False)],
+                 file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False,
+                                                      callback=lambda path: _check_spec(path))],
                  follow: FollowOption = False,
                  as_json: JsonOption = False) -> None:
     """Submit a job described in FILE."""
-    try:
-        spec = decode_spec(file.read_bytes(), yaml=file.suffix in (".yaml", ".yml"))
-    except SpecError as exc:
-        _print_field_errors(exc.errors)
-        raise _fail(f"{file} is not a valid job spec; nothing was submitted") from None
+    spec = _read_spec(file)
     accepted = await client.submit(spec)
     if as_json:
         _json(accepted)
@@ -118,6 +115,20 @@ async def submit(client: TrainyardClient,
         job = await follow_job(client, accepted.job_id)
         if job.status != "succeeded":
             raise typer.Exit(1)
+
+
+def _read_spec(file: Path) -> JobSpec:
+    """The spec in FILE, checked before anything is sent (so errors show even with no stack)."""
+    try:
+        return decode_spec(file.read_bytes(), yaml=file.suffix in (".yaml", ".yml"))
+    except SpecError as exc:
+        _print_field_errors(exc.errors)
+        raise _fail(f"{file} is not a valid job spec; nothing was submitted") from None
+
+
+def _check_spec(file: Path) -> Path:
+    _read_spec(file)
+    return file
 
 
 async def follow_job(client: TrainyardClient, job_id: str) -> JobView:

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.devstack.servers import free_port, postgres_url, start_nats, start_postgres, stop_postgres
-from libs.devstack.stack import read_stack_env
+from libs.devstack.stack import local_stack_urls
 
 
 @dataclass(frozen=True)
@@ -82,8 +82,8 @@ def _local_binaries(need_nats: bool, need_postgres: bool, workdir: Path) -> Iter
 
 @contextlib.contextmanager
 def provide_servers(workdir: Path) -> Iterator[Servers]:
-    # Tests empty the streams and create databases: never do that to a running local stack.
-    local_stack = set(read_stack_env().values())
+    # Tests empty the streams and create databases: never do that to the local stack's servers.
+    local_stack = local_stack_urls()
     nats_url = os.environ.get("NATS_URL") if os.environ.get("NATS_URL") not in local_stack else None
     database_url = os.environ.get("DATABASE_URL") if os.environ.get("DATABASE_URL") not in local_stack else None
     need_nats, need_postgres = nats_url is None, database_url is None

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from libs.contracts.cluster import ClusterConfig
 from libs.devstack.servers import (
@@ -24,11 +25,16 @@ from libs.devstack.servers import (
     stop_postgres,
 )
 from libs.devstack.stack import (
+    LOCAL_DATABASE_URL,
+    LOCAL_NATS_URL,
+    NATS_PORT,
+    PG_PORT,
     REPO_ROOT,
     SERVICES,
     STACK_ENV_FILE,
     ProcessSet,
     home_dir,
+    local_stack_urls,
     read_stack_env,
     seed_storage,
     stack_env,
@@ -38,8 +44,6 @@ from libs.devstack.stack import (
 app = typer.Typer(help="Run Trainyard locally.", no_args_is_help=True, add_completion=False)
 console = Console(highlight=False)
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
-NATS_PORT = int(os.environ.get("TRAINYARD_NATS_PORT", "14222"))
-PG_PORT = int(os.environ.get("TRAINYARD_PG_PORT", "15432"))
 
 
 def _alive(pid_file: Path) -> bool:
@@ -61,7 +65,7 @@ def up() -> None:
     home.mkdir(parents=True, exist_ok=True)
     # Servers named in the environment are used as they are, unless they are this stack's own
     # (left there by `source .trainyard/stack.env`): those are started again here.
-    own = {f"nats://127.0.0.1:{NATS_PORT}", postgres_url(PG_PORT, "trainyard")}
+    own = local_stack_urls()
     nats_url = os.environ.get("NATS_URL") if os.environ.get("NATS_URL") not in own else None
     database_url = os.environ.get("DATABASE_URL") if os.environ.get("DATABASE_URL") not in own else None
     try:
@@ -72,12 +76,12 @@ def up() -> None:
             nats = start_nats(home / "nats", NATS_PORT)
             run.mkdir(parents=True, exist_ok=True)
             (run / "nats.pid").write_text(str(nats.pid))
-            nats_url = f"nats://127.0.0.1:{NATS_PORT}"
+            nats_url = LOCAL_NATS_URL
         if database_url is None:
             console.print(f"[dim]starting PostgreSQL on 127.0.0.1:{PG_PORT}[/]")
             start_postgres(home / "postgres", PG_PORT)
             asyncio.run(create_database(postgres_url(PG_PORT, "postgres"), "trainyard"))
-            database_url = postgres_url(PG_PORT, "trainyard")
+            database_url = LOCAL_DATABASE_URL
     except ServerError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
@@ -168,10 +172,10 @@ async def _demo(nats_url: str, spec_path: Path, storage: Path) -> bool:
     spec = decode_spec(spec_path.read_bytes(), yaml=True)
     async with TrainyardClient.connect(nats_url) as client:
         accepted = await client.submit(spec)
-        console.print(f"submitted [bold]{accepted.job_id}[/] ({spec.name}) from {spec_path.name}")
+        console.print(f"submitted [bold]{accepted.job_id}[/] ({escape(spec.name)}) from {spec_path.name}")
         job = await follow_job(client, accepted.job_id)
     if job.status != "succeeded":
-        console.print(f"[red]{job.job_id} {job.status}[/]: {job.reason}")
+        console.print(f"[red]{job.job_id} {job.status}[/]: {escape(job.reason or '')}")
         return False
     outputs = storage / "outputs" / (spec.output.name if spec.output else "")
     console.print(f"[green]{job.job_id} succeeded[/]; its outputs are in {outputs}:")

@@ -24,6 +24,17 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 STACK_ENV_FILE = "stack.env"
 
 
+NATS_PORT = int(os.environ.get("TRAINYARD_NATS_PORT", "14222"))
+PG_PORT = int(os.environ.get("TRAINYARD_PG_PORT", "15432"))
+LOCAL_NATS_URL = f"nats://127.0.0.1:{NATS_PORT}"
+LOCAL_DATABASE_URL = f"postgresql://postgres@127.0.0.1:{PG_PORT}/trainyard"
+
+
+def local_stack_urls() -> set[str]:
+    """The addresses of the local stack's own servers, whether it runs now or not."""
+    return {LOCAL_NATS_URL, LOCAL_DATABASE_URL, *read_stack_env().values()}
+
+
 def home_dir() -> Path:
     return Path(os.environ.get("TRAINYARD_HOME", REPO_ROOT / ".trainyard")).resolve()
 

@@ -191,8 +191,9 @@ class Launcher:
                 continue
             confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
             if {n.node for n in launch.nodes} <= confirmed:
-                await self._append(launch.job_id, [LaunchStopped(job_id=launch.job_id, attempt=launch.attempt)],
-                                   None)
+                with span_tracer.start_as_current_span("launcher stopped", context=context_from_headers(launch.trace)):
+                    await self._append(launch.job_id, [LaunchStopped(job_id=launch.job_id, attempt=launch.attempt)],
+                                       None)
 
     def _due_work(self) -> list[asyncio.Future[None]]:
         now = time.monotonic()
@@ -248,9 +249,10 @@ class Launcher:
             ranks = [r for r in launch.running_ranks() if launch.node_of(r).node == node]
             reason = f"node {node} did not answer stop requests for {self.rt.settings.stop_give_up_seconds:g}s"
             if ranks:
-                await self._append(launch.job_id, [
-                    NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, rank=r, node=node, reason=reason)
-                    for r in ranks], None)
+                with span_tracer.start_as_current_span("launcher give up", context=context_from_headers(launch.trace)):
+                    await self._append(launch.job_id, [
+                        NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, rank=r, node=node, reason=reason)
+                        for r in ranks], None)
             self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
             self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
             self.wake.set()

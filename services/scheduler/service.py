@@ -240,7 +240,7 @@ class Scheduler:
                     changes.append((job_id, JobStopRequested(job_id=job_id, by=request.user)))
             if changes:
                 await self._append(changes)
-        return Done(job_ids=request.job_ids, message=f"stopping {len(changes)} job(s)")
+        return Done(job_ids=list(dict.fromkeys(request.job_ids)), message=f"stopping {len(changes)} job(s)")
 
     async def delete(self, request: DeleteJobs) -> Done | CommandError:
         async with self.lock:
