@@ -113,6 +113,8 @@ async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
     assert "master" in shown.stdout and "exited" in shown.stdout
     logs = trainyard("logs", accepted.job_id)
     assert "[rank 0] started rank 0" in logs.stdout
+    followed = trainyard("logs", accepted.job_id, "--node", "0", "--follow")  # ends with the job
+    assert followed.stdout.splitlines()[-1] == "done rank 0"
     events = trainyard("events", accepted.job_id)
     assert "JobSucceeded" in events.stdout
     nodes = trainyard("nodes")

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 
 import pytest
 
 from libs.contracts.events import JobAdmitted, LaunchPlanned, NodeProcessStarted
+from libs.messaging.rpc import ServiceUnavailable
 from tests.e2e.conftest import Stack, process_alive
 from tests.e2e.test_jobs import sleeper
 
@@ -20,9 +22,19 @@ async def test_scheduler_killed_between_submit_and_admission_admits_the_job_once
     await stack.wait_for_nodes(count=0)
     accepted = await api.submit(sleeper("survivor", nodes=2, seconds=0.5))
     assert (await api.get_job(accepted.job_id)).job.status == "queued"
+    assert (await api.queue_status()).queued_by_flavor == {"cpu-1": 1}
 
     stack.crash("scheduler")
+    stack.crash("autoscaler")
     stack.start("scheduler")
+    stack.start("autoscaler")
+    # The autoscaler rebuilt its view of demand from the log.
+    async with asyncio.timeout(30):
+        while True:
+            with contextlib.suppress(ServiceUnavailable):
+                if (await api.queue_status()).queued_jobs == 1:
+                    break
+            await asyncio.sleep(0.2)
     stack.start("agent-node-a")
     stack.start("agent-node-b")
 
