@@ -12,29 +12,35 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
+import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
+from libs.contracts.codec import decode_any
 from libs.eventstore.store import EventStore, Tracking
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 
-Handler = Callable[[Msg, Tracking | None], Awaitable[bool]]
-"""handle(message, tracking): fold the message into the view; when `tracking` is given, also react
-to it and return True if the reaction's append carried `tracking` (False: the follower records it)."""
+Handler = Callable[[Any, Msg, Tracking | None], Awaitable[bool]]
+"""handle(decoded, message, tracking): fold the decoded message into the view; when `tracking` is
+given, also react to it and return True if the reaction's append carried `tracking` (False: the
+follower records it)."""
 
 
 class StreamFollower:
     def __init__(self, js: JetStreamContext, store: EventStore, *, stream: str, subject: str,
-                 consumer: str, handle: Handler, reactions: bool = True, retry_seconds: float = 0.5) -> None:
+                 consumer: str, message_type: object, handle: Handler, reactions: bool = True,
+                 retry_seconds: float = 0.5) -> None:
         self.js = js
         self.store = store
         self.stream = stream
         self.subject = subject
         self.consumer = consumer
+        self.message_type = message_type
         self.handle = handle
         # A follower without reactions only folds: it never writes a tracking position.
         self.reactions = reactions
@@ -62,10 +68,16 @@ class StreamFollower:
     async def _on_message(self, msg: Msg) -> None:
         sequence = msg.metadata.sequence.stream
         tracking = Tracking(self.consumer, sequence) if self.reactions and sequence > self.tracked else None
+        try:
+            decoded = decode_any(msg.data, self.message_type)
+        except msgspec.ValidationError as exc:
+            # A message this version does not understand (a newer writer's type) is passed over.
+            log.warning("follower.undecodable", consumer=self.consumer, subject=msg.subject, error=str(exc))
+            decoded = None
         # The stream is read in order, so a failing handler is retried here rather than skipped.
         while True:
             try:
-                recorded = await self.handle(msg, tracking)
+                recorded = decoded is not None and await self.handle(decoded, msg, tracking)
                 if tracking is not None and not recorded:
                     await self.store.record_tracking(tracking)
                 break

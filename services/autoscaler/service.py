@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import asyncio
 
-import msgspec
 from nats.aio.msg import Msg
 
 from libs.contracts import subjects
-from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope
 from libs.contracts.messages import GetQueueStatus, QueueStatus
 from libs.eventstore import Tracking
@@ -35,16 +33,13 @@ class Autoscaler:
     async def start(self) -> None:
         follower = StreamFollower(self.rt.js, self.rt.store, stream=subjects.EVENTS_STREAM,
                                   subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
-                                  handle=self.on_job_event, reactions=False)
+                                  message_type=EventEnvelope, handle=self.on_job_event, reactions=False)
         await follower.start()
         register_responder(self.rt.broker, SERVICE, subjects.QUEUE_STATUS, GetQueueStatus, self.status)
         self.rt.spawn(self.report_loop(follower), "report")
 
-    async def on_job_event(self, msg: Msg, _: Tracking | None) -> bool:
-        try:
-            self.demand.apply(decode(msg.data, EventEnvelope))
-        except msgspec.ValidationError:
-            log.warning("autoscaler.unknown_event", subject=msg.subject)
+    async def on_job_event(self, envelope: EventEnvelope, _: Msg, __: Tracking | None) -> bool:
+        self.demand.apply(envelope)
         return False
 
     async def status(self, _: GetQueueStatus) -> QueueStatus:

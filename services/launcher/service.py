@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import time
 
-import msgspec
 from nats.aio.msg import Msg
 
 from libs.contracts import subjects
@@ -25,7 +24,6 @@ from libs.contracts.agent import (
     StopProcesses,
 )
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.codec import decode, decode_any
 from libs.contracts.events import (
     Event,
     EventEnvelope,
@@ -74,10 +72,10 @@ class Launcher:
         self.followers = [
             StreamFollower(self.rt.js, self.rt.store, stream=subjects.EVENTS_STREAM,
                            subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
-                           handle=self.on_scheduler_event),
+                           message_type=EventEnvelope, handle=self.on_scheduler_event),
             StreamFollower(self.rt.js, self.rt.store, stream=subjects.AGENT_REPORTS_STREAM,
                            subject=subjects.AGENT_REPORTS_ALL, consumer="agent-reports",
-                           handle=self.on_agent_report),
+                           message_type=ProcessReport, handle=self.on_agent_report),
         ]
         for follower in self.followers:
             await follower.start()
@@ -96,12 +94,7 @@ class Launcher:
 
     # --- scheduler events -------------------------------------------------------------------------
 
-    async def on_scheduler_event(self, msg: Msg, tracking: Tracking | None) -> bool:
-        try:
-            envelope = decode(msg.data, EventEnvelope)
-        except msgspec.ValidationError:
-            log.warning("launcher.unknown_event", subject=msg.subject)
-            return False
+    async def on_scheduler_event(self, envelope: EventEnvelope, _: Msg, tracking: Tracking | None) -> bool:
         async with self.lock:
             self.state.apply(envelope)
             self.wake.set()
@@ -129,13 +122,9 @@ class Launcher:
 
     # --- agent reports ----------------------------------------------------------------------------
 
-    async def on_agent_report(self, msg: Msg, tracking: Tracking | None) -> bool:
+    async def on_agent_report(self, report: ProcessStarted | ProcessExited, msg: Msg,
+                              tracking: Tracking | None) -> bool:
         if tracking is None:
-            return False
-        try:
-            report = decode_any(msg.data, ProcessReport)
-        except msgspec.ValidationError:
-            log.warning("launcher.unknown_report", subject=msg.subject)
             return False
         async with self.lock:
             launch = self.state.launches.get(report.job_id)

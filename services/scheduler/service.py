@@ -10,12 +10,10 @@ import asyncio
 import contextlib
 from collections.abc import Sequence
 
-import msgspec
 from nats.aio.msg import Msg
 
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig, Resources
-from libs.contracts.codec import decode
 from libs.contracts.events import (
     Event,
     EventEnvelope,
@@ -82,7 +80,8 @@ class Scheduler:
         for upstream in ("monitor", "launcher"):
             follower = StreamFollower(self.rt.js, self.rt.store, stream=subjects.EVENTS_STREAM,
                                       subject=subjects.events_of_service(upstream),
-                                      consumer=f"{upstream}-events", handle=self.on_upstream)
+                                      consumer=f"{upstream}-events", message_type=EventEnvelope,
+                                      handle=self.on_upstream)
             await follower.start()
             self.followers.append(follower)
         broker = self.rt.broker
@@ -114,12 +113,7 @@ class Scheduler:
 
     # --- following other services ------------------------------------------------------------------
 
-    async def on_upstream(self, msg: Msg, tracking: Tracking | None) -> bool:
-        try:
-            envelope = decode(msg.data, EventEnvelope)
-        except msgspec.ValidationError:
-            log.warning("scheduler.unknown_event", subject=msg.subject)
-            return False
+    async def on_upstream(self, envelope: EventEnvelope, _: Msg, tracking: Tracking | None) -> bool:
         async with self.lock:
             self.state.apply(envelope)
             self.wake.set()

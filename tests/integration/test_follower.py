@@ -12,7 +12,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from libs.contracts import subjects
-from libs.contracts.codec import decode, encode
+from libs.contracts.codec import encode
 from libs.contracts.events import EventEnvelope, JobStopped, NodeRecovered
 from libs.eventstore import EventStore, NewEvent, Tracking
 from libs.messaging.follower import StreamFollower
@@ -43,8 +43,8 @@ class Recorder:
         self.folded: list[str] = []
         self.fail_first = fail_first
 
-    async def handle(self, msg: Msg, tracking: Tracking | None) -> bool:
-        job_id = decode(msg.data, EventEnvelope).aggregate_id
+    async def handle(self, envelope: EventEnvelope, _: Msg, tracking: Tracking | None) -> bool:
+        job_id = envelope.aggregate_id
         if job_id == self.fail_first:
             self.fail_first = None
             raise RuntimeError("a passing failure")
@@ -59,7 +59,7 @@ class Recorder:
 async def follow(nc: Client, store: EventStore, recorder: Recorder, expected: int) -> StreamFollower:
     follower = StreamFollower(nc.jetstream(), store, stream=subjects.EVENTS_STREAM,
                               subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
-                              handle=recorder.handle, retry_seconds=0.01)
+                              message_type=EventEnvelope, handle=recorder.handle, retry_seconds=0.01)
     await follower.start()
     await asyncio.wait_for(follower.caught_up.wait(), 10)
     for _ in range(100):
@@ -115,3 +115,16 @@ async def test_a_stream_with_only_other_subjects_counts_as_caught_up(nc: Client,
     follower = await follow(nc, store, recorder, expected=0)
     await follower.stop()
     assert recorder.folded == []
+
+
+async def test_a_message_of_an_unknown_type_is_passed_over(nc: Client, store: EventStore) -> None:
+    """A newer writer's event type must not stall an older reader."""
+    await publish_upstream(nc, ["y0"])
+    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "y9", "JobTeleported"),
+                                 b'{"event_id": "e", "type": "JobTeleported.v1"}')
+    await publish_upstream(nc, ["y1"])
+    recorder = Recorder(store)
+    follower = await follow(nc, store, recorder, expected=2)
+    await follower.stop()
+    assert recorder.folded == ["y0", "y1"]
+    assert await store.tracked_position("scheduler-events") == 3
