@@ -64,6 +64,8 @@ class ProcessStarted(_AgentMessage, frozen=True, tag="ProcessStarted.v1"):
     rank: int
     node: str
     pid: int
+    # How the node's /workspace was made: "bwrap" (a mount namespace) or "plain" (directories).
+    backend: str = "plain"
 
 
 class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):

@@ -122,6 +122,7 @@ class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):
     rank: int
     node: str
     pid: int
+    backend: str = "plain"  # the workspace backend the agent used (L1)
 
 
 class NodeProcessExited(_Event, frozen=True, tag="NodeProcessExited.v1"):

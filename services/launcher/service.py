@@ -142,7 +142,7 @@ class Launcher:
         if isinstance(report, ProcessStarted):
             if report.rank in launch.started or report.rank in launch.exited:
                 return []
-            return [NodeProcessStarted(pid=report.pid, **key)]  # type: ignore[arg-type]
+            return [NodeProcessStarted(pid=report.pid, backend=report.backend, **key)]  # type: ignore[arg-type]
         if report.rank in launch.exited:
             return []
         events: list[Event] = [NodeProcessExited(exit_code=report.exit_code, **key)]  # type: ignore[arg-type]
