@@ -12,8 +12,9 @@ import re
 import shlex
 
 from libs.contracts.cluster import Flavor
-from libs.contracts.events import Mount, NodeLaunch, Placement
+from libs.contracts.events import NodeLaunch, Placement
 from libs.contracts.jobspec import JobSpec
+from libs.storage import workspace_mounts
 
 MPI_HOSTFILE = "/etc/mpi/hostfile"
 MPICH_HOSTFILE = "/etc/mpi/mpich_hostfile"
@@ -24,38 +25,11 @@ MPIRUN_PREFIX = ("mpirun --allow-run-as-root -np {np} -bind-to none -map-by slot
 _MPIRUN = re.compile(r"(?<![\w.-])mpirun(?![\w-])")
 
 
+__all__ = ["PlanError", "plan_launch", "workspace_mounts"]
+
+
 class PlanError(ValueError):
     """The job cannot be launched as specified; the message says why."""
-
-
-def workspace_mounts(spec: JobSpec, *, task_index: int | None = None) -> list[Mount]:
-    """L1: the /workspace tree as mounts of shared storage (targets relative to /workspace)."""
-    mounts: list[Mount] = []
-    algorithm = spec.tasks[task_index].algorithm if task_index is not None else spec.algorithm
-    if algorithm is not None:
-        mounts.append(Mount(source=f"algorithms/{algorithm.name}", target="algorithm",
-                            read_only=algorithm.read_only))
-    for dataset in spec.datasets:
-        source = f"datasets/{dataset.name}" + (f"/{dataset.version}" if dataset.version else "")
-        target = (f"dataset/private/{dataset.name}" if dataset.source == "private"
-                  else f"dataset/favorite/{dataset.name}/{dataset.version}")
-        mounts.append(Mount(source=source, target=target, read_only=dataset.read_only))
-    for annotation in spec.annotation_datasets:
-        mounts.append(Mount(source=f"annotations/{annotation.name}/{annotation.version}",
-                            target=f"anno_dataset/{annotation.name}/annotation",
-                            read_only=annotation.read_only))
-    for model in spec.models:
-        source = f"models/{model.name}" + (f"/{model.version}" if model.version else "")
-        target = (f"model/favorite/{model.name}/{model.version}" if model.source == "favorite"
-                  else f"model/{model.source}/{model.name}")
-        mounts.append(Mount(source=source, target=target, read_only=True))
-    if spec.output is not None:
-        # J3: task n of a batch job writes to <job name>-<n> without knowing it.
-        suffix = f"/{spec.name}-{task_index + 1}" if task_index is not None else ""
-        mounts.append(Mount(source=f"outputs/{spec.output.name}{suffix}", target="outputs", read_only=False))
-    for volume in spec.volumes:
-        mounts.append(Mount(source=f"volumes/{volume.name}", target=f"volume/{volume.name}", read_only=False))
-    return mounts
 
 
 def hostfile_openmpi(placement: list[Placement]) -> str:

@@ -50,6 +50,7 @@ from libs.eventstore import NewEvent, Tracking
 from libs.messaging.follower import StreamFollower
 from libs.messaging.rpc import register_responder
 from libs.runtime import ServiceRuntime
+from libs.storage import missing_inputs
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 from services.scheduler.placement import NodeCapacity, QueuedJob, schedule
@@ -198,6 +199,8 @@ class Scheduler:
                        hint=f"choose from: {', '.join(known)}")
             for i, name in enumerate(request.spec.flavors) if name not in known
         ]
+        if not errors:  # only a well-formed spec names storage paths worth looking up
+            errors = missing_inputs(request.spec, self.rt.settings.storage_root)
         if errors:
             return CommandError(code="invalid-spec",
                                 message="the job spec is invalid: " + "; ".join(map(str, errors)),

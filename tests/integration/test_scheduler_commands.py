@@ -13,7 +13,7 @@ import pytest_asyncio
 from client.api import TrainyardClient, TrainyardError
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, ModelRef, OutputRef
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
 from services.scheduler.service import Scheduler
@@ -25,8 +25,9 @@ CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.ya
 class Schedulers:
     """Starts schedulers in this process; no nodes exist, so jobs stay queued."""
 
-    def __init__(self, nats_url: str, database_url: str) -> None:
-        self.settings = Settings(nats_url=nats_url, database_url=database_url)
+    def __init__(self, nats_url: str, database_url: str, storage: Path) -> None:
+        (storage / "algorithms" / "algo").mkdir(parents=True)
+        self.settings = Settings(nats_url=nats_url, database_url=database_url, storage_root=storage)
         self.running: list[ServiceRuntime] = []
 
     async def start(self) -> None:
@@ -48,8 +49,8 @@ def spec(name: str = "train", **changes: object) -> JobSpec:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def schedulers(nats_url: str, database_url: str) -> AsyncIterator[Schedulers]:
-    control = Schedulers(nats_url, database_url)
+async def schedulers(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterator[Schedulers]:
+    control = Schedulers(nats_url, database_url, tmp_path / "storage")
     yield control
     await control.stop_all()
 
@@ -69,6 +70,17 @@ async def test_a_bad_spec_is_refused_with_every_field_named_and_nothing_stored(c
     assert error.code == "invalid-spec"
     assert {e.field for e in error.errors} == {"command", "flavors[1]"}
     assert any("bash -c" in (e.hint or "") for e in error.errors)
+    assert await client.list_jobs() == []
+
+
+async def test_inputs_missing_from_storage_are_refused_by_field(client: TrainyardClient) -> None:
+    with pytest.raises(TrainyardError) as refused:
+        await client.submit(spec(datasets=[DatasetRef(name="imagenet")],
+                                 models=[ModelRef(name="resnet", source="pretrained")]))
+    error = refused.value.error
+    assert error.code == "invalid-spec"
+    assert {e.field for e in error.errors} == {"datasets[0]", "models[0]"}
+    assert "datasets/imagenet does not exist" in error.message
     assert await client.list_jobs() == []
 
 

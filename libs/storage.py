@@ -1,0 +1,87 @@
+"""Shared storage: where a job's algorithm, data, models, outputs and volumes live (SPEC L1, J5–J7, J17).
+
+Storage is a tree shared by the services and every node (a local folder for one machine, NFS or
+the like for many). A job's /workspace is made of mounts of that tree:
+
+    algorithms/<name>                     -> /workspace/algorithm
+    datasets/<name>[/<version>]           -> /workspace/dataset/private/<name>
+                                             /workspace/dataset/favorite/<name>/<version>
+    annotations/<name>/<version>          -> /workspace/anno_dataset/<name>/annotation
+    models/<name>[/<version>]             -> /workspace/model/{pretrained,private}/<name>
+                                             /workspace/model/favorite/<name>/<version>
+    outputs/<name>[/<job name>-<n>]       -> /workspace/outputs      (writable)
+    volumes/<name>                        -> /workspace/volume/<name> (writable)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from libs.contracts.events import Mount
+from libs.contracts.jobspec import AlgorithmRef, FieldError, JobSpec
+
+
+@dataclass(frozen=True)
+class StorageRef:
+    """One mount of a job's workspace and the spec field it comes from."""
+
+    field: str
+    mount: Mount
+    must_exist: bool  # inputs must; outputs and volumes are created on first use
+
+
+def workspace_layout(spec: JobSpec, *, task_index: int | None = None) -> list[StorageRef]:
+    """L1: every mount of one node's /workspace (for task `task_index` of a batch job)."""
+    refs: list[StorageRef] = []
+    algorithm: AlgorithmRef | None = spec.algorithm
+    algorithm_field = "algorithm"
+    if task_index is not None:
+        algorithm, algorithm_field = spec.tasks[task_index].algorithm, f"tasks[{task_index}].algorithm"
+    if algorithm is not None:
+        refs.append(StorageRef(algorithm_field, Mount(source=f"algorithms/{algorithm.name}", target="algorithm",
+                                                      read_only=algorithm.read_only), True))
+    for i, dataset in enumerate(spec.datasets):
+        source = f"datasets/{dataset.name}" + (f"/{dataset.version}" if dataset.version else "")
+        target = (f"dataset/private/{dataset.name}" if dataset.source == "private"
+                  else f"dataset/favorite/{dataset.name}/{dataset.version}")
+        refs.append(StorageRef(f"datasets[{i}]", Mount(source=source, target=target, read_only=dataset.read_only),
+                               True))
+    for i, annotation in enumerate(spec.annotation_datasets):
+        refs.append(StorageRef(f"annotation_datasets[{i}]",
+                               Mount(source=f"annotations/{annotation.name}/{annotation.version}",
+                                     target=f"anno_dataset/{annotation.name}/annotation",
+                                     read_only=annotation.read_only), True))
+    for i, model in enumerate(spec.models):
+        source = f"models/{model.name}" + (f"/{model.version}" if model.version else "")
+        target = (f"model/favorite/{model.name}/{model.version}" if model.source == "favorite"
+                  else f"model/{model.source}/{model.name}")
+        refs.append(StorageRef(f"models[{i}]", Mount(source=source, target=target, read_only=True), True))
+    if spec.output is not None:
+        # J3: task n of a batch job writes to <job name>-<n> without knowing it.
+        suffix = f"/{spec.name}-{task_index + 1}" if task_index is not None else ""
+        refs.append(StorageRef("output", Mount(source=f"outputs/{spec.output.name}{suffix}", target="outputs",
+                                               read_only=False), False))
+    for i, volume in enumerate(spec.volumes):
+        refs.append(StorageRef(f"volumes[{i}]", Mount(source=f"volumes/{volume.name}", target=f"volume/{volume.name}",
+                                                      read_only=False), False))
+    return refs
+
+
+def workspace_mounts(spec: JobSpec, *, task_index: int | None = None) -> list[Mount]:
+    return [ref.mount for ref in workspace_layout(spec, task_index=task_index)]
+
+
+def missing_inputs(spec: JobSpec, root: Path) -> list[FieldError]:
+    """Inputs the spec names that shared storage under `root` does not hold."""
+    tasks: list[int | None] = list(range(len(spec.tasks))) if spec.type == "batch" else [None]
+    seen: set[str] = set()
+    errors: list[FieldError] = []
+    for task in tasks:
+        for ref in workspace_layout(spec, task_index=task):
+            if not ref.must_exist or ref.field in seen or (root / ref.mount.source).is_dir():
+                continue
+            seen.add(ref.field)
+            errors.append(FieldError(field=ref.field, message=f"{ref.mount.source} does not exist in shared storage",
+                                     hint="check the name and version, or upload it to shared storage first"))
+    return errors
