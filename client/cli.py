@@ -23,7 +23,7 @@ from client.api import TrainyardClient, TrainyardError
 from libs.contracts.agent import LogChunk
 from libs.contracts.events import EventEnvelope
 from libs.contracts.jobspec import FieldError, JobSpec, SpecError, decode_spec
-from libs.contracts.messages import JOB_STATUSES, JobStatus, JobView
+from libs.contracts.messages import JOB_STATUSES, InstanceView, JobStatus, JobView
 from libs.messaging.rpc import ServiceUnavailable
 
 app = typer.Typer(help="Trainyard: queue, launch and follow distributed training jobs.",
@@ -172,22 +172,34 @@ async def list_jobs(client: TrainyardClient,
                     status: Annotated[list[str] | None,
                                       typer.Option("--status", "-s", help="Only these statuses.")] = None,
                     project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
+                    show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list worker instances "
+                                                           "(rank > 0) of multi-node jobs.")] = False,
                     as_json: JsonOption = False) -> None:
-    """List jobs, newest first."""
+    """List jobs, newest first: one row per job, its master instance (L8)."""
     unknown = [s for s in status or [] if s not in JOB_STATUSES]
     if unknown:
         raise _fail(f"unknown status {unknown[0]!r}", f"choose from {', '.join(JOB_STATUSES)}")
     statuses: list[JobStatus] = [s for s in JOB_STATUSES if s in (status or [])]
     jobs = await client.list_jobs(statuses, project)
+    if not show_all:
+        jobs = [msgspec.structs.replace(j, instances=[i for i in j.instances if i.rank == 0]) for j in jobs]
     if as_json:
         _json(jobs)
         return
     table = Table(box=None, header_style="bold")
-    for column in ("JOB", "NAME", "STATUS", "PRIORITY", "MODE", "NODES", "FLAVOR", "CREATOR", "SUBMITTED"):
+    for column in ("JOB", "NAME", "STATUS", "INSTANCE", "PRIORITY", "MODE", "NODES", "FLAVOR", "CREATOR",
+                   "SUBMITTED"):
         table.add_column(column)
     for job in jobs:
-        table.add_row(job.job_id, escape(job.name), _status(job), job.priority, job.mode, str(job.nodes),
-                      job.flavor or ",".join(job.flavors), job.creator, _time(job.submitted_at))
+        instances: list[InstanceView | None] = [*job.instances] or [None]
+        for inst in instances:
+            if inst is not None and inst.rank > 0:  # a worker row under its job (--all)
+                table.add_row("", "", f"[dim]{inst.state}[/]", f"worker {inst.rank}@{inst.node}", "", "", "", "",
+                              "", "")
+                continue
+            instance = f"master@{inst.node}" if inst is not None else "-"
+            table.add_row(job.job_id, escape(job.name), _status(job), instance, job.priority, job.mode,
+                          str(job.nodes), job.flavor or ",".join(job.flavors), job.creator, _time(job.submitted_at))
     out.print(table if jobs else "no jobs")
 
 

@@ -96,7 +96,7 @@ async def test_a_lost_node_fails_the_jobs_running_on_it(stack: Stack) -> None:
 
 async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
     await stack.up()
-    accepted = await (await stack.api()).submit(sleeper("cli", seconds=0.2))
+    accepted = await (await stack.api()).submit(sleeper("cli", nodes=2, seconds=0.2))
     await stack.wait_until(accepted.job_id, "ended")
 
     def trainyard(*args: str) -> subprocess.CompletedProcess[str]:
@@ -109,12 +109,15 @@ async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
     assert [(j["job_id"], j["status"]) for j in msgspec.json.decode(listed.stdout)] == [(accepted.job_id, "succeeded")]
     table = trainyard("list")
     assert accepted.job_id in table.stdout and "succeeded" in table.stdout
+    # L8: the master instance only by default; worker instances with --all.
+    assert "master@node-a" in table.stdout and "worker" not in table.stdout
+    assert "worker 1@node-b" in trainyard("list", "--all").stdout
     shown = trainyard("show", accepted.job_id)
     assert "master" in shown.stdout and "exited" in shown.stdout
     logs = trainyard("logs", accepted.job_id)
     assert "[rank 0] started rank 0" in logs.stdout
-    followed = trainyard("logs", accepted.job_id, "--node", "0", "--follow")  # ends with the job
-    assert followed.stdout.splitlines()[-1] == "done rank 0"
+    followed = trainyard("logs", accepted.job_id, "--node", "1", "--follow")  # ends with the job
+    assert followed.stdout.splitlines()[-1] == "done rank 1"
     events = trainyard("events", accepted.job_id)
     assert "JobSucceeded" in events.stdout
     nodes = trainyard("nodes")
