@@ -58,6 +58,19 @@ def pytorch_argv(argv: list[str], command: str, *, slots: int, nodes: int, rank:
             f"--node_rank={rank}", f"--master_addr={address}", f"--master_port={master_port}", *argv[1:]]
 
 
+def with_lifecycle(spec: JobSpec, argv: list[str]) -> list[str]:
+    """J18: run the command between the job's lifecycle scripts (see agent/lifecycle.py)."""
+    scripts = spec.lifecycle
+    if scripts is None or not (scripts.before_start or scripts.after_end):
+        return argv
+    wrapper = ["python3", "-m", "agent.lifecycle"]
+    if scripts.before_start:
+        wrapper += ["--before-start", scripts.before_start]
+    if scripts.after_end:
+        wrapper += ["--after-end", scripts.after_end]
+    return [*wrapper, "--", *argv]
+
+
 def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
                 master_port: int) -> list[NodeLaunch]:
     """Every node's launch for a regular job."""
@@ -94,6 +107,7 @@ def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
                 node_argv = [*shlex.split(MPIRUN_PREFIX.format(np=nodes * flavor.slots)), *argv]
         elif spec.mode == "tensorflow":
             env["TF_CONFIG"] = tf_config(placement, place.rank, master_port)
+        node_argv = with_lifecycle(spec, node_argv)
         launches.append(NodeLaunch(rank=place.rank, node=place.node, address=place.address, argv=node_argv,
                                    env=env, mounts=mounts, files=files, master=place.rank == 0))
     return launches

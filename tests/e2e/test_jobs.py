@@ -11,7 +11,7 @@ import sys
 import msgspec
 import pytest
 
-from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef, decode_spec
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, LifecycleScripts, OutputRef, decode_spec
 from libs.devstack.stack import REPO_ROOT
 from tests.e2e.conftest import Stack, process_alive
 
@@ -131,3 +131,23 @@ async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
     refused = trainyard("submit", str(bad))
     assert refused.returncode == 1
     assert "command" in refused.stderr and "bash -c" in refused.stderr and "nothing was submitted" in refused.stderr
+
+
+async def test_lifecycle_scripts_run_around_the_command_on_every_node(stack: Stack) -> None:
+    api = await stack.up()
+    scripts = LifecycleScripts(before_start="python3 -c \"print('preparing')\"",
+                               after_end="bash -c \"echo cleaning up after $TRAINYARD_EXIT_CODE\"")
+    accepted = await api.submit(msgspec.structs.replace(sleeper("hooks", nodes=2, seconds=0.2), lifecycle=scripts))
+    job = await stack.wait_until(accepted.job_id, "ended")
+    assert job.status == "succeeded", job.reason
+    for rank in (0, 1):
+        lines = [line.split("] ", 1)[1] for line in await stack.logs(accepted.job_id, rank)]
+        assert lines.index("preparing") < lines.index(f"done rank {rank}") < lines.index("cleaning up after 0")
+
+    failing = LifecycleScripts(before_start="python3 -c \"raise SystemExit(4)\"")
+    refused = await api.submit(msgspec.structs.replace(sleeper("hooks-fail", seconds=0.2), lifecycle=failing))
+    job = await stack.wait_until(refused.job_id, "ended")
+    assert (job.status, job.exit_code) == ("failed", 4)
+    lines = await stack.logs(refused.job_id)
+    assert any("before_start failed with exit code 4; the run command was not started" in line for line in lines)
+    assert not any("started rank" in line for line in lines)
