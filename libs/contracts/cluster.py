@@ -60,6 +60,10 @@ class Flavor(Struct, frozen=True, kw_only=True):
         return self.accelerators or 1
 
 
+# J8: a TensorFlow parameter server always gets 1 CPU and 1 GiB, whatever the job's flavor.
+PARAMETER_SERVER_FLAVOR = Flavor(name="tf-parameter-server", cpus=1, memory_mib=1024)
+
+
 class Resources(Struct, frozen=True, kw_only=True):
     """An amount of CPU, memory and accelerators, used for free/used arithmetic."""
 

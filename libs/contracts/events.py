@@ -9,6 +9,7 @@ events tolerate unknown fields so that older readers survive newer writers.
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Literal
 
 import msgspec
 from msgspec import Struct
@@ -26,13 +27,18 @@ class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
         return cls.__name__
 
 
+Role = Literal["worker", "ps"]
+
+
 class Placement(Struct, frozen=True, kw_only=True):
-    """Where one rank of a job runs."""
+    """Where one rank of a job runs. TensorFlow parameter servers (J8) are ranks with role "ps",
+    numbered after the workers and sized by the fixed parameter-server flavor."""
 
     rank: int
     node: str
     address: str
     slots: int
+    role: Role = "worker"
 
 
 # --- scheduler: aggregate "job" -----------------------------------------------------------------
@@ -105,6 +111,7 @@ class NodeLaunch(Struct, frozen=True, kw_only=True):
     mounts: list[Mount]
     files: dict[str, str] = msgspec.field(default_factory=dict)
     master: bool = False
+    role: Role = "worker"
 
 
 class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
@@ -114,6 +121,8 @@ class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
     attempt: int
     mode: str
     nodes: list[NodeLaunch]
+    # Ports base_port .. base_port + len(nodes) - 1 are this launch's (master port, TF task ports).
+    base_port: int = 0
 
 
 class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):

@@ -41,10 +41,17 @@ def hostfile_mpich(placement: list[Placement]) -> str:
 
 
 def tf_config(placement: list[Placement], rank: int, port: int) -> str:
-    """L3 (AllReduce): every node is a worker; the cluster lists them all."""
-    workers = [f"{p.address}:{port}" for p in placement]
-    return json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": rank},
-                       "environment": "cloud"})
+    """L3: the cluster (workers, and parameter servers when there are any) and this node's task.
+
+    Every task listens on its own port (`port` + rank), so tasks sharing a host never collide.
+    """
+    hosts: dict[str, list[str]] = {"ps": [], "worker": []}
+    for place in placement:
+        hosts[place.role].append(f"{place.address}:{port + place.rank}")
+    cluster = {role: hosts[role] for role in ("ps", "worker") if hosts[role]}
+    me = placement[rank]
+    index = sum(1 for p in placement[:rank] if p.role == me.role)
+    return json.dumps({"cluster": cluster, "task": {"type": me.role, "index": index}, "environment": "cloud"})
 
 
 def pytorch_argv(argv: list[str], command: str, *, slots: int, nodes: int, rank: int,
@@ -76,8 +83,6 @@ def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
     """Every node's launch for a regular job."""
     if spec.type == "batch":
         raise PlanError("batch jobs cannot be launched yet")
-    if spec.mode == "tensorflow" and spec.parameter_servers:
-        raise PlanError("TensorFlow parameter-server clusters cannot be launched yet; use parameter_servers: 0")
     assert spec.command is not None
     # A backslash-newline continues the line, as in the platform document's multi-line examples.
     command = re.sub(r"\\\r?\n", "", spec.command)
@@ -109,5 +114,5 @@ def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
             env["TF_CONFIG"] = tf_config(placement, place.rank, master_port)
         node_argv = with_lifecycle(spec, node_argv)
         launches.append(NodeLaunch(rank=place.rank, node=place.node, address=place.address, argv=node_argv,
-                                   env=env, mounts=mounts, files=files, master=place.rank == 0))
+                                   env=env, mounts=mounts, files=files, master=place.rank == 0, role=place.role))
     return launches

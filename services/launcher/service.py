@@ -114,11 +114,13 @@ class Launcher:
         if spec is None or flavor is None:
             return LaunchFailed(job_id=admission.job_id, attempt=admission.attempt,
                                 reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
+        base_port = self.state.free_ports(len(admission.placement))
         try:
-            nodes = plan_launch(spec, flavor, admission.placement, master_port=self.state.free_master_port())
+            nodes = plan_launch(spec, flavor, admission.placement, master_port=base_port)
         except PlanError as exc:
             return LaunchFailed(job_id=admission.job_id, attempt=admission.attempt, reason=str(exc))
-        return LaunchPlanned(job_id=admission.job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes)
+        return LaunchPlanned(job_id=admission.job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes,
+                             base_port=base_port)
 
     # --- agent reports ----------------------------------------------------------------------------
 
@@ -155,7 +157,8 @@ class Launcher:
             events.append(LaunchFailed(
                 job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,
                 reason=f"rank {report.rank} on {report.node} exited with code {report.exit_code}"))
-        elif len(exited) == len(launch.nodes) and all(code == 0 for code in exited.values()):
+        elif all(exited.get(n.rank) == 0 for n in launch.nodes if n.role == "worker"):
+            # Parameter servers serve until the workers are done; the dispatcher then stops them.
             events.append(LaunchSucceeded(job_id=launch.job_id, attempt=launch.attempt))
         return events
 

@@ -40,9 +40,10 @@ class Launch:
     outcome: str | None = None  # succeeded | failed | stopped
     trace: dict[str, str] = field(default_factory=dict)  # the job's trace, continued by every call
 
-    @property
-    def master_port(self) -> int:
-        return int(self.nodes[0].env.get("MASTER_PORT", 0)) if self.nodes else 0
+    base_port: int = 0
+
+    def ports(self) -> range:
+        return range(self.base_port, self.base_port + len(self.nodes))
 
     def running_ranks(self) -> list[int]:
         return [rank for rank in self.started if rank not in self.exited and rank not in self.lost]
@@ -81,7 +82,7 @@ class LauncherState:
         if isinstance(event, LaunchPlanned):
             self.launches[event.job_id] = Launch(job_id=event.job_id, attempt=event.attempt,
                                                  nodes=list(event.nodes), version=envelope.version,
-                                                 trace=envelope.trace)
+                                                 trace=envelope.trace, base_port=event.base_port)
             return
         launch = self.launches.get(envelope.aggregate_id)
         if launch is None or getattr(event, "attempt", None) != launch.attempt:
@@ -105,9 +106,10 @@ class LauncherState:
     def active(self) -> list[Launch]:
         return [launch for launch in self.launches.values() if launch.outcome is None or launch.running_ranks()]
 
-    def free_master_port(self) -> int:
-        used = {launch.master_port for launch in self.active()}
-        port = FIRST_MASTER_PORT
-        while port in used:
-            port += 1
-        return port
+    def free_ports(self, count: int) -> int:
+        """The lowest base port of `count` consecutive ports no active launch holds."""
+        used = {port for launch in self.active() for port in launch.ports()}
+        base = FIRST_MASTER_PORT
+        while any(port in used for port in range(base, base + count)):
+            base += 1
+        return base

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from libs.contracts.cluster import Flavor, NodeInfo, Resources
-from libs.contracts.events import Placement
+from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, NodeInfo, Resources
+from libs.contracts.events import Placement, Role
 from libs.contracts.jobspec import JobSpec
 
 
@@ -54,27 +54,40 @@ def eligible(node: NodeInfo, spec: JobSpec, flavor: Flavor) -> bool:
     return True
 
 
+def role_flavor(role: str, flavor: Flavor) -> Flavor:
+    """What one rank of `role` holds: the job's flavor, or the fixed parameter-server flavor (J8)."""
+    return PARAMETER_SERVER_FLAVOR if role == "ps" else flavor
+
+
 def place_gang(spec: JobSpec, flavor: Flavor, nodes: Iterable[NodeCapacity]) -> list[Placement] | None:
-    """Place all `spec.nodes` ranks of one flavor, or return None.
+    """Place all ranks of a job, or return None: `spec.nodes` workers of `flavor`, then (TensorFlow)
+    `spec.parameter_servers` parameter servers.
 
     Each rank goes to the eligible node holding the fewest ranks of this job so far, then with the
     most free CPU left (ties by name), which spreads a job across hosts when it can and packs it when
     it must.
     """
     nodes = list(nodes)
-    need = Resources.of_flavor(flavor)
-    free = {n.info.name: n.free for n in nodes if eligible(n.info, spec, flavor)}
     infos = {n.info.name: n.info for n in nodes}
+    free = {n.info.name: n.free for n in nodes}
     ranks_on = dict.fromkeys(free, 0)
+    parameter_servers = spec.parameter_servers if spec.mode == "tensorflow" else 0
+    workers: list[Role] = ["worker"] * spec.nodes
+    servers: list[Role] = ["ps"] * parameter_servers
+    roles = workers + servers
     placement: list[Placement] = []
-    for rank in range(spec.nodes):
-        candidates = [name for name, left in free.items() if need.fits_in(left)]
+    for rank, role in enumerate(roles):
+        rank_flavor = role_flavor(role, flavor)
+        need = Resources.of_flavor(rank_flavor)
+        candidates = [name for name, left in free.items()
+                      if eligible(infos[name], spec, rank_flavor) and need.fits_in(left)]
         if not candidates:
             return None
         best = min(candidates, key=lambda name: (ranks_on[name], -free[name].cpus, -free[name].memory_mib, name))
         free[best] = free[best] - need
         ranks_on[best] += 1
-        placement.append(Placement(rank=rank, node=best, address=infos[best].address, slots=flavor.slots))
+        placement.append(Placement(rank=rank, node=best, address=infos[best].address, slots=rank_flavor.slots,
+                                   role=role))
     return placement
 
 
@@ -96,8 +109,8 @@ def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity],
         if admitted is None:
             break
         admissions.append(admitted)
-        need = Resources.of_flavor(flavors[admitted.flavor])
         for placed in admitted.placement:
             node = capacity[placed.node]
+            need = Resources.of_flavor(role_flavor(placed.role, flavors[admitted.flavor]))
             capacity[placed.node] = NodeCapacity(info=node.info, free=node.free - need)
     return admissions

@@ -30,6 +30,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
+from services.scheduler.placement import role_flavor
 
 
 @dataclass
@@ -180,7 +181,8 @@ class SchedulerState:
             if flavor is None:
                 continue
             for placement in job.placement:
-                used[placement.node] = used.get(placement.node, Resources()) + Resources.of_flavor(flavor)
+                held = Resources.of_flavor(role_flavor(placement.role, flavor))
+                used[placement.node] = used.get(placement.node, Resources()) + held
         return used
 
     def jobs_on(self, node: str) -> list[Job]:

@@ -151,3 +151,40 @@ async def test_lifecycle_scripts_run_around_the_command_on_every_node(stack: Sta
     lines = await stack.logs(refused.job_id)
     assert any("before_start failed with exit code 4; the run command was not started" in line for line in lines)
     assert not any("started rank" in line for line in lines)
+
+
+def probe_output(lines: list[str]) -> dict[str, str]:
+    (line,) = [line for line in lines if "PROBE " in line]
+    result: dict[str, str] = json.loads(line.split("PROBE ", 1)[1])
+    return result
+
+
+async def test_tensorflow_parameter_servers_get_tf_config_and_stop_when_the_workers_finish(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="tf-ps", mode="tensorflow", nodes=2, parameter_servers=1, flavors=["cpu-1"],
+                   algorithm=AlgorithmRef(name="env-probe"), command="python3 probe.py", output=OutputRef(name="tf"))
+    accepted = await api.submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended")
+    assert job.status == "succeeded", job.reason
+    assert [(p.rank, p.role) for p in job.placement] == [(0, "worker"), (1, "worker"), (2, "ps")]
+
+    # The parameter server is stopped once both workers are done.
+    async with asyncio.timeout(30):
+        while True:
+            states = {i.rank: (i.state, i.exit_code) for i in (await api.get_job(accepted.job_id)).job.instances}
+            if states[2][0] == "exited":
+                break
+            await asyncio.sleep(0.2)
+    # Every node's output is shipped before its exit is reported, so all probes are in the log now.
+    ports = {p.rank: p for p in job.placement}
+    configs = [json.loads(probe_output(await stack.logs(accepted.job_id, rank))["TF_CONFIG"]) for rank in range(3)]
+    base = int(configs[0]["cluster"]["worker"][0].rsplit(":", 1)[1])
+    cluster = {"ps": [f"{ports[2].address}:{base + 2}"],
+               "worker": [f"{ports[0].address}:{base}", f"{ports[1].address}:{base + 1}"]}
+    assert configs == [
+        {"cluster": cluster, "task": {"type": "worker", "index": 0}, "environment": "cloud"},
+        {"cluster": cluster, "task": {"type": "worker", "index": 1}, "environment": "cloud"},
+        {"cluster": cluster, "task": {"type": "ps", "index": 0}, "environment": "cloud"},
+    ]
+    assert states[0] == states[1] == ("exited", 0)
+    assert states[2][1] != 0

@@ -341,3 +341,35 @@ def test_property_place_gang_places_every_rank_or_none(
     # Spread: no node takes a second rank while an eligible node with room has none.
     if max(per_node.values()) > 1:
         assert all(per_node[name] > 0 for name, slots in fitting_slots.items() if slots > 0)
+
+
+# --- J8: TensorFlow parameter servers -----------------------------------------------------------------
+
+
+def tf_spec(workers: int, parameter_servers: int) -> JobSpec:
+    return JobSpec(name="tf", mode="tensorflow", nodes=workers, parameter_servers=parameter_servers,
+                   flavors=["gpu-4"], command="python3 train.py")
+
+
+def test_parameter_servers_are_placed_after_the_workers_with_the_fixed_flavor() -> None:
+    placement = place_gang(tf_spec(2, 2), GPU4, [node("a", gpus=4), node("b", gpus=4)])
+    assert placement is not None
+    assert [(p.rank, p.role, p.slots) for p in placement] == [(0, "worker", 4), (1, "worker", 4),
+                                                              (2, "ps", 1), (3, "ps", 1)]
+
+
+def test_a_parameter_server_needs_one_cpu_and_one_gib_of_its_own() -> None:
+    # Each node has room for one worker (8 CPUs) and nothing left over for a parameter server.
+    tight = [node("a", cpus=8, gpus=4), node("b", cpus=8, gpus=4)]
+    assert place_gang(tf_spec(2, 1), GPU4, tight) is None
+    roomy = [node("a", cpus=9, memory_mib=33792, gpus=4), node("b", cpus=8, gpus=4)]
+    placement = place_gang(tf_spec(2, 1), GPU4, roomy)
+    assert placement is not None and [(p.node, p.role) for p in placement][-1] == ("a", "ps")
+
+
+def test_the_cycle_charges_parameter_servers_their_own_flavor() -> None:
+    (admission,) = schedule([QueuedJob("tf", tf_spec(1, 1))], [node("a", cpus=10, gpus=4)], FLAVORS)
+    assert [p.role for p in admission.placement] == ["worker", "ps"]
+    # 8 CPUs for the worker and 1 for the parameter server leave 1: a cpu-4 job does not fit.
+    assert schedule([QueuedJob("tf", tf_spec(1, 1)), queued("cpu", flavors=["cpu-4"])],
+                    [node("a", cpus=10, gpus=4)], FLAVORS)[1:] == []

@@ -204,7 +204,8 @@ def test_tensorflow_allreduce_tf_config_on_every_node() -> None:
     launches = plan(job("tensorflow", nodes=3), placement=servers(3), port=2222)
     for launch in launches:
         config = json.loads(launch.env["TF_CONFIG"])
-        assert config == {"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222", "10.0.0.3:2222"]},
+        # Each task has its own port (base + rank), so tasks sharing a host never collide.
+        assert config == {"cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2223", "10.0.0.3:2224"]},
                           "task": {"type": "worker", "index": launch.rank}, "environment": "cloud"}
         assert launch.argv == shlex.split(SEED_COMMAND)
         assert set(launch.env) == {"TF_CONFIG"}
@@ -216,9 +217,16 @@ def test_tf_config_helper_has_no_parameter_servers_in_allreduce() -> None:
     assert config["task"] == {"type": "worker", "index": 1}
 
 
-def test_tensorflow_parameter_server_clusters_are_refused_with_a_reason() -> None:
-    with pytest.raises(PlanError, match="parameter_servers: 0"):
-        plan(job("tensorflow", nodes=2, parameter_servers=1))
+def test_tensorflow_ps_worker_tf_config_names_each_node_by_its_role() -> None:
+    placement = [*servers(2), Placement(rank=2, node="server3", address="10.0.0.3", slots=1, role="ps")]
+    launches = plan(job("tensorflow", nodes=2, parameter_servers=1), placement=placement, port=2222)
+    cluster = {"ps": ["10.0.0.3:2224"], "worker": ["10.0.0.1:2222", "10.0.0.2:2223"]}
+    assert [json.loads(launch.env["TF_CONFIG"]) for launch in launches] == [
+        {"cluster": cluster, "task": {"type": "worker", "index": 0}, "environment": "cloud"},
+        {"cluster": cluster, "task": {"type": "worker", "index": 1}, "environment": "cloud"},
+        {"cluster": cluster, "task": {"type": "ps", "index": 0}, "environment": "cloud"},
+    ]
+    assert [launch.role for launch in launches] == ["worker", "worker", "ps"]
 
 
 # --- L6: single node and general properties --------------------------------------------------------------
