@@ -22,7 +22,7 @@ from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from libs.contracts import subjects
-from libs.contracts.agent import LogChunk
+from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope
 from libs.contracts.ids import new_job_id
@@ -156,6 +156,20 @@ class TrainyardClient:
             if deadline is not None and loop.time() > deadline:
                 raise TimeoutError(f"job {job_id} is still {job.status} after {timeout:g}s")
             await asyncio.sleep(poll_seconds)
+
+    async def usage(self, job_id: str) -> list[UsageSample]:
+        """The latest resource usage of each node of the job that reported any (L9), by rank."""
+        kv = await self.js.key_value(subjects.USAGE_BUCKET)
+        watcher = await kv.watch(f"{job_id}.>")
+        samples: list[UsageSample] = []
+        try:
+            while (entry := await watcher.updates(timeout=5)) is not None:  # type: ignore[no-untyped-call]
+                if entry.value:
+                    samples.append(decode(entry.value, UsageSample))
+        finally:
+            await watcher.stop()  # type: ignore[no-untyped-call]
+        latest = max((s.attempt for s in samples), default=0)
+        return sorted((s for s in samples if s.attempt == latest), key=lambda s: s.rank)
 
     # --- streams: events and logs -------------------------------------------------------------------
 

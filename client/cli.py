@@ -209,8 +209,9 @@ async def show(client: TrainyardClient, job_id: Annotated[str, typer.Argument(he
                as_json: JsonOption = False) -> None:
     """Show a job: its state, placement and per-node instances."""
     details = await client.get_job(job_id)
+    usage = {sample.rank: sample for sample in await client.usage(job_id)}
     if as_json:
-        _json(details)
+        _json({**msgspec.to_builtins(details), "usage": msgspec.to_builtins(list(usage.values()))})
         return
     job = details.job
     table = Table(box=None, show_header=False)
@@ -230,11 +231,15 @@ async def show(client: TrainyardClient, job_id: Annotated[str, typer.Argument(he
     out.print(table)
     if job.instances:
         instances = Table(title="instances", box=None, header_style="bold", title_justify="left")
-        for column in ("RANK", "NODE", "ROLE", "STATE", "PID", "EXIT"):
+        for column in ("RANK", "NODE", "ROLE", "STATE", "PID", "EXIT", "CPU %", "MEMORY (MiB)", "ACCEL %", "SAMPLED"):
             instances.add_column(column)
         for inst in job.instances:
+            sample = usage.get(inst.rank)
+            measured = ((f"{sample.cpu_percent:.0f}", str(sample.memory_mib),
+                         "-" if sample.accelerator_percent is None else f"{sample.accelerator_percent:.0f}",
+                         _time(sample.sampled_at)) if sample else ("-", "-", "-", "-"))
             instances.add_row(str(inst.rank), inst.node, "master" if inst.master else "worker", inst.state,
-                              str(inst.pid or "-"), "-" if inst.exit_code is None else str(inst.exit_code))
+                              str(inst.pid or "-"), "-" if inst.exit_code is None else str(inst.exit_code), *measured)
         out.print(instances)
 
 

@@ -50,5 +50,7 @@ async def nats_url(servers: Servers) -> str:
     for stream in (subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM):
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(stream)
+    with contextlib.suppress(NotFoundError):
+        await js.delete_key_value(subjects.USAGE_BUCKET)
     await nc.close()
     return servers.nats_url

@@ -88,5 +88,23 @@ class LogChunk(Struct, frozen=True, kw_only=True):
     lines: list[str]
 
 
+class UsageSample(Struct, frozen=True, kw_only=True):
+    """What one node of a job uses now (L9), sampled by its agent over the whole process group.
+
+    Kept as the latest value per node in the key-value bucket `subjects.USAGE_BUCKET`, under the key
+    `<job id>.<attempt>.<rank>`.
+    """
+
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    cpu_percent: float  # 100 = one CPU fully busy
+    memory_mib: int
+    processes: int
+    sampled_at: datetime
+    accelerator_percent: float | None = None  # where the host reports it
+
+
 ProcessReport = ProcessStarted | ProcessExited
 AgentReply = NodeAccepted | ProcessAccepted | Stopped

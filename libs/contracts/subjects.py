@@ -63,6 +63,13 @@ def agent_report(node: str) -> str:
 
 LOGS_ALL = "trainyard.logs.>"
 
+# Key-value bucket with each running node's latest resource usage (key: <job>.<attempt>.<rank>).
+USAGE_BUCKET = "trainyard-usage"
+
+
+def usage_key(job_id: str, attempt: int, rank: int) -> str:
+    return f"{job_id}.{attempt}.{rank}"
+
 
 def job_logs(job_id: str, rank: int | str = "*") -> str:
     return f"trainyard.logs.{job_id}.{rank}"

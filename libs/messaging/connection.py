@@ -5,7 +5,7 @@ from __future__ import annotations
 import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from nats.js.api import DiscardPolicy, StorageType, StreamConfig
+from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig
 from nats.js.errors import BadRequestError
 
 from libs.contracts import subjects
@@ -40,9 +40,11 @@ async def connect_once(url: str, name: str) -> Client:
 
 
 async def ensure_streams(js: JetStreamContext) -> None:
-    """Create or update the streams; safe to call from every process at start-up."""
+    """Create or update the streams and buckets; safe to call from every process at start-up."""
     for config in STREAMS:
         try:
             await js.add_stream(config)
         except BadRequestError:
             await js.update_stream(config)
+    # Usage is a current value, not history: one entry per key, gone a day after the last sample.
+    await js.create_key_value(KeyValueConfig(bucket=subjects.USAGE_BUCKET, history=1, ttl=DAY))

@@ -1,0 +1,43 @@
+"""Sampling a node's process group: its children count, busy CPUs show, memory is resident size."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+
+import psutil
+
+from agent.usage import GroupSampler
+
+BUSY_CHILD = """
+import subprocess, sys, time
+child = subprocess.Popen([sys.executable, "-c", "buf = bytearray(64 * 2**20)\\nwhile True: pass"])
+time.sleep(30)
+"""
+
+
+def test_the_sample_covers_the_children_and_sees_them_busy() -> None:
+    leader = subprocess.Popen([sys.executable, "-c", BUSY_CHILD])
+    try:
+        sampler = GroupSampler(leader.pid)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            time.sleep(0.5)
+            cpu, memory_mib, processes = sampler.sample()
+            if processes == 2 and cpu > 50 and memory_mib >= 64:
+                break
+        assert processes == 2
+        assert cpu > 50  # the child spins on a CPU
+        assert memory_mib >= 64  # and holds its 64 MiB buffer
+    finally:
+        for child in psutil.Process(leader.pid).children(recursive=True):
+            child.kill()
+        leader.kill()
+        leader.wait()
+
+
+def test_a_finished_group_samples_as_nothing() -> None:
+    done = subprocess.Popen([sys.executable, "-c", "pass"])
+    done.wait()
+    assert GroupSampler(done.pid).sample() == (0.0, 0, 0)
