@@ -3,7 +3,8 @@
 - registers the host with the monitor and sends heartbeats;
 - answers start/stop requests from the launcher; a repeated start of the same (job, attempt,
   rank) is acknowledged without starting anything, and a stopped attempt never starts again;
-- runs each node of a job as a process group in its workspace, ships its output to JetStream in
+- runs each node of a job as a process group in its workspace (a bwrap sandbox, or plain folders
+  where bwrap cannot run: see agent/workspace.py), ships its output to JetStream in
   numbered chunks, and reports start and exit as JetStream messages whose ids make retries harmless.
 """
 
@@ -24,7 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from agent.process import ProcessGroup, kill_leftovers, remove_record, write_record
-from agent.workspace import BACKEND, WorkspaceError, build_workspace
+from agent.workspace import PLAIN, WorkspaceError, build_workspace, choose_backend
 from libs.contracts import subjects
 from libs.contracts.agent import (
     Heartbeat,
@@ -74,6 +75,7 @@ class NodeAgent:
         self.root = root
         self.storage = storage
         self.nodes: dict[tuple[str, int, int], RunningNode] = {}
+        self.backend = PLAIN  # how workspaces are made (SPEC L1): chosen at start
         self.stopped_attempts: set[tuple[str, int]] = set()
         self.heartbeat_seconds = 2.0
         self.nc: Client
@@ -81,6 +83,11 @@ class NodeAgent:
         self._tasks: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
+        try:
+            self.backend, reason = await asyncio.to_thread(choose_backend)
+        except WorkspaceError as exc:
+            raise SystemExit(str(exc)) from None
+        log.info("agent.workspace_backend", node=self.info.name, backend=self.backend, reason=reason)
         self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
@@ -176,7 +183,7 @@ class NodeAgent:
         bound = log.bind(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name)
         root = self.root / "jobs" / node.job_id / str(node.attempt) / f"rank-{node.rank}"
         try:
-            workspace, files = build_workspace(root, self.storage, launch)
+            workspace, files = build_workspace(root, self.storage, launch, self.backend)
         except (WorkspaceError, OSError) as exc:
             await self._ship(node, [f"[trainyard] cannot prepare the workspace: {exc}"])
             await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
@@ -187,22 +194,22 @@ class NodeAgent:
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         env.update(TRAINYARD_JOB_ID=node.job_id, TRAINYARD_ATTEMPT=str(node.attempt),
                    TRAINYARD_RANK=str(node.rank), TRAINYARD_NODE=self.info.name,
-                   TRAINYARD_WORKSPACE=str(workspace.path), TRAINYARD_WORKSPACE_BACKEND=BACKEND)
+                   TRAINYARD_WORKSPACE=str(workspace.path), TRAINYARD_WORKSPACE_BACKEND=workspace.backend)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
-        cwd = workspace.path / "algorithm"
-        group = ProcessGroup(argv, env, cwd if cwd.exists() else workspace.path, root / "output.log")
+        command = workspace.command(argv)  # under bwrap, the sandbox runs argv
+        group = ProcessGroup(command, env, workspace.cwd, root / "output.log")
         try:
             await group.start()
         except OSError as exc:
-            await self._ship(node, [f"[trainyard] cannot start {argv[0]!r}: {exc}"])
+            await self._ship(node, [f"[trainyard] cannot start {command[0]!r}: {exc}"])
             await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
                                              node=self.info.name, exit_code=127), "exited", node)
             return
         node.group = group
         write_record(root, {"job_id": node.job_id, "attempt": node.attempt, "rank": node.rank, "pid": group.pid})
-        bound.info("agent.process_started", pid=group.pid, argv=argv)
-        await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
-                                          node=self.info.name, pid=group.pid), "started", node)
+        bound.info("agent.process_started", pid=group.pid, argv=argv, backend=workspace.backend)
+        await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
+                                          pid=group.pid, backend=workspace.backend), "started", node)
         flusher = asyncio.create_task(self._flush_periodically(node))
         try:
             code = await group.pump(lambda line: self._collect(node, line))

@@ -53,10 +53,19 @@ class ProcessGroup:
         if self.proc is None or self.proc.returncode is not None:
             return
         self._signal(signal.SIGTERM)
-        try:
+        with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace_seconds)
-        except TimeoutError:
+        # The leader may be gone while members of its group ignore SIGTERM: end the whole group.
+        if self._group_alive():
             self._signal(signal.SIGKILL)
+
+    def _group_alive(self) -> bool:
+        assert self.proc is not None
+        try:
+            os.killpg(self.proc.pid, 0)
+        except (ProcessLookupError, PermissionError):
+            return False
+        return True
 
     def _signal(self, sig: signal.Signals) -> None:
         assert self.proc is not None

@@ -1,23 +1,38 @@
-"""The per-job workspace of one node (SPEC L1), on the plain-directory backend.
+"""The per-job workspace of one node (SPEC L1), on one of two backends.
 
-The /workspace tree is built under a per-job root: each mount is a symlink into shared storage and
-files such as hostfiles are written beside it. Paths the job was given as `/workspace/...` or as an
-absolute file path are mapped to their place under the root, and the job is told where it is
-through TRAINYARD_WORKSPACE.
+- `bwrap`: the node runs under bubblewrap in a mount namespace of its own (see agent/sandbox.py).
+  /workspace and the generated files (/etc/mpi/hostfile, /job/hostfile, ...) are the real paths,
+  each mount is a bind mount of shared storage, and read-only mounts are really read-only.
+- `plain`: for machines without a usable bwrap. The /workspace tree is built under a per-job root:
+  each mount is a symlink into shared storage and generated files are written beside it. Paths the
+  job was given as `/workspace/...` or as an absolute file path are mapped to their place under the
+  root, and the job is told where it is through TRAINYARD_WORKSPACE.
+
+The agent picks one at start (`choose_backend`): TRAINYARD_WORKSPACE_BACKEND=bwrap|plain|auto,
+where auto (the default) is bwrap when a trial run of it works, else plain.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.sandbox import WORKSPACE, Bind, SandboxSpec, bwrap_argv
 from libs.contracts.events import NodeLaunch
 
-BACKEND = "plain"
+PLAIN = "plain"
+BWRAP = "bwrap"
+BACKEND_VARIABLE = "TRAINYARD_WORKSPACE_BACKEND"
 # The skeleton every node gets, even when the job mounts nothing there.
 SKELETON = ("algorithm", "anno_dataset", "dataset/private", "dataset/favorite", "model/pretrained",
             "model/private", "model/favorite", "outputs", "volume")
+PROBE_TIMEOUT_SECONDS = 10.0
 
 
 class WorkspaceError(Exception):
@@ -27,39 +42,117 @@ class WorkspaceError(Exception):
 @dataclass(frozen=True)
 class Workspace:
     root: Path  # per job attempt and rank
-    path: Path  # what /workspace means for this job
+    path: Path  # what /workspace means for this job: a folder under `root` (plain), or /workspace
+    backend: str = PLAIN
+    sandbox: SandboxSpec | None = None  # bwrap only
 
-    def translate(self, text: str, files: dict[str, Path]) -> str:
-        """Map `/workspace/...` and generated file paths to their real places."""
+    def translate(self, text: str, files: Mapping[str, Path]) -> str:
+        """Map `/workspace/...` and generated file paths to their real places (plain only)."""
+        if self.backend == BWRAP:
+            return text  # the paths are real inside the sandbox
         if text in files:
             return str(files[text])
         if text == "/workspace" or text.startswith("/workspace/"):
             return str(self.path) + text.removeprefix("/workspace")
         return text.replace("=/workspace/", f"={self.path}/")
 
+    def command(self, argv: list[str]) -> list[str]:
+        """What the agent starts: the job's command itself, or bwrap running it."""
+        if self.sandbox is None:
+            return argv
+        return bwrap_argv(self.sandbox, argv, bwrap=shutil.which("bwrap") or "bwrap")
 
-def build_workspace(root: Path, storage: Path, launch: NodeLaunch) -> tuple[Workspace, dict[str, Path]]:
-    """Create the tree for one node; returns it and where each generated file was written."""
-    workspace = Workspace(root=root, path=root / "workspace")
-    if workspace.path.exists():
-        shutil.rmtree(workspace.path)
-    for part in SKELETON:
-        (workspace.path / part).mkdir(parents=True, exist_ok=True)
+    @property
+    def cwd(self) -> Path:
+        """Where the agent starts the command (bwrap moves into /workspace/algorithm itself)."""
+        if self.backend == BWRAP:
+            return self.root
+        algorithm = self.path / "algorithm"
+        return algorithm if algorithm.exists() else self.path
+
+
+def build_workspace(root: Path, storage: Path, launch: NodeLaunch,
+                    backend: str = PLAIN) -> tuple[Workspace, dict[str, Path]]:
+    """Prepare one node's workspace; returns it and where each generated file was written."""
+    storage = storage.absolute()
+    sources = []
     for mount in launch.mounts:
         source = storage / mount.source
         if not source.exists():
             if mount.read_only:
                 raise WorkspaceError(f"{mount.source} does not exist in shared storage ({storage})")
             source.mkdir(parents=True, exist_ok=True)
-        target = workspace.path / mount.target
-        if target.is_dir() and not target.is_symlink():
-            target.rmdir()
-        target.parent.mkdir(parents=True, exist_ok=True)
-        target.symlink_to(source, target_is_directory=True)
+        sources.append(source)
     files: dict[str, Path] = {}
     for name, content in launch.files.items():
         path = root / "files" / name.lstrip("/")
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(content)
         files[name] = path
+    if backend == BWRAP:
+        tmp = root / "tmp"  # the node's /tmp: on disk with the rest of its files, not in memory
+        if tmp.exists():
+            shutil.rmtree(tmp)
+        tmp.mkdir(parents=True)
+        binds = [Bind(source=source, target=f"{WORKSPACE}/{mount.target}", read_only=mount.read_only)
+                 for mount, source in zip(launch.mounts, sources, strict=True)]
+        binds += [Bind(source=path, target=name, read_only=True) for name, path in files.items()]
+        sandbox = SandboxSpec(binds=binds, dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=tmp,
+                              keep=agent_paths(), cwd=f"{WORKSPACE}/algorithm")
+        return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files
+    workspace = Workspace(root=root, path=root / "workspace")
+    if workspace.path.exists():
+        shutil.rmtree(workspace.path)
+    for part in SKELETON:
+        (workspace.path / part).mkdir(parents=True, exist_ok=True)
+    for mount, source in zip(launch.mounts, sources, strict=True):
+        target = workspace.path / mount.target
+        if target.is_dir() and not target.is_symlink():
+            target.rmdir()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        target.symlink_to(source, target_is_directory=True)
     return workspace, files
+
+
+def agent_paths() -> list[Path]:
+    """What a job needs to see from the agent: its Python environment (the interpreter first on the
+    job's PATH, with its packages) and its code (helpers such as `python3 -m agent.lifecycle`)."""
+    prefixes = [Path(sys.prefix), Path(sys.base_prefix)]
+    paths = [*prefixes, *(p.resolve() for p in prefixes), Path(__file__).resolve().parents[1]]
+    return list(dict.fromkeys(paths))
+
+
+def bwrap_problem() -> str | None:
+    """Why bwrap cannot run jobs here, or None when a trial run in a sandbox like a job's works."""
+    found = shutil.which("bwrap")
+    if found is None:
+        return "bwrap is not installed (Debian package bubblewrap)"
+    with tempfile.TemporaryDirectory(prefix="trainyard-bwrap-probe-") as tmp:
+        spec = SandboxSpec(binds=[], dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=Path(tmp),
+                           keep=agent_paths(), cwd=WORKSPACE)
+        try:
+            result = subprocess.run(bwrap_argv(spec, ["true"], bwrap=found), capture_output=True, text=True,
+                                    stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_SECONDS, check=False)
+        except (OSError, subprocess.TimeoutExpired) as exc:
+            return f"a trial run of {found} failed: {exc}"
+    if result.returncode != 0:
+        detail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
+        return f"a trial run of {found} failed: {detail}"
+    return None
+
+
+def choose_backend(environ: Mapping[str, str] = os.environ) -> tuple[str, str]:
+    """The backend this agent uses, and why. Raises WorkspaceError for an unknown setting, or for
+    TRAINYARD_WORKSPACE_BACKEND=bwrap when bwrap cannot run."""
+    setting = environ.get(BACKEND_VARIABLE, "").strip().lower() or "auto"
+    if setting not in ("auto", PLAIN, BWRAP):
+        raise WorkspaceError(f"{BACKEND_VARIABLE}={environ[BACKEND_VARIABLE]!r} is not a workspace backend; "
+                             "use bwrap, plain or auto")
+    if setting == PLAIN:
+        return PLAIN, f"{BACKEND_VARIABLE}=plain"
+    problem = bwrap_problem()
+    if problem is None:
+        return BWRAP, f"{BACKEND_VARIABLE}={setting} and bwrap works"
+    if setting == BWRAP:
+        raise WorkspaceError(f"{BACKEND_VARIABLE}=bwrap but bwrap cannot run jobs here: {problem}")
+    return PLAIN, problem

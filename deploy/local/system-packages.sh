@@ -1,19 +1,41 @@
 #!/usr/bin/env bash
-# System packages the local stack and the tests need beyond Python: PostgreSQL's server binaries.
+# System packages the local stack and the tests need beyond Python: PostgreSQL's server binaries,
+# and bubblewrap (bwrap) for the node agents' workspace sandbox.
 # Installs them with apt-get when they are missing and we may (root on Debian); otherwise says how.
+# bubblewrap is optional: without it, agents build job workspaces as plain folders.
 set -euo pipefail
+
+may_apt() {
+  [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1
+}
+
+apt_updated=""
+apt_install() {
+  if [ -z "$apt_updated" ]; then
+    apt-get update -qq && apt_updated=1
+  fi
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+}
 
 have_postgres() {
   command -v pg_ctl >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null
 }
 
+if ! command -v bwrap >/dev/null 2>&1; then
+  if may_apt && echo "installing bubblewrap (apt-get install bubblewrap)" && apt_install bubblewrap; then
+    :
+  else
+    echo "note: bubblewrap (bwrap) is not installed, so node agents will build job workspaces as plain" \
+         "folders; install the 'bubblewrap' package for a real /workspace with read-only mounts" >&2
+  fi
+fi
+
 if have_postgres || [ -n "${DATABASE_URL:-}" ]; then
   exit 0
 fi
-if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+if may_apt; then
   echo "installing PostgreSQL server binaries (apt-get install postgresql)"
-  apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq postgresql >/dev/null
+  apt_install postgresql
 else
   echo "PostgreSQL server binaries are missing: install the 'postgresql' package, or set DATABASE_URL" >&2
   exit 1
