@@ -25,6 +25,7 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from agent.process import ProcessGroup, kill_leftovers, remove_record, write_record
+from agent.usage import GroupSampler, accelerator_percent
 from agent.workspace import PLAIN, WorkspaceError, build_workspace, choose_backend
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -38,6 +39,7 @@ from libs.contracts.agent import (
     StartProcess,
     Stopped,
     StopProcesses,
+    UsageSample,
 )
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, encode
@@ -51,6 +53,7 @@ log = get_logger(__name__)
 span_tracer = tracer("trainyard.agent")
 LOG_FLUSH_SECONDS = 0.2
 LOG_CHUNK_LINES = 200
+USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 
 
 @dataclass
@@ -211,15 +214,32 @@ class NodeAgent:
         await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
                                           pid=group.pid, backend=workspace.backend), "started", node)
         flusher = asyncio.create_task(self._flush_periodically(node))
+        sampler = asyncio.create_task(self._sample_usage(node, group.pid))
         try:
             code = await group.pump(lambda line: self._collect(node, line))
         finally:
             flusher.cancel()
+            sampler.cancel()
         await self._ship(node, [])
         remove_record(root)
         bound.info("agent.process_exited", exit_code=code)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
                                          node=self.info.name, exit_code=code), "exited", node)
+
+    async def _sample_usage(self, node: RunningNode, pid: int) -> None:
+        """Keep the node's latest usage in the usage bucket while it runs (L9)."""
+        kv = await self.js.key_value(subjects.USAGE_BUCKET)
+        sampler = GroupSampler(pid)
+        key = subjects.usage_key(node.job_id, node.attempt, node.rank)
+        while True:
+            cpu, memory_mib, processes = await asyncio.to_thread(sampler.sample)
+            boards = await asyncio.to_thread(accelerator_percent) if self.info.accelerators else None
+            sample = UsageSample(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
+                                 cpu_percent=cpu, memory_mib=memory_mib, processes=processes,
+                                 sampled_at=datetime.now(UTC), accelerator_percent=boards)
+            with contextlib.suppress(Exception):  # usage is best effort; the job goes on without it
+                await kv.put(key, encode(sample))
+            await asyncio.sleep(USAGE_SECONDS)
 
     async def _collect(self, node: RunningNode, line: str) -> None:
         node.pending_lines.append(line)

@@ -188,3 +188,20 @@ async def test_tensorflow_parameter_servers_get_tf_config_and_stop_when_the_work
     ]
     assert states[0] == states[1] == ("exited", 0)
     assert states[2][1] != 0
+
+
+async def test_show_reports_each_nodes_cpu_and_memory_use(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="busy", mode="pytorch", nodes=2, flavors=["cpu-1"], algorithm=AlgorithmRef(name="spinner"),
+                   command="bash -c \"exec python3 spin.py 100\"", output=OutputRef(name="busy"))
+    accepted = await api.submit(spec)
+    await stack.wait_until(accepted.job_id, "running")
+    async with asyncio.timeout(30):
+        while True:
+            usage = await api.usage(accepted.job_id)
+            if len(usage) == 2 and all(u.cpu_percent > 50 and u.memory_mib >= 100 for u in usage):
+                break
+            await asyncio.sleep(0.5)
+    assert [(u.rank, u.node) for u in usage] == [(0, "node-a"), (1, "node-b")]
+    await api.stop([accepted.job_id])
+    assert (await stack.wait_until(accepted.job_id, "ended")).status == "stopped"
