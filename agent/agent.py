@@ -61,8 +61,9 @@ class RunningNode:
     job_id: str
     attempt: int
     rank: int
+    task: int = 0  # J3: which task of a batch job
     group: ProcessGroup | None = None
-    task: asyncio.Task[None] | None = None
+    runner: asyncio.Task[None] | None = None
     log_seq: int = 0
     pending_lines: list[str] = field(default_factory=list)
     # Chunks must reach the stream in `seq` order; the flusher and the reader share this lock.
@@ -77,7 +78,7 @@ class NodeAgent:
         self.nats_url = nats_url
         self.root = root
         self.storage = storage
-        self.nodes: dict[tuple[str, int, int], RunningNode] = {}
+        self.nodes: dict[tuple[str, int, int, int], RunningNode] = {}  # (job, attempt, task, rank)
         self.backend = PLAIN  # how workspaces are made (SPEC L1): chosen at start
         self.stopped_attempts: set[tuple[str, int]] = set()
         self.heartbeat_seconds = 2.0
@@ -113,11 +114,13 @@ class NodeAgent:
     async def _end_leftovers(self) -> None:
         for record in kill_leftovers(self.root):
             job_id, attempt, rank = str(record["job_id"]), int(record["attempt"]), int(record["rank"])
+            task = int(record.get("task", 0))
             log.warning("agent.leftover_killed", job_id=job_id, attempt=attempt, rank=rank, pid=record["pid"])
             # seq -1: the agent's own closing notice, distinct from the chunks the process wrote.
-            node = RunningNode(job_id=job_id, attempt=attempt, rank=rank, log_seq=-1)
+            node = RunningNode(job_id=job_id, attempt=attempt, rank=rank, task=task, log_seq=-1)
             await self._ship(node, ["[trainyard] the node agent restarted and stopped this process"])
-            await self._report(ProcessExited(job_id=job_id, attempt=attempt, rank=rank, node=self.info.name,
+            await self._report(ProcessExited(job_id=job_id, attempt=attempt, rank=rank, task=task,
+                                             node=self.info.name,
                                              exit_code=137), "exited", node)
 
     # --- registration and heartbeats --------------------------------------------------------------
@@ -141,7 +144,8 @@ class NodeAgent:
 
     async def _heartbeats(self) -> None:
         while True:
-            running = [f"{n.job_id}/{n.attempt}/{n.rank}" for n in self.nodes.values() if n.task and not n.task.done()]
+            running = [f"{n.job_id}/{n.attempt}/{n.task}/{n.rank}" for n in self.nodes.values()
+                       if n.runner and not n.runner.done()]
             beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running)
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat))
@@ -155,15 +159,16 @@ class NodeAgent:
         except msgspec.ValidationError as exc:
             log.warning("agent.bad_request", error=str(exc))
             return
-        key = (request.job_id, request.attempt, request.launch.rank)
+        key = (request.job_id, request.attempt, request.launch.task, request.launch.rank)
         known = key in self.nodes or (request.job_id, request.attempt) in self.stopped_attempts
         if not known:
             trace = {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
+                               task=request.launch.task,
                                trace=trace)
             self.nodes[key] = node
             with span_tracer.start_as_current_span("agent start", context=context_from_headers(msg.headers)):
-                node.task = asyncio.create_task(self._run(node, request))
+                node.runner = asyncio.create_task(self._run(node, request))
         await msg.respond(encode(ProcessAccepted(already_known=known)))
 
     async def _on_stop(self, msg: Msg) -> None:
@@ -183,13 +188,14 @@ class NodeAgent:
 
     async def _run(self, node: RunningNode, request: StartProcess) -> None:
         launch = request.launch
-        bound = log.bind(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name)
-        root = self.root / "jobs" / node.job_id / str(node.attempt) / f"rank-{node.rank}"
+        bound = log.bind(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
+                         node=self.info.name)
+        root = self.root / "jobs" / node.job_id / str(node.attempt) / f"task-{node.task}" / f"rank-{node.rank}"
         try:
             workspace, files = build_workspace(root, self.storage, launch, self.backend)
         except (WorkspaceError, OSError) as exc:
             await self._ship(node, [f"[trainyard] cannot prepare the workspace: {exc}"])
-            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                              node=self.info.name, exit_code=127), "exited", node)
             return
         env = {**os.environ, **{k: workspace.translate(v, files) for k, v in launch.env.items()}}
@@ -205,14 +211,16 @@ class NodeAgent:
             await group.start()
         except OSError as exc:
             await self._ship(node, [f"[trainyard] cannot start {command[0]!r}: {exc}"])
-            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                              node=self.info.name, exit_code=127), "exited", node)
             return
         node.group = group
-        write_record(root, {"job_id": node.job_id, "attempt": node.attempt, "rank": node.rank, "pid": group.pid})
+        write_record(root, {"job_id": node.job_id, "attempt": node.attempt, "task": node.task, "rank": node.rank,
+                            "pid": group.pid})
         bound.info("agent.process_started", pid=group.pid, argv=argv, backend=workspace.backend)
-        await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
-                                          pid=group.pid, backend=workspace.backend), "started", node)
+        await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
+                                          node=self.info.name, pid=group.pid, backend=workspace.backend),
+                           "started", node)
         flusher = asyncio.create_task(self._flush_periodically(node))
         sampler = asyncio.create_task(self._sample_usage(node, group.pid))
         try:
@@ -223,7 +231,7 @@ class NodeAgent:
         await self._ship(node, [])
         remove_record(root)
         bound.info("agent.process_exited", exit_code=code)
-        await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+        await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=code), "exited", node)
 
     async def _sample_usage(self, node: RunningNode, pid: int) -> None:
@@ -256,14 +264,15 @@ class NodeAgent:
             lines, node.pending_lines = node.pending_lines + extra, []
             if not lines:
                 return
-            chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
+            chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
+                             node=self.info.name,
                              seq=node.log_seq, lines=lines)
             node.log_seq += 1
-            msg_id = f"{node.job_id}.{node.attempt}.{node.rank}.log.{chunk.seq}"
+            msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.log.{chunk.seq}"
             await self._publish(subjects.job_logs(node.job_id, node.rank), encode(chunk), msg_id)
 
     async def _report(self, report: ProcessStarted | ProcessExited, kind: str, node: RunningNode) -> None:
-        msg_id = f"{node.job_id}.{node.attempt}.{node.rank}.{kind}"
+        msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.{kind}"
         await self._publish(subjects.agent_report(self.info.name), encode(report), msg_id, node.trace)
 
     async def _publish(self, subject: str, payload: bytes, msg_id: str, trace: dict[str, str] | None = None) -> None:

@@ -92,7 +92,7 @@ def kill_leftovers(root: Path) -> list[dict[str, Any]]:
     children), so it ends them and reports them as exited instead of leaving them unwatched.
     """
     found = []
-    for path in root.glob(f"jobs/*/*/rank-*/{RECORD_NAME}"):
+    for path in root.glob(f"jobs/*/*/task-*/rank-*/{RECORD_NAME}"):
         try:
             record = json.loads(path.read_text())
         except (OSError, ValueError):

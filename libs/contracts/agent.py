@@ -66,6 +66,7 @@ class ProcessStarted(_AgentMessage, frozen=True, tag="ProcessStarted.v1"):
     pid: int
     # How the node's /workspace was made: "bwrap" (a mount namespace) or "plain" (directories).
     backend: str = "plain"
+    task: int = 0  # J3: which task of a batch job
 
 
 class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
@@ -74,6 +75,7 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
     rank: int
     node: str
     exit_code: int
+    task: int = 0  # J3: which task of a batch job
 
 
 class LogChunk(Struct, frozen=True, kw_only=True):
@@ -86,6 +88,7 @@ class LogChunk(Struct, frozen=True, kw_only=True):
     node: str
     seq: int
     lines: list[str]
+    task: int = 0  # J3: which task of a batch job
 
 
 class UsageSample(Struct, frozen=True, kw_only=True):

@@ -112,6 +112,7 @@ class NodeLaunch(Struct, frozen=True, kw_only=True):
     files: dict[str, str] = msgspec.field(default_factory=dict)
     master: bool = False
     role: Role = "worker"
+    task: int = 0  # J3: which task of a batch job (0 for a regular job)
 
 
 class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
@@ -132,6 +133,7 @@ class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):
     node: str
     pid: int
     backend: str = "plain"  # the workspace backend the agent used (L1)
+    task: int = 0
 
 
 class NodeProcessExited(_Event, frozen=True, tag="NodeProcessExited.v1"):
@@ -140,6 +142,7 @@ class NodeProcessExited(_Event, frozen=True, tag="NodeProcessExited.v1"):
     rank: int
     node: str
     exit_code: int
+    task: int = 0
 
 
 class NodeProcessLost(_Event, frozen=True, tag="NodeProcessLost.v1"):
@@ -150,6 +153,7 @@ class NodeProcessLost(_Event, frozen=True, tag="NodeProcessLost.v1"):
     rank: int
     node: str
     reason: str
+    task: int = 0
 
 
 class LaunchSucceeded(_Event, frozen=True, tag="LaunchSucceeded.v1"):

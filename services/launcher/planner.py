@@ -12,7 +12,7 @@ import re
 import shlex
 
 from libs.contracts.cluster import Flavor
-from libs.contracts.events import NodeLaunch, Placement
+from libs.contracts.events import Mount, NodeLaunch, Placement
 from libs.contracts.jobspec import JobSpec
 from libs.storage import workspace_mounts
 
@@ -25,11 +25,7 @@ MPIRUN_PREFIX = ("mpirun --allow-run-as-root -np {np} -bind-to none -map-by slot
 _MPIRUN = re.compile(r"(?<![\w.-])mpirun(?![\w-])")
 
 
-__all__ = ["PlanError", "plan_launch", "workspace_mounts"]
-
-
-class PlanError(ValueError):
-    """The job cannot be launched as specified; the message says why."""
+__all__ = ["plan_launch", "workspace_mounts"]
 
 
 def hostfile_openmpi(placement: list[Placement]) -> str:
@@ -80,16 +76,23 @@ def with_lifecycle(spec: JobSpec, argv: list[str]) -> list[str]:
 
 def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
                 master_port: int) -> list[NodeLaunch]:
-    """Every node's launch for a regular job."""
+    """Every node's launch: for a regular job one per rank; for a batch job (J3) one per rank and
+    task, the tasks to run one after another on the same nodes."""
     if spec.type == "batch":
-        raise PlanError("batch jobs cannot be launched yet")
+        return [launch for index, task in enumerate(spec.tasks)
+                for launch in _plan_command(spec, task.command, flavor, placement, master_port,
+                                            task=index, mounts=workspace_mounts(spec, task_index=index))]
     assert spec.command is not None
+    return _plan_command(spec, spec.command, flavor, placement, master_port, task=0, mounts=workspace_mounts(spec))
+
+
+def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[Placement], master_port: int, *,
+                  task: int, mounts: list[Mount]) -> list[NodeLaunch]:
     # A backslash-newline continues the line, as in the platform document's multi-line examples.
-    command = re.sub(r"\\\r?\n", "", spec.command)
+    command = re.sub(r"\\\r?\n", "", command)
     argv = shlex.split(command)
     nodes = len(placement)
     master = placement[0]
-    mounts = workspace_mounts(spec)
     launches: list[NodeLaunch] = []
     for place in placement:
         env = dict(spec.env)
@@ -114,5 +117,6 @@ def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
             env["TF_CONFIG"] = tf_config(placement, place.rank, master_port)
         node_argv = with_lifecycle(spec, node_argv)
         launches.append(NodeLaunch(rank=place.rank, node=place.node, address=place.address, argv=node_argv,
-                                   env=env, mounts=mounts, files=files, master=place.rank == 0, role=place.role))
+                                   env=env, mounts=mounts, files=files, master=place.rank == 0, role=place.role,
+                                   task=task))
     return launches

@@ -42,8 +42,8 @@ from libs.messaging.rpc import ServiceUnavailable, call
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.launcher.planner import PlanError, plan_launch
-from services.launcher.state import Launch, LauncherState
+from services.launcher.planner import plan_launch
+from services.launcher.state import Launch, LauncherState, Unit
 
 SERVICE = "launcher"
 RESEND_SECONDS = 5.0
@@ -115,10 +115,7 @@ class Launcher:
             return LaunchFailed(job_id=admission.job_id, attempt=admission.attempt,
                                 reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
         base_port = self.state.free_ports(len(admission.placement))
-        try:
-            nodes = plan_launch(spec, flavor, admission.placement, master_port=base_port)
-        except PlanError as exc:
-            return LaunchFailed(job_id=admission.job_id, attempt=admission.attempt, reason=str(exc))
+        nodes = plan_launch(spec, flavor, admission.placement, master_port=base_port)
         return LaunchPlanned(job_id=admission.job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes,
                              base_port=base_port)
 
@@ -140,25 +137,29 @@ class Launcher:
             return True
 
     def _record_report(self, launch: Launch, report: ProcessStarted | ProcessExited) -> list[Event]:
-        key = dict(job_id=launch.job_id, attempt=launch.attempt, rank=report.rank, node=report.node)
+        unit = (report.task, report.rank)
+        key = dict(job_id=launch.job_id, attempt=launch.attempt, task=report.task, rank=report.rank,
+                   node=report.node)
         if isinstance(report, ProcessStarted):
-            if report.rank in launch.started or report.rank in launch.exited:
+            if unit in launch.started or unit in launch.exited:
                 return []
             return [NodeProcessStarted(pid=report.pid, backend=report.backend, **key)]  # type: ignore[arg-type]
-        if report.rank in launch.exited:
+        if unit in launch.exited:
             return []
         events: list[Event] = [NodeProcessExited(exit_code=report.exit_code, **key)]  # type: ignore[arg-type]
         if launch.outcome is not None:
             return events
-        exited = {**launch.exited, report.rank: report.exit_code}
         if self.state.stop_wanted(launch):
             return events  # the dispatcher records LaunchStopped once every node confirmed
         if report.exit_code != 0:
+            task = f"task {report.task + 1}: " if len(launch.tasks()) > 1 else ""
             events.append(LaunchFailed(
                 job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,
-                reason=f"rank {report.rank} on {report.node} exited with code {report.exit_code}"))
-        elif all(exited.get(n.rank) == 0 for n in launch.nodes if n.role == "worker"):
-            # Parameter servers serve until the workers are done; the dispatcher then stops them.
+                reason=f"{task}rank {report.rank} on {report.node} exited with code {report.exit_code}"))
+            return events
+        # Parameter servers serve until the workers are done; the dispatcher then stops them. A batch
+        # job's next task starts once this one is done (the dispatcher finds its units pending).
+        if launch.finished_with(unit, report.exit_code):
             events.append(LaunchSucceeded(job_id=launch.job_id, attempt=launch.attempt))
         return events
 
@@ -179,7 +180,7 @@ class Launcher:
     async def _record_finished_stops(self) -> None:
         """A stopped launch ends once every node confirmed the stop and no process still runs."""
         for launch in self.state.active():
-            if launch.outcome is not None or not self.state.stop_wanted(launch) or launch.running_ranks():
+            if launch.outcome is not None or not self.state.stop_wanted(launch) or launch.running():
                 continue
             confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
             if {n.node for n in launch.nodes} <= confirmed:
@@ -193,14 +194,14 @@ class Launcher:
         for launch in self.state.active():
             if self.state.stop_wanted(launch):
                 confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
-                running = {launch.node_of(r).node for r in launch.running_ranks()}
+                running = {launch.node_of(unit).node for unit in launch.running()}
                 for node in {n.node for n in launch.nodes} - (confirmed - running):
                     if self._due(("stop", launch.attempt, node, launch.job_id), now):
                         work.append(asyncio.ensure_future(self._stop(launch, node)))
                 continue
-            for rank in launch.pending_ranks():
-                if self._due(("start", launch.attempt, rank, launch.job_id), now):
-                    work.append(asyncio.ensure_future(self._start(launch, rank)))
+            for unit in launch.pending():
+                if self._due(("start", launch.attempt, unit, launch.job_id), now):
+                    work.append(asyncio.ensure_future(self._start(launch, unit)))
         return work
 
     def _due(self, key: tuple[str, int, object, str], now: float) -> bool:
@@ -209,13 +210,13 @@ class Launcher:
         self._sent[key] = now
         return True
 
-    async def _start(self, launch: Launch, rank: int) -> None:
-        node = launch.node_of(rank)
+    async def _start(self, launch: Launch, unit: Unit) -> None:
+        node = launch.node_of(unit)
         request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node)
         try:
             with span_tracer.start_as_current_span("launcher start", context=context_from_headers(launch.trace)):
                 await call(self.rt.nc, subjects.agent_start(node.node), request, timeout=5.0, reply_type=AgentReply)
-                log.info("launch.start_sent", job_id=launch.job_id, rank=rank, node=node.node)
+                log.info("launch.start_sent", job_id=launch.job_id, task=node.task, rank=node.rank, node=node.node)
         except ServiceUnavailable as exc:
             log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node.node, error=str(exc))
 
@@ -238,13 +239,14 @@ class Launcher:
     async def _give_up(self, launch: Launch, node: str) -> None:
         """A node that never answers keeps its processes' fate unknown; record that and move on."""
         async with self.lock:
-            ranks = [r for r in launch.running_ranks() if launch.node_of(r).node == node]
+            units = [unit for unit in launch.running() if launch.node_of(unit).node == node]
             reason = f"node {node} did not answer stop requests for {self.rt.settings.stop_give_up_seconds:g}s"
-            if ranks:
+            if units:
                 with span_tracer.start_as_current_span("launcher give up", context=context_from_headers(launch.trace)):
                     await self._append(launch.job_id, [
-                        NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, rank=r, node=node, reason=reason)
-                        for r in ranks], None)
+                        NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, task=task, rank=rank, node=node,
+                                        reason=reason)
+                        for task, rank in units], None)
             self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
             self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
             self.wake.set()

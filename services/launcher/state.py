@@ -26,34 +26,55 @@ from libs.contracts.jobspec import JobSpec
 FIRST_MASTER_PORT = 29500
 
 
+Unit = tuple[int, int]
+"""(task, rank): one process group of a launch. A regular job has task 0 only."""
+
+
 @dataclass
 class Launch:
-    """One attempt of one job across its nodes."""
+    """One attempt of one job across its nodes (and, for a batch job, its tasks one after another)."""
 
     job_id: str
     attempt: int
     nodes: list[NodeLaunch]
     version: int
-    started: dict[int, int] = field(default_factory=dict)  # rank -> pid
-    exited: dict[int, int] = field(default_factory=dict)  # rank -> exit code
-    lost: set[int] = field(default_factory=set)  # ranks on nodes that stopped answering
+    started: dict[Unit, int] = field(default_factory=dict)  # -> pid
+    exited: dict[Unit, int] = field(default_factory=dict)  # -> exit code
+    lost: set[Unit] = field(default_factory=set)  # on nodes that stopped answering
     outcome: str | None = None  # succeeded | failed | stopped
     trace: dict[str, str] = field(default_factory=dict)  # the job's trace, continued by every call
-
     base_port: int = 0
 
     def ports(self) -> range:
         return range(self.base_port, self.base_port + len(self.nodes))
 
-    def running_ranks(self) -> list[int]:
-        return [rank for rank in self.started if rank not in self.exited and rank not in self.lost]
+    def running(self) -> list[Unit]:
+        return [unit for unit in self.started if unit not in self.exited and unit not in self.lost]
 
-    def pending_ranks(self) -> list[int]:
+    def task_done(self, task: int) -> bool:
+        """Every worker of the task exited 0 (parameter servers are stopped afterwards)."""
+        return all(self.exited.get((n.task, n.rank)) == 0 for n in self.nodes if n.task == task and n.role == "worker")
+
+    def finished_with(self, unit: Unit, exit_code: int) -> bool:
+        """Whether every worker of every task has exited 0 once `unit` exits with `exit_code`."""
+        exited = {**self.exited, unit: exit_code}
+        return all(exited.get((n.task, n.rank)) == 0 for n in self.nodes if n.role == "worker")
+
+    def tasks(self) -> list[int]:
+        return sorted({n.task for n in self.nodes})
+
+    def current_task(self) -> int | None:
+        """The first task not yet done; None when all are."""
+        return next((task for task in self.tasks() if not self.task_done(task)), None)
+
+    def pending(self) -> list[Unit]:
+        """Units of the current task that were never started."""
+        task = self.current_task()
         done = self.started.keys() | self.exited.keys() | self.lost
-        return [n.rank for n in self.nodes if n.rank not in done]
+        return [(n.task, n.rank) for n in self.nodes if n.task == task and (n.task, n.rank) not in done]
 
-    def node_of(self, rank: int) -> NodeLaunch:
-        return next(n for n in self.nodes if n.rank == rank)
+    def node_of(self, unit: Unit) -> NodeLaunch:
+        return next(n for n in self.nodes if (n.task, n.rank) == unit)
 
 
 @dataclass
@@ -88,11 +109,11 @@ class LauncherState:
         if launch is None or getattr(event, "attempt", None) != launch.attempt:
             return
         if isinstance(event, NodeProcessStarted):
-            launch.started[event.rank] = event.pid
+            launch.started[(event.task, event.rank)] = event.pid
         elif isinstance(event, NodeProcessExited):
-            launch.exited[event.rank] = event.exit_code
+            launch.exited[(event.task, event.rank)] = event.exit_code
         elif isinstance(event, NodeProcessLost):
-            launch.lost.add(event.rank)
+            launch.lost.add((event.task, event.rank))
         elif isinstance(event, LaunchSucceeded):
             launch.outcome = "succeeded"
         elif isinstance(event, LaunchFailed):
@@ -104,7 +125,7 @@ class LauncherState:
         return launch.job_id in self.ending or launch.outcome is not None
 
     def active(self) -> list[Launch]:
-        return [launch for launch in self.launches.values() if launch.outcome is None or launch.running_ranks()]
+        return [launch for launch in self.launches.values() if launch.outcome is None or launch.running()]
 
     def free_ports(self, count: int) -> int:
         """The lowest base port of `count` consecutive ports no active launch holds."""

@@ -153,8 +153,9 @@ class SchedulerState:
             for launch in event.nodes:
                 job.instances.setdefault(launch.rank, Instance(rank=launch.rank, node=launch.node))
         elif isinstance(event, NodeProcessStarted):
+            # A batch job's ranks start once per task: the instance shows the task running now.
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
-            instance.pid = event.pid
+            instance.pid, instance.exit_code = event.pid, None
         elif isinstance(event, NodeProcessExited):
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
             instance.exit_code = event.exit_code

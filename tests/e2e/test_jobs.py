@@ -11,7 +11,7 @@ import sys
 import msgspec
 import pytest
 
-from libs.contracts.jobspec import AlgorithmRef, JobSpec, LifecycleScripts, OutputRef, decode_spec
+from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, LifecycleScripts, OutputRef, decode_spec
 from libs.devstack.stack import REPO_ROOT
 from tests.e2e.conftest import Stack, process_alive
 
@@ -205,3 +205,30 @@ async def test_show_reports_each_nodes_cpu_and_memory_use(stack: Stack) -> None:
     assert [(u.rank, u.node) for u in usage] == [(0, "node-a"), (1, "node-b")]
     await api.stop([accepted.job_id])
     assert (await stack.wait_until(accepted.job_id, "ended")).status == "stopped"
+
+
+async def test_a_batch_job_runs_its_tasks_in_turn_each_writing_to_its_own_folder(stack: Stack) -> None:
+    api = await stack.up()
+    # bash -c keeps the PyTorch mode from wrapping the scripts in torch.distributed.launch (L4).
+    tasks = [BatchTask(algorithm=AlgorithmRef(name="writer"), command='bash -c "exec python3 write.py first"'),
+             BatchTask(algorithm=AlgorithmRef(name="writer"), command='bash -c "exec python3 write.py second"'),
+             BatchTask(algorithm=AlgorithmRef(name="sleeper"), command='bash -c "exec python3 run.py --seconds 0.2"')]
+    spec = JobSpec(name="sweep", type="batch", mode="pytorch", nodes=2, flavors=["cpu-1"], tasks=tasks,
+                   output=OutputRef(name="sweeps"))
+    accepted = await api.submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended")
+    assert job.status == "succeeded", job.reason
+    results = stack.storage / "outputs" / "sweeps"
+    assert (results / "sweep-1" / "result.txt").read_text() == "written by first\n"
+    assert (results / "sweep-2" / "result.txt").read_text() == "written by second\n"
+    lines = [line.split("] ", 1)[1] for line in await stack.logs(accepted.job_id, 0)]
+    assert lines.index("wrote result.txt for first") < lines.index("wrote result.txt for second") < lines.index(
+        "done rank 0")
+
+    failing = [tasks[0], BatchTask(algorithm=AlgorithmRef(name="sleeper"),
+                                   command='bash -c "exec python3 run.py --seconds 0.1 --exit-code 3"'), tasks[1]]
+    refused = await api.submit(msgspec.structs.replace(spec, name="sweep-fails", tasks=failing))
+    job = await stack.wait_until(refused.job_id, "ended")
+    assert (job.status, job.exit_code) == ("failed", 3)
+    assert (job.reason or "").startswith("task 2: rank ")
+    assert not any("second" in line for line in await stack.logs(refused.job_id))

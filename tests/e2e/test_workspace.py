@@ -111,7 +111,7 @@ async def test_the_plain_backend_maps_the_same_tree(stack: Stack, monkeypatch: p
     lines = await stack.logs(accepted.job_id)
 
     # TRAINYARD_WORKSPACE names the tree under the agent's folder; its algorithm is a link to storage.
-    rank_root = stack.home / "agents" / "node-a" / "jobs" / accepted.job_id / "1" / "rank-0"
+    rank_root = stack.home / "agents" / "node-a" / "jobs" / accepted.job_id / "1" / "task-0" / "rank-0"
     algorithm = (stack.storage / "algorithms" / "workspace-probe").resolve()
     assert f"[0] probe: backend plain workspace {rank_root}/workspace cwd {algorithm}" in lines
     assert f"[0] probe: workspace holds {SKELETON}" in lines

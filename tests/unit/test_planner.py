@@ -24,7 +24,6 @@ from services.launcher.planner import (
     DEEPSPEED_HOSTFILE,
     MPI_HOSTFILE,
     MPICH_HOSTFILE,
-    PlanError,
     hostfile_mpich,
     hostfile_openmpi,
     plan_launch,
@@ -266,11 +265,20 @@ def test_line_continuations_do_not_become_arguments() -> None:
     assert only.argv == ["python3", "train.py", "--lr", "0.1", "--epochs", "2"]
 
 
-def test_batch_jobs_are_refused_with_a_plan_error() -> None:
-    spec = JobSpec(name="b", type="batch", flavors=["gpu-4"], output=OutputRef(name="o"),
-                   tasks=[BatchTask(algorithm=AlgorithmRef(name="a"), command="python3 a.py")])
-    with pytest.raises(PlanError, match="batch"):
-        plan_launch(spec, GPU4, servers(1), master_port=2222)
+def test_a_batch_job_plans_every_task_on_every_node_with_its_own_command_and_workspace() -> None:
+    spec = JobSpec(name="sweep", type="batch", mode="pytorch", nodes=2, flavors=["gpu-4"], output=OutputRef(name="o"),
+                   tasks=[BatchTask(algorithm=AlgorithmRef(name="a"), command="python3 a.py --lr 0.1"),
+                          BatchTask(algorithm=AlgorithmRef(name="b"), command="torchrun b.py")])
+    launches = plan_launch(spec, GPU4, servers(2), master_port=2222)
+    assert [(launch.task, launch.rank) for launch in launches] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    first, second = launches[0], launches[2]
+    assert first.argv[:3] == ["python3", "-m", "torch.distributed.launch"]
+    assert first.argv[-3:] == ["a.py", "--lr", "0.1"]
+    assert second.argv == ["torchrun", "b.py"]
+    outputs = {launch.task: next(m.source for m in launch.mounts if m.target == "outputs") for launch in launches}
+    assert outputs == {0: "outputs/o/sweep-1", 1: "outputs/o/sweep-2"}
+    algorithms = {launch.task: next(m.source for m in launch.mounts if m.target == "algorithm") for launch in launches}
+    assert algorithms == {0: "algorithms/a", 1: "algorithms/b"}
 
 
 def test_hostfile_helpers() -> None:
