@@ -26,9 +26,11 @@ from nats.js import JetStreamContext
 
 from agent.process import ProcessGroup, kill_leftovers, remove_record, write_record
 from agent.usage import GroupSampler, accelerator_percent
-from agent.workspace import PLAIN, WorkspaceError, build_workspace, choose_backend
+from agent.workspace import PLAIN, Workspace, WorkspaceError, build_workspace, choose_backend
 from libs.contracts import subjects
 from libs.contracts.agent import (
+    ExecExited,
+    ExecInJob,
     Heartbeat,
     LogChunk,
     NodeAccepted,
@@ -70,6 +72,11 @@ class RunningNode:
     ship_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The job's trace context from the start request, carried on this node's reports.
     trace: dict[str, str] = field(default_factory=dict)
+    # Where and how the node's command runs, for commands run later in the same environment.
+    workspace: Workspace | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    # Commands run in this node's environment on another node's request (MPI daemons).
+    execs: list[ProcessGroup] = field(default_factory=list)
 
 
 class NodeAgent:
@@ -85,6 +92,7 @@ class NodeAgent:
         self.nc: Client
         self.js: JetStreamContext
         self._tasks: list[asyncio.Task[Any]] = []
+        self._execs: set[asyncio.Task[None]] = set()
 
     async def start(self) -> None:
         try:
@@ -97,6 +105,7 @@ class NodeAgent:
         await ensure_streams(self.js)
         await self.nc.subscribe(subjects.agent_start(self.info.name), cb=self._on_start)
         await self.nc.subscribe(subjects.agent_stop(self.info.name), cb=self._on_stop)
+        await self.nc.subscribe(subjects.agent_exec(self.info.name), cb=self._on_exec)
         await self._end_leftovers()
         await self._register()
         self._tasks.append(asyncio.create_task(self._heartbeats()))
@@ -180,9 +189,40 @@ class NodeAgent:
         self.stopped_attempts.add((request.job_id, request.attempt))
         targets = [n for n in self.nodes.values()
                    if (n.job_id, n.attempt) == (request.job_id, request.attempt) and n.group is not None]
-        await asyncio.gather(*(n.group.stop(request.grace_seconds) for n in targets if n.group))
+        groups = [g for n in targets for g in (n.group, *n.execs) if g is not None]
+        await asyncio.gather(*(group.stop(request.grace_seconds) for group in groups))
         log.info("agent.stopped", job_id=request.job_id, attempt=request.attempt, processes=len(targets))
         await msg.respond(encode(Stopped(stopped=len(targets))))
+
+    async def _on_exec(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, ExecInJob)
+        except msgspec.ValidationError as exc:
+            log.warning("agent.bad_request", error=str(exc))
+            return
+        node = next((n for n in self.nodes.values()
+                     if (n.job_id, n.attempt, n.task) == (request.job_id, request.attempt, request.task)
+                     and n.group is not None and n.workspace is not None and n.runner and not n.runner.done()), None)
+        if node is None or node.group is None or node.workspace is None:
+            await msg.respond(encode(CommandError(
+                code="not-found", message=f"job {request.job_id} attempt {request.attempt} does not run on "
+                                          f"{self.info.name}")))
+            return
+        argv = node.workspace.command(["/bin/sh", "-c", request.command])
+        group = ProcessGroup(argv, node.env, node.workspace.cwd, node.workspace.root / "exec.log")
+        await group.start()
+        node.execs.append(group)  # a stop of the job reaches it too
+        await msg.respond(encode(ProcessAccepted(already_known=False)))
+        log.info("agent.exec_started", job_id=request.job_id, pid=group.pid)
+        task = asyncio.create_task(self._finish_exec(node, group, request.reply_to))
+        self._execs.add(task)
+        task.add_done_callback(self._execs.discard)
+
+    async def _finish_exec(self, node: RunningNode, group: ProcessGroup, reply_to: str) -> None:
+        code = await group.pump(lambda line: self._collect(node, line))
+        node.execs.remove(group)
+        with contextlib.suppress(Exception):
+            await self.nc.publish(reply_to, encode(ExecExited(exit_code=code)))
 
     # --- running one node of a job ----------------------------------------------------------------
 
@@ -201,10 +241,11 @@ class NodeAgent:
         env = {**os.environ, **{k: workspace.translate(v, files) for k, v in launch.env.items()}}
         # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        env.update(TRAINYARD_JOB_ID=node.job_id, TRAINYARD_ATTEMPT=str(node.attempt),
+        env.update(TRAINYARD_JOB_ID=node.job_id, TRAINYARD_ATTEMPT=str(node.attempt), TRAINYARD_TASK=str(node.task),
                    TRAINYARD_RANK=str(node.rank), TRAINYARD_NODE=self.info.name,
                    TRAINYARD_WORKSPACE=str(workspace.path), TRAINYARD_WORKSPACE_BACKEND=workspace.backend)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
+        node.workspace, node.env = workspace, env
         command = workspace.command(argv)  # under bwrap, the sandbox runs argv
         group = ProcessGroup(command, env, workspace.cwd, root / "output.log")
         try:

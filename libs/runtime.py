@@ -84,13 +84,14 @@ class ServiceRuntime:
 
     async def close(self) -> None:
         log.info("service.stopping")
+        # Stop answering first, so no request reaches a service that is half shut down.
+        with contextlib.suppress(Exception):
+            await self.broker.stop()
         for task in self._tasks:
             task.cancel()
         for task in self._tasks:
             with contextlib.suppress(BaseException):
                 await task
-        with contextlib.suppress(Exception):
-            await self.broker.stop()
         with contextlib.suppress(Exception):
             await self.nc.drain()
         await self.pool.close()

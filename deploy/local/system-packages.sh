@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # System packages the local stack and the tests need beyond Python: PostgreSQL's server binaries,
-# and bubblewrap (bwrap) for the node agents' workspace sandbox.
+# bubblewrap (bwrap) for the node agents' workspace sandbox, and OpenMPI for Horovod/MPI jobs.
 # Installs them with apt-get when they are missing and we may (root on Debian); otherwise says how.
-# bubblewrap is optional: without it, agents build job workspaces as plain folders.
+# bubblewrap and OpenMPI are optional: without them, agents build job workspaces as plain folders
+# and MPI jobs cannot run (their end-to-end test is skipped).
 set -euo pipefail
 
 may_apt() {
@@ -27,6 +28,14 @@ if ! command -v bwrap >/dev/null 2>&1; then
   else
     echo "note: bubblewrap (bwrap) is not installed, so node agents will build job workspaces as plain" \
          "folders; install the 'bubblewrap' package for a real /workspace with read-only mounts" >&2
+  fi
+fi
+
+if ! command -v mpirun >/dev/null 2>&1; then
+  if may_apt && echo "installing OpenMPI (apt-get install openmpi-bin)" && apt_install openmpi-bin; then
+    :
+  else
+    echo "note: OpenMPI (mpirun) is not installed, so Horovod/MPI jobs cannot run; install 'openmpi-bin'" >&2
   fi
 fi
 

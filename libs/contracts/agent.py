@@ -35,7 +35,7 @@ class Heartbeat(_AgentMessage, frozen=True, tag="Heartbeat.v1"):
 
 
 class StartProcess(_AgentMessage, frozen=True, tag="StartProcess.v1"):
-    """Start one node of a job. Idempotent per (job_id, attempt, rank)."""
+    """Start one node of a job. Idempotent per (job_id, attempt, task, rank)."""
 
     job_id: str
     attempt: int
@@ -52,6 +52,22 @@ class StopProcesses(_AgentMessage, frozen=True, tag="StopProcesses.v1"):
     job_id: str
     attempt: int
     grace_seconds: float = 10.0
+
+
+class ExecInJob(_AgentMessage, frozen=True, tag="ExecInJob.v1"):
+    """Run `command` (a shell command line) on this node, inside a running job's environment and
+    process group. How MPI's launcher starts its daemons on the other nodes of a job (L2); the
+    exit code is published to `reply_to` as ExecExited."""
+
+    job_id: str
+    attempt: int
+    command: str
+    reply_to: str
+    task: int = 0
+
+
+class ExecExited(_AgentMessage, frozen=True, tag="ExecExited.v1"):
+    exit_code: int
 
 
 class Stopped(_AgentMessage, frozen=True, tag="Stopped.v1"):

@@ -27,7 +27,9 @@ class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
         return cls.__name__
 
 
-Role = Literal["worker", "ps"]
+Role = Literal["worker", "ps", "standby"]
+"""worker: must succeed; ps: a TensorFlow parameter server; standby: holds a node for processes the
+master starts there (MPI), and is stopped when the workers are done."""
 
 
 class Placement(Struct, frozen=True, kw_only=True):

@@ -54,6 +54,10 @@ def agent_stop(node: str) -> str:
     return f"trainyard.agent.{node}.stop"
 
 
+def agent_exec(node: str) -> str:
+    return f"trainyard.agent.{node}.exec"
+
+
 AGENT_REPORTS_ALL = "trainyard.agent-reports.>"
 
 

@@ -12,13 +12,16 @@ import re
 import shlex
 
 from libs.contracts.cluster import Flavor
-from libs.contracts.events import Mount, NodeLaunch, Placement
+from libs.contracts.events import Mount, NodeLaunch, Placement, Role
 from libs.contracts.jobspec import JobSpec
 from libs.storage import workspace_mounts
 
 MPI_HOSTFILE = "/etc/mpi/hostfile"
 MPICH_HOSTFILE = "/etc/mpi/mpich_hostfile"
 DEEPSPEED_HOSTFILE = "/job/hostfile"
+# mpirun reaches the other nodes through their agents, not ssh (see agent/rsh.py).
+MPI_REMOTE_SHELL = "python3 -m agent.rsh"
+STANDBY = ("sleep", "infinity")
 MPIRUN_PREFIX = ("mpirun --allow-run-as-root -np {np} -bind-to none -map-by slot -x NCCL_DEBUG=INFO "
                  "-x LD_LIBRARY_PATH -x PATH -mca pml ob1 -mca btl ^openib")
 # "Contains mpirun" (L2): as a word, also as a path (/usr/bin/mpirun) or inside `bash -c "..."`.
@@ -98,6 +101,7 @@ def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[P
         env = dict(spec.env)
         files: dict[str, str] = {}
         node_argv = argv
+        role: Role = place.role
         if spec.mode in ("pytorch", "pytorch-deepspeed"):
             env.update(MASTER_ADDR=master.address, MASTER_PORT=str(master_port), WORLD_SIZE=str(nodes),
                        RANK=str(place.rank), SLOTS=str(flavor.slots))
@@ -108,15 +112,18 @@ def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[P
                 files[DEEPSPEED_HOSTFILE] = hostfile_openmpi(placement)
         elif spec.mode == "horovod":
             env.update(OMPI_MCA_orte_default_hostfile=MPI_HOSTFILE, HYDRA_HOST_FILE=MPICH_HOSTFILE,
-                       HYDRA_IFACE="eth0")
+                       HYDRA_IFACE="eth0", OMPI_MCA_plm_rsh_agent=MPI_REMOTE_SHELL)
             files[MPI_HOSTFILE] = hostfile_openmpi(placement)
             files[MPICH_HOSTFILE] = hostfile_mpich(placement)
             if not _MPIRUN.search(command):
                 node_argv = [*shlex.split(MPIRUN_PREFIX.format(np=nodes * flavor.slots)), *argv]
+            if place.rank > 0:
+                # The master's mpirun starts the processes of every node; the others hold their node.
+                node_argv, role = list(STANDBY), "standby"
         elif spec.mode == "tensorflow":
             env["TF_CONFIG"] = tf_config(placement, place.rank, master_port)
         node_argv = with_lifecycle(spec, node_argv)
         launches.append(NodeLaunch(rank=place.rank, node=place.node, address=place.address, argv=node_argv,
-                                   env=env, mounts=mounts, files=files, master=place.rank == 0, role=place.role,
+                                   env=env, mounts=mounts, files=files, master=place.rank == 0, role=role,
                                    task=task))
     return launches

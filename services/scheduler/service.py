@@ -199,7 +199,9 @@ class Scheduler:
                        hint=f"choose from: {', '.join(known)}")
             for i, name in enumerate(request.spec.flavors) if name not in known
         ]
-        if not errors:  # only a well-formed spec names storage paths worth looking up
+        # Only a well-formed spec names storage paths worth looking up, and a retried submit of a job
+        # that exists is answered below whatever storage holds now.
+        if not errors and request.job_id not in self.state.jobs:
             errors = missing_inputs(request.spec, self.rt.settings.storage_root)
         if errors:
             return CommandError(code="invalid-spec",

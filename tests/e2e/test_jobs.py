@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import shutil
 import subprocess
 import sys
 
@@ -232,3 +233,16 @@ async def test_a_batch_job_runs_its_tasks_in_turn_each_writing_to_its_own_folder
     assert (job.status, job.exit_code) == ("failed", 3)
     assert (job.reason or "").startswith("task 2: rank ")
     assert not any("second" in line for line in await stack.logs(refused.job_id))
+
+
+@pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI (Debian: openmpi-bin) is not installed")
+async def test_horovod_mode_runs_mpirun_across_both_nodes_through_their_agents(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="mpi", mode="horovod", nodes=2, flavors=["cpu-1"], algorithm=AlgorithmRef(name="mpi-hello"),
+                   command="python3 /workspace/algorithm/hello.py", output=OutputRef(name="mpi"))
+    accepted = await api.submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
+    assert job.status == "succeeded", job.reason
+    lines = await stack.logs(accepted.job_id, 0)
+    assert "[0] hello from rank 0 of 2 on node-a" in lines
+    assert "[0] hello from rank 1 of 2 on node-b" in lines

@@ -144,14 +144,17 @@ def test_horovod_hostfiles_for_2_nodes_x_4_slots() -> None:
         assert launch.files == {MPI_HOSTFILE: "server1 slots=4\nserver2 slots=4\n",
                                 MPICH_HOSTFILE: "server1:4\nserver2:4\n"}
         assert launch.env == {"OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
-                              "HYDRA_HOST_FILE": "/etc/mpi/mpich_hostfile", "HYDRA_IFACE": "eth0"}
+                              "HYDRA_HOST_FILE": "/etc/mpi/mpich_hostfile", "HYDRA_IFACE": "eth0",
+                              "OMPI_MCA_plm_rsh_agent": "python3 -m agent.rsh"}
 
 
 def test_horovod_4x4_command_gets_the_mpirun_prefix_with_16_processes() -> None:
-    launches = plan(job("horovod", nodes=4), placement=servers(4))
+    master, *others = plan(job("horovod", nodes=4), placement=servers(4))
     expected = [*shlex.split(MPIRUN_PREFIX.format(np=16)), "python", "/workspace/algorithm/train.py"]
-    assert all(launch.argv == expected for launch in launches)
+    assert master.argv == expected and master.role == "worker"
     assert expected[:4] == ["mpirun", "--allow-run-as-root", "-np", "16"]
+    # mpirun on the master starts every process; the other nodes stand by for its daemons.
+    assert all(launch.argv == ["sleep", "infinity"] and launch.role == "standby" for launch in others)
 
 
 def test_horovod_on_cpu_flavors_runs_one_process_per_node() -> None:
