@@ -194,7 +194,7 @@ async def list_jobs(client: TrainyardClient,
         instances: list[InstanceView | None] = [*job.instances] or [None]
         for inst in instances:
             if inst is not None and inst.rank > 0:  # a worker row under its job (--all)
-                table.add_row("", "", f"[dim]{inst.state}[/]", f"worker {inst.rank}@{inst.node}", "", "", "", "",
+                table.add_row("", "", f"[dim]{inst.state}[/]", f"{inst.role} {inst.rank}@{inst.node}", "", "", "", "",
                               "", "")
                 continue
             instance = f"master@{inst.node}" if inst is not None else "-"
@@ -238,7 +238,7 @@ async def show(client: TrainyardClient, job_id: Annotated[str, typer.Argument(he
             measured = ((f"{sample.cpu_percent:.0f}", str(sample.memory_mib),
                          "-" if sample.accelerator_percent is None else f"{sample.accelerator_percent:.0f}",
                          _time(sample.sampled_at)) if sample else ("-", "-", "-", "-"))
-            instances.add_row(str(inst.rank), inst.node, "master" if inst.master else "worker", inst.state,
+            instances.add_row(str(inst.rank), inst.node, "master" if inst.master else inst.role, inst.state,
                               str(inst.pid or "-"), "-" if inst.exit_code is None else str(inst.exit_code), *measured)
         out.print(instances)
 

@@ -31,11 +31,13 @@ if ! command -v bwrap >/dev/null 2>&1; then
   fi
 fi
 
-if ! command -v mpirun >/dev/null 2>&1; then
-  if may_apt && echo "installing OpenMPI (apt-get install openmpi-bin)" && apt_install openmpi-bin; then
+if ! command -v mpicc >/dev/null 2>&1; then
+  if may_apt && echo "installing OpenMPI (apt-get install openmpi-bin libopenmpi-dev)" \
+      && apt_install openmpi-bin libopenmpi-dev; then
     :
   else
-    echo "note: OpenMPI (mpirun) is not installed, so Horovod/MPI jobs cannot run; install 'openmpi-bin'" >&2
+    echo "note: OpenMPI (mpirun, mpicc) is not installed, so Horovod/MPI jobs cannot run;" \
+         "install 'openmpi-bin' and 'libopenmpi-dev'" >&2
   fi
 fi
 

@@ -96,6 +96,7 @@ class InstanceView(Struct, frozen=True, kw_only=True):
     state: Literal["pending", "running", "exited", "lost"]
     pid: int | None = None
     exit_code: int | None = None
+    role: str = "worker"  # worker, ps (TensorFlow parameter server) or standby (MPI)
 
 
 class JobView(Struct, frozen=True, kw_only=True):

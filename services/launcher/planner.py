@@ -112,7 +112,9 @@ def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[P
                 files[DEEPSPEED_HOSTFILE] = hostfile_openmpi(placement)
         elif spec.mode == "horovod":
             env.update(OMPI_MCA_orte_default_hostfile=MPI_HOSTFILE, HYDRA_HOST_FILE=MPICH_HOSTFILE,
-                       HYDRA_IFACE="eth0", OMPI_MCA_plm_rsh_agent=MPI_REMOTE_SHELL)
+                       HYDRA_IFACE="eth0", OMPI_MCA_plm_rsh_agent=MPI_REMOTE_SHELL,
+                       # Daemons started through agents talk to mpirun directly, not along a tree.
+                       OMPI_MCA_routed="direct")
             files[MPI_HOSTFILE] = hostfile_openmpi(placement)
             files[MPICH_HOSTFILE] = hostfile_mpich(placement)
             if not _MPIRUN.search(command):

@@ -42,6 +42,7 @@ class Instance:
     pid: int | None = None
     exit_code: int | None = None
     lost: bool = False
+    role: str = "worker"
 
     @property
     def state(self) -> str:
@@ -132,7 +133,7 @@ class SchedulerState:
             job.flavor = event.flavor
             job.placement = list(event.placement)
             job.started_at = at
-            job.instances = {p.rank: Instance(rank=p.rank, node=p.node) for p in event.placement}
+            job.instances = {p.rank: Instance(rank=p.rank, node=p.node, role=p.role) for p in event.placement}
         elif isinstance(event, JobStopRequested):
             job.stop_requested_by = event.by
         elif isinstance(event, JobSucceeded):
@@ -151,7 +152,7 @@ class SchedulerState:
             return
         if isinstance(event, LaunchPlanned):
             for launch in event.nodes:
-                job.instances.setdefault(launch.rank, Instance(rank=launch.rank, node=launch.node))
+                job.instances.setdefault(launch.rank, Instance(rank=launch.rank, node=launch.node)).role = launch.role
         elif isinstance(event, NodeProcessStarted):
             # A batch job's ranks start once per task: the instance shows the task running now.
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
@@ -203,7 +204,7 @@ class SchedulerState:
             queue_position=queue_position, placement=list(job.placement),
             instances=[
                 InstanceView(rank=i.rank, node=i.node, master=i.rank == 0, state=i.state,  # type: ignore[arg-type]
-                             pid=i.pid, exit_code=i.exit_code)
+                             pid=i.pid, exit_code=i.exit_code, role=i.role)
                 for i in sorted(job.instances.values(), key=lambda i: i.rank)
             ],
         )

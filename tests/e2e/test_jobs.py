@@ -28,7 +28,8 @@ def sleeper(name: str, *, nodes: int = 1, seconds: float = 1.0, exit_code: int =
 async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     await stack.up()
     spec = decode_spec((REPO_ROOT / "examples" / "pytorch-ddp.yaml").read_bytes(), yaml=True)
-    accepted = await (await stack.api()).submit(msgspec.structs.replace(spec, command="python3 train.py --steps 20"))
+    command = spec.command.replace("--steps 40", "--steps 20") if spec.command else None
+    accepted = await (await stack.api()).submit(msgspec.structs.replace(spec, command=command))
 
     job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
     assert job.status == "succeeded", job.reason
@@ -36,6 +37,9 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     lines = await stack.logs(accepted.job_id)
     assert any(line.startswith("[0] rank 0/2") for line in lines)
     assert any(line.startswith("[1] rank 1/2") for line in lines)
+    # Each rank read its share of the read-only dataset mounted from shared storage.
+    assert "[0] rank 0 read 128 of 256 samples from points.csv" in lines
+    assert "[1] rank 1 read 128 of 256 samples from points.csv" in lines
     assert (stack.storage / "outputs" / "pytorch-ddp-demo" / "checkpoint.pt").stat().st_size > 0
     history = [type(e.event).name() for e in await (await stack.api()).events(accepted.job_id)]
     assert history[:3] == ["JobSubmitted", "JobAdmitted", "LaunchPlanned"]
@@ -168,6 +172,7 @@ async def test_tensorflow_parameter_servers_get_tf_config_and_stop_when_the_work
     job = await stack.wait_until(accepted.job_id, "ended")
     assert job.status == "succeeded", job.reason
     assert [(p.rank, p.role) for p in job.placement] == [(0, "worker"), (1, "worker"), (2, "ps")]
+    assert [i.role for i in job.instances] == ["worker", "worker", "ps"]
 
     # The parameter server is stopped once both workers are done.
     async with asyncio.timeout(30):
@@ -246,3 +251,22 @@ async def test_horovod_mode_runs_mpirun_across_both_nodes_through_their_agents(s
     lines = await stack.logs(accepted.job_id, 0)
     assert "[0] hello from rank 0 of 2 on node-a" in lines
     assert "[0] hello from rank 1 of 2 on node-b" in lines
+
+
+@pytest.mark.skipif(shutil.which("mpicc") is None,
+                    reason="OpenMPI's compiler (Debian: libopenmpi-dev) is not installed")
+async def test_an_mpi_program_started_by_a_written_out_mpirun_communicates_across_nodes(stack: Stack) -> None:
+    api = await stack.up()
+    # A command with mpirun runs as written (L2); outputs is shared storage, so both nodes see the binary.
+    command = ('bash -c "mpicc -O2 -o /workspace/outputs/hello /workspace/algorithm/hello.c && '
+               'exec mpirun --allow-run-as-root -np 2 -bind-to none -map-by slot /workspace/outputs/hello"')
+    spec = JobSpec(name="mpi-c", mode="horovod", nodes=2, flavors=["cpu-1"], algorithm=AlgorithmRef(name="mpi-hello"),
+                   command=command, output=OutputRef(name="mpi-c"))
+    accepted = await api.submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
+    assert job.status == "succeeded", job.reason
+    lines = await stack.logs(accepted.job_id, 0)
+    assert "[0] hello from rank 0 of 2 on node-a" in lines
+    assert "[0] hello from rank 1 of 2 on node-b" in lines
+    assert "[0] sum of ranks 1" in lines  # MPI_Allreduce across the two nodes
+    assert [i.role for i in (await api.get_job(accepted.job_id)).job.instances] == ["worker", "standby"]

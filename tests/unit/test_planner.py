@@ -145,7 +145,7 @@ def test_horovod_hostfiles_for_2_nodes_x_4_slots() -> None:
                                 MPICH_HOSTFILE: "server1:4\nserver2:4\n"}
         assert launch.env == {"OMPI_MCA_orte_default_hostfile": "/etc/mpi/hostfile",
                               "HYDRA_HOST_FILE": "/etc/mpi/mpich_hostfile", "HYDRA_IFACE": "eth0",
-                              "OMPI_MCA_plm_rsh_agent": "python3 -m agent.rsh"}
+                              "OMPI_MCA_plm_rsh_agent": "python3 -m agent.rsh", "OMPI_MCA_routed": "direct"}
 
 
 def test_horovod_4x4_command_gets_the_mpirun_prefix_with_16_processes() -> None:

@@ -1,5 +1,8 @@
 """A small DistributedDataParallel job: fits y = 3x + 2 with gloo on CPU; rank 0 saves a checkpoint.
 
+With --data, the samples come from a CSV file (x,y per line), read from the job's read-only dataset;
+each rank takes its own share of them.
+
 Launched by Trainyard's PyTorch mode through torch.distributed.launch, which sets RANK,
 WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and MASTER_PORT for every process.
 """
@@ -17,6 +20,7 @@ from torch import nn
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=40)
+    parser.add_argument("--data", type=Path, help="CSV file of x,y samples (default: synthetic)")
     args, _ = parser.parse_known_args()  # torch.distributed.launch adds --local-rank
 
     dist.init_process_group(backend="gloo")
@@ -25,11 +29,19 @@ def main() -> None:
           f"(master {os.environ['MASTER_ADDR']}:{os.environ['MASTER_PORT']})", flush=True)
 
     torch.manual_seed(1234 + rank)
+    if args.data:
+        rows = [line.split(",") for line in args.data.read_text().splitlines()[1:] if line]
+        points = torch.tensor([[float(x), float(y)] for x, y in rows])[rank::world]
+        print(f"rank {rank} read {len(points)} of {len(rows)} samples from {args.data.name}", flush=True)
+    else:
+        x = torch.rand(256, 1)
+        points = torch.cat([x, 3 * x + 2], dim=1)
     model = nn.parallel.DistributedDataParallel(nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(1, args.steps + 1):
-        x = torch.rand(64, 1)
-        loss = nn.functional.mse_loss(model(x), 3 * x + 2)
+        batch = points[torch.randint(len(points), (64,))]
+        x, y = batch[:, :1], batch[:, 1:]
+        loss = nn.functional.mse_loss(model(x), y)
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
