@@ -186,9 +186,11 @@ class NodeAgent:
         except msgspec.ValidationError as exc:
             log.warning("agent.bad_request", error=str(exc))
             return
-        self.stopped_attempts.add((request.job_id, request.attempt))
+        if request.task is None:
+            self.stopped_attempts.add((request.job_id, request.attempt))
         targets = [n for n in self.nodes.values()
-                   if (n.job_id, n.attempt) == (request.job_id, request.attempt) and n.group is not None]
+                   if (n.job_id, n.attempt) == (request.job_id, request.attempt) and n.group is not None
+                   and request.task in (None, n.task)]
         groups = [g for n in targets for g in (n.group, *n.execs) if g is not None]
         await asyncio.gather(*(group.stop(request.grace_seconds) for group in groups))
         log.info("agent.stopped", job_id=request.job_id, attempt=request.attempt, processes=len(targets))

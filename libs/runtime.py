@@ -82,17 +82,21 @@ class ServiceRuntime:
         await self._stopping.wait()
         await self.close()
 
-    async def close(self) -> None:
+    async def close(self, timeout: float = 10.0) -> None:
+        """Stop answering, end the background tasks, then close connections; every step is bounded,
+        so a stuck query or subscription can delay a shutdown but never hang it."""
         log.info("service.stopping")
         # Stop answering first, so no request reaches a service that is half shut down.
         with contextlib.suppress(Exception):
-            await self.broker.stop()
+            await asyncio.wait_for(self.broker.stop(), timeout)
         for task in self._tasks:
             task.cancel()
-        for task in self._tasks:
-            with contextlib.suppress(BaseException):
-                await task
         with contextlib.suppress(Exception):
-            await self.nc.drain()
-        await self.pool.close()
+            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
+        with contextlib.suppress(Exception):
+            await asyncio.wait_for(self.nc.close(), timeout)
+        try:
+            await asyncio.wait_for(self.pool.close(), timeout)
+        except (TimeoutError, Exception):
+            self.pool.terminate()
         shutdown_tracing()

@@ -52,6 +52,7 @@ class StopProcesses(_AgentMessage, frozen=True, tag="StopProcesses.v1"):
     job_id: str
     attempt: int
     grace_seconds: float = 10.0
+    task: int | None = None  # only this task of a batch job (its parameter servers, its standbys)
 
 
 class ExecInJob(_AgentMessage, frozen=True, tag="ExecInJob.v1"):

@@ -151,6 +151,8 @@ class Launcher:
             return events
         if self.state.stop_wanted(launch):
             return events  # the dispatcher records LaunchStopped once every node confirmed
+        if launch.node_of(unit).role != "worker" and launch.task_done(report.task):
+            return events  # a finished task's parameter server or standby, stopped on purpose
         if report.exit_code != 0:
             task = f"task {report.task + 1}: " if len(launch.tasks()) > 1 else ""
             events.append(LaunchFailed(
@@ -199,6 +201,10 @@ class Launcher:
                     if self._due(("stop", launch.attempt, node, launch.job_id), now):
                         work.append(asyncio.ensure_future(self._stop(launch, node)))
                 continue
+            for unit in launch.leftovers():
+                node = launch.node_of(unit).node
+                if self._due(("stop-task", launch.attempt, (unit[0], node), launch.job_id), now):
+                    work.append(asyncio.ensure_future(self._stop(launch, node, task=unit[0])))
             for unit in launch.pending():
                 if self._due(("start", launch.attempt, unit, launch.job_id), now):
                     work.append(asyncio.ensure_future(self._start(launch, unit)))
@@ -220,9 +226,13 @@ class Launcher:
         except ServiceUnavailable as exc:
             log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node.node, error=str(exc))
 
-    async def _stop(self, launch: Launch, node: str) -> None:
-        request = StopProcesses(job_id=launch.job_id, attempt=launch.attempt,
+    async def _stop(self, launch: Launch, node: str, *, task: int | None = None) -> None:
+        request = StopProcesses(job_id=launch.job_id, attempt=launch.attempt, task=task,
                                 grace_seconds=self.rt.settings.stop_grace_seconds)
+        if task is not None:  # ending one finished task's helpers; the launch goes on
+            with contextlib.suppress(ServiceUnavailable):
+                await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)
+            return
         try:
             with span_tracer.start_as_current_span("launcher stop", context=context_from_headers(launch.trace)):
                 await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)

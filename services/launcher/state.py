@@ -68,10 +68,16 @@ class Launch:
         return next((task for task in self.tasks() if not self.task_done(task)), None)
 
     def pending(self) -> list[Unit]:
-        """Units of the current task that were never started."""
+        """Units of the current task that were never started, once no earlier task still runs."""
         task = self.current_task()
+        if any(t != task for t, _ in self.running()):
+            return []  # a finished task's parameter servers or standbys are being stopped first
         done = self.started.keys() | self.exited.keys() | self.lost
         return [(n.task, n.rank) for n in self.nodes if n.task == task and (n.task, n.rank) not in done]
+
+    def leftovers(self) -> list[Unit]:
+        """Units still running for a task that is done (its parameter servers or standbys)."""
+        return [(t, r) for t, r in self.running() if self.task_done(t)]
 
     def node_of(self, unit: Unit) -> NodeLaunch:
         return next(n for n in self.nodes if (n.task, n.rank) == unit)

@@ -270,3 +270,18 @@ async def test_an_mpi_program_started_by_a_written_out_mpirun_communicates_acros
     assert "[0] hello from rank 1 of 2 on node-b" in lines
     assert "[0] sum of ranks 1" in lines  # MPI_Allreduce across the two nodes
     assert [i.role for i in (await api.get_job(accepted.job_id)).job.instances] == ["worker", "standby"]
+
+
+async def test_a_batch_tensorflow_job_stops_each_tasks_parameter_servers_before_the_next(stack: Stack) -> None:
+    api = await stack.up()
+    probe = BatchTask(algorithm=AlgorithmRef(name="env-probe"), command="python3 probe.py")
+    spec = JobSpec(name="tf-sweep", type="batch", mode="tensorflow", nodes=1, parameter_servers=1,
+                   flavors=["cpu-1"], tasks=[probe, probe], output=OutputRef(name="tf-sweep"))
+    accepted = await api.submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
+    # Task 2's parameter server listens on the port task 1's used: it only can once that one is gone.
+    assert job.status == "succeeded", job.reason
+    ps_lines = await stack.logs(accepted.job_id, 1)
+    assert sum("parameter server serving" in line for line in ps_lines) == 2
+    workers = await stack.logs(accepted.job_id, 0)
+    assert sum("reached parameter server" in line for line in workers) == 2
