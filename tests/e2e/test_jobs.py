@@ -285,3 +285,16 @@ async def test_a_batch_tensorflow_job_stops_each_tasks_parameter_servers_before_
     assert sum("parameter server serving" in line for line in ps_lines) == 2
     workers = await stack.logs(accepted.job_id, 0)
     assert sum("reached parameter server" in line for line in workers) == 2
+
+
+async def test_deepspeed_nodes_get_the_pytorch_variables(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="ds", mode="pytorch-deepspeed", nodes=2, flavors=["cpu-1"],
+                   algorithm=AlgorithmRef(name="env-probe"), command="python3 probe.py", output=OutputRef(name="ds"))
+    accepted = await api.submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended")
+    assert job.status == "succeeded", job.reason
+    probes = [probe_output(await stack.logs(accepted.job_id, rank)) for rank in (0, 1)]
+    port = probes[0]["MASTER_PORT"]
+    assert probes == [{"MASTER_ADDR": job.placement[0].address, "MASTER_PORT": port, "RANK": str(rank),
+                       "SLOTS": "1", "WORLD_SIZE": "2"} for rank in (0, 1)]

@@ -2,5 +2,8 @@
 
 import os
 
-print(f"hello from rank {os.environ['OMPI_COMM_WORLD_RANK']} of {os.environ['OMPI_COMM_WORLD_SIZE']} "
-      f"on {os.environ.get('TRAINYARD_NODE')}", flush=True)
+# One write per line: mpirun merges every rank's output into the master's, and a line written in
+# pieces could be split by another rank's.
+line = (f"hello from rank {os.environ['OMPI_COMM_WORLD_RANK']} of {os.environ['OMPI_COMM_WORLD_SIZE']} "
+        f"on {os.environ.get('TRAINYARD_NODE')}\n")
+os.write(1, line.encode())
