@@ -205,14 +205,18 @@ class NodeAgent:
         node = next((n for n in self.nodes.values()
                      if (n.job_id, n.attempt, n.task) == (request.job_id, request.attempt, request.task)
                      and n.group is not None and n.workspace is not None and n.runner and not n.runner.done()), None)
-        if node is None or node.group is None or node.workspace is None:
+        if node is None or node.workspace is None:
             await msg.respond(encode(CommandError(
                 code="not-found", message=f"job {request.job_id} attempt {request.attempt} does not run on "
                                           f"{self.info.name}")))
             return
         argv = node.workspace.command(["/bin/sh", "-c", request.command])
         group = ProcessGroup(argv, node.env, node.workspace.cwd, node.workspace.root / "exec.log")
-        await group.start()
+        try:
+            await group.start()
+        except OSError as exc:
+            await msg.respond(encode(CommandError(code="internal", message=f"cannot start the command: {exc}")))
+            return
         node.execs.append(group)  # a stop of the job reaches it too
         await msg.respond(encode(ProcessAccepted(already_known=False)))
         log.info("agent.exec_started", job_id=request.job_id, pid=group.pid)

@@ -124,7 +124,7 @@ class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
     attempt: int
     mode: str
     nodes: list[NodeLaunch]
-    # Ports base_port .. base_port + len(nodes) - 1 are this launch's (master port, TF task ports).
+    # Ports base_port .. base_port + ranks - 1 are this launch's (master port, TF task ports).
     base_port: int = 0
 
 

@@ -28,9 +28,6 @@ MPIRUN_PREFIX = ("mpirun --allow-run-as-root -np {np} -bind-to none -map-by slot
 _MPIRUN = re.compile(r"(?<![\w.-])mpirun(?![\w-])")
 
 
-__all__ = ["plan_launch", "workspace_mounts"]
-
-
 def hostfile_openmpi(placement: list[Placement]) -> str:
     return "".join(f"{p.node} slots={p.slots}\n" for p in placement)
 

@@ -46,7 +46,8 @@ class Launch:
     base_port: int = 0
 
     def ports(self) -> range:
-        return range(self.base_port, self.base_port + len(self.nodes))
+        """One port per rank, as `free_ports` reserved them (a batch job's tasks share them in turn)."""
+        return range(self.base_port, self.base_port + len({n.rank for n in self.nodes}))
 
     def running(self) -> list[Unit]:
         return [unit for unit in self.started if unit not in self.exited and unit not in self.lost]

@@ -20,6 +20,7 @@ from libs.contracts.jobspec import (
     OutputRef,
     VolumeRef,
 )
+from libs.storage import workspace_mounts
 from services.launcher.planner import (
     DEEPSPEED_HOSTFILE,
     MPI_HOSTFILE,
@@ -28,7 +29,6 @@ from services.launcher.planner import (
     hostfile_openmpi,
     plan_launch,
     tf_config,
-    workspace_mounts,
 )
 
 GPU4 = Flavor(name="gpu-4", cpus=16, memory_mib=65536, accelerators=4, board="A100")
