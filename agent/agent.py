@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -77,6 +78,15 @@ class RunningNode:
     env: dict[str, str] = field(default_factory=dict)
     # Commands run in this node's environment on another node's request (MPI daemons).
     execs: list[ProcessGroup] = field(default_factory=list)
+
+
+# The platform's signing secret and a user's token never reach a job, whatever the agent was started with.
+PRIVATE_VARIABLES = ("TRAINYARD_AUTH_SECRET", "TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN", "TRAINYARD_TOKEN_FILE")
+
+
+def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
+    """The agent's own environment, less what only the platform may read."""
+    return {k: v for k, v in environ.items() if k not in PRIVATE_VARIABLES}
 
 
 class NodeAgent:
@@ -244,7 +254,7 @@ class NodeAgent:
             await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                              node=self.info.name, exit_code=127), "exited", node)
             return
-        env = {**os.environ, **{k: workspace.translate(v, files) for k, v in launch.env.items()}}
+        env = {**job_environment(os.environ), **{k: workspace.translate(v, files) for k, v in launch.env.items()}}
         # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
         env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
         env.update(TRAINYARD_JOB_ID=node.job_id, TRAINYARD_ATTEMPT=str(node.attempt), TRAINYARD_TASK=str(node.task),

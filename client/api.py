@@ -1,53 +1,78 @@
 """The Python client: everything a user does with Trainyard, over NATS alone (SPEC X6).
 
-    async with TrainyardClient.connect("nats://127.0.0.1:4222") as client:
+    async with TrainyardClient.connect("nats://127.0.0.1:4222", token=my_token) as client:
         accepted = await client.submit(spec)
         job = await client.wait(accepted.job_id)
 
-Refused requests raise `TrainyardError` carrying the service's code, message and hint.
+Refused requests raise `TrainyardError` carrying the service's code, message and hint. Every request
+carries the caller's signed token (libs.auth): given, or found by `default_token`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import getpass
 import os
 from collections.abc import AsyncIterator, Callable
+from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
 
 from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope
+from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
-from libs.contracts.jobspec import JobSpec
+from libs.contracts.jobspec import JobSpec, Priority
 from libs.contracts.messages import (
     TERMINAL_STATUSES,
+    ChangeDuration,
+    ChangePriority,
+    ChangeSettings,
+    CloneJob,
     CommandError,
     DeleteJobs,
+    DevEnvSpec,
     Done,
+    ExplainJob,
+    FlavorList,
+    GetDevEnv,
     GetJob,
+    GetJobHistory,
     GetQueueStatus,
+    GetResources,
+    GetSettings,
+    IdentityView,
     JobAccepted,
     JobDetails,
+    JobHistory,
     JobList,
     JobStatus,
+    JobSummary,
     JobView,
+    ListFlavors,
     ListJobs,
     ListNodes,
     NodeList,
     NodeView,
+    PredictionReply,
+    PredictJob,
     QueueStatus,
+    ResourceList,
+    SearchJobs,
+    SearchResults,
+    SettingsView,
     StopJobs,
     SubmitJob,
+    WhoAmI,
+    WhyReply,
 )
+from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, WhyReport
 from libs.messaging.connection import connect_once
+from libs.messaging.reader import read_subject
 from libs.messaging.rpc import ServiceUnavailable, call
 
 
@@ -66,37 +91,48 @@ def default_nats_url() -> str:
     return os.environ.get("NATS_URL") or read_stack_env().get("NATS_URL") or "nats://127.0.0.1:4222"
 
 
-def current_user() -> str:
-    return os.environ.get("TRAINYARD_USER") or getpass.getuser()
+def default_token() -> str | None:
+    """TRAINYARD_TOKEN, else the file TRAINYARD_TOKEN_FILE names, else the token a local stack started
+    with `make up` issued to its user, else ~/.config/trainyard/token."""
+    from libs.devstack.stack import read_stack_env
+
+    if token := os.environ.get("TRAINYARD_TOKEN"):
+        return token.strip()
+    candidates = [os.environ.get("TRAINYARD_TOKEN_FILE"), read_stack_env().get("TRAINYARD_TOKEN_FILE"),
+                  str(Path.home() / ".config" / "trainyard" / "token")]
+    for candidate in candidates:
+        if candidate and Path(candidate).is_file():
+            return Path(candidate).read_text().strip()
+    return None
 
 
 class TrainyardClient:
-    def __init__(self, nc: Client, *, user: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, nc: Client, *, token: str | None = None, timeout: float = 10.0) -> None:
         self.nc = nc
         self.js = nc.jetstream()
-        self.user = user or current_user()
+        self.token = token if token is not None else default_token()
         self.timeout = timeout
 
     @classmethod
-    async def open(cls, nats_url: str | None = None, *, user: str | None = None) -> TrainyardClient:
+    async def open(cls, nats_url: str | None = None, *, token: str | None = None) -> TrainyardClient:
         url = nats_url or default_nats_url()
         try:
             nc = await connect_once(url, "trainyard-client")
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             raise ServiceUnavailable(f"cannot connect to NATS at {url} ({reason})") from None
-        return cls(nc, user=user)
+        return cls(nc, token=token)
 
     @classmethod
-    def connect(cls, nats_url: str | None = None, *, user: str | None = None) -> _ClientContext:
-        return _ClientContext(nats_url, user)
+    def connect(cls, nats_url: str | None = None, *, token: str | None = None) -> _ClientContext:
+        return _ClientContext(nats_url, token)
 
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.nc.drain()
 
     async def _call(self, subject: str, request: Any, expected: type[Any]) -> Any:
-        reply = await call(self.nc, subject, request, timeout=self.timeout)
+        reply = await call(self.nc, subject, request, timeout=self.timeout, token=self.token)
         if isinstance(reply, CommandError):
             raise TrainyardError(reply)
         if not isinstance(reply, expected):
@@ -107,17 +143,50 @@ class TrainyardClient:
 
     async def submit(self, spec: JobSpec, *, job_id: str | None = None) -> JobAccepted:
         """Create a job; passing the same `job_id` again is safe (it is created once)."""
-        request = SubmitJob(job_id=job_id or new_job_id(), spec=spec, user=self.user)
+        request = SubmitJob(job_id=job_id or new_job_id(), spec=spec)
         result: JobAccepted = await self._call(subjects.SUBMIT_JOB, request, JobAccepted)
         return result
 
     async def stop(self, job_ids: list[str]) -> Done:
-        result: Done = await self._call(subjects.STOP_JOBS, StopJobs(job_ids=job_ids, user=self.user), Done)
+        result: Done = await self._call(subjects.STOP_JOBS, StopJobs(job_ids=job_ids), Done)
         return result
 
     async def delete(self, job_ids: list[str]) -> Done:
-        result: Done = await self._call(subjects.DELETE_JOBS, DeleteJobs(job_ids=job_ids, user=self.user), Done)
+        result: Done = await self._call(subjects.DELETE_JOBS, DeleteJobs(job_ids=job_ids), Done)
         return result
+
+    async def change_priority(self, job_id: str, priority: Priority) -> Done:
+        """S3: reorder a queued job (very-urgent is for administrators; urgent counts against the cap, S2)."""
+        request = ChangePriority(job_id=job_id, priority=priority)
+        result: Done = await self._call(subjects.CHANGE_PRIORITY, request, Done)
+        return result
+
+    async def change_duration(self, job_id: str, duration: str | None) -> Done:
+        """S11: set (`4h`) or remove (None) a job's duration limit, also while it runs."""
+        request = ChangeDuration(job_id=job_id, duration=duration)
+        result: Done = await self._call(subjects.CHANGE_DURATION, request, Done)
+        return result
+
+    async def clone(self, source_job_id: str, overrides: dict[str, Any] | None = None, *,
+                    job_id: str | None = None) -> JobAccepted:
+        """O1: a new job from another's spec with top-level fields replaced by `overrides`.
+
+        The new job's id is chosen here, so retrying with the same `job_id` creates it once.
+        """
+        request = CloneJob(source_job_id=source_job_id, job_id=job_id or new_job_id(), overrides=overrides or {})
+        result: JobAccepted = await self._call(subjects.CLONE_JOB, request, JobAccepted)
+        return result
+
+    async def change_settings(self, *, urgent_cap: int | None = None, sharing_enabled: bool | None = None,
+                              max_resumes_cap: int | None = None, max_graceful_shutdown_seconds: int | None = None,
+                              debug_retention: str | None = None) -> AdminSettings:
+        """Administrators only: change the given settings (None keeps one) and return all of them."""
+        request = ChangeSettings(urgent_cap=urgent_cap, sharing_enabled=sharing_enabled,
+                                 max_resumes_cap=max_resumes_cap,
+                                 max_graceful_shutdown_seconds=max_graceful_shutdown_seconds,
+                                 debug_retention=debug_retention)
+        reply: SettingsView = await self._call(subjects.CHANGE_SETTINGS, request, SettingsView)
+        return reply.settings
 
     # --- queries ----------------------------------------------------------------------------------
 
@@ -138,6 +207,64 @@ class TrainyardClient:
     async def queue_status(self) -> QueueStatus:
         result: QueueStatus = await self._call(subjects.QUEUE_STATUS, GetQueueStatus(), QueueStatus)
         return result
+
+    async def predict(self, spec: JobSpec) -> Prediction:
+        """S6: whether `spec` would start now, or where it would queue and until when; creates nothing."""
+        reply: PredictionReply = await self._call(subjects.PREDICT_JOB, PredictJob(spec=spec), PredictionReply)
+        return reply.prediction
+
+    async def why(self, job_id: str) -> WhyReport:
+        """What a queued job waits for: jobs ahead, and per flavor the nodes and resources it lacks."""
+        reply: WhyReply = await self._call(subjects.EXPLAIN_JOB, ExplainJob(job_id=job_id), WhyReply)
+        return reply.report
+
+    async def devenv(self, job_id: str) -> DevEnvSpec:
+        """O4: what a development environment needs to look like one node of the job."""
+        result: DevEnvSpec = await self._call(subjects.GET_DEV_ENV, GetDevEnv(job_id=job_id), DevEnvSpec)
+        return result
+
+    async def history(self, job_id: str) -> list[EventEnvelope]:
+        """O6: every service's events about the job, in order.
+
+        Served by the scheduler rather than read from JetStream so that the job's access rules (J2)
+        apply to its history as to its details.
+        """
+        reply: JobHistory = await self._call(subjects.JOB_HISTORY, GetJobHistory(job_id=job_id), JobHistory)
+        return reply.events
+
+    async def events(self, job_id: str) -> list[EventEnvelope]:
+        """The same as `history` (kept for existing callers)."""
+        return await self.history(job_id)
+
+    async def search(self, *, name: str | None = None, statuses: list[JobStatus] | None = None,
+                     creator: str | None = None, algorithm: str | None = None, favorite_algorithm: str | None = None,
+                     flavor: str | None = None, output: str | None = None, project: str | None = None,
+                     limit: int = 200) -> list[JobSummary]:
+        """O2: the jobs the caller may see that match every given filter (`name`: a case-insensitive part)."""
+        request = SearchJobs(name=name, statuses=statuses or [], creator=creator, algorithm=algorithm,
+                             favorite_algorithm=favorite_algorithm, flavor=flavor, output=output, project=project,
+                             limit=limit)
+        reply: SearchResults = await self._call(subjects.SEARCH_JOBS, request, SearchResults)
+        return reply.jobs
+
+    async def resources(self, flavors: list[str]) -> list[NodeResources]:
+        """S7: the schedulable nodes for these flavors, with what is used and free on each."""
+        reply: ResourceList = await self._call(subjects.GET_RESOURCES, GetResources(flavors=flavors), ResourceList)
+        return reply.nodes
+
+    async def flavors(self, board: str | None = None) -> FlavorList:
+        """S8: the flavors (of one board model, if given) and the boards queued jobs need per model."""
+        result: FlavorList = await self._call(subjects.LIST_FLAVORS, ListFlavors(board=board), FlavorList)
+        return result
+
+    async def settings(self) -> AdminSettings:
+        reply: SettingsView = await self._call(subjects.GET_SETTINGS, GetSettings(), SettingsView)
+        return reply.settings
+
+    async def whoami(self) -> Identity:
+        """The identity the services see in this client's token."""
+        reply: IdentityView = await self._call(subjects.WHOAMI, WhoAmI(), IdentityView)
+        return reply.identity
 
     async def wait(self, job_id: str, *, poll_seconds: float = 0.5,
                    on_change: Callable[[JobView], None] | None = None, timeout: float | None = None) -> JobView:
@@ -171,19 +298,13 @@ class TrainyardClient:
         latest = max((s.attempt for s in samples), default=0)
         return sorted((s for s in samples if s.attempt == latest), key=lambda s: s.rank)
 
-    # --- streams: events and logs -------------------------------------------------------------------
-
-    async def events(self, job_id: str) -> list[EventEnvelope]:
-        """The job's full history across services, in the order it was published (O6)."""
-        messages = [m async for m in self._read(subjects.EVENTS_STREAM, subjects.events_of_job(job_id),
-                                                  follow=None)]
-        return [decode(m.data, EventEnvelope) for m in messages]
+    # --- streams: logs -------------------------------------------------------------------------------
 
     async def logs(self, job_id: str, rank: int | None = None, *, follow: bool = False) -> AsyncIterator[LogChunk]:
         """Log chunks of every node (or one rank); with `follow`, until the job has ended."""
         subject = subjects.job_logs(job_id, "*" if rank is None else rank)
         until = self._until_ended(job_id) if follow else None
-        async for msg in self._read(subjects.LOGS_STREAM, subject, follow=until):
+        async for msg in read_subject(self.js, subjects.LOGS_STREAM, subject, follow=until):
             yield decode(msg.data, LogChunk)
 
     async def _until_ended(self, job_id: str) -> None:
@@ -192,50 +313,15 @@ class TrainyardClient:
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.0)
 
-    async def _read(self, stream: str, subject: str, *, follow: Any) -> AsyncIterator[Msg]:
-        """Read `subject` from the start of `stream`; stop at its end, or when `follow` completes."""
-        queue: asyncio.Queue[Msg] = asyncio.Queue()
-
-        async def on_message(msg: Msg) -> None:
-            await queue.put(msg)
-
-        sub = await self.js.subscribe(subject, stream=stream, ordered_consumer=True,
-                                      deliver_policy=DeliverPolicy.ALL, cb=on_message)
-        stopper = asyncio.ensure_future(follow) if follow is not None else None
-        try:
-            info = await sub.consumer_info()
-            if stopper is None and not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
-                return
-            while True:
-                getter = asyncio.ensure_future(queue.get())
-                waiting: set[asyncio.Future[Any]] = {getter}
-                if stopper is not None:
-                    waiting.add(stopper)
-                done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                if getter not in done:
-                    getter.cancel()
-                    while not queue.empty():
-                        yield queue.get_nowait()
-                    return
-                msg = getter.result()
-                yield msg
-                if stopper is None and not msg.metadata.num_pending:
-                    return
-        finally:
-            if stopper is not None:
-                stopper.cancel()
-            with contextlib.suppress(Exception):
-                await sub.unsubscribe()
-
 
 class _ClientContext:
-    def __init__(self, nats_url: str | None, user: str | None) -> None:
+    def __init__(self, nats_url: str | None, token: str | None) -> None:
         self.nats_url = nats_url
-        self.user = user
+        self.token = token
         self.client: TrainyardClient | None = None
 
     async def __aenter__(self) -> TrainyardClient:
-        self.client = await TrainyardClient.open(self.nats_url, user=self.user)
+        self.client = await TrainyardClient.open(self.nats_url, token=self.token)
         return self.client
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,

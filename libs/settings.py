@@ -6,6 +6,8 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from libs.auth import read_secret
+
 
 def _float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
@@ -31,3 +33,11 @@ class Settings:
     stop_grace_seconds: float = field(default_factory=lambda: _float("TRAINYARD_STOP_GRACE_SECONDS", 10.0))
     # How long the launcher keeps asking an unreachable node to stop before it gives its processes up.
     stop_give_up_seconds: float = field(default_factory=lambda: _float("TRAINYARD_STOP_GIVE_UP_SECONDS", 60.0))
+    # The secret that signs identity tokens (libs.auth); services that answer users refuse to start without it.
+    auth_secret: str | None = field(default_factory=lambda: read_secret(required=False))
+
+    def require_auth_secret(self) -> str:
+        if not self.auth_secret:
+            raise SystemExit("no token signing secret: set TRAINYARD_AUTH_SECRET or TRAINYARD_AUTH_SECRET_FILE "
+                             "(`make up` creates one under .trainyard/)")
+        return self.auth_secret

@@ -3,7 +3,7 @@
 Storage is a tree shared by the services and every node (a local folder for one machine, NFS or
 the like for many). A job's /workspace is made of mounts of that tree:
 
-    algorithms/<name>                     -> /workspace/algorithm
+    algorithms/<name>[/<version>]         -> /workspace/algorithm
     datasets/<name>[/<version>]           -> /workspace/dataset/private/<name>
                                              /workspace/dataset/favorite/<name>/<version>
     annotations/<name>/<version>          -> /workspace/anno_dataset/<name>/annotation
@@ -39,7 +39,8 @@ def workspace_layout(spec: JobSpec, *, task_index: int | None = None) -> list[St
     if task_index is not None:
         algorithm, algorithm_field = spec.tasks[task_index].algorithm, f"tasks[{task_index}].algorithm"
     if algorithm is not None:
-        refs.append(StorageRef(algorithm_field, Mount(source=f"algorithms/{algorithm.name}", target="algorithm",
+        source = f"algorithms/{algorithm.name}" + (f"/{algorithm.version}" if algorithm.version else "")
+        refs.append(StorageRef(algorithm_field, Mount(source=source, target="algorithm",
                                                       read_only=algorithm.read_only), True))
     for i, dataset in enumerate(spec.datasets):
         source = f"datasets/{dataset.name}" + (f"/{dataset.version}" if dataset.version else "")

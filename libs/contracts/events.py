@@ -15,7 +15,8 @@ import msgspec
 from msgspec import Struct
 
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.jobspec import JobSpec
+from libs.contracts.jobspec import JobSpec, Priority
+from libs.contracts.scheduling import AdminSettings, Prediction
 
 
 class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -52,6 +53,14 @@ class JobSubmitted(_Event, frozen=True, tag="JobSubmitted.v1"):
     job_id: str
     spec: JobSpec
     creator: str
+    cloned_from: str | None = None  # O1: the job this one was cloned from
+
+
+class JobPredicted(_Event, frozen=True, tag="JobPredicted.v1"):
+    """S6: what the scheduler predicted for the job when it was queued (kept to measure accuracy)."""
+
+    job_id: str
+    prediction: Prediction
 
 
 class JobAdmitted(_Event, frozen=True, tag="JobAdmitted.v1"):
@@ -61,6 +70,50 @@ class JobAdmitted(_Event, frozen=True, tag="JobAdmitted.v1"):
     attempt: int
     flavor: str
     placement: list[Placement]
+    dropped_flavors: list[str] = msgspec.field(default_factory=list)  # S5: its other flavors, given up
+    backfilled: bool = False  # started ahead of a waiting job without delaying that job's reservation
+
+
+class JobPriorityChanged(_Event, frozen=True, tag="JobPriorityChanged.v1"):
+    """S3: a queued job's priority was changed; it keeps its submission order within the level."""
+
+    job_id: str
+    priority: Priority
+    by: str
+
+
+class JobDurationChanged(_Event, frozen=True, tag="JobDurationChanged.v1"):
+    """S11: the duration limit changed (None: no limit); a running job goes on without a restart."""
+
+    job_id: str
+    duration: str | None
+    by: str
+
+
+class JobExpiring(_Event, frozen=True, tag="JobExpiring.v1"):
+    """J16: a running job passed its duration limit; the launcher is stopping its processes."""
+
+    job_id: str
+    attempt: int
+    limit_seconds: int
+
+
+class JobExpired(_Event, frozen=True, tag="JobExpired.v1"):
+    """J16: the processes of a job past its duration limit were stopped (S12 `expired`)."""
+
+    job_id: str
+    reason: str
+
+
+class JobRescaling(_Event, frozen=True, tag="JobRescaling.v1"):
+    """S10: an elastic job moves to a new placement; the launcher stops the current attempt, and the
+    scheduler admits the next attempt on `placement` (held for it meanwhile) once it has stopped."""
+
+    job_id: str
+    attempt: int
+    flavor: str
+    placement: list[Placement]
+    reason: str
 
 
 class JobStopRequested(_Event, frozen=True, tag="JobStopRequested.v1"):
@@ -88,6 +141,16 @@ class JobStopped(_Event, frozen=True, tag="JobStopped.v1"):
 
 class JobDeleted(_Event, frozen=True, tag="JobDeleted.v1"):
     job_id: str
+    by: str
+
+
+# --- scheduler: aggregate "settings" (id = "platform") ---------------------------------------------
+
+
+class SettingsChanged(_Event, frozen=True, tag="SettingsChanged.v1"):
+    """An administrator changed the platform settings; `settings` is the whole new set."""
+
+    settings: AdminSettings
     by: str
 
 
@@ -196,15 +259,17 @@ class NodeRecovered(_Event, frozen=True, tag="NodeRecovered.v1"):
     node_name: str
 
 
-JobEvent = (JobSubmitted | JobAdmitted | JobStopRequested | JobSucceeded | JobFailed | JobStopped
-            | JobDeleted)
+JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | JobDurationChanged
+            | JobStopRequested | JobSucceeded | JobFailed | JobStopped | JobDeleted | JobExpiring | JobExpired
+            | JobRescaling)
 LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LaunchSucceeded
                | LaunchFailed | LaunchStopped)
 NodeEvent = NodeRegistered | NodeLost | NodeRecovered
-Event = JobEvent | LaunchEvent | NodeEvent
+Event = JobEvent | SettingsChanged | LaunchEvent | NodeEvent
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
-    JobSubmitted, JobAdmitted, JobStopRequested, JobSucceeded, JobFailed, JobStopped, JobDeleted,
+    JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
+    JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, SettingsChanged,
     LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LaunchSucceeded, LaunchFailed,
     LaunchStopped,
     NodeRegistered, NodeLost, NodeRecovered,

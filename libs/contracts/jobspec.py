@@ -41,9 +41,12 @@ class _Spec(Struct, frozen=True, kw_only=True):
 
 
 class AlgorithmRef(_Spec, frozen=True):
-    """J6: the code to run, mounted at /workspace/algorithm."""
+    """J6: the code to run, mounted at /workspace/algorithm: an own algorithm, or a favourite (another
+    user's shared algorithm) at one version."""
 
     name: ResourceName
+    source: Literal["private", "favorite"] = "private"
+    version: ResourceName | None = None
     read_only: bool = False
 
 
@@ -350,6 +353,11 @@ def validate_spec(spec: JobSpec) -> list[FieldError]:
                                message="data preparation needs read-only datasets",
                                hint="set read_only: true or turn data_preparation off"))
 
+    algorithms = [("algorithm", spec.algorithm)] + [(f"tasks[{i}].algorithm", t.algorithm)
+                                                     for i, t in enumerate(spec.tasks)]
+    for field, algorithm in algorithms:
+        if algorithm is not None and algorithm.source == "favorite" and algorithm.version is None:
+            add(FieldError(field=f"{field}.version", message="a favourite algorithm needs a version"))
     for index, dataset in enumerate(spec.datasets):
         if dataset.source == "favorite" and dataset.version is None:
             add(FieldError(field=f"datasets[{index}].version", message="a favourite dataset needs a version"))

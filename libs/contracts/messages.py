@@ -2,19 +2,30 @@
 
 Requests forbid unknown fields: a client sending a field the service does not know gets a clear
 error instead of having it ignored. Every reply is either the expected type or `CommandError`.
+Requests name no user: the caller is the identity of the signed token in the request's headers
+(`libs.contracts.identity`).
 """
 
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 from msgspec import Struct
 
 from libs.contracts.cluster import NodeInfo, Resources
-from libs.contracts.events import Placement
-from libs.contracts.jobspec import FieldError, JobSpec
+from libs.contracts.events import EventEnvelope, Mount, Placement
+from libs.contracts.identity import Identity
+from libs.contracts.jobspec import FieldError, JobSpec, Priority
+from libs.contracts.scheduling import (
+    AdminSettings,
+    BoardDemand,
+    FlavorInfo,
+    NodeResources,
+    Prediction,
+    WhyReport,
+)
 
 JobStatus = Literal["queued", "running", "succeeded", "failed", "stopped", "expired"]
 JOB_STATUSES: tuple[JobStatus, ...] = ("queued", "running", "succeeded", "failed", "stopped", "expired")
@@ -30,17 +41,108 @@ class SubmitJob(_Request, frozen=True, tag="SubmitJob.v1"):
 
     job_id: str
     spec: JobSpec
-    user: str
 
 
 class StopJobs(_Request, frozen=True, tag="StopJobs.v1"):
+    """O3: stop one or many jobs (queued ones at once, running ones through the launcher)."""
+
     job_ids: list[str]
-    user: str
 
 
 class DeleteJobs(_Request, frozen=True, tag="DeleteJobs.v1"):
+    """O3: delete one or many ended jobs."""
+
     job_ids: list[str]
-    user: str
+
+
+class ChangePriority(_Request, frozen=True, tag="ChangePriority.v1"):
+    """S3: change the priority of a queued job (very-urgent: administrators only)."""
+
+    job_id: str
+    priority: Priority
+
+
+class ChangeDuration(_Request, frozen=True, tag="ChangeDuration.v1"):
+    """S11: change a job's duration limit (`30m`, `4h`, `2d`; None removes it), also while it runs."""
+
+    job_id: str
+    duration: str | None
+
+
+class CloneJob(_Request, frozen=True, tag="CloneJob.v1"):
+    """O1: create a job from another's spec with top-level fields replaced by `overrides`."""
+
+    source_job_id: str
+    job_id: str  # the new job's id, chosen by the client so a retry is idempotent
+    overrides: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class PredictJob(_Request, frozen=True, tag="PredictJob.v1"):
+    """S6: would this spec start now, or where would it queue and until when? Creates nothing."""
+
+    spec: JobSpec
+
+
+class ExplainJob(_Request, frozen=True, tag="ExplainJob.v1"):
+    """`trainyard why`: what a queued job waits for."""
+
+    job_id: str
+
+
+class GetDevEnv(_Request, frozen=True, tag="GetDevEnv.v1"):
+    """O4: a development environment spec derived from a job."""
+
+    job_id: str
+
+
+class GetJobHistory(_Request, frozen=True, tag="GetJobHistory.v1"):
+    """O6: every service's events about one job, in order."""
+
+    job_id: str
+
+
+class SearchJobs(_Request, frozen=True, tag="SearchJobs.v1"):
+    """O2: jobs the caller may see, matching every given filter (`name` is a case-insensitive part)."""
+
+    name: str | None = None
+    statuses: list[JobStatus] = msgspec.field(default_factory=list)
+    creator: str | None = None
+    algorithm: str | None = None  # an own algorithm
+    favorite_algorithm: str | None = None
+    flavor: str | None = None  # among the job's flavors
+    output: str | None = None
+    project: str | None = None
+    limit: int = 200
+
+
+class GetResources(_Request, frozen=True, tag="GetResources.v1"):
+    """S7: the schedulable nodes for these flavors, with what is used and free on each."""
+
+    flavors: list[str]
+
+
+class ListFlavors(_Request, frozen=True, tag="ListFlavors.v1"):
+    """S8: flavors, optionally of one accelerator board model, with the boards queued jobs need."""
+
+    board: str | None = None
+
+
+class GetSettings(_Request, frozen=True, tag="GetSettings.v1"):
+    pass
+
+
+class ChangeSettings(_Request, frozen=True, tag="ChangeSettings.v1"):
+    """Administrators only: replace the given settings, keep the others."""
+
+    urgent_cap: int | None = None
+    sharing_enabled: bool | None = None
+    max_resumes_cap: int | None = None
+    max_graceful_shutdown_seconds: int | None = None
+    debug_retention: str | None = None
+
+
+class WhoAmI(_Request, frozen=True, tag="WhoAmI.v1"):
+    pass
 
 
 class ListJobs(_Request, frozen=True, tag="ListJobs.v1"):
@@ -69,7 +171,7 @@ class _Reply(Struct, frozen=True, kw_only=True, tag_field="type"):
 
 
 ErrorCode = Literal["invalid-request", "invalid-spec", "not-found", "conflict", "invalid-state",
-                    "unavailable", "internal"]
+                    "unauthenticated", "forbidden", "over-cap", "unavailable", "internal"]
 
 
 class CommandError(_Reply, frozen=True, tag="Error.v1"):
@@ -122,6 +224,12 @@ class JobView(Struct, frozen=True, kw_only=True):
     queue_position: int | None = None
     placement: list[Placement] = msgspec.field(default_factory=list)
     instances: list[InstanceView] = msgspec.field(default_factory=list)
+    duration: str | None = None  # the current duration limit (S11)
+    expires_at: datetime | None = None  # when a running job passes it (J16)
+    dropped_flavors: list[str] = msgspec.field(default_factory=list)  # S5
+    access: str = "none"  # J2: what others in the project may do (after the sharing switch)
+    cloned_from: str | None = None
+    prediction: Prediction | None = None  # S6: what was predicted when it was queued
 
 
 class JobList(_Reply, frozen=True, tag="JobList.v1"):
@@ -151,6 +259,75 @@ class Done(_Reply, frozen=True, tag="Done.v1"):
     message: str = ""
 
 
+class JobSummary(Struct, frozen=True, kw_only=True):
+    """One row of the search read model (O2)."""
+
+    job_id: str
+    name: str
+    project: str
+    creator: str
+    status: JobStatus
+    priority: str
+    mode: str
+    flavors: list[str]
+    flavor: str | None = None
+    algorithm: str | None = None
+    algorithm_source: str | None = None  # private (own) or favorite
+    output: str | None = None
+    submitted_at: datetime
+    ended_at: datetime | None = None
+
+
+class SearchResults(_Reply, frozen=True, tag="SearchResults.v1"):
+    jobs: list[JobSummary]
+
+
+class PredictionReply(_Reply, frozen=True, tag="PredictionReply.v1"):
+    prediction: Prediction
+
+
+class WhyReply(_Reply, frozen=True, tag="WhyReply.v1"):
+    report: WhyReport
+
+
+class DevEnvSpec(_Reply, frozen=True, tag="DevEnvSpec.v1"):
+    """O4: what a development environment needs to look like the job's node: image, size, mounts."""
+
+    name: str
+    project: str
+    source_job_id: str
+    image: str | None
+    flavor: str
+    mode: str
+    mounts: list[Mount]
+    env: dict[str, str]
+    node_names: list[str] = msgspec.field(default_factory=list)
+    pool: str | None = None
+    driver_version: str | None = None
+    command: str | None = None  # what the job ran, for reference
+
+
+class JobHistory(_Reply, frozen=True, tag="JobHistory.v1"):
+    events: list[EventEnvelope]
+
+
+class ResourceList(_Reply, frozen=True, tag="ResourceList.v1"):
+    nodes: list[NodeResources]
+
+
+class FlavorList(_Reply, frozen=True, tag="FlavorList.v1"):
+    flavors: list[FlavorInfo]
+    demand: list[BoardDemand]
+
+
+class SettingsView(_Reply, frozen=True, tag="SettingsView.v1"):
+    settings: AdminSettings
+
+
+class IdentityView(_Reply, frozen=True, tag="IdentityView.v1"):
+    identity: Identity
+
+
 class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     """The autoscaler's view of demand: queued jobs and the nodes they ask for, per flavor."""
 
@@ -159,5 +336,9 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     running_jobs: int
 
 
-Request = SubmitJob | StopJobs | DeleteJobs | ListJobs | GetJob | ListNodes | GetQueueStatus
-Reply = CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus
+Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
+           | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
+           | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus)
+Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
+         | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
+         | IdentityView)

@@ -35,6 +35,7 @@ from libs.devstack.stack import (
     ProcessSet,
     home_dir,
     local_stack_urls,
+    provision_auth,
     read_stack_env,
     seed_storage,
     stack_env,
@@ -87,7 +88,8 @@ def up() -> None:
         raise typer.Exit(1) from None
     storage = home / "storage"
     seed_storage(storage)
-    env = stack_env(nats_url=nats_url, database_url=database_url, storage=storage, cluster=CLUSTER)
+    env = stack_env(nats_url=nats_url, database_url=database_url, storage=storage, cluster=CLUSTER,
+                    extra=provision_auth(home))
     (home / STACK_ENV_FILE).write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
     processes = ProcessSet(home, env)
     start_platform(processes, CLUSTER, home / "agents")

@@ -7,6 +7,7 @@ processes and kill them at will.
 
 from __future__ import annotations
 
+import getpass
 import os
 import shutil
 import signal
@@ -93,6 +94,27 @@ def stack_env(*, nats_url: str, database_url: str, storage: Path, cluster: Path,
               extra: Mapping[str, str] | None = None) -> dict[str, str]:
     return {"NATS_URL": nats_url, "DATABASE_URL": database_url, "TRAINYARD_STORAGE": str(storage),
             "TRAINYARD_CLUSTER": str(cluster), "PYTHONUNBUFFERED": "1", **(extra or {})}
+
+
+def provision_auth(home: Path, *, user: str | None = None) -> dict[str, str]:
+    """A signing secret for this stack and an administrator token for its user, kept under `home`.
+
+    Services read the secret from TRAINYARD_AUTH_SECRET_FILE; clients find the token through
+    TRAINYARD_TOKEN_FILE in stack.env (see client.api.default_token).
+    """
+    from libs.auth import issue_token, new_secret
+    from libs.contracts.identity import Identity
+
+    home.mkdir(parents=True, exist_ok=True)
+    secret_file, token_file = home / "auth-secret", home / "token"
+    if not secret_file.exists():
+        secret_file.touch(mode=0o600)
+        secret_file.write_text(new_secret())
+    token = issue_token(secret_file.read_text().strip(),
+                        Identity(user=user or getpass.getuser(), projects=["default"], admin=True))
+    token_file.touch(mode=0o600)
+    token_file.write_text(token)
+    return {"TRAINYARD_AUTH_SECRET_FILE": str(secret_file), "TRAINYARD_TOKEN_FILE": str(token_file)}
 
 
 def start_platform(processes: ProcessSet, cluster: Path, agents_root: Path) -> None:

@@ -17,7 +17,9 @@ from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
+from libs.auth import AuthError, bearer_headers, identity_from_headers
 from libs.contracts.codec import decode_any, encode
+from libs.contracts.identity import Identity
 from libs.contracts.jobspec import SpecError, field_error_from_msgspec
 from libs.contracts.messages import CommandError, Reply
 from libs.contracts.strict import decode_strict
@@ -27,6 +29,7 @@ from libs.telemetry.tracing import context_from_headers, current_trace_headers, 
 log = get_logger(__name__)
 
 RequestHandler = Callable[[Any], Awaitable[Any]]
+AuthenticatedHandler = Callable[[Any, Identity], Awaitable[Any]]
 
 
 def error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError) -> CommandError:
@@ -42,18 +45,46 @@ def error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError)
 
 def register_responder(broker: NatsBroker, service: str, subject: str, request_type: object,
                        handler: RequestHandler, *, queue: str | None = None) -> None:
-    """Answer requests on `subject`; several instances share the load through `queue`."""
+    """Answer requests on `subject` from anyone who can publish there (node agents, other services);
+    several instances share the load through `queue`."""
+    _register(broker, service, subject, request_type, lambda request, _: handler(request), None, queue)
+
+
+def register_authenticated(broker: NatsBroker, service: str, subject: str, request_type: object,
+                           handler: AuthenticatedHandler, *, secret: str, queue: str | None = None) -> None:
+    """Answer requests that carry a valid token (libs.auth); the handler gets the caller's identity.
+    A request without one is refused with `unauthenticated` before it is decoded."""
+    _register(broker, service, subject, request_type, handler, secret, queue)
+
+
+def register_all_authenticated(broker: NatsBroker, service: str,
+                               handlers: list[tuple[str, object, AuthenticatedHandler]], *, secret: str) -> None:
+    """`register_authenticated` for each (subject, request type, handler)."""
+    for subject, request_type, handler in handlers:
+        register_authenticated(broker, service, subject, request_type, handler, secret=secret)
+
+
+def _register(broker: NatsBroker, service: str, subject: str, request_type: object,
+              handler: Callable[[Any, Any], Awaitable[Any]], secret: str | None,
+              queue: str | None) -> None:
     span_tracer = tracer(f"trainyard.{service}")
 
     async def respond(msg: NatsMessage) -> bytes:
         parent = context_from_headers(msg.headers)
         with span_tracer.start_as_current_span(f"{service} {subject}", context=parent) as span:
+            identity: Identity | None = None
+            if secret is not None:
+                try:
+                    identity = identity_from_headers(secret, msg.headers)
+                except AuthError as exc:
+                    return encode(CommandError(code="unauthenticated", message=str(exc)))
+                span.set_attribute("trainyard.user", identity.user)
             try:
                 request = decode_strict(msg.body, request_type)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 return encode(error_for_decode_failure(exc))
             try:
-                reply = await handler(request)
+                reply = await handler(request, identity)
             except SpecError as exc:
                 reply = CommandError(code="invalid-spec", message=f"the job spec is invalid: {exc}",
                                      errors=exc.errors)
@@ -72,10 +103,12 @@ class ServiceUnavailable(Exception):
 
 
 async def call(nc: Client, subject: str, request: msgspec.Struct, *, timeout: float = 10.0,
-               reply_type: object = Reply) -> Any:
-    """Send `request` and return the decoded reply (a CommandError is returned, not raised)."""
+               reply_type: object = Reply, token: str | None = None) -> Any:
+    """Send `request` (with the caller's token, if any) and return the decoded reply (a CommandError is
+    returned, not raised)."""
+    headers = {**current_trace_headers(), **bearer_headers(token)}
     try:
-        msg = await nc.request(subject, encode(request), timeout=timeout, headers=current_trace_headers())
+        msg = await nc.request(subject, encode(request), timeout=timeout, headers=headers)
     except NoRespondersError:
         raise ServiceUnavailable(f"nothing answers on {subject}") from None
     except NatsTimeout:

@@ -12,10 +12,11 @@ from nats.aio.msg import Msg
 
 from libs.contracts import subjects
 from libs.contracts.events import EventEnvelope
+from libs.contracts.identity import Identity
 from libs.contracts.messages import GetQueueStatus, QueueStatus
 from libs.eventstore import Tracking
 from libs.messaging.follower import StreamFollower
-from libs.messaging.rpc import register_responder
+from libs.messaging.rpc import register_authenticated
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.autoscaler.state import DemandState
@@ -35,14 +36,15 @@ class Autoscaler:
                                   subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
                                   message_type=EventEnvelope, handle=self.on_job_event, reactions=False)
         await follower.start()
-        register_responder(self.rt.broker, SERVICE, subjects.QUEUE_STATUS, GetQueueStatus, self.status)
+        register_authenticated(self.rt.broker, SERVICE, subjects.QUEUE_STATUS, GetQueueStatus, self.status,
+                               secret=self.rt.settings.require_auth_secret())
         self.rt.spawn(self.report_loop(follower), "report")
 
     async def on_job_event(self, envelope: EventEnvelope, _: Msg, __: Tracking | None) -> bool:
         self.demand.apply(envelope)
         return False
 
-    async def status(self, _: GetQueueStatus) -> QueueStatus:
+    async def status(self, _: GetQueueStatus, __: Identity) -> QueueStatus:
         return QueueStatus(queued_jobs=len(self.demand.queued), queued_by_flavor=self.demand.queued_by_flavor(),
                            running_jobs=len(self.demand.running))
 

@@ -9,6 +9,7 @@ from libs.contracts.events import (
     EventEnvelope,
     JobAdmitted,
     JobDeleted,
+    JobExpired,
     JobFailed,
     JobStopped,
     JobSubmitted,
@@ -28,7 +29,7 @@ class DemandState:
         elif isinstance(event, JobAdmitted):
             self.queued.pop(event.job_id, None)
             self.running.add(event.job_id)
-        elif isinstance(event, JobSucceeded | JobFailed | JobStopped | JobDeleted):
+        elif isinstance(event, JobSucceeded | JobFailed | JobStopped | JobExpired | JobDeleted):
             self.queued.pop(event.job_id, None)
             self.running.discard(event.job_id)
 

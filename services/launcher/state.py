@@ -7,7 +7,9 @@ from dataclasses import dataclass, field
 from libs.contracts.events import (
     EventEnvelope,
     JobAdmitted,
+    JobExpiring,
     JobFailed,
+    JobRescaling,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
@@ -88,7 +90,8 @@ class Launch:
 class LauncherState:
     specs: dict[str, JobSpec] = field(default_factory=dict)
     admissions: dict[str, JobAdmitted] = field(default_factory=dict)
-    # Jobs the scheduler wants ended (stop requested, failed elsewhere, finished).
+    # Jobs the scheduler wants ended (stop requested, past their duration limit, being moved to a new
+    # placement, failed elsewhere, finished).
     ending: set[str] = field(default_factory=set)
     launches: dict[str, Launch] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
@@ -101,7 +104,8 @@ class LauncherState:
             elif isinstance(event, JobAdmitted):
                 self.admissions[event.job_id] = event
                 self.ending.discard(event.job_id)
-            elif isinstance(event, JobStopRequested | JobFailed | JobStopped | JobSucceeded):
+            elif isinstance(event, JobStopRequested | JobExpiring | JobRescaling | JobFailed | JobStopped
+                            | JobSucceeded):
                 self.ending.add(event.job_id)
             return
         if envelope.service != "launcher":

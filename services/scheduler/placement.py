@@ -1,18 +1,26 @@
-"""One scheduling cycle as a pure function: a snapshot in, admissions out (SPEC S1, S4, S5, S9).
+"""One scheduling cycle as a pure function: a snapshot in, a decision out (SPEC S1, S4, S5, S9, S10).
 
-The cycle walks the queue in start order. For each job it tries its flavors in the order given
-(S5: the first that fits wins) and places every node of the job at once or none (S4). A job that
-cannot start blocks the jobs behind it, so a big job at the head is never starved by small ones.
+The cycle walks the queue in start order. Each job tries its flavors in the order given (S5) and
+places every rank at once or none (S4), on the nodes it may use (S9); an elastic job may start on
+fewer nodes (S10). The first job that cannot start becomes the head: it gets a reservation (the
+earliest time its gang fits, from the duration limits of running jobs), and a later job starts now
+only if it cannot delay that reservation (backfill). Jobs that fit on no node even of an empty
+cluster are reported and never block anyone. Last, shrunken elastic jobs are grown on what is left.
+
+Nothing here reads a clock or does I/O: `now` is a parameter, so a decision can be replayed.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from dataclasses import dataclass
+import bisect
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
 
 from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, NodeInfo, Resources
 from libs.contracts.events import Placement, Role
-from libs.contracts.jobspec import JobSpec
+from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
 
 
 @dataclass(frozen=True)
@@ -27,6 +35,17 @@ class NodeCapacity:
 class QueuedJob:
     job_id: str
     spec: JobSpec
+    duration_seconds: int | None = None  # its current duration limit (J16/S11); None = no limit
+
+
+@dataclass(frozen=True)
+class RunningJob:
+    job_id: str
+    spec: JobSpec
+    flavor: Flavor
+    placement: list[Placement]
+    ends_at: datetime | None  # started_at + duration limit; None = no limit (unknown end)
+    can_grow: bool = True  # False while it is already being moved
 
 
 @dataclass(frozen=True)
@@ -34,6 +53,38 @@ class Admission:
     job_id: str
     flavor: str
     placement: list[Placement]
+    dropped_flavors: list[str] = field(default_factory=list)  # S5: the job's other flavors
+    backfilled: bool = False  # started ahead of a blocked job
+
+
+@dataclass(frozen=True)
+class Growth:
+    """S10: restart a running elastic job on a bigger placement."""
+
+    job_id: str
+    flavor: str
+    placement: list[Placement]
+
+
+@dataclass(frozen=True)
+class Reservation:
+    """What the first blocked job (the "head") is promised."""
+
+    job_id: str
+    flavor: str
+    start: datetime | None  # None: unknown (it waits on running jobs without a duration limit)
+    nodes: list[str]  # one per rank
+
+
+@dataclass(frozen=True)
+class Decision:
+    admissions: list[Admission]
+    growths: list[Growth]
+    reservation: Reservation | None
+    unplaceable: list[str]  # queued jobs that fit on no node of this cluster even when it is empty
+
+
+# --- eligibility and single-gang placement ------------------------------------------------------------
 
 
 def eligible(node: NodeInfo, spec: JobSpec, flavor: Flavor) -> bool:
@@ -59,58 +110,457 @@ def role_flavor(role: str, flavor: Flavor) -> Flavor:
     return PARAMETER_SERVER_FLAVOR if role == "ps" else flavor
 
 
-def place_gang(spec: JobSpec, flavor: Flavor, nodes: Iterable[NodeCapacity]) -> list[Placement] | None:
-    """Place all ranks of a job, or return None: `spec.nodes` workers of `flavor`, then (TensorFlow)
-    `spec.parameter_servers` parameter servers.
+def parameter_server_count(spec: JobSpec) -> int:
+    return spec.parameter_servers if spec.mode == "tensorflow" else 0
+
+
+def worker_counts(spec: JobSpec) -> range:
+    """The worker counts a job accepts, most preferred first: its node count, then (S10, elastic)
+    every smaller count down to its minimum."""
+    elastic = spec.checkpoint_resume.elastic if spec.checkpoint_resume else None
+    lowest = min(elastic.min_nodes, spec.nodes) if elastic else spec.nodes
+    return range(spec.nodes, lowest - 1, -1)
+
+
+def holdings(placement: Iterable[Placement], flavor: Flavor) -> dict[str, Resources]:
+    """What a placement holds on each node."""
+    held: dict[str, Resources] = {}
+    for placed in placement:
+        need = Resources.of_flavor(role_flavor(placed.role, flavor))
+        held[placed.node] = held[placed.node] + need if placed.node in held else need
+    return held
+
+
+def least(a: Resources, b: Resources) -> Resources:
+    return Resources(cpus=min(a.cpus, b.cpus), memory_mib=min(a.memory_mib, b.memory_mib),
+                     accelerators=min(a.accelerators, b.accelerators))
+
+
+_EligibilityKey = tuple[tuple[str, ...], str | None, tuple[str | None, str | None] | None]
+
+
+def _eligibility_key(spec: JobSpec, flavor: Flavor) -> _EligibilityKey:
+    """Everything `eligible` looks at, so nodes are filtered once per kind of rank and cycle."""
+    accelerators = (flavor.board, spec.driver_version) if flavor.accelerators else None
+    return tuple(spec.node_names), spec.pool, accelerators
+
+
+class Cluster:
+    """The nodes of one cycle, with the eligible nodes of each kind of rank computed once."""
+
+    def __init__(self, infos: Iterable[NodeInfo]) -> None:
+        self.infos: dict[str, NodeInfo] = {info.name: info for info in infos}
+        self._eligible: dict[_EligibilityKey, tuple[str, ...]] = {}
+
+    def eligible(self, spec: JobSpec, flavor: Flavor) -> tuple[_EligibilityKey, tuple[str, ...]]:
+        key = _eligibility_key(spec, flavor)
+        names = self._eligible.get(key)
+        if names is None:
+            names = tuple(name for name, info in self.infos.items() if eligible(info, spec, flavor))
+            self._eligible[key] = names
+        return key, names
+
+
+class Capacity:
+    """Free resources per node, with an index of the nodes where one rank of a kind fits.
+
+    On a busy cluster only a few nodes have room; the index lets a placement look at those instead
+    of every node, and it is kept up to date as resources are taken and given back.
+    """
+
+    def __init__(self, cluster: Cluster, free: dict[str, Resources]) -> None:
+        self.cluster = cluster
+        self.free = free
+        self._fitting: dict[tuple[_EligibilityKey, Resources], set[str]] = {}
+        self._watchers: dict[str, list[tuple[Resources, set[str]]]] = {}
+
+    @classmethod
+    def of(cls, nodes: Iterable[NodeCapacity]) -> Capacity:
+        nodes = list(nodes)
+        return cls(Cluster(n.info for n in nodes), {n.info.name: n.free for n in nodes})
+
+    def copy(self) -> Capacity:
+        return Capacity(self.cluster, dict(self.free))
+
+    def fitting(self, spec: JobSpec, flavor: Flavor) -> set[str]:
+        """Nodes eligible for one rank of `flavor` where one such rank fits now (a live view)."""
+        key, names = self.cluster.eligible(spec, flavor)
+        need = Resources.of_flavor(flavor)
+        nodes = self._fitting.get((key, need))
+        if nodes is None:
+            nodes = set()
+            for name in names:
+                self._watchers.setdefault(name, []).append((need, nodes))
+                if need.fits_in(self.free[name]):
+                    nodes.add(name)
+            self._fitting[(key, need)] = nodes
+        return nodes
+
+    def set(self, name: str, free: Resources) -> None:
+        self.free[name] = free
+        for need, nodes in self._watchers.get(name, ()):
+            if need.fits_in(free):
+                nodes.add(name)
+            else:
+                nodes.discard(name)
+
+    def take(self, held: Mapping[str, Resources]) -> None:
+        for name, amount in held.items():
+            if name in self.free:
+                self.set(name, self.free[name] - amount)
+
+    def give(self, held: Mapping[str, Resources]) -> None:
+        for name, amount in held.items():
+            if name in self.free:
+                self.set(name, self.free[name] + amount)
+
+
+def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int) -> list[Placement] | None:
+    """Place `workers` workers of `flavor` and the job's parameter servers on `capacity`, all or none.
 
     Each rank goes to the eligible node holding the fewest ranks of this job so far, then with the
     most free CPU left (ties by name), which spreads a job across hosts when it can and packs it when
-    it must.
+    it must. `capacity` itself is not changed.
     """
-    nodes = list(nodes)
-    infos = {n.info.name: n.info for n in nodes}
-    free = {n.info.name: n.free for n in nodes}
-    ranks_on = dict.fromkeys(free, 0)
-    parameter_servers = spec.parameter_servers if spec.mode == "tensorflow" else 0
-    workers: list[Role] = ["worker"] * spec.nodes
-    servers: list[Role] = ["ps"] * parameter_servers
-    roles = workers + servers
+    worker_roles: list[Role] = ["worker"] * workers
+    server_roles: list[Role] = ["ps"] * parameter_server_count(spec)
+    roles = worker_roles + server_roles
+    candidates = {role: capacity.fitting(spec, role_flavor(role, flavor)) for role in set(roles)}
+    if any(not nodes for nodes in candidates.values()):
+        return None
+    infos = capacity.cluster.infos
+    left: dict[str, Resources] = {}  # free after the ranks placed so far, for the nodes used
+    ranks_on: dict[str, int] = {}
     placement: list[Placement] = []
     for rank, role in enumerate(roles):
         rank_flavor = role_flavor(role, flavor)
         need = Resources.of_flavor(rank_flavor)
-        candidates = [name for name, left in free.items()
-                      if eligible(infos[name], spec, rank_flavor) and need.fits_in(left)]
-        if not candidates:
+        best: str | None = None
+        best_key: tuple[int, float, int, str] | None = None
+        for name in candidates[role]:
+            free = left.get(name)
+            if free is None:
+                free = capacity.free[name]
+            if not need.fits_in(free):
+                continue
+            key = (ranks_on.get(name, 0), -free.cpus, -free.memory_mib, name)
+            if best_key is None or key < best_key:
+                best, best_key = name, key
+        if best is None:
             return None
-        best = min(candidates, key=lambda name: (ranks_on[name], -free[name].cpus, -free[name].memory_mib, name))
-        free[best] = free[best] - need
-        ranks_on[best] += 1
+        left[best] = left.get(best, capacity.free[best]) - need
+        ranks_on[best] = ranks_on.get(best, 0) + 1
         placement.append(Placement(rank=rank, node=best, address=infos[best].address, slots=rank_flavor.slots,
                                    role=role))
     return placement
 
 
-def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity],
-             flavors: dict[str, Flavor]) -> list[Admission]:
-    """Admit queued jobs, head first, until one does not fit (strict order, no backfill yet)."""
-    capacity = {n.info.name: n for n in nodes}
-    admissions: list[Admission] = []
-    for job in queue:
-        admitted = None
-        for flavor_name in job.spec.flavors:
-            flavor = flavors.get(flavor_name)
+def place_gang(spec: JobSpec, flavor: Flavor, nodes: Iterable[NodeCapacity], *,
+               node_count: int | None = None) -> list[Placement] | None:
+    """Place all ranks of a job, or return None: `node_count` (default `spec.nodes`) workers of
+    `flavor`, then (TensorFlow) `spec.parameter_servers` parameter servers of the fixed flavor."""
+    return place(Capacity.of(nodes), spec, flavor, spec.nodes if node_count is None else node_count)
+
+
+Choice = tuple[str, list[Placement]]  # a flavor name and a placement
+
+
+def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor],
+           counts: Iterable[int] | None = None) -> Choice | None:
+    """The job's first workable (flavor, placement): every flavor at the full node count first, then
+    (elastic jobs) every flavor at each smaller count. Flavors are equivalent (J9) but node counts
+    are not: a shrunken job runs slower and must be restarted to grow, so size comes first."""
+    for count in worker_counts(spec) if counts is None else counts:
+        for name in spec.flavors:
+            flavor = flavors.get(name)
             if flavor is None:
                 continue
-            placement = place_gang(job.spec, flavor, capacity.values())
+            placement = place(capacity, spec, flavor, count)
             if placement is not None:
-                admitted = Admission(job_id=job.job_id, flavor=flavor_name, placement=placement)
-                break
-        if admitted is None:
-            break
-        admissions.append(admitted)
-        for placed in admitted.placement:
-            node = capacity[placed.node]
-            need = Resources.of_flavor(role_flavor(placed.role, flavors[admitted.flavor]))
-            capacity[placed.node] = NodeCapacity(info=node.info, free=node.free - need)
-    return admissions
+                return name, placement
+    return None
+
+
+Shape = tuple[object, ...]
+
+
+def _shape(spec: JobSpec) -> Shape:
+    """What placement depends on: two jobs of one shape fit or fail alike on the same capacity."""
+    elastic = spec.checkpoint_resume.elastic if spec.checkpoint_resume else None
+    return (tuple(spec.flavors), spec.nodes, elastic.min_nodes if elastic else None, spec.pool,
+            spec.driver_version, tuple(spec.node_names), parameter_server_count(spec))
+
+
+def _slots(need: Resources, free: Resources) -> int:
+    """How many ranks needing `need` fit in `free`."""
+    counts = [math.floor(free.cpus / need.cpus + 1e-9)]
+    if need.memory_mib:
+        counts.append(free.memory_mib // need.memory_mib)
+    if need.accelerators:
+        counts.append(free.accelerators // need.accelerators)
+    return max(min(counts), 0)
+
+
+# --- the cycle ------------------------------------------------------------------------------------------
+
+
+def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
+             running: Sequence[RunningJob] = (), now: datetime) -> Decision:
+    """Decide which queued jobs start now and which running elastic jobs grow.
+
+    `queue` is in start order (S1); `nodes` are the schedulable nodes with what is free on them now;
+    `running` says what the running jobs hold and until when (their duration limits).
+    """
+    return _Cycle(nodes, flavors, running, now).run(queue)
+
+
+@dataclass
+class _Head:
+    reservation: Reservation
+    at_start: dict[str, Resources]  # free at the reserved start, before the head takes its share
+    held: dict[str, Resources]  # what the head's reserved placement holds per node
+
+
+class _Cycle:
+    """One pass over the queue. Capacity only shrinks during a cycle, so a job shape that failed on
+    some capacity is remembered and not tried again on it."""
+
+    def __init__(self, nodes: list[NodeCapacity], flavors: Mapping[str, Flavor], running: Sequence[RunningJob],
+                 now: datetime) -> None:
+        self.cluster = Cluster(n.info for n in nodes)
+        self.flavors = flavors
+        self.running = list(running)
+        self.now = now
+        self.free_now = Capacity(self.cluster, {n.info.name: n.free for n in nodes})
+        self.failed_now: set[Shape] = set()
+        self.failed_extra: set[Shape] = set()
+        self.placeable: dict[Shape, bool] = {}
+        self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = {}
+        self.admissions: list[Admission] = []
+        # What running jobs and this cycle's admissions hold, and until when (None: no limit).
+        self.holders: list[tuple[datetime | None, dict[str, Resources]]] = [
+            (job.ends_at, holdings(job.placement, job.flavor)) for job in self.running]
+        self.unplaceable: list[str] = []
+        self.head: _Head | None = None
+        # Per node: what stays free at the head's start once the head has its share (backfills that
+        # outlive the start are taken from it), and what a backfill may use now without delaying the head.
+        self.after_head: dict[str, Resources] = {}
+        self.extra: Capacity | None = None
+        self.totals: Capacity | None = None
+
+    def run(self, queue: list[QueuedJob]) -> Decision:
+        for job in queue:
+            if self.head is None:
+                self._admit_in_order(job)
+            else:
+                self._backfill(job)
+        growths = self._grow()
+        return Decision(admissions=self.admissions, growths=growths,
+                        reservation=self.head.reservation if self.head else None, unplaceable=self.unplaceable)
+
+    # --- walking the queue -------------------------------------------------------------------------
+
+    def _try(self, job: QueuedJob, capacity: Capacity, failed: set[Shape]) -> Choice | None:
+        shape = _shape(job.spec)
+        if shape in failed:
+            return None
+        choice = choose(capacity, job.spec, self.flavors)
+        if choice is None:
+            failed.add(shape)
+        return choice
+
+    def _admit(self, job: QueuedJob, choice: Choice, *, backfilled: bool) -> dict[str, Resources]:
+        flavor_name, placement = choice
+        held = holdings(placement, self.flavors[flavor_name])
+        self.free_now.take(held)
+        ends = self.now + timedelta(seconds=job.duration_seconds) if job.duration_seconds is not None else None
+        self.holders.append((ends, held))
+        self.admissions.append(Admission(job_id=job.job_id, flavor=flavor_name, placement=placement,
+                                         dropped_flavors=[f for f in job.spec.flavors if f != flavor_name],
+                                         backfilled=backfilled))
+        return held
+
+    def _admit_in_order(self, job: QueuedJob) -> None:
+        choice = self._try(job, self.free_now, self.failed_now)
+        if choice is not None:
+            self._admit(job, choice, backfilled=False)
+        elif not self._placeable(job.spec):
+            self.unplaceable.append(job.job_id)
+        else:
+            self.head = self._reserve(job)
+            self.after_head = {name: free - self.head.held.get(name, Resources())
+                               for name, free in self.head.at_start.items()}
+            self.extra = Capacity(self.cluster, {name: least(free, self.after_head[name])
+                                                 for name, free in self.free_now.free.items()})
+
+    def _backfill(self, job: QueuedJob) -> None:
+        """Start a job behind the head only if it cannot delay the head's reservation: it ends before
+        the reserved start, or it uses only what the head will not need then."""
+        assert self.head is not None and self.extra is not None
+        start = self.head.reservation.start
+        ends_in_time = (start is not None and job.duration_seconds is not None
+                        and self.now + timedelta(seconds=job.duration_seconds) <= start)
+        if ends_in_time:
+            choice = self._try(job, self.free_now, self.failed_now)
+        elif _shape(job.spec) in self.failed_now:
+            choice = None
+        else:
+            choice = self._try(job, self.extra, self.failed_extra)
+        if choice is None:
+            if not self._placeable(job.spec):
+                self.unplaceable.append(job.job_id)
+            return
+        held = self._admit(job, choice, backfilled=True)
+        for name, amount in held.items():
+            if not ends_in_time:
+                self.after_head[name] = self.after_head[name] - amount
+            self.extra.set(name, least(self.free_now.free[name], self.after_head[name]))
+
+    # --- the head's reservation ----------------------------------------------------------------------
+
+    def _placeable(self, spec: JobSpec) -> bool:
+        """Whether the job fits on the cluster when it is empty, with any of its flavors."""
+        shape = _shape(spec)
+        known = self.placeable.get(shape)
+        if known is None:
+            smallest = worker_counts(spec)[-1]
+            known = any(self._fits_empty(spec, self.flavors[name], smallest)
+                        for name in spec.flavors if name in self.flavors)
+            self.placeable[shape] = known
+        return known
+
+    def _fits_empty(self, spec: JobSpec, flavor: Flavor, workers: int) -> bool:
+        if parameter_server_count(spec):
+            # Workers and parameter servers compete for nodes: only a real placement tells.
+            return place(self._totals(), spec, flavor, workers) is not None
+        key, names = self.cluster.eligible(spec, flavor)
+        need = Resources.of_flavor(flavor)
+        most = self.most_workers.get((key, need))
+        if most is None:
+            most = sum(_slots(need, Resources.of_node(self.cluster.infos[name])) for name in names)
+            self.most_workers[(key, need)] = most
+        return most >= workers
+
+    def _totals(self) -> Capacity:
+        """The cluster as if it were empty."""
+        if self.totals is None:
+            self.totals = Capacity(self.cluster, {name: Resources.of_node(info)
+                                                  for name, info in self.cluster.infos.items()})
+        return self.totals
+
+    def _releases(self) -> tuple[list[datetime], list[dict[str, Resources]], list[dict[str, Resources]]]:
+        """What is held until a known end (sorted by end; an overdue job releases now), and what is
+        held without one. Jobs admitted earlier in this cycle count as running from now."""
+        timed = sorted(((max(end, self.now), held) for end, held in self.holders if end is not None),
+                       key=lambda pair: pair[0])
+        return ([end for end, _ in timed], [held for _, held in timed],
+                [held for end, held in self.holders if end is None])
+
+    def _capacity_after(self, released: Iterable[dict[str, Resources]]) -> Capacity:
+        capacity = self.free_now.copy()
+        for held in released:
+            for name, amount in held.items():
+                if name in capacity.free:
+                    capacity.free[name] = capacity.free[name] + amount
+        return capacity
+
+    def _reserve(self, job: QueuedJob) -> _Head:
+        """The earliest time the head's gang fits, given that running jobs end by their duration
+        limits: the full size first, then (elastic) smaller sizes; with no such time, the start is
+        unknown and the nodes are reserved on what would be free once every running job ended."""
+        ends, timed, untimed = self._releases()
+        times = [self.now, *sorted({end for end in ends if end > self.now})]
+        cache: dict[int, Capacity] = {}
+
+        def capacity_at(index: int) -> Capacity:
+            if index not in cache:
+                cache[index] = self._capacity_after(timed[: bisect.bisect_right(ends, times[index])])
+            return cache[index]
+
+        for count in worker_counts(job.spec):
+            best: tuple[int, str, list[Placement]] | None = None
+            for name in job.spec.flavors:
+                flavor = self.flavors.get(name)
+                last = len(times) - 1 if best is None else best[0] - 1  # a later flavor must start earlier
+                if flavor is None or last < 0:
+                    continue
+                placement = place(capacity_at(last), job.spec, flavor, count)
+                if placement is None:
+                    continue
+                low, high = 0, last  # fits at `high`; free capacity only grows with time
+                while low < high:
+                    middle = (low + high) // 2
+                    found = place(capacity_at(middle), job.spec, flavor, count)
+                    if found is None:
+                        low = middle + 1
+                    else:
+                        high, placement = middle, found
+                best = (high, name, placement)
+            if best is not None:
+                index, name, placement = best
+                return self._head(job, name, placement, times[index], capacity_at(index).free)
+        everything = self._capacity_after([*timed, *untimed])
+        # Totals only matter when something not listed as running holds resources forever.
+        for capacity in (everything, self._totals()):
+            choice = choose(capacity, job.spec, self.flavors)
+            if choice is not None:
+                return self._head(job, choice[0], choice[1], None, everything.free)
+        raise AssertionError("a placeable job has no reservation")  # _placeable said it fits on the totals
+
+    def _head(self, job: QueuedJob, flavor: str, placement: list[Placement], start: datetime | None,
+              at_start: dict[str, Resources]) -> _Head:
+        return _Head(reservation=Reservation(job_id=job.job_id, flavor=flavor, start=start,
+                                             nodes=[p.node for p in placement]),
+                     at_start=dict(at_start), held=holdings(placement, self.flavors[flavor]))
+
+    # --- S10: growing shrunken elastic jobs ---------------------------------------------------------------
+
+    def _grow(self) -> list[Growth]:
+        """Grow shrunken elastic jobs on what this cycle's admissions left, never into the head's
+        reservation. What a job gives up while it moves is not handed to anyone else this cycle."""
+        growths: list[Growth] = []
+        start = self.head.reservation.start if self.head else None
+        growable = sorted((job for job in self.running if self._may_grow(job)),
+                          key=lambda job: PRIORITY_RANK[job.spec.priority])
+        for job in growable:
+            own = holdings(job.placement, job.flavor)
+            # At the head's start the job still holds its nodes unless it will have ended by then.
+            own_at_start = {} if job.ends_at is not None and start is not None and job.ends_at <= start else own
+            room = self._room_for(own, own_at_start)
+            current = sum(1 for p in job.placement if p.role == "worker")
+            placement = None
+            for count in range(job.spec.nodes, current, -1):
+                placement = place(room, job.spec, job.flavor, count)
+                if placement is not None:
+                    break
+            if placement is None:
+                continue
+            growths.append(Growth(job_id=job.job_id, flavor=job.flavor.name, placement=placement))
+            for name, amount in holdings(placement, job.flavor).items():
+                self.free_now.set(name, self.free_now.free[name] - _excess(amount, own.get(name)))
+                if self.head is not None:
+                    self.after_head[name] = self.after_head[name] - _excess(amount, own_at_start.get(name))
+        return growths
+
+    def _may_grow(self, job: RunningJob) -> bool:
+        elastic = job.spec.checkpoint_resume.elastic if job.spec.checkpoint_resume else None
+        workers = sum(1 for p in job.placement if p.role == "worker")
+        return job.can_grow and elastic is not None and elastic.allow_scale_up and workers < job.spec.nodes
+
+    def _room_for(self, own: dict[str, Resources], own_at_start: dict[str, Resources]) -> Capacity:
+        room: dict[str, Resources] = {}
+        for name, free in self.free_now.free.items():
+            now = free + own[name] if name in own else free
+            if self.head is not None:
+                later = self.after_head[name]
+                now = least(now, later + own_at_start[name] if name in own_at_start else later)
+            room[name] = now
+        return Capacity(self.cluster, room)
+
+
+def _excess(amount: Resources, own: Resources | None) -> Resources:
+    """What `amount` takes beyond `own`, per resource."""
+    if own is None:
+        return amount
+    return Resources(cpus=max(amount.cpus - own.cpus, 0.0), memory_mib=max(amount.memory_mib - own.memory_mib, 0),
+                     accelerators=max(amount.accelerators - own.accelerators, 0))

@@ -1,83 +1,85 @@
-"""The scheduler service: owns jobs, queues them (S1), admits them all-or-nothing (S4).
+"""The scheduler service: owns jobs, queues them (S1), admits them all-or-nothing (S4) with backfill,
+grows elastic jobs (S10), expires jobs past their duration limit (J16) and explains itself (S6, `why`).
 
-It answers the job commands and queries, follows the monitor (nodes) and the launcher (process
-outcomes), and runs scheduling cycles whenever something changed that could let a job start.
+It answers the job commands and queries (commands.py, queries.py; every request authenticated, every
+operation checked against J2), follows the monitor (nodes) and the launcher (process outcomes), and
+runs scheduling cycles whenever something changed that could let a job start.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 
+import msgspec
 from nats.aio.msg import Msg
 
 from libs.contracts import subjects
-from libs.contracts.cluster import ClusterConfig, Resources
+from libs.contracts.cluster import ClusterConfig, Flavor, Resources
 from libs.contracts.events import (
     Event,
     EventEnvelope,
     JobAdmitted,
-    JobDeleted,
+    JobExpired,
+    JobExpiring,
     JobFailed,
+    JobRescaling,
     JobStopped,
-    JobStopRequested,
-    JobSubmitted,
     JobSucceeded,
     LaunchFailed,
     LaunchStopped,
     LaunchSucceeded,
     NodeLost,
 )
-from libs.contracts.ids import is_job_id
-from libs.contracts.jobspec import FieldError, validate_spec
-from libs.contracts.messages import (
-    CommandError,
-    DeleteJobs,
-    Done,
-    GetJob,
-    JobAccepted,
-    JobDetails,
-    JobList,
-    ListJobs,
-    ListNodes,
-    NodeList,
-    NodeView,
-    StopJobs,
-    SubmitJob,
-)
 from libs.eventstore import NewEvent, Tracking
 from libs.messaging.follower import StreamFollower
-from libs.messaging.rpc import register_responder
 from libs.runtime import ServiceRuntime
-from libs.storage import missing_inputs
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.scheduler.placement import NodeCapacity, QueuedJob, schedule
-from services.scheduler.state import SchedulerState
+from services.scheduler.placement import Decision, NodeCapacity, QueuedJob, RunningJob, schedule
+from services.scheduler.read_model import JobSearchProjection
+from services.scheduler.state import Job, SchedulerState
 
 SERVICE = "scheduler"
+SETTINGS_AGGREGATE = ("settings", "platform")
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.scheduler")
 
 
+def utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
 class Scheduler:
-    def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig, *, cycle_seconds: float = 5.0) -> None:
+    def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig, *, cycle_seconds: float = 5.0,
+                 clock: Callable[[], datetime] = utc_now) -> None:
         self.rt = runtime
+        self.secret = runtime.settings.require_auth_secret()
         self.state = SchedulerState(cluster)
         self.lock = asyncio.Lock()
         self.wake = asyncio.Event()
         self.cycle_seconds = cycle_seconds
+        self.clock = clock
         self.followers: list[StreamFollower] = []
+        self.search = JobSearchProjection(runtime.store)
+        self._projection_wake = asyncio.Event()
+        self.last_decision: Decision | None = None
 
     # --- start-up --------------------------------------------------------------------------------
 
     async def start(self) -> None:
+        from services.scheduler.commands import register_commands
+        from services.scheduler.queries import register_queries
+
         count = 0
         async for envelope in self.rt.store.read_all():
             self.state.apply(envelope)
             count += 1
         log.info("scheduler.rebuilt", events=count, jobs=len(self.state.jobs))
+        await self.search.migrate()
+        await self.search.catch_up()
         for upstream in ("monitor", "launcher"):
             follower = StreamFollower(self.rt.js, self.rt.store, stream=subjects.EVENTS_STREAM,
                                       subject=subjects.events_of_service(upstream),
@@ -85,32 +87,46 @@ class Scheduler:
                                       handle=self.on_upstream)
             await follower.start()
             self.followers.append(follower)
-        broker = self.rt.broker
-        register_responder(broker, SERVICE, subjects.SUBMIT_JOB, SubmitJob, self.submit)
-        register_responder(broker, SERVICE, subjects.STOP_JOBS, StopJobs, self.stop)
-        register_responder(broker, SERVICE, subjects.DELETE_JOBS, DeleteJobs, self.delete)
-        register_responder(broker, SERVICE, subjects.LIST_JOBS, ListJobs, self.list_jobs)
-        register_responder(broker, SERVICE, subjects.GET_JOB, GetJob, self.get_job)
-        register_responder(broker, SERVICE, subjects.LIST_NODES, ListNodes, self.list_nodes)
+        register_commands(self)
+        register_queries(self)
         self.rt.spawn(self.scheduling_loop(), "cycle")
+        self.rt.spawn(self.projection_loop(), "search-projection")
 
     # --- appending -------------------------------------------------------------------------------
 
-    async def _append(self, changes: Sequence[tuple[str, Event]], tracking: Tracking | None = None) -> None:
+    async def append(self, changes: Sequence[tuple[str, Event]], tracking: Tracking | None = None) -> None:
         """Append job events (several jobs at once if need be) and fold them into the state."""
-        expected = {("job", job_id): self._version(job_id) for job_id, _ in changes}
+        expected = {("job", job_id): self.version(job_id) for job_id, _ in changes}
         stored = await self.rt.store.append(
             [NewEvent("job", job_id, event) for job_id, event in changes],
             expected_versions=expected, tracking=tracking, trace=current_trace_headers(),
         )
+        self._applied(stored)
+
+    async def append_settings(self, event: Event) -> None:
+        stored = await self.rt.store.append([NewEvent(*SETTINGS_AGGREGATE, event)],
+                                            expected_versions={SETTINGS_AGGREGATE: self.state.settings_version},
+                                            trace=current_trace_headers())
+        self._applied(stored)
+
+    def _applied(self, stored: list[EventEnvelope]) -> None:
         for envelope in stored:
             self.state.apply(envelope)
             log.info("job.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
         self.wake.set()
+        self._projection_wake.set()
 
-    def _version(self, job_id: str) -> int:
+    def version(self, job_id: str) -> int:
         job = self.state.jobs.get(job_id)
         return job.version if job else 0
+
+    async def projection_loop(self) -> None:
+        """Keep the search read model (O2) close behind the log; searches also catch up first."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._projection_wake.wait(), 5.0)
+            self._projection_wake.clear()
+            await self.search.catch_up()
 
     # --- following other services ------------------------------------------------------------------
 
@@ -126,7 +142,7 @@ class Scheduler:
                 changes = self.reactions(envelope)
                 if not changes:
                     return False
-                await self._append(changes, tracking)
+                await self.append(changes, tracking)
                 return True
 
     def reactions(self, envelope: EventEnvelope) -> list[tuple[str, Event]]:
@@ -149,6 +165,14 @@ class Scheduler:
             return [(job.job_id, JobFailed(job_id=job.job_id, reason=event.reason, exit_code=event.exit_code))]
         if job.stop_requested_by is not None:
             return [(job.job_id, JobStopped(job_id=job.job_id, by=job.stop_requested_by))]
+        if job.expiring:
+            return [(job.job_id, JobExpired(job_id=job.job_id,
+                                            reason=f"ran past its duration limit of {job.duration}"))]
+        if job.rescaling is not None:
+            # S10: the old attempt is down; the next one starts on the placement held for it.
+            return [(job.job_id, JobAdmitted(job_id=job.job_id, attempt=job.attempt + 1,
+                                             flavor=job.rescaling.flavor, placement=job.rescaling.placement,
+                                             dropped_flavors=job.dropped_flavors))]
         return [(job.job_id, JobFailed(job_id=job.job_id, reason="its processes were stopped"))]
 
     # --- scheduling cycles -------------------------------------------------------------------------
@@ -160,121 +184,85 @@ class Scheduler:
         log.info("scheduler.caught_up")
         while True:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), self.cycle_seconds)
+                await asyncio.wait_for(self.wake.wait(), self._seconds_to_next_deadline())
             self.wake.clear()
             async with self.lock:
                 await self.run_cycle()
 
-    async def run_cycle(self) -> None:
-        queue = self.state.queue()
-        if not queue:
-            return
+    def _seconds_to_next_deadline(self) -> float:
+        """Sleep until the next cycle or the next duration limit, whichever comes first."""
+        now = self.clock()
+        deadlines = [(j.ends_at - now).total_seconds() for j in self.state.running()
+                     if j.ends_at is not None and not j.expiring]
+        return max(0.05, min([self.cycle_seconds, *deadlines]))
+
+    def capacity(self) -> list[NodeCapacity]:
         used = self.state.used()
-        nodes = [
+        return [
             NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
             for name, n in self.state.nodes.items() if not n.lost
         ]
-        flavors = {f.name: f for f in self.state.cluster.flavors}
-        admissions = schedule([QueuedJob(j.job_id, j.spec) for j in queue], nodes, flavors)
-        for admission in admissions:
+
+    def flavors(self) -> dict[str, Flavor]:
+        return {f.name: f for f in self.state.cluster.flavors}
+
+    def queued_jobs(self) -> list[QueuedJob]:
+        # The decision logic reads priority from the spec: give it the current one (S3).
+        return [QueuedJob(j.job_id, j.spec if j.spec.priority == j.priority
+                          else msgspec.structs.replace(j.spec, priority=j.priority), j.duration_seconds)
+                for j in self.state.queue()]
+
+    def running_jobs(self) -> list[RunningJob]:
+        running: list[RunningJob] = []
+        for job in self.state.running():
+            flavor = self.state.flavor(job.flavor or "")
+            if flavor is None:
+                continue
+            # A job being moved holds both placements until its next attempt starts.
+            placement = list(job.placement) + (list(job.rescaling.placement) if job.rescaling else [])
+            running.append(RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=placement,
+                                      ends_at=job.ends_at,
+                                      can_grow=job.rescaling is None and not job.expiring
+                                      and job.stop_requested_by is None))
+        return running
+
+    async def run_cycle(self) -> None:
+        now = self.clock()
+        await self._expire(now)
+        queue = self.queued_jobs()
+        running = self.running_jobs()
+        if not queue and not any(r.can_grow and r.spec.checkpoint_resume and r.spec.checkpoint_resume.elastic
+                                 for r in running):
+            self.last_decision = None
+            return
+        decision = schedule(queue, self.capacity(), self.flavors(), running=running, now=now)
+        self.last_decision = decision
+        for admission in decision.admissions:
             job = self.state.jobs[admission.job_id]
             # Each admission continues the trace its job was submitted in.
             with span_tracer.start_as_current_span("scheduler admit", context=context_from_headers(job.trace)):
-                await self._append([(job.job_id, JobAdmitted(
+                await self.append([(job.job_id, JobAdmitted(
                     job_id=job.job_id, attempt=job.attempt + 1, flavor=admission.flavor,
-                    placement=admission.placement))])
+                    placement=admission.placement, dropped_flavors=admission.dropped_flavors,
+                    backfilled=admission.backfilled))])
+        for growth in decision.growths:
+            job = self.state.jobs[growth.job_id]
+            workers = sum(p.role == "worker" for p in job.placement)
+            grown = sum(p.role == "worker" for p in growth.placement)
+            with span_tracer.start_as_current_span("scheduler grow", context=context_from_headers(job.trace)):
+                await self.append([(job.job_id, JobRescaling(
+                    job_id=job.job_id, attempt=job.attempt, flavor=growth.flavor, placement=growth.placement,
+                    reason=f"grows from {workers} to {grown} nodes now that resources are free"))])
 
-    # --- commands ----------------------------------------------------------------------------------
+    async def _expire(self, now: datetime) -> None:
+        """J16: a running job past its duration limit is stopped and will end `expired`."""
+        for job in self.state.running():
+            if job.ends_at is not None and job.ends_at <= now and not job.expiring \
+                    and job.stop_requested_by is None:
+                with span_tracer.start_as_current_span("scheduler expire", context=context_from_headers(job.trace)):
+                    await self.append([(job.job_id, JobExpiring(job_id=job.job_id, attempt=job.attempt,
+                                                                limit_seconds=job.duration_seconds or 0))])
 
-    async def submit(self, request: SubmitJob) -> JobAccepted | CommandError:
-        if not is_job_id(request.job_id):
-            return CommandError(code="invalid-request", message=f"{request.job_id!r} is not a job id",
-                                hint="let the client choose it (job-<12 hex digits>)")
-        if not request.user:
-            return CommandError(code="invalid-request", message="the request names no user")
-        errors = validate_spec(request.spec)
-        known = [f.name for f in self.state.cluster.flavors]
-        errors += [
-            FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
-                       hint=f"choose from: {', '.join(known)}")
-            for i, name in enumerate(request.spec.flavors) if name not in known
-        ]
-        # Only a well-formed spec names storage paths worth looking up, and a retried submit of a job
-        # that exists is answered below whatever storage holds now.
-        if not errors and request.job_id not in self.state.jobs:
-            errors = missing_inputs(request.spec, self.rt.settings.storage_root)
-        if errors:
-            return CommandError(code="invalid-spec",
-                                message="the job spec is invalid: " + "; ".join(map(str, errors)),
-                                errors=errors)
-        async with self.lock:
-            existing = self.state.jobs.get(request.job_id)
-            if existing is not None:
-                if existing.spec != request.spec or existing.creator != request.user:
-                    return CommandError(code="conflict", message=f"job {request.job_id} exists with "
-                                        "another spec", hint="submit again without choosing the id")
-                return JobAccepted(job_id=request.job_id, status=existing.status, created=False)
-            await self._append([(request.job_id, JobSubmitted(job_id=request.job_id, spec=request.spec,
-                                                              creator=request.user))])
-            return JobAccepted(job_id=request.job_id, status=self.state.jobs[request.job_id].status,
-                               created=True)
-
-    def _missing(self, job_ids: list[str]) -> CommandError | None:
-        missing = [j for j in job_ids if j not in self.state.jobs or self.state.jobs[j].deleted]
-        if not missing:
-            return None
-        return CommandError(code="not-found", message=f"no such job: {', '.join(missing)}",
-                            hint="`trainyard list` shows your jobs; nothing was changed")
-
-    async def stop(self, request: StopJobs) -> Done | CommandError:
-        async with self.lock:
-            if error := self._missing(request.job_ids):
-                return error
-            changes: list[tuple[str, Event]] = []
-            for job_id in dict.fromkeys(request.job_ids):
-                job = self.state.jobs[job_id]
-                if job.status == "queued":
-                    changes.append((job_id, JobStopped(job_id=job_id, by=request.user)))
-                elif job.status == "running" and job.stop_requested_by is None:
-                    changes.append((job_id, JobStopRequested(job_id=job_id, by=request.user)))
-            if changes:
-                await self._append(changes)
-        return Done(job_ids=list(dict.fromkeys(request.job_ids)), message=f"stopping {len(changes)} job(s)")
-
-    async def delete(self, request: DeleteJobs) -> Done | CommandError:
-        async with self.lock:
-            if error := self._missing(request.job_ids):
-                return error
-            active = [j for j in request.job_ids if not self.state.jobs[j].terminal]
-            if active:
-                return CommandError(code="invalid-state",
-                                    message=f"still queued or running: {', '.join(active)}",
-                                    hint=f"stop first: trainyard stop {' '.join(active)}; nothing was deleted")
-            job_ids = list(dict.fromkeys(request.job_ids))
-            await self._append([(j, JobDeleted(job_id=j, by=request.user)) for j in job_ids])
-        return Done(job_ids=job_ids, message=f"deleted {len(job_ids)} job(s)")
-
-    # --- queries -----------------------------------------------------------------------------------
-
-    async def list_jobs(self, request: ListJobs) -> JobList:
-        jobs = [
-            j for j in self.state.jobs.values()
-            if not j.deleted and (not request.statuses or j.status in request.statuses)
-            and (request.project is None or j.spec.project == request.project)
-        ]
-        jobs.sort(key=lambda j: j.queue_order, reverse=True)
-        return JobList(jobs=[self.state.view(j) for j in jobs[: request.limit]])
-
-    async def get_job(self, request: GetJob) -> JobDetails | CommandError:
-        if error := self._missing([request.job_id]):
-            return error
-        job = self.state.jobs[request.job_id]
-        return JobDetails(job=self.state.view(job), spec=job.spec)
-
-    async def list_nodes(self, _: ListNodes) -> NodeList:
-        used = self.state.used()
-        return NodeList(nodes=[
-            NodeView(info=n.info, status="lost" if n.lost else "ready", used=used.get(name, Resources()),
-                     jobs=[j.job_id for j in self.state.jobs_on(name)])
-            for name, n in sorted(self.state.nodes.items())
-        ])
+    def visible_job(self, job_id: str) -> Job | None:
+        job = self.state.jobs.get(job_id)
+        return None if job is None or job.deleted else job

@@ -7,14 +7,20 @@ jobs and the node view; the service calls it during rebuild and after every appe
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
 from libs.contracts.events import (
     EventEnvelope,
     JobAdmitted,
     JobDeleted,
+    JobDurationChanged,
+    JobExpired,
+    JobExpiring,
     JobFailed,
+    JobPredicted,
+    JobPriorityChanged,
+    JobRescaling,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
@@ -27,9 +33,11 @@ from libs.contracts.events import (
     NodeRecovered,
     NodeRegistered,
     Placement,
+    SettingsChanged,
 )
-from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
+from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_duration
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
+from libs.contracts.scheduling import AdminSettings, Prediction
 from services.scheduler.placement import role_flavor
 
 
@@ -73,14 +81,33 @@ class Job:
     deleted: bool = False
     instances: dict[int, Instance] = field(default_factory=dict)
     trace: dict[str, str] = field(default_factory=dict)
+    priority: Priority = "normal"  # S3: the spec's, until changed
+    duration: str | None = None  # S11: the spec's limit, until changed
+    dropped_flavors: list[str] = field(default_factory=list)
+    expiring: bool = False  # J16: past its limit, being stopped
+    rescaling: JobRescaling | None = None  # S10: being moved to a new placement
+    prediction: Prediction | None = None
+    cloned_from: str | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
 
+    @property
+    def duration_seconds(self) -> int | None:
+        return parse_duration(self.duration) if self.duration else None
+
+    @property
+    def ends_at(self) -> datetime | None:
+        """When a running job passes its duration limit (J16); None without a limit."""
+        seconds = self.duration_seconds
+        if self.started_at is None or seconds is None:
+            return None
+        return self.started_at + timedelta(seconds=seconds)
+
     def sort_key(self) -> tuple[int, int]:
         """S1: very urgent before urgent before normal; first come first served within a level."""
-        return (PRIORITY_RANK[self.spec.priority], self.queue_order)
+        return (PRIORITY_RANK[self.priority], self.queue_order)
 
 
 @dataclass
@@ -94,6 +121,8 @@ class SchedulerState:
     cluster: ClusterConfig
     jobs: dict[str, Job] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
+    settings: AdminSettings = field(default_factory=AdminSettings)
+    settings_version: int = 0
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -111,10 +140,14 @@ class SchedulerState:
             if event.node_name in self.nodes:
                 self.nodes[event.node_name].lost = False
             return
+        if isinstance(event, SettingsChanged):
+            self.settings, self.settings_version = event.settings, envelope.version
+            return
         if isinstance(event, JobSubmitted):
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
                                           submitted_at=at, queue_order=envelope.position,
-                                          trace=envelope.trace)
+                                          trace=envelope.trace, priority=event.spec.priority,
+                                          duration=event.spec.duration, cloned_from=event.cloned_from)
         job = self.jobs.get(getattr(event, "job_id", ""))
         if job is None:
             return
@@ -132,8 +165,24 @@ class SchedulerState:
             job.attempt = event.attempt
             job.flavor = event.flavor
             job.placement = list(event.placement)
-            job.started_at = at
+            job.dropped_flavors = list(event.dropped_flavors)
+            if job.rescaling is None:
+                job.started_at = at  # a rescaled job keeps its start, so its duration limit still counts
+            job.rescaling = None
             job.instances = {p.rank: Instance(rank=p.rank, node=p.node, role=p.role) for p in event.placement}
+        elif isinstance(event, JobPredicted):
+            job.prediction = event.prediction
+        elif isinstance(event, JobPriorityChanged):
+            job.priority = event.priority
+        elif isinstance(event, JobDurationChanged):
+            job.duration = event.duration
+        elif isinstance(event, JobExpiring):
+            job.expiring = True
+        elif isinstance(event, JobExpired):
+            job.status, job.ended_at, job.reason = "expired", at, event.reason
+            job.expiring, job.rescaling = False, None
+        elif isinstance(event, JobRescaling):
+            job.rescaling = event
         elif isinstance(event, JobStopRequested):
             job.stop_requested_by = event.by
         elif isinstance(event, JobSucceeded):
@@ -141,8 +190,10 @@ class SchedulerState:
         elif isinstance(event, JobFailed):
             job.status, job.ended_at = "failed", at
             job.reason, job.exit_code = event.reason, event.exit_code
+            job.rescaling = None
         elif isinstance(event, JobStopped):
             job.status, job.ended_at, job.reason = "stopped", at, event.reason
+            job.rescaling = None
         elif isinstance(event, JobDeleted):
             job.deleted = True
 
@@ -175,33 +226,48 @@ class SchedulerState:
     def running(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.status == "running"]
 
+    def holdings(self, job: Job) -> list[tuple[str, Resources]]:
+        """What a running job holds, per rank: its placement and, while it is being moved (S10), the
+        placement it moves to, so that nothing else takes those resources meanwhile."""
+        held: list[tuple[str, Resources]] = []
+        for flavor_name, placement in ((job.flavor, job.placement),
+                                       *([(job.rescaling.flavor, job.rescaling.placement)] if job.rescaling else [])):
+            flavor = self.flavor(flavor_name or "")
+            if flavor is None:
+                continue
+            held += [(p.node, Resources.of_flavor(role_flavor(p.role, flavor))) for p in placement]
+        return held
+
     def used(self) -> dict[str, Resources]:
         """Resources held per node by running jobs."""
         used: dict[str, Resources] = {name: Resources() for name in self.nodes}
         for job in self.running():
-            flavor = self.flavor(job.flavor or "")
-            if flavor is None:
-                continue
-            for placement in job.placement:
-                held = Resources.of_flavor(role_flavor(placement.role, flavor))
-                used[placement.node] = used.get(placement.node, Resources()) + held
+            for node, held in self.holdings(job):
+                used[node] = used.get(node, Resources()) + held
         return used
+
+    def queue_positions(self) -> dict[str, int]:
+        return {job.job_id: index for index, job in enumerate(self.queue(), start=1)}
 
     def jobs_on(self, node: str) -> list[Job]:
         return [j for j in self.running() if any(p.node == node for p in j.placement)]
 
-    def view(self, job: Job) -> JobView:
+    def view(self, job: Job, positions: dict[str, int] | None = None) -> JobView:
         queue_position = None
         if job.status == "queued":
-            queue_position = next(i for i, j in enumerate(self.queue(), start=1) if j is job)
+            queue_position = (positions if positions is not None else self.queue_positions()).get(job.job_id)
         spec = job.spec
         return JobView(
             job_id=job.job_id, name=spec.name, project=spec.project, creator=job.creator,
-            status=job.status, priority=spec.priority, mode=spec.mode, nodes=spec.nodes,
+            status=job.status, priority=job.priority, mode=spec.mode, nodes=spec.nodes,
             flavors=list(spec.flavors), submitted_at=job.submitted_at, flavor=job.flavor,
             attempt=job.attempt, started_at=job.started_at, ended_at=job.ended_at, reason=job.reason,
             exit_code=job.exit_code, output=spec.output.name if spec.output else None,
             queue_position=queue_position, placement=list(job.placement),
+            duration=job.duration, expires_at=job.ends_at if job.status == "running" else None,
+            dropped_flavors=list(job.dropped_flavors),
+            access=spec.access if self.settings.sharing_enabled else "none",
+            cloned_from=job.cloned_from, prediction=job.prediction,
             instances=[
                 InstanceView(rank=i.rank, node=i.node, master=i.rank == 0, state=i.state,  # type: ignore[arg-type]
                              pid=i.pid, exit_code=i.exit_code, role=i.role)

@@ -15,7 +15,16 @@ import pytest_asyncio
 from agent.process import kill_leftovers
 from client.api import TrainyardClient
 from libs.contracts.messages import JobView
-from libs.devstack.stack import REPO_ROOT, SERVICES, ProcessSet, agent_argv, seed_storage, service_argv, stack_env
+from libs.devstack.stack import (
+    REPO_ROOT,
+    SERVICES,
+    ProcessSet,
+    agent_argv,
+    provision_auth,
+    seed_storage,
+    service_argv,
+    stack_env,
+)
 from libs.messaging.rpc import ServiceUnavailable
 
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
@@ -35,15 +44,18 @@ def process_alive(pid: int) -> bool:
 class Stack:
     """Processes of one test's platform, with helpers to crash and restart them."""
 
-    def __init__(self, home: Path, nats_url: str, database_url: str) -> None:
+    def __init__(self, home: Path, nats_url: str, database_url: str, cluster: Path = CLUSTER) -> None:
         self.home = home
+        self.cluster = cluster
         self.storage = home / "storage"
         seed_storage(self.storage)
         for algorithm in TEST_ALGORITHMS.iterdir():
             shutil.copytree(algorithm, self.storage / "algorithms" / algorithm.name)
-        env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=CLUSTER,
+        env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=cluster,
                         extra={"TRAINYARD_HEARTBEAT_SECONDS": "0.5", "TRAINYARD_NODE_LOST_SECONDS": "3",
-                               "TRAINYARD_STOP_GRACE_SECONDS": "3", "TRAINYARD_STOP_GIVE_UP_SECONDS": "3"})
+                               "TRAINYARD_STOP_GRACE_SECONDS": "3", "TRAINYARD_STOP_GIVE_UP_SECONDS": "3",
+                               **provision_auth(home, user="tester")})
+        self.token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text()
         self.processes = ProcessSet(home, env)
         self.nats_url = nats_url
         self.client: TrainyardClient | None = None
@@ -52,7 +64,7 @@ class Stack:
         if name in SERVICES:
             self.processes.start(name, service_argv(name))
         else:
-            self.processes.start(name, agent_argv(name.removeprefix("agent-"), CLUSTER, self.home / "agents"))
+            self.processes.start(name, agent_argv(name.removeprefix("agent-"), self.cluster, self.home / "agents"))
 
     def start_all(self, *, agents: bool = True) -> None:
         for name in SERVICES:
@@ -73,7 +85,7 @@ class Stack:
 
     async def api(self) -> TrainyardClient:
         if self.client is None:
-            self.client = await TrainyardClient.open(self.nats_url, user="tester")
+            self.client = await TrainyardClient.open(self.nats_url, token=self.token)
         return self.client
 
     async def wait_for_nodes(self, count: int = len(NODES), timeout: float = 60) -> None:
@@ -116,7 +128,9 @@ class Stack:
 async def stack(tmp_path: Path, nats_url: str, database_url: str,
                 request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     tmp_path.chmod(0o755)
-    platform = Stack(tmp_path, nats_url, database_url)
+    # A test marked `@pytest.mark.cluster(path)` runs on that cluster config instead of the local one.
+    marker = request.node.get_closest_marker("cluster")
+    platform = Stack(tmp_path, nats_url, database_url, cluster=marker.args[0] if marker else CLUSTER)
     yield platform
     if platform.client is not None:
         await platform.client.close()

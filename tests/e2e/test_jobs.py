@@ -42,7 +42,7 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     assert "[1] rank 1 read 128 of 256 samples from points.csv" in lines
     assert (stack.storage / "outputs" / "pytorch-ddp-demo" / "checkpoint.pt").stat().st_size > 0
     history = [type(e.event).name() for e in await (await stack.api()).events(accepted.job_id)]
-    assert history[:3] == ["JobSubmitted", "JobAdmitted", "LaunchPlanned"]
+    assert history[:4] == ["JobSubmitted", "JobPredicted", "JobAdmitted", "LaunchPlanned"]
     assert history[-2:] == ["LaunchSucceeded", "JobSucceeded"]
 
     # One trace follows the job from the scheduler through the launcher to both agents and back.
@@ -104,8 +104,8 @@ async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
     accepted = await (await stack.api()).submit(sleeper("cli", nodes=2, seconds=0.2))
     await stack.wait_until(accepted.job_id, "ended")
 
-    def trainyard(*args: str) -> subprocess.CompletedProcess[str]:
-        env = {**os.environ, "NATS_URL": stack.nats_url, "COLUMNS": "200"}
+    def trainyard(*args: str, token: str = stack.token) -> subprocess.CompletedProcess[str]:
+        env = {**os.environ, "NATS_URL": stack.nats_url, "COLUMNS": "200", "TRAINYARD_TOKEN": token}
         return subprocess.run([sys.executable, "-m", "client.cli", *args], capture_output=True, text=True,
                               env=env, cwd=REPO_ROOT, timeout=60, check=False)
 
@@ -127,6 +127,14 @@ async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
     assert "JobSucceeded" in events.stdout
     nodes = trainyard("nodes")
     assert "node-a" in nodes.stdout and "ready" in nodes.stdout
+    resources = trainyard("resources", "--flavor", "cpu-1")
+    assert resources.returncode == 0, resources.stderr
+    assert "node-a" in resources.stdout and "idle" in resources.stdout
+    found = trainyard("search", "--name", "CL", "--status", "succeeded", "--json")
+    assert [j["job_id"] for j in msgspec.json.decode(found.stdout)] == [accepted.job_id]
+    assert "tester" in trainyard("whoami").stdout
+    anonymous = trainyard("list", token="x.y.z")
+    assert anonymous.returncode == 1 and "TRAINYARD_TOKEN" in anonymous.stderr
 
     missing = trainyard("show", "job-ffffffffffff")
     assert missing.returncode == 1
@@ -296,5 +304,6 @@ async def test_deepspeed_nodes_get_the_pytorch_variables(stack: Stack) -> None:
     assert job.status == "succeeded", job.reason
     probes = [probe_output(await stack.logs(accepted.job_id, rank)) for rank in (0, 1)]
     port = probes[0]["MASTER_PORT"]
+    # Exactly these: the platform's secret and token files (probed too) never reach a job.
     assert probes == [{"MASTER_ADDR": job.placement[0].address, "MASTER_PORT": port, "RANK": str(rank),
                        "SLOTS": "1", "WORLD_SIZE": "2"} for rank in (0, 1)]

@@ -11,8 +11,10 @@ import pytest
 import pytest_asyncio
 
 from client.api import TrainyardClient, TrainyardError
+from libs.auth import bearer_headers, issue_token
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
+from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, ModelRef, OutputRef
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
@@ -20,6 +22,11 @@ from services.scheduler.service import Scheduler
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.yaml"
+SECRET = "integration-tests-signing-secret-0123456789abcdef"
+
+
+def token(user: str, *projects: str, admin: bool = False) -> str:
+    return issue_token(SECRET, Identity(user=user, projects=list(projects or ["default"]), admin=admin))
 
 
 class Schedulers:
@@ -27,7 +34,8 @@ class Schedulers:
 
     def __init__(self, nats_url: str, database_url: str, storage: Path) -> None:
         (storage / "algorithms" / "algo").mkdir(parents=True)
-        self.settings = Settings(nats_url=nats_url, database_url=database_url, storage_root=storage)
+        self.settings = Settings(nats_url=nats_url, database_url=database_url, storage_root=storage,
+                                 auth_secret=SECRET)
         self.running: list[ServiceRuntime] = []
 
     async def start(self) -> None:
@@ -58,7 +66,7 @@ async def schedulers(nats_url: str, database_url: str, tmp_path: Path) -> AsyncI
 @pytest_asyncio.fixture(loop_scope="session")
 async def client(nats_url: str, schedulers: Schedulers) -> AsyncIterator[TrainyardClient]:
     await schedulers.start()
-    api = await TrainyardClient.open(nats_url, user="alice")
+    api = await TrainyardClient.open(nats_url, token=token("alice"))
     yield api
     await api.close()
 
@@ -86,7 +94,8 @@ async def test_inputs_missing_from_storage_are_refused_by_field(client: Trainyar
 
 async def test_unknown_request_fields_are_refused(client: TrainyardClient) -> None:
     payload = {"type": "ListJobs.v1", "statuses": [], "colour": "blue"}
-    msg = await client.nc.request(subjects.LIST_JOBS, json.dumps(payload).encode(), timeout=5)
+    msg = await client.nc.request(subjects.LIST_JOBS, json.dumps(payload).encode(), timeout=5,
+                                  headers=bearer_headers(client.token))
     reply = json.loads(msg.data)
     assert reply["type"] == "Error.v1"
     assert reply["code"] == "invalid-request"
@@ -94,9 +103,10 @@ async def test_unknown_request_fields_are_refused(client: TrainyardClient) -> No
 
 
 async def test_a_spec_error_inside_a_submit_names_the_spec_field(client: TrainyardClient) -> None:
-    payload = {"type": "SubmitJob.v1", "job_id": "job-000000000001", "user": "alice",
+    payload = {"type": "SubmitJob.v1", "job_id": "job-000000000001",
                "spec": {**msgspec.to_builtins(spec()), "nodes": 0}}
-    msg = await client.nc.request(subjects.SUBMIT_JOB, json.dumps(payload).encode(), timeout=5)
+    msg = await client.nc.request(subjects.SUBMIT_JOB, json.dumps(payload).encode(), timeout=5,
+                                  headers=bearer_headers(client.token))
     reply = json.loads(msg.data)
     assert (reply["code"], reply["errors"][0]["field"]) == ("invalid-spec", "nodes")
 
@@ -107,19 +117,21 @@ async def test_submitting_the_same_job_id_twice_creates_one_job(client: Trainyar
     assert (first.created, again.created) == (True, False)
     assert [j.job_id for j in await client.list_jobs()] == ["job-0123456789ab"]
     history = await client.events("job-0123456789ab")
-    assert [type(e.event).name() for e in history] == ["JobSubmitted"]
+    assert [type(e.event).name() for e in history] == ["JobSubmitted", "JobPredicted"]
 
     with pytest.raises(TrainyardError) as refused:
         await client.submit(spec(name="other"), job_id="job-0123456789ab")
     assert refused.value.error.code == "conflict"
 
 
-async def test_queue_order_follows_priority_then_submission(client: TrainyardClient) -> None:
+async def test_queue_order_follows_priority_then_submission(client: TrainyardClient, nats_url: str) -> None:
+    admin = await TrainyardClient.open(nats_url, token=token("root", admin=True))
     normal = await client.submit(spec("normal"))
     urgent = await client.submit(spec("urgent", priority="urgent"))
-    very = await client.submit(spec("very", priority="very-urgent"))
+    very = await admin.submit(spec("very", priority="very-urgent"))
     later_urgent = await client.submit(spec("urgent-2", priority="urgent"))
-    positions = {j.job_id: j.queue_position for j in await client.list_jobs(["queued"])}
+    positions = {j.job_id: j.queue_position for j in await admin.list_jobs(["queued"])}
+    await admin.close()
     assert positions == {very.job_id: 1, urgent.job_id: 2, later_urgent.job_id: 3, normal.job_id: 4}
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 from datetime import UTC, datetime, timedelta, timezone
-from typing import Any
+from typing import Any, get_args
 
 import msgspec
 import pytest
@@ -32,7 +32,13 @@ from libs.contracts.events import (
     EventEnvelope,
     JobAdmitted,
     JobDeleted,
+    JobDurationChanged,
+    JobExpired,
+    JobExpiring,
     JobFailed,
+    JobPredicted,
+    JobPriorityChanged,
+    JobRescaling,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
@@ -50,6 +56,7 @@ from libs.contracts.events import (
     NodeRecovered,
     NodeRegistered,
     Placement,
+    SettingsChanged,
 )
 from libs.contracts.jobspec import (
     AlgorithmRef,
@@ -62,26 +69,40 @@ from libs.contracts.jobspec import (
     field_error_from_msgspec,
 )
 from libs.contracts.messages import (
+    ChangeDuration,
+    ChangePriority,
+    ChangeSettings,
+    CloneJob,
     CommandError,
     DeleteJobs,
     Done,
+    ExplainJob,
+    GetDevEnv,
     GetJob,
+    GetJobHistory,
     GetQueueStatus,
+    GetResources,
+    GetSettings,
     InstanceView,
     JobAccepted,
     JobDetails,
     JobList,
     JobView,
+    ListFlavors,
     ListJobs,
     ListNodes,
     NodeList,
     NodeView,
+    PredictJob,
     QueueStatus,
     Reply,
     Request,
+    SearchJobs,
     StopJobs,
     SubmitJob,
+    WhoAmI,
 )
+from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction
 from libs.contracts.strict import decode_strict
 
 AT = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
@@ -119,6 +140,16 @@ EVENT_SAMPLES: list[Any] = [
     NodeRegistered(node=NODE),
     NodeLost(node_name="gpu-node-1", last_seen=AT, reason="no heartbeat for 30s"),
     NodeRecovered(node_name="gpu-node-1"),
+    JobPredicted(job_id="job-000000000001", prediction=Prediction(
+        starts_now=False, flavor="gpu-4", position=3, jobs_ahead=2, estimated_start=AT, predicted_at=AT,
+        reason="waits behind 2 jobs")),
+    JobPriorityChanged(job_id="job-000000000001", priority="urgent", by="alice"),
+    JobDurationChanged(job_id="job-000000000001", duration="4h", by="alice"),
+    JobExpiring(job_id="job-000000000001", attempt=1, limit_seconds=14400),
+    JobExpired(job_id="job-000000000001", reason="ran past its duration limit of 4h"),
+    JobRescaling(job_id="job-000000000001", attempt=1, flavor="gpu-4", placement=PLACEMENT,
+                 reason="grows from 1 to 2 nodes"),
+    SettingsChanged(settings=AdminSettings(urgent_cap=2, sharing_enabled=False), by="root"),
 ]
 
 
@@ -207,15 +238,43 @@ def test_datetimes_keep_their_instant_across_time_zones() -> None:
 # --- requests: strict ------------------------------------------------------------------------------------
 
 REQUEST_SAMPLES: list[Any] = [
-    SubmitJob(job_id="job-000000000001", spec=SPEC, user="alice"),
-    StopJobs(job_ids=["job-000000000001", "job-000000000002"], user="alice"),
-    DeleteJobs(job_ids=["job-000000000001"], user="admin"),
+    SubmitJob(job_id="job-000000000001", spec=SPEC),
+    StopJobs(job_ids=["job-000000000001", "job-000000000002"]),
+    DeleteJobs(job_ids=["job-000000000001"]),
     ListJobs(statuses=["queued", "running"], project="vision", limit=20),
     ListJobs(),
     GetJob(job_id="job-000000000001"),
     ListNodes(),
     GetQueueStatus(),
+    ChangePriority(job_id="job-000000000001", priority="urgent"),
+    ChangeDuration(job_id="job-000000000001", duration=None),
+    CloneJob(source_job_id="job-000000000001", job_id="job-000000000002", overrides={"nodes": 4, "name": "b"}),
+    PredictJob(spec=SPEC),
+    ExplainJob(job_id="job-000000000001"),
+    GetDevEnv(job_id="job-000000000001"),
+    GetJobHistory(job_id="job-000000000001"),
+    SearchJobs(name="bert", statuses=["failed"], favorite_algorithm="resnet", flavor="gpu-4"),
+    GetResources(flavors=["gpu-4", "gpu-8"]),
+    ListFlavors(board="A100"),
+    GetSettings(),
+    ChangeSettings(urgent_cap=3, sharing_enabled=False),
+    WhoAmI(),
 ]
+
+
+def test_request_samples_cover_every_request_type() -> None:
+    assert {type(r) for r in REQUEST_SAMPLES} == set(get_args(Request))
+
+
+def test_a_board_usage_reads_physical_virtual_and_application() -> None:
+    assert str(BoardUsage(physical=2, virtual=2, application="bert", job_id="job-000000000001")) == "2(2):bert"
+
+
+def test_admin_settings_refuse_unknown_fields_and_negative_caps() -> None:
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"urgent_cap": -1}', type=AdminSettings)
+    with pytest.raises(msgspec.ValidationError):
+        msgspec.json.decode(b'{"urgent_caps": 1}', type=AdminSettings)
 
 
 @pytest.mark.parametrize("request_", REQUEST_SAMPLES, ids=lambda r: type(r).__name__)

@@ -484,7 +484,7 @@ def test_bad_durations_name_their_field(extra: dict[str, Any], field: str) -> No
         ({"checkpoint_resume": {"foo": 1}}, "checkpoint_resume.foo"),
         ({"checkpoint_resume": {"elastic": {"min_nodes": 1, "scale": True}}}, "checkpoint_resume.elastic.scale"),
         ({"datasets": [{"name": "a"}, {"name": "b", "readonly": True}]}, "datasets[1].readonly"),
-        ({"algorithm": {"name": "a", "version": "v1"}}, "algorithm.version"),
+        ({"algorithm": {"name": "a", "revision": "v1"}}, "algorithm.revision"),
         ({"volumes": [{"name": "v", "read_only": True}]}, "volumes[0].read_only"),
     ],
 )
@@ -592,3 +592,10 @@ def test_spec_is_immutable() -> None:
     spec = decode_spec(json.dumps(regular()))
     with pytest.raises(AttributeError):
         spec.nodes = 4  # type: ignore[misc]
+
+
+def test_a_favourite_algorithm_needs_a_version() -> None:
+    error = only_error(regular(algorithm={"name": "shared-resnet", "source": "favorite"}))
+    assert (error.field, error.message) == ("algorithm.version", "a favourite algorithm needs a version")
+    assert decode_spec(json.dumps(regular(algorithm={"name": "shared-resnet", "source": "favorite",
+                                                     "version": "v3"}))).algorithm is not None

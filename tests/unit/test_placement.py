@@ -1,18 +1,34 @@
-"""One scheduling cycle (SPEC S1, S4, S5, S9): strict queue order, all-or-nothing gangs, flavors in order."""
+"""Placement and the plain scheduling rules (SPEC S1, S4, S5, S9, S10, J8): eligible nodes, whole gangs,
+flavors in order, elastic jobs and their growth.
+
+The helpers at the top are shared by the other scheduling tests.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from libs.contracts.cluster import Accelerators, Flavor, NodeInfo, Resources
-from libs.contracts.jobspec import JobSpec
-from services.scheduler.placement import Admission, NodeCapacity, QueuedJob, eligible, place_gang, schedule
+from libs.contracts.events import Placement
+from libs.contracts.jobspec import CheckpointResume, Elastic, JobSpec
+from services.scheduler.placement import (
+    Admission,
+    Decision,
+    NodeCapacity,
+    QueuedJob,
+    RunningJob,
+    eligible,
+    holdings,
+    place_gang,
+    schedule,
+)
 
+NOW = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 CPU4 = Flavor(name="cpu-4", cpus=4, memory_mib=8192)
 GPU4 = Flavor(name="gpu-4", cpus=8, memory_mib=32768, accelerators=4, board="A100")
 GPU8 = Flavor(name="gpu-8", cpus=16, memory_mib=65536, accelerators=8, board="A100")
@@ -37,12 +53,46 @@ def spec(nodes: int = 1, flavors: list[str] | None = None, **extra: Any) -> JobS
                    flavors=flavors or ["cpu-4"], command="python3 train.py", **extra)
 
 
-def queued(job_id: str, nodes: int = 1, flavors: list[str] | None = None, **extra: Any) -> QueuedJob:
-    return QueuedJob(job_id, spec(nodes, flavors, **extra))
+def elastic_spec(nodes: int, min_nodes: int, flavors: list[str] | None = None, *, scale_up: bool = True,
+                 **extra: Any) -> JobSpec:
+    resume = CheckpointResume(elastic=Elastic(min_nodes=min_nodes, allow_scale_up=scale_up))
+    return spec(nodes, flavors, pool=extra.pop("pool", None), checkpoint_resume=resume, **extra)
+
+
+def queued(job_id: str, nodes: int = 1, flavors: list[str] | None = None, *, duration: int | None = None,
+           **extra: Any) -> QueuedJob:
+    return QueuedJob(job_id, spec(nodes, flavors, **extra), duration)
 
 
 def hosts(admission: Admission) -> list[str]:
     return [p.node for p in admission.placement]
+
+
+def cycle(queue: list[QueuedJob], nodes: list[NodeCapacity], *, running: Sequence[RunningJob] = (),
+          flavors: dict[str, Flavor] | None = None, now: datetime = NOW) -> Decision:
+    return schedule(queue, nodes, flavors or FLAVORS, running=running, now=now)
+
+
+def admitted(decision: Decision) -> list[str]:
+    return [a.job_id for a in decision.admissions]
+
+
+def run_on(job_id: str, where: list[str], *, job_spec: JobSpec | None = None, flavor: Flavor = CPU4,
+           ends_in: int | None = None, can_grow: bool = True) -> RunningJob:
+    """A running job with one worker rank on each node of `where`; `ends_in` seconds from NOW."""
+    placement = [Placement(rank=i, node=n, address=f"addr-{n}", slots=flavor.slots) for i, n in enumerate(where)]
+    return RunningJob(job_id=job_id, spec=job_spec or spec(len(where), [flavor.name]), flavor=flavor,
+                      placement=placement, ends_at=NOW + timedelta(seconds=ends_in) if ends_in is not None else None,
+                      can_grow=can_grow)
+
+
+def busy(nodes: list[NodeCapacity], running: Sequence[RunningJob]) -> list[NodeCapacity]:
+    """The nodes with what the running jobs hold taken off, as the service computes them."""
+    used: dict[str, Resources] = {}
+    for job in running:
+        for name, amount in holdings(job.placement, job.flavor).items():
+            used[name] = used.get(name, Resources()) + amount
+    return [NodeCapacity(info=n.info, free=n.free - used.get(n.info.name, Resources())) for n in nodes]
 
 
 # --- place_gang: S4 ------------------------------------------------------------------------------------
@@ -81,6 +131,12 @@ def test_gang_packs_when_it_must() -> None:
 def test_gang_is_all_or_nothing() -> None:
     # Room for two ranks of 4 CPUs in total, three asked for: nothing is placed.
     assert place_gang(spec(3), CPU4, [node("a", cpus=4), node("b", cpus=6)]) is None
+
+
+def test_node_count_overrides_the_spec_size() -> None:
+    placement = place_gang(spec(4), CPU4, [node("a", cpus=8)], node_count=2)
+    assert placement is not None and len(placement) == 2
+    assert place_gang(spec(4), CPU4, [node("a", cpus=8)]) is None
 
 
 @pytest.mark.parametrize(
@@ -149,198 +205,186 @@ def test_accelerator_flavor_without_a_board_fits_any_board() -> None:
 
 
 def test_pinned_job_is_placed_only_on_its_nodes() -> None:
-    admissions = schedule([queued("j1", 2, node_names=["c", "a"])], [node("a"), node("b"), node("c")], FLAVORS)
-    assert sorted(hosts(admissions[0])) == ["a", "c"]
+    decision = cycle([queued("j1", 2, node_names=["c", "a"])], [node("a"), node("b"), node("c")])
+    assert sorted(hosts(decision.admissions[0])) == ["a", "c"]
 
 
-def test_pool_job_waits_for_its_pool_even_when_other_nodes_are_free() -> None:
-    assert schedule([queued("j1", pool="team-a")], [node("a"), node("b", pools=["team-b"])], FLAVORS) == []
+def test_driver_version_picks_the_nodes_with_that_driver() -> None:
+    nodes = [node("old", gpus=8, driver="525.60"), node("new", gpus=8, driver="535.104")]
+    decision = cycle([queued("j", 1, ["gpu-4"], driver_version="535.104")], nodes)
+    assert hosts(decision.admissions[0]) == ["new"]
+
+
+def test_pool_job_waits_when_its_pool_has_no_room_even_if_other_nodes_are_free() -> None:
+    nodes = busy([node("shared"), node("dedicated", cpus=4, pools=["team-a"])], [run_on("r", ["dedicated"])])
+    decision = cycle([queued("j1", pool="team-a")], nodes)
+    assert decision.admissions == []
+    assert decision.reservation is not None and decision.reservation.nodes == ["dedicated"]
+
+
+def test_pool_job_runs_on_its_pool() -> None:
+    decision = cycle([queued("j1", pool="team-a")], [node("shared"), node("dedicated", pools=["team-a"])])
+    assert hosts(decision.admissions[0]) == ["dedicated"]
 
 
 def test_job_without_pool_never_lands_on_a_dedicated_node() -> None:
     nodes = [node("shared", cpus=4), node("dedicated", cpus=64, pools=["team-a"])]
-    admissions = schedule([queued("j1"), queued("j2")], nodes, FLAVORS)
-    assert [(a.job_id, hosts(a)) for a in admissions] == [("j1", ["shared"])]
+    decision = cycle([queued("j1"), queued("j2")], nodes)
+    assert [(a.job_id, hosts(a)) for a in decision.admissions] == [("j1", ["shared"])]
 
 
 # --- schedule: S1 order, S4 gangs, S5 flavors ---------------------------------------------------------
 
 
-def test_empty_queue_admits_nothing() -> None:
-    assert schedule([], [node("a")], FLAVORS) == []
+def test_empty_queue_decides_nothing() -> None:
+    assert cycle([], [node("a")]) == Decision(admissions=[], growths=[], reservation=None, unplaceable=[])
 
 
 def test_jobs_are_admitted_in_the_given_order_until_capacity_runs_out() -> None:
-    queue = [queued("first"), queued("second"), queued("third")]
-    admissions = schedule(queue, [node("a", cpus=8)], FLAVORS)
-    assert [a.job_id for a in admissions] == ["first", "second"]
+    decision = cycle([queued("first"), queued("second"), queued("third")], [node("a", cpus=8)])
+    assert admitted(decision) == ["first", "second"]
+    assert decision.reservation is not None and decision.reservation.job_id == "third"
 
 
-def test_a_job_that_does_not_fit_blocks_the_jobs_behind_it() -> None:
-    # After "small", the two nodes have room for 3 ranks; "big" needs 4 and "tiny" must wait behind it.
+def test_a_job_that_does_not_fit_holds_back_jobs_that_would_delay_it() -> None:
+    # After "small" (no duration limit), the two nodes have room for 3 ranks; "big" needs 4 and is
+    # reserved all of it, so "tiny" (no limit either) must wait behind it.
     queue = [queued("small"), queued("big", nodes=4), queued("tiny")]
-    admissions = schedule(queue, [node("a", cpus=8), node("b", cpus=8)], FLAVORS)
-    assert [a.job_id for a in admissions] == ["small"]
-
-
-def test_head_of_line_blocking_holds_even_if_the_blocked_job_can_never_run() -> None:
-    queue = [queued("huge", nodes=9), queued("small")]  # two nodes hold 8 ranks at most
-    assert schedule(queue, [node("a"), node("b")], FLAVORS) == []
+    decision = cycle(queue, [node("a", cpus=8), node("b", cpus=8)])
+    assert admitted(decision) == ["small"]
+    assert decision.reservation is not None and decision.reservation.job_id == "big"
 
 
 def test_earlier_admissions_use_up_capacity_for_later_ones() -> None:
     queue = [queued("j1", 2, ["gpu-8"]), queued("j2", 1, ["gpu-8"])]
-    admissions = schedule(queue, [node("a", cpus=64, gpus=8), node("b", cpus=64, gpus=8)], FLAVORS)
-    assert [a.job_id for a in admissions] == ["j1"]
+    decision = cycle(queue, [node("a", cpus=64, gpus=8), node("b", cpus=64, gpus=8)])
+    assert admitted(decision) == ["j1"]
 
 
 def test_flavors_are_tried_in_order_and_the_first_that_fits_wins() -> None:
     nodes = [node("a", cpus=64, gpus=8), node("b", cpus=64, gpus=4)]
-    both_fit = schedule([queued("j", 1, ["gpu-4", "gpu-8"])], nodes, FLAVORS)
-    assert both_fit[0].flavor == "gpu-4"
-    preferred_first = schedule([queued("j", 1, ["gpu-8", "gpu-4"])], nodes, FLAVORS)
-    assert preferred_first[0].flavor == "gpu-8"
+    assert cycle([queued("j", 1, ["gpu-4", "gpu-8"])], nodes).admissions[0].flavor == "gpu-4"
+    assert cycle([queued("j", 1, ["gpu-8", "gpu-4"])], nodes).admissions[0].flavor == "gpu-8"
+
+
+def test_the_other_flavors_are_dropped() -> None:
+    decision = cycle([queued("j", 1, ["gpu-8", "retired", "gpu-4"])], [node("a", cpus=64, gpus=4)])
+    (admission,) = decision.admissions
+    assert admission.flavor == "gpu-4"
+    assert admission.dropped_flavors == ["gpu-8", "retired"]
 
 
 def test_next_flavor_is_used_when_the_first_cannot_place_the_whole_gang() -> None:
     nodes = [node("a", cpus=64, gpus=8), node("b", cpus=64, gpus=4)]
-    admissions = schedule([queued("j", 2, ["gpu-8", "gpu-4"])], nodes, FLAVORS)
-    assert admissions[0].flavor == "gpu-4"
-    assert sorted(hosts(admissions[0])) == ["a", "b"]
-    assert {p.slots for p in admissions[0].placement} == {4}
+    (admission,) = cycle([queued("j", 2, ["gpu-8", "gpu-4"])], nodes).admissions
+    assert admission.flavor == "gpu-4"
+    assert sorted(hosts(admission)) == ["a", "b"]
+    assert {p.slots for p in admission.placement} == {4}
 
 
 def test_unknown_flavors_are_skipped() -> None:
-    admissions = schedule([queued("j", 1, ["retired-flavor", "cpu-4"])], [node("a")], FLAVORS)
-    assert admissions[0].flavor == "cpu-4"
+    assert cycle([queued("j", 1, ["retired-flavor", "cpu-4"])], [node("a")]).admissions[0].flavor == "cpu-4"
 
 
 def test_only_one_flavor_of_a_job_is_ever_admitted() -> None:
-    queue = [queued("j", 1, ["cpu-4", "gpu-4"])]
-    admissions = schedule(queue, [node("a", cpus=64, gpus=8)], FLAVORS)
-    assert len(admissions) == 1
+    decision = cycle([queued("j", 1, ["cpu-4", "gpu-4"])], [node("a", cpus=64, gpus=8)])
+    assert len(decision.admissions) == 1
 
 
-# --- properties over random clusters and queues ---------------------------------------------------------
-
-BOARDS = ["A100", "MLU370"]
-
-
-@st.composite
-def clusters(draw: st.DrawFn) -> tuple[list[NodeCapacity], dict[str, Flavor]]:
-    flavors: dict[str, Flavor] = {}
-    for index in range(draw(st.integers(1, 4))):
-        accelerators = draw(st.sampled_from([0, 0, 0, 1, 2, 4, 8]))
-        flavors[f"f{index}"] = Flavor(
-            name=f"f{index}", cpus=draw(st.sampled_from([0.5, 1.0, 2.0, 4.0, 8.0])),
-            memory_mib=draw(st.integers(256, 8192)), accelerators=accelerators,
-            board=draw(st.sampled_from([None, *BOARDS])) if accelerators else None)
-    nodes: list[NodeCapacity] = []
-    for index in range(draw(st.integers(0, 8))):
-        gpus = draw(st.sampled_from([0, 4, 8]))
-        node_info = info(f"n{index}", cpus=draw(st.sampled_from([2.0, 4.0, 8.0, 16.0, 32.0])),
-                         memory_mib=draw(st.integers(1024, 131072)), gpus=gpus, board=draw(st.sampled_from(BOARDS)),
-                         driver=draw(st.sampled_from(["1", "2"])),
-                         pools=draw(st.sampled_from([[], [], [], ["p1"], ["p1", "p2"]])))
-        total = Resources.of_node(node_info)
-        used = Resources(cpus=draw(st.sampled_from([0.0, 0.5, 2.0])) if total.cpus > 2 else 0.0,
-                         memory_mib=draw(st.integers(0, 512)),
-                         accelerators=draw(st.integers(0, gpus)))
-        nodes.append(NodeCapacity(info=node_info, free=total - used))
-    return nodes, flavors
+def test_admissions_are_not_marked_backfilled_when_nothing_waits() -> None:
+    decision = cycle([queued("a"), queued("b")], [node("n")])
+    assert [a.backfilled for a in decision.admissions] == [False, False]
 
 
-@st.composite
-def queues(draw: st.DrawFn, flavor_names: list[str], node_names: list[str]) -> list[QueuedJob]:
-    jobs: list[QueuedJob] = []
-    for index in range(draw(st.integers(0, 8))):
-        names = draw(st.lists(st.sampled_from([*flavor_names, *flavor_names, "unknown"]), min_size=1, max_size=3,
-                             unique=True))
-        extra: dict[str, Any] = {}
-        restriction = draw(st.sampled_from(["none", "none", "none", "none", "pool", "pin", "driver"]))
-        if restriction == "pool":
-            extra["pool"] = draw(st.sampled_from(["p1", "p2"]))
-        elif restriction == "pin" and node_names:
-            extra["node_names"] = draw(st.lists(st.sampled_from(node_names), min_size=1, unique=True))
-        elif restriction == "driver":
-            extra["driver_version"] = draw(st.sampled_from(["1", "2"]))
-        jobs.append(queued(f"j{index}", draw(st.sampled_from([1, 1, 2, 3, 4])), names, **extra))
-    return jobs
+# --- S10: elastic jobs ---------------------------------------------------------------------------------
 
 
-@st.composite
-def scenarios(draw: st.DrawFn) -> tuple[list[NodeCapacity], dict[str, Flavor], list[QueuedJob]]:
-    nodes, flavors = draw(clusters())
-    return nodes, flavors, draw(queues(sorted(flavors), [n.info.name for n in nodes]))
+def test_elastic_job_starts_on_fewer_nodes_when_the_full_count_does_not_fit() -> None:
+    job = QueuedJob("e", elastic_spec(4, 2, pool="p"))
+    decision = cycle([job], [node("a", cpus=4, pools=["p"]), node("b", cpus=4, pools=["p"]),
+                             node("c", cpus=4, pools=["p"])])
+    (admission,) = decision.admissions
+    assert len(admission.placement) == 3  # the largest count that fits, not the minimum
 
 
-PROPERTY_SETTINGS = settings(max_examples=200, deadline=None, database=None,
-                             suppress_health_check=[HealthCheck.too_slow])
+def test_elastic_job_never_starts_below_its_minimum() -> None:
+    job = QueuedJob("e", elastic_spec(4, 3, pool="p"))
+    decision = cycle([job], [node("a", cpus=4, pools=["p"]), node("b", cpus=4, pools=["p"])])
+    assert decision.admissions == []
+    assert decision.unplaceable == ["e"]  # two nodes can never hold three ranks
 
 
-@PROPERTY_SETTINGS
-@given(scenarios())
-def test_property_admissions_place_whole_gangs_without_overcommitting(
-        scenario: tuple[list[NodeCapacity], dict[str, Flavor], list[QueuedJob]]) -> None:
-    nodes, flavors, queue = scenario
-    admissions = schedule(queue, nodes, flavors)
-    by_name = {n.info.name: n for n in nodes}
-    specs = {job.job_id: job.spec for job in queue}
-
-    # S1 strict order: the admitted jobs are exactly the head of the queue.
-    assert [a.job_id for a in admissions] == [j.job_id for j in queue[: len(admissions)]]
-
-    used: dict[str, Resources] = {name: Resources() for name in by_name}
-    for admission in admissions:
-        job_spec = specs[admission.job_id]
-        flavor = flavors[admission.flavor]
-        # S5: a flavor the job asked for; S4: exactly spec.nodes ranks, numbered from 0.
-        assert admission.flavor in job_spec.flavors
-        assert [p.rank for p in admission.placement] == list(range(job_spec.nodes))
-        for placed in admission.placement:
-            assert placed.slots == flavor.slots
-            assert placed.address == by_name[placed.node].info.address
-            assert eligible(by_name[placed.node].info, job_spec, flavor)  # S9
-            used[placed.node] = used[placed.node] + Resources.of_flavor(flavor)
-    # No node gives out more than it had free.
-    for name, amount in used.items():
-        assert amount.fits_in(by_name[name].free), (name, amount, by_name[name].free)
-
-    # The first job left waiting really cannot be placed on what remains, with any of its flavors.
-    if len(admissions) < len(queue):
-        blocked = queue[len(admissions)]
-        remaining = [NodeCapacity(info=n.info, free=n.free - used[n.info.name]) for n in nodes]
-        for name in blocked.spec.flavors:
-            if name in flavors:
-                assert place_gang(blocked.spec, flavors[name], remaining) is None
+def test_elastic_job_prefers_its_full_size_on_a_later_flavor_over_shrinking() -> None:
+    job = QueuedJob("e", elastic_spec(2, 1, ["gpu-8", "gpu-4"], pool="p"))
+    nodes = [node("a", cpus=64, gpus=8, pools=["p"]), node("b", cpus=64, gpus=4, pools=["p"])]
+    (admission,) = cycle([job], nodes).admissions
+    assert (admission.flavor, len(admission.placement)) == ("gpu-4", 2)
 
 
-@PROPERTY_SETTINGS
-@given(clusters(), st.integers(1, 6), st.data())
-def test_property_place_gang_places_every_rank_or_none(
-        cluster: tuple[list[NodeCapacity], dict[str, Flavor]], ranks: int, data: st.DataObject) -> None:
-    nodes, flavors = cluster
-    flavor = flavors[data.draw(st.sampled_from(sorted(flavors)))]
-    job_spec = spec(ranks, [flavor.name])
-    placement = place_gang(job_spec, flavor, nodes)
-    need = Resources.of_flavor(flavor)
-    fitting_slots = {n.info.name: 0 for n in nodes}
-    for n in nodes:
-        left = n.free
-        while eligible(n.info, job_spec, flavor) and need.fits_in(left):
-            fitting_slots[n.info.name] += 1
-            left = left - need
-    if placement is None:
-        # Nothing placed only when the eligible nodes really lack room for every rank.
-        assert sum(fitting_slots.values()) < ranks
-        return
-    assert len(placement) == ranks
-    per_node = Counter(p.node for p in placement)
-    for name, count in per_node.items():
-        assert count <= fitting_slots[name]
-    # Spread: no node takes a second rank while an eligible node with room has none.
-    if max(per_node.values()) > 1:
-        assert all(per_node[name] > 0 for name, slots in fitting_slots.items() if slots > 0)
+def test_elastic_job_shrinks_when_no_flavor_fits_its_full_size() -> None:
+    # Room for 1 rank of gpu-8 or 3 of gpu-4: the larger count wins over the first flavor.
+    job = QueuedJob("e", elastic_spec(4, 1, ["gpu-8", "gpu-4"], pool="p"))
+    nodes = [node("a", cpus=64, gpus=8, pools=["p"]), node("b", cpus=64, gpus=4, pools=["p"])]
+    (admission,) = cycle([job], nodes).admissions
+    assert (admission.flavor, len(admission.placement)) == ("gpu-4", 3)
+
+
+def test_shrunken_elastic_job_grows_when_room_frees_up() -> None:
+    job_spec = elastic_spec(4, 1, pool="p")
+    nodes = [node(n, cpus=4, pools=["p"]) for n in ("a", "b", "c", "d")]
+    running = [run_on("e", ["a", "b"], job_spec=job_spec)]
+    decision = cycle([], busy(nodes, running), running=running)
+    (growth,) = decision.growths
+    assert growth.job_id == "e" and growth.flavor == "cpu-4"
+    assert sorted(p.node for p in growth.placement) == ["a", "b", "c", "d"]
+
+
+def test_growth_takes_the_largest_count_that_fits() -> None:
+    job_spec = elastic_spec(4, 1, pool="p")
+    nodes = [node(n, cpus=4, pools=["p"]) for n in ("a", "b", "c")]
+    running = [run_on("e", ["a"], job_spec=job_spec)]
+    (growth,) = cycle([], busy(nodes, running), running=running).growths
+    assert len(growth.placement) == 3
+
+
+def test_no_growth_when_scaling_up_is_off_or_the_job_is_moving_or_full() -> None:
+    nodes = [node(n, cpus=4, pools=["p"]) for n in ("a", "b", "c", "d")]
+    running = [
+        run_on("off", ["a"], job_spec=elastic_spec(2, 1, pool="p", scale_up=False)),
+        run_on("moving", ["b"], job_spec=elastic_spec(2, 1, pool="p"), can_grow=False),
+        run_on("full", ["c"], job_spec=elastic_spec(1, 1, pool="p")),
+    ]
+    assert cycle([], busy(nodes, running), running=running).growths == []
+
+
+def test_growth_comes_after_admissions() -> None:
+    job_spec = elastic_spec(3, 1, pool="p")
+    nodes = [node(n, cpus=4, pools=["p"]) for n in ("a", "b", "c")]
+    running = [run_on("e", ["a"], job_spec=job_spec)]
+    decision = cycle([queued("new", pool="p")], busy(nodes, running), running=running)
+    assert admitted(decision) == ["new"]
+    (growth,) = decision.growths
+    assert len(growth.placement) == 2  # the queued job took one of the two free nodes
+
+
+def test_growth_does_not_take_the_heads_reserved_nodes() -> None:
+    job_spec = elastic_spec(3, 1, pool="p")
+    nodes = [node(n, cpus=4, pools=["p"]) for n in ("a", "b", "c", "d")]
+    running = [run_on("e", ["a"], job_spec=job_spec), run_on("r", ["b"], ends_in=600)]
+    # "head" needs 3 nodes: c, d are free, b frees up in 10 minutes; e must not grow onto c or d.
+    decision = cycle([queued("head", 3, pool="p")], busy(nodes, running), running=running)
+    assert decision.reservation is not None and sorted(decision.reservation.nodes) == ["b", "c", "d"]
+    assert decision.growths == []
+
+
+def test_growth_may_use_room_the_head_does_not_need() -> None:
+    nodes = [node(n, cpus=4) for n in ("a", "b", "c", "d", "e")]
+    running = [run_on("elastic", ["a"], job_spec=elastic_spec(2, 1)), run_on("r", ["b"], ends_in=600)]
+    # The head is pinned to b, c, d and waits for b; e is free and nobody else needs it.
+    decision = cycle([queued("head", 3, node_names=["b", "c", "d"])], busy(nodes, running), running=running)
+    assert decision.reservation is not None and sorted(decision.reservation.nodes) == ["b", "c", "d"]
+    (growth,) = decision.growths
+    assert sorted(p.node for p in growth.placement) == ["a", "e"]
 
 
 # --- J8: TensorFlow parameter servers -----------------------------------------------------------------
@@ -368,8 +412,8 @@ def test_a_parameter_server_needs_one_cpu_and_one_gib_of_its_own() -> None:
 
 
 def test_the_cycle_charges_parameter_servers_their_own_flavor() -> None:
-    (admission,) = schedule([QueuedJob("tf", tf_spec(1, 1))], [node("a", cpus=10, gpus=4)], FLAVORS)
+    (admission,) = cycle([QueuedJob("tf", tf_spec(1, 1))], [node("a", cpus=10, gpus=4)]).admissions
     assert [p.role for p in admission.placement] == ["worker", "ps"]
     # 8 CPUs for the worker and 1 for the parameter server leave 1: a cpu-4 job does not fit.
-    assert schedule([QueuedJob("tf", tf_spec(1, 1)), queued("cpu", flavors=["cpu-4"])],
-                    [node("a", cpus=10, gpus=4)], FLAVORS)[1:] == []
+    decision = cycle([QueuedJob("tf", tf_spec(1, 1)), queued("cpu", flavors=["cpu-4"])], [node("a", cpus=10, gpus=4)])
+    assert admitted(decision) == ["tf"]

@@ -12,7 +12,12 @@ from libs.contracts.events import (
     EventEnvelope,
     JobAdmitted,
     JobDeleted,
+    JobDurationChanged,
+    JobExpired,
+    JobExpiring,
     JobFailed,
+    JobPriorityChanged,
+    JobRescaling,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
@@ -26,8 +31,10 @@ from libs.contracts.events import (
     NodeRecovered,
     NodeRegistered,
     Placement,
+    SettingsChanged,
 )
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.contracts.scheduling import AdminSettings
 from services.scheduler.state import SchedulerState
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
@@ -324,3 +331,53 @@ def test_reregistration_replaces_the_node_resources(log: Log) -> None:
 def test_flavor_lookup_uses_the_cluster_config(log: Log) -> None:
     assert log.state.flavor("gpu-4") == GPU4
     assert log.state.flavor("nope") is None
+
+
+# --- S3, S11, J16, S10: changes folded from the log -------------------------------------------------------
+
+
+def test_a_priority_change_moves_the_job_but_keeps_its_submission_order(log: Log) -> None:
+    for job_id in ("a", "b", "c"):
+        log.submit(job_id)
+    log.submit("u", "urgent")
+    log.apply(JobPriorityChanged(job_id="c", priority="urgent", by="alice"))
+    assert log.queue_ids() == ["c", "u", "a", "b"]  # c was submitted before u
+    assert log.state.view(log.state.jobs["c"]).priority == "urgent"
+
+
+def test_a_running_jobs_deadline_follows_its_current_duration(log: Log) -> None:
+    log.submit("a", duration="1h")
+    log.register("n1")
+    log.admit("a", ["n1"])
+    job = log.state.jobs["a"]
+    assert job.started_at is not None and job.ends_at == job.started_at + timedelta(hours=1)
+    log.apply(JobDurationChanged(job_id="a", duration="3h", by="alice"))
+    assert job.ends_at == job.started_at + timedelta(hours=3)
+    log.apply(JobExpiring(job_id="a", attempt=1, limit_seconds=10800))
+    log.apply(JobExpired(job_id="a", reason="ran past its duration limit of 3h"))
+    assert (job.status, job.terminal) == ("expired", True)
+
+
+def test_a_job_being_moved_holds_both_placements_until_its_next_attempt(log: Log) -> None:
+    log.submit("a", nodes=2, duration="1h")
+    log.register("n1")
+    log.register("n2")
+    log.admit("a", ["n1"])
+    started = log.state.jobs["a"].started_at
+    target = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(["n1", "n2"])]
+    log.apply(JobRescaling(job_id="a", attempt=1, flavor="cpu-4", placement=target, reason="grows"))
+    used = log.state.used()
+    assert (used["n1"].cpus, used["n2"].cpus) == (8, 4)
+    log.apply(JobAdmitted(job_id="a", attempt=2, flavor="cpu-4", placement=target))
+    used = log.state.used()
+    assert (used["n1"].cpus, used["n2"].cpus) == (4, 4)
+    # The duration limit still counts from the first start.
+    assert log.state.jobs["a"].started_at == started
+
+
+def test_settings_are_folded_from_their_own_aggregate(log: Log) -> None:
+    log.apply(SettingsChanged(settings=AdminSettings(urgent_cap=1, sharing_enabled=False), by="root"),
+              aggregate_id="platform")
+    assert (log.state.settings.urgent_cap, log.state.settings.sharing_enabled) == (1, False)
+    log.submit("a", access="read-only")
+    assert log.state.view(log.state.jobs["a"]).access == "none"

@@ -10,7 +10,7 @@ import socket
 import time
 
 KEYS = ("TF_CONFIG", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "SLOTS", "OMPI_MCA_orte_default_hostfile",
-        "HYDRA_HOST_FILE", "HYDRA_IFACE")
+        "HYDRA_HOST_FILE", "HYDRA_IFACE", "TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN_FILE")
 print("PROBE " + json.dumps({key: os.environ[key] for key in KEYS if key in os.environ}, sort_keys=True),
       flush=True)
 

@@ -1,0 +1,127 @@
+"""What the scheduler explains and predicts (SPEC S6, S7, S8, S2, J2 settings, O4).
+
+These structures appear both in replies and, for predictions, in the job's events: a prediction made
+when a job is submitted is recorded so that its accuracy can be measured later.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+from libs.contracts.cluster import Flavor
+
+
+class Prediction(Struct, frozen=True, kw_only=True):
+    """S6: would a job start now, and if not, where it would wait and when it would likely start.
+
+    `estimated_start` is None when it cannot be bounded: the job waits for running jobs that have no
+    duration limit, or it fits on no node of the cluster at all (`reason` says which).
+    """
+
+    starts_now: bool
+    flavor: str | None = None  # the flavor it starts with now, or is expected to start with
+    nodes: list[str] = msgspec.field(default_factory=list)  # one entry per rank
+    node_count: int = 0  # an elastic job may start on fewer nodes than it asks for
+    position: int | None = None  # 1-based place in the queue when it queues
+    jobs_ahead: int = 0
+    estimated_start: datetime | None = None
+    predicted_at: datetime
+    reason: str = ""
+
+
+class NodeShortage(Struct, frozen=True, kw_only=True):
+    """Why one eligible node cannot take a rank of the job now."""
+
+    node: str
+    missing: list[str]  # e.g. "cpus: 2 free, 4 needed"
+    held_by: list[str] = msgspec.field(default_factory=list)  # running jobs on the node
+
+
+class FlavorWait(Struct, frozen=True, kw_only=True):
+    """What one of the job's flavors is short of."""
+
+    flavor: str
+    eligible_nodes: int  # nodes the job may use at all with this flavor (S9)
+    fitting_nodes: int  # of those, nodes where one rank fits now
+    needed_nodes: int
+    shortages: list[NodeShortage] = msgspec.field(default_factory=list)
+    note: str = ""  # e.g. "no node has board A100", "pinned to gpu-1, gpu-2"
+
+
+class WhyReport(Struct, frozen=True, kw_only=True):
+    """`trainyard why JOB`: what a queued job waits for (resources, nodes, jobs ahead)."""
+
+    job_id: str
+    status: str
+    position: int | None = None
+    jobs_ahead: list[str] = msgspec.field(default_factory=list)  # the first few, in start order
+    jobs_ahead_count: int = 0
+    head: bool = False  # first in line: resources are reserved for it
+    reserved_start: datetime | None = None
+    reserved_nodes: list[str] = msgspec.field(default_factory=list)
+    flavors: list[FlavorWait] = msgspec.field(default_factory=list)
+    summary: list[str] = msgspec.field(default_factory=list)  # the explanation in sentences
+
+
+NonNegative = Annotated[int, Meta(ge=0)]
+
+
+class AdminSettings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """Platform settings only administrators change; each change is an event (SettingsChanged)."""
+
+    urgent_cap: NonNegative = 5  # S2: a user's running + queued urgent jobs per project
+    sharing_enabled: bool = True  # J2: off forces every job's access for others to "none"
+    max_resumes_cap: NonNegative = 10  # J12
+    max_graceful_shutdown_seconds: NonNegative = 600  # J12
+    debug_retention: str = "4h"  # J15
+
+
+class BoardUsage(Struct, frozen=True, kw_only=True):
+    """S7: `1(1):app-name`: physical boards, virtual boards, and the application holding them."""
+
+    physical: int
+    virtual: int
+    application: str
+    job_id: str
+
+    def __str__(self) -> str:
+        return f"{self.physical}({self.virtual}):{self.application}"
+
+
+FlavorFit = Literal["idle", "tight"]
+
+
+class NodeResources(Struct, frozen=True, kw_only=True):
+    """S7: one schedulable node as `trainyard resources --flavor F` shows it."""
+
+    name: str
+    status: dict[str, FlavorFit]  # per asked flavor: idle (fits in what is free) or tight
+    os: str
+    kernel: str
+    cpus_used: float
+    cpus_total: float
+    memory_mib_used: int
+    memory_mib_total: int
+    accelerators_used: int
+    accelerators_total: int
+    board: str | None = None
+    driver_version: str | None = None
+    flavors: list[str] = msgspec.field(default_factory=list)  # every flavor that applies to the node
+    usage: list[BoardUsage] = msgspec.field(default_factory=list)
+
+
+class BoardDemand(Struct, frozen=True, kw_only=True):
+    """S8: the boards of one model that queued jobs ask for."""
+
+    board: str
+    boards_needed: int
+    queued_jobs: int
+
+
+class FlavorInfo(Struct, frozen=True, kw_only=True):
+    flavor: Flavor
+    schedulable_nodes: int  # nodes this flavor can run on (board and size)

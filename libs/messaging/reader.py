@@ -1,0 +1,52 @@
+"""Reading one subject of a JetStream stream from its first message, to the end or while following."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Awaitable
+from typing import Any
+
+from nats.aio.msg import Msg
+from nats.js.api import DeliverPolicy
+from nats.js.client import JetStreamContext
+
+
+async def read_subject(js: JetStreamContext, stream: str, subject: str, *,
+                       follow: Awaitable[Any] | None = None) -> AsyncIterator[Msg]:
+    """Messages on `subject` from the start of `stream`; stop at its end, or when `follow` completes.
+
+    An ordered consumer is ephemeral and flow-controlled: nothing is left behind on the server.
+    """
+    queue: asyncio.Queue[Msg] = asyncio.Queue()
+
+    async def on_message(msg: Msg) -> None:
+        await queue.put(msg)
+
+    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
+                             cb=on_message)
+    stopper = asyncio.ensure_future(follow) if follow is not None else None
+    try:
+        info = await sub.consumer_info()
+        if stopper is None and not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
+            return
+        while True:
+            getter = asyncio.ensure_future(queue.get())
+            waiting: set[asyncio.Future[Any]] = {getter}
+            if stopper is not None:
+                waiting.add(stopper)
+            done, _ = await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+            if getter not in done:
+                getter.cancel()
+                while not queue.empty():
+                    yield queue.get_nowait()
+                return
+            msg = getter.result()
+            yield msg
+            if stopper is None and not msg.metadata.num_pending:
+                return
+    finally:
+        if stopper is not None:
+            stopper.cancel()
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()

@@ -1,0 +1,266 @@
+"""The scheduler's commands: submit, clone, stop, delete, priority, duration and settings.
+
+Each handler gets the authenticated caller (libs.auth), checks the operation against J2 before it
+changes anything, and answers a retried request the same way as the first one.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from libs.contracts import subjects
+from libs.contracts.codec import encode
+from libs.contracts.events import (
+    Event,
+    JobDeleted,
+    JobDurationChanged,
+    JobPredicted,
+    JobPriorityChanged,
+    JobStopped,
+    JobStopRequested,
+    JobSubmitted,
+    SettingsChanged,
+)
+from libs.contracts.identity import Identity
+from libs.contracts.ids import is_job_id
+from libs.contracts.jobspec import FieldError, JobSpec, field_error_from_msgspec, parse_duration, validate_spec
+from libs.contracts.messages import (
+    ChangeDuration,
+    ChangePriority,
+    ChangeSettings,
+    CloneJob,
+    CommandError,
+    DeleteJobs,
+    Done,
+    JobAccepted,
+    SettingsView,
+    StopJobs,
+    SubmitJob,
+)
+from libs.contracts.strict import decode_strict
+from libs.messaging.rpc import register_all_authenticated
+from libs.storage import missing_inputs
+from services.scheduler.access import access_error
+from services.scheduler.prediction import predict
+
+if TYPE_CHECKING:
+    from services.scheduler.service import Scheduler
+
+SERVICE = "scheduler"
+ACTIVE = ("queued", "running")
+
+
+def register_commands(scheduler: Scheduler) -> None:
+    commands = JobCommands(scheduler)
+    register_all_authenticated(scheduler.rt.broker, SERVICE, [
+        (subjects.SUBMIT_JOB, SubmitJob, commands.submit),
+        (subjects.CLONE_JOB, CloneJob, commands.clone),
+        (subjects.STOP_JOBS, StopJobs, commands.stop),
+        (subjects.DELETE_JOBS, DeleteJobs, commands.delete),
+        (subjects.CHANGE_PRIORITY, ChangePriority, commands.change_priority),
+        (subjects.CHANGE_DURATION, ChangeDuration, commands.change_duration),
+        (subjects.CHANGE_SETTINGS, ChangeSettings, commands.change_settings),
+    ], secret=scheduler.secret)
+
+
+class JobCommands:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    @property
+    def state(self) -> Any:
+        return self.s.state
+
+    # --- creating jobs ---------------------------------------------------------------------------
+
+    async def submit(self, request: SubmitJob, identity: Identity) -> JobAccepted | CommandError:
+        return await self._create(request.job_id, request.spec, identity, cloned_from=None)
+
+    async def clone(self, request: CloneJob, identity: Identity) -> JobAccepted | CommandError:
+        """O1: the source's spec with `overrides` applied, created as the caller's own job."""
+        if error := access_error(self.state, [request.source_job_id], identity, "clone"):
+            return error
+        source = self.state.jobs[request.source_job_id].spec
+        unknown = sorted(set(request.overrides) - set(JobSpec.__struct_fields__))
+        if unknown:
+            return CommandError(code="invalid-spec", message=f"not fields of a job spec: {', '.join(unknown)}",
+                                hint="override top-level fields such as name, nodes, flavors, priority",
+                                errors=[FieldError(field=k, message="is not a known field") for k in unknown])
+        merged = {**msgspec.to_builtins(source), **request.overrides}
+        try:
+            spec = decode_strict(encode(merged), JobSpec)
+        except msgspec.ValidationError as exc:
+            problem = field_error_from_msgspec(exc)
+            return CommandError(code="invalid-spec", message=f"the cloned spec is invalid: {problem}",
+                                errors=[problem])
+        return await self._create(request.job_id, spec, identity, cloned_from=request.source_job_id)
+
+    async def _create(self, job_id: str, spec: JobSpec, identity: Identity,
+                      cloned_from: str | None) -> JobAccepted | CommandError:
+        if not is_job_id(job_id):
+            return CommandError(code="invalid-request", message=f"{job_id!r} is not a job id",
+                                hint="let the client choose it (job-<12 hex digits>)")
+        existing = self.state.jobs.get(job_id)
+        if existing is not None:  # a retried request
+            if existing.spec != spec or existing.creator != identity.user:
+                return CommandError(code="conflict", message=f"job {job_id} exists with another spec",
+                                    hint="submit again without choosing the id")
+            return JobAccepted(job_id=job_id, status=existing.status, created=False)
+        if error := self._refusal(spec, identity):
+            return error
+        errors = missing_inputs(spec, self.s.rt.settings.storage_root)
+        if errors:
+            return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
+                                errors=errors)
+        async with self.s.lock:
+            if (existing := self.state.jobs.get(job_id)) is not None:
+                return JobAccepted(job_id=job_id, status=existing.status, created=False)
+            if error := self._urgent_cap_error(spec.project, identity.user, spec.priority):
+                return error
+            prediction = predict(spec, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
+                                 running=self.s.running_jobs(), now=self.s.clock(),
+                                 duration_seconds=spec.max_duration_seconds)
+            await self.s.append([
+                (job_id, JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from)),
+                (job_id, JobPredicted(job_id=job_id, prediction=prediction)),
+            ])
+            return JobAccepted(job_id=job_id, status=self.state.jobs[job_id].status, created=True)
+
+    def _refusal(self, spec: JobSpec, identity: Identity) -> CommandError | None:
+        """Everything that makes a spec unacceptable for this caller, in one answer."""
+        errors = validate_spec(spec)
+        known = [f.name for f in self.state.cluster.flavors]
+        errors += [
+            FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
+                       hint=f"choose from: {', '.join(known)}")
+            for i, name in enumerate(spec.flavors) if name not in known
+        ]
+        settings = self.state.settings
+        resume = spec.checkpoint_resume
+        if resume is not None and resume.max_resumes > settings.max_resumes_cap:
+            errors.append(FieldError(field="checkpoint_resume.max_resumes",
+                                     message=f"is {resume.max_resumes}, above the platform cap of "
+                                     f"{settings.max_resumes_cap}"))
+        if resume is not None and resume.graceful_shutdown_seconds > settings.max_graceful_shutdown_seconds:
+            errors.append(FieldError(field="checkpoint_resume.graceful_shutdown_seconds",
+                                     message=f"is {resume.graceful_shutdown_seconds}, above the platform cap of "
+                                     f"{settings.max_graceful_shutdown_seconds}"))
+        if errors:
+            return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
+                                errors=errors)
+        if not identity.member_of(spec.project):
+            return CommandError(code="forbidden", message=f"you are not a member of project {spec.project!r}",
+                                hint=f"your projects: {', '.join(identity.projects) or 'none'}")
+        if spec.priority == "very-urgent" and not identity.admin:
+            return CommandError(code="forbidden", message="only administrators may set priority very-urgent",
+                                hint="use urgent, or ask an administrator")
+        return None
+
+    def _urgent_cap_error(self, project: str, user: str, priority: str, *,
+                          ignore: str | None = None) -> CommandError | None:
+        """S2: a user's running + queued urgent jobs in one project are capped."""
+        if priority != "urgent":
+            return None
+        cap = self.state.settings.urgent_cap
+        urgent = [j.job_id for j in self.state.jobs.values()
+                  if j.creator == user and j.spec.project == project and j.priority == "urgent"
+                  and j.status in ACTIVE and j.job_id != ignore]
+        if len(urgent) < cap:
+            return None
+        return CommandError(code="over-cap",
+                            message=f"{user} already has {len(urgent)} urgent jobs queued or running in project "
+                            f"{project!r}; the cap is {cap}",
+                            hint="wait for one to end, or lower one to normal: trainyard priority JOB normal")
+
+    # --- changing jobs ---------------------------------------------------------------------------
+
+    async def stop(self, request: StopJobs, identity: Identity) -> Done | CommandError:
+        async with self.s.lock:
+            if error := access_error(self.state, request.job_ids, identity, "stop"):
+                return error
+            changes: list[tuple[str, Event]] = []
+            for job_id in dict.fromkeys(request.job_ids):
+                job = self.state.jobs[job_id]
+                if job.status == "queued":
+                    changes.append((job_id, JobStopped(job_id=job_id, by=identity.user)))
+                elif job.status == "running" and job.stop_requested_by is None and not job.expiring:
+                    changes.append((job_id, JobStopRequested(job_id=job_id, by=identity.user)))
+            if changes:
+                await self.s.append(changes)
+        return Done(job_ids=list(dict.fromkeys(request.job_ids)), message=f"stopping {len(changes)} job(s)")
+
+    async def delete(self, request: DeleteJobs, identity: Identity) -> Done | CommandError:
+        async with self.s.lock:
+            if error := access_error(self.state, request.job_ids, identity, "delete"):
+                return error
+            active = [j for j in request.job_ids if not self.state.jobs[j].terminal]
+            if active:
+                return CommandError(code="invalid-state",
+                                    message=f"still queued or running: {', '.join(active)}",
+                                    hint=f"stop first: trainyard stop {' '.join(active)}; nothing was deleted")
+            job_ids = list(dict.fromkeys(request.job_ids))
+            await self.s.append([(j, JobDeleted(job_id=j, by=identity.user)) for j in job_ids])
+        return Done(job_ids=job_ids, message=f"deleted {len(job_ids)} job(s)")
+
+    async def change_priority(self, request: ChangePriority, identity: Identity) -> Done | CommandError:
+        """S3: users may choose normal or urgent; very-urgent is for administrators."""
+        async with self.s.lock:
+            if error := access_error(self.state, [request.job_id], identity, "priority"):
+                return error
+            job = self.state.jobs[request.job_id]
+            if job.status != "queued":
+                return CommandError(code="invalid-state",
+                                    message=f"{job.job_id} is {job.status}: only a queued job's priority can change",
+                                    hint="nothing was changed")
+            if request.priority == "very-urgent" and not identity.admin:
+                return CommandError(code="forbidden", message="only administrators may set priority very-urgent",
+                                    hint="use urgent, or ask an administrator")
+            if job.priority == request.priority:
+                return Done(job_ids=[job.job_id], message=f"already {request.priority}")
+            if error := self._urgent_cap_error(job.spec.project, job.creator, request.priority, ignore=job.job_id):
+                return error
+            await self.s.append([(job.job_id, JobPriorityChanged(job_id=job.job_id, priority=request.priority,
+                                                                 by=identity.user))])
+        return Done(job_ids=[request.job_id], message=f"priority is now {request.priority}")
+
+    async def change_duration(self, request: ChangeDuration, identity: Identity) -> Done | CommandError:
+        """S11: a new limit applies at once, to a running job too, without restarting it."""
+        if request.duration is not None:
+            try:
+                parse_duration(request.duration)
+            except ValueError as exc:
+                return CommandError(code="invalid-request", message=str(exc),
+                                    hint="e.g. 30m, 4h or 2d; none removes it")
+        async with self.s.lock:
+            if error := access_error(self.state, [request.job_id], identity, "duration"):
+                return error
+            job = self.state.jobs[request.job_id]
+            if job.terminal or job.expiring:
+                return CommandError(code="invalid-state",
+                                    message=f"{job.job_id} is {'expiring' if job.expiring else job.status}: "
+                                    "its duration can no longer change", hint="nothing was changed")
+            if job.duration != request.duration:
+                await self.s.append([(job.job_id, JobDurationChanged(job_id=job.job_id, duration=request.duration,
+                                                                     by=identity.user))])
+        limit = request.duration or "no limit"
+        return Done(job_ids=[request.job_id], message=f"duration limit is now {limit}")
+
+    async def change_settings(self, request: ChangeSettings, identity: Identity) -> SettingsView | CommandError:
+        if not identity.admin:
+            return CommandError(code="forbidden", message="only administrators change platform settings")
+        changes = {k: v for k, v in msgspec.structs.asdict(request).items() if v is not None}
+        if (retention := changes.get("debug_retention")) is not None:
+            try:
+                parse_duration(retention)
+            except ValueError as exc:
+                return CommandError(code="invalid-request", message=f"debug_retention: {exc}")
+        negative = [k for k, v in changes.items() if isinstance(v, int) and not isinstance(v, bool) and v < 0]
+        if negative:
+            return CommandError(code="invalid-request", message=f"must not be negative: {', '.join(negative)}")
+        async with self.s.lock:
+            settings = msgspec.structs.replace(self.state.settings, **changes)
+            if settings != self.state.settings:
+                await self.s.append_settings(SettingsChanged(settings=settings, by=identity.user))
+        return SettingsView(settings=self.state.settings)

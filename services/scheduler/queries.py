@@ -1,0 +1,175 @@
+"""The scheduler's queries: listings, details, history, search, prediction, explanation, resources.
+
+Every query is answered for the authenticated caller: jobs they may not view (J2) do not appear in
+listings and are "not found" when asked for by id.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from libs.contracts import subjects
+from libs.contracts.cluster import Resources
+from libs.contracts.codec import decode
+from libs.contracts.events import EventEnvelope
+from libs.contracts.identity import Identity
+from libs.contracts.jobspec import FieldError, validate_spec
+from libs.contracts.messages import (
+    CommandError,
+    DevEnvSpec,
+    ExplainJob,
+    FlavorList,
+    GetDevEnv,
+    GetJob,
+    GetJobHistory,
+    GetResources,
+    GetSettings,
+    IdentityView,
+    JobDetails,
+    JobHistory,
+    JobList,
+    ListFlavors,
+    ListJobs,
+    ListNodes,
+    NodeList,
+    NodeView,
+    PredictionReply,
+    PredictJob,
+    ResourceList,
+    SearchJobs,
+    SearchResults,
+    SettingsView,
+    WhoAmI,
+    WhyReply,
+)
+from libs.contracts.scheduling import WhyReport
+from libs.messaging.reader import read_subject
+from libs.messaging.rpc import register_all_authenticated
+from services.scheduler.access import access_error, can_view
+from services.scheduler.explain import explain
+from services.scheduler.prediction import predict
+from services.scheduler.views import dev_env, flavor_list, node_resources
+
+if TYPE_CHECKING:
+    from services.scheduler.service import Scheduler
+
+SERVICE = "scheduler"
+
+
+def register_queries(scheduler: Scheduler) -> None:
+    queries = JobQueries(scheduler)
+    register_all_authenticated(scheduler.rt.broker, SERVICE, [
+        (subjects.LIST_JOBS, ListJobs, queries.list_jobs),
+        (subjects.GET_JOB, GetJob, queries.get_job),
+        (subjects.LIST_NODES, ListNodes, queries.list_nodes),
+        (subjects.PREDICT_JOB, PredictJob, queries.predict),
+        (subjects.EXPLAIN_JOB, ExplainJob, queries.why),
+        (subjects.GET_DEV_ENV, GetDevEnv, queries.devenv),
+        (subjects.JOB_HISTORY, GetJobHistory, queries.history),
+        (subjects.SEARCH_JOBS, SearchJobs, queries.search),
+        (subjects.GET_RESOURCES, GetResources, queries.resources),
+        (subjects.LIST_FLAVORS, ListFlavors, queries.flavors),
+        (subjects.GET_SETTINGS, GetSettings, queries.settings),
+        (subjects.WHOAMI, WhoAmI, queries.whoami),
+    ], secret=scheduler.secret)
+
+
+class JobQueries:
+    def __init__(self, scheduler: Scheduler) -> None:
+        self.s = scheduler
+
+    @property
+    def state(self) -> Any:
+        return self.s.state
+
+    async def list_jobs(self, request: ListJobs, identity: Identity) -> JobList:
+        jobs = [
+            j for j in self.state.jobs.values()
+            if can_view(self.state, identity, j) and (not request.statuses or j.status in request.statuses)
+            and (request.project is None or j.spec.project == request.project)
+        ]
+        jobs.sort(key=lambda j: j.queue_order, reverse=True)
+        positions = self.state.queue_positions()
+        return JobList(jobs=[self.state.view(j, positions) for j in jobs[: request.limit]])
+
+    async def get_job(self, request: GetJob, identity: Identity) -> JobDetails | CommandError:
+        if error := access_error(self.state, [request.job_id], identity, "view"):
+            return error
+        job = self.state.jobs[request.job_id]
+        return JobDetails(job=self.state.view(job), spec=job.spec)
+
+    async def list_nodes(self, _: ListNodes, __: Identity) -> NodeList:
+        used = self.state.used()
+        return NodeList(nodes=[
+            NodeView(info=n.info, status="lost" if n.lost else "ready", used=used.get(name, Resources()),
+                     jobs=[j.job_id for j in self.state.jobs_on(name)])
+            for name, n in sorted(self.state.nodes.items())
+        ])
+
+    async def predict(self, request: PredictJob, _: Identity) -> PredictionReply | CommandError:
+        """S6: answered before creation; nothing is recorded (a submitted job records its own)."""
+        errors = validate_spec(request.spec)
+        known = [f.name for f in self.state.cluster.flavors]
+        errors += [FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
+                              hint=f"choose from: {', '.join(known)}")
+                   for i, name in enumerate(request.spec.flavors) if name not in known]
+        if errors:
+            return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
+                                errors=errors)
+        async with self.s.lock:
+            prediction = predict(request.spec, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
+                                 running=self.s.running_jobs(), now=self.s.clock(),
+                                 duration_seconds=request.spec.max_duration_seconds)
+        return PredictionReply(prediction=prediction)
+
+    async def why(self, request: ExplainJob, identity: Identity) -> WhyReply | CommandError:
+        if error := access_error(self.state, [request.job_id], identity, "view"):
+            return error
+        job = self.state.jobs[request.job_id]
+        if job.status != "queued":
+            sentence = {"running": f"It is running (attempt {job.attempt}) on "
+                                   f"{', '.join(sorted({p.node for p in job.placement}))}; it waits for nothing.",
+                        }.get(job.status, f"It has ended: {job.status}" + (f" ({job.reason})." if job.reason else "."))
+            return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[sentence]))
+        async with self.s.lock:
+            all_nodes = [n.info for n in self.state.nodes.values()]
+            report = explain(job.job_id, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
+                             running=self.s.running_jobs(), now=self.s.clock(), all_nodes=all_nodes)
+        return WhyReply(report=report)
+
+    async def devenv(self, request: GetDevEnv, identity: Identity) -> DevEnvSpec | CommandError:
+        if error := access_error(self.state, [request.job_id], identity, "devenv"):
+            return error
+        return dev_env(self.state.jobs[request.job_id])
+
+    async def history(self, request: GetJobHistory, identity: Identity) -> JobHistory | CommandError:
+        """O6: every service's events about the job, as published, in order."""
+        if error := access_error(self.state, [request.job_id], identity, "view"):
+            return error
+        subject = subjects.events_of_job(request.job_id)
+        events = [decode(m.data, EventEnvelope) async for m in read_subject(self.s.rt.js, subjects.EVENTS_STREAM,
+                                                                              subject)]
+        return JobHistory(events=events)
+
+    async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
+        await self.s.search.catch_up()  # read what this caller just wrote
+        jobs = await self.s.search.search(request, identity, sharing_enabled=self.state.settings.sharing_enabled)
+        return SearchResults(jobs=jobs)
+
+    async def resources(self, request: GetResources, _: Identity) -> ResourceList | CommandError:
+        known = {f.name for f in self.state.cluster.flavors}
+        unknown = [f for f in request.flavors if f not in known]
+        if unknown or not request.flavors:
+            return CommandError(code="invalid-request",
+                                message=f"unknown flavor: {', '.join(unknown)}" if unknown else "name a flavor",
+                                hint=f"choose from: {', '.join(sorted(known))}")
+        return ResourceList(nodes=node_resources(self.state, list(request.flavors)))
+
+    async def flavors(self, request: ListFlavors, _: Identity) -> FlavorList:
+        return flavor_list(self.state, request.board)
+
+    async def settings(self, _: GetSettings, __: Identity) -> SettingsView:
+        return SettingsView(settings=self.state.settings)
+
+    async def whoami(self, _: WhoAmI, identity: Identity) -> IdentityView:
+        return IdentityView(identity=identity)

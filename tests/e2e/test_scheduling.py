@@ -1,0 +1,63 @@
+"""Scheduling decisions on the real stack: duration limits (J16, S11) and elastic growth (S10)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from libs.contracts.events import JobAdmitted, JobRescaling
+from libs.contracts.jobspec import CheckpointResume, Elastic, JobSpec
+from tests.e2e.conftest import Stack
+from tests.e2e.test_jobs import sleeper
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
+POOL_CLUSTER = Path(__file__).parent / "cluster-pool.yaml"
+
+
+def with_changes(spec: JobSpec, **changes: object) -> JobSpec:
+    import msgspec
+
+    return msgspec.structs.replace(spec, **changes)
+
+
+async def test_a_job_past_its_duration_limit_expires(stack: Stack) -> None:
+    api = await stack.up()
+    job = await api.submit(with_changes(sleeper("too-long", seconds=120), duration="3s"))
+    ended = await stack.wait_until(job.job_id, "ended", timeout=60)
+    assert ended.status == "expired"
+    assert "duration limit of 3s" in (ended.reason or "")
+    names = [type(e.event).name() for e in await api.history(job.job_id)]
+    assert names.index("JobExpiring") < names.index("LaunchStopped") < names.index("JobExpired")
+
+
+async def test_a_running_jobs_limit_changes_without_a_restart(stack: Stack) -> None:
+    api = await stack.up()
+    job = await api.submit(with_changes(sleeper("extended", seconds=6), duration="4s"))
+    running = await stack.wait_until(job.job_id, "running", timeout=60)
+    await api.change_duration(job.job_id, "1m")
+    ended = await stack.wait_until(job.job_id, "ended", timeout=60)
+    assert ended.status == "succeeded", ended.reason
+    assert ended.attempt == 1
+    assert ended.instances[0].pid == running.instances[0].pid
+
+
+@pytest.mark.cluster(POOL_CLUSTER)
+async def test_a_shrunken_elastic_job_grows_when_nodes_free_up(stack: Stack) -> None:
+    api = await stack.up()
+    blocker = await api.submit(with_changes(sleeper("blocker", seconds=5), flavors=["cpu-2"], pool="elastic"))
+    await stack.wait_until(blocker.job_id, "running", timeout=60)
+    elastic = with_changes(sleeper("elastic", nodes=2, seconds=6), flavors=["cpu-2"], pool="elastic",
+                           checkpoint_resume=CheckpointResume(elastic=Elastic(min_nodes=1)))
+    job = await api.submit(elastic)
+    first = await stack.wait_until(job.job_id, "running", timeout=60)
+    assert len(first.placement) == 1  # admitted short, on the one free node
+
+    ended = await stack.wait_until(job.job_id, "ended", timeout=90)
+    assert ended.status == "succeeded", ended.reason
+    assert ended.attempt == 2
+    assert {p.node for p in ended.placement} == {"node-a", "node-b"}
+    events = [e.event for e in await api.history(job.job_id)]
+    growth = [e for e in events if isinstance(e, JobRescaling)]
+    assert len(growth) == 1 and "from 1 to 2 nodes" in growth[0].reason
+    assert [len(e.placement) for e in events if isinstance(e, JobAdmitted)] == [1, 2]

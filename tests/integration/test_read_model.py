@@ -1,0 +1,368 @@
+"""O2 search over the job read model, projected from the scheduler's events in a real PostgreSQL."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+
+from libs.contracts.events import (
+    Event,
+    JobAdmitted,
+    JobDeleted,
+    JobDurationChanged,
+    JobExpired,
+    JobFailed,
+    JobPriorityChanged,
+    JobStopped,
+    JobSubmitted,
+    JobSucceeded,
+    Placement,
+    SettingsChanged,
+)
+from libs.contracts.identity import Identity
+from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, OutputRef
+from libs.contracts.messages import SearchJobs
+from libs.contracts.scheduling import AdminSettings
+from libs.eventstore import EventStore, NewEvent
+from services.scheduler.read_model import MAX_LIMIT, JobSearchProjection
+from tests.integration.conftest import StoreFactory
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+ADMIN = Identity(user="root", admin=True)
+ALICE = Identity(user="alice", projects=["vision"])
+BOB = Identity(user="bob", projects=["vision"])
+DAVE = Identity(user="dave", projects=["vision"])
+ERIN = Identity(user="erin", projects=["nlp"])  # shares carol's project, created nothing
+FRANK = Identity(user="frank", projects=["audio"])  # a project with no jobs
+
+# The jobs of `populate`, oldest first.
+RESNET, SWEEP, BATCH, NLP, GONE = ("job-00000000000a", "job-00000000000b", "job-00000000000c",
+                                   "job-00000000000d", "job-00000000000e")
+
+
+class Log:
+    """Appends job events to the store, keeping each job's version."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.versions: dict[str, int] = {}
+
+    async def add(self, aggregate_id: str, *events: Event, aggregate_type: str = "job") -> None:
+        version = self.versions.get(aggregate_id, 0)
+        await self.store.append([NewEvent(aggregate_type, aggregate_id, event) for event in events],
+                                expected_versions={(aggregate_type, aggregate_id): version})
+        self.versions[aggregate_id] = version + len(events)
+
+    async def submit(self, job_id: str, creator: str, **spec: Any) -> None:
+        base = JobSpec(name="train", mode="single-node", flavors=["cpu-1"], algorithm=AlgorithmRef(name="algo"),
+                       command="python3 train.py", output=OutputRef(name="out"))
+        await self.add(job_id, JobSubmitted(job_id=job_id, spec=msgspec.structs.replace(base, **spec),
+                                            creator=creator))
+
+
+def admitted(job_id: str, flavor: str) -> JobAdmitted:
+    return JobAdmitted(job_id=job_id, attempt=1, flavor=flavor,
+                       placement=[Placement(rank=0, node="n1", address="10.0.0.1", slots=1)])
+
+
+async def populate(log: Log) -> None:
+    """Five jobs of four users in two projects, in every state the filters need."""
+    await log.submit(RESNET, "alice", name="ResNet_Train", project="vision", access="read-only",
+                     flavors=["gpu-1", "gpu-2"], algorithm=AlgorithmRef(name="resnet"),
+                     output=OutputRef(name="out-a"), mode="pytorch", nodes=2)
+    await log.add(RESNET, JobDurationChanged(job_id=RESNET, duration="4h", by="alice"))
+    await log.add(RESNET, admitted(RESNET, "gpu-2"))
+
+    await log.submit(SWEEP, "alice", name="secret-sweep", project="vision", access="none",
+                     algorithm=AlgorithmRef(name="bert", source="favorite", version="v1"),
+                     output=OutputRef(name="out-b"))
+    await log.add(SWEEP, admitted(SWEEP, "cpu-1"), JobFailed(job_id=SWEEP, reason="exit 1", exit_code=1))
+
+    await log.submit(BATCH, "bob", name="100%_done-batch", project="vision", access="read-write", type="batch",
+                     algorithm=None, command=None, output=OutputRef(name="out-a"),
+                     tasks=[BatchTask(algorithm=AlgorithmRef(name="prep"), command="python3 prep.py"),
+                            BatchTask(algorithm=AlgorithmRef(name="bert", source="favorite", version="v2"),
+                                      command="python3 tune.py"),
+                            BatchTask(algorithm=AlgorithmRef(name="prep"), command="python3 again.py")])
+
+    await log.add("platform", SettingsChanged(settings=AdminSettings(), by="root"), aggregate_type="settings")
+
+    await log.submit(NLP, "carol", name="resnet-for-text", project="nlp", access="read-write",
+                     flavors=["gpu-1"], algorithm=AlgorithmRef(name="resnet"), output=OutputRef(name="out-c"))
+    await log.add(NLP, admitted(NLP, "gpu-1"), JobSucceeded(job_id=NLP))
+
+    await log.submit(GONE, "dave", name="resnet-deleted", project="vision", access="read-write",
+                     algorithm=AlgorithmRef(name="resnet"), output=OutputRef(name="out-a"))
+    await log.add(GONE, JobStopped(job_id=GONE, by="dave"), JobDeleted(job_id=GONE, by="dave"))
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def store(make_store: StoreFactory) -> EventStore:
+    # Every test gets its own database, so the real schema name isolates nothing it should not.
+    return await make_store("scheduler")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def log(store: EventStore) -> Log:
+    return Log(store)
+
+
+async def projection_of(store: EventStore, *, batch_size: int = 500) -> JobSearchProjection:
+    projection = JobSearchProjection(store, batch_size=batch_size)
+    await projection.migrate()
+    return projection
+
+
+async def ids(projection: JobSearchProjection, identity: Identity = ADMIN, *, sharing: bool = True,
+              **filters: Any) -> list[str]:
+    found = await projection.search(SearchJobs(**filters), identity, sharing_enabled=sharing)
+    return [job.job_id for job in found]
+
+
+async def event_count(store: EventStore) -> int:
+    return int(await store.pool.fetchval(f"SELECT count(*) FROM {store.schema}.events"))
+
+
+async def table(projection: JobSearchProjection) -> list[dict[str, Any]]:
+    rows = await projection.pool.fetch(f"SELECT * FROM {projection.schema}.job_search ORDER BY job_id")
+    return [dict(row) for row in rows]
+
+
+# --- filters ---------------------------------------------------------------------------------------
+
+
+async def test_each_filter_matches_only_its_jobs(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store)
+    await projection.catch_up()
+
+    assert await ids(projection) == [NLP, BATCH, SWEEP, RESNET]  # newest first, the deleted job left out
+    # Name: a case-insensitive part; LIKE wildcards in it are literal.
+    assert await ids(projection, name="RESNET") == [NLP, RESNET]
+    assert await ids(projection, name="%") == [BATCH]
+    assert await ids(projection, name="_") == [BATCH, RESNET]
+    assert await ids(projection, name="sweep") == [SWEEP]
+    # Status after admission, failure, success, and still queued; several statuses are any of.
+    assert await ids(projection, statuses=["running"]) == [RESNET]
+    assert await ids(projection, statuses=["failed"]) == [SWEEP]
+    assert await ids(projection, statuses=["queued"]) == [BATCH]
+    assert await ids(projection, statuses=["succeeded", "running"]) == [NLP, RESNET]
+    assert await ids(projection, statuses=["stopped"]) == []  # only the deleted job was stopped
+    assert await ids(projection, creator="alice") == [SWEEP, RESNET]
+    assert await ids(projection, creator="ali") == []
+    # Own and favourite algorithms are separate filters; a batch job's task algorithms count.
+    assert await ids(projection, algorithm="resnet") == [NLP, RESNET]
+    assert await ids(projection, algorithm="prep") == [BATCH]
+    assert await ids(projection, algorithm="bert") == []
+    assert await ids(projection, favorite_algorithm="bert") == [BATCH, SWEEP]
+    assert await ids(projection, favorite_algorithm="resnet") == []
+    assert await ids(projection, flavor="gpu-2") == [RESNET]
+    assert await ids(projection, flavor="cpu-1") == [BATCH, SWEEP]
+    assert await ids(projection, output="out-a") == [BATCH, RESNET]
+    assert await ids(projection, project="nlp") == [NLP]
+    # Every filter given must match.
+    assert await ids(projection, creator="alice", statuses=["running"], flavor="gpu-1") == [RESNET]
+    assert await ids(projection, creator="alice", output="out-c") == []
+    assert await ids(projection, limit=2) == [NLP, BATCH]
+
+
+async def test_summaries_carry_what_the_events_said(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store)
+    await projection.catch_up()
+    jobs = {job.job_id: job for job in await projection.search(SearchJobs(), ADMIN, sharing_enabled=True)}
+
+    resnet = jobs[RESNET]
+    assert (resnet.name, resnet.project, resnet.creator, resnet.status) == ("ResNet_Train", "vision", "alice",
+                                                                           "running")
+    assert (resnet.flavors, resnet.flavor, resnet.mode, resnet.priority) == (["gpu-1", "gpu-2"], "gpu-2",
+                                                                            "pytorch", "normal")
+    assert (resnet.algorithm, resnet.algorithm_source, resnet.output) == ("resnet", "private", "out-a")
+    assert resnet.ended_at is None
+    assert jobs[SWEEP].status == "failed" and jobs[SWEEP].ended_at is not None
+    assert (jobs[SWEEP].algorithm, jobs[SWEEP].algorithm_source) == ("bert", "favorite")
+    assert (jobs[BATCH].status, jobs[BATCH].flavor, jobs[BATCH].algorithm) == ("queued", None, "prep")
+    assert jobs[NLP].submitted_at > jobs[SWEEP].submitted_at
+
+
+async def test_later_events_update_rows(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store)
+    await projection.catch_up()
+
+    await log.add(BATCH, JobPriorityChanged(job_id=BATCH, priority="urgent", by="bob"))
+    await log.add(RESNET, JobExpired(job_id=RESNET, reason="past its duration"))
+    assert await projection.catch_up() == 2
+
+    jobs = {job.job_id: job for job in await projection.search(SearchJobs(), ADMIN, sharing_enabled=True)}
+    assert jobs[BATCH].priority == "urgent"
+    assert jobs[RESNET].status == "expired" and jobs[RESNET].ended_at is not None
+    assert await ids(projection, statuses=["expired"]) == [RESNET]
+
+
+async def test_limit_is_capped(store: EventStore) -> None:
+    job_ids = [f"job-{n:012x}" for n in range(MAX_LIMIT + 5)]
+    spec = JobSpec(name="many", flavors=["cpu-1"], algorithm=AlgorithmRef(name="algo"), command="python3 a.py",
+                   output=OutputRef(name="out"))
+    await store.append([NewEvent("job", job_id, JobSubmitted(job_id=job_id, spec=spec, creator="alice"))
+                        for job_id in job_ids],
+                       expected_versions={("job", job_id): 0 for job_id in job_ids})
+    projection = await projection_of(store)
+    assert await projection.catch_up() == len(job_ids)
+    assert len(await ids(projection, limit=5000)) == MAX_LIMIT
+    assert await ids(projection, limit=0) == []
+
+
+# --- who sees what (J2) ----------------------------------------------------------------------------
+
+
+async def test_visibility_follows_creator_project_access_and_sharing(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store)
+    await projection.catch_up()
+
+    # Sharing on: own jobs, plus the project's jobs whose access is not "none".
+    assert await ids(projection, ALICE) == [BATCH, SWEEP, RESNET]
+    assert await ids(projection, BOB) == [BATCH, RESNET]  # alice's read-only job; not her "none" one
+    assert await ids(projection, ERIN) == [NLP]
+    assert await ids(projection, FRANK) == []
+    assert await ids(projection, Identity(user="mallory")) == []
+    assert await ids(projection, ADMIN) == [NLP, BATCH, SWEEP, RESNET]
+    # Filters cannot widen what one may see.
+    assert await ids(projection, BOB, creator="alice") == [RESNET]
+    assert await ids(projection, FRANK, project="vision") == []
+
+    # Sharing off: only own jobs, except for an administrator.
+    assert await ids(projection, ALICE, sharing=False) == [SWEEP, RESNET]
+    assert await ids(projection, BOB, sharing=False) == [BATCH]
+    assert await ids(projection, ERIN, sharing=False) == []
+    assert await ids(projection, ADMIN, sharing=False) == [NLP, BATCH, SWEEP, RESNET]
+
+
+async def test_deleted_jobs_are_never_returned(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store)
+    await projection.catch_up()
+
+    for identity in (ADMIN, DAVE, BOB):
+        assert GONE not in await ids(projection, identity)
+    assert await ids(projection, DAVE, creator="dave") == []
+    assert await ids(projection, name="deleted") == []
+    # The row is kept (marked deleted), so a later event for the job does not resurrect it.
+    rows = {row["job_id"]: row for row in await table(projection)}
+    assert rows[GONE]["deleted"] is True and rows[GONE]["status"] == "stopped"
+
+
+# --- keeping the read model ------------------------------------------------------------------------
+
+
+async def test_catch_up_twice_applies_nothing_twice(store: EventStore, log: Log) -> None:
+    await populate(log)
+    total = await event_count(store)
+    projection = await projection_of(store, batch_size=4)
+
+    assert await projection.catch_up() == total
+    assert await projection.checkpoint() == await store.last_position()
+    before = await table(projection)
+    assert await projection.catch_up() == 0
+    assert await table(projection) == before
+
+    await log.submit("job-00000000000f", "bob", name="later", project="vision")
+    assert await projection.catch_up() == 1
+    assert await projection.catch_up() == 0
+    assert len(await table(projection)) == len(before) + 1
+
+
+async def test_concurrent_catch_ups_apply_each_event_once(store: EventStore, log: Log) -> None:
+    await populate(log)
+    for n in range(40):
+        job_id = f"job-1000000000{n:02x}"
+        await log.submit(job_id, "bob", name=f"bulk-{n}", project="vision", access="read-only")
+        await log.add(job_id, admitted(job_id, "cpu-1"), JobSucceeded(job_id=job_id))
+    total = await event_count(store)
+    one = await projection_of(store, batch_size=3)
+    other = JobSearchProjection(store, batch_size=5)
+
+    counts = await asyncio.gather(one.catch_up(), other.catch_up(), one.catch_up())
+    assert sum(counts) == total
+    together = await table(one)
+    assert len(together) == 45
+
+    await one.rebuild()  # the same events, applied by a single caller
+    assert await table(one) == together
+
+
+async def test_a_failed_batch_leaves_rows_and_checkpoint_as_they_were(
+    store: EventStore, log: Log, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    await populate(log)
+    total = await event_count(store)
+    projection = await projection_of(store, batch_size=5)
+    apply = projection._apply
+    seen: list[int] = []
+
+    async def crash_on_seventh(conn: Any, envelope: Any) -> None:
+        seen.append(envelope.position)
+        if len(seen) == 7:
+            raise RuntimeError("crash")
+        await apply(conn, envelope)
+
+    monkeypatch.setattr(projection, "_apply", crash_on_seventh)
+    with pytest.raises(RuntimeError):
+        await projection.catch_up()
+    # The first batch committed; nothing of the second (SWEEP's failure, BATCH's submission) did.
+    assert await projection.checkpoint() == seen[4]
+    assert {row["job_id"]: row["status"] for row in await table(projection)} == {RESNET: "running",
+                                                                                  SWEEP: "running"}
+
+    monkeypatch.setattr(projection, "_apply", apply)
+    assert await projection.catch_up() == total - 5
+    assert await ids(projection) == [NLP, BATCH, SWEEP, RESNET]
+
+
+async def test_rebuild_from_scratch_gives_identical_results(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store, batch_size=2)
+    await projection.catch_up()
+    queries: list[tuple[Identity, bool, dict[str, Any]]] = [
+        (ADMIN, True, {}), (ALICE, True, {}), (BOB, True, {}), (BOB, False, {}), (ERIN, True, {}),
+        (ADMIN, True, {"name": "resnet"}), (ADMIN, True, {"favorite_algorithm": "bert"}),
+        (ADMIN, True, {"statuses": ["failed", "queued"]}),
+    ]
+    before = [await projection.search(SearchJobs(**f), who, sharing_enabled=s) for who, s, f in queries]
+    rows = await table(projection)
+
+    await projection.rebuild()
+
+    assert [await projection.search(SearchJobs(**f), who, sharing_enabled=s) for who, s, f in queries] == before
+    assert await table(projection) == rows
+    assert await projection.checkpoint() == await store.last_position()
+
+
+async def test_projection_created_after_the_events_catches_up_from_the_first(store: EventStore, log: Log) -> None:
+    await populate(log)
+    await log.add(BATCH, JobPriorityChanged(job_id=BATCH, priority="urgent", by="bob"))
+    total = await event_count(store)
+
+    projection = await projection_of(store)  # its table did not exist while the events were written
+    assert await projection.checkpoint() == 0
+    assert await ids(projection) == []
+    assert await projection.catch_up() == total
+    assert await ids(projection) == [NLP, BATCH, SWEEP, RESNET]
+    assert (await projection.search(SearchJobs(creator="bob"), ADMIN, sharing_enabled=True))[0].priority == "urgent"
+
+
+async def test_migrate_is_idempotent_and_keeps_the_checkpoint(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = JobSearchProjection(store)
+    await asyncio.gather(projection.migrate(), projection.migrate())
+    await projection.catch_up()
+    checkpoint = await projection.checkpoint()
+    await projection.migrate()
+    assert await projection.checkpoint() == checkpoint
+    assert await projection.catch_up() == 0

@@ -1,0 +1,356 @@
+"""The CLI without a stack (SPEC X6): input checked before connecting, tokens issued locally, and the
+rendering of predictions, resources and explanations. Commands that need the services run against a
+stand-in client, so what they print is checked without NATS."""
+
+from __future__ import annotations
+
+import stat
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from client import cli
+from client.api import TrainyardError
+from libs.auth import verify_token
+from libs.contracts.cluster import Flavor
+from libs.contracts.events import EventEnvelope, JobPredicted
+from libs.contracts.identity import Identity
+from libs.contracts.messages import CommandError, Done, FlavorList, JobAccepted
+from libs.contracts.scheduling import (
+    BoardDemand,
+    BoardUsage,
+    FlavorInfo,
+    FlavorWait,
+    NodeResources,
+    NodeShortage,
+    Prediction,
+    WhyReport,
+)
+
+SECRET = "a-test-secret-long-enough-for-hmac-sha256-0123456789"
+NOW = datetime(2026, 11, 21, 13, 40, tzinfo=UTC)
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def no_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No secret and no local stack unless a test provides them; NATS is never reachable."""
+    monkeypatch.delenv("TRAINYARD_AUTH_SECRET", raising=False)
+    monkeypatch.delenv("TRAINYARD_AUTH_SECRET_FILE", raising=False)
+    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("NATS_URL", "nats://127.0.0.1:1")
+
+
+class FakeClient:
+    """Stands in for TrainyardClient: records calls, answers with what the test gave it."""
+
+    def __init__(self, **answers: Any) -> None:
+        self.answers = answers
+        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        async def method(*args: Any, **kwargs: Any) -> Any:
+            self.calls.append((name, args, kwargs))
+            answer = self.answers[name]
+            if isinstance(answer, Exception):
+                raise answer
+            return answer
+
+        return method
+
+    async def close(self) -> None:
+        pass
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
+    client = FakeClient()
+
+    class Factory:
+        @staticmethod
+        async def open() -> FakeClient:
+            return client
+
+    monkeypatch.setattr(cli, "TrainyardClient", Factory)
+    return client
+
+
+def invoke(*args: str) -> Any:
+    return runner.invoke(cli.app, list(args))
+
+
+# --- clone: --set ------------------------------------------------------------------------------------
+
+
+def test_set_values_are_yaml() -> None:
+    overrides = cli.parse_set_options(["nodes=2", "flavors=[cpu-2, cpu-4]", "priority=urgent",
+                                       "env={A: '1'}", "duration="])
+    assert overrides == {"nodes": 2, "flavors": ["cpu-2", "cpu-4"], "priority": "urgent", "env": {"A": "1"},
+                         "duration": None}
+
+
+def test_set_keeps_text_for_text_fields() -> None:
+    # YAML would read these as a float, an int and a boolean; the fields take text.
+    overrides = cli.parse_set_options(["driver_version=535.104", "name=2024", "image=yes"])
+    assert overrides == {"driver_version": "535.104", "name": "2024", "image": "yes"}
+
+
+def test_set_refuses_a_dotted_key_naming_it() -> None:
+    with pytest.raises(cli.OverrideError) as caught:
+        cli.parse_set_options(["checkpoint_resume.max_resumes=5"])
+    assert "checkpoint_resume.max_resumes" in str(caught.value)
+    assert "nested keys are not supported" in str(caught.value)
+    assert "--set 'checkpoint_resume={max_resumes: 5}'" in caught.value.hint
+
+
+@pytest.mark.parametrize(("item", "expected"), [
+    ("nodes", "is not key=value"),
+    ("=2", "is not key=value"),
+    ("nodez=2", "no field 'nodez'"),
+    ("flavors=[cpu-2", "is not valid YAML"),
+])
+def test_set_refuses_bad_items(item: str, expected: str) -> None:
+    with pytest.raises(cli.OverrideError, match=expected):
+        cli.parse_set_options([item])
+
+
+def test_unknown_field_suggests_the_close_one() -> None:
+    with pytest.raises(cli.OverrideError) as caught:
+        cli.parse_set_options(["nodez=2"])
+    assert "did you mean 'nodes'" in caught.value.hint
+
+
+def test_clone_refuses_a_dotted_key_before_connecting(fake: FakeClient) -> None:
+    result = invoke("clone", "job-0123456789ab", "--set", "output.name=x")
+    assert result.exit_code == 1
+    assert "--set output.name: nested keys are not supported" in result.output
+    assert "hint:" in result.output
+    assert fake.calls == []
+
+
+def test_clone_sends_file_then_set_then_name(fake: FakeClient, tmp_path: Path) -> None:
+    overrides = tmp_path / "overrides.yaml"
+    overrides.write_text("nodes: 4\npriority: urgent\nname: from-file\n")
+    fake.answers["clone"] = JobAccepted(job_id="job-00000000000b", status="queued", created=True)
+    result = invoke("clone", "job-00000000000a", "-f", str(overrides), "--set", "nodes=2", "--name", "again")
+    assert result.exit_code == 0, result.output
+    assert fake.calls == [("clone", ("job-00000000000a", {"nodes": 2, "priority": "urgent", "name": "again"}), {})]
+    assert "cloned job-00000000000a as job-00000000000b: queued" in result.output
+
+
+def test_overrides_file_must_be_a_mapping(tmp_path: Path) -> None:
+    path = tmp_path / "overrides.yaml"
+    path.write_text("- nodes\n")
+    with pytest.raises(cli.OverrideError, match="not a mapping"):
+        cli.read_overrides_file(path)
+
+
+# --- admin token -----------------------------------------------------------------------------------------
+
+
+def test_admin_token_is_accepted_with_the_identity(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_AUTH_SECRET", SECRET)
+    result = invoke("admin", "token", "alice", "--project", "vision", "-p", "nlp", "--admin", "--ttl", "2d")
+    assert result.exit_code == 0, result.output
+    identity = verify_token(SECRET, result.stdout.strip())
+    assert identity == Identity(user="alice", projects=["vision", "nlp"], admin=True)
+
+
+def test_admin_token_to_a_private_file(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("TRAINYARD_AUTH_SECRET", SECRET)
+    path = tmp_path / "token"
+    result = invoke("admin", "token", "bob", "-o", str(path))
+    assert result.exit_code == 0, result.output
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert verify_token(SECRET, path.read_text().strip()) == Identity(user="bob")
+    assert f"TRAINYARD_TOKEN_FILE={path}" in result.output
+
+
+def test_admin_token_reads_the_local_stacks_secret(tmp_path: Path) -> None:
+    secret_file = tmp_path / "secret"
+    secret_file.write_text(SECRET + "\n")
+    (tmp_path / "home").mkdir()
+    (tmp_path / "home" / "stack.env").write_text(f"export TRAINYARD_AUTH_SECRET_FILE={secret_file}\n")
+    result = invoke("admin", "token", "carol", "-p", "vision")
+    assert result.exit_code == 0, result.output
+    assert verify_token(SECRET, result.stdout.strip()) == Identity(user="carol", projects=["vision"])
+
+
+def test_admin_token_without_a_secret_says_where_to_set_it() -> None:
+    result = invoke("admin", "token", "alice")
+    assert result.exit_code == 1
+    assert "error: no signing secret" in result.output
+    assert "TRAINYARD_AUTH_SECRET" in result.output
+    assert result.stdout == ""
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["--ttl", "3w"], "is not a duration"),
+    (["-p", "no spaces"], "invalid project name"),
+])
+def test_admin_token_refuses_bad_options(monkeypatch: pytest.MonkeyPatch, args: list[str], expected: str) -> None:
+    monkeypatch.setenv("TRAINYARD_AUTH_SECRET", SECRET)
+    result = invoke("admin", "token", "alice", *args)
+    assert result.exit_code == 1
+    assert expected in result.output
+
+
+# --- errors ----------------------------------------------------------------------------------------------
+
+
+def test_unauthenticated_hints_at_tokens(fake: FakeClient) -> None:
+    fake.answers["whoami"] = TrainyardError(CommandError(code="unauthenticated", message="the token has expired"))
+    result = invoke("whoami")
+    assert result.exit_code == 1
+    assert "error: the token has expired" in result.output
+    assert "TRAINYARD_TOKEN (or TRAINYARD_TOKEN_FILE)" in result.output
+    assert "`trainyard admin token`" in result.output
+
+
+def test_error_hint_prefers_the_service_then_the_code() -> None:
+    assert cli.error_hint(CommandError(code="over-cap", message="m", hint="their hint")) == "their hint"
+    assert "trainyard priority" in (cli.error_hint(CommandError(code="over-cap", message="m")) or "")
+
+
+@pytest.mark.parametrize("args", [["priority", "job-x", "asap"], ["duration", "job-x", "4 hours"],
+                                  ["admin", "settings", "--sharing", "maybe"], ["resources"],
+                                  ["search", "--status", "done"]])
+def test_bad_input_is_refused_before_connecting(fake: FakeClient, args: list[str]) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert "hint:" in result.output
+    assert fake.calls == []
+
+
+def test_duration_none_removes_the_limit(fake: FakeClient) -> None:
+    fake.answers["change_duration"] = Done(job_ids=["job-x"], message="")
+    result = invoke("duration", "job-x", "none")
+    assert result.exit_code == 0, result.output
+    assert fake.calls == [("change_duration", ("job-x", None), {})]
+    assert "job-x: duration limit removed" in result.output
+
+
+# --- predict -----------------------------------------------------------------------------------------------
+
+
+def test_prediction_starts_now() -> None:
+    prediction = Prediction(starts_now=True, flavor="cpu-4", nodes=["n1", "n2"], node_count=2, predicted_at=NOW)
+    assert cli.prediction_sentence(prediction, now=NOW) == "starts now with flavor cpu-4 on n1, n2"
+    assert cli.prediction_sentence(prediction, now=NOW, requested_nodes=4).endswith("(2 of 4 nodes: elastic)")
+
+
+def test_prediction_queues_with_an_estimate() -> None:
+    prediction = Prediction(starts_now=False, position=3, jobs_ahead=2, predicted_at=NOW,
+                            estimated_start=NOW + timedelta(minutes=25))
+    assert (cli.prediction_sentence(prediction, now=NOW)
+            == "queues at position 3 behind 2 jobs; estimated start 14:05 UTC (in 25 min)")
+
+
+def test_prediction_queues_without_an_estimate() -> None:
+    prediction = Prediction(starts_now=False, position=1, jobs_ahead=0, predicted_at=NOW,
+                            reason="it waits for job-a, which has no duration limit")
+    assert (cli.prediction_sentence(prediction, now=NOW)
+            == "queues at position 1 behind 0 jobs; estimated start unknown: it waits for job-a, which has no "
+               "duration limit")
+
+
+def test_estimates_on_another_day_carry_the_date() -> None:
+    later = NOW + timedelta(days=1, hours=2, minutes=10)
+    assert cli.clock_time(later, NOW) == "2026-11-22 15:50 UTC"
+    assert cli.relative_time(later, NOW) == "in 1 d 2 h"
+    assert cli.relative_time(NOW + timedelta(hours=2, minutes=5), NOW) == "in 2 h 5 min"
+    assert cli.relative_time(NOW - timedelta(minutes=1), NOW) == "any moment now"
+
+
+def test_predict_command_prints_the_sentence(fake: FakeClient, tmp_path: Path) -> None:
+    spec = tmp_path / "job.yaml"
+    spec.write_text("name: demo\ncommand: python3 train.py\nalgorithm: {name: code}\noutput: {name: out}\n"
+                    "flavors: [cpu-2]\n")
+    fake.answers["predict"] = Prediction(starts_now=True, flavor="cpu-2", nodes=["node-a"], node_count=1,
+                                         predicted_at=NOW)
+    result = invoke("predict", "-f", str(spec))
+    assert result.exit_code == 0, result.output
+    assert result.output.strip() == "starts now with flavor cpu-2 on node-a"
+
+
+# --- resources, flavors, why, events ------------------------------------------------------------------------
+
+
+def gpu_node() -> NodeResources:
+    return NodeResources(name="gpu-1", status={"gpu-2": "idle", "gpu-4": "tight"}, os="Ubuntu 22.04",
+                         kernel="5.15.0", cpus_used=12, cpus_total=32, memory_mib_used=49152,
+                         memory_mib_total=262144, accelerators_used=3, accelerators_total=8, board="A100",
+                         driver_version="535.104", flavors=["gpu-1", "gpu-2", "gpu-4"],
+                         usage=[BoardUsage(physical=2, virtual=2, application="train-a", job_id="job-a"),
+                                BoardUsage(physical=1, virtual=1, application="eval-b", job_id="job-b")])
+
+
+def test_resource_row() -> None:
+    assert cli.resource_row(gpu_node()) == [
+        "gpu-1", "gpu-2: idle, gpu-4: tight", "Ubuntu 22.04 / 5.15.0", "48.0/256.0", "12/32", "3/8 A100", "535.104",
+        "gpu-1, gpu-2, gpu-4", "2(2):train-a 1(1):eval-b"]
+
+
+def test_resource_row_of_a_cpu_node() -> None:
+    node = NodeResources(name="node-a", status={"cpu-2": "idle"}, os="Debian 12", kernel="6.1", cpus_used=0.5,
+                         cpus_total=4, memory_mib_used=0, memory_mib_total=8192, accelerators_used=0,
+                         accelerators_total=0)
+    assert cli.resource_row(node)[3:] == ["0.0/8.0", "0.5/4", "-", "-", "-", "-"]
+
+
+def test_resources_command_table(fake: FakeClient) -> None:
+    fake.answers["resources"] = [gpu_node()]
+    result = invoke("resources", "--flavor", "gpu-2", "--flavor", "gpu-4")
+    assert result.exit_code == 0, result.output
+    assert fake.calls == [("resources", (["gpu-2", "gpu-4"],), {})]
+    assert "2(2):train-a 1(1):eval-b" in result.output
+    assert "gpu-2: idle, gpu-4: tight" in result.output
+
+
+def test_flavors_command_shows_flavors_and_demand(fake: FakeClient) -> None:
+    fake.answers["flavors"] = FlavorList(
+        flavors=[FlavorInfo(flavor=Flavor(name="gpu-4", cpus=16, memory_mib=65536, accelerators=4, board="A100"),
+                            schedulable_nodes=2)],
+        demand=[BoardDemand(board="A100", boards_needed=12, queued_jobs=3)])
+    result = invoke("flavors", "--board", "A100")
+    assert result.exit_code == 0, result.output
+    assert fake.calls == [("flavors", ("A100",), {})]
+    lines = [line.split() for line in result.output.splitlines()]
+    assert ["gpu-4", "16", "64.0", "4", "A100", "2"] in lines
+    assert ["A100", "12", "3"] in lines
+
+
+def test_why_prints_the_summary_and_shortages(fake: FakeClient) -> None:
+    wait = FlavorWait(flavor="cpu-4", eligible_nodes=3, fitting_nodes=1, needed_nodes=2,
+                      shortages=[NodeShortage(node="node-b", missing=["cpus: 2 free, 4 needed"], held_by=["job-a"])])
+    fake.answers["why"] = WhyReport(job_id="job-q", status="queued", position=2, jobs_ahead=["job-p"],
+                                    jobs_ahead_count=1, flavors=[wait],
+                                    summary=["job-q is second in line, behind job-p."])
+    result = invoke("why", "job-q")
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith("job-q is second in line, behind job-p.\n")
+    assert "flavor cpu-4: 1 of 3 eligible nodes fit one rank now, 2 needed" in result.output
+    assert ["node-b", "cpus:", "2", "free,", "4", "needed", "job-a"] in [line.split()
+                                                                       for line in result.output.splitlines()]
+
+
+def test_why_without_a_summary_builds_one() -> None:
+    report = WhyReport(job_id="job-q", status="queued", position=4, jobs_ahead=["job-a", "job-b"],
+                       jobs_ahead_count=3)
+    assert cli.why_lines(report) == ["job-q is at position 4, behind 3 jobs: job-a, job-b and 1 more"]
+
+
+def test_events_come_from_the_history_and_show_predictions(fake: FakeClient) -> None:
+    prediction = Prediction(starts_now=False, position=2, jobs_ahead=1, predicted_at=NOW,
+                            estimated_start=NOW + timedelta(minutes=10))
+    fake.answers["history"] = [EventEnvelope(
+        event_id="e1", service="scheduler", aggregate_type="job", aggregate_id="job-q", version=2, position=7,
+        recorded_at=NOW, event=JobPredicted(job_id="job-q", prediction=prediction))]
+    result = invoke("events", "job-q")
+    assert result.exit_code == 0, result.output
+    assert "JobPredicted" in result.output
+    assert "prediction=queues at position 2 behind 1 job; estimated start 13:50 UTC (in 10 min)" in result.output

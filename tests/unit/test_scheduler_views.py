@@ -1,0 +1,105 @@
+"""S7 cluster resources, S8 flavors by board, O4 development environments, from the scheduler's state."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import Any
+
+from libs.contracts.cluster import Accelerators, ClusterConfig, Flavor, NodeInfo
+from libs.contracts.events import EventEnvelope, JobAdmitted, JobSubmitted, NodeLost, NodeRegistered, Placement
+from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
+from services.scheduler.state import SchedulerState
+from services.scheduler.views import dev_env, flavor_list, node_resources
+
+AT = datetime(2026, 1, 1, tzinfo=UTC)
+A100_1 = Flavor(name="a100-1", cpus=4, memory_mib=16384, accelerators=1, board="A100")
+A100_4 = Flavor(name="a100-4", cpus=16, memory_mib=65536, accelerators=4, board="A100")
+V100_2 = Flavor(name="v100-2", cpus=8, memory_mib=32768, accelerators=2, board="V100")
+CPU_4 = Flavor(name="cpu-4", cpus=4, memory_mib=8192)
+CLUSTER = ClusterConfig(flavors=[A100_1, A100_4, V100_2, CPU_4])
+
+
+class Fold:
+    def __init__(self) -> None:
+        self.state = SchedulerState(CLUSTER)
+        self.position = 0
+
+    def apply(self, event: Any, service: str = "scheduler", aggregate: str = "x") -> None:
+        self.position += 1
+        self.state.apply(EventEnvelope(event_id=str(self.position), service=service, aggregate_type="t",
+                                       aggregate_id=aggregate, version=self.position, position=self.position,
+                                       recorded_at=AT, event=event))
+
+    def node(self, name: str, board: str | None = None, boards: int = 0) -> None:
+        accelerators = [Accelerators(board=board, count=boards, driver_version="535.1")] if board else []
+        self.apply(NodeRegistered(node=NodeInfo(name=name, address=name, os="Debian 12", kernel="6.1.0", cpus=32,
+                                                memory_mib=131072, accelerators=accelerators)), "monitor")
+
+    def job(self, job_id: str, name: str, flavors: list[str], nodes: int = 1, **extra: Any) -> None:
+        spec = JobSpec(name=name, nodes=nodes, mode="pytorch" if nodes > 1 else "single-node", flavors=flavors,
+                       algorithm=AlgorithmRef(name="code"), command="python3 t.py", output=OutputRef(name="o"),
+                       **extra)
+        self.apply(JobSubmitted(job_id=job_id, spec=spec, creator="alice"))
+
+    def admit(self, job_id: str, flavor: str, nodes: list[str]) -> None:
+        placement = [Placement(rank=r, node=n, address=n, slots=1) for r, n in enumerate(nodes)]
+        self.apply(JobAdmitted(job_id=job_id, attempt=1, flavor=flavor, placement=placement))
+
+
+def test_resources_show_each_node_with_usage_per_application() -> None:
+    fold = Fold()
+    fold.node("gpu-1", "A100", 4)
+    fold.node("gpu-2", "A100", 4)
+    fold.node("gpu-3", "V100", 2)
+    fold.node("cpu-1")
+    fold.job("job-000000000001", "train-a", ["a100-1"], nodes=2)
+    fold.admit("job-000000000001", "a100-1", ["gpu-1", "gpu-1"])
+    fold.job("job-000000000002", "eval-b", ["a100-1"])
+    fold.admit("job-000000000002", "a100-1", ["gpu-1"])
+    fold.job("job-000000000003", "big", ["a100-4"])
+    fold.admit("job-000000000003", "a100-4", ["gpu-2"])
+
+    rows = {r.name: r for r in node_resources(fold.state, ["a100-1", "a100-4"])}
+    assert set(rows) == {"gpu-1", "gpu-2"}  # the V100 and CPU nodes serve neither flavor
+    gpu1 = rows["gpu-1"]
+    assert gpu1.status == {"a100-1": "idle", "a100-4": "tight"}
+    assert (gpu1.accelerators_used, gpu1.accelerators_total, gpu1.cpus_used) == (3, 4, 12)
+    assert [str(u) for u in gpu1.usage] == ["2(2):train-a", "1(1):eval-b"]
+    assert (gpu1.os, gpu1.kernel, gpu1.board, gpu1.driver_version) == ("Debian 12", "6.1.0", "A100", "535.1")
+    assert gpu1.flavors == ["a100-1", "a100-4", "cpu-4"]
+    assert rows["gpu-2"].status == {"a100-1": "tight", "a100-4": "tight"}
+
+
+def test_lost_nodes_are_not_schedulable_resources() -> None:
+    fold = Fold()
+    fold.node("gpu-1", "A100", 4)
+    fold.apply(NodeLost(node_name="gpu-1", last_seen=AT, reason="gone"), "monitor")
+    assert node_resources(fold.state, ["a100-1"]) == []
+
+
+def test_flavors_by_board_with_the_boards_queued_jobs_need() -> None:
+    fold = Fold()
+    fold.node("gpu-1", "A100", 4)
+    fold.node("gpu-3", "V100", 2)
+    fold.job("job-000000000001", "a", ["a100-4"], nodes=2)  # 8 A100 boards
+    fold.job("job-000000000002", "b", ["cpu-4", "a100-1"])  # its first board flavor: 1 A100
+    fold.job("job-000000000003", "c", ["v100-2"])
+    fold.job("job-000000000004", "d", ["a100-1"])
+    fold.admit("job-000000000004", "a100-1", ["gpu-1"])  # running: not demand
+
+    listing = flavor_list(fold.state, "A100")
+    assert [(f.flavor.name, f.schedulable_nodes) for f in listing.flavors] == [("a100-1", 1), ("a100-4", 1)]
+    assert [(d.board, d.boards_needed, d.queued_jobs) for d in listing.demand] == [("A100", 9, 2)]
+    everything = flavor_list(fold.state, None)
+    assert {d.board: d.boards_needed for d in everything.demand} == {"A100": 9, "V100": 2}
+
+
+def test_a_dev_environment_has_the_jobs_mounts_image_and_variables() -> None:
+    fold = Fold()
+    fold.job("job-000000000001", "bert", ["cpu-4"], image="trainyard/pytorch:2", env={"SEED": "7"},
+             datasets=[DatasetRef(name="wiki")])
+    devenv = dev_env(fold.state.jobs["job-000000000001"])
+    assert (devenv.image, devenv.flavor, devenv.env, devenv.command) == (
+        "trainyard/pytorch:2", "cpu-4", {"SEED": "7"}, "python3 t.py")
+    assert {(m.target, m.read_only) for m in devenv.mounts} == {
+        ("algorithm", False), ("dataset/private/wiki", True), ("outputs", False)}
