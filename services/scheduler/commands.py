@@ -244,8 +244,8 @@ class JobCommands:
             if job.duration != request.duration:
                 await self.s.append([(job.job_id, JobDurationChanged(job_id=job.job_id, duration=request.duration,
                                                                      by=identity.user))])
-        limit = request.duration or "no limit"
-        return Done(job_ids=[request.job_id], message=f"duration limit is now {limit}")
+        message = f"duration limit is now {request.duration}" if request.duration else "duration limit removed"
+        return Done(job_ids=[request.job_id], message=message)
 
     async def change_settings(self, request: ChangeSettings, identity: Identity) -> SettingsView | CommandError:
         if not identity.admin:

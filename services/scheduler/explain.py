@@ -23,7 +23,7 @@ from services.scheduler.placement import (
     schedule,
     worker_counts,
 )
-from services.scheduler.prediction import format_time, names, plan_queue
+from services.scheduler.prediction import format_time, names, plan_queue, unknown_start_reason
 
 MAX_LISTED = 10
 
@@ -55,10 +55,10 @@ def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flav
             summary.append(f"Behind {len(ahead)} job{'s' if len(ahead) != 1 else ''} of higher or equal priority: "
                            f"{names(ahead, MAX_LISTED)}.")
         if reservation is not None:
-            summary.append(_reservation_sentence(reservation.start, reservation.nodes, job, queue, decision,
-                                                 flavors, running, now))
+            summary.append(_reservation_sentence(reservation.start, reservation.nodes, queue, decision, flavors,
+                                                 running, now))
         summary.extend(_wait_sentences(job.spec, waits, flavors, nodes))
-        if reservation is None and decision.reservation is not None and _fits_now(waits):
+        if reservation is None and decision.reservation is not None and _room_now(job.spec, flavors, nodes):
             summary.append(_blocked_by_head_sentence(job, decision, now))
         if reservation is None:
             plan = plan_queue(queue, nodes, flavors, running=running, now=now, decision=decision,
@@ -66,7 +66,8 @@ def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flav
             if plan.start is not None:
                 summary.append(f"Expected to start around {format_time(plan.start, now)}.")
             else:
-                summary.append("Its start cannot be estimated: it waits for jobs without a duration limit.")
+                reason = unknown_start_reason(plan)
+                summary.append(f"Its start cannot be estimated because {reason}.")
     if job_id not in decision.unplaceable:
         summary.extend(f"Flavor {wait.flavor}: {wait.note}." for wait in waits if wait.note)
 
@@ -157,8 +158,16 @@ def _ranks_fitting(need: Resources, free: Resources, limit: int) -> int:
     return count
 
 
-def _fits_now(waits: list[FlavorWait]) -> bool:
-    return any(w.fitting_nodes for w in waits)
+def _room_now(spec: JobSpec, flavors: dict[str, Flavor], nodes: list[NodeCapacity]) -> bool:
+    """Whether what is free now would hold the job's workers (at its smallest size) with some flavor."""
+    smallest = worker_counts(spec)[-1]
+    for name in spec.flavors:
+        flavor = flavors.get(name)
+        if flavor is not None:
+            need = Resources.of_flavor(flavor)
+            if sum(_ranks_fitting(need, n.free, smallest) for n in nodes if eligible(n.info, spec, flavor)) >= smallest:
+                return True
+    return False
 
 
 # --- sentences --------------------------------------------------------------------------------------------
@@ -197,7 +206,7 @@ def _unplaceable_reasons(spec: JobSpec, waits: list[FlavorWait]) -> list[str]:
     return reasons
 
 
-def _reservation_sentence(start: datetime | None, reserved: list[str], job: QueuedJob, queue: list[QueuedJob],
+def _reservation_sentence(start: datetime | None, reserved: list[str], queue: list[QueuedJob],
                           decision: Decision, flavors: dict[str, Flavor], running: Sequence[RunningJob],
                           now: datetime) -> str:
     hosts = ", ".join(dict.fromkeys(reserved))
@@ -206,7 +215,7 @@ def _reservation_sentence(start: datetime | None, reserved: list[str], job: Queu
     holders: list[tuple[str, datetime | None, set[str]]] = [
         (r.job_id, max(r.ends_at, now) if r.ends_at is not None else None, set(holdings(r.placement, r.flavor)))
         for r in running]
-    for admission in decision.admissions:
+    for admission in (a for a in decision.admissions if not a.backfilled):
         seconds = durations.get(admission.job_id)
         holders.append((admission.job_id, now + timedelta(seconds=seconds) if seconds is not None else None,
                         set(holdings(admission.placement, flavors[admission.flavor]))))

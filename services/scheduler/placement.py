@@ -13,6 +13,7 @@ Nothing here reads a clock or does I/O: `now` is a parameter, so a decision can 
 from __future__ import annotations
 
 import bisect
+import heapq
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -151,6 +152,14 @@ class Cluster:
     def __init__(self, infos: Iterable[NodeInfo]) -> None:
         self.infos: dict[str, NodeInfo] = {info.name: info for info in infos}
         self._eligible: dict[_EligibilityKey, tuple[str, ...]] = {}
+        self._totals: dict[str, Resources] | None = None
+
+    @property
+    def totals(self) -> dict[str, Resources]:
+        """Each node's resources, as if it were empty."""
+        if self._totals is None:
+            self._totals = {name: Resources.of_node(info) for name, info in self.infos.items()}
+        return self._totals
 
     def eligible(self, spec: JobSpec, flavor: Flavor) -> tuple[_EligibilityKey, tuple[str, ...]]:
         key = _eligibility_key(spec, flavor)
@@ -225,9 +234,16 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int) -> li
     worker_roles: list[Role] = ["worker"] * workers
     server_roles: list[Role] = ["ps"] * parameter_server_count(spec)
     roles = worker_roles + server_roles
-    candidates = {role: capacity.fitting(spec, role_flavor(role, flavor)) for role in set(roles)}
-    if any(not nodes for nodes in candidates.values()):
-        return None
+    free = capacity.free
+    # One heap of candidate nodes per role, ordered by the rule above. A node's key only grows as
+    # ranks land on it, so an outdated entry is simply re-queued with its current key when it surfaces.
+    heaps: dict[Role, list[tuple[int, float, int, str]]] = {}
+    for role in dict.fromkeys(roles):
+        nodes = capacity.fitting(spec, role_flavor(role, flavor))
+        if not nodes:
+            return None
+        heaps[role] = [(0, -free[name].cpus, -free[name].memory_mib, name) for name in nodes]
+        heapq.heapify(heaps[role])
     infos = capacity.cluster.infos
     left: dict[str, Resources] = {}  # free after the ranks placed so far, for the nodes used
     ranks_on: dict[str, int] = {}
@@ -235,22 +251,23 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int) -> li
     for rank, role in enumerate(roles):
         rank_flavor = role_flavor(role, flavor)
         need = Resources.of_flavor(rank_flavor)
-        best: str | None = None
-        best_key: tuple[int, float, int, str] | None = None
-        for name in candidates[role]:
-            free = left.get(name)
-            if free is None:
-                free = capacity.free[name]
-            if not need.fits_in(free):
-                continue
-            key = (ranks_on.get(name, 0), -free.cpus, -free.memory_mib, name)
-            if best_key is None or key < best_key:
-                best, best_key = name, key
-        if best is None:
+        heap = heaps[role]
+        while heap:
+            entry = heapq.heappop(heap)
+            name = entry[3]
+            room = left.get(name, free[name])
+            if not need.fits_in(room):
+                continue  # room only shrinks while this job is placed
+            current = (ranks_on.get(name, 0), -room.cpus, -room.memory_mib, name)
+            if current == entry:
+                break
+            heapq.heappush(heap, current)
+        else:
             return None
-        left[best] = left.get(best, capacity.free[best]) - need
-        ranks_on[best] = ranks_on.get(best, 0) + 1
-        placement.append(Placement(rank=rank, node=best, address=infos[best].address, slots=rank_flavor.slots,
+        room = left[name] = room - need
+        ranks_on[name] = ranks_on.get(name, 0) + 1
+        heapq.heappush(heap, (ranks_on[name], -room.cpus, -room.memory_mib, name))
+        placement.append(Placement(rank=rank, node=name, address=infos[name].address, slots=rank_flavor.slots,
                                    role=role))
     return placement
 
@@ -265,12 +282,11 @@ def place_gang(spec: JobSpec, flavor: Flavor, nodes: Iterable[NodeCapacity], *,
 Choice = tuple[str, list[Placement]]  # a flavor name and a placement
 
 
-def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor],
-           counts: Iterable[int] | None = None) -> Choice | None:
+def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor]) -> Choice | None:
     """The job's first workable (flavor, placement): every flavor at the full node count first, then
     (elastic jobs) every flavor at each smaller count. Flavors are equivalent (J9) but node counts
     are not: a shrunken job runs slower and must be restarted to grow, so size comes first."""
-    for count in worker_counts(spec) if counts is None else counts:
+    for count in worker_counts(spec):
         for name in spec.flavors:
             flavor = flavors.get(name)
             if flavor is None:
@@ -284,7 +300,7 @@ def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor],
 Shape = tuple[object, ...]
 
 
-def _shape(spec: JobSpec) -> Shape:
+def job_shape(spec: JobSpec) -> Shape:
     """What placement depends on: two jobs of one shape fit or fail alike on the same capacity."""
     elastic = spec.checkpoint_resume.elastic if spec.checkpoint_resume else None
     return (tuple(spec.flavors), spec.nodes, elastic.min_nodes if elastic else None, spec.pool,
@@ -350,18 +366,18 @@ class _Cycle:
 
     def run(self, queue: list[QueuedJob]) -> Decision:
         for job in queue:
+            shape = job_shape(job.spec)
             if self.head is None:
-                self._admit_in_order(job)
+                self._admit_in_order(job, shape)
             else:
-                self._backfill(job)
+                self._backfill(job, shape)
         growths = self._grow()
         return Decision(admissions=self.admissions, growths=growths,
                         reservation=self.head.reservation if self.head else None, unplaceable=self.unplaceable)
 
     # --- walking the queue -------------------------------------------------------------------------
 
-    def _try(self, job: QueuedJob, capacity: Capacity, failed: set[Shape]) -> Choice | None:
-        shape = _shape(job.spec)
+    def _try(self, job: QueuedJob, shape: Shape, capacity: Capacity, failed: set[Shape]) -> Choice | None:
         if shape in failed:
             return None
         choice = choose(capacity, job.spec, self.flavors)
@@ -380,20 +396,21 @@ class _Cycle:
                                          backfilled=backfilled))
         return held
 
-    def _admit_in_order(self, job: QueuedJob) -> None:
-        choice = self._try(job, self.free_now, self.failed_now)
+    def _admit_in_order(self, job: QueuedJob, shape: Shape) -> None:
+        choice = self._try(job, shape, self.free_now, self.failed_now)
         if choice is not None:
             self._admit(job, choice, backfilled=False)
-        elif not self._placeable(job.spec):
+            return
+        self.head = self._reserve(job) if self._placeable(job.spec, shape) else None
+        if self.head is None:
             self.unplaceable.append(job.job_id)
         else:
-            self.head = self._reserve(job)
             self.after_head = {name: free - self.head.held.get(name, Resources())
                                for name, free in self.head.at_start.items()}
             self.extra = Capacity(self.cluster, {name: least(free, self.after_head[name])
                                                  for name, free in self.free_now.free.items()})
 
-    def _backfill(self, job: QueuedJob) -> None:
+    def _backfill(self, job: QueuedJob, shape: Shape) -> None:
         """Start a job behind the head only if it cannot delay the head's reservation: it ends before
         the reserved start, or it uses only what the head will not need then."""
         assert self.head is not None and self.extra is not None
@@ -401,13 +418,13 @@ class _Cycle:
         ends_in_time = (start is not None and job.duration_seconds is not None
                         and self.now + timedelta(seconds=job.duration_seconds) <= start)
         if ends_in_time:
-            choice = self._try(job, self.free_now, self.failed_now)
-        elif _shape(job.spec) in self.failed_now:
+            choice = self._try(job, shape, self.free_now, self.failed_now)
+        elif shape in self.failed_now:
             choice = None
         else:
-            choice = self._try(job, self.extra, self.failed_extra)
+            choice = self._try(job, shape, self.extra, self.failed_extra)
         if choice is None:
-            if not self._placeable(job.spec):
+            if not self._placeable(job.spec, shape):
                 self.unplaceable.append(job.job_id)
             return
         held = self._admit(job, choice, backfilled=True)
@@ -418,9 +435,8 @@ class _Cycle:
 
     # --- the head's reservation ----------------------------------------------------------------------
 
-    def _placeable(self, spec: JobSpec) -> bool:
+    def _placeable(self, spec: JobSpec, shape: Shape) -> bool:
         """Whether the job fits on the cluster when it is empty, with any of its flavors."""
-        shape = _shape(spec)
         known = self.placeable.get(shape)
         if known is None:
             smallest = worker_counts(spec)[-1]
@@ -430,23 +446,31 @@ class _Cycle:
         return known
 
     def _fits_empty(self, spec: JobSpec, flavor: Flavor, workers: int) -> bool:
-        if parameter_server_count(spec):
-            # Workers and parameter servers compete for nodes: only a real placement tells.
-            return place(self._totals(), spec, flavor, workers) is not None
         key, names = self.cluster.eligible(spec, flavor)
         need = Resources.of_flavor(flavor)
-        most = self.most_workers.get((key, need))
-        if most is None:
-            most = sum(_slots(need, Resources.of_node(self.cluster.infos[name])) for name in names)
-            self.most_workers[(key, need)] = most
-        return most >= workers
-
-    def _totals(self) -> Capacity:
-        """The cluster as if it were empty."""
+        totals = self.cluster.totals
+        if not parameter_server_count(spec):
+            most = self.most_workers.get((key, need))
+            if most is None:
+                most = sum(_slots(need, totals[name]) for name in names)
+                self.most_workers[(key, need)] = most
+            return most >= workers
+        # Workers and parameter servers compete for nodes, so only a real placement tells. Trying a few
+        # roomy nodes first keeps that cheap; a placement there is a placement on the whole cluster.
+        few: list[str] = []
+        room = 0
+        for name in names:
+            if room >= workers + parameter_server_count(spec):
+                break
+            if slots := _slots(need, totals[name]):
+                few.append(name)
+                room += slots
+        subset = Cluster(self.cluster.infos[name] for name in few)
+        if place(Capacity(subset, {name: totals[name] for name in few}), spec, flavor, workers) is not None:
+            return True
         if self.totals is None:
-            self.totals = Capacity(self.cluster, {name: Resources.of_node(info)
-                                                  for name, info in self.cluster.infos.items()})
-        return self.totals
+            self.totals = Capacity(self.cluster, dict(totals))
+        return place(self.totals, spec, flavor, workers) is not None
 
     def _releases(self) -> tuple[list[datetime], list[dict[str, Resources]], list[dict[str, Resources]]]:
         """What is held until a known end (sorted by end; an overdue job releases now), and what is
@@ -464,7 +488,7 @@ class _Cycle:
                     capacity.free[name] = capacity.free[name] + amount
         return capacity
 
-    def _reserve(self, job: QueuedJob) -> _Head:
+    def _reserve(self, job: QueuedJob) -> _Head | None:
         """The earliest time the head's gang fits, given that running jobs end by their duration
         limits: the full size first, then (elastic) smaller sizes; with no such time, the start is
         unknown and the nodes are reserved on what would be free once every running job ended."""
@@ -501,11 +525,11 @@ class _Cycle:
                 return self._head(job, name, placement, times[index], capacity_at(index).free)
         everything = self._capacity_after([*timed, *untimed])
         # Totals only matter when something not listed as running holds resources forever.
-        for capacity in (everything, self._totals()):
+        for capacity in (everything, Capacity(self.cluster, dict(self.cluster.totals))):
             choice = choose(capacity, job.spec, self.flavors)
             if choice is not None:
                 return self._head(job, choice[0], choice[1], None, everything.free)
-        raise AssertionError("a placeable job has no reservation")  # _placeable said it fits on the totals
+        return None  # a TensorFlow gang that fits an empty cluster only in an order this placement does not try
 
     def _head(self, job: QueuedJob, flavor: str, placement: list[Placement], start: datetime | None,
               at_start: dict[str, Resources]) -> _Head:
@@ -520,13 +544,21 @@ class _Cycle:
         reservation. What a job gives up while it moves is not handed to anyone else this cycle."""
         growths: list[Growth] = []
         start = self.head.reservation.start if self.head else None
+        # What any job may take now: free now, and (with a head) not needed by the head at its start.
+        spare = self.extra if self.extra is not None else self.free_now
         growable = sorted((job for job in self.running if self._may_grow(job)),
                           key=lambda job: PRIORITY_RANK[job.spec.priority])
         for job in growable:
             own = holdings(job.placement, job.flavor)
             # At the head's start the job still holds its nodes unless it will have ended by then.
             own_at_start = {} if job.ends_at is not None and start is not None and job.ends_at <= start else own
-            room = self._room_for(own, own_at_start)
+            room = Capacity(self.cluster, dict(spare.free))
+            for name, amount in own.items():
+                if name in room.free:
+                    now = self.free_now.free[name] + amount
+                    if self.head is not None:
+                        now = least(now, self.after_head[name] + own_at_start.get(name, Resources()))
+                    room.free[name] = now
             current = sum(1 for p in job.placement if p.role == "worker")
             placement = None
             for count in range(job.spec.nodes, current, -1):
@@ -538,24 +570,15 @@ class _Cycle:
             growths.append(Growth(job_id=job.job_id, flavor=job.flavor.name, placement=placement))
             for name, amount in holdings(placement, job.flavor).items():
                 self.free_now.set(name, self.free_now.free[name] - _excess(amount, own.get(name)))
-                if self.head is not None:
+                if self.extra is not None:
                     self.after_head[name] = self.after_head[name] - _excess(amount, own_at_start.get(name))
+                    self.extra.set(name, least(self.free_now.free[name], self.after_head[name]))
         return growths
 
     def _may_grow(self, job: RunningJob) -> bool:
         elastic = job.spec.checkpoint_resume.elastic if job.spec.checkpoint_resume else None
         workers = sum(1 for p in job.placement if p.role == "worker")
         return job.can_grow and elastic is not None and elastic.allow_scale_up and workers < job.spec.nodes
-
-    def _room_for(self, own: dict[str, Resources], own_at_start: dict[str, Resources]) -> Capacity:
-        room: dict[str, Resources] = {}
-        for name, free in self.free_now.free.items():
-            now = free + own[name] if name in own else free
-            if self.head is not None:
-                later = self.after_head[name]
-                now = least(now, later + own_at_start[name] if name in own_at_start else later)
-            room[name] = now
-        return Capacity(self.cluster, room)
 
 
 def _excess(amount: Resources, own: Resources | None) -> Resources:

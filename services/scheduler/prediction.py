@@ -1,11 +1,12 @@
 """Queue prediction (SPEC S6): would a job start now, and if not, when it would likely start.
 
 The estimate plays the queue forward: this cycle's decision first, then the jobs still queued, one
-after another in start order, each at the earliest time at or after the previous one's start when
-it fits. Running jobs, and jobs planned to start, free their nodes at the end of their duration
-limit; a job without a limit holds its nodes for good. Jobs usually end before their limit, so an
-estimate tends to be late rather than early, but backfilled jobs and later higher-priority
-submissions can move it either way.
+after another in start order, each at the earliest time it fits and not before the jobs ahead of it
+on the same kind of nodes. Running jobs, and jobs planned to start, free their nodes at the end of
+their duration limit; a job without a limit holds its nodes for good, so a job waiting for such
+nodes has no estimate, and the jobs behind it are planned around the nodes it waits for. Jobs
+usually end before their limit, so an estimate tends to be late rather than early, but backfilled
+jobs and later higher-priority submissions can move it either way.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from libs.contracts.cluster import Flavor, Resources
+from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, Resources
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
 from libs.contracts.scheduling import Prediction
@@ -26,12 +27,16 @@ from services.scheduler.placement import (
     NodeCapacity,
     QueuedJob,
     RunningJob,
+    Shape,
     choose,
     holdings,
+    job_shape,
+    parameter_server_count,
     schedule,
 )
 
 NEW_JOB = "(new job)"  # the id a predicted job gets; real job ids look like job-<12 hex digits>
+_NodeClass = tuple[tuple[str, ...], str | None, str | None]  # pools, board, driver version
 
 
 @dataclass(frozen=True)
@@ -42,10 +47,10 @@ class Plan:
     start: datetime | None
     flavor: str | None = None
     placement: list[Placement] = field(default_factory=list)
-    # Known start: the jobs whose end lets it start. Unknown start: running jobs without a duration
-    # limit it waits for.
+    # Known start: the jobs whose end lets it start. Unknown start: the jobs without a duration limit
+    # it waits for.
     waits_for: list[str] = field(default_factory=list)
-    blocked_by: str | None = None  # a job ahead of it whose start is unknown
+    behind: list[str] = field(default_factory=list)  # unknown start: jobs ahead of unknown start in its way
     unplaceable: bool = False  # fits on no node of the cluster
 
 
@@ -68,79 +73,183 @@ def names(ids: Sequence[str], limit: int = 3) -> str:
 def plan_queue(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
                running: Sequence[RunningJob] = (), now: datetime, decision: Decision | None = None,
                until: str | None = None) -> dict[str, Plan]:
-    """Plan every queued job (or those up to and including `until`), in start order.
+    """Plan every queued job (or those up to and including `until`), in start order. Only the plan of
+    `until` says which jobs without a duration limit an unknown start depends on.
 
     `decision` is this cycle's `schedule` result for the same inputs, when the caller has it already.
     """
     if decision is None:
         decision = schedule(queue, nodes, flavors, running=running, now=now)
-    durations = {job.job_id: job.duration_seconds for job in queue}
-    capacity = Capacity.of(nodes)
-    releases: list[tuple[datetime, int, str, dict[str, Resources]]] = []  # a heap, by end
-    order = itertools.count()  # keeps the heap from ever comparing holdings
-    unlimited: list[tuple[str, dict[str, Resources]]] = []  # holders without a duration limit
+    return _Planner(nodes, flavors, running, now, decision, queue, until).plan(queue)
 
-    def hold(job_id: str, held: dict[str, Resources], ends: datetime | None) -> None:
-        if ends is None:
-            unlimited.append((job_id, held))
-        else:
-            heapq.heappush(releases, (max(ends, now), next(order), job_id, held))
 
-    for holder in running:
-        hold(holder.job_id, holdings(holder.placement, holder.flavor), holder.ends_at)
-    plans: dict[str, Plan] = {}
-    for admission in decision.admissions:
-        held = holdings(admission.placement, flavors[admission.flavor])
-        capacity.take(held)
-        seconds = durations.get(admission.job_id)
-        hold(admission.job_id, held, now + timedelta(seconds=seconds) if seconds is not None else None)
-        plans[admission.job_id] = Plan(job_id=admission.job_id, start=now, flavor=admission.flavor,
-                                       placement=admission.placement)
+class _Planner:
+    """Plays the queue forward in time.
 
-    unplaceable = set(decision.unplaceable)
-    clock = now
-    released_last: list[str] = []  # the jobs whose end moved the clock to where it is
-    blocked: str | None = None
-    for job in queue:
-        if job.job_id in plans:
-            pass
-        elif job.job_id in unplaceable:
-            plans[job.job_id] = Plan(job_id=job.job_id, start=None, unplaceable=True)
-        elif blocked is not None:
-            plans[job.job_id] = Plan(job_id=job.job_id, start=None, blocked_by=blocked)
-        else:
-            while (choice := choose(capacity, job.spec, flavors)) is None and releases:
-                clock = releases[0][0]
-                released_last = []
-                while releases and releases[0][0] == clock:
-                    _, _, ended, held = heapq.heappop(releases)
-                    capacity.give(held)
-                    released_last.append(ended)
-            if choice is None:
-                blocked = job.job_id
-                plans[job.job_id] = Plan(job_id=job.job_id, start=None,
-                                         waits_for=_unlimited_holders(capacity, job.spec, flavors, unlimited))
+    Nodes fall into classes (same pools, board and driver); each class has its own planning clock,
+    so a CPU job is not planned after a GPU job ahead of it just because that one waits long. Within
+    the classes a job may use, jobs are planned one after another in start order, each at the
+    earliest time, not before those classes' clocks, when it fits; as planned starts never go back
+    on a node, a job that fits when it starts keeps fitting.
+
+    Besides what is free at the clocks, two views are kept: what will be free once every job with a
+    duration limit has ended ("final"), and what would be free if every job ended ("everything"). A
+    job that does not fit in "final" waits on jobs without a limit: its start is unknown and, as the
+    scheduler does for a head in that state, the nodes it would take in "everything" are set aside
+    for it, so the jobs behind it are planned around them.
+    """
+
+    def __init__(self, nodes: list[NodeCapacity], flavors: dict[str, Flavor], running: Sequence[RunningJob],
+                 now: datetime, decision: Decision, queue: list[QueuedJob], until: str | None) -> None:
+        self.flavors = flavors
+        self.until = until
+        self.now = now
+        self.capacity = Capacity.of(nodes)
+        self.final = self.capacity.copy()
+        self.everything = self.capacity.copy()
+        self.node_class = {n.info.name: (tuple(n.info.pools), n.info.board, n.info.driver_version) for n in nodes}
+        self.clocks: dict[_NodeClass, datetime] = dict.fromkeys(self.node_class.values(), now)
+        # Per class, a heap of (end, tie-breaker, job, what it gives back on that class's nodes).
+        self.releases: dict[_NodeClass, list[tuple[datetime, int, str, dict[str, Resources]]]] = {
+            k: [] for k in self.clocks}
+        self.released_last: dict[_NodeClass, list[str]] = {k: [] for k in self.clocks}  # ended at the clock
+        self.order = itertools.count()  # keeps the heaps from ever comparing holdings
+        self.unlimited: list[tuple[str, dict[str, Resources]]] = []  # holders without a duration limit
+        self.set_aside: list[tuple[str, dict[str, Resources]]] = []  # jobs of unknown start, and their nodes
+        # Per job shape: the nodes it may use and their classes; and a placement found in "final", which
+        # holds as long as none of its nodes lost room there ("final" only ever shrinks).
+        self.usable: dict[Shape, tuple[set[str], set[_NodeClass]]] = {}
+        self.fits_finally: dict[Shape, dict[str, int]] = {}
+        self.final_shrinks: dict[str, int] = {}  # per node, how often "final" lost room on it
+        self.no_room: set[Shape] = set()  # shapes that no longer fit in "everything"
+        self.plans: dict[str, Plan] = {}
+        self.unplaceable = set(decision.unplaceable)
+        for holder in running:  # the views were built without what running jobs hold
+            held = holdings(holder.placement, holder.flavor)
+            self.everything.give(held)
+            if holder.ends_at is None:
+                self.unlimited.append((holder.job_id, held))
             else:
-                flavor_name, placement = choice
-                held = holdings(placement, flavors[flavor_name])
-                capacity.take(held)
-                hold(job.job_id, held,
-                     clock + timedelta(seconds=job.duration_seconds) if job.duration_seconds is not None else None)
-                plans[job.job_id] = Plan(job_id=job.job_id, start=clock, flavor=flavor_name, placement=placement,
-                                         waits_for=list(released_last) if clock > now else [])
-        if job.job_id == until:
-            break
-    return plans
+                self.final.give(held)
+                self._release(holder.job_id, held, holder.ends_at)
+        durations = {job.job_id: job.duration_seconds for job in queue}
+        for admission in decision.admissions:
+            self._start(admission.job_id, holdings(admission.placement, flavors[admission.flavor]), now,
+                        durations.get(admission.job_id))
+            self.plans[admission.job_id] = Plan(job_id=admission.job_id, start=now, flavor=admission.flavor,
+                                                placement=admission.placement)
+
+    def _start(self, job_id: str, held: dict[str, Resources], start: datetime, seconds: int | None) -> None:
+        self.capacity.take(held)
+        if seconds is None:
+            self.unlimited.append((job_id, held))
+            self._shrink_final(held)
+        else:
+            self._release(job_id, held, start + timedelta(seconds=seconds))
+
+    def _shrink_final(self, held: dict[str, Resources]) -> None:
+        self.final.take(held)
+        for name in held:
+            self.final_shrinks[name] = self.final_shrinks.get(name, 0) + 1
+
+    def _release(self, job_id: str, held: dict[str, Resources], ends: datetime) -> None:
+        by_class: dict[_NodeClass, dict[str, Resources]] = {}
+        for name, amount in held.items():
+            if name in self.node_class:
+                by_class.setdefault(self.node_class[name], {})[name] = amount
+        for node_class, part in by_class.items():
+            heapq.heappush(self.releases[node_class], (max(ends, self.now), next(self.order), job_id, part))
+
+    def plan(self, queue: list[QueuedJob]) -> dict[str, Plan]:
+        for job in queue:
+            if job.job_id not in self.plans:
+                self.plans[job.job_id] = self._plan(job)
+            if job.job_id == self.until:
+                break
+        return self.plans
+
+    def _plan(self, job: QueuedJob) -> Plan:
+        if job.job_id in self.unplaceable:
+            return Plan(job_id=job.job_id, start=None, unplaceable=True)
+        shape = job_shape(job.spec)
+        if not self._fits_finally(job.spec, shape):
+            return self._set_aside(job, shape)
+        _, classes = self._usable(job.spec, shape)
+        clock = max(self.clocks[k] for k in classes)
+        self._advance(classes, clock)
+        while (choice := choose(self.capacity, job.spec, self.flavors)) is None:
+            upcoming = [self.releases[k][0][0] for k in classes if self.releases[k]]
+            if not upcoming:  # fits in "final", but in no order this placement tries on the way there
+                return self._set_aside(job, shape)
+            clock = min(upcoming)
+            self._advance(classes, clock)
+        flavor_name, placement = choice
+        self._start(job.job_id, holdings(placement, self.flavors[flavor_name]), clock, job.duration_seconds)
+        ended = [] if clock == self.now else sorted({j for k in classes for j in self.released_last[k]})
+        return Plan(job_id=job.job_id, start=clock, flavor=flavor_name, placement=placement, waits_for=ended)
+
+    def _fits_finally(self, spec: JobSpec, shape: Shape) -> bool:
+        known = self.fits_finally.get(shape)
+        if known is not None and all(self.final_shrinks.get(n, 0) == count for n, count in known.items()):
+            return True
+        choice = choose(self.final, spec, self.flavors)
+        if choice is None:
+            return False
+        self.fits_finally[shape] = {p.node: self.final_shrinks.get(p.node, 0) for p in choice[1]}
+        return True
+
+    def _usable(self, spec: JobSpec, shape: Shape) -> tuple[set[str], set[_NodeClass]]:
+        """The nodes any rank of the job may use, and their classes."""
+        if shape not in self.usable:
+            kinds = [self.flavors[name] for name in spec.flavors if name in self.flavors]
+            if parameter_server_count(spec):
+                kinds.append(PARAMETER_SERVER_FLAVOR)
+            nodes: set[str] = set()
+            for flavor in kinds:
+                nodes.update(self.capacity.cluster.eligible(spec, flavor)[1])
+            self.usable[shape] = nodes, {self.node_class[name] for name in nodes}
+        return self.usable[shape]
+
+    def _advance(self, classes: set[_NodeClass], clock: datetime) -> None:
+        """Bring `classes` to `clock`, giving back what ends by then."""
+        for node_class in classes:
+            if self.clocks[node_class] < clock:
+                self.clocks[node_class] = clock
+                self.released_last[node_class] = []
+            heap = self.releases[node_class]
+            while heap and heap[0][0] <= clock:
+                _, _, ended, held = heapq.heappop(heap)
+                self.capacity.give(held)
+                self.released_last[node_class].append(ended)
+
+    def _set_aside(self, job: QueuedJob, shape: Shape) -> Plan:
+        waits_for: list[str] = []
+        behind: list[str] = []
+        if job.job_id == self.until:  # who it waits for is only told for the job asked about
+            usable, _ = self._usable(job.spec, shape)
+            waits_for = sorted({job_id for job_id, held in self.unlimited if usable.intersection(held)})
+            behind = [job_id for job_id, held in self.set_aside if usable.intersection(held)]
+        choice = None if shape in self.no_room else choose(self.everything, job.spec, self.flavors)
+        if choice is None:
+            self.no_room.add(shape)  # "everything" only shrinks
+        else:
+            held = holdings(choice[1], self.flavors[choice[0]])
+            self.capacity.take(held)
+            self.everything.take(held)
+            self._shrink_final(held)
+            self.set_aside.append((job.job_id, held))
+        return Plan(job_id=job.job_id, start=None, waits_for=waits_for, behind=behind)
 
 
-def _unlimited_holders(capacity: Capacity, spec: JobSpec, flavors: dict[str, Flavor],
-                       unlimited: list[tuple[str, dict[str, Resources]]]) -> list[str]:
-    """The jobs without a duration limit that hold nodes this job could use."""
-    usable: set[str] = set()
-    for name in spec.flavors:
-        if name in flavors:
-            usable.update(capacity.cluster.eligible(spec, flavors[name])[1])
-    return sorted({job_id for job_id, held in unlimited if usable.intersection(held)})
+def unknown_start_reason(plan: Plan) -> str:
+    """Why a plan has no start, as the end of a sentence."""
+    if plan.behind:
+        verb = "waits" if len(plan.behind) == 1 else "wait"
+        return f"{names(plan.behind)} ahead of it {verb} for jobs without a duration limit"
+    if plan.waits_for:
+        verb = "has" if len(plan.waits_for) == 1 else "have"
+        return f"it waits for {names(plan.waits_for)}, which {verb} no duration limit"
+    return "it waits for jobs without a duration limit"
 
 
 def predict_queue(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
@@ -186,14 +295,7 @@ def predict(spec: JobSpec, queue: list[QueuedJob], nodes: list[NodeCapacity], fl
                       "even with every node free.")
     behind = f"Waits behind {jobs_ahead} job{'s' if jobs_ahead != 1 else ''}" if ahead else "First in line"
     if plan.start is None:
-        if plan.blocked_by is not None:
-            why = f"{plan.blocked_by} ahead of it waits for jobs without a duration limit"
-        elif plan.waits_for:
-            verb = "has" if len(plan.waits_for) == 1 else "have"
-            why = f"it waits for {names(plan.waits_for)}, which {verb} no duration limit"
-        else:
-            why = "it waits for jobs without a duration limit"
-        return queued(f"{behind}; its start cannot be estimated because {why}.")
+        return queued(f"{behind}; its start cannot be estimated because {unknown_start_reason(plan)}.")
     when = f"expected to start at {format_time(plan.start, now)}"
     if plan.waits_for:
         when += f" when {names(plan.waits_for)} {'ends' if len(plan.waits_for) == 1 else 'end'}"

@@ -136,3 +136,18 @@ def test_an_unknown_start_is_explained() -> None:
 def test_a_job_not_in_the_queue_is_an_error() -> None:
     with pytest.raises(KeyError):
         explain("missing", [], [node("a")], FLAVORS, now=NOW)
+
+
+def test_a_job_stuck_behind_a_job_of_unknown_start_is_told_which() -> None:
+    nodes, running = three_busy_nodes()
+    queue = [queued("stuck", 3), queued("mine", 1, node_names=["c"])]
+    report = explain("mine", queue, nodes, FLAVORS, running=running, now=NOW)
+    assert report.summary[-1] == ("Its start cannot be estimated because stuck ahead of it waits for jobs without "
+                                  "a duration limit.")
+
+
+def test_a_job_that_waits_gets_an_expected_start() -> None:
+    nodes, running = three_busy_nodes()
+    queue = [queued("stuck", 2, node_names=["b", "c"]), queued("mine")]
+    report = explain("mine", queue, nodes, FLAVORS, running=running, now=NOW)
+    assert report.summary[-1] == "Expected to start around 09:10 UTC."

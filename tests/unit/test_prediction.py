@@ -133,3 +133,12 @@ def test_every_queued_job_gets_a_planned_start() -> None:
 def test_planned_starts_include_the_jobs_that_start_now() -> None:
     plans = predict_queue([queued("now"), queued("later")], [node("a", cpus=4)], FLAVORS, now=NOW)
     assert plans == {"now": NOW, "later": None}
+
+
+def test_jobs_behind_a_job_of_unknown_start_are_planned_around_the_nodes_it_waits_for() -> None:
+    nodes, running = three_busy_nodes()
+    # "stuck" needs b and c, and c never frees up: b is kept for it, so the new job waits for a.
+    queue = [queued("stuck", 2, node_names=["b", "c"])]
+    prediction = predict(spec(1), queue, nodes, FLAVORS, running=running, now=NOW)
+    assert prediction.estimated_start == at(600)
+    assert predict_queue(queue, nodes, FLAVORS, running=running, now=NOW) == {"stuck": None}

@@ -1,0 +1,174 @@
+"""How good queue predictions are: a seeded workload replayed in virtual time.
+
+    python -m bench.prediction_accuracy [--jobs 1500] [--nodes 100] [--load 0.9] [--unlimited 0.1]
+                                        [--runtime 0.3 1.0] [--seed 1]
+
+Jobs arrive at random; each has a duration limit and really runs for 30-100% of it, except a share
+(`--unlimited`, one in ten by default) that has no limit and runs 1-8 hours. At every arrival the
+job is predicted (S6), then the scheduler runs a cycle, as it does at every arrival and completion.
+Predicted and actual starts are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import bisect
+import heapq
+import platform
+import random
+import statistics
+import time
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+
+from bench.scheduling import FLAVORS, START, build_nodes, p95, random_spec
+from libs.contracts.cluster import Resources
+from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
+from libs.contracts.scheduling import Prediction
+from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, holdings, schedule
+from services.scheduler.prediction import predict
+
+
+@dataclass
+class Job:
+    job_id: str
+    spec: JobSpec
+    arrival: datetime
+    limit: int | None
+    runtime: int
+    prediction: Prediction | None = None
+    started: datetime | None = None
+
+
+def workload(count: int, nodes: int, load: float, unlimited: float, rng: random.Random,
+             runtime: tuple[float, float] = (0.3, 1.0)) -> list[Job]:
+    """Arrivals spaced so that the demand is about `load` times the cluster's CPUs; a share
+    `unlimited` of the jobs has no duration limit; the others run for a share of their limit drawn
+    uniformly from `runtime`."""
+    jobs: list[Job] = []
+    for index in range(count):
+        spec, _ = random_spec(rng, index)
+        limit = rng.choice([900, 1800, 3600, 7200, 14_400, 28_800]) if rng.random() >= unlimited else None
+        actual = int(limit * rng.uniform(*runtime)) if limit else rng.randint(3600, 28_800)
+        jobs.append(Job(job_id=f"job-{index:06}", spec=spec, arrival=START, limit=limit, runtime=actual))
+    # Mean demand per job in CPU-seconds against the cluster's (roughly 80 CPUs per node).
+    demand = statistics.mean(j.runtime * j.spec.nodes * min(FLAVORS[f].cpus for f in j.spec.flavors) for j in jobs)
+    gap = demand / (nodes * 80 * load)
+    clock = START
+    for job in jobs:
+        clock += timedelta(seconds=rng.expovariate(1 / gap))
+        job.arrival = clock
+    return jobs
+
+
+def replay(jobs: list[Job], node_count: int, rng: random.Random) -> float:
+    """Run the workload; fill in each job's prediction and start. Returns seconds spent deciding."""
+    infos = build_nodes(node_count, rng)
+    free = {n.name: Resources.of_node(n) for n in infos}
+    by_id = {job.job_id: job for job in jobs}
+    queue: list[QueuedJob] = []
+    order: list[tuple[int, int]] = []  # (priority rank, arrival index) of each queued job, kept sorted
+    running: dict[str, RunningJob] = {}
+    completions: list[tuple[datetime, str]] = []
+    arrivals = list(enumerate(jobs))
+    spent = 0.0
+    while arrivals or completions:
+        if arrivals and (not completions or arrivals[0][1].arrival <= completions[0][0]):
+            now = arrivals[0][1].arrival
+        else:
+            now = completions[0][0]
+        while completions and completions[0][0] <= now:
+            _, job_id = heapq.heappop(completions)
+            ended = running.pop(job_id)
+            for name, amount in holdings(ended.placement, ended.flavor).items():
+                free[name] = free[name] + amount
+        nodes = [NodeCapacity(info=info, free=free[info.name]) for info in infos]
+        began = time.perf_counter()
+        while arrivals and arrivals[0][1].arrival <= now:
+            index, job = arrivals.pop(0)
+            job.prediction = predict(job.spec, queue, nodes, FLAVORS, running=list(running.values()), now=now,
+                                     duration_seconds=job.limit)
+            key = (PRIORITY_RANK[job.spec.priority], index)
+            at = bisect.bisect(order, key)
+            order.insert(at, key)
+            queue.insert(at, QueuedJob(job.job_id, job.spec, job.limit))
+        decision = schedule(queue, nodes, FLAVORS, running=list(running.values()), now=now)
+        spent += time.perf_counter() - began
+        started = set()
+        for admission in decision.admissions:
+            job = by_id[admission.job_id]
+            job.started = now
+            flavor = FLAVORS[admission.flavor]
+            for name, amount in holdings(admission.placement, flavor).items():
+                free[name] = free[name] - amount
+            running[job.job_id] = RunningJob(
+                job_id=job.job_id, spec=job.spec, flavor=flavor, placement=admission.placement,
+                ends_at=now + timedelta(seconds=job.limit) if job.limit else None)
+            heapq.heappush(completions, (now + timedelta(seconds=job.runtime), job.job_id))
+            started.add(job.job_id)
+        keep = [i for i, queued in enumerate(queue) if queued.job_id not in started]
+        queue = [queue[i] for i in keep]
+        order = [order[i] for i in keep]
+        if not running and queue and not arrivals:
+            break  # what is left can never start
+    return spent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=1500)
+    parser.add_argument("--nodes", type=int, default=100)
+    parser.add_argument("--load", type=float, default=0.9, help="offered load against the cluster's CPUs")
+    parser.add_argument("--unlimited", type=float, default=0.1, help="share of jobs without a duration limit")
+    parser.add_argument("--runtime", type=float, nargs=2, default=(0.3, 1.0), metavar=("LOW", "HIGH"),
+                        help="jobs run for a share of their limit between LOW and HIGH (default 0.3 1.0)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+    rng = random.Random(args.seed)
+    jobs = workload(args.jobs, args.nodes, args.load, args.unlimited, rng, (args.runtime[0], args.runtime[1]))
+    spent = replay(jobs, args.nodes, rng)
+
+    pairs = [(j, j.prediction) for j in jobs if j.prediction is not None]
+    now_right = sum(1 for j, p in pairs if p.starts_now == (j.started == j.arrival))
+    said_now = [j for j, p in pairs if p.starts_now]
+    queued = [(j, p) for j, p in pairs if not p.starts_now]
+    # (predicted, actual) starts of the jobs that queued with an estimate and did start.
+    known = [(p.estimated_start, j.started) for j, p in queued if p.estimated_start and j.started]
+    unknown = [j for j, p in queued if p.estimated_start is None]
+    errors = [abs((actual - estimate).total_seconds()) / 60 for estimate, actual in known]
+    # How much longer than the real wait the estimated wait was (at least a minute of real wait).
+    ratios = [(estimate - j.arrival) / max(actual - j.arrival, timedelta(minutes=1))
+              for j, p in queued if (estimate := p.estimated_start) and (actual := j.started)]
+    upper = sum(1 for estimate, actual in known if actual <= estimate)
+    waits = [(j.started - j.arrival).total_seconds() / 60 for j in jobs if j.started and j.started > j.arrival]
+
+    print(f"{len(jobs)} jobs on {args.nodes} nodes, offered load {args.load:.0%}, "
+          f"{args.unlimited:.0%} without a duration limit, runtimes {args.runtime[0]:.0%}-{args.runtime[1]:.0%} "
+          f"of the limit, seed {args.seed}; "
+          f"python {platform.python_version()}; {spent:.1f} s deciding\n")
+    rows = [
+        ("jobs predicted", f"{len(pairs)}"),
+        ("jobs that never started (fit on no node)", f"{sum(1 for j in jobs if j.started is None)}"),
+        ("median / p95 wait of the jobs that queued", f"{statistics.median(waits):.0f} / {p95(waits):.0f} min"
+         if waits else "-"),
+        ("'starts now' or 'queues' right", f"{now_right / len(pairs):.1%}"),
+        ("  said 'starts now' and it did", f"{sum(1 for j in said_now if j.started == j.arrival)} of {len(said_now)}"),
+        ("queued with a known estimate", f"{len(known)} of {len(queued)}"),
+        ("  median / p90 absolute error", f"{statistics.median(errors):.0f} / {_p90(errors):.0f} min"
+         if errors else "-"),
+        ("  estimate was an upper bound (started no later)", f"{upper / len(known):.1%}" if known else "-"),
+        ("  median estimated wait / actual wait", f"{statistics.median(ratios):.2f}" if ratios else "-"),
+        ("queued with an unknown estimate", f"{len(unknown) / len(queued):.1%}" if queued else "-"),
+    ]
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{label.ljust(width)}  {value}")
+
+
+def _p90(values: list[float]) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
+
+
+if __name__ == "__main__":
+    main()

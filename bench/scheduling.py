@@ -1,0 +1,238 @@
+"""How fast the scheduler decides: one cycle over a big queue, draining it, and predictions.
+
+    python -m bench.scheduling [--jobs 10000] [--nodes 1000] [--repeats 7] [--seed 1]
+
+The cluster mixes CPU and accelerator nodes, some in dedicated pools; running jobs fill most of it,
+and the queue mixes priorities, sizes (1-8 nodes), flavors, elastic and TensorFlow jobs, with and
+without duration limits. Everything is virtual time: only the decision logic is measured.
+"""
+
+from __future__ import annotations
+
+import argparse
+import platform
+import random
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+
+from libs.contracts.cluster import Accelerators, Flavor, NodeInfo, Resources
+from libs.contracts.jobspec import PRIORITY_RANK, CheckpointResume, Elastic, JobSpec, Priority
+from services.scheduler.placement import (
+    Capacity,
+    NodeCapacity,
+    QueuedJob,
+    RunningJob,
+    choose,
+    holdings,
+    schedule,
+)
+from services.scheduler.prediction import predict, predict_queue
+
+START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
+POOLS = ["team-a", "team-b"]
+FLAVORS = {f.name: f for f in (
+    Flavor(name="cpu-4", cpus=4, memory_mib=16_384),
+    Flavor(name="cpu-16", cpus=16, memory_mib=65_536),
+    Flavor(name="cpu-32", cpus=32, memory_mib=131_072),
+    Flavor(name="a100-1", cpus=12, memory_mib=131_072, accelerators=1, board="A100"),
+    Flavor(name="a100-4", cpus=48, memory_mib=524_288, accelerators=4, board="A100"),
+    Flavor(name="a100-8", cpus=96, memory_mib=1_048_576, accelerators=8, board="A100"),
+    Flavor(name="mlu-4", cpus=32, memory_mib=262_144, accelerators=4, board="MLU370"),
+)}
+# Equivalent flavor lists users give (S5): CPU jobs, A100 jobs, and either board.
+FLAVOR_CHOICES = [["cpu-4"], ["cpu-16"], ["cpu-32", "cpu-16"], ["a100-1"], ["a100-4"], ["a100-8", "a100-4"],
+                  ["mlu-4"], ["a100-4", "mlu-4"]]
+
+
+def build_nodes(count: int, rng: random.Random) -> list[NodeInfo]:
+    """60% CPU nodes, 30% A100 nodes, 10% MLU370 nodes; one node in ten in a dedicated pool."""
+    nodes = []
+    for index in range(count):
+        kind = rng.random()
+        pools = [rng.choice(POOLS)] if rng.random() < 0.1 else []
+        name = f"node-{index:05}"
+        if kind < 0.6:
+            nodes.append(NodeInfo(name=name, address=f"10.0.{index // 250}.{index % 250}", cpus=64,
+                                  memory_mib=262_144, pools=pools))
+        else:
+            board, driver = ("A100", rng.choice(["535.104", "550.54"])) if kind < 0.9 else ("MLU370", "5.10")
+            nodes.append(NodeInfo(name=name, address=f"10.1.{index // 250}.{index % 250}", cpus=96,
+                                  memory_mib=1_048_576, pools=pools,
+                                  accelerators=[Accelerators(board=board, count=8, driver_version=driver)]))
+    return nodes
+
+
+def random_spec(rng: random.Random, index: int) -> tuple[JobSpec, int | None]:
+    """A job spec and its duration limit in seconds (None: no limit)."""
+    levels: list[Priority] = ["very-urgent", "urgent", "normal"]
+    priority = rng.choices(levels, weights=[2, 13, 85])[0]
+    nodes = rng.choices([1, 2, 3, 4, 6, 8], weights=[45, 20, 10, 12, 5, 8])[0]
+    flavors = rng.choice(FLAVOR_CHOICES)
+    duration = rng.choice([None, 1800, 3600, 7200, 14_400, 28_800, 86_400]) if rng.random() > 0.1 else None
+    pool: str | None = None
+    resume: CheckpointResume | None = None
+    driver: str | None = None
+    kind = rng.random()
+    if kind < 0.05:  # elastic jobs need a dedicated pool (J12)
+        pool = rng.choice(POOLS)
+        resume = CheckpointResume(elastic=Elastic(min_nodes=max(1, nodes // 2)))
+    elif kind < 0.10:
+        pool = rng.choice(POOLS)
+    elif kind < 0.13:
+        return JobSpec(name=f"tf-{index}", mode="tensorflow", nodes=nodes, parameter_servers=rng.randint(1, 2),
+                       flavors=flavors, priority=priority), duration
+    elif kind < 0.15 and flavors[0].startswith("a100"):
+        driver = "535.104"
+    return JobSpec(name=f"job-{index}", mode="pytorch" if nodes > 1 else "single-node", nodes=nodes, flavors=flavors,
+                   priority=priority, pool=pool, checkpoint_resume=resume, driver_version=driver), duration
+
+
+def build_queue(count: int, rng: random.Random) -> list[QueuedJob]:
+    jobs = []
+    for index in range(count):
+        spec, duration = random_spec(rng, index)
+        jobs.append(QueuedJob(f"job-{index:06}", spec, duration))
+    return sorted(jobs, key=lambda job: PRIORITY_RANK[job.spec.priority])  # stable: FIFO within a level
+
+
+def fill(nodes: list[NodeInfo], rng: random.Random, now: datetime) -> tuple[list[NodeCapacity], list[RunningJob]]:
+    """Running jobs placed until random jobs keep failing to fit, each some way into its duration."""
+    capacity = Capacity.of(NodeCapacity(info=n, free=Resources.of_node(n)) for n in nodes)
+    running: list[RunningJob] = []
+    misses = 0
+    while misses < 300:
+        spec, duration = random_spec(rng, len(running))
+        choice = choose(capacity, spec, FLAVORS)
+        if choice is None:
+            misses += 1
+            continue
+        misses = 0
+        flavor = FLAVORS[choice[0]]
+        capacity.take(holdings(choice[1], flavor))
+        ends = now + timedelta(seconds=rng.randint(60, duration)) if duration else None
+        running.append(RunningJob(job_id=f"run-{len(running):06}", spec=spec, flavor=flavor, placement=choice[1],
+                                  ends_at=ends))
+    free = [NodeCapacity(info=n, free=capacity.free[n.name]) for n in nodes]
+    return free, running
+
+
+def share_held(nodes: list[NodeCapacity]) -> tuple[float, float]:
+    """The share of CPUs and of accelerators held by running jobs."""
+    total = [Resources.of_node(n.info) for n in nodes]
+    cpus = 1 - sum(n.free.cpus for n in nodes) / sum(t.cpus for t in total)
+    accelerators = 1 - sum(n.free.accelerators for n in nodes) / max(1, sum(t.accelerators for t in total))
+    return cpus, accelerators
+
+
+def timed(call: Callable[[], object], repeats: int) -> list[float]:
+    samples = []
+    for _ in range(repeats):
+        began = time.perf_counter()
+        call()
+        samples.append(time.perf_counter() - began)
+    return samples
+
+
+def p95(samples: list[float]) -> float:
+    ordered = sorted(samples)
+    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+
+
+def drain(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[QueuedJob], cycles: int,
+          ) -> tuple[int, int, float]:
+    """Cycle after cycle, the 20 earliest-ending running jobs finish and the scheduler admits what
+    fits. Returns (cycles run, jobs admitted, seconds spent in `schedule`)."""
+    free = {n.info.name: n for n in nodes}
+    live = {job.job_id: job for job in running}
+    durations = {job.job_id: job.duration_seconds for job in queue}
+    specs = {job.job_id: job.spec for job in queue}
+    now = START
+    done = admitted = 0
+    spent = 0.0
+    while done < cycles and queue:
+        ending = sorted((j for j in live.values() if j.ends_at is not None), key=lambda j: j.ends_at or now)[:20]
+        if not ending:
+            break
+        now = max(now, ending[-1].ends_at or now)
+        for job in ending:
+            for name, amount in holdings(job.placement, job.flavor).items():
+                free[name] = NodeCapacity(info=free[name].info, free=free[name].free + amount)
+            del live[job.job_id]
+        began = time.perf_counter()
+        decision = schedule(queue, list(free.values()), FLAVORS, running=list(live.values()), now=now)
+        spent += time.perf_counter() - began
+        done += 1
+        started = set()
+        for admission in decision.admissions:
+            flavor = FLAVORS[admission.flavor]
+            for name, amount in holdings(admission.placement, flavor).items():
+                free[name] = NodeCapacity(info=free[name].info, free=free[name].free - amount)
+            seconds = durations[admission.job_id]
+            live[admission.job_id] = RunningJob(
+                job_id=admission.job_id, spec=specs[admission.job_id], flavor=flavor, placement=admission.placement,
+                ends_at=now + timedelta(seconds=seconds) if seconds else None)
+            started.add(admission.job_id)
+        admitted += len(started)
+        queue = [job for job in queue if job.job_id not in started]
+    return done, admitted, spent
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--jobs", type=int, default=10_000, help="queued jobs (default 10000)")
+    parser.add_argument("--nodes", type=int, default=1_000, help="nodes (default 1000)")
+    parser.add_argument("--repeats", type=int, default=7, help="timed repeats of each measurement (default 7)")
+    parser.add_argument("--seed", type=int, default=1)
+    args = parser.parse_args()
+
+    rng = random.Random(args.seed)
+    infos = build_nodes(args.nodes, rng)
+    nodes, running = fill(infos, rng, START)
+    queue = build_queue(args.jobs, rng)
+    cpus, accelerators = share_held(nodes)
+    print(f"cluster: {args.nodes} nodes, {len(running)} running jobs holding {cpus:.0%} of the CPUs and "
+          f"{accelerators:.0%} of the accelerators; queue: {len(queue)} jobs")
+    print(f"python {platform.python_version()} on {platform.machine()}\n")
+
+    decision = schedule(queue, nodes, FLAVORS, running=running, now=START)
+    cycle = timed(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START), args.repeats)
+    head = decision.reservation
+    print(f"one cycle: {len(decision.admissions)} admitted ({sum(a.backfilled for a in decision.admissions)} "
+          f"backfilled), {len(decision.growths)} grown, {len(decision.unplaceable)} unplaceable, "
+          f"head reserved {'at ' + str(head.start) if head and head.start else 'with an unknown start'}\n")
+
+    empty = [NodeCapacity(info=n, free=Resources.of_node(n)) for n in infos]
+    first = schedule(queue, empty, FLAVORS, now=START)
+    cold = timed(lambda: schedule(queue, empty, FLAVORS, now=START), max(1, args.repeats // 3))
+
+    probes = [random_spec(rng, args.jobs + i)[0] for i in range(args.repeats)]
+    predictions = []
+    for spec in probes:
+        began = time.perf_counter()
+        predict(spec, queue, nodes, FLAVORS, running=running, now=START)
+        predictions.append(time.perf_counter() - began)
+    plan_all = timed(lambda: predict_queue(queue, nodes, FLAVORS, running=running, now=START),
+                     max(1, args.repeats // 3))
+    cycles, admitted, spent = drain(nodes, running, queue, cycles=50)
+
+    rows = [
+        ("schedule: one cycle", f"{statistics.median(cycle) * 1000:.0f} ms", f"{p95(cycle) * 1000:.0f} ms",
+         f"{len(queue) / statistics.median(cycle):,.0f} decisions/s"),
+        ("schedule: empty cluster", f"{statistics.median(cold) * 1000:.0f} ms", f"{p95(cold) * 1000:.0f} ms",
+         f"{len(first.admissions)} admitted, {len(first.admissions) / statistics.median(cold):,.0f} admitted/s"),
+        ("predict: one new job", f"{statistics.median(predictions) * 1000:.0f} ms",
+         f"{p95(predictions) * 1000:.0f} ms", f"{len(probes)} specs"),
+        ("predict_queue: every job", f"{statistics.median(plan_all) * 1000:.0f} ms", f"{p95(plan_all) * 1000:.0f} ms",
+         f"{len(queue) / statistics.median(plan_all):,.0f} jobs/s"),
+        ("drain: cycles as jobs end", f"{spent / max(cycles, 1) * 1000:.0f} ms/cycle", "",
+         f"{admitted} admitted in {cycles} cycles, {admitted / spent:,.0f} admitted/s"),
+    ]
+    widths = [max(len(row[i]) for row in [("measure", "median", "p95", "throughput"), *rows]) for i in range(4)]
+    for row in [("measure", "median", "p95", "throughput"), tuple("-" * w for w in widths), *rows]:
+        print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
+
+
+if __name__ == "__main__":
+    main()
