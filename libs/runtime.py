@@ -71,6 +71,10 @@ class ServiceRuntime:
     async def listen(self) -> None:
         """Start answering requests (after the service registered its responders)."""
         await self.broker.start()
+        # A round trip makes the server hold every subscription before anyone is told we are ready.
+        connection = self.broker.connection
+        if isinstance(connection, Client):
+            await connection.flush()
         log.info("service.ready")
 
     async def serve(self) -> None:

@@ -119,7 +119,8 @@ def worker_counts(spec: JobSpec) -> range:
     """The worker counts a job accepts, most preferred first: its node count, then (S10, elastic)
     every smaller count down to its minimum."""
     elastic = spec.checkpoint_resume.elastic if spec.checkpoint_resume else None
-    lowest = min(elastic.min_nodes, spec.nodes) if elastic else spec.nodes
+    # A job that does not allow scaling down waits for its full size.
+    lowest = min(elastic.min_nodes, spec.nodes) if elastic and elastic.allow_scale_down else spec.nodes
     return range(spec.nodes, lowest - 1, -1)
 
 

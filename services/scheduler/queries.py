@@ -146,10 +146,12 @@ class JobQueries:
         """O6: every service's events about the job, as published, in order."""
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
-        subject = subjects.events_of_job(request.job_id)
-        events = [decode(m.data, EventEnvelope) async for m in read_subject(self.s.rt.js, subjects.EVENTS_STREAM,
-                                                                              subject)]
-        return JobHistory(events=events)
+        # Its own events from its log (complete at once), the launcher's as published, in time order.
+        own = await self.s.rt.store.read_aggregate("job", request.job_id)
+        subject = subjects.event_subject("launcher", "launch", request.job_id, "*")
+        launches = [decode(m.data, EventEnvelope)
+                    async for m in read_subject(self.s.rt.js, subjects.EVENTS_STREAM, subject)]
+        return JobHistory(events=sorted(own + launches, key=lambda e: e.recorded_at))
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
         await self.s.search.catch_up()  # read what this caller just wrote

@@ -54,8 +54,9 @@ def spec(nodes: int = 1, flavors: list[str] | None = None, **extra: Any) -> JobS
 
 
 def elastic_spec(nodes: int, min_nodes: int, flavors: list[str] | None = None, *, scale_up: bool = True,
-                 **extra: Any) -> JobSpec:
-    resume = CheckpointResume(elastic=Elastic(min_nodes=min_nodes, allow_scale_up=scale_up))
+                 scale_down: bool = True, **extra: Any) -> JobSpec:
+    resume = CheckpointResume(elastic=Elastic(min_nodes=min_nodes, allow_scale_up=scale_up,
+                                              allow_scale_down=scale_down))
     return spec(nodes, flavors, pool=extra.pop("pool", None), checkpoint_resume=resume, **extra)
 
 
@@ -305,6 +306,13 @@ def test_elastic_job_starts_on_fewer_nodes_when_the_full_count_does_not_fit() ->
                              node("c", cpus=4, pools=["p"])])
     (admission,) = decision.admissions
     assert len(admission.placement) == 3  # the largest count that fits, not the minimum
+
+
+def test_elastic_job_that_may_not_scale_down_waits_for_its_full_size() -> None:
+    job = QueuedJob("e", elastic_spec(4, 2, pool="p", scale_down=False))
+    decision = cycle([job], [node("a", cpus=4, pools=["p"]), node("b", cpus=4, pools=["p"]),
+                             node("c", cpus=4, pools=["p"])])
+    assert decision.admissions == []
 
 
 def test_elastic_job_never_starts_below_its_minimum() -> None:
