@@ -6,11 +6,12 @@ changes anything, and answers a retried request the same way as the first one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import msgspec
 
 from libs.contracts import subjects
+from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import encode
 from libs.contracts.events import (
     Event,
@@ -43,7 +44,7 @@ from libs.contracts.strict import decode_strict
 from libs.messaging.rpc import register_all_authenticated
 from libs.storage import missing_inputs
 from services.scheduler.access import access_error
-from services.scheduler.prediction import predict
+from services.scheduler.state import SchedulerState
 
 if TYPE_CHECKING:
     from services.scheduler.service import Scheduler
@@ -65,12 +66,27 @@ def register_commands(scheduler: Scheduler) -> None:
     ], secret=scheduler.secret)
 
 
+def spec_errors(spec: JobSpec, cluster: ClusterConfig) -> list[FieldError]:
+    """The spec's own rules (J1–J18), and flavors this cluster offers."""
+    known = [f.name for f in cluster.flavors]
+    return validate_spec(spec) + [
+        FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
+                   hint=f"choose from: {', '.join(known)}")
+        for i, name in enumerate(spec.flavors) if name not in known
+    ]
+
+
+def invalid_spec(errors: list[FieldError]) -> CommandError:
+    return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
+                        errors=errors)
+
+
 class JobCommands:
     def __init__(self, scheduler: Scheduler) -> None:
         self.s = scheduler
 
     @property
-    def state(self) -> Any:
+    def state(self) -> SchedulerState:
         return self.s.state
 
     # --- creating jobs ---------------------------------------------------------------------------
@@ -110,18 +126,14 @@ class JobCommands:
             return JobAccepted(job_id=job_id, status=existing.status, created=False)
         if error := self._refusal(spec, identity):
             return error
-        errors = missing_inputs(spec, self.s.rt.settings.storage_root)
-        if errors:
-            return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
-                                errors=errors)
+        if errors := missing_inputs(spec, self.s.rt.settings.storage_root):
+            return invalid_spec(errors)
         async with self.s.lock:
             if (existing := self.state.jobs.get(job_id)) is not None:
                 return JobAccepted(job_id=job_id, status=existing.status, created=False)
             if error := self._urgent_cap_error(spec.project, identity.user, spec.priority):
                 return error
-            prediction = predict(spec, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
-                                 running=self.s.running_jobs(), now=self.s.clock(),
-                                 duration_seconds=spec.max_duration_seconds)
+            prediction = self.s.predict(spec)
             await self.s.append([
                 (job_id, JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from)),
                 (job_id, JobPredicted(job_id=job_id, prediction=prediction)),
@@ -130,13 +142,7 @@ class JobCommands:
 
     def _refusal(self, spec: JobSpec, identity: Identity) -> CommandError | None:
         """Everything that makes a spec unacceptable for this caller, in one answer."""
-        errors = validate_spec(spec)
-        known = [f.name for f in self.state.cluster.flavors]
-        errors += [
-            FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
-                       hint=f"choose from: {', '.join(known)}")
-            for i, name in enumerate(spec.flavors) if name not in known
-        ]
+        errors = spec_errors(spec, self.state.cluster)
         settings = self.state.settings
         resume = spec.checkpoint_resume
         if resume is not None and resume.max_resumes > settings.max_resumes_cap:
@@ -148,8 +154,7 @@ class JobCommands:
                                      message=f"is {resume.graceful_shutdown_seconds}, above the platform cap of "
                                      f"{settings.max_graceful_shutdown_seconds}"))
         if errors:
-            return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
-                                errors=errors)
+            return invalid_spec(errors)
         if not identity.member_of(spec.project):
             return CommandError(code="forbidden", message=f"you are not a member of project {spec.project!r}",
                                 hint=f"your projects: {', '.join(identity.projects) or 'none'}")

@@ -547,7 +547,7 @@ class _Cycle:
         start = self.head.reservation.start if self.head else None
         # What any job may take now: free now, and (with a head) not needed by the head at its start.
         spare = self.extra if self.extra is not None else self.free_now
-        growable = sorted((job for job in self.running if self._may_grow(job)),
+        growable = sorted((job for job in self.running if may_grow(job)),
                           key=lambda job: PRIORITY_RANK[job.spec.priority])
         for job in growable:
             own = holdings(job.placement, job.flavor)
@@ -576,10 +576,13 @@ class _Cycle:
                     self.extra.set(name, least(self.free_now.free[name], self.after_head[name]))
         return growths
 
-    def _may_grow(self, job: RunningJob) -> bool:
-        elastic = job.spec.checkpoint_resume.elastic if job.spec.checkpoint_resume else None
-        workers = sum(1 for p in job.placement if p.role == "worker")
-        return job.can_grow and elastic is not None and elastic.allow_scale_up and workers < job.spec.nodes
+
+
+def may_grow(job: RunningJob) -> bool:
+    """S10: a running elastic job short of its size that allows scaling up and is not being moved."""
+    elastic = job.spec.checkpoint_resume.elastic if job.spec.checkpoint_resume else None
+    workers = sum(1 for p in job.placement if p.role == "worker")
+    return job.can_grow and elastic is not None and elastic.allow_scale_up and workers < job.spec.nodes
 
 
 def _excess(amount: Resources, own: Resources | None) -> Resources:

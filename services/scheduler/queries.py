@@ -6,14 +6,13 @@ listings and are "not found" when asked for by id.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from libs.contracts import subjects
 from libs.contracts.cluster import Resources
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
-from libs.contracts.jobspec import FieldError, validate_spec
 from libs.contracts.messages import (
     CommandError,
     DevEnvSpec,
@@ -46,8 +45,9 @@ from libs.contracts.scheduling import WhyReport
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import register_all_authenticated
 from services.scheduler.access import access_error, can_view
+from services.scheduler.commands import invalid_spec, spec_errors
 from services.scheduler.explain import explain
-from services.scheduler.prediction import predict
+from services.scheduler.state import SchedulerState
 from services.scheduler.views import dev_env, flavor_list, node_resources
 
 if TYPE_CHECKING:
@@ -79,7 +79,7 @@ class JobQueries:
         self.s = scheduler
 
     @property
-    def state(self) -> Any:
+    def state(self) -> SchedulerState:
         return self.s.state
 
     async def list_jobs(self, request: ListJobs, identity: Identity) -> JobList:
@@ -108,34 +108,27 @@ class JobQueries:
 
     async def predict(self, request: PredictJob, _: Identity) -> PredictionReply | CommandError:
         """S6: answered before creation; nothing is recorded (a submitted job records its own)."""
-        errors = validate_spec(request.spec)
-        known = [f.name for f in self.state.cluster.flavors]
-        errors += [FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
-                              hint=f"choose from: {', '.join(known)}")
-                   for i, name in enumerate(request.spec.flavors) if name not in known]
-        if errors:
-            return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
-                                errors=errors)
+        if errors := spec_errors(request.spec, self.state.cluster):
+            return invalid_spec(errors)
         async with self.s.lock:
-            prediction = predict(request.spec, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
-                                 running=self.s.running_jobs(), now=self.s.clock(),
-                                 duration_seconds=request.spec.max_duration_seconds)
-        return PredictionReply(prediction=prediction)
+            return PredictionReply(prediction=self.s.predict(request.spec))
 
     async def why(self, request: ExplainJob, identity: Identity) -> WhyReply | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         job = self.state.jobs[request.job_id]
-        if job.status != "queued":
-            sentence = {"running": f"It is running (attempt {job.attempt}) on "
-                                   f"{', '.join(sorted({p.node for p in job.placement}))}; it waits for nothing.",
-                        }.get(job.status, f"It has ended: {job.status}" + (f" ({job.reason})." if job.reason else "."))
+        async with self.s.lock:  # the job's status cannot change while it is explained
+            if job.status == "queued":
+                all_nodes = [n.info for n in self.state.nodes.values()]
+                return WhyReply(report=explain(job.job_id, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
+                                               running=self.s.running_jobs(), now=self.s.clock(),
+                                               all_nodes=all_nodes))
+            if job.status == "running":
+                nodes = ", ".join(sorted({p.node for p in job.placement}))
+                sentence = f"It is running (attempt {job.attempt}) on {nodes}; it waits for nothing."
+            else:
+                sentence = f"It has ended: {job.status}" + (f" ({job.reason})." if job.reason else ".")
             return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[sentence]))
-        async with self.s.lock:
-            all_nodes = [n.info for n in self.state.nodes.values()]
-            report = explain(job.job_id, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
-                             running=self.s.running_jobs(), now=self.s.clock(), all_nodes=all_nodes)
-        return WhyReply(report=report)
 
     async def devenv(self, request: GetDevEnv, identity: Identity) -> DevEnvSpec | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "devenv"):

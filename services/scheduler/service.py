@@ -33,14 +33,17 @@ from libs.contracts.events import (
     LaunchSucceeded,
     NodeLost,
 )
+from libs.contracts.jobspec import JobSpec
+from libs.contracts.scheduling import Prediction
 from libs.eventstore import NewEvent, Tracking
 from libs.messaging.follower import StreamFollower
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.scheduler.placement import Decision, NodeCapacity, QueuedJob, RunningJob, schedule
+from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, may_grow, schedule
+from services.scheduler.prediction import predict
 from services.scheduler.read_model import JobSearchProjection
-from services.scheduler.state import Job, SchedulerState
+from services.scheduler.state import SchedulerState
 
 SERVICE = "scheduler"
 SETTINGS_AGGREGATE = ("settings", "platform")
@@ -65,7 +68,6 @@ class Scheduler:
         self.followers: list[StreamFollower] = []
         self.search = JobSearchProjection(runtime.store)
         self._projection_wake = asyncio.Event()
-        self.last_decision: Decision | None = None
 
     # --- start-up --------------------------------------------------------------------------------
 
@@ -226,17 +228,19 @@ class Scheduler:
                                       and job.stop_requested_by is None))
         return running
 
+    def predict(self, spec: JobSpec) -> Prediction:
+        """S6 for `spec` as if it were submitted now (the caller holds the lock)."""
+        return predict(spec, self.queued_jobs(), self.capacity(), self.flavors(), running=self.running_jobs(),
+                       now=self.clock(), duration_seconds=spec.max_duration_seconds)
+
     async def run_cycle(self) -> None:
         now = self.clock()
         await self._expire(now)
         queue = self.queued_jobs()
         running = self.running_jobs()
-        if not queue and not any(r.can_grow and r.spec.checkpoint_resume and r.spec.checkpoint_resume.elastic
-                                 for r in running):
-            self.last_decision = None
+        if not queue and not any(map(may_grow, running)):
             return
         decision = schedule(queue, self.capacity(), self.flavors(), running=running, now=now)
-        self.last_decision = decision
         for admission in decision.admissions:
             job = self.state.jobs[admission.job_id]
             # Each admission continues the trace its job was submitted in.
@@ -262,7 +266,3 @@ class Scheduler:
                 with span_tracer.start_as_current_span("scheduler expire", context=context_from_headers(job.trace)):
                     await self.append([(job.job_id, JobExpiring(job_id=job.job_id, attempt=job.attempt,
                                                                 limit_seconds=job.duration_seconds or 0))])
-
-    def visible_job(self, job_id: str) -> Job | None:
-        job = self.state.jobs.get(job_id)
-        return None if job is None or job.deleted else job

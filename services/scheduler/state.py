@@ -38,7 +38,7 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_duration
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
 from libs.contracts.scheduling import AdminSettings, Prediction
-from services.scheduler.placement import role_flavor
+from services.scheduler.placement import holdings as placement_holdings
 
 
 @dataclass
@@ -226,23 +226,24 @@ class SchedulerState:
     def running(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.status == "running"]
 
-    def holdings(self, job: Job) -> list[tuple[str, Resources]]:
-        """What a running job holds, per rank: its placement and, while it is being moved (S10), the
+    def holdings(self, job: Job) -> dict[str, Resources]:
+        """What a running job holds per node: its placement and, while it is being moved (S10), the
         placement it moves to, so that nothing else takes those resources meanwhile."""
-        held: list[tuple[str, Resources]] = []
+        held: dict[str, Resources] = {}
         for flavor_name, placement in ((job.flavor, job.placement),
                                        *([(job.rescaling.flavor, job.rescaling.placement)] if job.rescaling else [])):
             flavor = self.flavor(flavor_name or "")
             if flavor is None:
                 continue
-            held += [(p.node, Resources.of_flavor(role_flavor(p.role, flavor))) for p in placement]
+            for node, amount in placement_holdings(placement, flavor).items():
+                held[node] = held.get(node, Resources()) + amount
         return held
 
     def used(self) -> dict[str, Resources]:
         """Resources held per node by running jobs."""
         used: dict[str, Resources] = {name: Resources() for name in self.nodes}
         for job in self.running():
-            for node, held in self.holdings(job):
+            for node, held in self.holdings(job).items():
                 used[node] = used.get(node, Resources()) + held
         return used
 

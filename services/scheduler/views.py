@@ -22,7 +22,7 @@ def node_resources(state: SchedulerState, flavor_names: list[str]) -> list[NodeR
     used = state.used()
     usage: dict[str, list[BoardUsage]] = {}
     for job in state.running():
-        for node_name, held in state.holdings(job):
+        for node_name, held in state.holdings(job).items():
             usage.setdefault(node_name, []).append(BoardUsage(physical=held.accelerators, virtual=held.accelerators,
                                                               application=job.spec.name, job_id=job.job_id))
     rows: list[NodeResources] = []
@@ -43,20 +43,9 @@ def node_resources(state: SchedulerState, flavor_names: list[str]) -> list[NodeR
             memory_mib_total=total.memory_mib, accelerators_used=held.accelerators,
             accelerators_total=total.accelerators, board=node.info.board, driver_version=node.info.driver_version,
             flavors=[f.name for f in state.cluster.flavors if applies_to(f, node.info)],
-            usage=_merge_usage(usage.get(name, [])),
+            usage=usage.get(name, []),
         ))
     return rows
-
-
-def _merge_usage(entries: list[BoardUsage]) -> list[BoardUsage]:
-    """One entry per application on a node, however many of its ranks landed there."""
-    merged: dict[str, BoardUsage] = {}
-    for entry in entries:
-        seen = merged.get(entry.job_id)
-        merged[entry.job_id] = entry if seen is None else BoardUsage(
-            physical=seen.physical + entry.physical, virtual=seen.virtual + entry.virtual,
-            application=entry.application, job_id=entry.job_id)
-    return list(merged.values())
 
 
 def flavor_list(state: SchedulerState, board: str | None) -> FlavorList:
