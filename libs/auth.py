@@ -35,8 +35,10 @@ def new_secret() -> str:
 
 def issue_token(secret: str, identity: Identity, *, ttl_seconds: int = DEFAULT_TTL_SECONDS) -> str:
     now = int(time.time())
-    claims = {"iss": ISSUER, "sub": identity.user, "projects": list(identity.projects), "admin": identity.admin,
-              "iat": now, "exp": now + ttl_seconds}
+    claims: dict[str, object] = {"iss": ISSUER, "sub": identity.user, "projects": list(identity.projects),
+                                 "admin": identity.admin, "iat": now, "exp": now + ttl_seconds}
+    if identity.email:
+        claims["email"] = identity.email
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
@@ -51,7 +53,9 @@ def verify_token(secret: str, token: str) -> Identity:
     projects = claims.get("projects", [])
     if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
         raise AuthError("the token's projects are not a list of names")
-    return Identity(user=str(claims["sub"]), projects=projects, admin=bool(claims.get("admin", False)))
+    email = claims.get("email")
+    return Identity(user=str(claims["sub"]), projects=projects, admin=bool(claims.get("admin", False)),
+                    email=str(email) if email else None)
 
 
 def bearer_headers(token: str | None) -> dict[str, str]:

@@ -33,6 +33,14 @@ class Settings:
     stop_grace_seconds: float = field(default_factory=lambda: _float("TRAINYARD_STOP_GRACE_SECONDS", 10.0))
     # How long the launcher keeps asking an unreachable node to stop before it gives its processes up.
     stop_give_up_seconds: float = field(default_factory=lambda: _float("TRAINYARD_STOP_GIVE_UP_SECONDS", 60.0))
+    # M7: where alert mail goes out (smtp://host:port; unset: alerts are published on NATS only), who
+    # sends it, and the operators who get every alert besides the job's creator.
+    smtp_url: str | None = field(default_factory=lambda: os.environ.get("TRAINYARD_SMTP_URL") or None)
+    alert_from: str = field(default_factory=lambda: os.environ.get("TRAINYARD_ALERT_FROM", "trainyard@localhost"))
+    alert_emails: tuple[str, ...] = field(default_factory=lambda: tuple(
+        a.strip() for a in os.environ.get("TRAINYARD_ALERT_EMAILS", "").split(",") if a.strip()))
+    # M2: how often the monitor patrols and agents probe their health (NICs, boards, runtime).
+    health_probe_seconds: float = field(default_factory=lambda: _float("TRAINYARD_HEALTH_PROBE_SECONDS", 5.0))
     # The secret that signs identity tokens (libs.auth); services that answer users refuse to start without it.
     auth_secret: str | None = field(default_factory=lambda: read_secret(required=False))
 

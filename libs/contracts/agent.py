@@ -14,6 +14,7 @@ from msgspec import Struct
 
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.events import NodeLaunch
+from libs.contracts.health import ComponentHealth
 
 
 class _AgentMessage(Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -32,6 +33,8 @@ class Heartbeat(_AgentMessage, frozen=True, tag="Heartbeat.v1"):
     node: str
     sent_at: datetime
     running: list[str] = msgspec.field(default_factory=list)
+    # M2: what the agent's probes found (NICs, boards, runtime environment); empty from old agents.
+    health: list[ComponentHealth] = msgspec.field(default_factory=list)
 
 
 class StartProcess(_AgentMessage, frozen=True, tag="StartProcess.v1"):
@@ -47,12 +50,79 @@ class ProcessAccepted(_AgentMessage, frozen=True, tag="ProcessAccepted.v1"):
 
 
 class StopProcesses(_AgentMessage, frozen=True, tag="StopProcesses.v1"):
-    """Stop every process of a job attempt on this node: SIGTERM, then SIGKILL after the grace."""
+    """Stop every process of a job attempt on this node: SIGTERM, then SIGKILL after the grace.
+
+    With `checkpoint_signal` (J12, M3), every process of the attempt that handles that signal gets it
+    instead of SIGTERM, and the grace is the job's graceful shutdown time; then what is left is killed.
+    """
 
     job_id: str
     attempt: int
     grace_seconds: float = 10.0
     task: int | None = None  # only this task of a batch job (its parameter servers, its standbys)
+    checkpoint_signal: str | None = None
+
+
+class PrecheckNode(_AgentMessage, frozen=True, tag="PrecheckNode.v1"):
+    """M1: probe the node now for a job about to be placed here with these resources."""
+
+    job_id: str
+    cpus: float
+    memory_mib: int
+    accelerators: int = 0
+
+
+class PrecheckReport(_AgentMessage, frozen=True, tag="PrecheckReport.v1"):
+    node: str
+    checks: list[ComponentHealth]
+
+
+class ReleaseWorkspaces(_AgentMessage, frozen=True, tag="ReleaseWorkspaces.v1"):
+    """J15: the retention of a job's kept environments is over: remove them. Idempotent."""
+
+    job_id: str
+
+
+class Released(_AgentMessage, frozen=True, tag="Released.v1"):
+    removed: int
+
+
+class OpenSession(_AgentMessage, frozen=True, tag="OpenSession.v1"):
+    """J15: run `command` (or, without one, an interactive shell on a terminal) in a kept or running
+    node environment of a job, with the job's variables and mounts.
+
+    The session then speaks on `subjects.session(node, session_id, ...)`: the client publishes
+    keystrokes (raw bytes) to `in` and `SessionControl` to `control`; the agent publishes output
+    (raw bytes) to `out` and, once, `SessionExited` to `exit`. A session without a control message
+    for `idle_seconds` is ended.
+    """
+
+    session_id: str
+    job_id: str
+    attempt: int
+    rank: int
+    task: int = 0
+    command: str | None = None
+    columns: int = 80
+    rows: int = 24
+    idle_seconds: float = 60.0
+
+
+class SessionOpened(_AgentMessage, frozen=True, tag="SessionOpened.v1"):
+    session_id: str
+    pid: int
+
+
+class SessionControl(_AgentMessage, frozen=True, tag="SessionControl.v1"):
+    """A keep-alive, a terminal resize, or (close) the end of input."""
+
+    columns: int | None = None
+    rows: int | None = None
+    close: bool = False
+
+
+class SessionExited(_AgentMessage, frozen=True, tag="SessionExited.v1"):
+    exit_code: int
 
 
 class ExecInJob(_AgentMessage, frozen=True, tag="ExecInJob.v1"):
@@ -127,4 +197,4 @@ class UsageSample(Struct, frozen=True, kw_only=True):
 
 
 ProcessReport = ProcessStarted | ProcessExited
-AgentReply = NodeAccepted | ProcessAccepted | Stopped
+AgentReply = NodeAccepted | ProcessAccepted | Stopped | PrecheckReport | Released | SessionOpened

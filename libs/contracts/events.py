@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Struct
 
 from libs.contracts.cluster import NodeInfo
+from libs.contracts.health import AlertKind, NodeCheck
 from libs.contracts.jobspec import JobSpec, Priority
 from libs.contracts.scheduling import AdminSettings, Prediction
 
@@ -54,6 +55,7 @@ class JobSubmitted(_Event, frozen=True, tag="JobSubmitted.v1"):
     spec: JobSpec
     creator: str
     cloned_from: str | None = None  # O1: the job this one was cloned from
+    creator_email: str | None = None  # where alerts about the job go (M7)
 
 
 class JobPredicted(_Event, frozen=True, tag="JobPredicted.v1"):
@@ -114,6 +116,59 @@ class JobRescaling(_Event, frozen=True, tag="JobRescaling.v1"):
     flavor: str
     placement: list[Placement]
     reason: str
+
+
+class JobPrechecking(_Event, frozen=True, tag="JobPrechecking.v1"):
+    """M1: a checkpoint-resume job was placed; its nodes are held while the monitor pre-checks them.
+    A passed pre-check admits it as `attempt` on `placement`; a failed one puts it back in the queue."""
+
+    job_id: str
+    attempt: int
+    flavor: str
+    placement: list[Placement]
+    dropped_flavors: list[str] = msgspec.field(default_factory=list)
+
+
+class JobPrecheckFailed(_Event, frozen=True, tag="JobPrecheckFailed.v1"):
+    """M1: the pre-check failed on `nodes`; the job waits in the queue again with the reason."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    nodes: list[str]
+
+
+class JobResuming(_Event, frozen=True, tag="JobResuming.v1"):
+    """J12/M2: a node of a checkpoint-resume job is unhealthy (or slow, M6). The launcher sends the
+    checkpoint signal to every process, waits the graceful shutdown time, then kills; processes on
+    `lost_nodes` cannot be reached and are given up at once. Placements avoid `exclude_nodes`."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    lost_nodes: list[str] = msgspec.field(default_factory=list)
+    exclude_nodes: list[str] = msgspec.field(default_factory=list)
+
+
+class JobRequeued(_Event, frozen=True, tag="JobRequeued.v1"):
+    """The stopped attempt of a resuming (or restarting) job is down; the job waits in the queue for
+    healthy nodes (S12 `queued`), keeping its place. `resumes` counts the job's resumes so far (M4)."""
+
+    job_id: str
+    attempt: int
+    reason: str
+    resumes: int = 0
+
+
+class JobRestarting(_Event, frozen=True, tag="JobRestarting.v1"):
+    """J13/M5: the command failed and the job restarts (`restarts` of its maximum so far): the rest of
+    the attempt is stopped, then the next attempt starts on the same nodes (or waits for healthy ones)."""
+
+    job_id: str
+    attempt: int
+    restarts: int
+    reason: str
+    exit_code: int | None = None
 
 
 class JobStopRequested(_Event, frozen=True, tag="JobStopRequested.v1"):
@@ -178,6 +233,8 @@ class NodeLaunch(Struct, frozen=True, kw_only=True):
     master: bool = False
     role: Role = "worker"
     task: int = 0  # J3: which task of a batch job (0 for a regular job)
+    # J15: keep the workspace after the process ends (debug terminal) until the monitor releases it.
+    keep_workspace: bool = False
 
 
 class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
@@ -259,20 +316,111 @@ class NodeRecovered(_Event, frozen=True, tag="NodeRecovered.v1"):
     node_name: str
 
 
+class NodeUnhealthy(_Event, frozen=True, tag="NodeUnhealthy.v1"):
+    """M2: a component of the node is faulty (probed or marked); the node is unschedulable and the
+    checkpoint-resume jobs on it are moved. Recorded again when the list of problems changes."""
+
+    node_name: str
+    problems: list[str]
+
+
+class NodeHealthy(_Event, frozen=True, tag="NodeHealthy.v1"):
+    node_name: str
+
+
+class ComponentMarked(_Event, frozen=True, tag="ComponentMarked.v1"):
+    """An administrator marked a component faulty (or cleared the mark), e.g. for a drill."""
+
+    node_name: str
+    component: str  # <kind>:<name>, see libs.contracts.health
+    faulty: bool
+    by: str
+    reason: str = ""
+
+
+# --- monitor: aggregate "job" (id = job id) --------------------------------------------------------
+
+
+class PrecheckCompleted(_Event, frozen=True, tag="PrecheckCompleted.v1"):
+    """M1: the result of pre-checking every candidate node of a job's next attempt."""
+
+    job_id: str
+    attempt: int
+    passed: bool
+    nodes: list[NodeCheck]
+
+
+class PerformanceDegraded(_Event, frozen=True, tag="PerformanceDegraded.v1"):
+    """M6: hardware time / e2e time crossed the job's threshold over `window` iterations on `node`.
+    Once per incident: recorded again only after the ratio went back and crossed again."""
+
+    job_id: str
+    attempt: int
+    node: str
+    rank: int
+    ratio: float
+    threshold: float
+    direction: str
+    window: int
+    action: str  # alert | reschedule
+
+
+class DebugEnvironmentKept(_Event, frozen=True, tag="DebugEnvironmentKept.v1"):
+    """J15: the job ended abnormally with the debug terminal on; its node environments are kept."""
+
+    job_id: str
+    attempt: int
+    nodes: list[str]
+    until: datetime
+
+
+class DebugEnvironmentReleased(_Event, frozen=True, tag="DebugEnvironmentReleased.v1"):
+    """J15: the retention time is over; the agents removed the kept environments."""
+
+    job_id: str
+    attempt: int
+
+
+# --- monitor: aggregate "alert" (id = alert id, one per incident) ----------------------------------
+
+
+class AlertRaised(_Event, frozen=True, tag="AlertRaised.v1"):
+    """M7: one incident worth telling people about. Published on `trainyard.events.monitor.alert.>`
+    for alerting consumers and mailed to `recipients`."""
+
+    alert_id: str
+    kind: AlertKind
+    title: str
+    message: str
+    recipients: list[str] = msgspec.field(default_factory=list)
+    job_id: str | None = None
+    node: str | None = None
+
+
+class AlertMailed(_Event, frozen=True, tag="AlertMailed.v1"):
+    alert_id: str
+    recipients: list[str]
+
+
 JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | JobDurationChanged
             | JobStopRequested | JobSucceeded | JobFailed | JobStopped | JobDeleted | JobExpiring | JobExpired
-            | JobRescaling)
+            | JobRescaling | JobPrechecking | JobPrecheckFailed | JobResuming | JobRequeued | JobRestarting)
 LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LaunchSucceeded
                | LaunchFailed | LaunchStopped)
-NodeEvent = NodeRegistered | NodeLost | NodeRecovered
-Event = JobEvent | SettingsChanged | LaunchEvent | NodeEvent
+NodeEvent = NodeRegistered | NodeLost | NodeRecovered | NodeUnhealthy | NodeHealthy | ComponentMarked
+MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
+AlertEvent = AlertRaised | AlertMailed
+Event = JobEvent | SettingsChanged | LaunchEvent | NodeEvent | MonitorJobEvent | AlertEvent
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
-    JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, SettingsChanged,
+    JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
+    JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged,
     LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LaunchSucceeded, LaunchFailed,
     LaunchStopped,
-    NodeRegistered, NodeLost, NodeRecovered,
+    NodeRegistered, NodeLost, NodeRecovered, NodeUnhealthy, NodeHealthy, ComponentMarked,
+    PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
+    AlertRaised, AlertMailed,
 )
 
 

@@ -20,6 +20,7 @@ class Identity(Struct, frozen=True, kw_only=True):
     user: str
     projects: list[ResourceName] = msgspec.field(default_factory=list)
     admin: bool = False
+    email: str | None = None  # where alerts about the user's jobs are mailed (M7)
 
     def member_of(self, project: str) -> bool:
         return self.admin or project in self.projects

@@ -145,6 +145,27 @@ class WhoAmI(_Request, frozen=True, tag="WhoAmI.v1"):
     pass
 
 
+class MarkComponent(_Request, frozen=True, tag="MarkComponent.v1"):
+    """M2 drills: an administrator marks a node's component (`board:0`, `nic:eth0`, `runtime:storage`)
+    faulty, or clears the mark with `faulty: false`."""
+
+    node: str
+    component: str
+    faulty: bool = True
+    reason: str = ""
+
+
+class OpenTerminal(_Request, frozen=True, tag="OpenTerminal.v1"):
+    """J15: open a debug session in a kept environment of a job (needs read-write access). Without
+    `node`, the master's node; without `command`, an interactive shell."""
+
+    job_id: str
+    node: str | None = None
+    command: str | None = None
+    columns: int = 80
+    rows: int = 24
+
+
 class ListJobs(_Request, frozen=True, tag="ListJobs.v1"):
     statuses: list[JobStatus] = msgspec.field(default_factory=list)
     project: str | None = None
@@ -230,6 +251,11 @@ class JobView(Struct, frozen=True, kw_only=True):
     access: str = "none"  # J2: what others in the project may do (after the sharing switch)
     cloned_from: str | None = None
     prediction: Prediction | None = None  # S6: what was predicted when it was queued
+    resumes: int = 0  # J12/M4: times it was moved after a fault and resumed from its checkpoint
+    max_resumes: int | None = None  # the effective maximum (the spec's, within the administrator cap)
+    restarts: int = 0  # J13/M5: times its failed command was restarted
+    excluded_nodes: list[str] = msgspec.field(default_factory=list)  # nodes it was moved away from
+    kept_until: datetime | None = None  # J15: its environments are kept for the debug terminal until then
 
 
 class JobList(_Reply, frozen=True, tag="JobList.v1"):
@@ -243,9 +269,10 @@ class JobDetails(_Reply, frozen=True, tag="JobDetails.v1"):
 
 class NodeView(Struct, frozen=True, kw_only=True):
     info: NodeInfo
-    status: Literal["ready", "lost"]
+    status: Literal["ready", "lost", "unhealthy"]
     used: Resources
     jobs: list[str] = msgspec.field(default_factory=list)
+    problems: list[str] = msgspec.field(default_factory=list)  # M2: why it is unhealthy
 
 
 class NodeList(_Reply, frozen=True, tag="NodeList.v1"):
@@ -328,6 +355,15 @@ class IdentityView(_Reply, frozen=True, tag="IdentityView.v1"):
     identity: Identity
 
 
+class TerminalOpened(_Reply, frozen=True, tag="TerminalOpened.v1"):
+    """J15: the session is open on `node`; talk to it on `subjects.session(node, session_id, ...)`."""
+
+    session_id: str
+    node: str
+    rank: int
+    attempt: int
+
+
 class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     """The autoscaler's view of demand: queued jobs and the nodes they ask for, per flavor."""
 
@@ -338,7 +374,7 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
 
 Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
-           | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus)
+           | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
-         | IdentityView)
+         | IdentityView | TerminalOpened)

@@ -48,6 +48,11 @@ LIST_FLAVORS = "trainyard.query.flavors"
 GET_SETTINGS = "trainyard.query.settings"
 CHANGE_SETTINGS = "trainyard.cmd.settings"
 WHOAMI = "trainyard.query.whoami"
+# The monitor: component marks (administrators) and debug terminals (J15).
+MARK_COMPONENT = "trainyard.cmd.nodes.mark"
+OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"
+# M7: alerts, for alerting consumers (one AlertRaised per incident, then AlertMailed once mailed).
+ALERTS_ALL = "trainyard.events.monitor.alert.>"
 QUEUE_STATUS = "trainyard.query.autoscaler.status"
 
 # Node agents.
@@ -69,6 +74,23 @@ def agent_stop(node: str) -> str:
 
 def agent_exec(node: str) -> str:
     return f"trainyard.agent.{node}.exec"
+
+
+def agent_precheck(node: str) -> str:
+    return f"trainyard.agent.{node}.precheck"
+
+
+def agent_release(node: str) -> str:
+    return f"trainyard.agent.{node}.release"
+
+
+def agent_open_session(node: str) -> str:
+    return f"trainyard.agent.{node}.session.open"
+
+
+def session(node: str, session_id: str, channel: str) -> str:
+    """One debug session's channel: `in`, `out`, `control` or `exit` (see agent.OpenSession)."""
+    return f"trainyard.agent.{node}.session.{session_id}.{channel}"
 
 
 AGENT_REPORTS_ALL = "trainyard.agent-reports.>"

@@ -1,41 +1,15 @@
-"""Who may do what to a job (SPEC J2): the operation matrix, enforced by the scheduler itself.
+"""J2 enforced by the scheduler: the matrix of `libs.access` applied to requests about its jobs.
 
-The creator and administrators may do everything. Other members of the job's project get what the
-job's `access` grants them — read-only or read-write — unless an administrator switched sharing off,
-which forces "none". Everyone else gets nothing, and is told the job does not exist rather than that
-it is hidden, so ids of others' jobs cannot be probed.
+Jobs a caller may not view are reported as not found rather than hidden, so ids of others' jobs
+cannot be probed.
 """
 
 from __future__ import annotations
 
-from typing import Literal
-
+from libs.access import Operation, allowed
 from libs.contracts.identity import Identity
-from libs.contracts.jobspec import JobSpec
 from libs.contracts.messages import CommandError
 from services.scheduler.state import Job, SchedulerState
-
-Operation = Literal["view", "clone", "devenv", "tensorboard", "duration", "priority", "stop", "delete"]
-
-READ_ONLY_OPERATIONS: frozenset[Operation] = frozenset({"view", "clone", "devenv", "tensorboard"})
-READ_WRITE_OPERATIONS: frozenset[Operation] = frozenset({"duration", "priority", "stop", "delete"})
-
-Grant = Literal["owner", "read-write", "read-only", "none"]
-
-
-def grant(identity: Identity, spec: JobSpec, creator: str, *, sharing_enabled: bool) -> Grant:
-    if identity.admin or identity.user == creator:
-        return "owner"
-    if not sharing_enabled or spec.project not in identity.projects:
-        return "none"
-    return spec.access
-
-
-def allowed(identity: Identity, spec: JobSpec, creator: str, operation: Operation, *, sharing_enabled: bool) -> bool:
-    level = grant(identity, spec, creator, sharing_enabled=sharing_enabled)
-    if level in ("owner", "read-write"):
-        return True
-    return level == "read-only" and operation in READ_ONLY_OPERATIONS
 
 
 def access_error(state: SchedulerState, job_ids: list[str], identity: Identity,

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from libs.access import READ_ONLY_OPERATIONS, READ_WRITE_OPERATIONS, allowed
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from services.scheduler.access import READ_ONLY_OPERATIONS, READ_WRITE_OPERATIONS, allowed
 
 ALL = sorted(READ_ONLY_OPERATIONS | READ_WRITE_OPERATIONS)
 

@@ -15,11 +15,19 @@ from libs.contracts.agent import (
     Heartbeat,
     LogChunk,
     NodeAccepted,
+    OpenSession,
+    PrecheckNode,
+    PrecheckReport,
     ProcessAccepted,
     ProcessExited,
     ProcessReport,
     ProcessStarted,
     RegisterNode,
+    Released,
+    ReleaseWorkspaces,
+    SessionControl,
+    SessionExited,
+    SessionOpened,
     StartProcess,
     Stopped,
     StopProcesses,
@@ -28,6 +36,11 @@ from libs.contracts.cluster import Accelerators, NodeInfo, Resources
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.events import (
     EVENT_TYPES,
+    AlertMailed,
+    AlertRaised,
+    ComponentMarked,
+    DebugEnvironmentKept,
+    DebugEnvironmentReleased,
     Event,
     EventEnvelope,
     JobAdmitted,
@@ -36,9 +49,14 @@ from libs.contracts.events import (
     JobExpired,
     JobExpiring,
     JobFailed,
+    JobPrecheckFailed,
+    JobPrechecking,
     JobPredicted,
     JobPriorityChanged,
+    JobRequeued,
     JobRescaling,
+    JobRestarting,
+    JobResuming,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
@@ -48,6 +66,7 @@ from libs.contracts.events import (
     LaunchStopped,
     LaunchSucceeded,
     Mount,
+    NodeHealthy,
     NodeLaunch,
     NodeLost,
     NodeProcessExited,
@@ -55,9 +74,13 @@ from libs.contracts.events import (
     NodeProcessStarted,
     NodeRecovered,
     NodeRegistered,
+    NodeUnhealthy,
+    PerformanceDegraded,
     Placement,
+    PrecheckCompleted,
     SettingsChanged,
 )
+from libs.contracts.health import PERFORMANCE_LINE, ComponentHealth, NodeCheck
 from libs.contracts.jobspec import (
     AlgorithmRef,
     CheckpointResume,
@@ -91,8 +114,10 @@ from libs.contracts.messages import (
     ListFlavors,
     ListJobs,
     ListNodes,
+    MarkComponent,
     NodeList,
     NodeView,
+    OpenTerminal,
     PredictJob,
     QueueStatus,
     Reply,
@@ -100,6 +125,7 @@ from libs.contracts.messages import (
     SearchJobs,
     StopJobs,
     SubmitJob,
+    TerminalOpened,
     WhoAmI,
 )
 from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction
@@ -150,6 +176,26 @@ EVENT_SAMPLES: list[Any] = [
     JobRescaling(job_id="job-000000000001", attempt=1, flavor="gpu-4", placement=PLACEMENT,
                  reason="grows from 1 to 2 nodes"),
     SettingsChanged(settings=AdminSettings(urgent_cap=2, sharing_enabled=False), by="root"),
+    JobPrechecking(job_id="job-000000000001", attempt=2, flavor="gpu-4", placement=PLACEMENT),
+    JobPrecheckFailed(job_id="job-000000000001", attempt=2, reason="board:0 faulty on gpu-node-2",
+                      nodes=["gpu-node-2"]),
+    JobResuming(job_id="job-000000000001", attempt=1, reason="node gpu-node-2 is unhealthy: board:0 faulty",
+                lost_nodes=[], exclude_nodes=["gpu-node-2"]),
+    JobRequeued(job_id="job-000000000001", attempt=1, reason="resumes after a fault on gpu-node-2", resumes=1),
+    JobRestarting(job_id="job-000000000001", attempt=1, restarts=1, reason="rank 0 exited with code 3",
+                  exit_code=3),
+    NodeUnhealthy(node_name="gpu-node-2", problems=["board:0 faulty (marked by root)"]),
+    NodeHealthy(node_name="gpu-node-2"),
+    ComponentMarked(node_name="gpu-node-2", component="board:0", faulty=True, by="root", reason="drill"),
+    PrecheckCompleted(job_id="job-000000000001", attempt=2, passed=False, nodes=[NodeCheck(
+        node="gpu-node-2", passed=False, checks=[ComponentHealth(kind="board", name="0", healthy=False)])]),
+    PerformanceDegraded(job_id="job-000000000001", attempt=1, node="gpu-node-1", rank=0, ratio=0.91,
+                        threshold=0.8, direction="above", window=10, action="reschedule"),
+    DebugEnvironmentKept(job_id="job-000000000001", attempt=1, nodes=["gpu-node-1"], until=AT),
+    DebugEnvironmentReleased(job_id="job-000000000001", attempt=1),
+    AlertRaised(alert_id="performance-job-000000000001-1", kind="performance", title="bert is slow",
+                message="ratio 0.91 above 0.8", recipients=["alice@example.com"], job_id="job-000000000001"),
+    AlertMailed(alert_id="performance-job-000000000001-1", recipients=["alice@example.com"]),
 ]
 
 
@@ -259,6 +305,8 @@ REQUEST_SAMPLES: list[Any] = [
     GetSettings(),
     ChangeSettings(urgent_cap=3, sharing_enabled=False),
     WhoAmI(),
+    MarkComponent(node="gpu-node-2", component="board:0", reason="drill"),
+    OpenTerminal(job_id="job-000000000001", node="gpu-node-1", command="ls /workspace"),
 ]
 
 
@@ -337,6 +385,7 @@ REPLY_SAMPLES: list[Any] = [
                              jobs=["job-000000000001"])]),
     Done(job_ids=["job-000000000001"], message="stopping 1 job(s)"),
     QueueStatus(queued_jobs=2, queued_by_flavor={"gpu-4": 3}, running_jobs=1),
+    TerminalOpened(session_id="3f2a", node="gpu-node-1", rank=0, attempt=1),
 ]
 
 
@@ -364,11 +413,25 @@ AGENT_SAMPLES: list[Any] = [
     ProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=99),
     ProcessExited(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", exit_code=0),
 ]
+HEALTH_SAMPLES: list[Any] = [
+    Heartbeat(node="gpu-node-1", sent_at=AT, health=[ComponentHealth(kind="nic", name="eth0", healthy=True)]),
+    StopProcesses(job_id="job-000000000001", attempt=1, grace_seconds=60.0, checkpoint_signal="SIGUSR1"),
+    PrecheckNode(job_id="job-000000000001", cpus=4, memory_mib=8192, accelerators=4),
+    PrecheckReport(node="gpu-node-1", checks=[ComponentHealth(kind="runtime", name="storage", healthy=False,
+                                                              detail="not writable")]),
+    ReleaseWorkspaces(job_id="job-000000000001"),
+    Released(removed=2),
+    OpenSession(session_id="3f2a", job_id="job-000000000001", attempt=1, rank=0, command=None),
+    SessionOpened(session_id="3f2a", pid=77),
+    SessionControl(columns=120, rows=40),
+    SessionExited(exit_code=0),
+]
 AgentMessage = (RegisterNode | NodeAccepted | Heartbeat | StartProcess | ProcessAccepted | StopProcesses | Stopped
-                | ProcessStarted | ProcessExited)
+                | ProcessStarted | ProcessExited | PrecheckNode | PrecheckReport | ReleaseWorkspaces | Released
+                | OpenSession | SessionOpened | SessionControl | SessionExited)
 
 
-@pytest.mark.parametrize("message", AGENT_SAMPLES, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("message", AGENT_SAMPLES + HEALTH_SAMPLES, ids=lambda m: type(m).__name__)
 def test_every_agent_message_round_trips(message: Any) -> None:
     decoded = decode_any(encode(message), AgentMessage)
     assert type(decoded) is type(message)
@@ -425,3 +488,17 @@ def test_strict_decoding_names_unknown_fields_in_lists_and_options() -> None:
     with pytest.raises(msgspec.ValidationError) as raised:
         decode_strict(json.dumps(document), Request)
     assert field_error_from_msgspec(raised.value).field == "spec.datasets[1].readonly"
+
+
+def test_the_performance_line_of_the_platform_document_parses() -> None:
+    match = PERFORMANCE_LINE.search("this iteration hardware time is 2201.521 and e2e time is 3317.794921875 ms.")
+    assert match is not None
+    assert float(match["hardware"]) / float(match["e2e"]) == pytest.approx(0.66355, abs=1e-5)
+    assert PERFORMANCE_LINE.search("this iteration e2e time is 3317 ms.") is None
+
+
+def test_a_failed_node_check_lists_its_faulty_components() -> None:
+    check = NodeCheck(node="n", passed=False, checks=[
+        ComponentHealth(kind="nic", name="eth0", healthy=True),
+        ComponentHealth(kind="board", name="1", healthy=False, detail="ECC errors")])
+    assert check.problems() == ["board:1 faulty (ECC errors)"]
