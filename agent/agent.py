@@ -5,7 +5,11 @@
   rank) is acknowledged without starting anything, and a stopped attempt never starts again;
 - runs each node of a job as a process group in its workspace (a bwrap sandbox, or plain folders
   where bwrap cannot run: see agent/workspace.py), ships its output to JetStream in
-  numbered chunks, and reports start and exit as JetStream messages whose ids make retries harmless.
+  numbered chunks, and reports start and exit as JetStream messages whose ids make retries harmless;
+- probes the node's health (agent/health.py) for heartbeats and pre-checks (M1, M2);
+- stops a job attempt with its checkpoint signal where asked (agent/signals.py, J12, M3);
+- removes a node's folder once its process ended, or keeps it for debug sessions until the job's
+  environments are released (agent/kept.py, agent/sessions.py, J15).
 """
 
 from __future__ import annotations
@@ -13,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
+import signal
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -25,7 +31,20 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from agent.health import probe, resource_checks
+from agent.kept import (
+    SAFE_ID,
+    Environment,
+    RemovalRefused,
+    kept_roots,
+    rank_root,
+    read_environment,
+    remove_node_root,
+    write_environment,
+)
 from agent.process import ProcessGroup, kill_leftovers, remove_record, write_record
+from agent.sessions import Session
+from agent.signals import Attempt, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
 from agent.workspace import PLAIN, Workspace, WorkspaceError, build_workspace, choose_backend
 from libs.contracts import subjects
@@ -35,10 +54,16 @@ from libs.contracts.agent import (
     Heartbeat,
     LogChunk,
     NodeAccepted,
+    OpenSession,
+    PrecheckNode,
+    PrecheckReport,
     ProcessAccepted,
     ProcessExited,
     ProcessStarted,
     RegisterNode,
+    Released,
+    ReleaseWorkspaces,
+    SessionOpened,
     StartProcess,
     Stopped,
     StopProcesses,
@@ -46,9 +71,11 @@ from libs.contracts.agent import (
 )
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, encode
+from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
 from libs.messaging.connection import connect, ensure_streams
-from libs.messaging.rpc import ServiceUnavailable, call
+from libs.messaging.rpc import ServiceUnavailable, call, error_for_decode_failure
+from libs.settings import Settings
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
 
@@ -57,6 +84,8 @@ span_tracer = tracer("trainyard.agent")
 LOG_FLUSH_SECONDS = 0.2
 LOG_CHUNK_LINES = 200
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
+# How long closing the agent waits for its debug sessions to report their end.
+SESSION_CLOSE_SECONDS = 5.0
 
 
 @dataclass
@@ -78,6 +107,8 @@ class RunningNode:
     env: dict[str, str] = field(default_factory=dict)
     # Commands run in this node's environment on another node's request (MPI daemons).
     execs: list[ProcessGroup] = field(default_factory=list)
+    # J15: the node's folder stays after the process ended (debug sessions) until it is released.
+    keep: bool = False
 
 
 # The platform's signing secret and a user's token never reach a job, whatever the agent was started with.
@@ -90,11 +121,16 @@ def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
 
 
 class NodeAgent:
-    def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path) -> None:
+    def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path,
+                 health_probe_seconds: float | None = None) -> None:
         self.info = info
         self.nats_url = nats_url
         self.root = root
         self.storage = storage
+        self.health_probe_seconds = (Settings().health_probe_seconds if health_probe_seconds is None
+                                     else health_probe_seconds)
+        self.health: list[ComponentHealth] = []  # the latest probe, sent with every heartbeat
+        self.sessions: dict[str, Session] = {}
         self.nodes: dict[tuple[str, int, int, int], RunningNode] = {}  # (job, attempt, task, rank)
         self.backend = PLAIN  # how workspaces are made (SPEC L1): chosen at start
         self.stopped_attempts: set[tuple[str, int]] = set()
@@ -102,7 +138,7 @@ class NodeAgent:
         self.nc: Client
         self.js: JetStreamContext
         self._tasks: list[asyncio.Task[Any]] = []
-        self._execs: set[asyncio.Task[None]] = set()
+        self._execs: set[asyncio.Task[None]] = set()  # exec finishers and stops under way
 
     async def start(self) -> None:
         try:
@@ -116,14 +152,20 @@ class NodeAgent:
         await self.nc.subscribe(subjects.agent_start(self.info.name), cb=self._on_start)
         await self.nc.subscribe(subjects.agent_stop(self.info.name), cb=self._on_stop)
         await self.nc.subscribe(subjects.agent_exec(self.info.name), cb=self._on_exec)
+        await self.nc.subscribe(subjects.agent_precheck(self.info.name), cb=self._on_precheck)
+        await self.nc.subscribe(subjects.agent_release(self.info.name), cb=self._on_release)
+        await self.nc.subscribe(subjects.agent_open_session(self.info.name), cb=self._on_open_session)
         await self._end_leftovers()
+        self.health = await self._probe()
         await self._register()
         self._tasks.append(asyncio.create_task(self._heartbeats()))
+        self._tasks.append(asyncio.create_task(self._probe_periodically()))
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
 
     async def close(self) -> None:
         for task in self._tasks:
             task.cancel()
+        await self._end_sessions(list(self.sessions.values()))
         for node in list(self.nodes.values()):
             if node.group is not None:
                 await node.group.stop(2.0)
@@ -131,16 +173,22 @@ class NodeAgent:
             await self.nc.drain()
 
     async def _end_leftovers(self) -> None:
+        # Debug sessions of an agent that is gone have no one to speak to any more.
+        send(await asyncio.to_thread(session_processes, self.info.name), signal.SIGKILL)
         for record in kill_leftovers(self.root):
             job_id, attempt, rank = str(record["job_id"]), int(record["attempt"]), int(record["rank"])
             task = int(record.get("task", 0))
             log.warning("agent.leftover_killed", job_id=job_id, attempt=attempt, rank=rank, pid=record["pid"])
+            # Workers in sessions of their own (torchrun's) are out of the killed group's reach.
+            await stop_attempt(Attempt(job_id, attempt, self.info.name, task), [], 0.0)
             # seq -1: the agent's own closing notice, distinct from the chunks the process wrote.
             node = RunningNode(job_id=job_id, attempt=attempt, rank=rank, task=task, log_seq=-1)
             await self._ship(node, ["[trainyard] the node agent restarted and stopped this process"])
             await self._report(ProcessExited(job_id=job_id, attempt=attempt, rank=rank, task=task,
                                              node=self.info.name,
                                              exit_code=137), "exited", node)
+            if not record.get("keep", False):
+                await self._discard(node, rank_root(self.root, job_id, attempt, task, rank))
 
     # --- registration and heartbeats --------------------------------------------------------------
 
@@ -165,10 +213,42 @@ class NodeAgent:
         while True:
             running = [f"{n.job_id}/{n.attempt}/{n.task}/{n.rank}" for n in self.nodes.values()
                        if n.runner and not n.runner.done()]
-            beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running)
+            beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running, health=self.health)
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat))
             await asyncio.sleep(self.heartbeat_seconds)
+
+    # --- health (M1, M2) --------------------------------------------------------------------------
+
+    async def _probe(self) -> list[ComponentHealth]:
+        """A fresh probe of the node, in a thread: nvidia-smi or slow storage never hold up the agent."""
+        health = await asyncio.to_thread(probe, self.info, self.storage, self.root,
+                                         nvidia_smi=shutil.which("nvidia-smi"))
+        before = {c.key: c.healthy for c in self.health}
+        for component in health:
+            if component.healthy != before.get(component.key, True):
+                log.info("agent.health_changed", node=self.info.name, component=str(component))
+        return health
+
+    async def _probe_periodically(self) -> None:
+        while True:
+            await asyncio.sleep(self.health_probe_seconds)
+            try:
+                self.health = await self._probe()
+            except Exception as exc:  # a probe that breaks must not end the heartbeats' source
+                log.exception("agent.probe_failed", node=self.info.name, error=repr(exc))
+
+    async def _on_precheck(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, PrecheckNode)
+        except msgspec.DecodeError as exc:
+            await msg.respond(encode(error_for_decode_failure(exc)))
+            return
+        self.health = await self._probe()
+        checks = [*self.health, *await asyncio.to_thread(resource_checks, request, self.info)]
+        log.info("agent.prechecked", job_id=request.job_id, node=self.info.name,
+                 problems=[str(c) for c in checks if not c.healthy])
+        await msg.respond(encode(PrecheckReport(node=self.info.name, checks=checks)))
 
     # --- requests from the launcher ---------------------------------------------------------------
 
@@ -202,9 +282,29 @@ class NodeAgent:
                    if (n.job_id, n.attempt) == (request.job_id, request.attempt) and n.group is not None
                    and request.task in (None, n.task)]
         groups = [g for n in targets for g in (n.group, *n.execs) if g is not None]
-        await asyncio.gather(*(group.stop(request.grace_seconds) for group in groups))
-        log.info("agent.stopped", job_id=request.job_id, attempt=request.attempt, processes=len(targets))
-        await msg.respond(encode(Stopped(stopped=len(targets))))
+        checkpoint = None
+        if request.checkpoint_signal:
+            try:
+                checkpoint = parse_signal(request.checkpoint_signal)
+            except ValueError as exc:  # still stop the job, as a plain stop
+                log.warning("agent.bad_checkpoint_signal", job_id=request.job_id, error=str(exc))
+        attempt = Attempt(request.job_id, request.attempt, self.info.name, request.task)
+        # A subscription's callbacks run one at a time: a job's long graceful shutdown must not hold
+        # up the stops of other jobs on this node, so each stop runs in a task of its own.
+        task = asyncio.create_task(self._stop(msg, request, attempt, groups, checkpoint, len(targets)))
+        self._execs.add(task)
+        task.add_done_callback(self._execs.discard)
+
+    async def _stop(self, msg: Msg, request: StopProcesses, attempt: Attempt, groups: list[ProcessGroup],
+                    checkpoint: signal.Signals | None, processes: int) -> None:
+        if checkpoint is not None:
+            log.info("agent.checkpoint_signal", job_id=request.job_id, attempt=request.attempt, node=self.info.name,
+                     signal=checkpoint.name, grace_seconds=request.grace_seconds)
+        signalled = await stop_attempt(attempt, groups, request.grace_seconds, checkpoint)
+        log.info("agent.stopped", job_id=request.job_id, attempt=request.attempt, node=self.info.name,
+                 processes=processes, checkpoint_signal=request.checkpoint_signal, signalled=signalled)
+        with contextlib.suppress(Exception):
+            await msg.respond(encode(Stopped(stopped=processes)))
 
     async def _on_exec(self, msg: Msg) -> None:
         try:
@@ -240,19 +340,108 @@ class NodeAgent:
         with contextlib.suppress(Exception):
             await self.nc.publish(reply_to, encode(ExecExited(exit_code=code)))
 
+    # --- kept environments and debug sessions (J15) -----------------------------------------------
+
+    def _environment(self, job_id: str, attempt: int, task: int, rank: int) -> tuple[Environment, Path] | None:
+        """A running node's environment, or one kept on disk (also by an agent that ran before)."""
+        node = self.nodes.get((job_id, attempt, task, rank))
+        if node is not None and node.workspace is not None and node.runner is not None and not node.runner.done():
+            return Environment(workspace=node.workspace, env=node.env), node.workspace.root
+        directory = rank_root(self.root, job_id, attempt, task, rank)
+        kept = read_environment(directory)
+        return None if kept is None else (kept, directory)
+
+    async def _on_open_session(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, OpenSession)
+        except msgspec.DecodeError as exc:
+            await msg.respond(encode(error_for_decode_failure(exc)))
+            return
+        bound = log.bind(job_id=request.job_id, attempt=request.attempt, task=request.task, rank=request.rank,
+                         node=self.info.name, session_id=request.session_id)
+        if not (SAFE_ID.match(request.session_id) and SAFE_ID.match(request.job_id)):
+            await msg.respond(encode(CommandError(
+                code="invalid-request", message="session and job ids are letters, digits, '-' and '_' only")))
+            return
+        if request.session_id in self.sessions:
+            await msg.respond(encode(CommandError(
+                code="conflict", message=f"session {request.session_id} is already open on {self.info.name}")))
+            return
+        found = self._environment(request.job_id, request.attempt, request.task, request.rank)
+        if found is None:
+            bound.info("agent.session_refused")
+            await msg.respond(encode(CommandError(
+                code="not-found",
+                message=f"no environment of job {request.job_id} attempt {request.attempt} task {request.task} "
+                        f"rank {request.rank} on {self.info.name}: it does not run here, and was not kept or "
+                        "was already released",
+                hint="open a terminal while the job runs, or within the retention time of a job that keeps its "
+                     "environment (debug terminal)")))
+            return
+        environment, directory = found
+        session = Session(self.nc, self.info.name, request, environment, directory)
+        try:
+            pid = await session.start()
+        except OSError as exc:
+            bound.warning("agent.session_not_started", error=str(exc))
+            await msg.respond(encode(CommandError(code="internal", message=f"cannot start the session: {exc}")))
+            return
+        self.sessions[request.session_id] = session
+        assert session.done is not None
+        session.done.add_done_callback(lambda _: self.sessions.pop(request.session_id, None))
+        await msg.respond(encode(SessionOpened(session_id=request.session_id, pid=pid)))
+
+    async def _end_sessions(self, sessions: list[Session]) -> None:
+        for session in sessions:
+            session.kill()
+        done = [s.done for s in sessions if s.done is not None]
+        if done:
+            await asyncio.wait(done, timeout=SESSION_CLOSE_SECONDS)
+
+    async def _on_release(self, msg: Msg) -> None:
+        try:
+            request = decode(msg.data, ReleaseWorkspaces)
+        except msgspec.DecodeError as exc:
+            await msg.respond(encode(error_for_decode_failure(exc)))
+            return
+        if not SAFE_ID.match(request.job_id):
+            await msg.respond(encode(CommandError(code="invalid-request",
+                                                  message=f"{request.job_id!r} is not a job id")))
+            return
+        running = [n for n in self.nodes.values() if n.job_id == request.job_id and n.workspace is not None
+                   and n.runner is not None and not n.runner.done()]
+        for node in running:
+            node.keep = False  # its folder goes when its process ends
+        in_use = {n.workspace.root for n in running if n.workspace is not None}
+        removed = 0
+        for directory in kept_roots(self.root, request.job_id):
+            if directory in in_use:
+                continue
+            await self._end_sessions([s for s in self.sessions.values() if s.directory == directory])
+            try:
+                await asyncio.to_thread(remove_node_root, self.root, directory)
+            except (RemovalRefused, OSError) as exc:
+                log.warning("agent.workspace_not_removed", job_id=request.job_id, node=self.info.name,
+                            folder=str(directory), error=str(exc))
+                continue
+            removed += 1
+        log.info("agent.workspaces_released", job_id=request.job_id, node=self.info.name, removed=removed)
+        await msg.respond(encode(Released(removed=removed)))
+
     # --- running one node of a job ----------------------------------------------------------------
 
     async def _run(self, node: RunningNode, request: StartProcess) -> None:
         launch = request.launch
         bound = log.bind(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                          node=self.info.name)
-        root = self.root / "jobs" / node.job_id / str(node.attempt) / f"task-{node.task}" / f"rank-{node.rank}"
+        root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
         try:
             workspace, files = build_workspace(root, self.storage, launch, self.backend)
         except (WorkspaceError, OSError) as exc:
             await self._ship(node, [f"[trainyard] cannot prepare the workspace: {exc}"])
             await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                              node=self.info.name, exit_code=127), "exited", node)
+            await self._discard(node, root)  # half a workspace is nothing to debug in
             return
         env = {**job_environment(os.environ), **{k: workspace.translate(v, files) for k, v in launch.env.items()}}
         # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
@@ -261,7 +450,10 @@ class NodeAgent:
                    TRAINYARD_RANK=str(node.rank), TRAINYARD_NODE=self.info.name,
                    TRAINYARD_WORKSPACE=str(workspace.path), TRAINYARD_WORKSPACE_BACKEND=workspace.backend)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
-        node.workspace, node.env = workspace, env
+        node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
+        if node.keep:  # written first: a session may be wanted however the command ends, even never started
+            write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
+                              node=self.info.name, environment=Environment(workspace=workspace, env=env))
         command = workspace.command(argv)  # under bwrap, the sandbox runs argv
         group = ProcessGroup(command, env, workspace.cwd, root / "output.log")
         try:
@@ -270,10 +462,12 @@ class NodeAgent:
             await self._ship(node, [f"[trainyard] cannot start {command[0]!r}: {exc}"])
             await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                              node=self.info.name, exit_code=127), "exited", node)
+            if not node.keep:
+                await self._discard(node, root)
             return
         node.group = group
         write_record(root, {"job_id": node.job_id, "attempt": node.attempt, "task": node.task, "rank": node.rank,
-                            "pid": group.pid})
+                            "pid": group.pid, "keep": node.keep})
         bound.info("agent.process_started", pid=group.pid, argv=argv, backend=workspace.backend)
         await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                           node=self.info.name, pid=group.pid, backend=workspace.backend),
@@ -290,6 +484,18 @@ class NodeAgent:
         bound.info("agent.process_exited", exit_code=code)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=code), "exited", node)
+        if not node.keep:
+            await self._discard(node, root)
+
+    async def _discard(self, node: RunningNode, root: Path) -> None:
+        """Remove a node's folder (never what its links point to), ending the sessions still in it."""
+        node.workspace = None  # no new session finds it
+        await self._end_sessions([s for s in self.sessions.values() if s.directory == root])
+        try:
+            await asyncio.to_thread(remove_node_root, self.root, root)
+        except OSError as exc:  # a folder left behind costs disk, not the job
+            log.warning("agent.workspace_not_removed", job_id=node.job_id, attempt=node.attempt, task=node.task,
+                        rank=node.rank, node=self.info.name, error=str(exc))
 
     async def _sample_usage(self, node: RunningNode, pid: int) -> None:
         """Keep the node's latest usage in the usage bucket while it runs (L9)."""

@@ -48,28 +48,28 @@ class ProcessGroup:
         # A process killed by signal N reports -N; shells report 128+N. Use the shell convention.
         return 128 - code if code < 0 else code
 
+    @property
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.returncode is None
+
+    async def wait(self) -> int:
+        assert self.proc is not None
+        return await asyncio.shield(self.proc.wait())
+
     async def stop(self, grace_seconds: float) -> None:
         """SIGTERM the whole group, then SIGKILL what is left after `grace_seconds`."""
         if self.proc is None or self.proc.returncode is not None:
             return
-        self._signal(signal.SIGTERM)
+        self.signal(signal.SIGTERM)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(self.proc.wait()), grace_seconds)
+            await asyncio.wait_for(self.wait(), grace_seconds)
         # The leader may be gone while members of its group ignore SIGTERM: end the whole group.
-        if self._group_alive():
-            self._signal(signal.SIGKILL)
+        self.signal(signal.SIGKILL)
 
-    def _group_alive(self) -> bool:
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to every member of the group (none left: nothing happens)."""
         assert self.proc is not None
-        try:
-            os.killpg(self.proc.pid, 0)
-        except (ProcessLookupError, PermissionError):
-            return False
-        return True
-
-    def _signal(self, sig: signal.Signals) -> None:
-        assert self.proc is not None
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
             os.killpg(self.proc.pid, sig)
 
 

@@ -13,17 +13,19 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from nats.aio.client import Client
+from nats.js.errors import NotFoundError
 
+from client.terminal import DebugSession, command_line, open_session
 from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.codec import decode
-from libs.contracts.events import EventEnvelope
+from libs.contracts.events import AlertRaised, EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
 from libs.contracts.jobspec import JobSpec, Priority
@@ -56,8 +58,10 @@ from libs.contracts.messages import (
     ListFlavors,
     ListJobs,
     ListNodes,
+    MarkComponent,
     NodeList,
     NodeView,
+    OpenTerminal,
     PredictionReply,
     PredictJob,
     QueueStatus,
@@ -67,6 +71,7 @@ from libs.contracts.messages import (
     SettingsView,
     StopJobs,
     SubmitJob,
+    TerminalOpened,
     WhoAmI,
     WhyReply,
 )
@@ -187,6 +192,13 @@ class TrainyardClient:
                                  debug_retention=debug_retention)
         reply: SettingsView = await self._call(subjects.CHANGE_SETTINGS, request, SettingsView)
         return reply.settings
+
+    async def mark_component(self, node: str, component: str, *, faulty: bool = True, reason: str = "") -> Done:
+        """M2 drills, administrators only: mark a node's component (`board:0`, `nic:eth0`,
+        `runtime:storage`) faulty, or clear the mark (`faulty=False`)."""
+        request = MarkComponent(node=node, component=component, faulty=faulty, reason=reason)
+        result: Done = await self._call(subjects.MARK_COMPONENT, request, Done)
+        return result
 
     # --- queries ----------------------------------------------------------------------------------
 
@@ -312,6 +324,66 @@ class TrainyardClient:
         while (await self.get_job(job_id)).job.status not in TERMINAL_STATUSES:
             await asyncio.sleep(0.5)
         await asyncio.sleep(1.0)
+
+    # --- streams: alerts -----------------------------------------------------------------------------
+
+    async def alerts(self, *, follow: bool = False) -> AsyncIterator[EventEnvelope]:
+        """M7: every alert raised so far, oldest first, as envelopes whose `event` is an AlertRaised;
+        with `follow`, then each new one as it is raised, until the caller stops."""
+        forever: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if follow else None
+        try:
+            async for msg in read_subject(self.js, subjects.EVENTS_STREAM, subjects.ALERTS_ALL, follow=forever):
+                try:
+                    envelope = decode(msg.data, EventEnvelope)
+                except ValueError:
+                    continue  # an event type newer than this client
+                if isinstance(envelope.event, AlertRaised):
+                    yield envelope
+        except NotFoundError:
+            raise ServiceUnavailable(f"there is no {subjects.EVENTS_STREAM} stream on NATS") from None
+
+    # --- debug sessions (J15) ----------------------------------------------------------------------
+
+    @contextlib.asynccontextmanager
+    async def session(self, job_id: str, command: str | None = None, *, node: str | None = None,
+                      columns: int = 80, rows: int = 24) -> AsyncIterator[DebugSession]:
+        """A session in the job's kept (or running) environment on `node` (default: the master's):
+        `command` run by a shell, or without one an interactive shell on a terminal of that size.
+
+            async with client.session(job_id, "tail -f /workspace/outputs/train.log") as session:
+                async for chunk in session.output():
+                    sys.stdout.buffer.write(chunk)
+
+        `run_in_job` runs a command to its end; `client.terminal.attach` connects a session to a terminal.
+        """
+        async def ask(request: OpenTerminal) -> TerminalOpened:
+            opened: TerminalOpened = await self._call(subjects.OPEN_TERMINAL, request, TerminalOpened)
+            return opened
+
+        request = OpenTerminal(job_id=job_id, node=node, command=command, columns=columns, rows=rows)
+        opened = await open_session(self.nc, ask, request)
+        try:
+            yield opened
+        finally:
+            await opened.close()
+
+    async def run_in_job(self, job_id: str, command: str | Sequence[str], node: str | None = None, *,
+                         input: bytes = b"", timeout: float | None = None) -> tuple[int, bytes]:
+        """Run `command` in the job's kept (or running) environment and return its exit code and
+        output (stdout and stderr as the agent merged them). `command` is a shell line, or words
+        quoted as given; `input` is its stdin. Raises TimeoutError after `timeout` seconds (the
+        command then ends on the node when its session's idle time passes)."""
+        line = command if isinstance(command, str) else command_line(command)
+        if not line or not line.strip():
+            raise ValueError("give a command to run; for an interactive shell use session()")
+        async with self.session(job_id, line, node=node) as session:
+            await session.send(input)
+            await session.close_input()
+            async with asyncio.timeout(timeout):
+                output = await session.read_all()
+            if session.exit_code is None:
+                raise ConnectionError(f"session {session.session_id} on {session.node} ended without an exit code")
+            return session.exit_code, output
 
 
 class _ClientContext:

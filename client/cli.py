@@ -6,6 +6,7 @@ import asyncio
 import difflib
 import inspect
 import os
+import re
 import sys
 from collections.abc import Callable, Coroutine, Sequence
 from datetime import UTC, date, datetime, timedelta
@@ -21,13 +22,24 @@ from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
+from client import terminal
 from client.api import TrainyardClient, TrainyardError
 from libs.auth import AuthError, issue_token, read_secret
 from libs.contracts.agent import LogChunk
-from libs.contracts.events import EventEnvelope
+from libs.contracts.events import AlertRaised, EventEnvelope, LaunchPlanned
+from libs.contracts.health import COMPONENT_PATTERN, NodeCheck
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import FieldError, JobSpec, Priority, SpecError, decode_spec, parse_duration
-from libs.contracts.messages import JOB_STATUSES, CommandError, InstanceView, JobStatus, JobSummary, JobView
+from libs.contracts.messages import (
+    JOB_STATUSES,
+    CommandError,
+    InstanceView,
+    JobDetails,
+    JobStatus,
+    JobSummary,
+    JobView,
+    NodeView,
+)
 from libs.contracts.scheduling import (
     AdminSettings,
     BoardDemand,
@@ -41,7 +53,8 @@ from libs.messaging.rpc import ServiceUnavailable
 
 app = typer.Typer(help="Trainyard: queue, launch and follow distributed training jobs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
-admin_app = typer.Typer(help="Administrator commands: platform settings and user tokens.", no_args_is_help=True)
+admin_app = typer.Typer(help="Administrator commands: platform settings, user tokens and fault drills.",
+                        no_args_is_help=True)
 app.add_typer(admin_app, name="admin")
 # Piped output is not cut to 80 columns: tables stay one row per item for grep and friends.
 out = Console(highlight=False, width=None if os.isatty(1) else int(os.environ.get("COLUMNS", "200")))
@@ -295,6 +308,7 @@ async def show(client: TrainyardClient, job_id: Annotated[str, typer.Argument(he
             ("ended", _time(job.ended_at)), ("output", job.output or "-")]
     if job.queue_position:
         rows.insert(5, ("queue position", str(job.queue_position)))
+    rows.extend((key, escape(value)) for key, value in recovery_rows(details))
     for key, value in rows:
         table.add_row(key, value)
     out.print(table)
@@ -345,7 +359,7 @@ async def events(client: TrainyardClient, job_id: Annotated[str, typer.Argument(
 
 def event_details(envelope: EventEnvelope) -> str:
     """An event's fields as `key=value`, without the job id, spec and launch plan (`--json` has them)."""
-    skip = {"job_id", "spec", "nodes"}
+    skip = {"job_id", "spec"} | ({"nodes"} if isinstance(envelope.event, LaunchPlanned) else set())
     fields = msgspec.structs.asdict(envelope.event)
     parts = []
     for key, value in fields.items():
@@ -355,10 +369,25 @@ def event_details(envelope: EventEnvelope) -> str:
             value = ", ".join(f"{p.rank}@{p.node}" for p in value)
         elif isinstance(value, Prediction):  # read as it was when made
             value = prediction_sentence(value, now=value.predicted_at)
+        elif isinstance(value, list) and all(isinstance(item, NodeCheck) for item in value):
+            value = "; ".join(node_check_text(check) for check in value)
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            value = ", ".join(value)
+        elif isinstance(value, datetime):
+            value = _time(value)
+        elif isinstance(value, float):
+            value = f"{value:.4g}"
         elif isinstance(value, msgspec.Struct):
             value = "{" + ", ".join(f"{k}={v}" for k, v in msgspec.structs.asdict(value).items()) + "}"
         parts.append(f"{key}={value}")
     return " ".join(parts)
+
+
+def node_check_text(check: NodeCheck) -> str:
+    """M1: one node's pre-check, `node-a passed` or `node-b failed (board:0 faulty (xid 79))`."""
+    if check.passed:
+        return f"{check.node} passed"
+    return f"{check.node} failed ({', '.join(check.problems()) or 'no detail'})"
 
 
 @app.command()
@@ -385,16 +414,11 @@ async def nodes(client: TrainyardClient, as_json: JsonOption = False) -> None:
     if as_json:
         _json(views)
         return
-    table = Table(box=None, header_style="bold")
-    for column in ("NODE", "STATUS", "ADDRESS", "CPU", "MEMORY (MiB)", "ACCELERATORS", "POOLS", "OS / KERNEL", "JOBS"):
-        table.add_column(column)
+    table = _table(*NODE_COLUMNS)
     for view in views:
-        info = view.info
-        boards = ", ".join(f"{a.count}x {a.board}" for a in info.accelerators) or "-"
-        table.add_row(info.name, "[green]ready[/]" if view.status == "ready" else "[red]lost[/]", info.address,
-                      f"{view.used.cpus:g}/{info.cpus:g}", f"{view.used.memory_mib}/{info.memory_mib}",
-                      f"{view.used.accelerators}/{info.accelerator_count} {boards}" if info.accelerators else "-",
-                      ",".join(info.pools) or "-", f"{info.os} / {info.kernel}", str(len(view.jobs)))
+        row: list[str | Text] = [Text(cell) for cell in node_row(view)]
+        row[1] = Text(view.status, style=NODE_STATUS_STYLE.get(view.status, ""))
+        table.add_row(*row)
     out.print(table if views else "no nodes registered")
 
 
@@ -423,6 +447,66 @@ async def wait(client: TrainyardClient, job_id: Annotated[str, typer.Argument(he
     out.print(f"{job.job_id} {_status(job)}" + (f": {escape(job.reason)}" if job.reason else ""))
     if job.status != "succeeded":
         raise typer.Exit(1)
+
+
+@app.command("exec")
+def exec_in_job(job_id: Annotated[str, typer.Argument(help="Job id.")],
+                command: Annotated[list[str] | None, typer.Argument(
+                    metavar="-- COMMAND", show_default=False,
+                    help="The command to run, after --; without one, an interactive shell.")] = None,
+                node: Annotated[str | None, typer.Option("--node", "-n", help="The node of the job to open it on "
+                                                         "(default: the master's).")] = None) -> None:
+    """Run a command, or open a shell, in a job's kept (or running) node environment (J15).
+
+    Exits with the command's (or the shell's) exit code.
+    """
+    line = terminal.command_line(command or [])
+    if line is not None and not line.strip():
+        raise _fail("the command is empty", f"e.g. trainyard exec {job_id} -- ls /workspace, or leave it out for a "
+                    "shell")
+    stdin_tty = sys.stdin is not None and sys.stdin.isatty()
+    interactive = line is None
+    # A command's input is what is piped to it; typed at a terminal, it is closed (as with ssh host cmd).
+    stdin = sys.stdin.buffer if sys.stdin is not None and (interactive or not stdin_tty) else None
+    codes: list[int] = []
+
+    async def action(client: TrainyardClient) -> None:
+        columns, rows = terminal.terminal_size()
+        async with client.session(job_id, line, node=node, columns=columns, rows=rows) as session:
+            if interactive:
+                err.print(Text(f"shell on {session.node} (rank {session.rank}, attempt {session.attempt}) of "
+                               f"{job_id}; type exit to leave"), style="dim")
+            try:
+                codes.append(await terminal.attach(session, stdin=stdin, raw=interactive and stdin_tty))
+            except ConnectionError as exc:
+                raise _fail(str(exc), f"`trainyard nodes` shows whether {session.node} still answers") from None
+
+    _with_client(action)
+    raise typer.Exit(terminal.exit_status(codes[0]))
+
+
+@app.command()
+@_run
+async def alerts(client: TrainyardClient,
+                 follow: Annotated[bool, typer.Option("--follow", "-f", help="Then print new alerts as they are "
+                                                      "raised, until Ctrl-C.")] = False,
+                 as_json: Annotated[bool, typer.Option("--json", help="Print each alert's event envelope as one "
+                                                       "line of JSON.")] = False) -> None:
+    """List alerts (M7): unhealthy and lost nodes, resumed jobs, performance incidents, failed pre-checks."""
+    if as_json:
+        async for envelope in client.alerts(follow=follow):
+            sys.stdout.write(msgspec.json.encode(envelope).decode() + "\n")
+            sys.stdout.flush()
+        return
+    if follow:
+        out.print(Text(alert_line(ALERT_COLUMNS), style="bold"), soft_wrap=True)
+        async for envelope in client.alerts(follow=True):
+            out.print(Text(alert_line(alert_row(envelope))), soft_wrap=True)
+        return
+    table = _table(*ALERT_COLUMNS)
+    async for envelope in client.alerts():
+        _add_text_row(table, alert_row(envelope))
+    out.print(table if table.row_count else "no alerts")
 
 
 # --- rendering: pure functions, so they can be checked without a stack ------------------------------
@@ -568,6 +652,58 @@ def search_row(job: JobSummary) -> list[str]:
             algorithm, job.output or "-", job.project, job.creator, _time(job.submitted_at)]
 
 
+def recovery_rows(details: JobDetails, *, now: datetime | None = None) -> list[tuple[str, str]]:
+    """What `show` adds about faults: resumes of their maximum (J12, M4), restarts of theirs (J13, M5),
+    the nodes the job was moved away from, and until when its environment is kept (J15)."""
+    job, spec = details.job, details.spec
+    rows: list[tuple[str, str]] = []
+    if spec.checkpoint_resume is not None or job.resumes:
+        most = job.max_resumes if job.max_resumes is not None else (
+            spec.checkpoint_resume.max_resumes if spec.checkpoint_resume else None)
+        rows.append(("resumes", str(job.resumes) if most is None else f"{job.resumes} of {most}"))
+    if spec.fault_restart is not None or job.restarts:
+        most = spec.fault_restart.max_restarts if spec.fault_restart else None
+        rows.append(("restarts", str(job.restarts) if most is None else f"{job.restarts} of {most}"))
+    if job.excluded_nodes:
+        rows.append(("excluded nodes", ", ".join(job.excluded_nodes)))
+    if job.kept_until is not None and job.kept_until > (now or datetime.now(UTC)):
+        rows.append(("environment", f"kept for the debug terminal until {_time(job.kept_until)}; "
+                                    f"`trainyard exec {job.job_id}` opens a shell in it"))
+    return rows
+
+
+NODE_COLUMNS = ("NODE", "STATUS", "ADDRESS", "CPU", "MEMORY (MiB)", "ACCELERATORS", "POOLS", "OS / KERNEL", "JOBS",
+                "PROBLEMS")
+NODE_STATUS_STYLE = {"ready": "green", "lost": "red", "unhealthy": "yellow"}
+
+
+def node_row(view: NodeView) -> list[str]:
+    """One node: resources as used/total, and why it is unhealthy (M2), if it is."""
+    info = view.info
+    boards = ", ".join(f"{a.count}x {a.board}" for a in info.accelerators) or "-"
+    return [info.name, view.status, info.address, f"{view.used.cpus:g}/{info.cpus:g}",
+            f"{view.used.memory_mib}/{info.memory_mib}",
+            f"{view.used.accelerators}/{info.accelerator_count} {boards}" if info.accelerators else "-",
+            ",".join(info.pools) or "-", f"{info.os} / {info.kernel}", str(len(view.jobs)),
+            "; ".join(view.problems) or "-"]
+
+
+ALERT_COLUMNS = ("TIME", "KIND", "JOB", "NODE", "TITLE")
+# `alerts --follow` prints row by row, so its columns have fixed widths (the title takes the rest).
+ALERT_WIDTHS = (19, 15, 16, 12)
+
+
+def alert_row(envelope: EventEnvelope) -> list[str]:
+    alert = envelope.event
+    assert isinstance(alert, AlertRaised)
+    return [_time(envelope.recorded_at), alert.kind, alert.job_id or "-", alert.node or "-", alert.title]
+
+
+def alert_line(cells: Sequence[str]) -> str:
+    return "  ".join([*(cell.ljust(width) for cell, width in zip(cells, ALERT_WIDTHS, strict=False)),
+                      *cells[len(ALERT_WIDTHS):]])
+
+
 def settings_rows(settings: AdminSettings) -> list[list[str]]:
     return [["urgent cap", f"{settings.urgent_cap} running + queued urgent jobs per user and project"],
             ["sharing", "on" if settings.sharing_enabled else "off (every job's access for others is none)"],
@@ -578,7 +714,7 @@ def settings_rows(settings: AdminSettings) -> list[list[str]]:
 
 def identity_rows(identity: Identity) -> list[list[str]]:
     return [["user", identity.user], ["projects", ", ".join(identity.projects) or "-"],
-            ["administrator", "yes" if identity.admin else "no"]]
+            ["administrator", "yes" if identity.admin else "no"], ["email", identity.email or "-"]]
 
 
 def _print_pairs(rows: list[list[str]]) -> None:
@@ -695,6 +831,7 @@ def clone_overrides(file: Path | None, items: Sequence[str], name: str | None) -
 # --- tokens --------------------------------------------------------------------------------------------
 
 
+EMAIL_PATTERN = re.compile(r"[^@\s]+@[^@\s]+")
 NO_SECRET_HINT = ("set TRAINYARD_AUTH_SECRET to the secret the services sign tokens with, or "
                   "TRAINYARD_AUTH_SECRET_FILE to the file that holds it (a local stack started with `make up` "
                   "records its file in .trainyard/stack.env)")
@@ -984,11 +1121,42 @@ def admin_settings(urgent_cap: Annotated[int | None, typer.Option(min=0, help="R
     _with_client(action)
 
 
+@admin_app.command("fault")
+def admin_fault(node: Annotated[str, typer.Argument(help="The node's name.")],
+                component: Annotated[str, typer.Argument(help="<kind>:<name>, e.g. board:0, nic:eth0, "
+                                                         "runtime:storage.")],
+                reason: Annotated[str, typer.Option(help="Why, recorded with the mark.")] = "",
+                clear: Annotated[bool, typer.Option("--clear", help="Clear the mark instead.")] = False) -> None:
+    """Mark a node's component faulty, e.g. for a drill (M2), or clear the mark (administrators only).
+
+    A marked node is unhealthy: nothing new is placed on it and its checkpoint-resume jobs are moved.
+    """
+    if not COMPONENT_PATTERN.match(component):
+        raise _fail(f"{component!r} is not a component name",
+                    "write <kind>:<name> with kind nic, board or runtime, e.g. board:0, nic:eth0 or runtime:storage")
+    if not node.strip():
+        raise _fail("the node name is empty", "`trainyard nodes` lists the nodes")
+
+    async def action(client: TrainyardClient) -> None:
+        done = await client.mark_component(node, component, faulty=not clear, reason=reason)
+        if done.message:
+            out.print(Text(done.message))
+        elif clear:
+            out.print(Text(f"{node}: cleared the mark on {component}"))
+        else:
+            out.print(Text(f"{node}: {component} marked faulty; clear it with "
+                           f"`trainyard admin fault {node} {component} --clear`"))
+
+    _with_client(action)
+
+
 @admin_app.command("token")
 def admin_token(user: Annotated[str, typer.Argument(help="The user the token speaks for.")],
                 project: Annotated[list[str] | None, typer.Option("--project", "-p", help="A project the user "
                                                                   "belongs to (repeatable).")] = None,
                 admin: Annotated[bool, typer.Option("--admin", help="Make the user an administrator.")] = False,
+                email: Annotated[str | None, typer.Option(help="Where alerts about the user's jobs are mailed "
+                                                          "(M7).")] = None,
                 ttl: Annotated[str, typer.Option(help="How long the token is valid: 90s, 30m, 4h, 2d.")] = "30d",
                 output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the token to this file "
                                                             "(readable by you only).", dir_okay=False)] = None) -> None:
@@ -999,8 +1167,11 @@ def admin_token(user: Annotated[str, typer.Argument(help="The user the token spe
         raise _fail(str(exc), "give a number and a unit (s, m, h, d), e.g. --ttl 30d") from None
     if not user.strip():
         raise _fail("the user name is empty", "e.g. trainyard admin token alice --project vision")
+    if email is not None and not EMAIL_PATTERN.fullmatch(email.strip()):
+        raise _fail(f"{email!r} is not an email address", "e.g. --email alice@example.com")
     try:
-        identity = msgspec.convert({"user": user.strip(), "projects": project or [], "admin": admin}, Identity)
+        identity = msgspec.convert({"user": user.strip(), "projects": project or [], "admin": admin,
+                                    "email": email.strip() if email else None}, Identity)
     except msgspec.ValidationError as exc:
         raise _fail(f"invalid project name ({exc})", "project names use letters, digits, '_', '.' and '-'") from None
     try:
@@ -1008,7 +1179,8 @@ def admin_token(user: Annotated[str, typer.Argument(help="The user the token spe
     except AuthError as exc:
         raise _fail(str(exc), NO_SECRET_HINT) from None
     expires = (datetime.now(UTC) + timedelta(seconds=ttl_seconds)).strftime("%Y-%m-%d %H:%M UTC")
-    who = (f"{identity.user} (projects: {', '.join(identity.projects) or 'none'}"
+    who = (f"{identity.user}" + (f" <{identity.email}>" if identity.email else "")
+           + f" (projects: {', '.join(identity.projects) or 'none'}"
            + ("; administrator" if identity.admin else "") + ")")
     if output is None:
         # Only the token on stdout, so that `export TRAINYARD_TOKEN=$(trainyard admin token ...)` works.

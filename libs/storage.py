@@ -11,6 +11,11 @@ the like for many). A job's /workspace is made of mounts of that tree:
                                              /workspace/model/favorite/<name>/<version>
     outputs/<name>[/<job name>-<n>]       -> /workspace/outputs      (writable)
     volumes/<name>                        -> /workspace/volume/<name> (writable)
+    checkpoints/<job id>                  -> /workspace/checkpoints  (writable; checkpoint-resume jobs)
+
+A checkpoint-resume job (J12) saves its checkpoints in `checkpoints/<job id>`: the folder belongs to
+the job, not to an attempt, so every attempt after a move reads what the last one saved. Like outputs
+and volumes it is created on first use.
 """
 
 from __future__ import annotations
@@ -19,6 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from libs.contracts.events import Mount
+from libs.contracts.health import CHECKPOINT_DIR
 from libs.contracts.jobspec import AlgorithmRef, FieldError, JobSpec
 
 
@@ -31,8 +37,17 @@ class StorageRef:
     must_exist: bool  # inputs must; outputs and volumes are created on first use
 
 
-def workspace_layout(spec: JobSpec, *, task_index: int | None = None) -> list[StorageRef]:
-    """L1: every mount of one node's /workspace (for task `task_index` of a batch job)."""
+CHECKPOINT_TARGET = CHECKPOINT_DIR.removeprefix("/workspace/")
+
+
+def checkpoint_mount(job_id: str) -> Mount:
+    """J12: the job's checkpoint folder, shared by all its nodes and attempts."""
+    return Mount(source=f"checkpoints/{job_id}", target=CHECKPOINT_TARGET, read_only=False)
+
+
+def workspace_layout(spec: JobSpec, *, task_index: int | None = None, job_id: str | None = None) -> list[StorageRef]:
+    """L1: every mount of one node's /workspace (for task `task_index` of a batch job); with `job_id`,
+    also the checkpoint folder of a checkpoint-resume job."""
     refs: list[StorageRef] = []
     algorithm: AlgorithmRef | None = spec.algorithm
     algorithm_field = "algorithm"
@@ -66,11 +81,13 @@ def workspace_layout(spec: JobSpec, *, task_index: int | None = None) -> list[St
     for i, volume in enumerate(spec.volumes):
         refs.append(StorageRef(f"volumes[{i}]", Mount(source=f"volumes/{volume.name}", target=f"volume/{volume.name}",
                                                       read_only=False), False))
+    if job_id is not None and spec.checkpoint_resume is not None:
+        refs.append(StorageRef("checkpoint_resume", checkpoint_mount(job_id), False))
     return refs
 
 
-def workspace_mounts(spec: JobSpec, *, task_index: int | None = None) -> list[Mount]:
-    return [ref.mount for ref in workspace_layout(spec, task_index=task_index)]
+def workspace_mounts(spec: JobSpec, *, task_index: int | None = None, job_id: str | None = None) -> list[Mount]:
+    return [ref.mount for ref in workspace_layout(spec, task_index=task_index, job_id=job_id)]
 
 
 def missing_inputs(spec: JobSpec, root: Path) -> list[FieldError]:

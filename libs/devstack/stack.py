@@ -96,7 +96,7 @@ def stack_env(*, nats_url: str, database_url: str, storage: Path, cluster: Path,
             "TRAINYARD_CLUSTER": str(cluster), "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
-def provision_auth(home: Path, *, user: str | None = None) -> dict[str, str]:
+def provision_auth(home: Path, *, user: str | None = None, email: str | None = None) -> dict[str, str]:
     """A signing secret for this stack and an administrator token for its user, kept under `home`.
 
     Services read the secret from TRAINYARD_AUTH_SECRET_FILE; clients find the token through
@@ -111,7 +111,7 @@ def provision_auth(home: Path, *, user: str | None = None) -> dict[str, str]:
         secret_file.touch(mode=0o600)
         secret_file.write_text(new_secret())
     token = issue_token(secret_file.read_text().strip(),
-                        Identity(user=user or getpass.getuser(), projects=["default"], admin=True))
+                        Identity(user=user or getpass.getuser(), projects=["default"], admin=True, email=email))
     token_file.touch(mode=0o600)
     token_file.write_text(token)
     return {"TRAINYARD_AUTH_SECRET_FILE": str(secret_file), "TRAINYARD_TOKEN_FILE": str(token_file)}

@@ -47,8 +47,11 @@ class OutboxRelay:
                 except Exception:
                     log.exception("relay.publish_failed", store=self.store.service)
                     await asyncio.sleep(self.poll_seconds)
+                # asyncio.timeout, not wait_for: on Python 3.11 wait_for can swallow a cancellation
+                # that arrives together with a wake-up, and the relay would then never stop.
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._wake.wait(), self.poll_seconds)
+                    async with asyncio.timeout(self.poll_seconds):
+                        await self._wake.wait()
         finally:
             with contextlib.suppress(Exception):
                 await conn.remove_listener(self.store.notify_channel, self._on_notify)

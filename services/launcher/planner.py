@@ -1,7 +1,8 @@
 """Launch planning as a pure function: (job spec, placement) -> what every node runs (SPEC L1–L7).
 
 For each rank the plan gives the argv, the environment the distributed mode expects, the files it
-expects (hostfiles), and the storage mounts that make up its /workspace. The formats follow the
+expects (hostfiles), and the storage mounts that make up its /workspace; a checkpoint-resume job
+(J12) also its checkpoint signal, folder and resume count. The formats follow the
 platform document to the character; tests compare them with its examples.
 """
 
@@ -13,6 +14,13 @@ import shlex
 
 from libs.contracts.cluster import Flavor
 from libs.contracts.events import Mount, NodeLaunch, Placement, Role
+from libs.contracts.health import (
+    CHECKPOINT_DIR,
+    CHECKPOINT_DIR_VARIABLE,
+    CHECKPOINT_SIGNAL,
+    CHECKPOINT_SIGNAL_VARIABLE,
+    RESUME_COUNT_VARIABLE,
+)
 from libs.contracts.jobspec import JobSpec
 from libs.storage import workspace_mounts
 
@@ -74,28 +82,43 @@ def with_lifecycle(spec: JobSpec, argv: list[str]) -> list[str]:
     return [*wrapper, "--", *argv]
 
 
-def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *,
-                master_port: int) -> list[NodeLaunch]:
+def checkpoint_env(resumes: int) -> dict[str, str]:
+    """J12: how a checkpoint-resume job learns its signal, its checkpoint folder and how often it resumed."""
+    return {CHECKPOINT_SIGNAL_VARIABLE: CHECKPOINT_SIGNAL, CHECKPOINT_DIR_VARIABLE: CHECKPOINT_DIR,
+            RESUME_COUNT_VARIABLE: str(resumes)}
+
+
+def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *, master_port: int,
+                job_id: str | None = None, resumes: int = 0) -> list[NodeLaunch]:
     """Every node's launch: for a regular job one per rank; for a batch job (J3) one per rank and
-    task, the tasks to run one after another on the same nodes."""
+    task, the tasks to run one after another on the same nodes. A checkpoint-resume job (J12) also
+    gets its checkpoint folder, which needs its `job_id`, and `resumes`, its resumes so far."""
+    if spec.checkpoint_resume is not None and job_id is None:
+        raise ValueError("a checkpoint-resume job's launch needs its job id (for its checkpoint folder)")
     if spec.type == "batch":
         return [launch for index, task in enumerate(spec.tasks)
-                for launch in _plan_command(spec, task.command, flavor, placement, master_port,
-                                            task=index, mounts=workspace_mounts(spec, task_index=index))]
+                for launch in _plan_command(spec, task.command, flavor, placement, master_port, task=index,
+                                            mounts=workspace_mounts(spec, task_index=index, job_id=job_id),
+                                            resumes=resumes)]
     assert spec.command is not None
-    return _plan_command(spec, spec.command, flavor, placement, master_port, task=0, mounts=workspace_mounts(spec))
+    return _plan_command(spec, spec.command, flavor, placement, master_port, task=0,
+                         mounts=workspace_mounts(spec, job_id=job_id), resumes=resumes)
 
 
 def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[Placement], master_port: int, *,
-                  task: int, mounts: list[Mount]) -> list[NodeLaunch]:
+                  task: int, mounts: list[Mount], resumes: int) -> list[NodeLaunch]:
     # A backslash-newline continues the line, as in the platform document's multi-line examples.
     command = re.sub(r"\\\r?\n", "", command)
     argv = shlex.split(command)
     nodes = len(placement)
     master = placement[0]
+    # J15: an abnormal end leaves the environment for the debug terminal.
+    keep_workspace = spec.debug_terminal is not None and spec.debug_terminal.enabled
     launches: list[NodeLaunch] = []
     for place in placement:
         env = dict(spec.env)
+        if spec.checkpoint_resume is not None:
+            env.update(checkpoint_env(resumes))
         files: dict[str, str] = {}
         node_argv = argv
         role: Role = place.role
@@ -124,5 +147,5 @@ def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[P
         node_argv = with_lifecycle(spec, node_argv)
         launches.append(NodeLaunch(rank=place.rank, node=place.node, address=place.address, argv=node_argv,
                                    env=env, mounts=mounts, files=files, master=place.rank == 0, role=role,
-                                   task=task))
+                                   task=task, keep_workspace=keep_workspace))
     return launches

@@ -4,6 +4,9 @@ It follows the scheduler's job events (admissions and stops) and the agents' pro
 it decides is recorded first (LaunchPlanned, NodeProcessStarted, ...); talking to agents happens
 after, in a dispatcher that re-sends until the agents confirm. Agents treat a repeated start of the
 same (job, attempt, rank) as already done, so a restart neither launches twice nor forgets a job.
+A stop is not sent again while one is out: a checkpoint-resume job gets the checkpoint signal once
+and its whole graceful shutdown time (stopping.py). Processes on a node the scheduler found lost are
+given up at once, since nothing there will answer.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections.abc import Awaitable
 
 from nats.aio.msg import Msg
 
@@ -21,7 +25,6 @@ from libs.contracts.agent import (
     ProcessReport,
     ProcessStarted,
     StartProcess,
-    StopProcesses,
 )
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import (
@@ -44,9 +47,11 @@ from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 from services.launcher.planner import plan_launch
 from services.launcher.state import Launch, LauncherState, Unit
+from services.launcher.stopping import reply_timeout, stop_request
 
 SERVICE = "launcher"
 RESEND_SECONDS = 5.0
+SendKey = tuple[str, int, object, str]  # (what, attempt, rank or node, job id)
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.launcher")
 
@@ -61,7 +66,8 @@ class Launcher:
         self.followers: list[StreamFollower] = []
         # When a start or stop was last sent, per (job, attempt, rank or node), and which nodes
         # confirmed a stop: in memory only, so after a restart everything unconfirmed is sent again.
-        self._sent: dict[tuple[str, int, object, str], float] = {}
+        self._sent: dict[SendKey, float] = {}
+        self._in_flight: set[SendKey] = set()
         self._stop_confirmed: dict[tuple[str, int], set[str]] = {}
         self._unanswered_since: dict[tuple[str, int, str], float] = {}
 
@@ -115,7 +121,8 @@ class Launcher:
             return LaunchFailed(job_id=admission.job_id, attempt=admission.attempt,
                                 reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
         base_port = self.state.free_ports(len(admission.placement))
-        nodes = plan_launch(spec, flavor, admission.placement, master_port=base_port)
+        nodes = plan_launch(spec, flavor, admission.placement, master_port=base_port, job_id=admission.job_id,
+                            resumes=self.state.resumes.get(admission.job_id, 0))
         return LaunchPlanned(job_id=admission.job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes,
                              base_port=base_port)
 
@@ -174,15 +181,28 @@ class Launcher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), 1.0)
             self.wake.clear()
-            async with self.lock:
-                await self._record_finished_stops()
-                work = self._due_work()
-            await asyncio.gather(*work)
+            await self.dispatch_once()
+
+    async def dispatch_once(self) -> None:
+        """Record what the agents' answers settled, then send what is due."""
+        async with self.lock:
+            await self._give_up_lost_nodes()
+            await self._record_finished_stops()
+            work = self._due_work()
+        await asyncio.gather(*work)
+
+    async def _give_up_lost_nodes(self) -> None:
+        for launch in self.state.active():
+            if not self.state.stop_wanted(launch):
+                continue
+            confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
+            for node in sorted(self.state.lost_nodes_of(launch) - confirmed):
+                await self._give_up_node(launch, node, f"node {node} was lost")
 
     async def _record_finished_stops(self) -> None:
         """A stopped launch ends once every node confirmed the stop and no process still runs."""
         for launch in self.state.active():
-            if launch.outcome is not None or not self.state.stop_wanted(launch) or launch.running():
+            if not self.state.reports_stop(launch) or launch.running():
                 continue
             confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
             if {n.node for n in launch.nodes} <= confirmed:
@@ -198,23 +218,39 @@ class Launcher:
                 confirmed = self._stop_confirmed.get((launch.job_id, launch.attempt), set())
                 running = {launch.node_of(unit).node for unit in launch.running()}
                 for node in {n.node for n in launch.nodes} - (confirmed - running):
-                    if self._due(("stop", launch.attempt, node, launch.job_id), now):
-                        work.append(asyncio.ensure_future(self._stop(launch, node)))
+                    key: SendKey = ("stop", launch.attempt, node, launch.job_id)
+                    if self._due(key, now):
+                        work.append(self._send(key, self._stop(launch, node)))
                 continue
             for unit in launch.leftovers():
                 node = launch.node_of(unit).node
-                if self._due(("stop-task", launch.attempt, (unit[0], node), launch.job_id), now):
-                    work.append(asyncio.ensure_future(self._stop(launch, node, task=unit[0])))
+                key = ("stop-task", launch.attempt, (unit[0], node), launch.job_id)
+                if self._due(key, now):
+                    work.append(self._send(key, self._stop(launch, node, task=unit[0])))
             for unit in launch.pending():
-                if self._due(("start", launch.attempt, unit, launch.job_id), now):
-                    work.append(asyncio.ensure_future(self._start(launch, unit)))
+                key = ("start", launch.attempt, unit, launch.job_id)
+                if self._due(key, now):
+                    work.append(self._send(key, self._start(launch, unit)))
         return work
 
-    def _due(self, key: tuple[str, int, object, str], now: float) -> bool:
-        if now - self._sent.get(key, -RESEND_SECONDS) < RESEND_SECONDS:
+    def _due(self, key: SendKey, now: float) -> bool:
+        # Never twice at once: a stop may take a job's whole graceful shutdown time to be answered.
+        if key in self._in_flight or now - self._sent.get(key, -RESEND_SECONDS) < RESEND_SECONDS:
             return False
         self._sent[key] = now
         return True
+
+    def _send(self, key: SendKey, request: Awaitable[None]) -> asyncio.Future[None]:
+        self._in_flight.add(key)
+
+        async def sending() -> None:
+            try:
+                await request
+            finally:
+                self._in_flight.discard(key)
+                self._sent[key] = time.monotonic()  # the next one is due a while after this answer
+
+        return asyncio.ensure_future(sending())
 
     async def _start(self, launch: Launch, unit: Unit) -> None:
         node = launch.node_of(unit)
@@ -227,15 +263,16 @@ class Launcher:
             log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node.node, error=str(exc))
 
     async def _stop(self, launch: Launch, node: str, *, task: int | None = None) -> None:
-        request = StopProcesses(job_id=launch.job_id, attempt=launch.attempt, task=task,
-                                grace_seconds=self.rt.settings.stop_grace_seconds)
+        request = stop_request(launch, self.state.specs.get(launch.job_id), self.state.settings,
+                               default_grace=self.rt.settings.stop_grace_seconds, task=task)
+        timeout = reply_timeout(request)
         if task is not None:  # ending one finished task's helpers; the launch goes on
             with contextlib.suppress(ServiceUnavailable):
-                await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)
+                await call(self.rt.nc, subjects.agent_stop(node), request, timeout=timeout, reply_type=AgentReply)
             return
         try:
             with span_tracer.start_as_current_span("launcher stop", context=context_from_headers(launch.trace)):
-                await call(self.rt.nc, subjects.agent_stop(node), request, timeout=5.0, reply_type=AgentReply)
+                await call(self.rt.nc, subjects.agent_stop(node), request, timeout=timeout, reply_type=AgentReply)
             self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
             self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
             self.wake.set()
@@ -244,19 +281,20 @@ class Launcher:
             log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node, error=str(exc))
             since = self._unanswered_since.setdefault((launch.job_id, launch.attempt, node), time.monotonic())
             if time.monotonic() - since >= self.rt.settings.stop_give_up_seconds:
-                await self._give_up(launch, node)
+                async with self.lock:
+                    await self._give_up_node(launch, node, f"node {node} did not answer stop requests for "
+                                                           f"{self.rt.settings.stop_give_up_seconds:g}s")
 
-    async def _give_up(self, launch: Launch, node: str) -> None:
-        """A node that never answers keeps its processes' fate unknown; record that and move on."""
-        async with self.lock:
-            units = [unit for unit in launch.running() if launch.node_of(unit).node == node]
-            reason = f"node {node} did not answer stop requests for {self.rt.settings.stop_give_up_seconds:g}s"
-            if units:
-                with span_tracer.start_as_current_span("launcher give up", context=context_from_headers(launch.trace)):
-                    await self._append(launch.job_id, [
-                        NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, task=task, rank=rank, node=node,
-                                        reason=reason)
-                        for task, rank in units], None)
-            self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
-            self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
-            self.wake.set()
+    async def _give_up_node(self, launch: Launch, node: str, reason: str) -> None:
+        """A node that cannot answer keeps its processes' fate unknown; record that and move on (the
+        caller holds the lock)."""
+        units = [unit for unit in launch.running() if launch.node_of(unit).node == node]
+        if units:
+            with span_tracer.start_as_current_span("launcher give up", context=context_from_headers(launch.trace)):
+                await self._append(launch.job_id, [
+                    NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, task=task, rank=rank, node=node,
+                                    reason=reason)
+                    for task, rank in units], None)
+        self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
+        self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
+        self.wake.set()

@@ -1,15 +1,24 @@
-"""The launcher's state: its launches (own events) and what it needs from the scheduler's events."""
+"""The launcher's state: its launches (own events) and what it needs from the scheduler's events.
+
+An attempt the scheduler stops is reported LaunchStopped once it is down. So is a failed attempt the
+scheduler follows with a new one (a fault restart, J13; a resume, J12): the next attempt may only
+start once the scheduler knows nothing of this one still runs.
+"""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 from libs.contracts.events import (
+    Event,
     EventEnvelope,
     JobAdmitted,
     JobExpiring,
     JobFailed,
+    JobRequeued,
     JobRescaling,
+    JobRestarting,
+    JobResuming,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
@@ -22,8 +31,10 @@ from libs.contracts.events import (
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
+    SettingsChanged,
 )
 from libs.contracts.jobspec import JobSpec
+from libs.contracts.scheduling import AdminSettings
 
 FIRST_MASTER_PORT = 29500
 
@@ -91,22 +102,21 @@ class LauncherState:
     specs: dict[str, JobSpec] = field(default_factory=dict)
     admissions: dict[str, JobAdmitted] = field(default_factory=dict)
     # Jobs the scheduler wants ended (stop requested, past their duration limit, being moved to a new
-    # placement, failed elsewhere, finished).
+    # placement, resuming after a fault, restarting, failed elsewhere, finished).
     ending: set[str] = field(default_factory=set)
     launches: dict[str, Launch] = field(default_factory=dict)
     versions: dict[str, int] = field(default_factory=dict)
+    # Per job, the attempt the scheduler follows with a new one once it is down (J12 resume, J13 restart).
+    renewing: dict[str, int] = field(default_factory=dict)
+    # Per job, the attempt and the nodes lost under it: their processes are given up at once (J12).
+    lost_nodes: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
+    resumes: dict[str, int] = field(default_factory=dict)  # M4: told to the job's next attempt
+    settings: AdminSettings = field(default_factory=AdminSettings)  # the cap on graceful shutdowns
 
     def apply(self, envelope: EventEnvelope) -> None:
         event = envelope.event
         if envelope.service == "scheduler":
-            if isinstance(event, JobSubmitted):
-                self.specs[event.job_id] = event.spec
-            elif isinstance(event, JobAdmitted):
-                self.admissions[event.job_id] = event
-                self.ending.discard(event.job_id)
-            elif isinstance(event, JobStopRequested | JobExpiring | JobRescaling | JobFailed | JobStopped
-                            | JobSucceeded):
-                self.ending.add(event.job_id)
+            self._apply_scheduler_event(event)
             return
         if envelope.service != "launcher":
             return
@@ -132,11 +142,50 @@ class LauncherState:
         elif isinstance(event, LaunchStopped):
             launch.outcome = "stopped"
 
+    def _apply_scheduler_event(self, event: Event) -> None:
+        if isinstance(event, SettingsChanged):
+            self.settings = event.settings
+            return
+        job_id = getattr(event, "job_id", "")
+        if isinstance(event, JobSubmitted):
+            self.specs[job_id] = event.spec
+        elif isinstance(event, JobAdmitted):
+            self.admissions[job_id] = event
+            self.ending.discard(job_id)
+            self.renewing.pop(job_id, None)
+            self.lost_nodes.pop(job_id, None)
+        elif isinstance(event, JobResuming | JobRestarting):
+            self.ending.add(job_id)
+            self.renewing[job_id] = event.attempt
+            if isinstance(event, JobResuming) and event.lost_nodes:
+                self.lost_nodes[job_id] = (event.attempt, set(event.lost_nodes))
+        elif isinstance(event, JobRequeued):
+            self.resumes[job_id] = event.resumes
+        elif isinstance(event, JobFailed | JobStopped | JobSucceeded):
+            self.ending.add(job_id)
+            self.renewing.pop(job_id, None)  # no next attempt follows
+        elif isinstance(event, JobStopRequested | JobExpiring | JobRescaling):
+            self.ending.add(job_id)
+
     def stop_wanted(self, launch: Launch) -> bool:
         return launch.job_id in self.ending or launch.outcome is not None
 
+    def reports_stop(self, launch: Launch) -> bool:
+        """Whether the launch is to be recorded LaunchStopped once every node confirmed the stop: the
+        scheduler stops it before it had an outcome, or it failed and a new attempt waits for it."""
+        if launch.job_id not in self.ending:
+            return False
+        return launch.outcome is None or (launch.outcome == "failed"
+                                          and self.renewing.get(launch.job_id) == launch.attempt)
+
+    def lost_nodes_of(self, launch: Launch) -> set[str]:
+        """Nodes of the launch the scheduler found lost: nothing there will answer a stop."""
+        attempt, nodes = self.lost_nodes.get(launch.job_id, (0, set()))
+        return nodes & {n.node for n in launch.nodes} if attempt == launch.attempt else set()
+
     def active(self) -> list[Launch]:
-        return [launch for launch in self.launches.values() if launch.outcome is None or launch.running()]
+        return [launch for launch in self.launches.values()
+                if launch.outcome is None or launch.running() or self.reports_stop(launch)]
 
     def free_ports(self, count: int) -> int:
         """The lowest base port of `count` consecutive ports no active launch holds."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 
+from libs.contracts.cluster import ClusterConfig
 from libs.runtime import ServiceRuntime
 from services.monitor.service import SERVICE, Monitor
 
@@ -11,7 +12,7 @@ from services.monitor.service import SERVICE, Monitor
 async def main() -> None:
     runtime = ServiceRuntime(SERVICE)
     await runtime.start()
-    await Monitor(runtime).start()
+    await Monitor(runtime, ClusterConfig.load(runtime.settings.cluster_config)).start()
     await runtime.serve()
 
 

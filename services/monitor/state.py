@@ -1,4 +1,11 @@
-"""The monitor's state: registered nodes, their health, and when each was last heard from."""
+"""The monitor's own state, folded from its log: nodes, per-job records and alerts.
+
+Nodes: registration, lost or not, the administrator's component marks and the problems last
+recorded (empty when healthy); when each was last heard from and its latest probe are kept in
+memory only. Jobs (aggregate "job"): pre-checks done, performance incidents recorded, environments
+kept for the debug terminal. Alerts (aggregate "alert"): which were raised, and which still await
+their mail.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +13,23 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.events import EventEnvelope, NodeLost, NodeRecovered, NodeRegistered
+from libs.contracts.events import (
+    AlertMailed,
+    AlertRaised,
+    ComponentMarked,
+    DebugEnvironmentKept,
+    DebugEnvironmentReleased,
+    EventEnvelope,
+    NodeHealthy,
+    NodeLost,
+    NodeRecovered,
+    NodeRegistered,
+    NodeUnhealthy,
+    PerformanceDegraded,
+    PrecheckCompleted,
+)
+from libs.contracts.health import ComponentHealth
+from services.monitor.performance import RankKey
 
 
 @dataclass
@@ -14,34 +37,121 @@ class MonitoredNode:
     info: NodeInfo
     version: int
     lost: bool = False
+    marks: dict[str, ComponentMarked] = field(default_factory=dict)  # faulty marks by component
+    problems: list[str] = field(default_factory=list)  # as last recorded; empty when healthy
     last_seen: float = 0.0  # monotonic seconds; not part of the event log
+    probed: list[ComponentHealth] | None = None  # the latest heartbeat's probe; None until one arrives
+
+    @property
+    def name(self) -> str:
+        return self.info.name
+
+
+@dataclass
+class KeptEnvironment:
+    job_id: str
+    attempt: int
+    nodes: list[str]
+    until: datetime
+    released: bool = False
+    trace: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class PendingMail:
+    alert: AlertRaised
+    trace: dict[str, str]
 
 
 @dataclass
 class MonitorState:
     nodes: dict[str, MonitoredNode] = field(default_factory=dict)
+    job_versions: dict[str, int] = field(default_factory=dict)
+    prechecked: set[tuple[str, int]] = field(default_factory=set)
+    incidents: dict[RankKey, int] = field(default_factory=dict)  # performance incidents recorded
+    kept: dict[str, KeptEnvironment] = field(default_factory=dict)
+    alert_versions: dict[str, int] = field(default_factory=dict)  # every alert raised (1), mailed (2)
+    unmailed: dict[str, PendingMail] = field(default_factory=dict)
+
+    def version(self, aggregate_type: str, aggregate_id: str) -> int:
+        if aggregate_type == "node":
+            node = self.nodes.get(aggregate_id)
+            return node.version if node else 0
+        if aggregate_type == "job":
+            return self.job_versions.get(aggregate_id, 0)
+        return self.alert_versions.get(aggregate_id, 0)
 
     def apply(self, envelope: EventEnvelope, now: float) -> None:
+        if envelope.aggregate_type == "node":
+            self._apply_node(envelope, now)
+        elif envelope.aggregate_type == "job":
+            self._apply_job(envelope)
+        elif envelope.aggregate_type == "alert":
+            self._apply_alert(envelope)
+
+    def _apply_node(self, envelope: EventEnvelope, now: float) -> None:
         event = envelope.event
         if isinstance(event, NodeRegistered):
             previous = self.nodes.get(event.node.name)
-            self.nodes[event.node.name] = MonitoredNode(
-                info=event.node, version=envelope.version, last_seen=previous.last_seen if previous else now
-            )
+            node = MonitoredNode(info=event.node, version=envelope.version, last_seen=now)
+            if previous is not None:  # new resources; marks and health stay
+                node.marks, node.problems = previous.marks, previous.problems
+                node.last_seen, node.probed = previous.last_seen, previous.probed
+            self.nodes[event.node.name] = node
             return
-        node = self.nodes.get(envelope.aggregate_id)
-        if node is None:
+        found = self.nodes.get(envelope.aggregate_id)
+        if found is None:
             return
-        node.version = envelope.version
+        found.version = envelope.version
         if isinstance(event, NodeLost):
-            node.lost = True
+            found.lost = True
         elif isinstance(event, NodeRecovered):
-            node.lost = False
-            node.last_seen = now
+            found.lost = False
+            found.last_seen = now
+        elif isinstance(event, NodeUnhealthy):
+            found.problems = list(event.problems)
+        elif isinstance(event, NodeHealthy):
+            found.problems = []
+        elif isinstance(event, ComponentMarked):
+            if event.faulty:
+                found.marks[event.component] = event
+            else:
+                found.marks.pop(event.component, None)
+
+    def _apply_job(self, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        self.job_versions[envelope.aggregate_id] = envelope.version
+        if isinstance(event, PrecheckCompleted):
+            self.prechecked.add((event.job_id, event.attempt))
+        elif isinstance(event, PerformanceDegraded):
+            key = (event.job_id, event.attempt, event.rank)
+            self.incidents[key] = self.incidents.get(key, 0) + 1
+        elif isinstance(event, DebugEnvironmentKept):
+            self.kept[event.job_id] = KeptEnvironment(job_id=event.job_id, attempt=event.attempt,
+                                                      nodes=list(event.nodes), until=event.until,
+                                                      trace=envelope.trace)
+        elif isinstance(event, DebugEnvironmentReleased):
+            kept = self.kept.get(event.job_id)
+            if kept is not None and kept.attempt == event.attempt:
+                kept.released = True
+
+    def _apply_alert(self, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        self.alert_versions[envelope.aggregate_id] = envelope.version
+        if isinstance(event, AlertRaised):
+            if event.recipients:
+                self.unmailed[event.alert_id] = PendingMail(event, envelope.trace)
+        elif isinstance(event, AlertMailed):
+            self.unmailed.pop(event.alert_id, None)
 
     def overdue(self, now: float, lost_after: float) -> list[MonitoredNode]:
         """Nodes, not yet marked lost, whose last heartbeat is older than `lost_after` seconds."""
         return [n for n in self.nodes.values() if not n.lost and now - n.last_seen > lost_after]
+
+    def kept_environment(self, job_id: str, now: datetime) -> KeptEnvironment | None:
+        """The job's kept environment, if it has one and its retention is not over."""
+        kept = self.kept.get(job_id)
+        return kept if kept is not None and not kept.released and kept.until > now else None
 
 
 def lost_event(node: MonitoredNode, now: float, wall_now: datetime) -> NodeLost:

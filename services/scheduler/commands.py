@@ -135,7 +135,8 @@ class JobCommands:
                 return error
             prediction = self.s.predict(spec)
             await self.s.append([
-                (job_id, JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from)),
+                (job_id, JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from,
+                                      creator_email=identity.email)),
                 (job_id, JobPredicted(job_id=job_id, prediction=prediction)),
             ])
             return JobAccepted(job_id=job_id, status=self.state.jobs[job_id].status, created=True)

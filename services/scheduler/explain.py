@@ -7,7 +7,7 @@ and what the others are short of and who holds it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from datetime import datetime, timedelta
 
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
@@ -29,9 +29,11 @@ MAX_LISTED = 10
 
 
 def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
-            running: Sequence[RunningJob] = (), now: datetime, all_nodes: list[NodeInfo] | None = None) -> WhyReport:
-    """Why the queued job `job_id` has not started. `all_nodes` (lost ones included) lets the report
-    say that a node the job could use is lost. Raises KeyError when the job is not in `queue`."""
+            running: Sequence[RunningJob] = (), now: datetime, all_nodes: list[NodeInfo] | None = None,
+            unhealthy: Collection[str] = ()) -> WhyReport:
+    """Why the queued job `job_id` has not started. `all_nodes` (unschedulable ones included) lets the
+    report say that a node the job could use is lost, or unhealthy when it is in `unhealthy` (M2).
+    Raises KeyError when the job is not in `queue`."""
     index = next((i for i, job in enumerate(queue) if job.job_id == job_id), None)
     if index is None:
         raise KeyError(job_id)
@@ -41,7 +43,8 @@ def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flav
     skipped = set(admitted).union(decision.unplaceable)
     ahead = [j.job_id for j in queue[:index] if j.job_id not in skipped]
     reservation = decision.reservation if decision.reservation and decision.reservation.job_id == job_id else None
-    waits = [_flavor_wait(job.spec, name, flavors.get(name), nodes, running, all_nodes) for name in job.spec.flavors]
+    waits = [_flavor_wait(job, name, flavors.get(name), nodes, running, all_nodes, unhealthy)
+             for name in job.spec.flavors]
 
     summary: list[str] = []
     if job_id in decision.unplaceable:
@@ -57,8 +60,9 @@ def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flav
         if reservation is not None:
             summary.append(_reservation_sentence(reservation.start, reservation.nodes, queue, decision, flavors,
                                                  running, now))
-        summary.extend(_wait_sentences(job.spec, waits, flavors, nodes))
-        if reservation is None and decision.reservation is not None and _room_now(job.spec, flavors, nodes):
+        usable = [n for n in nodes if n.info.name not in job.excluded_nodes]
+        summary.extend(_wait_sentences(job.spec, waits, flavors, usable))
+        if reservation is None and decision.reservation is not None and _room_now(job.spec, flavors, usable):
             summary.append(_blocked_by_head_sentence(job, decision, now))
         if reservation is None:
             plan = plan_queue(queue, nodes, flavors, running=running, now=now, decision=decision,
@@ -81,27 +85,36 @@ def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flav
 # --- one flavor -------------------------------------------------------------------------------------------
 
 
-def _flavor_wait(spec: JobSpec, name: str, flavor: Flavor | None, nodes: list[NodeCapacity],
-                 running: Sequence[RunningJob], all_nodes: list[NodeInfo] | None) -> FlavorWait:
+def _flavor_wait(job: QueuedJob, name: str, flavor: Flavor | None, nodes: list[NodeCapacity],
+                 running: Sequence[RunningJob], all_nodes: list[NodeInfo] | None,
+                 unhealthy: Collection[str]) -> FlavorWait:
+    spec, excluded = job.spec, job.excluded_nodes
     if flavor is None:
         return FlavorWait(flavor=name, eligible_nodes=0, fitting_nodes=0, needed_nodes=spec.nodes,
                           note=f"{name} is not a flavor of this cluster")
     need = Resources.of_flavor(flavor)
-    usable = [n for n in nodes if eligible(n.info, spec, flavor)]
+    usable = [n for n in nodes if eligible(n.info, spec, flavor, excluded)]
     fitting = [n for n in usable if need.fits_in(n.free)]
     holders: dict[str, list[str]] = {}
-    for job in running:
-        for node in dict.fromkeys(p.node for p in job.placement):
-            holders.setdefault(node, []).append(job.job_id)
+    for holder in running:
+        for node in dict.fromkeys(p.node for p in holder.placement):
+            holders.setdefault(node, []).append(holder.job_id)
     shortages = [NodeShortage(node=n.info.name, missing=_missing(need, n.free),
                               held_by=sorted(holders.get(n.info.name, [])))
                  for n in sorted(usable, key=lambda n: n.info.name) if not need.fits_in(n.free)][:MAX_LISTED]
     notes = [] if usable else [_why_no_node(spec, flavor, [n.info for n in nodes])]
     if all_nodes is not None:
         schedulable = {n.info.name for n in nodes}
-        lost = sorted(i.name for i in all_nodes if i.name not in schedulable and eligible(i, spec, flavor))
-        if lost:
-            notes.append(f"{names(lost, MAX_LISTED)} could take it but {'is' if len(lost) == 1 else 'are'} lost")
+        down = sorted(i.name for i in all_nodes if i.name not in schedulable and eligible(i, spec, flavor, excluded))
+        for state, group in (("lost", [n for n in down if n not in unhealthy]),
+                             ("unhealthy", [n for n in down if n in unhealthy])):
+            if group:
+                notes.append(f"{names(group, MAX_LISTED)} could take it but {'is' if len(group) == 1 else 'are'} "
+                             f"{state}")
+    if excluded:
+        notes.append(f"it may not use {names(sorted(excluded), MAX_LISTED)}: it was moved away from "
+                     f"{'it' if len(excluded) == 1 else 'them'}, or {'it' if len(excluded) == 1 else 'they'} "
+                     "failed its pre-check")
     return FlavorWait(flavor=name, eligible_nodes=len(usable), fitting_nodes=len(fitting), needed_nodes=spec.nodes,
                       shortages=shortages, note="; ".join(notes))
 

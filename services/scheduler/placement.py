@@ -15,7 +15,7 @@ from __future__ import annotations
 import bisect
 import heapq
 import math
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -32,11 +32,15 @@ class NodeCapacity:
     free: Resources
 
 
+NO_NODES: frozenset[str] = frozenset()
+
+
 @dataclass(frozen=True)
 class QueuedJob:
     job_id: str
     spec: JobSpec
     duration_seconds: int | None = None  # its current duration limit (J16/S11); None = no limit
+    excluded_nodes: frozenset[str] = NO_NODES  # nodes it was moved away from (M6): never placed there
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,7 @@ class RunningJob:
     placement: list[Placement]
     ends_at: datetime | None  # started_at + duration limit; None = no limit (unknown end)
     can_grow: bool = True  # False while it is already being moved
+    excluded_nodes: frozenset[str] = NO_NODES  # a growth never lands there either
 
 
 @dataclass(frozen=True)
@@ -88,8 +93,11 @@ class Decision:
 # --- eligibility and single-gang placement ------------------------------------------------------------
 
 
-def eligible(node: NodeInfo, spec: JobSpec, flavor: Flavor) -> bool:
-    """S9: pinning, driver version and dedicated pools decide which nodes a job may use."""
+def eligible(node: NodeInfo, spec: JobSpec, flavor: Flavor, exclude: Collection[str] = NO_NODES) -> bool:
+    """S9: pinning, driver version and dedicated pools decide which nodes a job may use; a job moved
+    away from a node (`exclude`) never goes back to it."""
+    if node.name in exclude:
+        return False
     if spec.node_names and node.name not in spec.node_names:
         return False
     # Nodes of a dedicated pool serve only jobs that ask for that pool.
@@ -138,13 +146,13 @@ def least(a: Resources, b: Resources) -> Resources:
                      accelerators=min(a.accelerators, b.accelerators))
 
 
-_EligibilityKey = tuple[tuple[str, ...], str | None, tuple[str | None, str | None] | None]
+_EligibilityKey = tuple[tuple[str, ...], str | None, tuple[str | None, str | None] | None, frozenset[str]]
 
 
-def _eligibility_key(spec: JobSpec, flavor: Flavor) -> _EligibilityKey:
+def _eligibility_key(spec: JobSpec, flavor: Flavor, exclude: frozenset[str]) -> _EligibilityKey:
     """Everything `eligible` looks at, so nodes are filtered once per kind of rank and cycle."""
     accelerators = (flavor.board, spec.driver_version) if flavor.accelerators else None
-    return tuple(spec.node_names), spec.pool, accelerators
+    return tuple(spec.node_names), spec.pool, accelerators, exclude
 
 
 class Cluster:
@@ -162,11 +170,12 @@ class Cluster:
             self._totals = {name: Resources.of_node(info) for name, info in self.infos.items()}
         return self._totals
 
-    def eligible(self, spec: JobSpec, flavor: Flavor) -> tuple[_EligibilityKey, tuple[str, ...]]:
-        key = _eligibility_key(spec, flavor)
+    def eligible(self, spec: JobSpec, flavor: Flavor,
+                 exclude: frozenset[str] = NO_NODES) -> tuple[_EligibilityKey, tuple[str, ...]]:
+        key = _eligibility_key(spec, flavor, exclude)
         names = self._eligible.get(key)
         if names is None:
-            names = tuple(name for name, info in self.infos.items() if eligible(info, spec, flavor))
+            names = tuple(name for name, info in self.infos.items() if eligible(info, spec, flavor, exclude))
             self._eligible[key] = names
         return key, names
 
@@ -192,9 +201,9 @@ class Capacity:
     def copy(self) -> Capacity:
         return Capacity(self.cluster, dict(self.free))
 
-    def fitting(self, spec: JobSpec, flavor: Flavor) -> set[str]:
+    def fitting(self, spec: JobSpec, flavor: Flavor, exclude: frozenset[str] = NO_NODES) -> set[str]:
         """Nodes eligible for one rank of `flavor` where one such rank fits now (a live view)."""
-        key, names = self.cluster.eligible(spec, flavor)
+        key, names = self.cluster.eligible(spec, flavor, exclude)
         need = Resources.of_flavor(flavor)
         nodes = self._fitting.get((key, need))
         if nodes is None:
@@ -225,8 +234,10 @@ class Capacity:
                 self.set(name, self.free[name] + amount)
 
 
-def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int) -> list[Placement] | None:
-    """Place `workers` workers of `flavor` and the job's parameter servers on `capacity`, all or none.
+def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
+          exclude: frozenset[str] = NO_NODES) -> list[Placement] | None:
+    """Place `workers` workers of `flavor` and the job's parameter servers on `capacity`, all or none,
+    never on a node of `exclude`.
 
     Each rank goes to the eligible node holding the fewest ranks of this job so far, then with the
     most free CPU left (ties by name), which spreads a job across hosts when it can and packs it when
@@ -240,7 +251,7 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int) -> li
     # ranks land on it, so an outdated entry is simply re-queued with its current key when it surfaces.
     heaps: dict[Role, list[tuple[int, float, int, str]]] = {}
     for role in dict.fromkeys(roles):
-        nodes = capacity.fitting(spec, role_flavor(role, flavor))
+        nodes = capacity.fitting(spec, role_flavor(role, flavor), exclude)
         if not nodes:
             return None
         heaps[role] = [(0, -free[name].cpus, -free[name].memory_mib, name) for name in nodes]
@@ -283,7 +294,8 @@ def place_gang(spec: JobSpec, flavor: Flavor, nodes: Iterable[NodeCapacity], *,
 Choice = tuple[str, list[Placement]]  # a flavor name and a placement
 
 
-def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor]) -> Choice | None:
+def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor],
+           exclude: frozenset[str] = NO_NODES) -> Choice | None:
     """The job's first workable (flavor, placement): every flavor at the full node count first, then
     (elastic jobs) every flavor at each smaller count. Flavors are equivalent (J9) but node counts
     are not: a shrunken job runs slower and must be restarted to grow, so size comes first."""
@@ -292,7 +304,7 @@ def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor]) -> 
             flavor = flavors.get(name)
             if flavor is None:
                 continue
-            placement = place(capacity, spec, flavor, count)
+            placement = place(capacity, spec, flavor, count, exclude)
             if placement is not None:
                 return name, placement
     return None
@@ -301,11 +313,10 @@ def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor]) -> 
 Shape = tuple[object, ...]
 
 
-def job_shape(spec: JobSpec) -> Shape:
+def job_shape(spec: JobSpec, exclude: frozenset[str] = NO_NODES) -> Shape:
     """What placement depends on: two jobs of one shape fit or fail alike on the same capacity."""
-    elastic = spec.checkpoint_resume.elastic if spec.checkpoint_resume else None
-    return (tuple(spec.flavors), spec.nodes, elastic.min_nodes if elastic else None, spec.pool,
-            spec.driver_version, tuple(spec.node_names), parameter_server_count(spec))
+    return (tuple(spec.flavors), spec.nodes, worker_counts(spec)[-1], spec.pool,
+            spec.driver_version, tuple(spec.node_names), parameter_server_count(spec), exclude)
 
 
 def _slots(need: Resources, free: Resources) -> int:
@@ -367,7 +378,7 @@ class _Cycle:
 
     def run(self, queue: list[QueuedJob]) -> Decision:
         for job in queue:
-            shape = job_shape(job.spec)
+            shape = job_shape(job.spec, job.excluded_nodes)
             if self.head is None:
                 self._admit_in_order(job, shape)
             else:
@@ -381,7 +392,7 @@ class _Cycle:
     def _try(self, job: QueuedJob, shape: Shape, capacity: Capacity, failed: set[Shape]) -> Choice | None:
         if shape in failed:
             return None
-        choice = choose(capacity, job.spec, self.flavors)
+        choice = choose(capacity, job.spec, self.flavors, job.excluded_nodes)
         if choice is None:
             failed.add(shape)
         return choice
@@ -402,7 +413,7 @@ class _Cycle:
         if choice is not None:
             self._admit(job, choice, backfilled=False)
             return
-        self.head = self._reserve(job) if self._placeable(job.spec, shape) else None
+        self.head = self._reserve(job) if self._placeable(job, shape) else None
         if self.head is None:
             self.unplaceable.append(job.job_id)
         else:
@@ -425,7 +436,7 @@ class _Cycle:
         else:
             choice = self._try(job, shape, self.extra, self.failed_extra)
         if choice is None:
-            if not self._placeable(job.spec, shape):
+            if not self._placeable(job, shape):
                 self.unplaceable.append(job.job_id)
             return
         held = self._admit(job, choice, backfilled=True)
@@ -436,18 +447,18 @@ class _Cycle:
 
     # --- the head's reservation ----------------------------------------------------------------------
 
-    def _placeable(self, spec: JobSpec, shape: Shape) -> bool:
+    def _placeable(self, job: QueuedJob, shape: Shape) -> bool:
         """Whether the job fits on the cluster when it is empty, with any of its flavors."""
         known = self.placeable.get(shape)
         if known is None:
-            smallest = worker_counts(spec)[-1]
-            known = any(self._fits_empty(spec, self.flavors[name], smallest)
-                        for name in spec.flavors if name in self.flavors)
+            smallest = worker_counts(job.spec)[-1]
+            known = any(self._fits_empty(job.spec, self.flavors[name], smallest, job.excluded_nodes)
+                        for name in job.spec.flavors if name in self.flavors)
             self.placeable[shape] = known
         return known
 
-    def _fits_empty(self, spec: JobSpec, flavor: Flavor, workers: int) -> bool:
-        key, names = self.cluster.eligible(spec, flavor)
+    def _fits_empty(self, spec: JobSpec, flavor: Flavor, workers: int, exclude: frozenset[str]) -> bool:
+        key, names = self.cluster.eligible(spec, flavor, exclude)
         need = Resources.of_flavor(flavor)
         totals = self.cluster.totals
         if not parameter_server_count(spec):
@@ -467,11 +478,11 @@ class _Cycle:
                 few.append(name)
                 room += slots
         subset = Cluster(self.cluster.infos[name] for name in few)
-        if place(Capacity(subset, {name: totals[name] for name in few}), spec, flavor, workers) is not None:
+        if place(Capacity(subset, {name: totals[name] for name in few}), spec, flavor, workers, exclude) is not None:
             return True
         if self.totals is None:
             self.totals = Capacity(self.cluster, dict(totals))
-        return place(self.totals, spec, flavor, workers) is not None
+        return place(self.totals, spec, flavor, workers, exclude) is not None
 
     def _releases(self) -> tuple[list[datetime], list[dict[str, Resources]], list[dict[str, Resources]]]:
         """What is held until a known end (sorted by end; an overdue job releases now), and what is
@@ -509,13 +520,13 @@ class _Cycle:
                 last = len(times) - 1 if best is None else best[0] - 1  # a later flavor must start earlier
                 if flavor is None or last < 0:
                     continue
-                placement = place(capacity_at(last), job.spec, flavor, count)
+                placement = place(capacity_at(last), job.spec, flavor, count, job.excluded_nodes)
                 if placement is None:
                     continue
                 low, high = 0, last  # fits at `high`; free capacity only grows with time
                 while low < high:
                     middle = (low + high) // 2
-                    found = place(capacity_at(middle), job.spec, flavor, count)
+                    found = place(capacity_at(middle), job.spec, flavor, count, job.excluded_nodes)
                     if found is None:
                         low = middle + 1
                     else:
@@ -527,7 +538,7 @@ class _Cycle:
         everything = self._capacity_after([*timed, *untimed])
         # Totals only matter when something not listed as running holds resources forever.
         for capacity in (everything, Capacity(self.cluster, dict(self.cluster.totals))):
-            choice = choose(capacity, job.spec, self.flavors)
+            choice = choose(capacity, job.spec, self.flavors, job.excluded_nodes)
             if choice is not None:
                 return self._head(job, choice[0], choice[1], None, everything.free)
         return None  # a TensorFlow gang that fits an empty cluster only in an order this placement does not try
@@ -563,7 +574,7 @@ class _Cycle:
             current = sum(1 for p in job.placement if p.role == "worker")
             placement = None
             for count in range(job.spec.nodes, current, -1):
-                placement = place(room, job.spec, job.flavor, count)
+                placement = place(room, job.spec, job.flavor, count, job.excluded_nodes)
                 if placement is not None:
                     break
             if placement is None:

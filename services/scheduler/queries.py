@@ -8,8 +8,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import msgspec
+
 from libs.contracts import subjects
-from libs.contracts.cluster import Resources
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
@@ -31,7 +32,6 @@ from libs.contracts.messages import (
     ListJobs,
     ListNodes,
     NodeList,
-    NodeView,
     PredictionReply,
     PredictJob,
     ResourceList,
@@ -48,7 +48,7 @@ from services.scheduler.access import access_error, can_view
 from services.scheduler.commands import invalid_spec, spec_errors
 from services.scheduler.explain import explain
 from services.scheduler.state import SchedulerState
-from services.scheduler.views import dev_env, flavor_list, node_resources
+from services.scheduler.views import dev_env, flavor_list, node_resources, node_views, status_sentence
 
 if TYPE_CHECKING:
     from services.scheduler.service import Scheduler
@@ -99,12 +99,7 @@ class JobQueries:
         return JobDetails(job=self.state.view(job), spec=job.spec)
 
     async def list_nodes(self, _: ListNodes, __: Identity) -> NodeList:
-        used = self.state.used()
-        return NodeList(nodes=[
-            NodeView(info=n.info, status="lost" if n.lost else "ready", used=used.get(name, Resources()),
-                     jobs=[j.job_id for j in self.state.jobs_on(name)])
-            for name, n in sorted(self.state.nodes.items())
-        ])
+        return NodeList(nodes=node_views(self.state))
 
     async def predict(self, request: PredictJob, _: Identity) -> PredictionReply | CommandError:
         """S6: answered before creation; nothing is recorded (a submitted job records its own)."""
@@ -118,17 +113,17 @@ class JobQueries:
             return error
         job = self.state.jobs[request.job_id]
         async with self.s.lock:  # the job's status cannot change while it is explained
-            if job.status == "queued":
+            if job.status == "queued" and not job.prechecking:
                 all_nodes = [n.info for n in self.state.nodes.values()]
-                return WhyReply(report=explain(job.job_id, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
-                                               running=self.s.running_jobs(), now=self.s.clock(),
-                                               all_nodes=all_nodes))
-            if job.status == "running":
-                nodes = ", ".join(sorted({p.node for p in job.placement}))
-                sentence = f"It is running (attempt {job.attempt}) on {nodes}; it waits for nothing."
-            else:
-                sentence = f"It has ended: {job.status}" + (f" ({job.reason})." if job.reason else ".")
-            return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[sentence]))
+                unhealthy = [name for name, n in self.state.nodes.items() if n.unhealthy and not n.lost]
+                report = explain(job.job_id, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
+                                 running=self.s.running_jobs(), now=self.s.clock(), all_nodes=all_nodes,
+                                 unhealthy=unhealthy)
+                if job.reason:  # why it came back to the queue, or why its last pre-check failed
+                    back = f"It is back in the queue: {job.reason}."
+                    report = msgspec.structs.replace(report, summary=[*report.summary, back])
+                return WhyReply(report=report)
+            return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[status_sentence(job)]))
 
     async def devenv(self, request: GetDevEnv, identity: Identity) -> DevEnvSpec | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "devenv"):
@@ -139,12 +134,13 @@ class JobQueries:
         """O6: every service's events about the job, as published, in order."""
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
-        # Its own events from its log (complete at once), the launcher's as published, in time order.
+        # Its own events from its log (complete at once), the other services' (the launcher's, the
+        # monitor's pre-checks, slowdowns and kept environments) as published, in time order.
         own = await self.s.rt.store.read_aggregate("job", request.job_id)
-        subject = subjects.event_subject("launcher", "launch", request.job_id, "*")
-        launches = [decode(m.data, EventEnvelope)
-                    async for m in read_subject(self.s.rt.js, subjects.EVENTS_STREAM, subject)]
-        return JobHistory(events=sorted(own + launches, key=lambda e: e.recorded_at))
+        published = [decode(m.data, EventEnvelope) async for m in read_subject(
+            self.s.rt.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
+        others = [e for e in published if e.service != SERVICE]
+        return JobHistory(events=sorted(own + others, key=lambda e: e.recorded_at))
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
         await self.s.search.catch_up()  # read what this caller just wrote

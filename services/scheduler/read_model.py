@@ -26,6 +26,7 @@ from libs.contracts.events import (
     JobExpired,
     JobFailed,
     JobPriorityChanged,
+    JobRequeued,
     JobStopped,
     JobSubmitted,
     JobSucceeded,
@@ -256,6 +257,11 @@ class JobSearchProjection:
             await conn.execute(
                 f"UPDATE {table} SET status = 'running', flavor = $2, position = $3 WHERE job_id = $1",
                 event.job_id, event.flavor, envelope.position,
+            )
+        elif isinstance(event, JobRequeued):  # moved after a fault (J12) or waiting to restart (J13)
+            await conn.execute(
+                f"UPDATE {table} SET status = 'queued', position = $2 WHERE job_id = $1",
+                event.job_id, envelope.position,
             )
         elif isinstance(event, JobSucceeded | JobFailed | JobStopped | JobExpired):
             await conn.execute(

@@ -2,8 +2,12 @@
 grows elastic jobs (S10), expires jobs past their duration limit (J16) and explains itself (S6, `why`).
 
 It answers the job commands and queries (commands.py, queries.py; every request authenticated, every
-operation checked against J2), follows the monitor (nodes) and the launcher (process outcomes), and
-runs scheduling cycles whenever something changed that could let a job start.
+operation checked against J2), follows the monitor (nodes, pre-checks, slow jobs) and the launcher
+(process outcomes), and runs scheduling cycles whenever something changed that could let a job start.
+
+Checkpoint-resume jobs (J12) are pre-checked before they start (M1) and moved when a node of theirs is
+lost, unhealthy or slow (M2, M6), up to their maximum resumes (M4); fault-restart jobs (J13) are
+restarted on their nodes when their command fails, up to their maximum restarts (M5).
 """
 
 from __future__ import annotations
@@ -11,7 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable, Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import msgspec
 from nats.aio.msg import Msg
@@ -25,13 +29,22 @@ from libs.contracts.events import (
     JobExpired,
     JobExpiring,
     JobFailed,
+    JobPrecheckFailed,
+    JobPrechecking,
+    JobRequeued,
     JobRescaling,
+    JobRestarting,
+    JobResuming,
     JobStopped,
     JobSucceeded,
     LaunchFailed,
     LaunchStopped,
     LaunchSucceeded,
     NodeLost,
+    NodeUnhealthy,
+    PerformanceDegraded,
+    Placement,
+    PrecheckCompleted,
 )
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
@@ -40,12 +53,14 @@ from libs.messaging.follower import StreamFollower
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, may_grow, schedule
+from services.scheduler.placement import Admission, NodeCapacity, QueuedJob, RunningJob, may_grow, schedule
 from services.scheduler.prediction import predict
 from services.scheduler.read_model import JobSearchProjection
-from services.scheduler.state import SchedulerState
+from services.scheduler.state import Job, SchedulerState
 
 SERVICE = "scheduler"
+# M1: nodes that failed a job's pre-check are not tried for it again until this long after.
+RECHECK_AFTER = timedelta(seconds=60)
 SETTINGS_AGGREGATE = ("settings", "platform")
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.scheduler")
@@ -149,33 +164,7 @@ class Scheduler:
 
     def reactions(self, envelope: EventEnvelope) -> list[tuple[str, Event]]:
         """What the scheduler records in answer to a launcher or monitor event."""
-        event = envelope.event
-        if isinstance(event, NodeLost):
-            return [
-                (job.job_id, JobFailed(job_id=job.job_id,
-                                       reason=f"node {event.node_name} was lost: {event.reason}"))
-                for job in self.state.jobs_on(event.node_name)
-            ]
-        if not isinstance(event, LaunchSucceeded | LaunchFailed | LaunchStopped):
-            return []
-        job = self.state.jobs.get(event.job_id)
-        if job is None or job.status != "running" or job.attempt != event.attempt:
-            return []
-        if isinstance(event, LaunchSucceeded):
-            return [(job.job_id, JobSucceeded(job_id=job.job_id))]
-        if isinstance(event, LaunchFailed):
-            return [(job.job_id, JobFailed(job_id=job.job_id, reason=event.reason, exit_code=event.exit_code))]
-        if job.stop_requested_by is not None:
-            return [(job.job_id, JobStopped(job_id=job.job_id, by=job.stop_requested_by))]
-        if job.expiring:
-            return [(job.job_id, JobExpired(job_id=job.job_id,
-                                            reason=f"ran past its duration limit of {job.duration}"))]
-        if job.rescaling is not None:
-            # S10: the old attempt is down; the next one starts on the placement held for it.
-            return [(job.job_id, JobAdmitted(job_id=job.job_id, attempt=job.attempt + 1,
-                                             flavor=job.rescaling.flavor, placement=job.rescaling.placement,
-                                             dropped_flavors=job.dropped_flavors))]
-        return [(job.job_id, JobFailed(job_id=job.job_id, reason="its processes were stopped"))]
+        return react(self.state, envelope)
 
     # --- scheduling cycles -------------------------------------------------------------------------
 
@@ -192,17 +181,26 @@ class Scheduler:
                 await self.run_cycle()
 
     def _seconds_to_next_deadline(self) -> float:
-        """Sleep until the next cycle or the next duration limit, whichever comes first."""
+        """Sleep until the next cycle, duration limit or settled failure, whichever comes first."""
         now = self.clock()
         deadlines = [(j.ends_at - now).total_seconds() for j in self.state.running()
                      if j.ends_at is not None and not j.expiring]
+        deadlines += [(failed_at + self.settle - now).total_seconds() for j in self.state.running()
+                      if j.unexplained_failure is not None for _, failed_at in [j.unexplained_failure]]
         return max(0.05, min([self.cycle_seconds, *deadlines]))
+
+    @property
+    def settle(self) -> timedelta:
+        """How long a checkpoint-resume job's failure waits for a node fault to explain it: long enough
+        for a dead node to be declared lost."""
+        settings = self.rt.settings
+        return timedelta(seconds=settings.node_lost_seconds + 4 * settings.heartbeat_seconds)
 
     def capacity(self) -> list[NodeCapacity]:
         used = self.state.used()
         return [
             NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
-            for name, n in self.state.nodes.items() if not n.lost
+            for name, n in self.state.nodes.items() if n.schedulable
         ]
 
     def flavors(self) -> dict[str, Flavor]:
@@ -210,22 +208,30 @@ class Scheduler:
 
     def queued_jobs(self) -> list[QueuedJob]:
         # The decision logic reads priority from the spec: give it the current one (S3).
+        now = self.clock()
         return [QueuedJob(j.job_id, j.spec if j.spec.priority == j.priority
-                          else msgspec.structs.replace(j.spec, priority=j.priority), j.duration_seconds)
+                          else msgspec.structs.replace(j.spec, priority=j.priority), j.duration_seconds,
+                          self.state.avoided_nodes(j, now, RECHECK_AFTER))
                 for j in self.state.queue()]
 
     def running_jobs(self) -> list[RunningJob]:
+        """Jobs that hold resources, as the decision logic sees them: running ones, and those being
+        pre-checked (they hold their placement and, once admitted, run until their limit)."""
         running: list[RunningJob] = []
-        for job in self.state.running():
-            flavor = self.state.flavor(job.flavor or "")
+        now = self.clock()
+        for job in self.state.holding():
+            held = self.state.placements(job)
+            flavor = self.state.flavor(held[0][0]) if held else None
             if flavor is None:
                 continue
             # A job being moved holds both placements until its next attempt starts.
-            placement = list(job.placement) + (list(job.rescaling.placement) if job.rescaling else [])
+            placement = [p for _, placement in held for p in placement]
+            ends_at = job.ends_at
+            if job.prechecking and job.duration_seconds is not None:  # as if it started now
+                ends_at = now + timedelta(seconds=job.duration_seconds) - job.ran_before
             running.append(RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=placement,
-                                      ends_at=job.ends_at,
-                                      can_grow=job.rescaling is None and not job.expiring
-                                      and job.stop_requested_by is None))
+                                      ends_at=ends_at, can_grow=job.status == "running" and not job.moving,
+                                      excluded_nodes=frozenset(job.excluded_nodes)))
         return running
 
     def predict(self, spec: JobSpec) -> Prediction:
@@ -236,6 +242,7 @@ class Scheduler:
     async def run_cycle(self) -> None:
         now = self.clock()
         await self._expire(now)
+        await self._settle_failures(now)
         queue = self.queued_jobs()
         running = self.running_jobs()
         if not queue and not any(map(may_grow, running)):
@@ -245,10 +252,7 @@ class Scheduler:
             job = self.state.jobs[admission.job_id]
             # Each admission continues the trace its job was submitted in.
             with span_tracer.start_as_current_span("scheduler admit", context=context_from_headers(job.trace)):
-                await self.append([(job.job_id, JobAdmitted(
-                    job_id=job.job_id, attempt=job.attempt + 1, flavor=admission.flavor,
-                    placement=admission.placement, dropped_flavors=admission.dropped_flavors,
-                    backfilled=admission.backfilled))])
+                await self.append([(job.job_id, admission_event(job, admission))])
         for growth in decision.growths:
             job = self.state.jobs[growth.job_id]
             workers = sum(p.role == "worker" for p in job.placement)
@@ -266,3 +270,177 @@ class Scheduler:
                 with span_tracer.start_as_current_span("scheduler expire", context=context_from_headers(job.trace)):
                     await self.append([(job.job_id, JobExpiring(job_id=job.job_id, attempt=job.attempt,
                                                                 limit_seconds=job.duration_seconds or 0))])
+
+
+    async def _settle_failures(self, now: datetime) -> None:
+        """J12: a checkpoint-resume job that failed with no node fault reported within the settle
+        time failed on its own."""
+        for job in self.state.running():
+            if job.unexplained_failure is None or job.moving:
+                continue
+            failure, failed_at = job.unexplained_failure
+            if failed_at + self.settle <= now:
+                with span_tracer.start_as_current_span("scheduler fail", context=context_from_headers(job.trace)):
+                    await self.append([(job.job_id, JobFailed(job_id=job.job_id, reason=failure.reason,
+                                                              exit_code=failure.exit_code))])
+
+
+# --- decisions on one job (pure: the state in, the events to record out) -----------------------------------
+
+
+def admission_event(job: Job, admission: Admission) -> Event:
+    """A placed job starts, unless it resumes from checkpoints (J12): its nodes are pre-checked first (M1)."""
+    if job.spec.checkpoint_resume is not None:
+        return JobPrechecking(job_id=job.job_id, attempt=job.attempt + 1, flavor=admission.flavor,
+                              placement=admission.placement, dropped_flavors=admission.dropped_flavors)
+    return JobAdmitted(job_id=job.job_id, attempt=job.attempt + 1, flavor=admission.flavor,
+                       placement=admission.placement, dropped_flavors=admission.dropped_flavors,
+                       backfilled=admission.backfilled)
+
+
+def react(state: SchedulerState, envelope: EventEnvelope) -> list[tuple[str, Event]]:
+    """What the scheduler records in answer to a launcher or monitor event (folded into `state` already)."""
+    event = envelope.event
+    if isinstance(event, NodeLost | NodeUnhealthy):
+        return _node_fault(state, event)
+    if isinstance(event, PrecheckCompleted):
+        return _precheck_result(state, event)
+    if isinstance(event, PerformanceDegraded):
+        return _slow_node(state, event)
+    if not isinstance(event, LaunchSucceeded | LaunchFailed | LaunchStopped):
+        return []
+    job = state.jobs.get(event.job_id)
+    if job is None or job.status != "running" or job.attempt != event.attempt:
+        return []
+    if isinstance(event, LaunchSucceeded):
+        return [(job.job_id, JobSucceeded(job_id=job.job_id))]
+    if isinstance(event, LaunchFailed):
+        return _launch_failed(state, job, event)
+    return [(job.job_id, _launch_stopped(state, job))]
+
+
+def may_resume(job: Job) -> bool:
+    """J12: a running checkpoint-resume job not already being stopped can be moved."""
+    return job.status == "running" and job.spec.checkpoint_resume is not None and not job.moving
+
+
+def _node_fault(state: SchedulerState, event: NodeLost | NodeUnhealthy) -> list[tuple[str, Event]]:
+    """M2: checkpoint-resume jobs on a lost or unhealthy node are moved; other jobs fail only when the
+    node is lost. A job still being pre-checked waits for the monitor's verdict."""
+    node = event.node_name
+    lost = isinstance(event, NodeLost)
+    reason = (f"node {node} was lost: {event.reason}" if isinstance(event, NodeLost)
+              else f"node {node} is unhealthy: {', '.join(event.problems) or 'a component is faulty'}")
+    changes: list[tuple[str, Event]] = []
+    for job in state.jobs_on(node):
+        if job.spec.checkpoint_resume is not None:
+            if may_resume(job):
+                changes.append((job.job_id, JobResuming(job_id=job.job_id, attempt=job.attempt, reason=reason,
+                                                        lost_nodes=[node] if lost else [])))
+        elif lost:
+            changes.append((job.job_id, JobFailed(job_id=job.job_id, reason=reason)))
+    return changes
+
+
+def _precheck_result(state: SchedulerState, event: PrecheckCompleted) -> list[tuple[str, Event]]:
+    job = state.jobs.get(event.job_id)
+    if job is None or not job.prechecking or job.precheck is None or job.precheck.attempt != event.attempt:
+        return []
+    precheck = job.precheck
+    if event.passed:
+        # A node may have gone down since it was checked: then the job must not start there.
+        down = [n for n in dict.fromkeys(p.node for p in precheck.placement) if not state.schedulable(n)]
+        if down:
+            return [(job.job_id, JobPrecheckFailed(
+                job_id=job.job_id, attempt=event.attempt, nodes=down,
+                reason=f"since the pre-check passed, {_node_states(state, down)}"))]
+        return [(job.job_id, JobAdmitted(job_id=job.job_id, attempt=precheck.attempt, flavor=precheck.flavor,
+                                         placement=precheck.placement, dropped_flavors=precheck.dropped_flavors))]
+    failed = [check for check in event.nodes if not check.passed]
+    details = "; ".join(f"{check.node}: {', '.join(check.problems()) or 'did not pass'}" for check in failed)
+    return [(job.job_id, JobPrecheckFailed(job_id=job.job_id, attempt=event.attempt,
+                                           reason="the pre-check failed" + (f" on {details}" if details else ""),
+                                           nodes=[check.node for check in failed]))]
+
+
+def _slow_node(state: SchedulerState, event: PerformanceDegraded) -> list[tuple[str, Event]]:
+    """M6: with the action "reschedule", a job slow on a node is moved, and never placed there again."""
+    job = state.jobs.get(event.job_id)
+    if event.action != "reschedule" or job is None or job.attempt != event.attempt or not may_resume(job):
+        return []
+    reason = (f"it is slow on node {event.node}: hardware time / e2e time was {event.ratio:.3g} over "
+              f"{event.window} iterations, {event.direction} its threshold of {event.threshold:g}")
+    return [(job.job_id, JobResuming(job_id=job.job_id, attempt=job.attempt, reason=reason,
+                                     exclude_nodes=[event.node]))]
+
+
+def _launch_failed(state: SchedulerState, job: Job, event: LaunchFailed) -> list[tuple[str, Event]]:
+    if job.resuming is not None:
+        return []  # the attempt is being stopped after a fault anyway: its stop decides what follows
+    if job.spec.checkpoint_resume is not None and job.stop_requested_by is None and not job.expiring:
+        # When a node dies, its peers' collectives fail at once, before its heartbeats are missed: a
+        # fault seen on one of the job's nodes now, or within the settle time, explains the failure.
+        down = [n for n in dict.fromkeys(p.node for p in job.placement) if not state.schedulable(n)]
+        if not down:
+            return []  # settle_failures() decides once the fault would have been seen
+        lost = [n for n in down if (node := state.nodes.get(n)) is not None and node.lost]
+        return [(job.job_id, JobResuming(job_id=job.job_id, attempt=job.attempt, lost_nodes=lost,
+                                         reason=f"{event.reason}, and {_node_states(state, down)}"))]
+    restart = job.spec.fault_restart
+    if restart is None or job.stop_requested_by is not None or job.expiring:
+        return [(job.job_id, JobFailed(job_id=job.job_id, reason=event.reason, exit_code=event.exit_code))]
+    if job.restarts >= restart.max_restarts:
+        reason = f"{event.reason}; it was already restarted {_times(job.restarts)}, its maximum"
+        return [(job.job_id, JobFailed(job_id=job.job_id, reason=reason, exit_code=event.exit_code))]
+    # J13/M5: the rest of the attempt is stopped; its LaunchStopped starts the next one.
+    return [(job.job_id, JobRestarting(job_id=job.job_id, attempt=job.attempt, restarts=job.restarts + 1,
+                                       reason=event.reason, exit_code=event.exit_code))]
+
+
+def _launch_stopped(state: SchedulerState, job: Job) -> Event:
+    """The attempt is down; why it was stopped decides what the job does next."""
+    if job.stop_requested_by is not None:
+        return JobStopped(job_id=job.job_id, by=job.stop_requested_by)
+    if job.expiring:
+        return JobExpired(job_id=job.job_id, reason=f"ran past its duration limit of {job.duration}")
+    if job.resuming is not None:
+        resumes, limit = job.resumes, state.max_resumes(job) or 0
+        if resumes >= limit:
+            already = f"it already resumed {_times(resumes)}, its maximum" if resumes else "it may not resume"
+            return JobFailed(job_id=job.job_id, reason=f"{job.resuming.reason}; {already}")
+        return JobRequeued(job_id=job.job_id, attempt=job.attempt, reason=job.resuming.reason, resumes=resumes + 1)
+    if job.restarting is not None:
+        return _next_attempt(state, job, job.flavor or "", job.placement,
+                             f"restart {job.restarts} after {job.restarting.reason}")
+    if job.rescaling is not None:
+        # S10: the next attempt starts on the placement held for it.
+        return _next_attempt(state, job, job.rescaling.flavor, job.rescaling.placement, job.rescaling.reason)
+    return JobFailed(job_id=job.job_id, reason="its processes were stopped")
+
+
+def _next_attempt(state: SchedulerState, job: Job, flavor: str, placement: list[Placement], why: str) -> Event:
+    """Start the next attempt on `placement` when all its nodes can take it; else wait in the queue."""
+    down = [n for n in dict.fromkeys(p.node for p in placement) if not state.schedulable(n)]
+    if down:
+        return JobRequeued(job_id=job.job_id, attempt=job.attempt, resumes=job.resumes,
+                           reason=f"{why}; {_node_states(state, down)}, so it waits for other nodes")
+    return JobAdmitted(job_id=job.job_id, attempt=job.attempt + 1, flavor=flavor, placement=placement,
+                       dropped_flavors=job.dropped_flavors)
+
+
+def _node_states(state: SchedulerState, names: list[str]) -> str:
+    """`node a is lost, node b is unhealthy (board:0 faulty)`."""
+    parts = []
+    for name in names:
+        node = state.nodes.get(name)
+        if node is None:
+            parts.append(f"node {name} is unknown")
+        elif node.lost:
+            parts.append(f"node {name} is lost")
+        else:
+            parts.append(f"node {name} is unhealthy" + (f" ({', '.join(node.problems)})" if node.problems else ""))
+    return ", ".join(parts)
+
+
+def _times(count: int) -> str:
+    return f"{count} time{'s' if count != 1 else ''}"

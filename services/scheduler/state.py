@@ -2,15 +2,23 @@
 
 Nothing here does I/O. `SchedulerState.apply` takes stored events of any service and updates the
 jobs and the node view; the service calls it during rebuild and after every append.
+
+A checkpoint-resume job (J12) is placed, then pre-checked (M1): while the monitor checks its nodes it
+stays `queued` but leaves the queue and holds the placement. A fault moves it (JobResuming) and,
+once its attempt is down, puts it back in the queue (JobRequeued) at its old place. A fault-restart
+job (J13) whose command failed is restarted (JobRestarting) on the same nodes.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Literal
 
 from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
 from libs.contracts.events import (
+    DebugEnvironmentKept,
+    DebugEnvironmentReleased,
     EventEnvelope,
     JobAdmitted,
     JobDeleted,
@@ -18,20 +26,28 @@ from libs.contracts.events import (
     JobExpired,
     JobExpiring,
     JobFailed,
+    JobPrecheckFailed,
+    JobPrechecking,
     JobPredicted,
     JobPriorityChanged,
+    JobRequeued,
     JobRescaling,
+    JobRestarting,
+    JobResuming,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
     JobSucceeded,
+    LaunchFailed,
     LaunchPlanned,
+    NodeHealthy,
     NodeLost,
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
     NodeRecovered,
     NodeRegistered,
+    NodeUnhealthy,
     Placement,
     SettingsChanged,
 )
@@ -88,10 +104,33 @@ class Job:
     rescaling: JobRescaling | None = None  # S10: being moved to a new placement
     prediction: Prediction | None = None
     cloned_from: str | None = None
+    precheck: JobPrechecking | None = None  # M1: placed, its nodes held while the monitor checks them
+    resuming: JobResuming | None = None  # J12: its attempt is being stopped to resume elsewhere
+    restarting: JobRestarting | None = None  # J13: its failed attempt is being stopped to restart
+    resumes: int = 0
+    restarts: int = 0
+    excluded_nodes: list[str] = field(default_factory=list)  # never placed there again (M6 reschedule)
+    failed_precheck: tuple[datetime, list[str]] | None = None  # when its last pre-check failed, and where
+    kept_until: datetime | None = None  # J15: its environments are kept for the debug terminal
+    running_since: datetime | None = None  # J16: since when its running time counts (None: queued)
+    ran_before: timedelta = timedelta()  # J16: what it ran before it went back to the queue
+    # J12: a checkpoint-resume job's failed attempt, and when it failed: a node fault reported soon
+    # after explains it (the job resumes); otherwise it fails once the fault would have been seen.
+    unexplained_failure: tuple[LaunchFailed, datetime] | None = None
 
     @property
     def terminal(self) -> bool:
         return self.status in TERMINAL_STATUSES
+
+    @property
+    def prechecking(self) -> bool:
+        return self.status == "queued" and self.precheck is not None
+
+    @property
+    def moving(self) -> bool:
+        """Its attempt is already being stopped, for whatever reason."""
+        return (self.resuming is not None or self.restarting is not None or self.rescaling is not None
+                or self.expiring or self.stop_requested_by is not None)
 
     @property
     def duration_seconds(self) -> int | None:
@@ -99,11 +138,12 @@ class Job:
 
     @property
     def ends_at(self) -> datetime | None:
-        """When a running job passes its duration limit (J16); None without a limit."""
+        """When a running job passes its duration limit (J16); None without a limit. The limit counts
+        from its first start; time spent back in the queue after a move (J12) does not count."""
         seconds = self.duration_seconds
-        if self.started_at is None or seconds is None:
+        if self.running_since is None or seconds is None:
             return None
-        return self.started_at + timedelta(seconds=seconds)
+        return self.running_since + timedelta(seconds=seconds) - self.ran_before
 
     def sort_key(self) -> tuple[int, int]:
         """S1: very urgent before urgent before normal; first come first served within a level."""
@@ -114,6 +154,16 @@ class Job:
 class NodeState:
     info: NodeInfo
     lost: bool = False
+    unhealthy: bool = False  # M2: a faulty component; unschedulable like a lost node
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def schedulable(self) -> bool:
+        return not self.lost and not self.unhealthy
+
+    @property
+    def status(self) -> Literal["ready", "lost", "unhealthy"]:
+        return "lost" if self.lost else "unhealthy" if self.unhealthy else "ready"
 
 
 @dataclass
@@ -130,7 +180,15 @@ class SchedulerState:
         event = envelope.event
         at = envelope.recorded_at
         if isinstance(event, NodeRegistered):
-            self.nodes[event.node.name] = NodeState(info=event.node)
+            # Health changes only by the monitor's NodeUnhealthy/NodeHealthy, not by registering again.
+            known = self.nodes.get(event.node.name)
+            self.nodes[event.node.name] = NodeState(info=event.node, unhealthy=known.unhealthy if known else False,
+                                                    problems=list(known.problems) if known else [])
+            return
+        if isinstance(event, NodeUnhealthy | NodeHealthy):
+            if (node := self.nodes.get(event.node_name)) is not None:
+                node.unhealthy = isinstance(event, NodeUnhealthy)
+                node.problems = list(event.problems) if isinstance(event, NodeUnhealthy) else []
             return
         if isinstance(event, NodeLost):
             if event.node_name in self.nodes:
@@ -154,8 +212,12 @@ class SchedulerState:
         if envelope.service == "scheduler":
             job.version = envelope.version
             self._apply_job_event(job, envelope)
-        else:
+        elif envelope.service == "launcher":
             self._apply_launch_event(job, envelope)
+        elif isinstance(event, DebugEnvironmentKept):
+            job.kept_until = event.until
+        elif isinstance(event, DebugEnvironmentReleased):
+            job.kept_until = None
 
     def _apply_job_event(self, job: Job, envelope: EventEnvelope) -> None:
         event = envelope.event
@@ -166,10 +228,31 @@ class SchedulerState:
             job.flavor = event.flavor
             job.placement = list(event.placement)
             job.dropped_flavors = list(event.dropped_flavors)
-            if job.rescaling is None:
-                job.started_at = at  # a rescaled job keeps its start, so its duration limit still counts
-            job.rescaling = None
+            job.started_at = job.started_at or at  # a moved, grown or restarted job keeps its first start
+            job.running_since = job.running_since or at
+            job.reason, job.failed_precheck, job.unexplained_failure = None, None, None
+            job.precheck = job.resuming = job.restarting = job.rescaling = None
             job.instances = {p.rank: Instance(rank=p.rank, node=p.node, role=p.role) for p in event.placement}
+        elif isinstance(event, JobPrechecking):
+            job.precheck = event
+        elif isinstance(event, JobPrecheckFailed):
+            if job.precheck is not None and job.precheck.attempt == event.attempt:
+                job.precheck, job.reason = None, event.reason
+                job.failed_precheck = (at, list(event.nodes))
+        elif isinstance(event, JobResuming):
+            job.resuming, job.unexplained_failure = event, None
+            job.excluded_nodes.extend(n for n in event.exclude_nodes if n not in job.excluded_nodes)
+        elif isinstance(event, JobRequeued):
+            # Back in the queue at its old place (queue_order is kept), holding nothing.
+            job.status, job.reason, job.resumes = "queued", event.reason, event.resumes
+            if job.running_since is not None:
+                job.ran_before += at - job.running_since
+            job.running_since = None
+            job.flavor, job.placement, job.instances = None, [], {}
+            job.resuming = job.restarting = job.rescaling = None
+            job.stop_requested_by, job.expiring = None, False
+        elif isinstance(event, JobRestarting):
+            job.restarting, job.restarts = event, event.restarts
         elif isinstance(event, JobPredicted):
             job.prediction = event.prediction
         elif isinstance(event, JobPriorityChanged):
@@ -180,22 +263,29 @@ class SchedulerState:
             job.expiring = True
         elif isinstance(event, JobExpired):
             job.status, job.ended_at, job.reason = "expired", at, event.reason
-            job.expiring, job.rescaling = False, None
+            job.expiring = False
+            self._ended(job)
         elif isinstance(event, JobRescaling):
             job.rescaling = event
         elif isinstance(event, JobStopRequested):
             job.stop_requested_by = event.by
         elif isinstance(event, JobSucceeded):
             job.status, job.ended_at, job.exit_code = "succeeded", at, 0
+            self._ended(job)
         elif isinstance(event, JobFailed):
             job.status, job.ended_at = "failed", at
             job.reason, job.exit_code = event.reason, event.exit_code
-            job.rescaling = None
+            self._ended(job)
         elif isinstance(event, JobStopped):
             job.status, job.ended_at, job.reason = "stopped", at, event.reason
-            job.rescaling = None
+            self._ended(job)
         elif isinstance(event, JobDeleted):
             job.deleted = True
+
+    @staticmethod
+    def _ended(job: Job) -> None:
+        job.precheck = job.resuming = job.restarting = job.rescaling = None
+        job.unexplained_failure = None
 
     def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> None:
         event = envelope.event
@@ -213,6 +303,8 @@ class SchedulerState:
             instance.exit_code = event.exit_code
         elif isinstance(event, NodeProcessLost):
             job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node)).lost = True
+        elif isinstance(event, LaunchFailed) and job.spec.checkpoint_resume is not None and job.status == "running":
+            job.unexplained_failure = (event, envelope.recorded_at)
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -220,19 +312,32 @@ class SchedulerState:
         return self.cluster.flavor(name)
 
     def queue(self) -> list[Job]:
-        """Queued jobs in start order (S1)."""
-        return sorted((j for j in self.jobs.values() if j.status == "queued"), key=Job.sort_key)
+        """Queued jobs in start order (S1); a job being pre-checked has left it."""
+        return sorted((j for j in self.jobs.values() if j.status == "queued" and j.precheck is None),
+                      key=Job.sort_key)
 
     def running(self) -> list[Job]:
         return [j for j in self.jobs.values() if j.status == "running"]
 
+    def holding(self) -> list[Job]:
+        """Jobs that hold resources: running ones and those being pre-checked."""
+        return [j for j in self.jobs.values() if j.status == "running" or j.prechecking]
+
+    def placements(self, job: Job) -> list[tuple[str, list[Placement]]]:
+        """What a job holds, as (flavor, placement): its current placement, and while it is being moved
+        (S10) the one it moves to; while it is pre-checked, the placement being checked."""
+        if job.status == "queued":
+            return [(job.precheck.flavor, list(job.precheck.placement))] if job.precheck else []
+        held = [(job.flavor or "", list(job.placement))]
+        if job.rescaling is not None:
+            held.append((job.rescaling.flavor, list(job.rescaling.placement)))
+        return held
+
     def holdings(self, job: Job) -> dict[str, Resources]:
-        """What a running job holds per node: its placement and, while it is being moved (S10), the
-        placement it moves to, so that nothing else takes those resources meanwhile."""
+        """What a job holds per node, so that nothing else takes those resources meanwhile."""
         held: dict[str, Resources] = {}
-        for flavor_name, placement in ((job.flavor, job.placement),
-                                       *([(job.rescaling.flavor, job.rescaling.placement)] if job.rescaling else [])):
-            flavor = self.flavor(flavor_name or "")
+        for flavor_name, placement in self.placements(job):
+            flavor = self.flavor(flavor_name)
             if flavor is None:
                 continue
             for node, amount in placement_holdings(placement, flavor).items():
@@ -240,9 +345,9 @@ class SchedulerState:
         return held
 
     def used(self) -> dict[str, Resources]:
-        """Resources held per node by running jobs."""
+        """Resources held per node by running and pre-checked jobs."""
         used: dict[str, Resources] = {name: Resources() for name in self.nodes}
-        for job in self.running():
+        for job in self.holding():
             for node, held in self.holdings(job).items():
                 used[node] = used.get(node, Resources()) + held
         return used
@@ -251,7 +356,25 @@ class SchedulerState:
         return {job.job_id: index for index, job in enumerate(self.queue(), start=1)}
 
     def jobs_on(self, node: str) -> list[Job]:
+        """Running jobs with a rank on `node`."""
         return [j for j in self.running() if any(p.node == node for p in j.placement)]
+
+    def schedulable(self, node: str) -> bool:
+        known = self.nodes.get(node)
+        return known is not None and known.schedulable
+
+    def avoided_nodes(self, job: Job, now: datetime, recheck_after: timedelta) -> frozenset[str]:
+        """Where the job may not be placed now: nodes it was moved away from, and for a while after a
+        failed pre-check (M1) the nodes that failed it, so it tries others instead of the same again."""
+        avoided = set(job.excluded_nodes)
+        if job.failed_precheck is not None and now < job.failed_precheck[0] + recheck_after:
+            avoided.update(job.failed_precheck[1])
+        return frozenset(avoided)
+
+    def max_resumes(self, job: Job) -> int | None:
+        """J12/M4: the job's maximum resumes within the administrator's cap; None without checkpoint resume."""
+        resume = job.spec.checkpoint_resume
+        return None if resume is None else min(resume.max_resumes, self.settings.max_resumes_cap)
 
     def view(self, job: Job, positions: dict[str, int] | None = None) -> JobView:
         queue_position = None
@@ -269,6 +392,8 @@ class SchedulerState:
             dropped_flavors=list(job.dropped_flavors),
             access=spec.access if self.settings.sharing_enabled else "none",
             cloned_from=job.cloned_from, prediction=job.prediction,
+            resumes=job.resumes, max_resumes=self.max_resumes(job), restarts=job.restarts,
+            excluded_nodes=list(job.excluded_nodes), kept_until=job.kept_until,
             instances=[
                 InstanceView(rank=i.rank, node=i.node, master=i.rank == 0, state=i.state,  # type: ignore[arg-type]
                              pid=i.pid, exit_code=i.exit_code, role=i.role)

@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import shutil
 import signal
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
@@ -14,6 +14,7 @@ import pytest_asyncio
 
 from agent.process import kill_leftovers
 from client.api import TrainyardClient
+from libs.contracts.cluster import ClusterConfig
 from libs.contracts.messages import JobView
 from libs.devstack.stack import (
     REPO_ROOT,
@@ -26,10 +27,12 @@ from libs.devstack.stack import (
     stack_env,
 )
 from libs.messaging.rpc import ServiceUnavailable
+from tests.mailbox import Mailbox
 
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
 NODES = ("node-a", "node-b")
 TEST_ALGORITHMS = Path(__file__).parent / "algorithms"
+TESTER_EMAIL = "tester@example.com"
 
 
 def process_alive(pid: int) -> bool:
@@ -44,9 +47,11 @@ def process_alive(pid: int) -> bool:
 class Stack:
     """Processes of one test's platform, with helpers to crash and restart them."""
 
-    def __init__(self, home: Path, nats_url: str, database_url: str, cluster: Path = CLUSTER) -> None:
+    def __init__(self, home: Path, nats_url: str, database_url: str, cluster: Path = CLUSTER,
+                 smtp_url: str | None = None) -> None:
         self.home = home
         self.cluster = cluster
+        self.nodes = [node.name for node in ClusterConfig.load(cluster).nodes] or list(NODES)
         self.storage = home / "storage"
         seed_storage(self.storage)
         for algorithm in TEST_ALGORITHMS.iterdir():
@@ -54,7 +59,9 @@ class Stack:
         env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=cluster,
                         extra={"TRAINYARD_HEARTBEAT_SECONDS": "0.5", "TRAINYARD_NODE_LOST_SECONDS": "3",
                                "TRAINYARD_STOP_GRACE_SECONDS": "3", "TRAINYARD_STOP_GIVE_UP_SECONDS": "3",
-                               **provision_auth(home, user="tester")})
+                               "TRAINYARD_HEALTH_PROBE_SECONDS": "1",
+                               **({"TRAINYARD_SMTP_URL": smtp_url} if smtp_url else {}),
+                               **provision_auth(home, user="tester", email=TESTER_EMAIL)})
         self.token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text()
         self.processes = ProcessSet(home, env)
         self.nats_url = nats_url
@@ -70,7 +77,7 @@ class Stack:
         for name in SERVICES:
             self.start(name)
         if agents:
-            for node in NODES:
+            for node in self.nodes:
                 self.start(f"agent-{node}")
 
     async def up(self) -> TrainyardClient:
@@ -88,8 +95,9 @@ class Stack:
             self.client = await TrainyardClient.open(self.nats_url, token=self.token)
         return self.client
 
-    async def wait_for_nodes(self, count: int = len(NODES), timeout: float = 60) -> None:
+    async def wait_for_nodes(self, count: int | None = None, timeout: float = 60) -> None:
         api = await self.api()
+        count = len(self.nodes) if count is None else count
         async with asyncio.timeout(timeout):
             while True:
                 with contextlib.suppress(ServiceUnavailable):
@@ -124,19 +132,30 @@ class Stack:
         return "\n".join(parts)
 
 
+@pytest.fixture
+def mailbox() -> Iterator[Mailbox]:
+    box = Mailbox()
+    box.controller.start()
+    try:
+        yield box
+    finally:
+        box.controller.stop()
+
+
 @pytest_asyncio.fixture(loop_scope="session")
-async def stack(tmp_path: Path, nats_url: str, database_url: str,
+async def stack(tmp_path: Path, nats_url: str, database_url: str, mailbox: Mailbox,
                 request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     tmp_path.chmod(0o755)
     # A test marked `@pytest.mark.cluster(path)` runs on that cluster config instead of the local one.
     marker = request.node.get_closest_marker("cluster")
-    platform = Stack(tmp_path, nats_url, database_url, cluster=marker.args[0] if marker else CLUSTER)
+    platform = Stack(tmp_path, nats_url, database_url, cluster=marker.args[0] if marker else CLUSTER,
+                     smtp_url=mailbox.url)
     yield platform
     if platform.client is not None:
         await platform.client.close()
     platform.processes.stop_all()
     # Jobs of agents the test killed are not anyone's children any more: end them here.
-    for node in NODES:
+    for node in platform.nodes:
         kill_leftovers(tmp_path / "agents" / node)
     # Shown by pytest only when the test failed.
     print(platform.dump_logs())

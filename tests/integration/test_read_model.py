@@ -17,6 +17,7 @@ from libs.contracts.events import (
     JobExpired,
     JobFailed,
     JobPriorityChanged,
+    JobRequeued,
     JobStopped,
     JobSubmitted,
     JobSucceeded,
@@ -203,6 +204,19 @@ async def test_later_events_update_rows(store: EventStore, log: Log) -> None:
     assert jobs[BATCH].priority == "urgent"
     assert jobs[RESNET].status == "expired" and jobs[RESNET].ended_at is not None
     assert await ids(projection, statuses=["expired"]) == [RESNET]
+
+
+async def test_a_job_moved_after_a_fault_is_queued_again(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store)
+    await projection.catch_up()
+    assert RESNET in await ids(projection, statuses=["running"])
+
+    await log.add(RESNET, JobRequeued(job_id=RESNET, attempt=1, reason="node n1 was lost", resumes=1))
+    await projection.catch_up()
+
+    assert RESNET in await ids(projection, statuses=["queued"])
+    assert RESNET not in await ids(projection, statuses=["running"])
 
 
 async def test_limit_is_capped(store: EventStore) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import json
+import uuid
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from pathlib import Path
 
 import msgspec
@@ -14,6 +16,8 @@ from client.api import TrainyardClient, TrainyardError
 from libs.auth import bearer_headers, issue_token
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
+from libs.contracts.codec import encode
+from libs.contracts.events import EventEnvelope, JobSubmitted, PrecheckCompleted
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, ModelRef, OutputRef
 from libs.runtime import ServiceRuntime
@@ -166,3 +170,24 @@ async def test_state_is_rebuilt_from_the_log_after_a_restart(client: TrainyardCl
     await schedulers.start()
     assert await client.list_jobs() == before
     assert (await client.get_job(kept.job_id)).job.queue_position == 1
+
+
+async def test_history_holds_the_monitors_events_and_the_submit_records_the_creators_email(
+        nats_url: str, schedulers: Schedulers) -> None:
+    await schedulers.start()
+    identity = Identity(user="alice", projects=["default"], email="alice@example.com")
+    api = await TrainyardClient.open(nats_url, token=issue_token(SECRET, identity))
+    try:
+        job = (await api.submit(spec())).job_id
+        # What the monitor publishes about the job (M1): the history shows it beside the scheduler's events.
+        envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="job",
+                                 aggregate_id=job, version=1, position=1, recorded_at=datetime.now(UTC),
+                                 event=PrecheckCompleted(job_id=job, attempt=1, passed=False, nodes=[]))
+        await api.nc.jetstream().publish(subjects.event_subject("monitor", "job", job, "PrecheckCompleted"),
+                                         encode(envelope), headers={"Nats-Msg-Id": envelope.event_id})
+        history = await api.history(job)
+        assert [type(e.event).name() for e in history] == ["JobSubmitted", "JobPredicted", "PrecheckCompleted"]
+        submitted = history[0].event
+        assert isinstance(submitted, JobSubmitted) and submitted.creator_email == "alice@example.com"
+    finally:
+        await api.close()

@@ -15,10 +15,20 @@ from typer.testing import CliRunner
 from client import cli
 from client.api import TrainyardError
 from libs.auth import verify_token
-from libs.contracts.cluster import Flavor
-from libs.contracts.events import EventEnvelope, JobPredicted
+from libs.contracts.cluster import Flavor, NodeInfo, Resources
+from libs.contracts.events import (
+    DebugEnvironmentKept,
+    EventEnvelope,
+    JobPrecheckFailed,
+    JobPredicted,
+    JobResuming,
+    PerformanceDegraded,
+    PrecheckCompleted,
+)
+from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.identity import Identity
-from libs.contracts.messages import CommandError, Done, FlavorList, JobAccepted
+from libs.contracts.jobspec import CheckpointResume, FaultRestart, JobSpec
+from libs.contracts.messages import CommandError, Done, FlavorList, JobAccepted, JobDetails, JobView, NodeView
 from libs.contracts.scheduling import (
     BoardDemand,
     BoardUsage,
@@ -354,3 +364,160 @@ def test_events_come_from_the_history_and_show_predictions(fake: FakeClient) -> 
     assert result.exit_code == 0, result.output
     assert "JobPredicted" in result.output
     assert "prediction=queues at position 2 behind 1 job; estimated start 13:50 UTC (in 10 min)" in result.output
+
+
+def envelope_of(event: Any, position: int = 1) -> EventEnvelope:
+    return EventEnvelope(event_id=f"e{position}", service="monitor", aggregate_type="job", aggregate_id="job-r",
+                         version=position, position=position, recorded_at=NOW, event=event)
+
+
+def test_events_show_prechecks_resumes_and_kept_environments(fake: FakeClient) -> None:
+    failed = NodeCheck(node="node-b", passed=False,
+                       checks=[ComponentHealth(kind="board", name="0", healthy=False, detail="xid 79")])
+    passed = NodeCheck(node="node-a", passed=True, checks=[])
+    fake.answers["history"] = [
+        envelope_of(PrecheckCompleted(job_id="job-r", attempt=1, passed=False, nodes=[passed, failed]), 1),
+        envelope_of(JobPrecheckFailed(job_id="job-r", attempt=1, reason="board:0 faulty", nodes=["node-b"]), 2),
+        envelope_of(JobResuming(job_id="job-r", attempt=2, reason="node-c is unhealthy",
+                                exclude_nodes=["node-c", "node-d"]), 3),
+        envelope_of(PerformanceDegraded(job_id="job-r", attempt=2, node="node-a", rank=0, ratio=0.6634521,
+                                        threshold=0.7, direction="below", window=10, action="alert"), 4),
+        envelope_of(DebugEnvironmentKept(job_id="job-r", attempt=2, nodes=["node-a"],
+                                         until=datetime(2026, 11, 21, 18, 0, tzinfo=UTC)), 5),
+    ]
+    result = invoke("events", "job-r")
+    assert result.exit_code == 0, result.output
+    assert "nodes=node-a passed; node-b failed (board:0 faulty (xid 79))" in result.output
+    assert "reason=board:0 faulty nodes=node-b" in result.output
+    assert "exclude_nodes=node-c, node-d" in result.output
+    assert "ratio=0.6635 threshold=0.7" in result.output
+    assert f"nodes=node-a until={cli._time(datetime(2026, 11, 21, 18, 0, tzinfo=UTC))}" in result.output
+
+
+# --- show and nodes: faults, resumes, kept environments ------------------------------------------------------
+
+
+def details(**fields: Any) -> JobDetails:
+    spec_fields = {key: fields.pop(key) for key in ("checkpoint_resume", "fault_restart") if key in fields}
+    job = JobView(job_id="job-r", name="resnet", project="vision", creator="alice", status="failed",
+                  priority="normal", mode="pytorch", nodes=2, flavors=["gpu-4"], submitted_at=NOW, **fields)
+    return JobDetails(job=job, spec=JobSpec(name="resnet", pool="dedicated", **spec_fields))
+
+
+def show_rows(result: Any) -> dict[str, str]:
+    return {key: value.strip() for key, _, value in
+            (line.strip().partition("  ") for line in result.stdout.splitlines()) if key}
+
+
+def test_show_counts_resumes_against_their_maximum(fake: FakeClient) -> None:
+    fake.answers["get_job"] = details(resumes=1, max_resumes=3, excluded_nodes=["node-b", "node-c"],
+                                      checkpoint_resume=CheckpointResume(max_resumes=5))
+    fake.answers["usage"] = []
+    result = invoke("show", "job-r")
+    assert result.exit_code == 0, result.output
+    rows = show_rows(result)
+    assert rows["resumes"] == "1 of 3"  # the effective maximum, within the administrator's cap
+    assert rows["excluded nodes"] == "node-b, node-c"
+    assert "restarts" not in rows
+
+
+def test_show_counts_restarts_and_says_how_long_the_environment_is_kept(fake: FakeClient) -> None:
+    kept_until = datetime.now(UTC) + timedelta(hours=4)
+    fake.answers["get_job"] = details(restarts=2, fault_restart=FaultRestart(max_restarts=5), kept_until=kept_until)
+    fake.answers["usage"] = []
+    result = invoke("show", "job-r")
+    assert result.exit_code == 0, result.output
+    rows = show_rows(result)
+    assert rows["restarts"] == "2 of 5"
+    assert rows["environment"] == (f"kept for the debug terminal until {cli._time(kept_until)}; "
+                                   "`trainyard exec job-r` opens a shell in it")
+    assert "resumes" not in rows
+
+
+def test_show_leaves_out_an_environment_no_longer_kept(fake: FakeClient) -> None:
+    fake.answers["get_job"] = details(kept_until=datetime.now(UTC) - timedelta(minutes=1))
+    fake.answers["usage"] = []
+    result = invoke("show", "job-r")
+    assert result.exit_code == 0, result.output
+    assert "environment" not in show_rows(result)
+
+
+def test_nodes_show_why_a_node_is_unhealthy(fake: FakeClient) -> None:
+    def node(name: str, status: Any, problems: list[str]) -> NodeView:
+        return NodeView(info=NodeInfo(name=name, address="10.0.0.1", os="Debian 12", kernel="6.1", cpus=4,
+                                      memory_mib=8192),
+                        status=status, used=Resources(), problems=problems)
+
+    fake.answers["nodes"] = [node("node-a", "ready", []),
+                             node("node-b", "unhealthy", ["board:0 faulty (xid 79)", "nic:eth0 faulty (down)"])]
+    result = invoke("nodes")
+    assert result.exit_code == 0, result.output
+    lines = result.stdout.splitlines()
+    assert lines[0].split()[-1] == "PROBLEMS"
+    assert lines[1].split()[:2] == ["node-a", "ready"] and lines[1].split()[-1] == "-"
+    assert lines[2].split()[:2] == ["node-b", "unhealthy"]
+    assert lines[2].rstrip().endswith("board:0 faulty (xid 79); nic:eth0 faulty (down)")
+
+
+# --- admin fault ----------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("component", ["gpu0", "board", "disk:sda", "board:", "nic:eth 0"])
+def test_admin_fault_refuses_a_bad_component_before_connecting(fake: FakeClient, component: str) -> None:
+    result = invoke("admin", "fault", "node-a", component)
+    assert result.exit_code == 1
+    assert f"error: {component!r} is not a component name" in result.output
+    assert "e.g. board:0, nic:eth0 or runtime:storage" in result.output
+    assert fake.calls == []
+
+
+def test_admin_fault_marks_and_clears(fake: FakeClient) -> None:
+    fake.answers["mark_component"] = Done(job_ids=[], message="")
+    marked = invoke("admin", "fault", "node-a", "board:0", "--reason", "drill")
+    cleared = invoke("admin", "fault", "node-a", "board:0", "--clear")
+    assert marked.exit_code == 0 and cleared.exit_code == 0, marked.output + cleared.output
+    assert fake.calls == [("mark_component", ("node-a", "board:0"), {"faulty": True, "reason": "drill"}),
+                          ("mark_component", ("node-a", "board:0"), {"faulty": False, "reason": ""})]
+    assert "board:0 marked faulty; clear it with `trainyard admin fault node-a board:0 --clear`" in marked.output
+    assert "node-a: cleared the mark on board:0" in cleared.output
+
+
+def test_admin_fault_refused_for_a_non_administrator(fake: FakeClient) -> None:
+    fake.answers["mark_component"] = TrainyardError(CommandError(code="forbidden",
+                                                                 message="only administrators mark components"))
+    result = invoke("admin", "fault", "node-a", "nic:eth0")
+    assert result.exit_code == 1
+    assert "error: only administrators mark components" in result.output
+
+
+# --- admin token --email, exec's arguments ----------------------------------------------------------------------
+
+
+def test_admin_token_carries_the_email(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_AUTH_SECRET", SECRET)
+    result = invoke("admin", "token", "alice", "-p", "vision", "--email", "alice@example.com")
+    assert result.exit_code == 0, result.output
+    assert verify_token(SECRET, result.stdout.strip()) == Identity(user="alice", projects=["vision"],
+                                                                    email="alice@example.com")
+    assert "alice <alice@example.com>" in result.output
+
+
+def test_admin_token_refuses_what_is_not_an_email(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_AUTH_SECRET", SECRET)
+    result = invoke("admin", "token", "alice", "--email", "alice at example")
+    assert result.exit_code == 1
+    assert "'alice at example' is not an email address" in result.output
+    assert result.stdout == ""
+
+
+def test_whoami_shows_the_email(fake: FakeClient) -> None:
+    fake.answers["whoami"] = Identity(user="alice", email="alice@example.com")
+    result = invoke("whoami")
+    assert ["email", "alice@example.com"] in [line.split() for line in result.output.splitlines()]
+
+
+def test_exec_refuses_an_empty_command_before_connecting(fake: FakeClient) -> None:
+    result = invoke("exec", "job-r", "--", " ")
+    assert result.exit_code == 1
+    assert "error: the command is empty" in result.output
+    assert fake.calls == []

@@ -322,6 +322,15 @@ def test_elastic_job_never_starts_below_its_minimum() -> None:
     assert decision.unplaceable == ["e"]  # two nodes can never hold three ranks
 
 
+def test_a_job_moved_back_to_the_queue_starts_short_like_any_elastic_job() -> None:
+    # A requeued elastic job (J12) is an elastic job in the queue: it may come back on fewer nodes.
+    job = QueuedJob("e", elastic_spec(3, 2, pool="p"), excluded_nodes=frozenset({"c"}))
+    decision = cycle([job], [node("a", cpus=4, pools=["p"]), node("b", cpus=4, pools=["p"]),
+                             node("c", cpus=4, pools=["p"])])
+    (admission,) = decision.admissions
+    assert sorted(hosts(admission)) == ["a", "b"]
+
+
 def test_elastic_job_prefers_its_full_size_on_a_later_flavor_over_shrinking() -> None:
     job = QueuedJob("e", elastic_spec(2, 1, ["gpu-8", "gpu-4"], pool="p"))
     nodes = [node("a", cpus=64, gpus=8, pools=["p"]), node("b", cpus=64, gpus=4, pools=["p"])]
@@ -425,3 +434,29 @@ def test_the_cycle_charges_parameter_servers_their_own_flavor() -> None:
     # 8 CPUs for the worker and 1 for the parameter server leave 1: a cpu-4 job does not fit.
     decision = cycle([QueuedJob("tf", tf_spec(1, 1)), queued("cpu", flavors=["cpu-4"])], [node("a", cpus=10, gpus=4)])
     assert admitted(decision) == ["tf"]
+
+
+# --- M6: nodes a job was moved away from ----------------------------------------------------------------
+
+
+def test_an_excluded_node_is_never_chosen_even_when_it_is_the_roomiest() -> None:
+    job = QueuedJob("j", spec(2), excluded_nodes=frozenset({"big"}))
+    (admission,) = cycle([job], [node("big", cpus=64), node("a"), node("b")]).admissions
+    assert sorted(hosts(admission)) == ["a", "b"]
+
+
+def test_a_job_whose_only_nodes_are_excluded_waits_without_blocking_others() -> None:
+    excluded = QueuedJob("moved", spec(1), excluded_nodes=frozenset({"a"}))
+    decision = cycle([excluded, queued("next")], [node("a")])
+    assert (admitted(decision), decision.unplaceable) == (["next"], ["moved"])
+
+
+def test_a_growing_job_never_lands_on_an_excluded_node() -> None:
+    job_spec = elastic_spec(2, 1, pool="p")
+    running = RunningJob(job_id="e", spec=job_spec, flavor=CPU4, excluded_nodes=frozenset({"b"}),
+                         placement=[Placement(rank=0, node="a", address="addr-a", slots=1)], ends_at=None)
+    nodes = busy([node("a", cpus=4, pools=["p"]), node("b", cpus=4, pools=["p"])], [running])
+    assert cycle([], nodes, running=[running]).growths == []
+    nodes.append(node("c", cpus=4, pools=["p"]))
+    (growth,) = cycle([], nodes, running=[running]).growths
+    assert sorted(p.node for p in growth.placement) == ["a", "c"]

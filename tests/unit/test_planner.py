@@ -14,7 +14,9 @@ from libs.contracts.jobspec import (
     AlgorithmRef,
     AnnotationDatasetRef,
     BatchTask,
+    CheckpointResume,
     DatasetRef,
+    DebugTerminal,
     JobSpec,
     ModelRef,
     OutputRef,
@@ -366,3 +368,37 @@ def test_batch_task_n_gets_its_algorithm_and_writes_to_job_name_dash_n() -> None
         assert mounts["algorithm"].source.endswith(algorithm)
         assert mounts["model/private/base"].read_only
     assert {m.target: m for m in workspace_mounts(spec, task_index=1)}["algorithm"].read_only
+
+
+# --- J12: checkpoint resume; J15: debug terminal -----------------------------------------------------------
+
+
+def resumable(**extra: Any) -> JobSpec:
+    return job("pytorch", pool="dedicated", checkpoint_resume=CheckpointResume(), **extra)
+
+
+def test_a_checkpoint_job_is_told_its_signal_folder_and_resumes_on_every_node() -> None:
+    launches = plan_launch(resumable(), GPU4, servers(2), master_port=2222, job_id="job-00000000000a", resumes=2)
+    for launch in launches:
+        assert {k: v for k, v in launch.env.items() if k.startswith("TRAINYARD_")} == {
+            "TRAINYARD_CHECKPOINT_SIGNAL": "SIGUSR1", "TRAINYARD_CHECKPOINT_DIR": "/workspace/checkpoints",
+            "TRAINYARD_RESUME_COUNT": "2"}
+        assert launch.env["RANK"] == str(launch.rank)  # the mode's variables are still there
+        assert Mount(source="checkpoints/job-00000000000a", target="checkpoints", read_only=False) in launch.mounts
+
+
+def test_a_checkpoint_job_cannot_be_planned_without_its_id() -> None:
+    with pytest.raises(ValueError, match="job id"):
+        plan(resumable())
+
+
+def test_other_jobs_get_no_checkpoint_variables_or_folder() -> None:
+    launches = plan_launch(job("pytorch"), GPU4, servers(2), master_port=2222, job_id="job-00000000000a")
+    assert not any(k.startswith("TRAINYARD_") for launch in launches for k in launch.env)
+    assert not any(m.target == "checkpoints" for launch in launches for m in launch.mounts)
+
+
+@pytest.mark.parametrize(("terminal", "kept"), [(None, False), (DebugTerminal(), True),
+                                                (DebugTerminal(enabled=False), False)])
+def test_the_workspace_is_kept_only_with_the_debug_terminal_on(terminal: DebugTerminal | None, kept: bool) -> None:
+    assert [launch.keep_workspace for launch in plan(job("pytorch", debug_terminal=terminal))] == [kept, kept]

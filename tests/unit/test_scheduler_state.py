@@ -9,6 +9,8 @@ import pytest
 
 from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
 from libs.contracts.events import (
+    DebugEnvironmentKept,
+    DebugEnvironmentReleased,
     EventEnvelope,
     JobAdmitted,
     JobDeleted,
@@ -16,24 +18,31 @@ from libs.contracts.events import (
     JobExpired,
     JobExpiring,
     JobFailed,
+    JobPrecheckFailed,
+    JobPrechecking,
     JobPriorityChanged,
+    JobRequeued,
     JobRescaling,
+    JobRestarting,
+    JobResuming,
     JobStopped,
     JobStopRequested,
     JobSubmitted,
     JobSucceeded,
     LaunchFailed,
     LaunchPlanned,
+    NodeHealthy,
     NodeLaunch,
     NodeLost,
     NodeProcessExited,
     NodeProcessStarted,
     NodeRecovered,
     NodeRegistered,
+    NodeUnhealthy,
     Placement,
     SettingsChanged,
 )
-from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
 from libs.contracts.scheduling import AdminSettings
 from services.scheduler.state import SchedulerState
 
@@ -381,3 +390,108 @@ def test_settings_are_folded_from_their_own_aggregate(log: Log) -> None:
     assert (log.state.settings.urgent_cap, log.state.settings.sharing_enabled) == (1, False)
     log.submit("a", access="read-only")
     assert log.state.view(log.state.jobs["a"]).access == "none"
+
+
+# --- M1, J12, J13, M2, J15: pre-checks, moves, restarts, node health, kept environments --------------------
+
+
+def precheck(job_id: str, nodes: list[str], attempt: int = 1) -> JobPrechecking:
+    placement = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(nodes)]
+    return JobPrechecking(job_id=job_id, attempt=attempt, flavor="cpu-4", placement=placement)
+
+
+def test_a_job_being_prechecked_has_left_the_queue_but_holds_its_nodes(log: Log) -> None:
+    log.register("n1")
+    log.submit("a")
+    log.submit("b")
+    log.apply(precheck("a", ["n1"]))
+    job = log.state.jobs["a"]
+    assert (job.status, log.queue_ids()) == ("queued", ["b"])
+    assert log.state.view(job).queue_position is None
+    assert log.state.used()["n1"] == Resources(cpus=4, memory_mib=8192)
+    log.apply(JobStopped(job_id="a", by="alice"))
+    assert log.state.used()["n1"] == Resources()
+
+
+def test_a_failed_precheck_puts_the_job_back_at_its_place_with_the_reason(log: Log) -> None:
+    log.register("n1")
+    log.submit("a")
+    log.submit("b")
+    log.apply(precheck("a", ["n1"]))
+    log.apply(JobPrecheckFailed(job_id="a", attempt=1, reason="the pre-check failed on n1: board:0 faulty",
+                                nodes=["n1"]))
+    assert log.queue_ids() == ["a", "b"]
+    assert log.state.view(log.state.jobs["a"]).reason == "the pre-check failed on n1: board:0 faulty"
+    assert log.state.used()["n1"] == Resources()
+
+
+def test_a_requeued_job_keeps_its_place_its_first_start_and_counts_its_resumes(log: Log) -> None:
+    log.register("n1")
+    log.submit("a", duration="2h")
+    log.submit("b")
+    log.admit("a", ["n1"])
+    started = log.state.jobs["a"].started_at
+    log.apply(JobResuming(job_id="a", attempt=1, reason="it is slow on node n1", exclude_nodes=["n1"]))
+    assert log.state.jobs["a"].status == "running"
+    log.apply(JobRequeued(job_id="a", attempt=1, reason="it is slow on node n1", resumes=1))
+    view = log.state.view(log.state.jobs["a"])
+    assert (view.status, view.queue_position, view.placement, view.resumes) == ("queued", 1, [], 1)
+    assert (view.excluded_nodes, view.reason) == (["n1"], "it is slow on node n1")
+    assert log.state.used()["n1"] == Resources()
+    log.admit("a", ["n2"], attempt=2)
+    job = log.state.jobs["a"]
+    assert (job.started_at, job.reason, log.state.view(job).resumes) == (started, None, 1)
+
+
+def test_time_back_in_the_queue_does_not_count_toward_the_duration_limit(log: Log) -> None:
+    log.submit("a", duration="1h")
+    log.admit("a", ["n1"])  # minute 2
+    log.apply(JobResuming(job_id="a", attempt=1, reason="node n1 was lost: gone", lost_nodes=["n1"]))
+    log.apply(JobRequeued(job_id="a", attempt=1, reason="node n1 was lost: gone", resumes=1))  # minute 4: ran 2
+    for index in range(10):  # ten minutes pass in the queue
+        log.submit(f"later-{index}")
+    log.admit("a", ["n2"], attempt=2)  # minute 15
+    job = log.state.jobs["a"]
+    assert job.ends_at == T0 + timedelta(minutes=15 + 60 - 2)
+    assert log.state.view(job).expires_at == job.ends_at
+
+
+def test_restarts_are_counted(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"])
+    log.apply(JobRestarting(job_id="a", attempt=1, restarts=1, reason="rank 0 on n1 exited with code 3",
+                            exit_code=3))
+    log.admit("a", ["n1"], attempt=2)
+    assert log.state.view(log.state.jobs["a"]).restarts == 1
+
+
+def test_the_effective_maximum_resumes_is_the_spec_within_the_cap(log: Log) -> None:
+    log.submit("plain")
+    log.submit("resumable", pool="p", checkpoint_resume=CheckpointResume(max_resumes=5))
+    assert log.state.view(log.state.jobs["plain"]).max_resumes is None
+    assert log.state.view(log.state.jobs["resumable"]).max_resumes == 5
+    log.apply(SettingsChanged(settings=AdminSettings(max_resumes_cap=2), by="root"), aggregate_id="platform")
+    assert log.state.view(log.state.jobs["resumable"]).max_resumes == 2
+
+
+def test_an_unhealthy_node_keeps_its_problems_until_it_is_healthy(log: Log) -> None:
+    log.register("n1")
+    log.apply(NodeUnhealthy(node_name="n1", problems=["board:0 faulty (xid 79)"]), service="monitor")
+    node = log.state.nodes["n1"]
+    assert (node.status, node.problems, node.schedulable) == ("unhealthy", ["board:0 faulty (xid 79)"], False)
+    log.register("n1", cpus=32)  # registering again does not clear a fault
+    assert log.state.nodes["n1"].status == "unhealthy"
+    log.apply(NodeHealthy(node_name="n1"), service="monitor")
+    node = log.state.nodes["n1"]
+    assert (node.status, node.problems, node.schedulable) == ("ready", [], True)
+
+
+def test_a_kept_environment_shows_until_it_is_released(log: Log) -> None:
+    log.submit("a")
+    log.admit("a", ["n1"])
+    log.apply(JobFailed(job_id="a", reason="rank 0 on n1 exited with code 1", exit_code=1))
+    until = T0 + timedelta(hours=4)
+    log.apply(DebugEnvironmentKept(job_id="a", attempt=1, nodes=["n1"], until=until), service="monitor")
+    assert log.state.view(log.state.jobs["a"]).kept_until == until
+    log.apply(DebugEnvironmentReleased(job_id="a", attempt=1), service="monitor")
+    assert log.state.view(log.state.jobs["a"]).kept_until is None

@@ -6,10 +6,19 @@ from datetime import UTC, datetime
 from typing import Any
 
 from libs.contracts.cluster import Accelerators, ClusterConfig, Flavor, NodeInfo
-from libs.contracts.events import EventEnvelope, JobAdmitted, JobSubmitted, NodeLost, NodeRegistered, Placement
-from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobPrechecking,
+    JobSubmitted,
+    NodeLost,
+    NodeRegistered,
+    NodeUnhealthy,
+    Placement,
+)
+from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, DatasetRef, JobSpec, OutputRef
 from services.scheduler.state import SchedulerState
-from services.scheduler.views import dev_env, flavor_list, node_resources
+from services.scheduler.views import dev_env, flavor_list, node_resources, node_views
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 A100_1 = Flavor(name="a100-1", cpus=4, memory_mib=16384, accelerators=1, board="A100")
@@ -75,6 +84,28 @@ def test_lost_nodes_are_not_schedulable_resources() -> None:
     fold.node("gpu-1", "A100", 4)
     fold.apply(NodeLost(node_name="gpu-1", last_seen=AT, reason="gone"), "monitor")
     assert node_resources(fold.state, ["a100-1"]) == []
+
+
+def test_unhealthy_nodes_are_listed_with_their_problems_but_not_schedulable() -> None:
+    fold = Fold()
+    fold.node("gpu-1", "A100", 4)
+    fold.node("gpu-2", "A100", 4)
+    fold.apply(NodeUnhealthy(node_name="gpu-2", problems=["board:1 faulty (xid 79)"]), "monitor")
+    assert [r.name for r in node_resources(fold.state, ["a100-1"])] == ["gpu-1"]
+    assert [f.schedulable_nodes for f in flavor_list(fold.state, "A100").flavors] == [1, 1]
+    views = node_views(fold.state)
+    assert [(v.info.name, v.status, v.problems) for v in views] == [
+        ("gpu-1", "ready", []), ("gpu-2", "unhealthy", ["board:1 faulty (xid 79)"])]
+
+
+def test_a_job_being_prechecked_shows_on_its_nodes() -> None:
+    fold = Fold()
+    fold.node("gpu-1", "A100", 4)
+    fold.job("job-000000000001", "train", ["a100-1"], pool="p", checkpoint_resume=CheckpointResume())
+    fold.apply(JobPrechecking(job_id="job-000000000001", attempt=1, flavor="a100-1",
+                              placement=[Placement(rank=0, node="gpu-1", address="gpu-1", slots=1)]))
+    [view] = node_views(fold.state)
+    assert (view.jobs, view.used.accelerators) == (["job-000000000001"], 1)
 
 
 def test_flavors_by_board_with_the_boards_queued_jobs_need() -> None:

@@ -6,17 +6,19 @@ from pathlib import Path
 
 import msgspec
 
+from libs.contracts.events import Mount
 from libs.contracts.jobspec import (
     AlgorithmRef,
     AnnotationDatasetRef,
     BatchTask,
+    CheckpointResume,
     DatasetRef,
     JobSpec,
     ModelRef,
     OutputRef,
     VolumeRef,
 )
-from libs.storage import missing_inputs
+from libs.storage import missing_inputs, workspace_mounts
 
 BASE = JobSpec(name="train", flavors=["cpu-1"], algorithm=AlgorithmRef(name="algo"), command="python3 a.py",
                output=OutputRef(name="out"))
@@ -56,3 +58,13 @@ def test_batch_tasks_each_need_their_algorithm(tmp_path: Path) -> None:
         BatchTask(algorithm=AlgorithmRef(name="b"), command="python3 b.py")])
     root = make(tmp_path, "algorithms/a")
     assert [e.field for e in missing_inputs(spec, root)] == ["tasks[1].algorithm"]
+
+
+def test_a_checkpoint_job_gets_its_own_writable_checkpoint_folder(tmp_path: Path) -> None:
+    spec = msgspec.structs.replace(BASE, pool="p", checkpoint_resume=CheckpointResume())
+    mounts = workspace_mounts(spec, job_id="job-00000000000a")
+    assert Mount(source="checkpoints/job-00000000000a", target="checkpoints", read_only=False) in mounts
+    assert not any(m.target == "checkpoints" for m in workspace_mounts(BASE, job_id="job-00000000000a"))
+    # Created on first use: a submit never waits for it.
+    root = make(tmp_path, "algorithms/algo")
+    assert missing_inputs(spec, root) == []

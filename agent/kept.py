@@ -1,0 +1,145 @@
+"""Node environments on disk (SPEC J15): each rank's folder, kept for debug sessions or removed.
+
+A node's folder is `<agent root>/jobs/<job>/<attempt>/task-<t>/rank-<r>`. When its launch asks to keep
+the workspace, the agent writes `session.json` there: the job's variables and how the workspace
+was made (backend, paths, sandbox binds), so that a session can run commands in the same
+environment after the process ended, even from an agent that restarted since. Otherwise the
+folder is removed once the process ended; in the plain backend its mounts are symbolic links into
+shared storage, and removal never follows them.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+
+import msgspec
+
+from agent.sandbox import Bind, SandboxSpec
+from agent.workspace import Workspace
+
+ENVIRONMENT_NAME = "session.json"
+# Ids that become folder names and subject tokens: no separators, no `.`/`..`.
+SAFE_ID = re.compile(r"^[A-Za-z0-9_-]{1,128}$")
+
+
+class _Bind(msgspec.Struct, frozen=True):
+    source: str
+    target: str
+    read_only: bool
+
+
+class _Sandbox(msgspec.Struct, frozen=True):
+    binds: list[_Bind]
+    dirs: list[str]
+    tmp: str | None
+    keep: list[str]
+    cwd: str
+
+
+class _Workspace(msgspec.Struct, frozen=True):
+    root: str
+    path: str
+    backend: str
+    sandbox: _Sandbox | None
+
+
+class _Record(msgspec.Struct, frozen=True, kw_only=True):
+    version: int = 1
+    job_id: str
+    attempt: int
+    task: int
+    rank: int
+    node: str
+    kept_at: datetime
+    env: dict[str, str]
+    workspace: _Workspace
+
+
+@dataclass(frozen=True)
+class Environment:
+    """Where and with what a node's commands run."""
+
+    workspace: Workspace
+    env: dict[str, str]
+
+
+def rank_root(root: Path, job_id: str, attempt: int, task: int, rank: int) -> Path:
+    return root / "jobs" / job_id / str(attempt) / f"task-{task}" / f"rank-{rank}"
+
+
+def _to_record(workspace: Workspace) -> _Workspace:
+    spec = workspace.sandbox
+    sandbox = None if spec is None else _Sandbox(
+        binds=[_Bind(str(b.source), b.target, b.read_only) for b in spec.binds], dirs=list(spec.dirs),
+        tmp=None if spec.tmp is None else str(spec.tmp), keep=[str(p) for p in spec.keep], cwd=spec.cwd)
+    return _Workspace(root=str(workspace.root), path=str(workspace.path), backend=workspace.backend, sandbox=sandbox)
+
+
+def _from_record(record: _Workspace) -> Workspace:
+    found = record.sandbox
+    sandbox = None if found is None else SandboxSpec(
+        binds=[Bind(source=Path(b.source), target=b.target, read_only=b.read_only) for b in found.binds],
+        dirs=found.dirs, tmp=None if found.tmp is None else Path(found.tmp), keep=[Path(p) for p in found.keep],
+        cwd=found.cwd)
+    return Workspace(root=Path(record.root), path=Path(record.path), backend=record.backend, sandbox=sandbox)
+
+
+def write_environment(directory: Path, *, job_id: str, attempt: int, task: int, rank: int, node: str,
+                      environment: Environment) -> None:
+    """Record a kept environment; only the agent's user may read it (the job's variables are in it)."""
+    record = _Record(job_id=job_id, attempt=attempt, task=task, rank=rank, node=node, kept_at=datetime.now(UTC),
+                     env=environment.env, workspace=_to_record(environment.workspace))
+    partial = directory / f".{ENVIRONMENT_NAME}.tmp"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(msgspec.json.format(msgspec.json.encode(record)))
+    partial.replace(directory / ENVIRONMENT_NAME)  # never half a record
+
+
+def read_environment(directory: Path) -> Environment | None:
+    """The environment kept in `directory`, or None when there is none (or it cannot be read)."""
+    try:
+        record = msgspec.json.decode((directory / ENVIRONMENT_NAME).read_bytes(), type=_Record)
+    except (OSError, msgspec.DecodeError):
+        return None
+    return Environment(workspace=_from_record(record.workspace), env=record.env)
+
+
+def kept_roots(root: Path, job_id: str) -> list[Path]:
+    """Every kept node folder of the job under the agent's root (all attempts, tasks and ranks)."""
+    return sorted(p.parent for p in root.glob(f"jobs/{job_id}/*/task-*/rank-*/{ENVIRONMENT_NAME}"))
+
+
+class RemovalRefused(OSError):
+    """The folder is not one the agent may remove."""
+
+
+def remove_node_root(root: Path, directory: Path) -> None:
+    """Remove one node folder under `<root>/jobs`, then its parents that are left empty.
+
+    Symbolic links inside are removed, not followed (shutil.rmtree works on file descriptors and
+    never descends into a link), so shared storage is untouched. A folder that is itself a link,
+    lies outside the agent's jobs folder or holds a mount point is refused.
+    """
+    jobs = (root / "jobs").resolve()
+    if not directory.exists() and not directory.is_symlink():
+        return
+    if directory.is_symlink() or not directory.resolve().is_relative_to(jobs) or directory.resolve() == jobs:
+        raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
+    for current, folders, _ in os.walk(directory, followlinks=False):
+        for name in folders:
+            if os.path.ismount(os.path.join(current, name)):
+                raise RemovalRefused(f"{os.path.join(current, name)} is a mount point; it was left in place")
+    shutil.rmtree(directory)
+    parent = directory.parent
+    while parent.resolve() != jobs and parent.resolve().is_relative_to(jobs):
+        try:
+            parent.rmdir()
+        except OSError:  # not empty: other ranks, tasks or attempts are still there
+            return
+        parent = parent.parent

@@ -1,0 +1,262 @@
+"""Debug sessions (J15): a command or a shell in a job's kept (or running) node environment.
+
+The monitor opens a session (OpenTerminal → TerminalOpened); the client then talks to the node agent
+directly on `subjects.session(node, session_id, channel)`: raw bytes on `in` and `out`,
+`SessionControl` on `control`, one `SessionExited` on `exit` (see libs.contracts.agent.OpenSession).
+
+The agent may write before the monitor's reply reaches the client, and the reply is the first place
+the node and session id are known. So the client subscribes to every session's channels before it
+asks, keeps what arrives, and once it knows its session id reads its own messages from what it kept.
+One subscription carries both `out` and `exit`, so the server's per-subject order holds between them:
+output written before the exit is always read before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import os
+import shlex
+import shutil
+import signal
+import sys
+import termios
+import tty
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from typing import Any, BinaryIO
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from libs.contracts import subjects
+from libs.contracts.agent import SessionControl, SessionExited
+from libs.contracts.codec import decode, encode
+from libs.contracts.messages import OpenTerminal, TerminalOpened
+
+KEEPALIVE_SECONDS = 10.0  # the agent ends a session silent on `control` for its idle time (60 s)
+CHUNK = 64 * 1024  # input is sent in pieces well under NATS's maximum payload
+# trainyard.agent.<node>.session.<session id>.<channel>: tokens 2, 4 and 5 (from 0).
+_SESSION_TOKENS = 6
+_OWN_CHANNELS = ("out", "exit")
+
+
+def command_line(words: Sequence[str]) -> str | None:
+    """The command to run: one word as given (it may be a whole shell line), several words quoted
+    so that the shell sees them as they were typed; None (a shell) for none."""
+    if not words:
+        return None
+    return words[0] if len(words) == 1 else shlex.join(words)
+
+
+def exit_status(code: int) -> int:
+    """A remote exit code as this process's exit status: a signal -N reads 128+N, as in a shell."""
+    if code < 0:
+        code = 128 - code
+    return min(code, 255)
+
+
+class DebugSession:
+    """An open session: read its output, send it input, resize its terminal, learn its exit code.
+
+    Obtained from `TrainyardClient.session(...)`; keep-alives are sent while it is open.
+    """
+
+    def __init__(self, nc: Client, opened: TerminalOpened, inbox: asyncio.Queue[Msg | None],
+                 release: Callable[[], Awaitable[None]]) -> None:
+        self.nc = nc
+        self.session_id = opened.session_id
+        self.node = opened.node
+        self.rank = opened.rank
+        self.attempt = opened.attempt
+        self.exit_code: int | None = None
+        self._inbox = inbox
+        self._release = release
+        self._keep_alive = asyncio.create_task(self._send_keep_alives())
+
+    def _subject(self, channel: str) -> str:
+        return subjects.session(self.node, self.session_id, channel)
+
+    async def output(self) -> AsyncIterator[bytes]:
+        """The session's output as it arrives, from its first byte, until it exits (`exit_code`)."""
+        while self.exit_code is None:
+            msg = await self._inbox.get()
+            if msg is None:  # closed
+                return
+            tokens = msg.subject.split(".")
+            if tokens[4] != self.session_id:
+                continue  # another session's, kept while this one's id was not known yet
+            if tokens[5] == "out":
+                yield msg.data
+            elif tokens[5] == "exit":
+                self.exit_code = decode(msg.data, SessionExited).exit_code
+
+    async def read_all(self) -> bytes:
+        """All output until the session exits."""
+        output = bytearray()
+        async for chunk in self.output():
+            output += chunk
+        return bytes(output)
+
+    async def send(self, data: bytes) -> None:
+        """Input for the session (keystrokes, or a file piped to its command)."""
+        for start in range(0, len(data), CHUNK):
+            await self.nc.publish(self._subject("in"), data[start:start + CHUNK])
+
+    async def resize(self, columns: int, rows: int) -> None:
+        await self._control(SessionControl(columns=columns, rows=rows))
+
+    async def close_input(self) -> None:
+        """The end of input: the command reads end-of-file."""
+        await self._control(SessionControl(close=True))
+
+    async def _control(self, message: SessionControl) -> None:
+        await self.nc.publish(self._subject("control"), encode(message))
+
+    async def _send_keep_alives(self) -> None:
+        with contextlib.suppress(Exception):
+            while True:
+                await asyncio.sleep(KEEPALIVE_SECONDS)
+                await self._control(SessionControl())
+
+    async def close(self) -> None:
+        """Stop the keep-alives and listening; a session still running then ends after its idle time."""
+        self._keep_alive.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await self._keep_alive
+        await self._release()
+
+
+async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[TerminalOpened]],
+                       request: OpenTerminal) -> DebugSession:
+    """Listen to every session's `out` and `exit`, then ask the monitor (`ask`) for one; nothing the
+    agent writes before the reply is lost."""
+    inbox: asyncio.Queue[Msg | None] = asyncio.Queue()
+    own: list[str] = []  # the session id, once known
+
+    async def on_message(msg: Msg) -> None:
+        tokens = msg.subject.split(".")
+        if len(tokens) != _SESSION_TOKENS or tokens[5] not in _OWN_CHANNELS:
+            return  # input and control messages (also this client's own)
+        if own and tokens[4] != own[0]:
+            return
+        inbox.put_nowait(msg)
+
+    sub = await nc.subscribe(subjects.session("*", "*", "*"), cb=on_message)
+
+    async def release() -> None:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        inbox.put_nowait(None)
+
+    try:
+        await nc.flush()  # the server holds the subscription before the agent can write
+        opened = await ask(request)
+    except BaseException:
+        await release()
+        raise
+    own.append(opened.session_id)
+    return DebugSession(nc, opened, inbox, release)
+
+
+# --- the terminal side (the CLI) -------------------------------------------------------------------
+
+
+def terminal_size(fd: int | None = None) -> tuple[int, int]:
+    """Columns and rows of the terminal on `fd`, else the one the user sits at (80x24 when none)."""
+    for candidate in (fd, _fileno(sys.stdin), _fileno(sys.stdout)):
+        if candidate is not None:
+            with contextlib.suppress(OSError):
+                size = os.get_terminal_size(candidate)
+                return size.columns, size.lines
+    size = shutil.get_terminal_size()
+    return size.columns, size.lines
+
+
+def _fileno(stream: object) -> int | None:
+    try:
+        return stream.fileno()  # type: ignore[attr-defined,no-any-return]
+    except (AttributeError, ValueError, OSError, io.UnsupportedOperation):
+        return None
+
+
+async def _forward_input(session: DebugSession, stdin: BinaryIO) -> None:
+    """Send stdin to the session as it is typed or piped; close its input at end-of-file."""
+    loop = asyncio.get_running_loop()
+    fd = _fileno(stdin)
+    if fd is not None:
+        pieces: asyncio.Queue[bytes] = asyncio.Queue()
+
+        def readable() -> None:
+            try:
+                data = os.read(fd, CHUNK)
+            except BlockingIOError:
+                return
+            except OSError:
+                data = b""
+            if not data:
+                loop.remove_reader(fd)
+            pieces.put_nowait(data)
+
+        try:
+            loop.add_reader(fd, readable)
+        except PermissionError:
+            pass  # a regular file (`< file`): it never blocks, so it is read directly below
+        else:
+            try:
+                while data := await pieces.get():
+                    await session.send(data)
+            finally:
+                loop.remove_reader(fd)
+            await session.close_input()
+            return
+    while data := stdin.read(CHUNK):
+        await session.send(data)
+        await asyncio.sleep(0)  # let output through while a large file is sent
+    await session.close_input()
+
+
+async def attach(session: DebugSession, *, stdin: BinaryIO | None, raw: bool = False,
+                 stdout: BinaryIO | None = None) -> int:
+    """Connect the session to this terminal until it exits, and return its exit code.
+
+    What comes on `stdin` is sent until its end, which closes the session's input (None: closed at
+    once). `raw` puts a terminal stdin in raw mode, so that every key (Ctrl-C included) goes to the
+    remote shell, and sends the terminal's size, now and whenever it changes.
+    """
+    stdout = stdout if stdout is not None else sys.stdout.buffer
+    loop = asyncio.get_running_loop()
+    tasks: set[asyncio.Task[None]] = set()
+    restore: list[list[Any]] = []
+    fd = _fileno(stdin) if stdin is not None else None
+    resizing = False
+    try:
+        if raw and fd is not None:
+            restore.append(termios.tcgetattr(fd))
+            tty.setraw(fd)
+            await session.resize(*terminal_size(fd))
+
+            def on_resize() -> None:
+                task = loop.create_task(session.resize(*terminal_size(fd)))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+
+            loop.add_signal_handler(signal.SIGWINCH, on_resize)
+            resizing = True
+        if stdin is not None:
+            tasks.add(loop.create_task(_forward_input(session, stdin)))
+        else:
+            await session.close_input()
+        async for chunk in session.output():
+            stdout.write(chunk)
+            stdout.flush()
+    finally:
+        if resizing:
+            loop.remove_signal_handler(signal.SIGWINCH)
+        for task in tasks:
+            task.cancel()
+        if restore and fd is not None:
+            termios.tcsetattr(fd, termios.TCSADRAIN, restore[0])
+    if session.exit_code is None:
+        raise ConnectionError(f"session {session.session_id} on {session.node} ended without an exit code")
+    return session.exit_code

@@ -1,0 +1,122 @@
+"""Alerts (M7): one AlertRaised per incident, under an id derived from the incident itself.
+
+The id is the alert's aggregate id and the alert is appended at version 0, so the same incident
+can never be raised twice (a replay, a redelivery or a restart finds the id taken). Alerts about a
+job go to its creator and to the operators (`TRAINYARD_ALERT_EMAILS`); alerts about a node go to
+the operators. The relay publishes them on `trainyard.events.monitor.alert.<id>.AlertRaised`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+from libs.contracts.events import AlertRaised, JobFailed, JobResuming
+from libs.contracts.health import NodeCheck
+from libs.contracts.scheduling import AdminSettings
+from services.monitor.jobs import FollowedJob
+from services.monitor.performance import Incident
+
+
+def node_unhealthy_id(node: str, version: int) -> str:
+    return f"node-unhealthy-{node}-{version}"
+
+
+def node_lost_id(node: str, version: int) -> str:
+    return f"node-lost-{node}-{version}"
+
+
+def job_resuming_id(job_id: str, attempt: int) -> str:
+    return f"job-resuming-{job_id}-{attempt}"
+
+
+def precheck_failed_id(job_id: str, attempt: int) -> str:
+    return f"precheck-failed-{job_id}-{attempt}"
+
+
+def performance_id(job_id: str, attempt: int, rank: int, number: int) -> str:
+    return f"performance-{job_id}-{attempt}-{rank}-{number}"
+
+
+def job_failed_id(job_id: str) -> str:
+    return f"job-failed-{job_id}"
+
+
+def recipients(creator_email: str | None, operators: Iterable[str]) -> list[str]:
+    """The creator first, then the operators, each once."""
+    return list(dict.fromkeys([*([creator_email] if creator_email else []), *operators]))
+
+
+def _job_label(job: FollowedJob) -> str:
+    return f"{job.spec.name} ({job.job_id})"
+
+
+def _jobs_note(jobs: Sequence[FollowedJob]) -> str:
+    if not jobs:
+        return "No job runs there."
+    return "Jobs running there: " + ", ".join(_job_label(j) for j in jobs) + "."
+
+
+def node_unhealthy(node: str, version: int, problems: Sequence[str], jobs: Sequence[FollowedJob],
+                   operators: Sequence[str]) -> AlertRaised:
+    return AlertRaised(
+        alert_id=node_unhealthy_id(node, version), kind="node-unhealthy", title=f"Node {node} is unhealthy",
+        message=(f"Node {node}: {'; '.join(problems)}. No new work is placed there until it is healthy "
+                 f"again; checkpoint-resume jobs on it are moved. {_jobs_note(jobs)}"),
+        recipients=recipients(None, operators), node=node)
+
+
+def node_lost(node: str, version: int, reason: str, jobs: Sequence[FollowedJob],
+              operators: Sequence[str]) -> AlertRaised:
+    return AlertRaised(
+        alert_id=node_lost_id(node, version), kind="node-lost", title=f"Node {node} was lost",
+        message=f"Node {node} was lost ({reason}). {_jobs_note(jobs)}",
+        recipients=recipients(None, operators), node=node)
+
+
+def job_resuming(job: FollowedJob, event: JobResuming, settings: AdminSettings,
+                 operators: Sequence[str]) -> AlertRaised:
+    nodes = sorted({*event.lost_nodes, *event.exclude_nodes})
+    return AlertRaised(
+        alert_id=job_resuming_id(job.job_id, event.attempt), kind="job-resuming",
+        title=f"Job {_job_label(job)} is being moved",
+        message=(f"Job {_job_label(job)} is saving a checkpoint and will resume on healthy nodes: {event.reason}. "
+                 f"This is resume {job.resumes + 1} of at most {job.max_resumes(settings)}."),
+        recipients=recipients(job.creator_email, operators), job_id=job.job_id,
+        node=nodes[0] if len(nodes) == 1 else None)
+
+
+def precheck_failed(job: FollowedJob | None, job_id: str, attempt: int, checks: Sequence[NodeCheck],
+                    operators: Sequence[str]) -> AlertRaised:
+    failed = [c for c in checks if not c.passed]
+    label = _job_label(job) if job else job_id
+    details = "; ".join(f"{c.node}: {', '.join(c.problems()) or 'failed'}" for c in failed)
+    return AlertRaised(
+        alert_id=precheck_failed_id(job_id, attempt), kind="precheck-failed",
+        title=f"Job {label} failed its pre-check",
+        message=f"The pre-check of job {label} (attempt {attempt}) failed on {details}. It waits in the queue.",
+        recipients=recipients(job.creator_email if job else None, operators), job_id=job_id,
+        node=failed[0].node if len(failed) == 1 else None)
+
+
+def performance(job: FollowedJob | None, incident: Incident, operators: Sequence[str]) -> AlertRaised:
+    rule = incident.rule
+    label = _job_label(job) if job else incident.job_id
+    then = "the job is moved to other nodes" if rule.action == "reschedule" else "the job goes on"
+    return AlertRaised(
+        alert_id=performance_id(incident.job_id, incident.attempt, incident.rank, incident.number),
+        kind="performance", title=f"Job {label} is running slowly on {incident.node}",
+        message=(f"Rank {incident.rank} of job {label} (attempt {incident.attempt}) on {incident.node}: the mean "
+                 f"hardware / e2e time over the last {rule.window} iterations is {incident.ratio:.3f}, "
+                 f"{rule.direction} the threshold {rule.threshold:g}; {then}."),
+        recipients=recipients(job.creator_email if job else None, operators), job_id=incident.job_id,
+        node=incident.node)
+
+
+def checkpoint_job_failed(job: FollowedJob, event: JobFailed, settings: AdminSettings,
+                          operators: Sequence[str]) -> AlertRaised:
+    limit = job.max_resumes(settings)
+    used = f"after {job.resumes} of at most {limit} resumes" if job.resumes else "without a resume"
+    return AlertRaised(
+        alert_id=job_failed_id(job.job_id), kind="resume-limit", title=f"Job {_job_label(job)} failed",
+        message=f"Checkpoint-resume job {_job_label(job)} failed {used}: {event.reason}.",
+        recipients=recipients(job.creator_email, operators), job_id=job.job_id)

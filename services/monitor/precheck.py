@@ -1,0 +1,85 @@
+"""Pre-checks (M1): before a checkpoint-resume job is admitted, every node it was placed on is checked.
+
+A node passes when the monitor knows it, it is not lost, nothing on it is faulty (probed or marked),
+and its agent, asked now, finds enough free resources for the job's ranks there and its boards and
+runtime environment healthy. What the monitor already knows decides first; only the remaining nodes'
+agents are asked, all at once and outside the service lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+
+from nats.aio.client import Client
+
+from libs.contracts import subjects
+from libs.contracts.agent import PrecheckNode, PrecheckReport
+from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, Resources
+from libs.contracts.events import ComponentMarked, Placement
+from libs.contracts.health import ComponentHealth, NodeCheck
+from libs.contracts.messages import CommandError
+from libs.messaging.rpc import ServiceUnavailable, call
+from services.monitor.health import faulty_components, marked_component
+from services.monitor.state import MonitoredNode
+
+AGENT_TIMEOUT_SECONDS = 10.0
+
+
+def failed(node: str, name: str, detail: str) -> NodeCheck:
+    return NodeCheck(node=node, passed=False,
+                     checks=[ComponentHealth(kind="runtime", name=name, healthy=False, detail=detail)])
+
+
+def demands(placement: Sequence[Placement], flavor: Flavor) -> dict[str, Resources]:
+    """What the job's ranks need on each of its nodes, in placement order."""
+    needed: dict[str, Resources] = {}
+    for rank in sorted(placement, key=lambda p: p.rank):
+        size = PARAMETER_SERVER_FLAVOR if rank.role == "ps" else flavor
+        needed[rank.node] = needed.get(rank.node, Resources()) + Resources.of_flavor(size)
+    return needed
+
+
+def known_verdict(name: str, node: MonitoredNode | None) -> NodeCheck | None:
+    """A failed check from what the monitor knows, or None when the agent must be asked."""
+    if node is None:
+        return failed(name, "agent", "the monitor does not know this node")
+    if node.lost:
+        return failed(name, "agent", "the node is lost (no heartbeats)")
+    faulty = faulty_components(node.probed, node.marks, node.problems)
+    return NodeCheck(node=name, passed=False, checks=faulty) if faulty else None
+
+
+def with_marks(report: PrecheckReport, name: str, marks: Mapping[str, ComponentMarked]) -> NodeCheck:
+    """The agent's fresh probe, with marked components faulty whatever the probe says."""
+    checks = {c.key: c for c in report.checks}
+    for key, mark in marks.items():
+        if mark.faulty:
+            checks[key] = marked_component(mark)
+    found = list(checks.values())
+    return NodeCheck(node=name, passed=all(c.healthy for c in found), checks=found)
+
+
+async def ask_agent(nc: Client, job_id: str, name: str, needed: Resources,
+                    marks: Mapping[str, ComponentMarked]) -> NodeCheck:
+    request = PrecheckNode(job_id=job_id, cpus=needed.cpus, memory_mib=needed.memory_mib,
+                           accelerators=needed.accelerators)
+    try:
+        reply = await call(nc, subjects.agent_precheck(name), request, timeout=AGENT_TIMEOUT_SECONDS,
+                           reply_type=PrecheckReport | CommandError)
+    except ServiceUnavailable:
+        return failed(name, "agent", f"the node agent did not answer within {AGENT_TIMEOUT_SECONDS:g}s")
+    if isinstance(reply, CommandError):
+        return failed(name, "agent", f"the node agent refused the pre-check: {reply.message}")
+    return with_marks(reply, name, marks)
+
+
+async def check_nodes(nc: Client, job_id: str, needed: Mapping[str, Resources],
+                      known: Mapping[str, NodeCheck | None],
+                      marks: Mapping[str, Mapping[str, ComponentMarked]]) -> list[NodeCheck]:
+    """One check per node, in the order of `needed`: the known verdict, else the agent's answer."""
+    async def one(name: str) -> NodeCheck:
+        verdict = known.get(name)
+        return verdict if verdict is not None else await ask_agent(nc, job_id, name, needed[name],
+                                                                   marks.get(name, {}))
+    return list(await asyncio.gather(*(one(name) for name in needed)))

@@ -1,0 +1,104 @@
+"""The debug terminal (J15): open a session in a job's kept (or running) environment on a node.
+
+Who may: J2's "terminal" operation (read-write); a job the caller may not view is not found, as in
+the scheduler. Where: the requested node of the job's placement, else the master's (rank 0). The
+node's agent starts the session and answers; the client then talks to it directly.
+"""
+
+from __future__ import annotations
+
+import secrets
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+from libs.access import allowed
+from libs.contracts import subjects
+from libs.contracts.agent import OpenSession, SessionOpened
+from libs.contracts.events import Placement
+from libs.contracts.identity import Identity
+from libs.contracts.messages import CommandError, OpenTerminal, TerminalOpened
+from libs.messaging.rpc import ServiceUnavailable, call
+from libs.telemetry.logs import get_logger
+from services.monitor.jobs import FollowedJob
+from services.monitor.state import KeptEnvironment
+
+if TYPE_CHECKING:
+    from services.monitor.service import Monitor
+
+log = get_logger(__name__)
+IDLE_SECONDS = 60.0
+AGENT_TIMEOUT_SECONDS = 10.0
+
+
+def not_open(job: FollowedJob, kept: KeptEnvironment | None, now: datetime) -> CommandError:
+    """Why the job has no environment to open a terminal in, and what to do about it."""
+    base = f"job {job.job_id} has no environment to open a terminal in"
+    if job.status == "queued":
+        return CommandError(code="invalid-state", message=f"{base}: it has not started yet",
+                            hint="wait until it runs (`trainyard show` tells its state)")
+    if not job.debug_terminal:
+        return CommandError(code="invalid-state", message=f"{base}: it {job.status} and its environment was not kept",
+                            hint="turn on debug_terminal in the job's spec to keep it after an abnormal end")
+    if kept is not None and (kept.released or kept.until <= now):
+        ended = f"{kept.until.astimezone(UTC):%Y-%m-%d %H:%M:%S} UTC"
+        return CommandError(code="invalid-state", message=f"{base}: its kept environment was released at {ended}",
+                            hint="the retention time is over; run the job again to debug it")
+    if job.status in ("succeeded", "stopped"):
+        return CommandError(code="invalid-state", message=f"{base}: it {job.status}, and environments are kept "
+                                                          "only when a job fails or expires",
+                            hint="clone the job to run it again")
+    if job.placement:  # the monitor has not recorded the end yet
+        return CommandError(code="invalid-state", message=f"{base}: it {job.status} and its environment is "
+                                                          "not kept yet", hint="try again in a moment")
+    return CommandError(code="invalid-state", message=f"{base}: it {job.status} before it ran on any node",
+                        hint="clone the job to run it again")
+
+
+def choose(placement: list[Placement], node: str | None, job_id: str) -> Placement | CommandError:
+    ranks = sorted(placement, key=lambda p: p.rank)
+    if node is None:
+        return ranks[0]
+    found = next((p for p in ranks if p.node == node), None)
+    if found is None:
+        nodes = ", ".join(dict.fromkeys(p.node for p in ranks))
+        return CommandError(code="invalid-request", message=f"job {job_id} did not run on node {node}",
+                            hint=f"its nodes: {nodes}")
+    return found
+
+
+async def open_terminal(m: Monitor, request: OpenTerminal, identity: Identity) -> TerminalOpened | CommandError:
+    async with m.lock:
+        job = m.jobs.jobs.get(request.job_id)
+        sharing = m.jobs.settings.sharing_enabled
+        if job is None or job.deleted or not allowed(identity, job.spec, job.creator, "view", sharing_enabled=sharing):
+            return CommandError(code="not-found", message=f"no such job: {request.job_id}",
+                                hint="`trainyard list` shows the jobs you can see")
+        if not allowed(identity, job.spec, job.creator, "terminal", sharing_enabled=sharing):
+            return CommandError(code="forbidden",
+                                message=f"you have read-only access to {job.job_id}: terminal needs read-write",
+                                hint="ask the job's creator or an administrator")
+        now = datetime.now(UTC)
+        kept = m.state.kept_environment(job.job_id, now)
+        if kept is not None:
+            attempt = kept.attempt
+        elif job.status == "running" and job.placement:
+            attempt = job.attempt
+        else:
+            return not_open(job, m.state.kept.get(job.job_id), now)
+        target = choose(job.placement, request.node, job.job_id)
+        if isinstance(target, CommandError):
+            return target
+    session = OpenSession(session_id=secrets.token_hex(16), job_id=job.job_id, attempt=attempt, rank=target.rank,
+                          command=request.command, columns=request.columns, rows=request.rows,
+                          idle_seconds=IDLE_SECONDS)
+    try:
+        reply = await call(m.rt.nc, subjects.agent_open_session(target.node), session,
+                           timeout=AGENT_TIMEOUT_SECONDS, reply_type=SessionOpened | CommandError)
+    except ServiceUnavailable:
+        return CommandError(code="unavailable", message=f"the agent of node {target.node} does not answer",
+                            hint="try again shortly; `trainyard nodes` shows whether the node is lost")
+    if isinstance(reply, CommandError):
+        return reply
+    log.info("terminal.opened", job_id=job.job_id, node=target.node, rank=target.rank, attempt=attempt,
+             user=identity.user)
+    return TerminalOpened(session_id=reply.session_id, node=target.node, rank=target.rank, attempt=attempt)

@@ -1,0 +1,235 @@
+"""How the launcher stops an attempt (SPEC J12, J13, M3): the checkpoint signal and the job's graceful
+shutdown time, processes on a lost node given up at once, and a failed attempt reported stopped so
+that its restart starts on free nodes.
+
+The launcher runs on an in-memory event log; node agents are a fake that answers every call and
+remembers it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+from nats.aio.msg import Msg
+
+from libs.contracts.agent import ProcessAccepted, ProcessExited, ProcessStarted, StartProcess, Stopped, StopProcesses
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobFailed,
+    JobRequeued,
+    JobRestarting,
+    JobResuming,
+    JobStopRequested,
+    JobSubmitted,
+    LaunchFailed,
+    LaunchPlanned,
+    LaunchStopped,
+    NodeProcessLost,
+    Placement,
+    SettingsChanged,
+)
+from libs.contracts.jobspec import CheckpointResume, DebugTerminal, FaultRestart, JobSpec
+from libs.contracts.scheduling import AdminSettings
+from libs.eventstore import Tracking
+from libs.messaging.rpc import ServiceUnavailable
+from services.launcher import service as launcher_service
+from services.launcher.service import Launcher
+from tests.unit.test_resume import CLUSTER, JOB, EventLog, fake_runtime, job_spec, plain_spec
+
+GRACE = 10.0  # the platform's stop grace for jobs without checkpoint resume
+
+
+class Agents:
+    """Node agents: they answer every start and stop, except on nodes that are unreachable."""
+
+    def __init__(self) -> None:
+        self.calls: list[tuple[str, Any, float]] = []
+        self.unreachable: set[str] = set()
+        self.hold: asyncio.Event | None = None  # the next call's answer waits for it
+
+    async def __call__(self, _: object, subject: str, request: Any, *, timeout: float, reply_type: object) -> Any:
+        self.calls.append((subject, request, timeout))
+        node = subject.split(".")[2]
+        if node in self.unreachable:
+            raise ServiceUnavailable(f"nothing answers on {subject}")
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            await hold.wait()
+        return Stopped(stopped=1) if isinstance(request, StopProcesses) else ProcessAccepted(already_known=False)
+
+    def stops(self) -> list[tuple[str, StopProcesses, float]]:
+        return [(subject.split(".")[2], request, timeout) for subject, request, timeout in self.calls
+                if isinstance(request, StopProcesses)]
+
+    def starts(self) -> list[StartProcess]:
+        return [request for _, request, _ in self.calls if isinstance(request, StartProcess)]
+
+
+class Site:
+    """A launcher following the scheduler's events and the agents' reports."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.log = EventLog()
+        self.agents = Agents()
+        monkeypatch.setattr(launcher_service, "call", self.agents)
+        self.clock = [1000.0]
+        monkeypatch.setattr(launcher_service, "time", SimpleNamespace(monotonic=lambda: self.clock[0]))
+        runtime = fake_runtime(self.log, "launcher", stop_grace_seconds=GRACE, stop_give_up_seconds=60.0)
+        self.launcher = Launcher(runtime, CLUSTER)
+        self.reports = 0
+
+    async def scheduler(self, event: Any) -> None:
+        aggregate_type, aggregate_id = ("settings", "platform") if isinstance(event, SettingsChanged) \
+            else ("job", event.job_id)
+        envelope: EventEnvelope = self.log.record("scheduler", aggregate_type, aggregate_id, event)
+        await self.launcher.on_scheduler_event(envelope, cast(Msg, None),
+                                               Tracking("scheduler-events", envelope.position))
+
+    async def report(self, report: ProcessStarted | ProcessExited) -> None:
+        self.reports += 1
+        await self.launcher.on_agent_report(report, cast(Msg, SimpleNamespace(headers=None)),
+                                            Tracking("agent-reports", self.reports))
+
+    async def run(self, spec: JobSpec, nodes: list[str], attempt: int = 1) -> None:
+        """Submit and admit the job, start it, and have every rank report started."""
+        if attempt == 1:
+            await self.scheduler(JobSubmitted(job_id=JOB, spec=spec, creator="alice"))
+        placement = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(nodes)]
+        await self.scheduler(JobAdmitted(job_id=JOB, attempt=attempt, flavor="cpu-4", placement=placement))
+        await self.dispatch()
+        for rank, node in enumerate(nodes):
+            await self.report(ProcessStarted(job_id=JOB, attempt=attempt, rank=rank, node=node, pid=100 + rank))
+
+    async def exited(self, rank: int, node: str, code: int, attempt: int = 1) -> None:
+        await self.report(ProcessExited(job_id=JOB, attempt=attempt, rank=rank, node=node, exit_code=code))
+
+    async def dispatch(self) -> None:
+        self.clock[0] += 60.0  # whatever was sent before is due again
+        await self.launcher.dispatch_once()
+
+    def recorded(self, kind: type) -> list[Any]:
+        return [e for e in self.log.of("launcher", JOB) if isinstance(e, kind)]
+
+
+@pytest.fixture
+def site(monkeypatch: pytest.MonkeyPatch) -> Site:
+    return Site(monkeypatch)
+
+
+# --- J12/M3: the checkpoint signal and the graceful shutdown time ---------------------------------------------
+
+
+async def test_a_checkpoint_job_is_signalled_and_given_its_grace(site: Site) -> None:
+    await site.scheduler(SettingsChanged(settings=AdminSettings(max_graceful_shutdown_seconds=600), by="root"))
+    await site.run(job_spec(2, checkpoint_resume=CheckpointResume(graceful_shutdown_seconds=120)), ["n1", "n2"])
+    await site.scheduler(JobStopRequested(job_id=JOB, by="alice"))
+    await site.dispatch()
+    stops = sorted(site.agents.stops(), key=lambda s: s[0])
+    assert [(node, r.checkpoint_signal, r.grace_seconds, r.task) for node, r, _ in stops] == [
+        ("n1", "SIGUSR1", 120.0, None), ("n2", "SIGUSR1", 120.0, None)]
+    # The agent answers once the processes are gone: the launcher waits longer than the grace.
+    assert all(timeout > 120.0 for _, _, timeout in stops)
+
+
+async def test_the_administrator_caps_the_graceful_shutdown_time(site: Site) -> None:
+    await site.scheduler(SettingsChanged(settings=AdminSettings(max_graceful_shutdown_seconds=30), by="root"))
+    await site.run(job_spec(checkpoint_resume=CheckpointResume(graceful_shutdown_seconds=120)), ["n1"])
+    await site.scheduler(JobResuming(job_id=JOB, attempt=1, reason="node n1 is unhealthy: board:0 faulty"))
+    await site.dispatch()
+    [(_, request, _)] = site.agents.stops()
+    assert (request.checkpoint_signal, request.grace_seconds) == ("SIGUSR1", 30.0)
+
+
+async def test_other_jobs_are_stopped_with_the_platform_grace(site: Site) -> None:
+    await site.run(plain_spec(), ["n1"])
+    await site.scheduler(JobStopRequested(job_id=JOB, by="alice"))
+    await site.dispatch()
+    [(_, request, _)] = site.agents.stops()
+    assert (request.checkpoint_signal, request.grace_seconds) == (None, GRACE)
+
+
+async def test_the_signal_is_sent_once_while_the_job_saves(site: Site) -> None:
+    await site.run(job_spec(), ["n1"])
+    await site.scheduler(JobResuming(job_id=JOB, attempt=1, reason="node n1 is unhealthy: nic:eth0 faulty"))
+    answer = site.agents.hold = asyncio.Event()
+    first = asyncio.ensure_future(site.launcher.dispatch_once())
+    while not site.agents.stops():
+        await asyncio.sleep(0)
+    await site.dispatch()  # long after, the agent still has not answered
+    assert len(site.agents.stops()) == 1
+    answer.set()
+    await first
+
+
+# --- J12: a lost node is given up at once --------------------------------------------------------------------
+
+
+async def test_processes_on_a_lost_node_are_given_up_at_once(site: Site) -> None:
+    await site.run(job_spec(2), ["n1", "n2"])
+    site.agents.unreachable.add("n2")
+    await site.scheduler(JobResuming(job_id=JOB, attempt=1, reason="node n2 was lost: no heartbeat for 12s",
+                                     lost_nodes=["n2"]))
+    await site.dispatch()
+    [lost] = site.recorded(NodeProcessLost)
+    assert (lost.rank, lost.node, lost.reason) == (1, "n2", "node n2 was lost")
+    assert [node for node, _, _ in site.agents.stops()] == ["n1"]
+    assert site.recorded(LaunchStopped) == []  # rank 0 still runs
+    await site.exited(0, "n1", 143)
+    await site.dispatch()
+    assert [e.attempt for e in site.recorded(LaunchStopped)] == [1]
+
+
+# --- J13: a failed attempt is reported stopped before its restart --------------------------------------------
+
+
+async def test_a_failed_attempt_awaiting_its_restart_is_reported_stopped(site: Site) -> None:
+    await site.run(plain_spec(2, fault_restart=FaultRestart(max_restarts=2)), ["n1", "n2"])
+    await site.exited(1, "n2", 3)
+    [failed] = site.recorded(LaunchFailed)
+    assert failed.exit_code == 3
+    await site.scheduler(JobRestarting(job_id=JOB, attempt=1, restarts=1, reason=failed.reason, exit_code=3))
+    await site.dispatch()
+    assert sorted(node for node, _, _ in site.agents.stops()) == ["n1", "n2"]
+    assert site.recorded(LaunchStopped) == []  # rank 0 has not exited yet
+    await site.exited(0, "n1", 143)
+    await site.dispatch()
+    await site.dispatch()
+    assert [e.attempt for e in site.recorded(LaunchStopped)] == [1]
+    # The next attempt starts on the same nodes.
+    await site.run(plain_spec(2), ["n1", "n2"], attempt=2)
+    assert [(s.attempt, s.launch.node) for s in site.agents.starts()][-2:] == [(2, "n1"), (2, "n2")]
+
+
+async def test_a_failed_attempt_that_ends_the_job_is_not_reported_stopped(site: Site) -> None:
+    await site.run(plain_spec(2), ["n1", "n2"])
+    await site.exited(1, "n2", 3)
+    await site.scheduler(JobFailed(job_id=JOB, reason="rank 1 on n2 exited with code 3", exit_code=3))
+    await site.dispatch()
+    assert "n1" in [node for node, _, _ in site.agents.stops()]  # what still runs is stopped
+    await site.exited(0, "n1", 143)
+    await site.dispatch()
+    assert site.recorded(LaunchStopped) == []
+
+
+# --- J12, J15: what the next attempt is told ------------------------------------------------------------------
+
+
+async def test_the_next_attempt_is_told_how_often_the_job_resumed(site: Site) -> None:
+    spec = job_spec(debug_terminal=DebugTerminal())
+    await site.run(spec, ["n1"])
+    await site.scheduler(JobResuming(job_id=JOB, attempt=1, reason="node n1 is unhealthy: board:0 faulty"))
+    await site.dispatch()
+    await site.exited(0, "n1", 143)
+    await site.dispatch()
+    await site.scheduler(JobRequeued(job_id=JOB, attempt=1, reason="node n1 is unhealthy: board:0 faulty",
+                                     resumes=1))
+    await site.run(spec, ["n2"], attempt=2)
+    plan = site.recorded(LaunchPlanned)[-1]
+    [launch] = plan.nodes
+    assert (plan.attempt, launch.env["TRAINYARD_RESUME_COUNT"], launch.keep_workspace) == (2, "1", True)
+    assert any(m.source == f"checkpoints/{JOB}" and m.target == "checkpoints" and not m.read_only
+               for m in launch.mounts)

@@ -1,0 +1,99 @@
+"""M6: slow iterations open one incident per crossing of the threshold, per rank of an attempt."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from libs.contracts.jobspec import PerformanceDetection
+from services.monitor.performance import PerformanceDetector, RankWindow, ratios
+
+
+def line(hardware: float, e2e: float) -> str:
+    return f"this iteration hardware time is {hardware} and e2e time is {e2e} ms."
+
+
+def lines(*values: float) -> list[str]:
+    """Performance lines with these ratios (e2e 1000 ms)."""
+    return [line(v * 1000, 1000) for v in values]
+
+
+def window(threshold: float = 0.8, size: int = 3, direction: str = "above", recorded: int = 0) -> RankWindow:
+    rule = PerformanceDetection(threshold=threshold, window=size, direction=direction)  # type: ignore[arg-type]
+    return RankWindow.of(rule, recorded)
+
+
+def test_the_ratio_is_hardware_over_e2e_and_other_lines_are_ignored() -> None:
+    found = ratios(["epoch 1", "this iteration hardware time is 2201.521 and e2e time is 3317.794921875 ms.",
+                    "loss 0.5", "hardware time is 5 but no e2e", line(10, 0)])
+    assert [round(r, 6) for r in found] == [round(2201.521 / 3317.794921875, 6)]
+
+
+def test_a_line_broken_in_two_is_not_an_iteration() -> None:
+    assert ratios(["this iteration hardware time is", "5 and e2e time is 10 ms"]) == []
+
+
+def test_nothing_opens_before_the_window_is_full() -> None:
+    assert window().feed(lines(0.9, 0.9)) == []
+
+
+def test_above_opens_one_incident_for_a_whole_crossing() -> None:
+    w = window(size=3)
+    opened = w.feed(lines(0.9, 0.9, 0.9, 0.95, 0.9, 0.99))
+    assert [round(m, 3) for m in opened] == [0.9]
+    assert w.incidents == 1
+
+
+def test_below_opens_when_the_mean_drops_under_the_threshold() -> None:
+    w = window(threshold=0.5, direction="below")
+    assert w.feed(lines(0.6, 0.6, 0.6)) == []
+    assert len(w.feed(lines(0.3, 0.3))) == 1
+
+
+def test_the_mean_decides_not_a_single_slow_iteration() -> None:
+    assert window().feed(lines(0.5, 0.5, 1.3, 0.5, 0.5)) == []
+
+
+def test_an_incident_closes_when_the_mean_is_back_and_a_new_crossing_is_a_new_incident() -> None:
+    w = window(size=2)
+    assert len(w.feed(lines(0.9, 0.9))) == 1
+    assert w.feed(lines(0.9, 0.5, 0.5)) == []  # back under: closed
+    assert len(w.feed(lines(0.9, 0.9))) == 1
+    assert w.incidents == 2
+
+
+def test_an_incident_recorded_before_a_restart_is_not_opened_again() -> None:
+    w = window(size=2, recorded=1)
+    assert w.feed(lines(0.9, 0.9, 0.9)) == []
+    opened = w.feed(lines(0.1, 0.1, 0.9, 0.9))
+    assert len(opened) == 1 and w.incidents == 2
+
+
+@dataclass
+class Chunk:
+    job_id: str
+    attempt: int
+    rank: int
+    node: str
+    lines: list[str] = field(default_factory=list)
+
+
+def test_the_detector_watches_the_current_attempt_of_watched_jobs_per_rank() -> None:
+    detector = PerformanceDetector()
+    rule = PerformanceDetection(threshold=0.8, window=2)
+    detector.watch("job-a", 2, rule)
+    assert detector.feed(Chunk("job-b", 2, 0, "n1", lines(0.9, 0.9))) == []  # not watched
+    assert detector.feed(Chunk("job-a", 1, 0, "n1", lines(0.9, 0.9))) == []  # an earlier attempt
+    assert detector.feed(Chunk("job-a", 2, 0, "n1", lines(0.9))) == []
+    assert detector.feed(Chunk("job-a", 2, 1, "n2", lines(0.9))) == []  # another rank, its own window
+    [incident] = detector.feed(Chunk("job-a", 2, 0, "n1", lines(0.9)))
+    assert (incident.job_id, incident.attempt, incident.rank, incident.node) == ("job-a", 2, 0, "n1")
+    assert incident.number == 1
+    assert round(incident.ratio, 3) == 0.9
+
+
+def test_recorded_incidents_number_the_next_one() -> None:
+    detector = PerformanceDetector({("job-a", 1, 0): 1})
+    detector.watch("job-a", 1, PerformanceDetection(threshold=0.8, window=1))
+    assert detector.feed(Chunk("job-a", 1, 0, "n1", lines(0.9))) == []
+    [incident] = detector.feed(Chunk("job-a", 1, 0, "n1", lines(0.1, 0.9)))
+    assert incident.number == 2
