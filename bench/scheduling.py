@@ -4,20 +4,26 @@
 
 The cluster mixes CPU and accelerator nodes, some in dedicated pools; running jobs fill most of it,
 and the queue mixes priorities, sizes (1-8 nodes), flavors, elastic and TensorFlow jobs, with and
-without duration limits. Everything is virtual time: only the decision logic is measured.
+without duration limits. Predictions are measured without a cache (the queue planned for each one,
+limits only), and with a `PredictionCache` whose runtime model has seen 2,000 finished jobs, cold
+(first prediction after a state change) and warm. Everything is virtual time: only the decision
+logic is measured.
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import platform
 import random
 import statistics
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 from libs.contracts.cluster import Accelerators, Flavor, NodeInfo, Resources
+from libs.contracts.events import EventEnvelope, JobSubmitted
 from libs.contracts.jobspec import PRIORITY_RANK, CheckpointResume, Elastic, JobSpec, Priority
 from services.scheduler.placement import (
     Capacity,
@@ -28,7 +34,9 @@ from services.scheduler.placement import (
     holdings,
     schedule,
 )
-from services.scheduler.prediction import predict, predict_queue
+from services.scheduler.prediction import insertion_index, predict, predict_queue
+from services.scheduler.prediction_cache import PlanInputs, PredictionCache
+from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits
 
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 POOLS = ["team-a", "team-b"]
@@ -97,8 +105,22 @@ def build_queue(count: int, rng: random.Random) -> list[QueuedJob]:
     return sorted(jobs, key=lambda job: PRIORITY_RANK[job.spec.priority])  # stable: FIFO within a level
 
 
-def fill(nodes: list[NodeInfo], rng: random.Random, now: datetime) -> tuple[list[NodeCapacity], list[RunningJob]]:
-    """Running jobs placed until random jobs keep failing to fit, each some way into its duration."""
+@dataclass(frozen=True)
+class Record:
+    """A job as the runtime model reads it."""
+
+    spec: JobSpec
+    creator: str = ""
+    flavor: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    duration_seconds: int | None = None
+
+
+def fill(nodes: list[NodeInfo], rng: random.Random, now: datetime,
+         records: dict[str, JobRecord] | None = None) -> tuple[list[NodeCapacity], list[RunningJob]]:
+    """Running jobs placed until random jobs keep failing to fit, each some way into its duration.
+    `records` receives each one's start and limit."""
     capacity = Capacity.of(NodeCapacity(info=n, free=Resources.of_node(n)) for n in nodes)
     running: list[RunningJob] = []
     misses = 0
@@ -112,10 +134,28 @@ def fill(nodes: list[NodeInfo], rng: random.Random, now: datetime) -> tuple[list
         flavor = FLAVORS[choice[0]]
         capacity.take(holdings(choice[1], flavor))
         ends = now + timedelta(seconds=rng.randint(60, duration)) if duration else None
-        running.append(RunningJob(job_id=f"run-{len(running):06}", spec=spec, flavor=flavor, placement=choice[1],
-                                  ends_at=ends))
+        job_id = f"run-{len(running):06}"
+        running.append(RunningJob(job_id=job_id, spec=spec, flavor=flavor, placement=choice[1], ends_at=ends))
+        if records is not None:
+            started = ends - timedelta(seconds=duration) if ends and duration else now - timedelta(hours=1)
+            records[job_id] = Record(spec, flavor=flavor.name, started_at=started, duration_seconds=duration)
     free = [NodeCapacity(info=n, free=capacity.free[n.name]) for n in nodes]
     return free, running
+
+
+def _same(inputs: PlanInputs) -> PlanInputs:
+    return inputs
+
+
+def history(count: int, rng: random.Random) -> RuntimeModel:
+    """A runtime model that has seen `count` finished random jobs, each running 30-100% of its limit
+    (1-8 hours without one)."""
+    model = RuntimeModel()
+    for index in range(count):
+        spec, duration = random_spec(rng, index)
+        runtime = duration * rng.uniform(0.3, 1.0) if duration else rng.uniform(3600, 28_800)
+        model.observe(Traits.of(spec), duration, runtime)
+    return model
 
 
 def share_held(nodes: list[NodeCapacity]) -> tuple[float, float]:
@@ -189,8 +229,10 @@ def main() -> None:
 
     rng = random.Random(args.seed)
     infos = build_nodes(args.nodes, rng)
-    nodes, running = fill(infos, rng, START)
+    records: dict[str, JobRecord] = {}
+    nodes, running = fill(infos, rng, START, records)
     queue = build_queue(args.jobs, rng)
+    records.update({job.job_id: Record(job.spec, duration_seconds=job.duration_seconds) for job in queue})
     cpus, accelerators = share_held(nodes)
     print(f"cluster: {args.nodes} nodes, {len(running)} running jobs holding {cpus:.0%} of the CPUs and "
           f"{accelerators:.0%} of the accelerators; queue: {len(queue)} jobs")
@@ -205,7 +247,7 @@ def main() -> None:
 
     empty = [NodeCapacity(info=n, free=Resources.of_node(n)) for n in infos]
     first = schedule(queue, empty, FLAVORS, now=START)
-    cold = timed(lambda: schedule(queue, empty, FLAVORS, now=START), max(1, args.repeats // 3))
+    filling = timed(lambda: schedule(queue, empty, FLAVORS, now=START), max(1, args.repeats // 3))
 
     probes = [random_spec(rng, args.jobs + i)[0] for i in range(args.repeats)]
     predictions = []
@@ -213,6 +255,36 @@ def main() -> None:
         began = time.perf_counter()
         predict(spec, queue, nodes, FLAVORS, running=running, now=START)
         predictions.append(time.perf_counter() - began)
+    model = history(2000, rng)
+    inputs = PlanInputs(queue=queue, nodes=nodes, flavors=FLAVORS, running=running, jobs=records)
+    cold: list[float] = []
+    for spec in probes:  # a new cache each time: the first prediction after a state change
+        cache = PredictionCache(model)
+        began = time.perf_counter()
+        cache.predict(spec, now=START, inputs=lambda: inputs)
+        cold.append(time.perf_counter() - began)
+    warm: list[float] = []
+    for _ in range(3):
+        for spec in probes:
+            began = time.perf_counter()
+            cache.predict(spec, now=START, inputs=lambda: inputs)
+            warm.append(time.perf_counter() - began)
+    submitted: list[float] = []  # each probe is submitted, then the next one predicted
+    current = inputs
+    for index, spec in enumerate(probes):
+        job_id = f"new-{index:06}"
+        place = insertion_index(current.queue, spec.priority)
+        records[job_id] = Record(spec, duration_seconds=spec.max_duration_seconds)
+        joined = QueuedJob(job_id, spec, spec.max_duration_seconds)
+        current = PlanInputs(queue=[*current.queue[:place], joined, *current.queue[place:]], nodes=nodes,
+                             flavors=FLAVORS, running=running, jobs=records)
+        event = EventEnvelope(event_id=job_id, service="scheduler", aggregate_type="job", aggregate_id=job_id,
+                              version=1, position=index, recorded_at=START,
+                              event=JobSubmitted(job_id=job_id, spec=spec, creator=""))
+        began = time.perf_counter()
+        cache.applied(event, records)
+        cache.predict(probes[(index + 1) % len(probes)], now=START, inputs=functools.partial(_same, current))
+        submitted.append(time.perf_counter() - began)
     plan_all = timed(lambda: predict_queue(queue, nodes, FLAVORS, running=running, now=START),
                      max(1, args.repeats // 3))
     cycles, admitted, spent = drain(nodes, running, queue, cycles=50)
@@ -220,10 +292,17 @@ def main() -> None:
     rows = [
         ("schedule: one cycle", f"{statistics.median(cycle) * 1000:.0f} ms", f"{p95(cycle) * 1000:.0f} ms",
          f"{len(queue) / statistics.median(cycle):,.0f} decisions/s"),
-        ("schedule: empty cluster", f"{statistics.median(cold) * 1000:.0f} ms", f"{p95(cold) * 1000:.0f} ms",
-         f"{len(first.admissions)} admitted, {len(first.admissions) / statistics.median(cold):,.0f} admitted/s"),
-        ("predict: one new job", f"{statistics.median(predictions) * 1000:.0f} ms",
+        ("schedule: empty cluster", f"{statistics.median(filling) * 1000:.0f} ms",
+         f"{p95(filling) * 1000:.0f} ms",
+         f"{len(first.admissions)} admitted, {len(first.admissions) / statistics.median(filling):,.0f} admitted/s"),
+        ("predict: no cache, limits only", f"{statistics.median(predictions) * 1000:.0f} ms",
          f"{p95(predictions) * 1000:.0f} ms", f"{len(probes)} specs"),
+        ("predict: cache, cold", f"{statistics.median(cold) * 1000:.0f} ms", f"{p95(cold) * 1000:.0f} ms",
+         "likely and latest starts"),
+        ("predict: cache, warm", f"{statistics.median(warm) * 1000:.1f} ms", f"{p95(warm) * 1000:.1f} ms",
+         f"{len(warm)} predictions"),
+        ("predict: cache, after a submission", f"{statistics.median(submitted) * 1000:.1f} ms",
+         f"{p95(submitted) * 1000:.1f} ms", "the job taken into the plan"),
         ("predict_queue: every job", f"{statistics.median(plan_all) * 1000:.0f} ms", f"{p95(plan_all) * 1000:.0f} ms",
          f"{len(queue) / statistics.median(plan_all):,.0f} jobs/s"),
         ("drain: cycles as jobs end", f"{spent / max(cycles, 1) * 1000:.0f} ms/cycle", "",

@@ -4,10 +4,10 @@ The monitor opens a session (OpenTerminal → TerminalOpened); the client then t
 directly on `subjects.session(node, session_id, channel)`: raw bytes on `in` and `out`,
 `SessionControl` on `control`, one `SessionExited` on `exit` (see libs.contracts.agent.OpenSession).
 
-The agent may write before the monitor's reply reaches the client, and the reply is the first place
-the node and session id are known. So the client subscribes to every session's channels before it
-asks, keeps what arrives, and once it knows its session id reads its own messages from what it kept.
-One subscription carries both `out` and `exit`, so the server's per-subject order holds between them:
+The agent may write before the monitor's reply reaches the client (the reply is the first place the
+node is known). So the client chooses the session id itself, subscribes to that session's channels
+on any node before it asks, and keeps what arrives; it never listens to other sessions. One
+subscription carries both `out` and `exit`, so the server's per-subject order holds between them:
 output written before the exit is always read before it.
 """
 
@@ -17,6 +17,7 @@ import asyncio
 import contextlib
 import io
 import os
+import secrets
 import shlex
 import shutil
 import signal
@@ -26,6 +27,7 @@ import tty
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, BinaryIO
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -129,10 +131,12 @@ class DebugSession:
 
 async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[TerminalOpened]],
                        request: OpenTerminal) -> DebugSession:
-    """Listen to every session's `out` and `exit`, then ask the monitor (`ask`) for one; nothing the
-    agent writes before the reply is lost."""
+    """Listen to the `out` and `exit` of a session id of our choosing, then ask the monitor (`ask`) to
+    open it; nothing the agent writes before the reply is lost."""
     inbox: asyncio.Queue[Msg | None] = asyncio.Queue()
-    own: list[str] = []  # the session id, once known
+    session_id = request.session_id or secrets.token_hex(16)
+    request = msgspec.structs.replace(request, session_id=session_id)
+    own: list[str] = [session_id]
 
     async def on_message(msg: Msg) -> None:
         tokens = msg.subject.split(".")
@@ -142,7 +146,7 @@ async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[Termi
             return
         inbox.put_nowait(msg)
 
-    sub = await nc.subscribe(subjects.session("*", "*", "*"), cb=on_message)
+    sub = await nc.subscribe(subjects.session("*", session_id, "*"), cb=on_message)
 
     async def release() -> None:
         with contextlib.suppress(Exception):
@@ -155,7 +159,8 @@ async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[Termi
     except BaseException:
         await release()
         raise
-    own.append(opened.session_id)
+    if opened.session_id != session_id:  # a monitor that made its own id: listen to that one
+        own[0] = opened.session_id
     return DebugSession(nc, opened, inbox, release)
 
 

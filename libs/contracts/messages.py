@@ -9,10 +9,10 @@ Requests name no user: the caller is the identity of the signed token in the req
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.events import EventEnvelope, Mount, Placement
@@ -157,13 +157,18 @@ class MarkComponent(_Request, frozen=True, tag="MarkComponent.v1"):
 
 class OpenTerminal(_Request, frozen=True, tag="OpenTerminal.v1"):
     """J15: open a debug session in a kept environment of a job (needs read-write access). Without
-    `node`, the master's node; without `command`, an interactive shell."""
+    `node`, the master's node; without `command`, an interactive shell.
+
+    `session_id` (32 hex digits from a secure random source) is chosen by the client, so that it can
+    listen to its own session's subjects before it asks, and to no one else's; without it the
+    monitor makes one."""
 
     job_id: str
     node: str | None = None
     command: str | None = None
     columns: int = 80
     rows: int = 24
+    session_id: Annotated[str, Meta(pattern="^[0-9a-f]{32}$")] | None = None
 
 
 class ListJobs(_Request, frozen=True, tag="ListJobs.v1"):

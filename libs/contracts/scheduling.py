@@ -18,8 +18,10 @@ from libs.contracts.cluster import Flavor
 class Prediction(Struct, frozen=True, kw_only=True):
     """S6: would a job start now, and if not, where it would wait and when it would likely start.
 
-    `estimated_start` is None when it cannot be bounded: the job waits for running jobs that have no
-    duration limit, or it fits on no node of the cluster at all (`reason` says which).
+    `estimated_start` is the likely start, going by how long similar jobs really ran; `latest_start`
+    the start if every job ahead ran to its duration limit (an upper bound, but for backfill). Either
+    is None when it cannot be bounded: the job waits for running jobs that have no duration limit, or
+    it fits on no node of the cluster at all (`reason` says which).
     """
 
     starts_now: bool
@@ -31,6 +33,7 @@ class Prediction(Struct, frozen=True, kw_only=True):
     estimated_start: datetime | None = None
     predicted_at: datetime
     reason: str = ""
+    latest_start: datetime | None = None
 
 
 class NodeShortage(Struct, frozen=True, kw_only=True):

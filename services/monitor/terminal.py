@@ -88,9 +88,9 @@ async def open_terminal(m: Monitor, request: OpenTerminal, identity: Identity) -
         target = choose(job.placement, request.node, job.job_id)
         if isinstance(target, CommandError):
             return target
-    session = OpenSession(session_id=secrets.token_hex(16), job_id=job.job_id, attempt=attempt, rank=target.rank,
-                          command=request.command, columns=request.columns, rows=request.rows,
-                          idle_seconds=IDLE_SECONDS)
+    session = OpenSession(session_id=request.session_id or secrets.token_hex(16), job_id=job.job_id,
+                          attempt=attempt, rank=target.rank, command=request.command, columns=request.columns,
+                          rows=request.rows, idle_seconds=IDLE_SECONDS)
     try:
         reply = await call(m.rt.nc, subjects.agent_open_session(target.node), session,
                            timeout=AGENT_TIMEOUT_SECONDS, reply_type=SessionOpened | CommandError)

@@ -2,26 +2,32 @@
 
 The estimate plays the queue forward: this cycle's decision first, then the jobs still queued, one
 after another in start order, each at the earliest time it fits and not before the jobs ahead of it
-on the same kind of nodes. Running jobs, and jobs planned to start, free their nodes at the end of
-their duration limit; a job without a limit holds its nodes for good, so a job waiting for such
-nodes has no estimate, and the jobs behind it are planned around the nodes it waits for. Jobs
-usually end before their limit, so an estimate tends to be late rather than early, but backfilled
-jobs and later higher-priority submissions can move it either way.
+on the same kind of nodes. It is played twice:
+
+- the *latest* start: running jobs, and jobs planned to start, free their nodes at the end of their
+  duration limit; a job without a limit holds its nodes for good, so a job waiting for such nodes has
+  no estimate, and the jobs behind it are planned around the nodes it waits for;
+- the *likely* start (`Expected`): the same, but each job frees its nodes when jobs like it usually
+  end (runtime_model.py), which is what `estimated_start` says when it is known.
+
+Backfilled jobs and later higher-priority submissions can move either estimate. `PredictionCache`
+(prediction_cache.py) answers the same as `predict` without planning the queue for every question.
 """
 
 from __future__ import annotations
 
+import copy
 import heapq
-import itertools
-from collections.abc import Sequence
-from dataclasses import dataclass, field
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, Resources
 from libs.contracts.events import Placement
-from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
+from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
 from services.scheduler.placement import (
+    Admission,
     Capacity,
     Decision,
     NodeCapacity,
@@ -54,6 +60,36 @@ class Plan:
     unplaceable: bool = False  # fits on no node of the cluster
 
 
+@dataclass(frozen=True)
+class Expected:
+    """When jobs will likely end, where that is known better than their duration limits.
+
+    Jobs not listed end at their limits; a listed None means no end is known (held for good).
+    """
+
+    ends: Mapping[str, datetime | None] = field(default_factory=dict)  # running job -> likely end
+    seconds: Mapping[str, int | None] = field(default_factory=dict)  # queued job -> likely runtime
+
+    @property
+    def empty(self) -> bool:
+        return not self.ends and not self.seconds
+
+    def running(self, jobs: Sequence[RunningJob]) -> list[RunningJob]:
+        return [replace(job, ends_at=self.ends[job.job_id]) if job.job_id in self.ends else job for job in jobs]
+
+    def queue(self, jobs: Sequence[QueuedJob]) -> list[QueuedJob]:
+        return [replace(job, duration_seconds=self.seconds[job.job_id]) if job.job_id in self.seconds else job
+                for job in jobs]
+
+
+@dataclass(frozen=True)
+class Forecast:
+    """A prediction, and the start it would have if every job ran to its duration limit."""
+
+    prediction: Prediction
+    latest_start: datetime | None = None
+
+
 def format_time(moment: datetime, now: datetime) -> str:
     """`14:05 UTC`, with the date when it is not today's."""
     if moment.tzinfo is not None:
@@ -70,6 +106,12 @@ def names(ids: Sequence[str], limit: int = 3) -> str:
     return shown[0] if len(shown) == 1 else f"{', '.join(shown[:-1])} and {shown[-1]}"
 
 
+def insertion_index(queue: Sequence[QueuedJob], priority: Priority) -> int:
+    """Where a new job of `priority` joins the queue: behind every job of the same or a higher priority."""
+    rank = PRIORITY_RANK[priority]
+    return next((i for i, job in enumerate(queue) if PRIORITY_RANK[job.spec.priority] > rank), len(queue))
+
+
 def plan_queue(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
                running: Sequence[RunningJob] = (), now: datetime, decision: Decision | None = None,
                until: str | None = None) -> dict[str, Plan]:
@@ -80,10 +122,10 @@ def plan_queue(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[
     """
     if decision is None:
         decision = schedule(queue, nodes, flavors, running=running, now=now)
-    return _Planner(nodes, flavors, running, now, decision, queue, until).plan(queue)
+    return Planner(nodes, flavors, running, now, decision, queue, until).plan(queue)
 
 
-class _Planner:
+class Planner:
     """Plays the queue forward in time.
 
     Nodes fall into classes (same pools, board and driver); each class has its own planning clock,
@@ -113,7 +155,7 @@ class _Planner:
         self.releases: dict[_NodeClass, list[tuple[datetime, int, str, dict[str, Resources]]]] = {
             k: [] for k in self.clocks}
         self.released_last: dict[_NodeClass, list[str]] = {k: [] for k in self.clocks}  # ended at the clock
-        self.order = itertools.count()  # keeps the heaps from ever comparing holdings
+        self.pushed = 0  # keeps the heaps from ever comparing holdings
         self.unlimited: list[tuple[str, dict[str, Resources]]] = []  # holders without a duration limit
         self.set_aside: list[tuple[str, dict[str, Resources]]] = []  # jobs of unknown start, and their nodes
         # Per job shape: the nodes it may use and their classes; and a placement found in "final", which
@@ -138,6 +180,22 @@ class _Planner:
                         durations.get(admission.job_id))
             self.plans[admission.job_id] = Plan(job_id=admission.job_id, start=now, flavor=admission.flavor,
                                                 placement=admission.placement)
+        self.started = dict(self.plans)  # this cycle's admissions: planned already
+
+    def fork(self, until: str | None = None) -> Planner:
+        """An independent copy to plan on, as far as this one has planned; of the plans made so far it
+        keeps only those of this cycle's admissions."""
+        twin = copy.copy(self)
+        twin.until = until
+        twin.capacity, twin.final, twin.everything = self.capacity.copy(), self.final.copy(), self.everything.copy()
+        twin.clocks = dict(self.clocks)
+        twin.releases = {k: list(heap) for k, heap in self.releases.items()}
+        twin.released_last = {k: list(ended) for k, ended in self.released_last.items()}
+        twin.unlimited, twin.set_aside = list(self.unlimited), list(self.set_aside)
+        twin.fits_finally, twin.final_shrinks = dict(self.fits_finally), dict(self.final_shrinks)
+        twin.no_room, twin.unplaceable = set(self.no_room), set(self.unplaceable)
+        twin.plans = dict(self.started)
+        return twin  # `usable` only depends on the nodes: shared
 
     def _start(self, job_id: str, held: dict[str, Resources], start: datetime, seconds: int | None) -> None:
         self.capacity.take(held)
@@ -158,9 +216,10 @@ class _Planner:
             if name in self.node_class:
                 by_class.setdefault(self.node_class[name], {})[name] = amount
         for node_class, part in by_class.items():
-            heapq.heappush(self.releases[node_class], (max(ends, self.now), next(self.order), job_id, part))
+            self.pushed += 1
+            heapq.heappush(self.releases[node_class], (max(ends, self.now), self.pushed, job_id, part))
 
-    def plan(self, queue: list[QueuedJob]) -> dict[str, Plan]:
+    def plan(self, queue: Sequence[QueuedJob]) -> dict[str, Plan]:
         for job in queue:
             if job.job_id not in self.plans:
                 self.plans[job.job_id] = self._plan(job)
@@ -168,16 +227,20 @@ class _Planner:
                 break
         return self.plans
 
+    def plan_job(self, job: QueuedJob) -> Plan:
+        """Plan one more job behind those planned so far."""
+        return self.plan([job])[job.job_id]
+
     def _plan(self, job: QueuedJob) -> Plan:
         if job.job_id in self.unplaceable:
             return Plan(job_id=job.job_id, start=None, unplaceable=True)
-        shape = job_shape(job.spec)
-        if not self._fits_finally(job.spec, shape):
+        shape = job_shape(job.spec, job.excluded_nodes)
+        if not self._fits_finally(job, shape):
             return self._set_aside(job, shape)
-        _, classes = self._usable(job.spec, shape)
+        _, classes = self._usable(job, shape)
         clock = max(self.clocks[k] for k in classes)
         self._advance(classes, clock)
-        while (choice := choose(self.capacity, job.spec, self.flavors)) is None:
+        while (choice := choose(self.capacity, job.spec, self.flavors, job.excluded_nodes)) is None:
             upcoming = [self.releases[k][0][0] for k in classes if self.releases[k]]
             if not upcoming:  # fits in "final", but in no order this placement tries on the way there
                 return self._set_aside(job, shape)
@@ -188,25 +251,26 @@ class _Planner:
         ended = [] if clock == self.now else sorted({j for k in classes for j in self.released_last[k]})
         return Plan(job_id=job.job_id, start=clock, flavor=flavor_name, placement=placement, waits_for=ended)
 
-    def _fits_finally(self, spec: JobSpec, shape: Shape) -> bool:
+    def _fits_finally(self, job: QueuedJob, shape: Shape) -> bool:
         known = self.fits_finally.get(shape)
         if known is not None and all(self.final_shrinks.get(n, 0) == count for n, count in known.items()):
             return True
-        choice = choose(self.final, spec, self.flavors)
+        choice = choose(self.final, job.spec, self.flavors, job.excluded_nodes)
         if choice is None:
             return False
         self.fits_finally[shape] = {p.node: self.final_shrinks.get(p.node, 0) for p in choice[1]}
         return True
 
-    def _usable(self, spec: JobSpec, shape: Shape) -> tuple[set[str], set[_NodeClass]]:
+    def _usable(self, job: QueuedJob, shape: Shape) -> tuple[set[str], set[_NodeClass]]:
         """The nodes any rank of the job may use, and their classes."""
         if shape not in self.usable:
+            spec = job.spec
             kinds = [self.flavors[name] for name in spec.flavors if name in self.flavors]
             if parameter_server_count(spec):
                 kinds.append(PARAMETER_SERVER_FLAVOR)
             nodes: set[str] = set()
             for flavor in kinds:
-                nodes.update(self.capacity.cluster.eligible(spec, flavor)[1])
+                nodes.update(self.capacity.cluster.eligible(spec, flavor, job.excluded_nodes)[1])
             self.usable[shape] = nodes, {self.node_class[name] for name in nodes}
         return self.usable[shape]
 
@@ -226,10 +290,11 @@ class _Planner:
         waits_for: list[str] = []
         behind: list[str] = []
         if job.job_id == self.until:  # who it waits for is only told for the job asked about
-            usable, _ = self._usable(job.spec, shape)
+            usable, _ = self._usable(job, shape)
             waits_for = sorted({job_id for job_id, held in self.unlimited if usable.intersection(held)})
             behind = [job_id for job_id, held in self.set_aside if usable.intersection(held)]
-        choice = None if shape in self.no_room else choose(self.everything, job.spec, self.flavors)
+        choice = None if shape in self.no_room else choose(self.everything, job.spec, self.flavors,
+                                                           job.excluded_nodes)
         if choice is None:
             self.no_room.add(shape)  # "everything" only shrinks
         else:
@@ -260,43 +325,77 @@ def predict_queue(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: di
 
 
 def predict(spec: JobSpec, queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
-            running: Sequence[RunningJob] = (), now: datetime, duration_seconds: int | None = None) -> Prediction:
-    """S6: what would happen if `spec` were submitted now.
+            running: Sequence[RunningJob] = (), now: datetime, duration_seconds: int | None = None,
+            expected: Expected | None = None) -> Prediction:
+    """S6: what would happen if `spec` were submitted now (see `forecast`)."""
+    return forecast(spec, queue, nodes, flavors, running=running, now=now, duration_seconds=duration_seconds,
+                    expected=expected).prediction
+
+
+def forecast(spec: JobSpec, queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
+             running: Sequence[RunningJob] = (), now: datetime, duration_seconds: int | None = None,
+             expected: Expected | None = None) -> Forecast:
+    """S6: what would happen if `spec` were submitted now; its likely start from `expected`, its latest
+    from the duration limits.
 
     The job joins the queue behind every job of the same or a higher priority. Jobs ahead of it that
     this cycle starts, or that fit on no node and so never block anyone, are not counted as ahead.
     """
     if duration_seconds is None:
         duration_seconds = spec.max_duration_seconds
-    rank = PRIORITY_RANK[spec.priority]
-    index = next((i for i, job in enumerate(queue) if PRIORITY_RANK[job.spec.priority] > rank), len(queue))
+    index = insertion_index(queue, spec.priority)
     ordered = [*queue[:index], QueuedJob(NEW_JOB, spec, duration_seconds), *queue[index:]]
     decision = schedule(ordered, nodes, flavors, running=running, now=now)
     admitted = {admission.job_id: admission for admission in decision.admissions}
-    mine = admitted.get(NEW_JOB)
-    if mine is not None:
-        hosts = [p.node for p in mine.placement]
-        workers = sum(1 for p in mine.placement if p.role == "worker")
-        return Prediction(starts_now=True, flavor=mine.flavor, nodes=hosts, node_count=workers, predicted_at=now,
-                          reason=f"Starts now with flavor {mine.flavor} on {', '.join(dict.fromkeys(hosts))}.")
-
+    if (mine := admitted.get(NEW_JOB)) is not None:
+        return starts_now(mine, now)
     skipped = set(admitted).union(decision.unplaceable)  # started now, or never blocking it
-    ahead = [job.job_id for job in queue[:index] if job.job_id not in skipped]
-    plan = plan_queue(ordered, nodes, flavors, running=running, now=now, decision=decision, until=NEW_JOB)[NEW_JOB]
-    position, jobs_ahead = len(ahead) + 1, len(ahead)
+    jobs_ahead = sum(1 for job in queue[:index] if job.job_id not in skipped)
+    latest = plan_queue(ordered, nodes, flavors, running=running, now=now, decision=decision, until=NEW_JOB)[NEW_JOB]
+    likely = latest
+    if expected is not None and not expected.empty:
+        likely = plan_queue(expected.queue(ordered), nodes, flavors, running=expected.running(running), now=now,
+                            decision=decision, until=NEW_JOB)[NEW_JOB]
+    return waits(spec, now, jobs_ahead, latest, likely)
 
-    def queued(reason: str, start: datetime | None = None) -> Prediction:
-        workers = sum(1 for p in plan.placement if p.role == "worker")
-        return Prediction(starts_now=False, flavor=plan.flavor, node_count=workers, position=position,
-                          jobs_ahead=jobs_ahead, estimated_start=start, predicted_at=now, reason=reason)
 
-    if plan.unplaceable:
-        return queued(f"Fits on no node of this cluster with flavor {', '.join(spec.flavors)}, "
+def starts_now(admission: Admission, now: datetime) -> Forecast:
+    hosts = [p.node for p in admission.placement]
+    workers = sum(1 for p in admission.placement if p.role == "worker")
+    return Forecast(Prediction(
+        starts_now=True, flavor=admission.flavor, nodes=hosts, node_count=workers, predicted_at=now,
+        reason=f"Starts now with flavor {admission.flavor} on {', '.join(dict.fromkeys(hosts))}."), now)
+
+
+def waits(spec: JobSpec, now: datetime, jobs_ahead: int, latest: Plan, likely: Plan) -> Forecast:
+    """The forecast of a job that queues behind `jobs_ahead` jobs, from its two plans."""
+    plan = likely if likely.start is not None else latest
+    workers = sum(1 for p in plan.placement if p.role == "worker")
+
+    def answer(reason: str, start: datetime | None = None) -> Forecast:
+        return Forecast(Prediction(starts_now=False, flavor=plan.flavor, node_count=workers, position=jobs_ahead + 1,
+                                   jobs_ahead=jobs_ahead, estimated_start=start, predicted_at=now, reason=reason,
+                                   latest_start=latest.start),
+                        latest.start)
+
+    if latest.unplaceable:
+        return answer(f"Fits on no node of this cluster with flavor {', '.join(spec.flavors)}, "
                       "even with every node free.")
-    behind = f"Waits behind {jobs_ahead} job{'s' if jobs_ahead != 1 else ''}" if ahead else "First in line"
+    behind = f"Waits behind {jobs_ahead} job{'s' if jobs_ahead != 1 else ''}" if jobs_ahead else "First in line"
     if plan.start is None:
-        return queued(f"{behind}; its start cannot be estimated because {unknown_start_reason(plan)}.")
-    when = f"expected to start at {format_time(plan.start, now)}"
-    if plan.waits_for:
-        when += f" when {names(plan.waits_for)} {'ends' if len(plan.waits_for) == 1 else 'end'}"
-    return queued(f"{behind}; {when}.", plan.start)
+        return answer(f"{behind}; its start cannot be estimated because {unknown_start_reason(likely)}.")
+    if plan is latest or likely.start == latest.start:
+        return answer(f"{behind}; expected to start at {format_time(plan.start, now)}{_when_ends(plan)}.", plan.start)
+    when = f"expected to start around {format_time(plan.start, now)}, going by how long similar jobs ran"
+    if latest.start is None:
+        when += f"; no later start can be promised as {unknown_start_reason(latest)}"
+    else:
+        when += (f"; by {format_time(latest.start, now)}{_when_ends(latest)} if jobs run to their "
+                 "duration limits")
+    return answer(f"{behind}; {when}.", plan.start)
+
+
+def _when_ends(plan: Plan) -> str:
+    if not plan.waits_for:
+        return ""
+    return f" when {names(plan.waits_for)} {'ends' if len(plan.waits_for) == 1 else 'end'}"

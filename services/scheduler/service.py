@@ -54,7 +54,7 @@ from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 from services.scheduler.placement import Admission, NodeCapacity, QueuedJob, RunningJob, may_grow, schedule
-from services.scheduler.prediction import predict
+from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.state import Job, SchedulerState
 
@@ -83,6 +83,7 @@ class Scheduler:
         self.followers: list[StreamFollower] = []
         self.search = JobSearchProjection(runtime.store)
         self._projection_wake = asyncio.Event()
+        self.predictions = PredictionCache()  # S6: the plan of the queue, kept until the state changes
 
     # --- start-up --------------------------------------------------------------------------------
 
@@ -92,7 +93,7 @@ class Scheduler:
 
         count = 0
         async for envelope in self.rt.store.read_all():
-            self.state.apply(envelope)
+            self.fold(envelope)
             count += 1
         log.info("scheduler.rebuilt", events=count, jobs=len(self.state.jobs))
         await self.search.migrate()
@@ -128,7 +129,7 @@ class Scheduler:
 
     def _applied(self, stored: list[EventEnvelope]) -> None:
         for envelope in stored:
-            self.state.apply(envelope)
+            self.fold(envelope)
             log.info("job.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
         self.wake.set()
         self._projection_wake.set()
@@ -149,7 +150,7 @@ class Scheduler:
 
     async def on_upstream(self, envelope: EventEnvelope, _: Msg, tracking: Tracking | None) -> bool:
         async with self.lock:
-            self.state.apply(envelope)
+            self.fold(envelope)
             self.wake.set()
             if tracking is None:
                 return False
@@ -236,8 +237,17 @@ class Scheduler:
 
     def predict(self, spec: JobSpec) -> Prediction:
         """S6 for `spec` as if it were submitted now (the caller holds the lock)."""
-        return predict(spec, self.queued_jobs(), self.capacity(), self.flavors(), running=self.running_jobs(),
-                       now=self.clock(), duration_seconds=spec.max_duration_seconds)
+        return self.predictions.predict(spec, now=self.clock(), inputs=self.prediction_inputs,
+                                        duration_seconds=spec.max_duration_seconds)
+
+    def prediction_inputs(self) -> PlanInputs:
+        return PlanInputs(queue=self.queued_jobs(), nodes=self.capacity(), flavors=self.flavors(),
+                          running=self.running_jobs(), jobs=self.state.jobs)
+
+    def fold(self, envelope: EventEnvelope) -> None:
+        """Fold an event into the state; the prediction cache learns what changed (and how long jobs ran)."""
+        self.state.apply(envelope)
+        self.predictions.applied(envelope, self.state.jobs)
 
     async def run_cycle(self) -> None:
         now = self.clock()

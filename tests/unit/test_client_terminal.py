@@ -10,6 +10,7 @@ import contextlib
 import fcntl
 import os
 import pty
+import re
 import signal
 import struct
 import termios
@@ -63,13 +64,16 @@ class FakeNode:
 
     async def start(self) -> None:
         await self.nc.subscribe(subjects.OPEN_TERMINAL, cb=self.on_open)
-        await self.nc.subscribe(self.subject("in"), cb=self.on_input)
-        await self.nc.subscribe(self.subject("control"), cb=self.on_control)
+        await self.nc.subscribe(subjects.session(self.node, "*", "in"), cb=self.on_input)
+        await self.nc.subscribe(subjects.session(self.node, "*", "control"), cb=self.on_control)
         await self.nc.flush()
 
     async def on_open(self, msg: Msg) -> None:
-        self.requests.append(decode(msg.data, OpenTerminal))
+        request = decode(msg.data, OpenTerminal)
+        self.requests.append(request)
         self.headers.append(dict(msg.headers or {}))
+        # As the monitor does: the client's own session id, when it chose one.
+        self.session_id = request.session_id or self.session_id
         if self.refusal is not None:
             await msg.respond(encode(self.refusal))
             return
@@ -80,9 +84,12 @@ class FakeNode:
         await msg.respond(encode(TerminalOpened(session_id=self.session_id, node=self.node, rank=0, attempt=2)))
 
     async def on_input(self, msg: Msg) -> None:
-        self.input += msg.data
+        if msg.subject == self.subject("in"):
+            self.input += msg.data
 
     async def on_control(self, msg: Msg) -> None:
+        if msg.subject != self.subject("control"):
+            return
         control = decode(msg.data, SessionControl)
         self.controls.append(control)
         if control.close:
@@ -128,7 +135,9 @@ async def test_run_in_job_returns_every_byte_and_the_exit_code(nats_url: str) ->
         finally:
             await client.close()
     assert (code, output) == (3, b"early\ngot:data")
-    assert node.requests == [OpenTerminal(job_id=JOB, command="sh -c 'echo hi; exit 3'")]
+    assert node.requests == [OpenTerminal(job_id=JOB, command="sh -c 'echo hi; exit 3'",
+                                          session_id=node.session_id)]
+    assert re.fullmatch("[0-9a-f]{32}", node.session_id)  # chosen by the client, unguessable
     assert node.headers[0][AUTH_HEADER] == f"Bearer {TOKEN}"
 
 

@@ -2,10 +2,19 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
+import msgspec
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, JobSucceeded
+from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob
-from services.scheduler.prediction import predict, predict_queue
+from services.scheduler.prediction import Expected, forecast, insertion_index, predict, predict_queue
+from services.scheduler.prediction_cache import PlanInputs, PredictionCache
+from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, expected_runtimes
 from tests.unit.test_placement import (
     FLAVORS,
     NOW,
@@ -16,6 +25,7 @@ from tests.unit.test_placement import (
     run_on,
     spec,
 )
+from tests.unit.test_scheduling_properties import SETTINGS, job_specs, scenarios
 
 
 def at(seconds: int) -> datetime:
@@ -142,3 +152,155 @@ def test_jobs_behind_a_job_of_unknown_start_are_planned_around_the_nodes_it_wait
     prediction = predict(spec(1), queue, nodes, FLAVORS, running=running, now=NOW)
     assert prediction.estimated_start == at(600)
     assert predict_queue(queue, nodes, FLAVORS, running=running, now=NOW) == {"stuck": None}
+
+
+# --- the likely start: jobs end when jobs like them usually end ------------------------------------------
+
+
+def test_the_likely_start_counts_on_jobs_ending_before_their_limits() -> None:
+    nodes, running = three_busy_nodes()
+    result = forecast(spec(1), [], nodes, FLAVORS, running=running, now=NOW, expected=Expected(ends={"r1": at(300)}))
+    assert (result.prediction.estimated_start, result.latest_start) == (at(300), at(600))
+    assert result.prediction.latest_start == at(600)  # the bound reaches the caller, not only the text
+    assert result.prediction.reason == ("First in line; expected to start around 09:05 UTC, going by how long "
+                                        "similar jobs ran; by 09:10 UTC when r1 ends if jobs run to their "
+                                        "duration limits.")
+
+
+def test_a_likely_end_of_a_job_without_a_limit_gives_an_estimate_but_no_latest_start() -> None:
+    nodes, running = three_busy_nodes()
+    result = forecast(spec(3), [], nodes, FLAVORS, running=running, now=NOW, expected=Expected(ends={"r3": at(900)}))
+    assert (result.prediction.estimated_start, result.latest_start) == (at(1200), None)
+    assert "no later start can be promised as it waits for r3, which has no duration limit" in result.prediction.reason
+
+
+def test_queued_jobs_are_planned_with_their_likely_runtimes() -> None:
+    nodes, running = three_busy_nodes()
+    queue = [queued("job-1", 2, duration=600), queued("job-2", duration=3600)]
+    result = forecast(spec(1), queue, nodes, FLAVORS, running=running, now=NOW,
+                      expected=Expected(seconds={"job-1": 60}))
+    assert (result.prediction.estimated_start, result.latest_start) == (at(1260), at(1800))
+
+
+def test_without_likely_runtimes_the_estimate_is_the_latest_start() -> None:
+    nodes, running = three_busy_nodes()
+    queue = [queued("job-1", 2, duration=600)]
+    plain = predict(spec(1), queue, nodes, FLAVORS, running=running, now=NOW)
+    result = forecast(spec(1), queue, nodes, FLAVORS, running=running, now=NOW, expected=Expected())
+    assert result.prediction == plain and result.latest_start == plain.estimated_start
+
+
+# --- the cache: the same answers from a plan kept between state changes ----------------------------------
+
+
+@dataclass
+class Record:
+    """A job as the runtime model reads it."""
+
+    spec: JobSpec
+    creator: str = "ann"
+    flavor: str | None = None
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    duration_seconds: int | None = None
+
+
+PRIORITIES: list[Priority] = ["very-urgent", "urgent", "normal"]
+
+
+@st.composite
+def cache_cases(draw: st.DrawFn) -> tuple[PlanInputs, RuntimeModel, list[tuple[JobSpec, int | None]]]:
+    """A random cluster, queue of mixed priorities, history of finished jobs, and jobs to predict."""
+    scenario = draw(scenarios())
+    names = [n.info.name for n in scenario.nodes]
+
+    def prioritized(job_spec: JobSpec) -> JobSpec:
+        return msgspec.structs.replace(job_spec, priority=draw(st.sampled_from(PRIORITIES)))
+
+    queue = sorted((replace(job, spec=prioritized(job.spec)) for job in scenario.queue),
+                   key=lambda job: PRIORITY_RANK[job.spec.priority])
+    jobs: dict[str, JobRecord] = {job.job_id: Record(job.spec, duration_seconds=job.duration_seconds)
+                                  for job in queue}
+    for job in scenario.running:
+        limit = draw(st.sampled_from([600, 3600])) if job.ends_at is not None else None
+        started = job.ends_at - timedelta(seconds=limit) if job.ends_at is not None and limit else at(-600)
+        jobs[job.job_id] = Record(job.spec, flavor=job.flavor.name, started_at=started, duration_seconds=limit)
+    model = RuntimeModel(min_samples=1)
+    for limited, share in draw(st.lists(st.tuples(st.booleans(), st.floats(0.05, 1.0)), max_size=6)):
+        traits = Traits(creator="ann", project="default", kind="j", flavor="f0", nodes=1)
+        model.observe(traits, 3600 if limited else None, share * 3600)
+    # Mostly plain jobs of a known flavor, which rarely fit nowhere.
+    plain = st.builds(lambda nodes, flavor: spec(nodes, [flavor]), st.integers(1, 4),
+                      st.sampled_from(sorted(scenario.flavors)))
+    probes = [(prioritized(draw(st.one_of(plain, plain, job_specs(sorted(scenario.flavors), names)))),
+               draw(st.sampled_from([None, 60, 600, 7200]))) for _ in range(draw(st.integers(1, 4)))]
+    inputs = PlanInputs(queue=queue, nodes=scenario.nodes, flavors=scenario.flavors, running=scenario.running,
+                        jobs=jobs)
+    return inputs, model, probes
+
+
+def check_as_planned_afresh(cache: PredictionCache, model: RuntimeModel, inputs: PlanInputs, job_spec: JobSpec,
+                            seconds: int | None) -> None:
+    cached = cache.forecast(job_spec, now=NOW, inputs=lambda: inputs, duration_seconds=seconds)
+    fresh = forecast(job_spec, inputs.queue, inputs.nodes, inputs.flavors, running=inputs.running, now=NOW,
+                     duration_seconds=seconds,
+                     expected=expected_runtimes(model, inputs.queue, inputs.running, inputs.jobs, NOW))
+    assert cached == fresh
+
+
+@settings(SETTINGS, max_examples=300)
+@given(cache_cases())
+def test_the_cache_answers_as_a_plan_made_for_each_prediction_does(
+        case: tuple[PlanInputs, RuntimeModel, list[tuple[JobSpec, int | None]]]) -> None:
+    inputs, model, probes = case
+    cache = PredictionCache(model)
+    for job_spec, seconds in probes:
+        check_as_planned_afresh(cache, model, inputs, job_spec, seconds)
+
+
+@settings(SETTINGS, max_examples=300)
+@given(cache_cases(), st.data())
+def test_jobs_submitted_after_a_prediction_are_taken_into_the_plan(
+        case: tuple[PlanInputs, RuntimeModel, list[tuple[JobSpec, int | None]]], data: st.DataObject) -> None:
+    current, model, probes = case
+    cache = PredictionCache(model)
+    for index, (job_spec, seconds) in enumerate(probes):
+        check_as_planned_afresh(cache, model, current, *data.draw(st.sampled_from(probes)))
+        # The job is submitted: it joins the queue behind the jobs of its priority or higher.
+        job_id, place = f"new-{index}", insertion_index(current.queue, job_spec.priority)
+        record = Record(job_spec, creator=data.draw(st.sampled_from(["ann", "bob"])), duration_seconds=seconds)
+        current = replace(current, queue=[*current.queue[:place], QueuedJob(job_id, job_spec, seconds),
+                                          *current.queue[place:]], jobs={**current.jobs, job_id: record})
+        cache.applied(envelope(JobSubmitted(job_id=job_id, spec=job_spec, creator=record.creator)), current.jobs)
+    check_as_planned_afresh(cache, model, current, *data.draw(st.sampled_from(probes)))
+
+
+def envelope(event: JobSucceeded | JobPredicted | JobSubmitted) -> EventEnvelope:
+    return EventEnvelope(event_id="e1", service="scheduler", aggregate_type="job", aggregate_id=event.job_id,
+                         version=1, position=1, recorded_at=NOW, event=event)
+
+
+def test_the_cache_plans_again_after_a_state_change_or_when_its_plan_is_old() -> None:
+    nodes, running = three_busy_nodes()
+    made: list[int] = []
+
+    def inputs() -> PlanInputs:
+        made.append(1)
+        return PlanInputs(queue=[], nodes=nodes, flavors=FLAVORS, running=running)
+
+    cache = PredictionCache(max_age=timedelta(seconds=30))
+    first = cache.predict(spec(1), now=NOW, inputs=inputs)
+    assert cache.predict(spec(1), now=at(20), inputs=inputs) == first and len(made) == 1
+    cache.applied(envelope(JobPredicted(job_id="job-1", prediction=first)), {})  # changes nothing planned
+    assert cache.predict(spec(1), now=at(20), inputs=inputs).predicted_at == NOW and len(made) == 1
+    cache.applied(envelope(JobSucceeded(job_id="r1")), {})
+    assert cache.predict(spec(1), now=at(20), inputs=inputs).predicted_at == at(20) and len(made) == 2
+    assert cache.predict(spec(1), now=at(60), inputs=inputs).predicted_at == at(60) and len(made) == 3
+
+
+def test_the_cache_learns_from_jobs_that_end() -> None:
+    cache = PredictionCache(RuntimeModel(min_samples=1))
+    job_spec = spec(1, duration="1h")
+    ended = Record(job_spec, flavor="cpu-4", started_at=NOW, ended_at=at(900), duration_seconds=3600)
+    cache.applied(envelope(JobSucceeded(job_id="job-1")), {"job-1": ended})
+    assert cache.runtimes.runtime(Traits.of(job_spec, "ann"), 3600) == 900

@@ -1,0 +1,293 @@
+"""Predictions at a deep queue without planning the whole queue for every question (S6).
+
+A new job joins the queue behind every job of its priority or higher, so it can join at only three
+places, one per priority. What `predict` computes for it depends on the queue ahead only through the
+scheduling cycle up to that place and the plan of the jobs ahead, the same for every job joining
+there. Per state revision, the cache keeps:
+
+- one cycle over the queue, copied at each place, so that a new job's own step (starts now, is
+  backfilled, becomes the head, or waits) runs on a copy;
+- the queue planned up to each place (latest and likely starts), played forward only as far as the
+  questions asked need, so that a new job is planned on a copy against what is left.
+
+A new job that does not start leaves the cycle's decisions on the jobs behind it as they were (what
+did not fit on some room fits on no less), unless it becomes the head: then the rest of the cycle
+and its plan are computed again for it.
+
+A plan is made at one moment and reused while the revision stays the same, for at most `max_age`:
+the answers are those of `forecast` at that moment (their `predicted_at`). The owner passes every
+event its state folds in to `applied`, which feeds the runtime model and drops the plan when the
+event changes what it was made from; a job just submitted that waits (neither starts nor becomes the
+head) is taken into the plan instead, so a stream of submissions does not plan the queue each time.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import datetime, timedelta
+
+from libs.contracts.cluster import Flavor
+from libs.contracts.events import (
+    AlertMailed,
+    AlertRaised,
+    DebugEnvironmentKept,
+    DebugEnvironmentReleased,
+    EventEnvelope,
+    JobExpired,
+    JobFailed,
+    JobPredicted,
+    JobStopped,
+    JobSubmitted,
+    JobSucceeded,
+    LaunchPlanned,
+    NodeProcessExited,
+    NodeProcessLost,
+    NodeProcessStarted,
+)
+from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
+from libs.contracts.scheduling import Prediction
+from services.scheduler.placement import Capacity, NodeCapacity, QueuedJob, RunningJob, _Cycle
+from services.scheduler.prediction import (
+    NEW_JOB,
+    Expected,
+    Forecast,
+    Plan,
+    Planner,
+    insertion_index,
+    plan_queue,
+    starts_now,
+    waits,
+)
+from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, expected_runtimes
+
+DEFAULT_MAX_AGE = timedelta(seconds=30)
+# Events that change nothing a plan is made from; any other event makes the next prediction plan anew.
+_UNPLANNED = (JobPredicted, LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost,
+              DebugEnvironmentKept, DebugEnvironmentReleased, AlertRaised, AlertMailed)
+_ENDS = (JobSucceeded, JobFailed, JobStopped, JobExpired)
+_PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What predictions are made from, as the scheduler sees it at one moment."""
+
+    queue: list[QueuedJob]
+    nodes: list[NodeCapacity]
+    flavors: dict[str, Flavor]
+    running: Sequence[RunningJob] = ()
+    jobs: Mapping[str, JobRecord] = field(default_factory=dict)  # who submitted each job, when it started
+
+
+class PredictionCache:
+    """Predictions from a plan kept per state revision (see the module's description)."""
+
+    def __init__(self, runtimes: RuntimeModel | None = None, *, max_age: timedelta = DEFAULT_MAX_AGE) -> None:
+        self.runtimes = RuntimeModel() if runtimes is None else runtimes
+        self.max_age = max_age
+        self.revision = 0
+        self._snapshot: _Snapshot | None = None
+
+    def applied(self, envelope: EventEnvelope, jobs: Mapping[str, JobRecord]) -> None:
+        """Take note of an event the state has just folded in (`jobs`: the state's jobs, after it)."""
+        event = envelope.event
+        if isinstance(event, _UNPLANNED):
+            return
+        self.revision += 1
+        snapshot, self._snapshot = self._snapshot, None
+        if isinstance(event, JobSubmitted) and snapshot is not None and snapshot.revision == self.revision - 1 \
+                and (record := jobs.get(event.job_id)) is not None:
+            # A new job joins the queue as the service lists it: its spec and limit, no nodes avoided.
+            job = QueuedJob(event.job_id, event.spec, record.duration_seconds)
+            likely = self.runtimes.runtime(Traits.of(event.spec, record.creator), job.duration_seconds)
+            if snapshot.join(job, likely, jobs):
+                snapshot.revision, self._snapshot = self.revision, snapshot
+        if isinstance(event, _ENDS) and (job_record := jobs.get(event.job_id)) is not None:
+            self.runtimes.job_ended(job_record)
+
+    def predict(self, spec: JobSpec, *, now: datetime, inputs: Callable[[], PlanInputs],
+                duration_seconds: int | None = None) -> Prediction:
+        return self.forecast(spec, now=now, inputs=inputs, duration_seconds=duration_seconds).prediction
+
+    def forecast(self, spec: JobSpec, *, now: datetime, inputs: Callable[[], PlanInputs],
+                 duration_seconds: int | None = None) -> Forecast:
+        """What `prediction.forecast` answers for `spec`, as of the moment the current plan was made
+        (`now`, and `inputs()` then, when it is made again)."""
+        snapshot = self._snapshot
+        if (snapshot is None or snapshot.revision != self.revision
+                or not snapshot.now <= now <= snapshot.now + self.max_age):
+            snapshot = self._snapshot = _Snapshot(inputs(), now, self.revision, self.runtimes)
+        return snapshot.forecast(spec, spec.max_duration_seconds if duration_seconds is None else duration_seconds)
+
+
+class _Snapshot:
+    """The cycle and the plans of one state at one moment."""
+
+    def __init__(self, inputs: PlanInputs, now: datetime, revision: int, runtimes: RuntimeModel) -> None:
+        self.inputs, self.now, self.revision = inputs, now, revision
+        queue = inputs.queue
+        self.places = {priority: insertion_index(queue, priority) for priority in _PRIORITIES}
+        # Growth comes after every admission and changes none, so the copies leave it out.
+        cycle = _Cycle(inputs.nodes, inputs.flavors, [replace(job, can_grow=False) for job in inputs.running], now)
+        self.cycles: dict[int, _Cycle] = {}
+        done = 0
+        for place in sorted(set(self.places.values())):
+            cycle.run(queue[done:place])
+            self.cycles[place], done = _fork(cycle), place
+        self.decision = cycle.run(queue[done:])
+        skipped = {a.job_id for a in self.decision.admissions}.union(self.decision.unplaceable)
+        self.ahead = {place: sum(1 for job in queue[:place] if job.job_id not in skipped) for place in self.cycles}
+        self.runtimes = runtimes
+        self._expected: Expected | None = None
+        self._latest: _Progress | None = None
+        self._likely: _Progress | None = None
+
+    @property
+    def expected(self) -> Expected:
+        """Likely runtimes, worked out when a job first waits (a job that starts now needs none)."""
+        if self._expected is None:
+            self._expected = expected_runtimes(self.runtimes, self.inputs.queue, self.inputs.running,
+                                               self.inputs.jobs, self.now)
+        return self._expected
+
+    @expected.setter
+    def expected(self, expected: Expected) -> None:
+        self._expected = expected
+
+    def forecast(self, spec: JobSpec, duration_seconds: int | None) -> Forecast:
+        place = self.places[spec.priority]
+        job = QueuedJob(NEW_JOB, spec, duration_seconds)
+        cycle = _fork(self.cycles[place])
+        step = cycle.run([job])
+        if step.admissions and step.admissions[-1].job_id == NEW_JOB:
+            return starts_now(step.admissions[-1], self.now)
+        if step.reservation is not None and step.reservation.job_id == NEW_JOB:
+            # The head: the jobs behind it are decided around its reservation, and planned after that.
+            inputs, queue = self.inputs, self.inputs.queue
+            decision = cycle.run(queue[place:])
+            ordered = [*queue[:place], job, *queue[place:]]
+            latest = plan_queue(ordered, inputs.nodes, inputs.flavors, running=inputs.running, now=self.now,
+                                decision=decision, until=NEW_JOB)[NEW_JOB]
+            likely = latest if self.expected.empty else plan_queue(
+                self.expected.queue(ordered), inputs.nodes, inputs.flavors,
+                running=self.expected.running(inputs.running), now=self.now, decision=decision, until=NEW_JOB)[NEW_JOB]
+        else:
+            unplaceable = NEW_JOB in step.unplaceable
+            latest = self._plan(self.latest(), place, job, unplaceable)
+            likely = latest if self.expected.empty else self._plan(self.likely(), place, job, unplaceable)
+        return waits(spec, self.now, self.ahead[place], latest, likely)
+
+    def join(self, job: QueuedJob, likely_seconds: float | None, jobs: Mapping[str, JobRecord]) -> bool:
+        """Take in `job`, just submitted, as if this snapshot had been made with it queued (it runs for
+        `likely_seconds` in the likely plan; `jobs` now knows it). False, and nothing changed, when it
+        starts now or becomes the head: everything behind it is decided anew, so the snapshot must be
+        made again."""
+        priority, place = job.spec.priority, self.places[job.spec.priority]
+        cycle = _fork(self.cycles[place])
+        step = cycle.run([job])
+        if any(a.job_id == job.job_id for a in step.admissions) or (
+                step.reservation is not None and step.reservation.job_id == job.job_id):
+            return False
+        unplaceable = job.job_id in step.unplaceable
+        behind = {p for p in self.places if PRIORITY_RANK[p] >= PRIORITY_RANK[priority]}
+        cycles: dict[int, _Cycle] = {}
+        for p, old in self.places.items():
+            if p not in behind:
+                cycles[old] = self.cycles[old]
+            elif old == place:
+                cycles[old + 1] = cycle
+            else:  # past the job: as it was, but for knowing the job never blocks anyone
+                cycles[old + 1] = later = _fork(self.cycles[old])
+                if unplaceable:
+                    later.unplaceable.append(job.job_id)
+        self.ahead = {new: self.ahead[old] + (p in behind and not unplaceable)
+                      for p, old in self.places.items() for new in [old + (p in behind)]}
+        self.places = {p: old + (p in behind) for p, old in self.places.items()}
+        self.cycles = cycles
+        if unplaceable:
+            self.decision = replace(self.decision, unplaceable=[*self.decision.unplaceable, job.job_id])
+        queue = self.inputs.queue
+        self.inputs = replace(self.inputs, queue=[*queue[:place], job, *queue[place:]], jobs=jobs)
+        likely = job if likely_seconds is None else replace(job, duration_seconds=math.ceil(likely_seconds))
+        if likely.duration_seconds != job.duration_seconds:
+            if self.expected.empty:
+                self._likely = None  # the likely plan was the latest one: plan it on its own
+            seconds = {**self.expected.seconds, job.job_id: likely.duration_seconds}
+            self.expected = replace(self.expected, seconds=seconds)
+        places = sorted(self.cycles)
+        if self._latest is not None:
+            self._latest.join(place, job, self.inputs.queue, places, unplaceable)
+        if self._likely is not None and self._likely is not self._latest:
+            self._likely.join(place, likely, [*self._likely.queue[:place], likely, *self._likely.queue[place:]],
+                              places, unplaceable)
+        return True
+
+    @staticmethod
+    def _plan(progress: _Progress, place: int, job: QueuedJob, unplaceable: bool) -> Plan:
+        planner = progress.at(place).fork(until=NEW_JOB)
+        if unplaceable:
+            planner.unplaceable.add(NEW_JOB)
+        return planner.plan_job(job)
+
+    def latest(self) -> _Progress:
+        if self._latest is None:
+            self._latest = self._progress(self.inputs.queue, self.inputs.running)
+        return self._latest
+
+    def likely(self) -> _Progress:
+        if self.expected.empty:
+            return self.latest()
+        if self._likely is None:
+            expected: Expected = self.expected
+            self._likely = self._progress(expected.queue(self.inputs.queue), expected.running(self.inputs.running))
+        return self._likely
+
+    def _progress(self, queue: list[QueuedJob], running: Sequence[RunningJob]) -> _Progress:
+        planner = Planner(self.inputs.nodes, self.inputs.flavors, running, self.now, self.decision, queue, None)
+        return _Progress(planner, queue, sorted(self.cycles))
+
+
+class _Progress:
+    """A plan of the queue played forward only as far as needed, copied at each place a job can join."""
+
+    def __init__(self, planner: Planner, queue: list[QueuedJob], places: list[int]) -> None:
+        self.planner, self.queue, self.places = planner, queue, places
+        self.done = 0
+        self.copies: dict[int, Planner] = {}
+
+    def join(self, place: int, job: QueuedJob, queue: list[QueuedJob], places: list[int], unplaceable: bool) -> None:
+        """Take in `job`, joining at `place`: `queue` and `places` are the new queue and places."""
+        if (before := self.copies.get(place)) is not None:
+            after = before.fork()
+            if unplaceable:
+                after.unplaceable.add(job.job_id)
+            after.plan_job(job)
+            self.copies = {p: c for p, c in self.copies.items() if p <= place} | {place + 1: after}
+            if self.done > place:  # it planned past the job: go on from just behind it
+                self.planner, self.done = after.fork(), place + 1
+        if unplaceable:
+            self.planner.unplaceable.add(job.job_id)
+        self.queue, self.places = queue, places
+
+    def at(self, place: int) -> Planner:
+        for stop in self.places:
+            if stop > place:
+                break
+            if stop not in self.copies:
+                self.planner.plan(self.queue[self.done:stop])
+                self.copies[stop], self.done = self.planner.fork(), stop
+        return self.copies[place]
+
+
+def _fork(cycle: _Cycle) -> _Cycle:
+    """A copy of a cycle part-way through the queue, to go on with while the original stays as it is."""
+    twin = copy.copy(cycle)
+    for name, value in vars(cycle).items():
+        if isinstance(value, Capacity):
+            setattr(twin, name, value.copy())
+        elif isinstance(value, list | dict | set):
+            setattr(twin, name, copy.copy(value))
+    return twin
