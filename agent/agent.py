@@ -24,7 +24,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -118,6 +118,18 @@ PRIVATE_VARIABLES = ("TRAINYARD_AUTH_SECRET", "TRAINYARD_AUTH_SECRET_FILE", "TRA
 def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
     """The agent's own environment, less what only the platform may read."""
     return {k: v for k, v in environ.items() if k not in PRIVATE_VARIABLES}
+
+
+Request = TypeVar("Request")
+
+
+async def decoded_or_refused(msg: Msg, request_type: type[Request]) -> Request | None:
+    """The request in `msg`; a malformed one is answered with the reason (its sender waits for a reply)."""
+    try:
+        return decode(msg.data, request_type)
+    except msgspec.DecodeError as exc:
+        await msg.respond(encode(error_for_decode_failure(exc)))
+        return None
 
 
 class NodeAgent:
@@ -239,10 +251,8 @@ class NodeAgent:
                 log.exception("agent.probe_failed", node=self.info.name, error=repr(exc))
 
     async def _on_precheck(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, PrecheckNode)
-        except msgspec.DecodeError as exc:
-            await msg.respond(encode(error_for_decode_failure(exc)))
+        request = await decoded_or_refused(msg, PrecheckNode)
+        if request is None:
             return
         self.health = await self._probe()
         checks = [*self.health, *await asyncio.to_thread(resource_checks, request, self.info)]
@@ -352,10 +362,8 @@ class NodeAgent:
         return None if kept is None else (kept, directory)
 
     async def _on_open_session(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, OpenSession)
-        except msgspec.DecodeError as exc:
-            await msg.respond(encode(error_for_decode_failure(exc)))
+        request = await decoded_or_refused(msg, OpenSession)
+        if request is None:
             return
         bound = log.bind(job_id=request.job_id, attempt=request.attempt, task=request.task, rank=request.rank,
                          node=self.info.name, session_id=request.session_id)
@@ -399,10 +407,8 @@ class NodeAgent:
             await asyncio.wait(done, timeout=SESSION_CLOSE_SECONDS)
 
     async def _on_release(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, ReleaseWorkspaces)
-        except msgspec.DecodeError as exc:
-            await msg.respond(encode(error_for_decode_failure(exc)))
+        request = await decoded_or_refused(msg, ReleaseWorkspaces)
+        if request is None:
             return
         if not SAFE_ID.match(request.job_id):
             await msg.respond(encode(CommandError(code="invalid-request",

@@ -186,8 +186,8 @@ class Scheduler:
         now = self.clock()
         deadlines = [(j.ends_at - now).total_seconds() for j in self.state.running()
                      if j.ends_at is not None and not j.expiring]
-        deadlines += [(failed_at + self.settle - now).total_seconds() for j in self.state.running()
-                      if j.unexplained_failure is not None for _, failed_at in [j.unexplained_failure]]
+        deadlines += [(j.unexplained_failure[1] + self.settle - now).total_seconds() for j in self.state.running()
+                      if j.unexplained_failure is not None]
         return max(0.05, min([self.cycle_seconds, *deadlines]))
 
     @property
@@ -359,7 +359,7 @@ def _precheck_result(state: SchedulerState, event: PrecheckCompleted) -> list[tu
     precheck = job.precheck
     if event.passed:
         # A node may have gone down since it was checked: then the job must not start there.
-        down = [n for n in dict.fromkeys(p.node for p in precheck.placement) if not state.schedulable(n)]
+        down = state.unusable(precheck.placement)
         if down:
             return [(job.job_id, JobPrecheckFailed(
                 job_id=job.job_id, attempt=event.attempt, nodes=down,
@@ -390,7 +390,7 @@ def _launch_failed(state: SchedulerState, job: Job, event: LaunchFailed) -> list
     if job.spec.checkpoint_resume is not None and job.stop_requested_by is None and not job.expiring:
         # When a node dies, its peers' collectives fail at once, before its heartbeats are missed: a
         # fault seen on one of the job's nodes now, or within the settle time, explains the failure.
-        down = [n for n in dict.fromkeys(p.node for p in job.placement) if not state.schedulable(n)]
+        down = state.unusable(job.placement)
         if not down:
             return []  # settle_failures() decides once the fault would have been seen
         lost = [n for n in down if (node := state.nodes.get(n)) is not None and node.lost]
@@ -430,7 +430,7 @@ def _launch_stopped(state: SchedulerState, job: Job) -> Event:
 
 def _next_attempt(state: SchedulerState, job: Job, flavor: str, placement: list[Placement], why: str) -> Event:
     """Start the next attempt on `placement` when all its nodes can take it; else wait in the queue."""
-    down = [n for n in dict.fromkeys(p.node for p in placement) if not state.schedulable(n)]
+    down = state.unusable(placement)
     if down:
         return JobRequeued(job_id=job.job_id, attempt=job.attempt, resumes=job.resumes,
                            reason=f"{why}; {_node_states(state, down)}, so it waits for other nodes")

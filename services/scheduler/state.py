@@ -363,6 +363,10 @@ class SchedulerState:
         known = self.nodes.get(node)
         return known is not None and known.schedulable
 
+    def unusable(self, placement: list[Placement]) -> list[str]:
+        """The nodes of `placement` that may take no work now (unknown, lost or unhealthy), once each."""
+        return [n for n in dict.fromkeys(p.node for p in placement) if not self.schedulable(n)]
+
     def avoided_nodes(self, job: Job, now: datetime, recheck_after: timedelta) -> frozenset[str]:
         """Where the job may not be placed now: nodes it was moved away from, and for a while after a
         failed pre-check (M1) the nodes that failed it, so it tries others instead of the same again."""
