@@ -28,7 +28,7 @@ from libs.contracts.codec import decode
 from libs.contracts.events import AlertRaised, EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
-from libs.contracts.jobspec import JobSpec, Priority
+from libs.contracts.jobspec import Access, JobSpec, Priority
 from libs.contracts.messages import (
     TERMINAL_STATUSES,
     ChangeDuration,
@@ -58,6 +58,7 @@ from libs.contracts.messages import (
     ListFlavors,
     ListJobs,
     ListNodes,
+    ListStorageAccess,
     MarkComponent,
     NodeList,
     NodeView,
@@ -68,14 +69,16 @@ from libs.contracts.messages import (
     ResourceList,
     SearchJobs,
     SearchResults,
+    SetStorageAccess,
     SettingsView,
     StopJobs,
+    StorageAccessList,
     SubmitJob,
     TerminalOpened,
     WhoAmI,
     WhyReply,
 )
-from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, WhyReport
+from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
 from libs.messaging.connection import connect_once
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import ServiceUnavailable, call
@@ -268,6 +271,20 @@ class TrainyardClient:
         """S8: the flavors (of one board model, if given) and the boards queued jobs need per model."""
         result: FlavorList = await self._call(subjects.LIST_FLAVORS, ListFlavors(board=board), FlavorList)
         return result
+
+    async def set_storage_access(self, kind: StoredKind, name: str, *, project: str, others: Access,
+                                 owner: str | None = None) -> StoredAccess:
+        """J2: register a resource of shared storage to yourself (administrators: to `owner`), or change
+        what the other members of `project` may do with it; returns the registration."""
+        request = SetStorageAccess(kind=kind, name=name, project=project, others=others, owner=owner)
+        reply: StorageAccessList = await self._call(subjects.SET_STORAGE_ACCESS, request, StorageAccessList)
+        return reply.entries[0]
+
+    async def storage_access(self, kind: StoredKind | None = None) -> list[StoredAccess]:
+        """Registered resources of your projects and your own; resources not listed are open to all."""
+        reply: StorageAccessList = await self._call(subjects.LIST_STORAGE_ACCESS, ListStorageAccess(kind=kind),
+                                                    StorageAccessList)
+        return reply.entries
 
     async def settings(self) -> AdminSettings:
         reply: SettingsView = await self._call(subjects.GET_SETTINGS, GetSettings(), SettingsView)

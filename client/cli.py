@@ -29,7 +29,7 @@ from libs.contracts.agent import LogChunk
 from libs.contracts.events import AlertRaised, EventEnvelope, LaunchPlanned
 from libs.contracts.health import COMPONENT_PATTERN, NodeCheck
 from libs.contracts.identity import Identity
-from libs.contracts.jobspec import FieldError, JobSpec, Priority, SpecError, decode_spec, parse_duration
+from libs.contracts.jobspec import Access, FieldError, JobSpec, Priority, SpecError, decode_spec, parse_duration
 from libs.contracts.messages import (
     JOB_STATUSES,
     CommandError,
@@ -47,6 +47,8 @@ from libs.contracts.scheduling import (
     FlavorWait,
     NodeResources,
     Prediction,
+    StoredAccess,
+    StoredKind,
     WhyReport,
 )
 from libs.messaging.rpc import ServiceUnavailable
@@ -56,6 +58,9 @@ app = typer.Typer(help="Trainyard: queue, launch and follow distributed training
 admin_app = typer.Typer(help="Administrator commands: platform settings, user tokens and fault drills.",
                         no_args_is_help=True)
 app.add_typer(admin_app, name="admin")
+storage_app = typer.Typer(help="Owners of resources in shared storage, and what others may do with them (J2).",
+                          no_args_is_help=True)
+app.add_typer(storage_app, name="storage")
 # Piped output is not cut to 80 columns: tables stay one row per item for grep and friends.
 out = Console(highlight=False, width=None if os.isatty(1) else int(os.environ.get("COLUMNS", "200")))
 err = Console(stderr=True, highlight=False, soft_wrap=True)
@@ -1072,6 +1077,74 @@ async def whoami(client: TrainyardClient, as_json: JsonOption = False) -> None:
         _json(identity)
         return
     _print_pairs(identity_rows(identity))
+
+
+# --- commands: shared storage's owners ----------------------------------------------------------------
+
+STORAGE_COLUMNS = ("KIND", "NAME", "OWNER", "PROJECT", "OTHERS")
+StoredKindArgument = Annotated[str, typer.Argument(metavar="KIND", help=f"One of: {', '.join(get_args(StoredKind))}.")]
+
+
+def _stored_kind(kind: str) -> StoredKind:
+    if kind not in get_args(StoredKind):
+        raise _fail(f"{kind!r} is not a kind of stored resource", f"choose from: {', '.join(get_args(StoredKind))}")
+    return kind  # type: ignore[return-value]
+
+
+def _print_storage(entries: list[StoredAccess]) -> None:
+    table = _table(*STORAGE_COLUMNS)
+    for entry in entries:
+        _add_text_row(table, [entry.kind, entry.name, entry.owner, entry.project, entry.others])
+    out.print(table)
+
+
+@storage_app.command("access")
+def storage_access(kind: StoredKindArgument,
+                   name: Annotated[str, typer.Argument(help="The resource's name (every version of it).")],
+                   others: Annotated[str, typer.Option(metavar="read-write|read-only|none",
+                                                       help="What the other members of the project may do.")],
+                   project: Annotated[str, typer.Option(help="The project whose members it is shared with.")]
+                   = "default",
+                   owner: Annotated[str | None, typer.Option(help="Administrators: register it to this user.")]
+                   = None,
+                   as_json: JsonOption = False) -> None:
+    """Register a resource to yourself, or change what others in its project may do with it.
+
+    A job's access for others may never exceed its creator's own access to the resources it uses;
+    resources nobody registered are open to everyone.
+    """
+    stored_kind = _stored_kind(kind)
+    if others not in get_args(Access):
+        raise _fail(f"--others takes {', '.join(get_args(Access))}, not {others!r}", "e.g. --others read-only")
+
+    async def action(client: TrainyardClient) -> None:
+        entry = await client.set_storage_access(stored_kind, name, project=project, others=others,  # type: ignore[arg-type]
+                                                owner=owner)
+        if as_json:
+            _json(entry)
+            return
+        _print_storage([entry])
+
+    _with_client(action)
+
+
+@storage_app.command("list")
+def storage_list(kind: Annotated[str | None, typer.Option(help="Only this kind.")] = None,
+                 as_json: JsonOption = False) -> None:
+    """Registered resources of your projects and your own (resources not listed are open to everyone)."""
+    stored_kind = None if kind is None else _stored_kind(kind)
+
+    async def action(client: TrainyardClient) -> None:
+        entries = await client.storage_access(stored_kind)
+        if as_json:
+            _json(entries)
+            return
+        if not entries:
+            out.print("no registered resources: everything in shared storage is open to everyone")
+            return
+        _print_storage(entries)
+
+    _with_client(action)
 
 
 # --- commands: administration --------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from msgspec import Struct
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.health import AlertKind, NodeCheck
 from libs.contracts.jobspec import JobSpec, Priority
-from libs.contracts.scheduling import AdminSettings, Prediction
+from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 
 
 class _Event(Struct, frozen=True, kw_only=True, tag_field="type"):
@@ -206,6 +206,17 @@ class SettingsChanged(_Event, frozen=True, tag="SettingsChanged.v1"):
     """An administrator changed the platform settings; `settings` is the whole new set."""
 
     settings: AdminSettings
+    by: str
+
+
+# --- scheduler: aggregate "storage" (id = "catalog") -----------------------------------------------
+
+
+class StorageAccessSet(_Event, frozen=True, tag="StorageAccessSet.v1"):
+    """J2: a resource of shared storage was registered to an owner, or its access for others changed;
+    `entry` is the whole new registration."""
+
+    entry: StoredAccess
     by: str
 
 
@@ -410,12 +421,12 @@ LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProc
 NodeEvent = NodeRegistered | NodeLost | NodeRecovered | NodeUnhealthy | NodeHealthy | ComponentMarked
 MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
 AlertEvent = AlertRaised | AlertMailed
-Event = JobEvent | SettingsChanged | LaunchEvent | NodeEvent | MonitorJobEvent | AlertEvent
+Event = JobEvent | SettingsChanged | StorageAccessSet | LaunchEvent | NodeEvent | MonitorJobEvent | AlertEvent
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
     JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
-    JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged,
+    JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet,
     LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LaunchSucceeded, LaunchFailed,
     LaunchStopped,
     NodeRegistered, NodeLost, NodeRecovered, NodeUnhealthy, NodeHealthy, ComponentMarked,

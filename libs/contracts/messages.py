@@ -17,13 +17,15 @@ from msgspec import Meta, Struct
 from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.events import EventEnvelope, Mount, Placement
 from libs.contracts.identity import Identity
-from libs.contracts.jobspec import FieldError, JobSpec, Priority
+from libs.contracts.jobspec import Access, FieldError, JobSpec, Priority, ResourceName
 from libs.contracts.scheduling import (
     AdminSettings,
     BoardDemand,
     FlavorInfo,
     NodeResources,
     Prediction,
+    StoredAccess,
+    StoredKind,
     WhyReport,
 )
 
@@ -139,6 +141,22 @@ class ChangeSettings(_Request, frozen=True, tag="ChangeSettings.v1"):
     max_resumes_cap: int | None = None
     max_graceful_shutdown_seconds: int | None = None
     debug_retention: str | None = None
+
+
+class SetStorageAccess(_Request, frozen=True, tag="SetStorageAccess.v1"):
+    """J2: register a resource of shared storage to the caller (or, for administrators, to `owner`),
+    or change what the other members of `project` may do with it. Only its owner or an administrator
+    may change a registered resource."""
+
+    kind: StoredKind
+    name: ResourceName
+    project: ResourceName
+    others: Access
+    owner: str | None = None
+
+
+class ListStorageAccess(_Request, frozen=True, tag="ListStorageAccess.v1"):
+    kind: StoredKind | None = None
 
 
 class WhoAmI(_Request, frozen=True, tag="WhoAmI.v1"):
@@ -356,6 +374,12 @@ class SettingsView(_Reply, frozen=True, tag="SettingsView.v1"):
     settings: AdminSettings
 
 
+class StorageAccessList(_Reply, frozen=True, tag="StorageAccessList.v1"):
+    """Registered resources of shared storage; whichever is not listed is open to everyone."""
+
+    entries: list[StoredAccess]
+
+
 class IdentityView(_Reply, frozen=True, tag="IdentityView.v1"):
     identity: Identity
 
@@ -379,7 +403,8 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
 
 Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
-           | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal)
+           | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
+           | SetStorageAccess | ListStorageAccess)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
-         | IdentityView | TerminalOpened)
+         | IdentityView | TerminalOpened | StorageAccessList)

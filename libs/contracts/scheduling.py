@@ -13,6 +13,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from libs.contracts.cluster import Flavor
+from libs.contracts.jobspec import Access, ResourceName
 
 
 class Prediction(Struct, frozen=True, kw_only=True):
@@ -81,6 +82,24 @@ class AdminSettings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     max_resumes_cap: NonNegative = 10  # J12
     max_graceful_shutdown_seconds: NonNegative = 600  # J12
     debug_retention: str = "4h"  # J15
+
+
+StoredKind = Literal["algorithm", "dataset", "annotation-dataset", "model", "volume", "output"]
+STORAGE_FOLDERS: dict[StoredKind, str] = {  # where each kind lives in shared storage (libs/storage.py)
+    "algorithm": "algorithms", "dataset": "datasets", "annotation-dataset": "annotations", "model": "models",
+    "volume": "volumes", "output": "outputs",
+}
+
+
+class StoredAccess(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """J2: who owns a resource of shared storage (every version of it), and what the other members
+    of its project may do with it. Resources nobody registered are open to everyone."""
+
+    kind: StoredKind
+    name: ResourceName
+    owner: str
+    project: ResourceName
+    others: Access = "none"
 
 
 class BoardUsage(Struct, frozen=True, kw_only=True):

@@ -48,6 +48,9 @@ LIST_FLAVORS = "trainyard.query.flavors"
 GET_SETTINGS = "trainyard.query.settings"
 CHANGE_SETTINGS = "trainyard.cmd.settings"
 WHOAMI = "trainyard.query.whoami"
+# J2: owners and access of resources in shared storage.
+SET_STORAGE_ACCESS = "trainyard.cmd.storage.access"
+LIST_STORAGE_ACCESS = "trainyard.query.storage.access"
 # The monitor: component marks (administrators) and debug terminals (J15).
 MARK_COMPONENT = "trainyard.cmd.nodes.mark"
 OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"

@@ -23,6 +23,7 @@ from libs.contracts.events import (
     JobStopRequested,
     JobSubmitted,
     SettingsChanged,
+    StorageAccessSet,
 )
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
@@ -36,15 +37,19 @@ from libs.contracts.messages import (
     DeleteJobs,
     Done,
     JobAccepted,
+    SetStorageAccess,
     SettingsView,
     StopJobs,
+    StorageAccessList,
     SubmitJob,
 )
+from libs.contracts.scheduling import STORAGE_FOLDERS, StoredAccess
 from libs.contracts.strict import decode_strict
 from libs.messaging.rpc import register_all_authenticated
 from libs.storage import missing_inputs
 from services.scheduler.access import access_error
 from services.scheduler.state import SchedulerState
+from services.scheduler.storage_access import storage_errors
 
 if TYPE_CHECKING:
     from services.scheduler.service import Scheduler
@@ -63,6 +68,7 @@ def register_commands(scheduler: Scheduler) -> None:
         (subjects.CHANGE_PRIORITY, ChangePriority, commands.change_priority),
         (subjects.CHANGE_DURATION, ChangeDuration, commands.change_duration),
         (subjects.CHANGE_SETTINGS, ChangeSettings, commands.change_settings),
+        (subjects.SET_STORAGE_ACCESS, SetStorageAccess, commands.set_storage_access),
     ], secret=scheduler.secret)
 
 
@@ -162,6 +168,11 @@ class JobCommands:
         if spec.priority == "very-urgent" and not identity.admin:
             return CommandError(code="forbidden", message="only administrators may set priority very-urgent",
                                 hint="use urgent, or ask an administrator")
+        if errors := storage_errors(spec, identity, self.state.storage, sharing_enabled=settings.sharing_enabled):
+            return CommandError(code="forbidden", message="the job uses storage beyond your access: "
+                                + "; ".join(map(str, errors)), errors=errors,
+                                hint="change the fields named, or ask the owners to share more "
+                                "(`trainyard storage list` shows them); nothing was created")
         return None
 
     def _urgent_cap_error(self, project: str, user: str, priority: str, *,
@@ -270,3 +281,32 @@ class JobCommands:
             if settings != self.state.settings:
                 await self.s.append_settings(SettingsChanged(settings=settings, by=identity.user))
         return SettingsView(settings=self.state.settings)
+
+    # --- shared storage's owners (J2) ------------------------------------------------------------
+
+    async def set_storage_access(self, request: SetStorageAccess,
+                                 identity: Identity) -> StorageAccessList | CommandError:
+        """Register a resource to its owner, or change its access for others (owner or administrator)."""
+        what = f"{request.kind} {request.name!r}"
+        if request.owner is not None and request.owner != identity.user and not identity.admin:
+            return CommandError(code="forbidden", message="only administrators register resources to someone else",
+                                hint="leave out the owner to register it to yourself")
+        if not identity.member_of(request.project):
+            return CommandError(code="forbidden", message=f"you are not a member of project {request.project!r}",
+                                hint=f"your projects: {', '.join(identity.projects) or 'none'}")
+        folder = f"{STORAGE_FOLDERS[request.kind]}/{request.name}"
+        created_on_use = request.kind in ("output", "volume")
+        if not created_on_use and not (self.s.rt.settings.storage_root / folder).is_dir():
+            return CommandError(code="not-found", message=f"{folder} does not exist in shared storage",
+                                hint="check the name, or upload it to shared storage first")
+        async with self.s.lock:
+            known = self.state.storage.get((request.kind, request.name))
+            if known is not None and known.owner != identity.user and not identity.admin:
+                return CommandError(code="forbidden", message=f"{what} belongs to {known.owner}",
+                                    hint="only its owner or an administrator may change it; nothing was changed")
+            owner = request.owner or (known.owner if known is not None else identity.user)
+            entry = StoredAccess(kind=request.kind, name=request.name, owner=owner, project=request.project,
+                                 others=request.others)
+            if entry != known:
+                await self.s.append_storage_access(StorageAccessSet(entry=entry, by=identity.user))
+        return StorageAccessList(entries=[entry])

@@ -31,6 +31,7 @@ from libs.contracts.messages import (
     ListFlavors,
     ListJobs,
     ListNodes,
+    ListStorageAccess,
     NodeList,
     PredictionReply,
     PredictJob,
@@ -38,6 +39,7 @@ from libs.contracts.messages import (
     SearchJobs,
     SearchResults,
     SettingsView,
+    StorageAccessList,
     WhoAmI,
     WhyReply,
 )
@@ -71,6 +73,7 @@ def register_queries(scheduler: Scheduler) -> None:
         (subjects.LIST_FLAVORS, ListFlavors, queries.flavors),
         (subjects.GET_SETTINGS, GetSettings, queries.settings),
         (subjects.WHOAMI, WhoAmI, queries.whoami),
+        (subjects.LIST_STORAGE_ACCESS, ListStorageAccess, queries.storage_access),
     ], secret=scheduler.secret)
 
 
@@ -164,3 +167,10 @@ class JobQueries:
 
     async def whoami(self, _: WhoAmI, identity: Identity) -> IdentityView:
         return IdentityView(identity=identity)
+
+    async def storage_access(self, request: ListStorageAccess, identity: Identity) -> StorageAccessList:
+        """J2: registered resources of the caller's projects and their own (administrators: all)."""
+        entries = [e for e in self.state.storage.values()
+                   if (request.kind is None or e.kind == request.kind)
+                   and (identity.admin or e.owner == identity.user or e.project in identity.projects)]
+        return StorageAccessList(entries=sorted(entries, key=lambda e: (e.kind, e.name)))

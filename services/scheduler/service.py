@@ -62,6 +62,7 @@ SERVICE = "scheduler"
 # M1: nodes that failed a job's pre-check are not tried for it again until this long after.
 RECHECK_AFTER = timedelta(seconds=60)
 SETTINGS_AGGREGATE = ("settings", "platform")
+STORAGE_AGGREGATE = ("storage", "catalog")  # J2: registrations of shared storage's resources
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.scheduler")
 
@@ -124,6 +125,12 @@ class Scheduler:
     async def append_settings(self, event: Event) -> None:
         stored = await self.rt.store.append([NewEvent(*SETTINGS_AGGREGATE, event)],
                                             expected_versions={SETTINGS_AGGREGATE: self.state.settings_version},
+                                            trace=current_trace_headers())
+        self._applied(stored)
+
+    async def append_storage_access(self, event: Event) -> None:
+        stored = await self.rt.store.append([NewEvent(*STORAGE_AGGREGATE, event)],
+                                            expected_versions={STORAGE_AGGREGATE: self.state.storage_version},
                                             trace=current_trace_headers())
         self._applied(stored)
 

@@ -50,10 +50,11 @@ from libs.contracts.events import (
     NodeUnhealthy,
     Placement,
     SettingsChanged,
+    StorageAccessSet,
 )
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_duration
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
-from libs.contracts.scheduling import AdminSettings, Prediction
+from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 from services.scheduler.placement import holdings as placement_holdings
 
 
@@ -173,6 +174,8 @@ class SchedulerState:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     settings: AdminSettings = field(default_factory=AdminSettings)
     settings_version: int = 0
+    storage: dict[tuple[str, str], StoredAccess] = field(default_factory=dict)  # J2: (kind, name) -> owner
+    storage_version: int = 0
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -200,6 +203,10 @@ class SchedulerState:
             return
         if isinstance(event, SettingsChanged):
             self.settings, self.settings_version = event.settings, envelope.version
+            return
+        if isinstance(event, StorageAccessSet):
+            self.storage[(event.entry.kind, event.entry.name)] = event.entry
+            self.storage_version = envelope.version
             return
         if isinstance(event, JobSubmitted):
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,

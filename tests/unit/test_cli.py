@@ -37,6 +37,7 @@ from libs.contracts.scheduling import (
     NodeResources,
     NodeShortage,
     Prediction,
+    StoredAccess,
     WhyReport,
 )
 
@@ -521,3 +522,36 @@ def test_exec_refuses_an_empty_command_before_connecting(fake: FakeClient) -> No
     assert result.exit_code == 1
     assert "error: the command is empty" in result.output
     assert fake.calls == []
+
+
+# --- storage: owners of shared storage's resources (J2) ---------------------------------------------------------
+
+
+@pytest.mark.parametrize("args", [["storage", "access", "notebook", "x", "--others", "none"],
+                                  ["storage", "access", "dataset", "x", "--others", "everyone"],
+                                  ["storage", "list", "--kind", "notebook"]])
+def test_storage_refuses_bad_kinds_and_levels_before_connecting(fake: FakeClient, args: list[str]) -> None:
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert "hint:" in result.output
+    assert fake.calls == []
+
+
+def test_storage_access_registers_and_lists_as_a_table(fake: FakeClient) -> None:
+    entry = StoredAccess(kind="dataset", name="imgs", owner="bob", project="vision", others="read-only")
+    fake.answers["set_storage_access"] = entry
+    fake.answers["storage_access"] = [entry]
+    registered = invoke("storage", "access", "dataset", "imgs", "--others", "read-only", "--project", "vision")
+    listed = invoke("storage", "list")
+    assert registered.exit_code == 0 and listed.exit_code == 0, registered.output + listed.output
+    assert fake.calls == [("set_storage_access", ("dataset", "imgs"),
+                           {"project": "vision", "others": "read-only", "owner": None}),
+                          ("storage_access", (None,), {})]
+    header, row = listed.output.splitlines()
+    assert header.split() == ["KIND", "NAME", "OWNER", "PROJECT", "OTHERS"]
+    assert row.split() == ["dataset", "imgs", "bob", "vision", "read-only"]
+
+
+def test_storage_list_says_unregistered_storage_is_open(fake: FakeClient) -> None:
+    fake.answers["storage_access"] = []
+    assert "open to everyone" in invoke("storage", "list").output

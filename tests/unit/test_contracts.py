@@ -79,6 +79,7 @@ from libs.contracts.events import (
     Placement,
     PrecheckCompleted,
     SettingsChanged,
+    StorageAccessSet,
 )
 from libs.contracts.health import PERFORMANCE_LINE, ComponentHealth, NodeCheck
 from libs.contracts.jobspec import (
@@ -114,6 +115,7 @@ from libs.contracts.messages import (
     ListFlavors,
     ListJobs,
     ListNodes,
+    ListStorageAccess,
     MarkComponent,
     NodeList,
     NodeView,
@@ -123,12 +125,14 @@ from libs.contracts.messages import (
     Reply,
     Request,
     SearchJobs,
+    SetStorageAccess,
     StopJobs,
+    StorageAccessList,
     SubmitJob,
     TerminalOpened,
     WhoAmI,
 )
-from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction
+from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction, StoredAccess
 from libs.contracts.strict import decode_strict
 
 AT = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
@@ -176,6 +180,8 @@ EVENT_SAMPLES: list[Any] = [
     JobRescaling(job_id="job-000000000001", attempt=1, flavor="gpu-4", placement=PLACEMENT,
                  reason="grows from 1 to 2 nodes"),
     SettingsChanged(settings=AdminSettings(urgent_cap=2, sharing_enabled=False), by="root"),
+    StorageAccessSet(entry=StoredAccess(kind="dataset", name="imgs", owner="bob", project="vision",
+                                        others="read-only"), by="bob"),
     JobPrechecking(job_id="job-000000000001", attempt=2, flavor="gpu-4", placement=PLACEMENT),
     JobPrecheckFailed(job_id="job-000000000001", attempt=2, reason="board:0 faulty on gpu-node-2",
                       nodes=["gpu-node-2"]),
@@ -307,6 +313,8 @@ REQUEST_SAMPLES: list[Any] = [
     WhoAmI(),
     MarkComponent(node="gpu-node-2", component="board:0", reason="drill"),
     OpenTerminal(job_id="job-000000000001", node="gpu-node-1", command="ls /workspace"),
+    SetStorageAccess(kind="algorithm", name="resnet", project="vision", others="none", owner="alice"),
+    ListStorageAccess(kind="dataset"),
 ]
 
 
@@ -386,6 +394,7 @@ REPLY_SAMPLES: list[Any] = [
     Done(job_ids=["job-000000000001"], message="stopping 1 job(s)"),
     QueueStatus(queued_jobs=2, queued_by_flavor={"gpu-4": 3}, running_jobs=1),
     TerminalOpened(session_id="3f2a", node="gpu-node-1", rank=0, attempt=1),
+    StorageAccessList(entries=[StoredAccess(kind="output", name="out", owner="alice", project="default")]),
 ]
 
 
