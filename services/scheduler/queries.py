@@ -51,6 +51,7 @@ from services.scheduler.commands import invalid_spec, spec_errors
 from services.scheduler.explain import explain
 from services.scheduler.state import SchedulerState
 from services.scheduler.views import dev_env, flavor_list, node_resources, node_views, status_sentence
+from services.scheduler.visibility import hide_applications, hide_jobs
 
 if TYPE_CHECKING:
     from services.scheduler.service import Scheduler
@@ -101,8 +102,8 @@ class JobQueries:
         job = self.state.jobs[request.job_id]
         return JobDetails(job=self.state.view(job), spec=job.spec)
 
-    async def list_nodes(self, _: ListNodes, __: Identity) -> NodeList:
-        return NodeList(nodes=node_views(self.state))
+    async def list_nodes(self, _: ListNodes, identity: Identity) -> NodeList:
+        return hide_jobs(NodeList(nodes=node_views(self.state)), self.state, identity)
 
     async def predict(self, request: PredictJob, _: Identity) -> PredictionReply | CommandError:
         """S6: answered before creation; nothing is recorded (a submitted job records its own)."""
@@ -125,7 +126,7 @@ class JobQueries:
                 if job.reason:  # why it came back to the queue, or why its last pre-check failed
                     back = f"It is back in the queue: {job.reason}."
                     report = msgspec.structs.replace(report, summary=[*report.summary, back])
-                return WhyReply(report=report)
+                return hide_jobs(WhyReply(report=report), self.state, identity)
             return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[status_sentence(job)]))
 
     async def devenv(self, request: GetDevEnv, identity: Identity) -> DevEnvSpec | CommandError:
@@ -143,21 +144,23 @@ class JobQueries:
         published = [decode(m.data, EventEnvelope) async for m in read_subject(
             self.s.rt.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
         others = [e for e in published if e.service != SERVICE]
-        return JobHistory(events=sorted(own + others, key=lambda e: e.recorded_at))
+        history = JobHistory(events=sorted(own + others, key=lambda e: e.recorded_at))
+        return hide_jobs(history, self.state, identity)
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
         await self.s.search.catch_up()  # read what this caller just wrote
         jobs = await self.s.search.search(request, identity, sharing_enabled=self.state.settings.sharing_enabled)
         return SearchResults(jobs=jobs)
 
-    async def resources(self, request: GetResources, _: Identity) -> ResourceList | CommandError:
+    async def resources(self, request: GetResources, identity: Identity) -> ResourceList | CommandError:
         known = {f.name for f in self.state.cluster.flavors}
         unknown = [f for f in request.flavors if f not in known]
         if unknown or not request.flavors:
             return CommandError(code="invalid-request",
                                 message=f"unknown flavor: {', '.join(unknown)}" if unknown else "name a flavor",
                                 hint=f"choose from: {', '.join(sorted(known))}")
-        return ResourceList(nodes=node_resources(self.state, list(request.flavors)))
+        resources = ResourceList(nodes=node_resources(self.state, list(request.flavors)))
+        return hide_applications(resources, self.state, identity)
 
     async def flavors(self, request: ListFlavors, _: Identity) -> FlavorList:
         return flavor_list(self.state, request.board)
