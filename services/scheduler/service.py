@@ -333,7 +333,7 @@ def react(state: SchedulerState, envelope: EventEnvelope) -> list[tuple[str, Eve
         return [(job.job_id, JobSucceeded(job_id=job.job_id))]
     if isinstance(event, LaunchFailed):
         return _launch_failed(state, job, event)
-    return [(job.job_id, _launch_stopped(state, job))]
+    return [(job.job_id, event) for event in _launch_stopped(state, job)]
 
 
 def may_resume(job: Job) -> bool:
@@ -414,25 +414,34 @@ def _launch_failed(state: SchedulerState, job: Job, event: LaunchFailed) -> list
                                        reason=event.reason, exit_code=event.exit_code))]
 
 
-def _launch_stopped(state: SchedulerState, job: Job) -> Event:
+def _launch_stopped(state: SchedulerState, job: Job) -> list[Event]:
     """The attempt is down; why it was stopped decides what the job does next."""
     if job.stop_requested_by is not None:
-        return JobStopped(job_id=job.job_id, by=job.stop_requested_by)
+        return [JobStopped(job_id=job.job_id, by=job.stop_requested_by)]
     if job.expiring:
-        return JobExpired(job_id=job.job_id, reason=f"ran past its duration limit of {job.duration}")
+        return [JobExpired(job_id=job.job_id, reason=f"ran past its duration limit of {job.duration}")]
     if job.resuming is not None:
         resumes, limit = job.resumes, state.max_resumes(job) or 0
         if resumes >= limit:
             already = f"it already resumed {_times(resumes)}, its maximum" if resumes else "it may not resume"
-            return JobFailed(job_id=job.job_id, reason=f"{job.resuming.reason}; {already}")
-        return JobRequeued(job_id=job.job_id, attempt=job.attempt, reason=job.resuming.reason, resumes=resumes + 1)
+            return [JobFailed(job_id=job.job_id, reason=f"{job.resuming.reason}; {already}")]
+        return [JobRequeued(job_id=job.job_id, attempt=job.attempt, reason=job.resuming.reason, resumes=resumes + 1)]
     if job.restarting is not None:
-        return _next_attempt(state, job, job.flavor or "", job.placement,
-                             f"restart {job.restarts} after {job.restarting.reason}")
+        return [_next_attempt(state, job, job.flavor or "", job.placement,
+                              f"restart {job.restarts} after {job.restarting.reason}")]
     if job.rescaling is not None:
         # S10: the next attempt starts on the placement held for it.
-        return _next_attempt(state, job, job.rescaling.flavor, job.rescaling.placement, job.rescaling.reason)
-    return JobFailed(job_id=job.job_id, reason="its processes were stopped")
+        growth = job.rescaling
+        next_attempt = _next_attempt(state, job, growth.flavor, growth.placement, growth.reason)
+        if isinstance(next_attempt, JobAdmitted) and job.spec.checkpoint_resume is not None:
+            # M1: a checkpoint-resume job's nodes are pre-checked before every start on new nodes; it
+            # leaves its old placement and holds the new one while the monitor checks it.
+            return [JobRequeued(job_id=job.job_id, attempt=job.attempt, resumes=job.resumes,
+                                reason=f"{growth.reason}; its nodes are pre-checked first"),
+                    JobPrechecking(job_id=job.job_id, attempt=job.attempt + 1, flavor=growth.flavor,
+                                   placement=growth.placement, dropped_flavors=job.dropped_flavors)]
+        return [next_attempt]
+    return [JobFailed(job_id=job.job_id, reason="its processes were stopped")]
 
 
 def _next_attempt(state: SchedulerState, job: Job, flavor: str, placement: list[Placement], why: str) -> Event:

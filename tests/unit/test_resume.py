@@ -24,6 +24,7 @@ from libs.contracts.events import (
     JobPrecheckFailed,
     JobPrechecking,
     JobRequeued,
+    JobRescaling,
     JobResuming,
     JobStopped,
     JobStopRequested,
@@ -432,6 +433,29 @@ async def test_an_elastic_job_comes_back_smaller_when_its_full_size_does_not_fit
     await platform.launcher(LaunchStopped(job_id=JOB, attempt=1))
     admitted = await platform.start(JOB)
     assert sorted(p.node for p in admitted.placement) == ["n1", "n2"]
+
+
+async def test_a_grown_checkpoint_job_is_prechecked_on_its_new_placement(platform: Platform) -> None:
+    await platform.node("n1")
+    await platform.submit(JOB, job_spec(nodes=2, checkpoint_resume=CheckpointResume(elastic=Elastic(min_nodes=1))))
+    await platform.start(JOB)
+    assert platform.nodes_of(JOB) == ["n1"]  # short of nodes: started on its minimum
+    await platform.node("n2")
+    await platform.cycle()
+    assert isinstance(platform.last(JOB), JobRescaling)
+    await platform.launcher(LaunchStopped(job_id=JOB, attempt=1))
+    requeued, precheck = platform.recorded(JOB)[-2:]
+    assert isinstance(requeued, JobRequeued) and requeued.resumes == 0  # a growth is no resume
+    assert isinstance(precheck, JobPrechecking)
+    assert (precheck.attempt, sorted(p.node for p in precheck.placement)) == (2, ["n1", "n2"])
+    # Its new nodes are held while they are checked: no other job takes them.
+    await platform.submit(OTHER, plain_spec())
+    await platform.cycle()
+    assert platform.view(OTHER).status == "queued"
+    await platform.monitor(PrecheckCompleted(job_id=JOB, attempt=2, passed=True,
+                                             nodes=[check("n1"), check("n2")]))
+    admitted = platform.last(JOB)
+    assert isinstance(admitted, JobAdmitted) and sorted(p.node for p in admitted.placement) == ["n1", "n2"]
 
 
 # --- the log is the state ---------------------------------------------------------------------------------
