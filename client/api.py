@@ -44,6 +44,8 @@ from libs.contracts.messages import (
     GetDevEnv,
     GetJob,
     GetJobHistory,
+    GetJobLogs,
+    GetJobUsage,
     GetQueueStatus,
     GetResources,
     GetSettings,
@@ -54,11 +56,13 @@ from libs.contracts.messages import (
     JobList,
     JobStatus,
     JobSummary,
+    JobUsage,
     JobView,
     ListFlavors,
     ListJobs,
     ListNodes,
     ListStorageAccess,
+    LogPage,
     MarkComponent,
     NodeList,
     NodeView,
@@ -82,6 +86,9 @@ from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, 
 from libs.messaging.connection import connect_once
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import ServiceUnavailable, call
+
+# How long a followed log is still read after the job ended: chunks shipped at its end may lag its status.
+LOG_DRAIN_SECONDS = 1.0
 
 
 class TrainyardError(Exception):
@@ -314,33 +321,37 @@ class TrainyardClient:
             await asyncio.sleep(poll_seconds)
 
     async def usage(self, job_id: str) -> list[UsageSample]:
-        """The latest resource usage of each node of the job that reported any (L9), by rank."""
-        kv = await self.js.key_value(subjects.USAGE_BUCKET)
-        watcher = await kv.watch(f"{job_id}.>")
-        samples: list[UsageSample] = []
-        try:
-            while (entry := await watcher.updates(timeout=5)) is not None:  # type: ignore[no-untyped-call]
-                if entry.value:
-                    samples.append(decode(entry.value, UsageSample))
-        finally:
-            await watcher.stop()  # type: ignore[no-untyped-call]
-        latest = max((s.attempt for s in samples), default=0)
-        return sorted((s for s in samples if s.attempt == latest), key=lambda s: s.rank)
+        """The latest resource usage of each node of the job that reported any (L9), by rank, served by
+        the scheduler under the job's access rules (J2)."""
+        reply: JobUsage = await self._call(subjects.JOB_USAGE, GetJobUsage(job_id=job_id), JobUsage)
+        return reply.samples
 
-    # --- streams: logs -------------------------------------------------------------------------------
+    # --- logs --------------------------------------------------------------------------------------
 
-    async def logs(self, job_id: str, rank: int | None = None, *, follow: bool = False) -> AsyncIterator[LogChunk]:
-        """Log chunks of every node (or one rank); with `follow`, until the job has ended."""
-        subject = subjects.job_logs(job_id, "*" if rank is None else rank)
-        until = self._until_ended(job_id) if follow else None
-        async for msg in read_subject(self.js, subjects.LOGS_STREAM, subject, follow=until):
-            yield decode(msg.data, LogChunk)
-
-    async def _until_ended(self, job_id: str) -> None:
-        # Poll the status; a short drain after the end lets the last chunks arrive.
-        while (await self.get_job(job_id)).job.status not in TERMINAL_STATUSES:
-            await asyncio.sleep(0.5)
-        await asyncio.sleep(1.0)
+    async def logs(self, job_id: str, rank: int | None = None, *, follow: bool = False,
+                   poll_seconds: float = 0.5) -> AsyncIterator[LogChunk]:
+        """Log chunks of every node (or one rank), in the order they were stored; with `follow`, until
+        the job has ended. Read page by page from the scheduler, under the job's access rules (J2)."""
+        loop = asyncio.get_running_loop()
+        after = 0
+        drain_until: float | None = None
+        while True:
+            request = GetJobLogs(job_id=job_id, rank=rank, after=after)
+            page: LogPage = await self._call(subjects.JOB_LOGS, request, LogPage)
+            for chunk in page.chunks:
+                yield chunk
+            after = page.next_after
+            if page.more:
+                continue
+            if not follow:
+                return
+            if page.ended:
+                # A short drain after the end lets chunks still in flight arrive.
+                if drain_until is None:
+                    drain_until = loop.time() + LOG_DRAIN_SECONDS
+                elif loop.time() >= drain_until:
+                    return
+            await asyncio.sleep(poll_seconds)
 
     # --- streams: alerts -----------------------------------------------------------------------------
 

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.events import EventEnvelope, Mount, Placement
 from libs.contracts.identity import Identity
@@ -99,6 +100,32 @@ class GetDevEnv(_Request, frozen=True, tag="GetDevEnv.v1"):
 
 class GetJobHistory(_Request, frozen=True, tag="GetJobHistory.v1"):
     """O6: every service's events about one job, in order."""
+
+    job_id: str
+
+
+# A log page stays well under the NATS default max payload (1 MiB), whatever the caller asks for.
+MAX_LOG_PAGE_CHUNKS = 500
+MAX_LOG_PAGE_BYTES = 512 * 1024
+
+
+class GetJobLogs(_Request, frozen=True, tag="GetJobLogs.v1"):
+    """L9: one page of a job's log chunks (every rank, or one), in the order they were stored.
+
+    `after` is a position in the log stream: the page holds chunks stored after it, so asking again
+    with the reply's `next_after` goes on where the page ended (0: from the oldest chunk kept). A page
+    holds at most `max_chunks` chunks and about `max_bytes` of them, but at least one when one is stored.
+    """
+
+    job_id: str
+    rank: Annotated[int, Meta(ge=0)] | None = None
+    after: Annotated[int, Meta(ge=0)] = 0
+    max_chunks: Annotated[int, Meta(ge=1, le=MAX_LOG_PAGE_CHUNKS)] = 100
+    max_bytes: Annotated[int, Meta(ge=1024, le=MAX_LOG_PAGE_BYTES)] = 256 * 1024
+
+
+class GetJobUsage(_Request, frozen=True, tag="GetJobUsage.v1"):
+    """L9: the latest resource sample of each node of the job's latest sampled attempt."""
 
     job_id: str
 
@@ -361,6 +388,21 @@ class JobHistory(_Reply, frozen=True, tag="JobHistory.v1"):
     events: list[EventEnvelope]
 
 
+class LogPage(_Reply, frozen=True, tag="LogPage.v1"):
+    """A page of `GetJobLogs`: chunks in stored order, and where the next page starts."""
+
+    chunks: list[LogChunk]
+    next_after: int  # the `after` of the next request
+    more: bool  # further chunks were already stored when the page was read: ask again at once
+    # The job had ended before the page was read, so once `more` is false its log is complete
+    # (but for the closing notice of an agent that restarts later).
+    ended: bool
+
+
+class JobUsage(_Reply, frozen=True, tag="JobUsage.v1"):
+    samples: list[UsageSample]  # by rank
+
+
 class ResourceList(_Reply, frozen=True, tag="ResourceList.v1"):
     nodes: list[NodeResources]
 
@@ -404,7 +446,7 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
 Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
            | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
-           | SetStorageAccess | ListStorageAccess)
+           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
-         | IdentityView | TerminalOpened | StorageAccessList)
+         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage)

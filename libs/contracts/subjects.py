@@ -42,6 +42,8 @@ PREDICT_JOB = "trainyard.query.jobs.predict"
 EXPLAIN_JOB = "trainyard.query.jobs.why"
 GET_DEV_ENV = "trainyard.query.jobs.devenv"
 JOB_HISTORY = "trainyard.query.jobs.history"
+JOB_LOGS = "trainyard.query.jobs.logs"
+JOB_USAGE = "trainyard.query.jobs.usage"
 SEARCH_JOBS = "trainyard.query.jobs.search"
 GET_RESOURCES = "trainyard.query.resources"
 LIST_FLAVORS = "trainyard.query.flavors"
@@ -111,6 +113,14 @@ USAGE_BUCKET = "trainyard-usage"
 
 def usage_key(job_id: str, attempt: int, rank: int) -> str:
     return f"{job_id}.{attempt}.{rank}"
+
+
+# The stream behind the bucket, and the subjects of one job's keys in it (nats-py's KV naming).
+USAGE_STREAM = f"KV_{USAGE_BUCKET}"
+
+
+def usage_of_job(job_id: str) -> str:
+    return f"$KV.{USAGE_BUCKET}.{job_id}.>"
 
 
 def job_logs(job_id: str, rank: int | str = "*") -> str:

@@ -22,6 +22,8 @@ from libs.contracts.messages import (
     GetDevEnv,
     GetJob,
     GetJobHistory,
+    GetJobLogs,
+    GetJobUsage,
     GetResources,
     GetSettings,
     IdentityView,
@@ -49,6 +51,7 @@ from libs.messaging.rpc import register_all_authenticated
 from services.scheduler.access import access_error, can_view
 from services.scheduler.commands import invalid_spec, spec_errors
 from services.scheduler.explain import explain
+from services.scheduler.logs import JobLogs
 from services.scheduler.state import SchedulerState
 from services.scheduler.views import dev_env, flavor_list, node_resources, node_views, status_sentence
 from services.scheduler.visibility import hide_applications, hide_jobs
@@ -61,6 +64,7 @@ SERVICE = "scheduler"
 
 def register_queries(scheduler: Scheduler) -> None:
     queries = JobQueries(scheduler)
+    logs = JobLogs(scheduler)
     register_all_authenticated(scheduler.rt.broker, SERVICE, [
         (subjects.LIST_JOBS, ListJobs, queries.list_jobs),
         (subjects.GET_JOB, GetJob, queries.get_job),
@@ -69,6 +73,8 @@ def register_queries(scheduler: Scheduler) -> None:
         (subjects.EXPLAIN_JOB, ExplainJob, queries.why),
         (subjects.GET_DEV_ENV, GetDevEnv, queries.devenv),
         (subjects.JOB_HISTORY, GetJobHistory, queries.history),
+        (subjects.JOB_LOGS, GetJobLogs, logs.logs),
+        (subjects.JOB_USAGE, GetJobUsage, logs.usage),
         (subjects.SEARCH_JOBS, SearchJobs, queries.search),
         (subjects.GET_RESOURCES, GetResources, queries.resources),
         (subjects.LIST_FLAVORS, ListFlavors, queries.flavors),

@@ -10,6 +10,7 @@ from typing import Any, get_args
 import msgspec
 import pytest
 
+from libs.contracts import subjects
 from libs.contracts.agent import (
     AgentReply,
     Heartbeat,
@@ -31,6 +32,7 @@ from libs.contracts.agent import (
     StartProcess,
     Stopped,
     StopProcesses,
+    UsageSample,
 )
 from libs.contracts.cluster import Accelerators, NodeInfo, Resources
 from libs.contracts.codec import decode, decode_any, encode
@@ -93,6 +95,8 @@ from libs.contracts.jobspec import (
     field_error_from_msgspec,
 )
 from libs.contracts.messages import (
+    MAX_LOG_PAGE_BYTES,
+    MAX_LOG_PAGE_CHUNKS,
     ChangeDuration,
     ChangePriority,
     ChangeSettings,
@@ -104,6 +108,8 @@ from libs.contracts.messages import (
     GetDevEnv,
     GetJob,
     GetJobHistory,
+    GetJobLogs,
+    GetJobUsage,
     GetQueueStatus,
     GetResources,
     GetSettings,
@@ -111,11 +117,13 @@ from libs.contracts.messages import (
     JobAccepted,
     JobDetails,
     JobList,
+    JobUsage,
     JobView,
     ListFlavors,
     ListJobs,
     ListNodes,
     ListStorageAccess,
+    LogPage,
     MarkComponent,
     NodeList,
     NodeView,
@@ -315,6 +323,8 @@ REQUEST_SAMPLES: list[Any] = [
     OpenTerminal(job_id="job-000000000001", node="gpu-node-1", command="ls /workspace"),
     SetStorageAccess(kind="algorithm", name="resnet", project="vision", others="none", owner="alice"),
     ListStorageAccess(kind="dataset"),
+    GetJobLogs(job_id="job-000000000001", rank=1, after=42, max_chunks=50),
+    GetJobUsage(job_id="job-000000000001"),
 ]
 
 
@@ -395,6 +405,10 @@ REPLY_SAMPLES: list[Any] = [
     QueueStatus(queued_jobs=2, queued_by_flavor={"gpu-4": 3}, running_jobs=1),
     TerminalOpened(session_id="3f2a", node="gpu-node-1", rank=0, attempt=1),
     StorageAccessList(entries=[StoredAccess(kind="output", name="out", owner="alice", project="default")]),
+    LogPage(chunks=[LogChunk(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", seq=3,
+                             lines=["epoch 1"])], next_after=43, more=True, ended=False),
+    JobUsage(samples=[UsageSample(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1",
+                                  cpu_percent=97.5, memory_mib=2048, processes=3, sampled_at=AT)]),
 ]
 
 
@@ -511,3 +525,29 @@ def test_a_failed_node_check_lists_its_faulty_components() -> None:
         ComponentHealth(kind="nic", name="eth0", healthy=True),
         ComponentHealth(kind="board", name="1", healthy=False, detail="ECC errors")])
     assert check.problems() == ["board:1 faulty (ECC errors)"]
+
+
+@pytest.mark.parametrize("document", [
+    b'{"type": "GetJobLogs.v1", "job_id": "j", "rank": -1}',
+    b'{"type": "GetJobLogs.v1", "job_id": "j", "after": -1}',
+    b'{"type": "GetJobLogs.v1", "job_id": "j", "max_chunks": 0}',
+    b'{"type": "GetJobLogs.v1", "job_id": "j", "max_chunks": %d}' % (MAX_LOG_PAGE_CHUNKS + 1),
+    b'{"type": "GetJobLogs.v1", "job_id": "j", "max_bytes": %d}' % (MAX_LOG_PAGE_BYTES + 1),
+])
+def test_a_log_page_request_out_of_bounds_is_refused_by_field(document: bytes) -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"at `\$\.(rank|after|max_chunks|max_bytes)`"):
+        decode_strict(document, Request)
+
+
+def test_a_log_page_request_defaults_to_the_first_page_of_every_rank_within_a_reply() -> None:
+    request = decode_strict(b'{"type": "GetJobLogs.v1", "job_id": "job-000000000001"}', Request)
+    assert request == GetJobLogs(job_id="job-000000000001", rank=None, after=0)
+    assert request.max_bytes <= MAX_LOG_PAGE_BYTES <= 1024 * 1024 // 2  # well under NATS's default max payload
+
+
+def test_log_and_usage_queries_are_scheduler_queries_and_name_one_jobs_subjects() -> None:
+    assert subjects.JOB_LOGS == "trainyard.query.jobs.logs"
+    assert subjects.JOB_USAGE == "trainyard.query.jobs.usage"
+    assert subjects.job_logs("job-000000000001") == "trainyard.logs.job-000000000001.*"
+    assert subjects.USAGE_STREAM == "KV_trainyard-usage"
+    assert subjects.usage_of_job("job-000000000001") == "$KV.trainyard-usage.job-000000000001.>"
