@@ -83,6 +83,7 @@ log = get_logger(__name__)
 span_tracer = tracer("trainyard.agent")
 LOG_FLUSH_SECONDS = 0.2
 LOG_CHUNK_LINES = 200
+LOG_CHUNK_CHARACTERS = 128 * 1024  # and no more text: a chunk, even of escaped characters, is one NATS message
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 # How long closing the agent waits for its debug sessions to report their end.
 SESSION_CLOSE_SECONDS = 5.0
@@ -98,6 +99,7 @@ class RunningNode:
     runner: asyncio.Task[None] | None = None
     log_seq: int = 0
     pending_lines: list[str] = field(default_factory=list)
+    pending_characters: int = 0
     # Chunks must reach the stream in `seq` order; the flusher and the reader share this lock.
     ship_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The job's trace context from the start request, carried on this node's reports.
@@ -520,7 +522,8 @@ class NodeAgent:
 
     async def _collect(self, node: RunningNode, line: str) -> None:
         node.pending_lines.append(line)
-        if len(node.pending_lines) >= LOG_CHUNK_LINES:
+        node.pending_characters += len(line)
+        if len(node.pending_lines) >= LOG_CHUNK_LINES or node.pending_characters >= LOG_CHUNK_CHARACTERS:
             await self._ship(node, [])
 
     async def _flush_periodically(self, node: RunningNode) -> None:
@@ -530,7 +533,7 @@ class NodeAgent:
 
     async def _ship(self, node: RunningNode, extra: list[str]) -> None:
         async with node.ship_lock:
-            lines, node.pending_lines = node.pending_lines + extra, []
+            lines, node.pending_lines, node.pending_characters = node.pending_lines + extra, [], 0
             if not lines:
                 return
             chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,

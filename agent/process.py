@@ -7,11 +7,36 @@ import contextlib
 import json
 import os
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 LineSink = Callable[[str], Awaitable[None]]
+# A longer output line is passed on in pieces of this size, so that no line breaks the reader and
+# a log chunk of them stays well within one NATS message.
+MAX_LINE_BYTES = 16 * 1024
+READ_BYTES = 64 * 1024
+
+
+async def output_lines(stream: asyncio.StreamReader, max_bytes: int = MAX_LINE_BYTES) -> AsyncIterator[bytes]:
+    """The lines of `stream` without their newline; a line longer than `max_bytes` in pieces of it."""
+    buffer = b""
+    while data := await stream.read(READ_BYTES):
+        buffer += data
+        start = 0
+        while True:
+            end = buffer.find(b"\n", start, start + max_bytes + 1)
+            if end != -1:
+                yield buffer[start:end]
+                start = end + 1
+            elif len(buffer) - start >= max_bytes:
+                yield buffer[start:start + max_bytes]
+                start += max_bytes
+            else:
+                break
+        buffer = buffer[start:]
+    if buffer:
+        yield buffer
 
 
 class ProcessGroup:
@@ -39,8 +64,8 @@ class ProcessGroup:
         """Send every output line to `sink` (and the node's log file); return the exit code."""
         assert self.proc is not None and self.proc.stdout is not None
         with self.log_path.open("a", encoding="utf-8") as log_file:
-            async for raw in self.proc.stdout:
-                line = raw.decode("utf-8", errors="replace").rstrip("\n")
+            async for raw in output_lines(self.proc.stdout):
+                line = raw.decode("utf-8", errors="replace")
                 log_file.write(line + "\n")
                 log_file.flush()
                 await sink(line)
