@@ -102,11 +102,11 @@ class JobQueries:
         return NodeList(nodes=node_views(self.state))
 
     async def predict(self, request: PredictJob, _: Identity) -> PredictionReply | CommandError:
-        """S6: answered before creation; nothing is recorded (a submitted job records its own)."""
+        """S6: answered before creation; nothing is recorded (a submitted job records its own). Planned
+        off the event loop and without the scheduler's lock (Scheduler.predict)."""
         if errors := spec_errors(request.spec, self.state.cluster):
             return invalid_spec(errors)
-        async with self.s.lock:
-            return PredictionReply(prediction=self.s.predict(request.spec))
+        return PredictionReply(prediction=await self.s.predict(request.spec))
 
     async def why(self, request: ExplainJob, identity: Identity) -> WhyReply | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "view"):
