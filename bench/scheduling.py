@@ -13,6 +13,7 @@ logic is measured.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import platform
 import random
@@ -22,8 +23,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from libs.contracts.cluster import Accelerators, Flavor, NodeInfo, Resources
-from libs.contracts.events import EventEnvelope, JobSubmitted
+import msgspec
+
+from libs.contracts.cluster import Accelerators, ClusterConfig, Flavor, NodeInfo, Resources
+from libs.contracts.events import Event, EventEnvelope, JobAdmitted, JobSubmitted, NodeRegistered
 from libs.contracts.jobspec import PRIORITY_RANK, CheckpointResume, Elastic, JobSpec, Priority
 from services.scheduler.placement import (
     Capacity,
@@ -37,6 +40,8 @@ from services.scheduler.placement import (
 from services.scheduler.prediction import insertion_index, predict, predict_queue
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits
+from services.scheduler.service import plan_inputs
+from services.scheduler.state import SchedulerState
 
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 POOLS = ["team-a", "team-b"]
@@ -180,6 +185,59 @@ def p95(samples: list[float]) -> float:
     return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
 
 
+def scheduler_state(infos: list[NodeInfo], running: list[RunningJob], queue: list[QueuedJob],
+                    records: dict[str, JobRecord]) -> SchedulerState:
+    """The cluster, running jobs and queue as the scheduler's state holds them, folded from events."""
+    state = SchedulerState(ClusterConfig(flavors=list(FLAVORS.values())))
+    position = 0
+
+    def fold(service: str, aggregate: str, key: str, event: Event, at: datetime = START) -> None:
+        nonlocal position
+        position += 1
+        state.apply(EventEnvelope(event_id=f"e{position}", service=service, aggregate_type=aggregate,
+                                  aggregate_id=key, version=position, position=position, recorded_at=at,
+                                  event=event))
+
+    def with_limit(spec: JobSpec, seconds: int | None) -> JobSpec:
+        return msgspec.structs.replace(spec, duration=f"{seconds}s" if seconds else None)
+
+    for node in infos:
+        fold("monitor", "node", node.name, NodeRegistered(node=node))
+    for job in running:
+        record = records[job.job_id]
+        fold("scheduler", "job", job.job_id, JobSubmitted(job_id=job.job_id, creator=record.creator,
+                                                           spec=with_limit(job.spec, record.duration_seconds)))
+        fold("scheduler", "job", job.job_id, JobAdmitted(job_id=job.job_id, attempt=1, flavor=job.flavor.name,
+                                                          placement=job.placement), record.started_at or START)
+    for queued in queue:
+        fold("scheduler", "job", queued.job_id, JobSubmitted(job_id=queued.job_id, creator="",
+                                                              spec=with_limit(queued.spec, queued.duration_seconds)))
+    return state
+
+
+async def on_the_loop(cache: PredictionCache, spec: JobSpec, inputs: Callable[[], PlanInputs]) -> tuple[float, float]:
+    """A prediction planned in a worker thread: how long it took, and the longest the event loop was
+    held meanwhile (a task that asks to run every millisecond notes how late it ran)."""
+    done = False
+    longest = 0.0
+
+    async def ticking() -> None:
+        nonlocal longest
+        while not done:
+            asked = time.perf_counter()
+            await asyncio.sleep(0.001)
+            longest = max(longest, time.perf_counter() - asked - 0.001)
+
+    ticker = asyncio.create_task(ticking())
+    await asyncio.sleep(0)
+    began = time.perf_counter()
+    await cache.forecast_in_thread(spec, clock=lambda: START, inputs=inputs)
+    took = time.perf_counter() - began
+    done = True
+    await ticker
+    return took, longest
+
+
 def drain(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[QueuedJob], cycles: int,
           ) -> tuple[int, int, float]:
     """Cycle after cycle, the 20 earliest-ending running jobs finish and the scheduler admits what
@@ -285,6 +343,18 @@ def main() -> None:
         cache.applied(event, records)
         cache.predict(probes[(index + 1) % len(probes)], now=START, inputs=functools.partial(_same, current))
         submitted.append(time.perf_counter() - began)
+    state = scheduler_state(infos, running, queue, records)
+    copies = timed(lambda: plan_inputs(state, START), args.repeats)
+    threaded_cold: list[tuple[float, float]] = []
+    threaded_warm: list[tuple[float, float]] = []
+
+    async def in_threads() -> None:
+        for spec in probes[: max(1, args.repeats // 2)]:  # a new cache each time: cold, then warm
+            cache = PredictionCache(model)
+            threaded_cold.append(await on_the_loop(cache, spec, functools.partial(plan_inputs, state, START)))
+            threaded_warm.append(await on_the_loop(cache, spec, functools.partial(plan_inputs, state, START)))
+
+    asyncio.run(in_threads())
     plan_all = timed(lambda: predict_queue(queue, nodes, FLAVORS, running=running, now=START),
                      max(1, args.repeats // 3))
     cycles, admitted, spent = drain(nodes, running, queue, cycles=50)
@@ -303,6 +373,16 @@ def main() -> None:
          f"{len(warm)} predictions"),
         ("predict: cache, after a submission", f"{statistics.median(submitted) * 1000:.1f} ms",
          f"{p95(submitted) * 1000:.1f} ms", "the job taken into the plan"),
+        ("plan inputs copied from the state", f"{statistics.median(copies) * 1000:.0f} ms",
+         f"{p95(copies) * 1000:.0f} ms", "on the loop, for a new plan"),
+        ("predict in a thread, cold: took", f"{statistics.median(t for t, _ in threaded_cold) * 1000:.0f} ms",
+         f"{p95([t for t, _ in threaded_cold]) * 1000:.0f} ms", f"{len(threaded_cold)} specs, the copy included"),
+        ("predict in a thread, cold: loop held", f"{statistics.median(h for _, h in threaded_cold) * 1000:.0f} ms",
+         f"{p95([h for _, h in threaded_cold]) * 1000:.0f} ms", "the longest wait of a task on the loop"),
+        ("predict in a thread, warm: took", f"{statistics.median(t for t, _ in threaded_warm) * 1000:.1f} ms",
+         f"{p95([t for t, _ in threaded_warm]) * 1000:.1f} ms", ""),
+        ("predict in a thread, warm: loop held", f"{statistics.median(h for _, h in threaded_warm) * 1000:.1f} ms",
+         f"{p95([h for _, h in threaded_warm]) * 1000:.1f} ms", ""),
         ("predict_queue: every job", f"{statistics.median(plan_all) * 1000:.0f} ms", f"{p95(plan_all) * 1000:.0f} ms",
          f"{len(queue) / statistics.median(plan_all):,.0f} jobs/s"),
         ("drain: cycles as jobs end", f"{spent / max(cycles, 1) * 1000:.0f} ms/cycle", "",

@@ -124,28 +124,40 @@ class JobCommands:
         if not is_job_id(job_id):
             return CommandError(code="invalid-request", message=f"{job_id!r} is not a job id",
                                 hint="let the client choose it (job-<12 hex digits>)")
-        existing = self.state.jobs.get(job_id)
-        if existing is not None:  # a retried request
-            if existing.spec != spec or existing.creator != identity.user:
-                return CommandError(code="conflict", message=f"job {job_id} exists with another spec",
-                                    hint="submit again without choosing the id")
-            return JobAccepted(job_id=job_id, status=existing.status, created=False)
+        if (retried := self._retried(job_id, spec, identity)) is not None:
+            return retried
         if error := self._refusal(spec, identity):
             return error
         if errors := missing_inputs(spec, self.s.rt.settings.storage_root):
             return invalid_spec(errors)
-        async with self.s.lock:
-            if (existing := self.state.jobs.get(job_id)) is not None:
-                return JobAccepted(job_id=job_id, status=existing.status, created=False)
+        # One submission at a time (a redelivered one then finds its job), but the prediction is planned
+        # off the event loop and outside the scheduler's lock, which it holds only to record the job.
+        async with self.s.submitting:
+            if (retried := self._retried(job_id, spec, identity)) is not None:
+                return retried
             if error := self._urgent_cap_error(spec.project, identity.user, spec.priority):
                 return error
-            prediction = self.s.predict(spec)
-            await self.s.append([
-                (job_id, JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from,
-                                      creator_email=identity.email)),
-                (job_id, JobPredicted(job_id=job_id, prediction=prediction)),
-            ])
-            return JobAccepted(job_id=job_id, status=self.state.jobs[job_id].status, created=True)
+            prediction = await self.s.predict(spec)  # S6, of the queue without this job
+            async with self.s.lock:
+                # A priority may have changed while it was planned.
+                if error := self._urgent_cap_error(spec.project, identity.user, spec.priority):
+                    return error
+                await self.s.append([
+                    (job_id, JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from,
+                                          creator_email=identity.email)),
+                    (job_id, JobPredicted(job_id=job_id, prediction=prediction)),
+                ])
+                return JobAccepted(job_id=job_id, status=self.state.jobs[job_id].status, created=True)
+
+    def _retried(self, job_id: str, spec: JobSpec, identity: Identity) -> JobAccepted | CommandError | None:
+        """The answer to a request whose job exists already: the same as the first time."""
+        existing = self.state.jobs.get(job_id)
+        if existing is None:
+            return None
+        if existing.spec != spec or existing.creator != identity.user:
+            return CommandError(code="conflict", message=f"job {job_id} exists with another spec",
+                                hint="submit again without choosing the id")
+        return JobAccepted(job_id=job_id, status=existing.status, created=False)
 
     def _refusal(self, spec: JobSpec, identity: Identity) -> CommandError | None:
         """Everything that makes a spec unacceptable for this caller, in one answer."""

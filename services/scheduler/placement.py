@@ -180,6 +180,21 @@ class Cluster:
         return key, names
 
 
+class _Fitting:
+    """The nodes where one rank needing `need` fits now, and (once a placement asked for it) a heap of
+    them roomiest first. The heap is kept lazily: nodes whose room changed are noted, and pushed again
+    with their new room when the heap is next read; entries that no longer match a node's room are
+    dropped when they surface."""
+
+    __slots__ = ("changed", "heap", "need", "nodes")
+
+    def __init__(self, need: Resources) -> None:
+        self.need = need
+        self.nodes: set[str] = set()
+        self.heap: list[tuple[float, int, str]] | None = None
+        self.changed: set[str] = set()
+
+
 class Capacity:
     """Free resources per node, with an index of the nodes where one rank of a kind fits.
 
@@ -190,8 +205,8 @@ class Capacity:
     def __init__(self, cluster: Cluster, free: dict[str, Resources]) -> None:
         self.cluster = cluster
         self.free = free
-        self._fitting: dict[tuple[_EligibilityKey, Resources], set[str]] = {}
-        self._watchers: dict[str, list[tuple[Resources, set[str]]]] = {}
+        self._fitting: dict[tuple[_EligibilityKey, Resources], _Fitting] = {}
+        self._watchers: dict[str, list[_Fitting]] = {}
 
     @classmethod
     def of(cls, nodes: Iterable[NodeCapacity]) -> Capacity:
@@ -203,25 +218,58 @@ class Capacity:
 
     def fitting(self, spec: JobSpec, flavor: Flavor, exclude: frozenset[str] = NO_NODES) -> set[str]:
         """Nodes eligible for one rank of `flavor` where one such rank fits now (a live view)."""
+        return self._index(spec, flavor, exclude).nodes
+
+    def _index(self, spec: JobSpec, flavor: Flavor, exclude: frozenset[str]) -> _Fitting:
         key, names = self.cluster.eligible(spec, flavor, exclude)
         need = Resources.of_flavor(flavor)
-        nodes = self._fitting.get((key, need))
-        if nodes is None:
-            nodes = set()
+        index = self._fitting.get((key, need))
+        if index is None:
+            index = self._fitting[(key, need)] = _Fitting(need)
+            nodes, free = index.nodes, self.free
             for name in names:
-                self._watchers.setdefault(name, []).append((need, nodes))
-                if need.fits_in(self.free[name]):
+                self._watchers.setdefault(name, []).append(index)
+                if need.fits_in(free[name]):
                     nodes.add(name)
-            self._fitting[(key, need)] = nodes
-        return nodes
+        return index
+
+    def roomiest(self, index: _Fitting, count: int) -> list[str]:
+        """The `count` nodes of `index` with the most free CPU, then memory (ties by name), in that
+        order; `index` holds at least `count` nodes."""
+        free = self.free
+        heap = index.heap
+        if heap is None or len(heap) + len(index.changed) > 2 * len(index.nodes) + 64:  # mostly stale
+            heap = index.heap = [(-free[name].cpus, -free[name].memory_mib, name) for name in index.nodes]
+            heapq.heapify(heap)
+        else:
+            for name in index.changed:
+                if name in index.nodes:
+                    heapq.heappush(heap, (-free[name].cpus, -free[name].memory_mib, name))
+        index.changed.clear()
+        chosen: list[tuple[float, int, str]] = []
+        names: set[str] = set()
+        while len(chosen) < count:
+            entry = heapq.heappop(heap)
+            name = entry[2]
+            room = free[name]
+            # A stale entry: the node's current room has an entry of its own (or it no longer fits).
+            if name in names or name not in index.nodes or entry[0] != -room.cpus or entry[1] != -room.memory_mib:
+                continue
+            chosen.append(entry)
+            names.add(name)
+        for entry in chosen:
+            heapq.heappush(heap, entry)
+        return [entry[2] for entry in chosen]
 
     def set(self, name: str, free: Resources) -> None:
         self.free[name] = free
-        for need, nodes in self._watchers.get(name, ()):
-            if need.fits_in(free):
-                nodes.add(name)
+        for index in self._watchers.get(name, ()):
+            if index.need.fits_in(free):
+                index.nodes.add(name)
+                if index.heap is not None:
+                    index.changed.add(name)
             else:
-                nodes.discard(name)
+                index.nodes.discard(name)
 
     def take(self, held: Mapping[str, Resources]) -> None:
         for name, amount in held.items():
@@ -246,12 +294,16 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
     worker_roles: list[Role] = ["worker"] * workers
     server_roles: list[Role] = ["ps"] * parameter_server_count(spec)
     roles = worker_roles + server_roles
+    indexes = {role: capacity._index(spec, role_flavor(role, flavor), exclude) for role in dict.fromkeys(roles)}
+    if workers and len(indexes["worker"].nodes) >= workers and (not server_roles
+                                                               or len(indexes["ps"].nodes) >= len(roles)):
+        return _spread(capacity, indexes, worker_roles, server_roles, flavor)
     free = capacity.free
     # One heap of candidate nodes per role, ordered by the rule above. A node's key only grows as
     # ranks land on it, so an outdated entry is simply re-queued with its current key when it surfaces.
     heaps: dict[Role, list[tuple[int, float, int, str]]] = {}
-    for role in dict.fromkeys(roles):
-        nodes = capacity.fitting(spec, role_flavor(role, flavor), exclude)
+    for role, index in indexes.items():
+        nodes = index.nodes
         if not nodes:
             return None
         heaps[role] = [(0, -free[name].cpus, -free[name].memory_mib, name) for name in nodes]
@@ -282,6 +334,23 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
         placement.append(Placement(rank=rank, node=name, address=infos[name].address, slots=rank_flavor.slots,
                                    role=role))
     return placement
+
+
+def _spread(capacity: Capacity, indexes: Mapping[Role, _Fitting], workers: list[Role], servers: list[Role],
+            flavor: Flavor) -> list[Placement]:
+    """What `place` decides when a worker fits on at least as many nodes as there are workers, and a
+    parameter server on at least as many as there are ranks: a node without a rank of the job always
+    beats one with, so every rank lands on a node of its own, the roomiest one left, and only the
+    roomiest few nodes need to be looked at."""
+    hosts = capacity.roomiest(indexes["worker"], len(workers))
+    if servers:
+        used = set(hosts)
+        hosts += [name for name in capacity.roomiest(indexes["ps"], len(workers) + len(servers))
+                  if name not in used][:len(servers)]
+    infos = capacity.cluster.infos
+    return [Placement(rank=rank, node=name, address=infos[name].address, slots=role_flavor(role, flavor).slots,
+                      role=role)
+            for rank, (role, name) in enumerate(zip([*workers, *servers], hosts, strict=True))]
 
 
 def place_gang(spec: JobSpec, flavor: Flavor, nodes: Iterable[NodeCapacity], *,

@@ -19,15 +19,26 @@ the answers are those of `forecast` at that moment (their `predicted_at`). The o
 event its state folds in to `applied`, which feeds the runtime model and drops the plan when the
 event changes what it was made from; a job just submitted that waits (neither starts nor becomes the
 head) is taken into the plan instead, so a stream of submissions does not plan the queue each time.
+
+Planning a deep queue takes seconds, so the service plans in a worker thread (`forecast_in_thread`)
+while its event loop goes on folding events. Nothing the loop mutates is planned on: the inputs
+are copied on the loop (`PlanInputs`, with `JobFacts` instead of the state's live jobs), and while a
+thread holds the cache, `applied` only notes what happened (jobs submitted, jobs that ended); the
+submitted jobs are taken into the plan by the next prediction, in its thread, and the ended ones
+teach the runtime model once the thread is done. One prediction plans at a time.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextvars
 import copy
+import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
+from typing import NamedTuple
 
 from libs.contracts.cluster import Flavor
 from libs.contracts.events import (
@@ -46,6 +57,7 @@ from libs.contracts.events import (
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
+    StorageAccessSet,
 )
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
@@ -66,9 +78,25 @@ from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, ex
 DEFAULT_MAX_AGE = timedelta(seconds=30)
 # Events that change nothing a plan is made from; any other event makes the next prediction plan anew.
 _UNPLANNED = (JobPredicted, LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost,
-              DebugEnvironmentKept, DebugEnvironmentReleased, AlertRaised, AlertMailed)
+              DebugEnvironmentKept, DebugEnvironmentReleased, AlertRaised, AlertMailed, StorageAccessSet)
 _ENDS = (JobSucceeded, JobFailed, JobStopped, JobExpired)
 _PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
+
+
+class JobFacts(NamedTuple):
+    """What the runtime model reads of a job, copied: a thread may read it while the state changes
+    (a tuple: tens of thousands are made for a plan)."""
+
+    spec: JobSpec
+    creator: str
+    flavor: str | None
+    started_at: datetime | None
+    ended_at: datetime | None
+    duration_seconds: int | None
+
+    @classmethod
+    def of(cls, job: JobRecord) -> JobFacts:
+        return cls(job.spec, job.creator, job.flavor, job.started_at, job.ended_at, job.duration_seconds)
 
 
 @dataclass(frozen=True)
@@ -82,6 +110,25 @@ class PlanInputs:
     jobs: Mapping[str, JobRecord] = field(default_factory=dict)  # who submitted each job, when it started
 
 
+@dataclass(frozen=True)
+class _Joined:
+    """A job submitted after the plan was made, to be taken into it."""
+
+    revision: int
+    job: QueuedJob
+    facts: JobFacts
+
+
+@dataclass(frozen=True)
+class _Ticket:
+    """What one prediction plans from: new inputs, or the kept plan and the jobs submitted since."""
+
+    revision: int
+    now: datetime
+    inputs: PlanInputs | None
+    joined: list[_Joined]
+
+
 class PredictionCache:
     """Predictions from a plan kept per state revision (see the module's description)."""
 
@@ -90,23 +137,29 @@ class PredictionCache:
         self.max_age = max_age
         self.revision = 0
         self._snapshot: _Snapshot | None = None
+        self._joined: list[_Joined] = []  # submitted since the last other change, not yet in the plan
+        self._changed_at = 0  # the revision of the last event the plan cannot take in
+        self._ended: list[JobFacts] = []  # jobs that ended while a thread held the cache
+        self._lent = False  # a thread plans on the snapshot and reads the runtime model
+        self._lane = asyncio.Lock()
 
     def applied(self, envelope: EventEnvelope, jobs: Mapping[str, JobRecord]) -> None:
-        """Take note of an event the state has just folded in (`jobs`: the state's jobs, after it)."""
+        """Take note of an event the state has just folded in (`jobs`: the state's jobs, after it).
+        Never plans, so it is cheap on the owner's event loop."""
         event = envelope.event
         if isinstance(event, _UNPLANNED):
             return
         self.revision += 1
-        snapshot, self._snapshot = self._snapshot, None
-        if isinstance(event, JobSubmitted) and snapshot is not None and snapshot.revision == self.revision - 1 \
-                and (record := jobs.get(event.job_id)) is not None:
+        if isinstance(event, JobSubmitted) and (record := jobs.get(event.job_id)) is not None:
             # A new job joins the queue as the service lists it: its spec and limit, no nodes avoided.
             job = QueuedJob(event.job_id, event.spec, record.duration_seconds)
-            likely = self.runtimes.runtime(Traits.of(event.spec, record.creator), job.duration_seconds)
-            if snapshot.join(job, likely, jobs):
-                snapshot.revision, self._snapshot = self.revision, snapshot
+            self._joined.append(_Joined(self.revision, job, JobFacts.of(record)))
+            return
+        self._changed_at, self._joined = self.revision, []
         if isinstance(event, _ENDS) and (job_record := jobs.get(event.job_id)) is not None:
-            self.runtimes.job_ended(job_record)
+            self._ended.append(JobFacts.of(job_record))
+            if not self._lent:
+                self._learn()
 
     def predict(self, spec: JobSpec, *, now: datetime, inputs: Callable[[], PlanInputs],
                 duration_seconds: int | None = None) -> Prediction:
@@ -115,12 +168,87 @@ class PredictionCache:
     def forecast(self, spec: JobSpec, *, now: datetime, inputs: Callable[[], PlanInputs],
                  duration_seconds: int | None = None) -> Forecast:
         """What `prediction.forecast` answers for `spec`, as of the moment the current plan was made
-        (`now`, and `inputs()` then, when it is made again)."""
+        (`now`, and `inputs()` then, when it is made again). Plans in the caller's thread."""
+        if self._lent:
+            raise RuntimeError("a thread is planning on this cache: use forecast_in_thread")
+        seconds = spec.max_duration_seconds if duration_seconds is None else duration_seconds
+        afresh = False
+        while (answer := self._plan(self._ticket(now, inputs, afresh=afresh), spec, seconds)) is None:
+            afresh = True  # a job taken in changes everything behind it: plan the state as it is now
+        return answer
+
+    async def forecast_in_thread(self, spec: JobSpec, *, clock: Callable[[], datetime],
+                                 inputs: Callable[[], PlanInputs], duration_seconds: int | None = None) -> Forecast:
+        """`forecast`, planned in a worker thread while the event loop goes on. `inputs()` is called
+        on the loop and must return copies nothing mutates; `clock()` gives the moment of a new plan,
+        read when this prediction's turn comes."""
+        seconds = spec.max_duration_seconds if duration_seconds is None else duration_seconds
+        afresh = False
+        while True:
+            await self._lane.acquire()
+            try:
+                ticket = self._ticket(clock(), inputs, afresh=afresh)
+                planned = self._lend(functools.partial(self._plan, ticket, spec, seconds))
+            except BaseException:
+                self._lane.release()
+                raise
+            # Shielded: a cancelled caller leaves the thread to finish, and the cache comes back then.
+            answer = await asyncio.shield(planned)
+            if answer is not None:
+                return answer
+            afresh = True  # a job taken in changes everything behind it: plan the state as it is now
+
+    def _lend(self, plan: Callable[[], Forecast | None]) -> asyncio.Future[Forecast | None]:
+        """Run `plan` in a worker thread, the cache lent to it until it is done (then the lane is free)."""
+        loop = asyncio.get_running_loop()
+        planned = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, plan))
+        self._lent = True  # before the loop runs anything else
+
+        def returned(future: asyncio.Future[Forecast | None]) -> None:
+            self._lent = False
+            if future.cancelled() or future.exception() is not None:
+                self._snapshot = None  # it may be half-changed
+            self._learn()
+            self._lane.release()
+
+        planned.add_done_callback(returned)
+        return planned
+
+    def _learn(self) -> None:
+        for facts in self._ended:
+            self.runtimes.job_ended(facts)
+        self._ended.clear()
+
+    def _ticket(self, now: datetime, inputs: Callable[[], PlanInputs], *, afresh: bool) -> _Ticket:
+        """On the owner's side: what the next plan needs, taken from the state as it is."""
+        joined, self._joined = self._joined, []
         snapshot = self._snapshot
-        if (snapshot is None or snapshot.revision != self.revision
+        if (afresh or snapshot is None or snapshot.revision < self._changed_at
                 or not snapshot.now <= now <= snapshot.now + self.max_age):
-            snapshot = self._snapshot = _Snapshot(inputs(), now, self.revision, self.runtimes)
-        return snapshot.forecast(spec, spec.max_duration_seconds if duration_seconds is None else duration_seconds)
+            return _Ticket(self.revision, now, inputs(), [])
+        return _Ticket(self.revision, now, None, joined)
+
+    def _plan(self, ticket: _Ticket, spec: JobSpec, seconds: int | None) -> Forecast | None:
+        """On the planning side: the forecast, or None when the kept plan could not take in a job
+        submitted since (then the state must be planned afresh)."""
+        if ticket.inputs is not None:
+            made = self._snapshot = _Snapshot(ticket.inputs, ticket.now, ticket.revision, self.runtimes)
+            return made.forecast(spec, seconds)
+        snapshot = self._snapshot
+        assert snapshot is not None  # a ticket without inputs is only given when a plan is kept
+        for joined in ticket.joined:
+            if joined.revision <= snapshot.revision:
+                continue
+            job = joined.job
+            likely = self.runtimes.runtime(Traits.of(job.spec, joined.facts.creator), job.duration_seconds)
+            if joined.revision != snapshot.revision + 1 or not snapshot.join(job, likely, joined.facts):
+                self._snapshot = None
+                return None
+            snapshot.revision = joined.revision
+        if snapshot.revision != ticket.revision:
+            self._snapshot = None
+            return None
+        return snapshot.forecast(spec, seconds)
 
 
 class _Snapshot:
@@ -180,11 +308,11 @@ class _Snapshot:
             likely = latest if self.expected.empty else self._plan(self.likely(), place, job, unplaceable)
         return waits(spec, self.now, self.ahead[place], latest, likely)
 
-    def join(self, job: QueuedJob, likely_seconds: float | None, jobs: Mapping[str, JobRecord]) -> bool:
+    def join(self, job: QueuedJob, likely_seconds: float | None, facts: JobRecord) -> bool:
         """Take in `job`, just submitted, as if this snapshot had been made with it queued (it runs for
-        `likely_seconds` in the likely plan; `jobs` now knows it). False, and nothing changed, when it
-        starts now or becomes the head: everything behind it is decided anew, so the snapshot must be
-        made again."""
+        `likely_seconds` in the likely plan; `facts`: who submitted it). False, and nothing changed,
+        when it starts now or becomes the head: everything behind it is decided anew, so the snapshot
+        must be made again."""
         priority, place = job.spec.priority, self.places[job.spec.priority]
         cycle = _fork(self.cycles[place])
         step = cycle.run([job])
@@ -210,7 +338,8 @@ class _Snapshot:
         if unplaceable:
             self.decision = replace(self.decision, unplaceable=[*self.decision.unplaceable, job.job_id])
         queue = self.inputs.queue
-        self.inputs = replace(self.inputs, queue=[*queue[:place], job, *queue[place:]], jobs=jobs)
+        self.inputs = replace(self.inputs, queue=[*queue[:place], job, *queue[place:]],
+                              jobs={**self.inputs.jobs, job.job_id: facts})
         likely = job if likely_seconds is None else replace(job, duration_seconds=math.ceil(likely_seconds))
         if likely.duration_seconds != job.duration_seconds:
             if self.expected.empty:

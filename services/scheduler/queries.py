@@ -111,12 +111,13 @@ class JobQueries:
     async def list_nodes(self, _: ListNodes, identity: Identity) -> NodeList:
         return hide_jobs(NodeList(nodes=node_views(self.state)), self.state, identity)
 
-    async def predict(self, request: PredictJob, _: Identity) -> PredictionReply | CommandError:
-        """S6: answered before creation; nothing is recorded (a submitted job records its own)."""
+    async def predict(self, request: PredictJob, identity: Identity) -> PredictionReply | CommandError:
+        """S6: answered before creation; nothing is recorded (a submitted job records its own). Planned
+        off the event loop and without the scheduler's lock (Scheduler.predict)."""
         if errors := spec_errors(request.spec, self.state.cluster):
             return invalid_spec(errors)
-        async with self.s.lock:
-            return PredictionReply(prediction=self.s.predict(request.spec))
+        reply = PredictionReply(prediction=await self.s.predict(request.spec))
+        return hide_jobs(reply, self.state, identity)
 
     async def why(self, request: ExplainJob, identity: Identity) -> WhyReply | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "view"):

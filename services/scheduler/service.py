@@ -54,7 +54,7 @@ from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 from services.scheduler.placement import Admission, NodeCapacity, QueuedJob, RunningJob, may_grow, schedule
-from services.scheduler.prediction_cache import PlanInputs, PredictionCache
+from services.scheduler.prediction_cache import JobFacts, PlanInputs, PredictionCache
 from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.state import Job, SchedulerState
 
@@ -85,6 +85,9 @@ class Scheduler:
         self.search = JobSearchProjection(runtime.store)
         self._projection_wake = asyncio.Event()
         self.predictions = PredictionCache()  # S6: the plan of the queue, kept until the state changes
+        # Submissions are predicted and recorded one at a time, so each prediction counts the jobs
+        # submitted before it.
+        self.submitting = asyncio.Lock()
 
     # --- start-up --------------------------------------------------------------------------------
 
@@ -205,51 +208,27 @@ class Scheduler:
         return timedelta(seconds=settings.node_lost_seconds + 4 * settings.heartbeat_seconds)
 
     def capacity(self) -> list[NodeCapacity]:
-        used = self.state.used()
-        return [
-            NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
-            for name, n in self.state.nodes.items() if n.schedulable
-        ]
+        return node_capacity(self.state)
 
     def flavors(self) -> dict[str, Flavor]:
-        return {f.name: f for f in self.state.cluster.flavors}
+        return cluster_flavors(self.state)
 
     def queued_jobs(self) -> list[QueuedJob]:
-        # The decision logic reads priority from the spec: give it the current one (S3).
-        now = self.clock()
-        return [QueuedJob(j.job_id, j.spec if j.spec.priority == j.priority
-                          else msgspec.structs.replace(j.spec, priority=j.priority), j.duration_seconds,
-                          self.state.avoided_nodes(j, now, RECHECK_AFTER))
-                for j in self.state.queue()]
+        return queued_jobs(self.state, self.clock())
 
     def running_jobs(self) -> list[RunningJob]:
-        """Jobs that hold resources, as the decision logic sees them: running ones, and those being
-        pre-checked (they hold their placement and, once admitted, run until their limit)."""
-        running: list[RunningJob] = []
-        now = self.clock()
-        for job in self.state.holding():
-            held = self.state.placements(job)
-            flavor = self.state.flavor(held[0][0]) if held else None
-            if flavor is None:
-                continue
-            # A job being moved holds both placements until its next attempt starts.
-            placement = [p for _, placement in held for p in placement]
-            ends_at = job.ends_at
-            if job.prechecking and job.duration_seconds is not None:  # as if it started now
-                ends_at = now + timedelta(seconds=job.duration_seconds) - job.ran_before
-            running.append(RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=placement,
-                                      ends_at=ends_at, can_grow=job.status == "running" and not job.moving,
-                                      excluded_nodes=frozenset(job.excluded_nodes)))
-        return running
+        return running_jobs(self.state, self.clock())
 
-    def predict(self, spec: JobSpec) -> Prediction:
-        """S6 for `spec` as if it were submitted now (the caller holds the lock)."""
-        return self.predictions.predict(spec, now=self.clock(), inputs=self.prediction_inputs,
-                                        duration_seconds=spec.max_duration_seconds)
+    async def predict(self, spec: JobSpec) -> Prediction:
+        """S6 for `spec` as if it were submitted now. Planned in a worker thread, without the lock: the
+        loop goes on meanwhile (cycles, commands, events); the plan reads copies of the state taken
+        when its turn comes."""
+        forecast = await self.predictions.forecast_in_thread(
+            spec, clock=self.clock, inputs=self.prediction_inputs, duration_seconds=spec.max_duration_seconds)
+        return forecast.prediction
 
     def prediction_inputs(self) -> PlanInputs:
-        return PlanInputs(queue=self.queued_jobs(), nodes=self.capacity(), flavors=self.flavors(),
-                          running=self.running_jobs(), jobs=self.state.jobs)
+        return plan_inputs(self.state, self.clock())
 
     def fold(self, envelope: EventEnvelope) -> None:
         """Fold an event into the state; the prediction cache learns what changed (and how long jobs ran)."""
@@ -300,6 +279,62 @@ class Scheduler:
                 with span_tracer.start_as_current_span("scheduler fail", context=context_from_headers(job.trace)):
                     await self.append([(job.job_id, JobFailed(job_id=job.job_id, reason=failure.reason,
                                                               exit_code=failure.exit_code))])
+
+
+# --- what the decision logic sees of the state ----------------------------------------------------------------
+
+
+def node_capacity(state: SchedulerState) -> list[NodeCapacity]:
+    """The schedulable nodes and what is free on each."""
+    used = state.used()
+    return [NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
+            for name, n in state.nodes.items() if n.schedulable]
+
+
+def cluster_flavors(state: SchedulerState) -> dict[str, Flavor]:
+    return {f.name: f for f in state.cluster.flavors}
+
+
+def queued_jobs(state: SchedulerState, now: datetime) -> list[QueuedJob]:
+    # The decision logic reads priority from the spec: give it the current one (S3).
+    return [QueuedJob(j.job_id, j.spec if j.spec.priority == j.priority
+                      else msgspec.structs.replace(j.spec, priority=j.priority), j.duration_seconds,
+                      state.avoided_nodes(j, now, RECHECK_AFTER))
+            for j in state.queue()]
+
+
+def running_jobs(state: SchedulerState, now: datetime) -> list[RunningJob]:
+    """Jobs that hold resources, as the decision logic sees them: running ones, and those being
+    pre-checked (they hold their placement and, once admitted, run until their limit)."""
+    running: list[RunningJob] = []
+    for job in state.holding():
+        held = state.placements(job)
+        flavor = state.flavor(held[0][0]) if held else None
+        if flavor is None:
+            continue
+        # A job being moved holds both placements until its next attempt starts.
+        placement = [p for _, placement in held for p in placement]
+        ends_at = job.ends_at
+        if job.prechecking and job.duration_seconds is not None:  # as if it started now
+            ends_at = now + timedelta(seconds=job.duration_seconds) - job.ran_before
+        running.append(RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=placement,
+                                  ends_at=ends_at, can_grow=job.status == "running" and not job.moving,
+                                  excluded_nodes=frozenset(job.excluded_nodes)))
+    return running
+
+
+def plan_inputs(state: SchedulerState, now: datetime) -> PlanInputs:
+    """What a prediction plans from, copied: the plan runs in a worker thread while the event loop
+    changes the state."""
+    queue, running = queued_jobs(state, now), running_jobs(state, now)
+    jobs = state.jobs
+    facts = {held.job_id: JobFacts.of(jobs[held.job_id]) for held in running}
+    for queued in queue:  # its limit is parsed already
+        job = jobs[queued.job_id]
+        facts[job.job_id] = JobFacts(job.spec, job.creator, job.flavor, job.started_at, job.ended_at,
+                                     queued.duration_seconds)
+    return PlanInputs(queue=queue, nodes=node_capacity(state), flavors=cluster_flavors(state), running=running,
+                      jobs=facts)
 
 
 # --- decisions on one job (pure: the state in, the events to record out) -----------------------------------

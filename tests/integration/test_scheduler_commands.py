@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
 import uuid
 from collections.abc import AsyncIterator
@@ -17,12 +18,13 @@ from libs.auth import bearer_headers, issue_token
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import encode
-from libs.contracts.events import EventEnvelope, JobSubmitted, PrecheckCompleted
+from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, PrecheckCompleted
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, ModelRef, OutputRef
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
 from services.scheduler.service import Scheduler
+from tests.unit.test_prediction import GatedModel
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.yaml"
@@ -41,13 +43,23 @@ class Schedulers:
         self.settings = Settings(nats_url=nats_url, database_url=database_url, storage_root=storage,
                                  auth_secret=SECRET)
         self.running: list[ServiceRuntime] = []
+        self.started: list[Scheduler] = []
 
     async def start(self) -> None:
         runtime = ServiceRuntime("scheduler", self.settings)
         await runtime.start()
-        await Scheduler(runtime, ClusterConfig.load(CLUSTER)).start()
+        scheduler = Scheduler(runtime, ClusterConfig.load(CLUSTER))
+        await scheduler.start()
         await runtime.listen()
         self.running.append(runtime)
+        self.started.append(scheduler)
+
+    def gate_planning(self) -> GatedModel:
+        """Make the latest scheduler's next prediction stop half-way through its plan until released."""
+        gate = GatedModel()
+        self.started[-1].predictions.runtimes = gate
+        gate.armed = True
+        return gate
 
     async def stop_all(self) -> None:
         while self.running:
@@ -191,3 +203,38 @@ async def test_history_holds_the_monitors_events_and_the_submit_records_the_crea
         assert isinstance(submitted, JobSubmitted) and submitted.creator_email == "alice@example.com"
     finally:
         await api.close()
+
+
+async def test_a_submission_being_planned_holds_up_neither_other_commands_nor_its_own_retry(
+        client: TrainyardClient, schedulers: Schedulers) -> None:
+    other = await client.submit(spec("other"))
+    gate = schedulers.gate_planning()
+    submitting = asyncio.create_task(client.submit(spec("new"), job_id="job-00000000abcd"))
+    retried = asyncio.create_task(client.submit(spec("new"), job_id="job-00000000abcd"))
+    await gate.planning()
+    # While the new job is planned, the scheduler answers a command that takes its lock, and a query.
+    await client.stop([other.job_id])
+    assert (await client.get_job(other.job_id)).job.status == "stopped"
+    assert not submitting.done() and not retried.done()
+    gate.released.set()
+    answers = [await submitting, await retried]
+    assert sorted(a.created for a in answers) == [False, True] and {a.status for a in answers} == {"queued"}
+    history = await client.events("job-00000000abcd")
+    assert [type(e.event).name() for e in history] == ["JobSubmitted", "JobPredicted"]
+    predicted = history[1].event
+    assert isinstance(predicted, JobPredicted) and predicted.prediction.predicted_at <= history[0].recorded_at
+    assert (await client.get_job("job-00000000abcd")).job.prediction == predicted.prediction
+
+
+async def test_a_prediction_being_planned_does_not_hold_up_other_commands(
+        client: TrainyardClient, schedulers: Schedulers) -> None:
+    queued = await client.submit(spec("queued"))
+    gate = schedulers.gate_planning()
+    asking = asyncio.create_task(client.predict(spec()))
+    await gate.planning()
+    await client.stop([queued.job_id])
+    assert (await client.get_job(queued.job_id)).job.status == "stopped"
+    assert not asking.done()
+    gate.released.set()
+    prediction = await asking
+    assert not prediction.starts_now and prediction.position == 1  # no nodes: it fits nowhere
