@@ -20,7 +20,8 @@ class Prediction(Struct, frozen=True, kw_only=True):
     """S6: would a job start now, and if not, where it would wait and when it would likely start.
 
     `estimated_start` is the likely start, going by how long similar jobs really ran; `latest_start`
-    the start if every job ahead ran to its duration limit (an upper bound, but for backfill). Either
+    the start planned as if every job ran to its duration limit (not a bound: jobs behind may still
+    be backfilled ahead of it, and later jobs of a higher priority go first). Either
     is None when it cannot be bounded: the job waits for running jobs that have no duration limit, or
     it fits on no node of the cluster at all (`reason` says which).
     """

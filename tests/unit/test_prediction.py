@@ -8,19 +8,30 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
 import msgspec
-from hypothesis import given, settings
+from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
+from libs.contracts.cluster import Resources
 from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, JobSucceeded
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
-from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob
-from services.scheduler.prediction import Expected, forecast, insertion_index, predict, predict_queue
+from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, eligible, holdings, schedule
+from services.scheduler.prediction import (
+    Expected,
+    Plan,
+    Planner,
+    forecast,
+    insertion_index,
+    plan_queue,
+    predict,
+    predict_queue,
+)
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, expected_runtimes
 from tests.unit.test_placement import (
     FLAVORS,
     NOW,
+    admitted,
     busy,
     elastic_spec,
     node,
@@ -28,7 +39,7 @@ from tests.unit.test_placement import (
     run_on,
     spec,
 )
-from tests.unit.test_scheduling_properties import SETTINGS, job_specs, scenarios
+from tests.unit.test_scheduling_properties import SETTINGS, Scenario, job_specs, scenarios
 
 
 def at(seconds: int) -> datetime:
@@ -402,3 +413,178 @@ async def test_a_prediction_given_up_while_its_thread_plans_leaves_the_cache_usa
     waiting = asyncio.create_task(cache.forecast_in_thread(spec(3), clock=lambda: NOW, inputs=lambda: inputs))
     model.released.set()
     assert (await waiting).prediction == fresh(inputs, model, spec(3), NOW)
+
+
+# --- backfill in the plan: jobs planned into gaps ahead of the jobs before them ---------------------------
+
+
+def two_nodes_freeing_apart() -> tuple[list[NodeCapacity], list[RunningJob]]:
+    """a frees up in 10 minutes, b in an hour."""
+    running = [run_on("r1", ["a"], ends_in=600), run_on("r2", ["b"], ends_in=3600)]
+    return busy([node(n, cpus=4) for n in "ab"], running), running
+
+
+def test_a_short_job_is_planned_into_the_gap_ahead_of_a_big_one() -> None:
+    nodes, running = two_nodes_freeing_apart()
+    # "big" needs a and b, from 10:00; a is idle from 09:10 until then.
+    queue = [queued("big", 2, duration=3600), queued("short", duration=1800), queued("long", duration=7200)]
+    plans = plan_queue(queue, nodes, FLAVORS, running=running, now=NOW)
+    assert {job_id: plan.start for job_id, plan in plans.items()} == {
+        "big": at(3600), "short": at(600), "long": at(7200)}
+    assert [p.node for p in plans["short"].placement] == ["a"] and plans["short"].waits_for == ["r1"]
+    prediction = predict(spec(1), queue[:1], nodes, FLAVORS, running=running, now=NOW, duration_seconds=1800)
+    assert prediction.estimated_start == at(600) and (prediction.position, prediction.jobs_ahead) == (2, 1)
+    assert prediction.reason == "Waits behind 1 job; expected to start at 09:10 UTC when r1 ends."
+
+
+def test_a_gap_is_used_only_by_a_job_that_ends_before_what_is_planned_after_it() -> None:
+    nodes, running = two_nodes_freeing_apart()
+    queue = [queued("big", 2, duration=3600)]
+    # 50 minutes of the gap's 50 fit; a minute more, or no limit at all, and it waits for "big" to end.
+    for seconds, start in ((3000, 600), (3060, 7200), (None, 7200)):
+        prediction = predict(spec(1), queue, nodes, FLAVORS, running=running, now=NOW, duration_seconds=seconds)
+        assert prediction.estimated_start == at(start), seconds
+
+
+def test_a_job_in_a_gap_delays_no_job_planned_before_it() -> None:
+    nodes, running = two_nodes_freeing_apart()
+    big = [queued("big", 2, duration=3600)]
+    alone = plan_queue(big, nodes, FLAVORS, running=running, now=NOW)["big"]
+    plans = plan_queue([*big, queued("short", duration=1800), queued("short-2", duration=1200)], nodes, FLAVORS,
+                       running=running, now=NOW)
+    assert plans["big"] == alone
+    # The gap on a (50 minutes) holds the first short job (30); the second (20) fits in what is left.
+    assert (plans["short"].start, plans["short-2"].start) == (at(600), at(2400))
+
+
+def test_the_likely_plan_backfills_into_gaps_that_early_ends_open() -> None:
+    nodes, running = two_nodes_freeing_apart()
+    queue = [queued("big", 2, duration=3600)]
+    # By their limits a is free for 50 minutes before "big"; r1 likely ends at 09:05, so for 55 in the
+    # likely plan: a 55-minute job fits there only in the likely plan.
+    result = forecast(spec(1), queue, nodes, FLAVORS, running=running, now=NOW, duration_seconds=3300,
+                      expected=Expected(ends={"r1": at(300)}))
+    assert (result.prediction.estimated_start, result.latest_start) == (at(300), at(7200))
+
+
+def test_a_multi_node_job_is_planned_where_all_its_nodes_are_free_together() -> None:
+    running = [run_on("r1", ["a"], ends_in=600), run_on("r2", ["b"], ends_in=1200), run_on("r3", ["c"], ends_in=600),
+               run_on("r4", ["d"], ends_in=7200)]
+    nodes = busy([node(n, cpus=4) for n in "abcd"], running)
+    # "all" waits for d; a and c are idle from 09:10, b from 09:20, all three until 11:00.
+    queue = [queued("all", 4, duration=3600), queued("pair", 2, duration=3600), queued("trio", 3, duration=3600)]
+    plans = plan_queue(queue, nodes, FLAVORS, running=running, now=NOW)
+    assert {job_id: plan.start for job_id, plan in plans.items()} == {"all": at(7200), "pair": at(600),
+                                                                      "trio": at(10_800)}
+    assert sorted(p.node for p in plans["pair"].placement) == ["a", "c"]
+
+
+def test_a_gap_before_a_job_without_a_limit_takes_the_nodes_for_good_still_gives_an_estimate() -> None:
+    running = [run_on("r1", ["a"], ends_in=600), run_on("r2", ["b"], ends_in=1200)]
+    nodes = busy([node(n, cpus=4) for n in "ab"], running)
+    # "forever" holds a and b from 09:20 on; a is idle from 09:10 until then.
+    queue = [queued("forever", 2), queued("short", duration=300), queued("long", duration=900)]
+    plans = plan_queue(queue, nodes, FLAVORS, running=running, now=NOW, until="long")
+    assert (plans["forever"].start, plans["short"].start, plans["long"].start) == (at(1200), at(600), None)
+    assert plans["long"].waits_for == ["forever"]
+
+
+def test_a_fork_plans_apart_from_its_original() -> None:
+    nodes, running = two_nodes_freeing_apart()
+    queue = [queued("big", 2, duration=3600), queued("short", duration=1800)]
+    planner = Planner(nodes, FLAVORS, running, NOW, schedule(queue, nodes, FLAVORS, running=running, now=NOW),
+                      queue, None)
+    planner.plan(queue[:1])
+    twin = planner.fork()
+    assert twin.plan_job(queue[1]).start == at(600)  # into the gap on a
+    # The original never saw "short": the gap is still free there, and the fork keeps its own plan.
+    assert planner.plan_job(queued("other", duration=3000)).start == at(600)
+    assert twin.plan_job(queued("other", duration=3000)).start == at(7200)
+
+
+@dataclass(frozen=True)
+class Use:
+    """A stretch of time in which a job holds resources on a node."""
+
+    start: datetime
+    end: datetime | None
+    held: Resources
+
+
+def uses(scenario: Scenario, plans: dict[str, Plan], queue: list[QueuedJob]) -> dict[str, list[Use]]:
+    """Per node, what running and planned jobs hold, and when."""
+    durations = {job.job_id: job.duration_seconds for job in queue}
+    found: dict[str, list[Use]] = {n.info.name: [] for n in scenario.nodes}
+    for job in scenario.running:
+        if job.ends_at is not None:  # free from its end on: the nodes' free amounts count it as held now
+            for name, amount in holdings(job.placement, job.flavor).items():
+                found[name].append(Use(max(job.ends_at, NOW), None, Resources() - amount))
+    for job_id, plan in plans.items():
+        if plan.start is None or plan.flavor is None:
+            continue
+        seconds = durations[job_id]
+        end = None if seconds is None else plan.start + timedelta(seconds=seconds)
+        for name, amount in holdings(plan.placement, scenario.flavors[plan.flavor]).items():
+            found[name].append(Use(plan.start, end, amount))
+    return found
+
+
+def free_at(scenario: Scenario, found: dict[str, list[Use]], name: str, moment: datetime) -> Resources:
+    free = next(n.free for n in scenario.nodes if n.info.name == name)
+    for use in found[name]:
+        if use.start <= moment and (use.end is None or moment < use.end):
+            free = free - use.held
+    return free
+
+
+def likely(scenario: Scenario, data: st.DataObject) -> tuple[list[QueuedJob], list[RunningJob]]:
+    """The scenario with random likely runtimes: running jobs end earlier (or, without a limit, at some
+    point), queued jobs run shorter."""
+    ends = {job.job_id: NOW + timedelta(seconds=data.draw(st.sampled_from([0, 120, 900, 2400])))
+            for job in scenario.running if data.draw(st.booleans())}
+    seconds = {job.job_id: data.draw(st.sampled_from([30, 240, 1200])) for job in scenario.queue
+               if data.draw(st.booleans())}
+    expected = Expected(ends=ends, seconds=seconds)
+    return expected.queue(scenario.queue), expected.running(scenario.running)
+
+
+@settings(SETTINGS, max_examples=300)
+@given(scenarios(), st.data())
+def test_planned_jobs_never_overcommit_a_node_at_any_time(scenario: Scenario, data: st.DataObject) -> None:
+    queue, running = likely(scenario, data) if data.draw(st.booleans()) else (scenario.queue, scenario.running)
+    scenario = replace(scenario, queue=queue, running=running)
+    plans = plan_queue(queue, scenario.nodes, scenario.flavors, running=running, now=NOW)
+    found = uses(scenario, plans, queue)
+    for name, stretches in found.items():
+        for moment in {NOW, *(use.start for use in stretches)}:
+            free = free_at(scenario, found, name, moment)
+            assert free.cpus >= -1e-9 and free.memory_mib >= 0 and free.accelerators >= 0, (name, moment)
+
+
+@settings(SETTINGS, max_examples=300)
+@given(scenarios(), st.data())
+def test_a_one_rank_job_is_planned_at_the_earliest_time_it_fits_around_the_jobs_before_it(
+        scenario: Scenario, data: st.DataObject) -> None:
+    flavor = data.draw(st.sampled_from(sorted(scenario.flavors)))
+    seconds = data.draw(st.sampled_from([None, 60, 600, 3600]))
+    queue = [*scenario.queue, QueuedJob("one", spec(1, [flavor]), seconds)]
+    plans = plan_queue(queue, scenario.nodes, scenario.flavors, running=scenario.running, now=NOW)
+    ahead = {job_id: plan for job_id, plan in plans.items() if job_id != "one"}
+    assume(all(plan.start is not None or plan.unplaceable for plan in ahead.values()))  # no nodes set aside
+    found = uses(scenario, ahead, queue)
+    need = Resources.of_flavor(scenario.flavors[flavor])
+    moments = sorted({NOW, *(u.start for stretch in found.values() for u in stretch),
+                      *(u.end for stretch in found.values() for u in stretch if u.end is not None)})
+    moments = [moment for moment in moments if moment >= NOW]
+
+    def fits(name: str, start: datetime) -> bool:
+        end = None if seconds is None else start + timedelta(seconds=seconds)
+        return all(need.fits_in(free_at(scenario, found, name, moment))
+                   for moment in [start, *(m for m in moments if m > start and (end is None or m < end))])
+
+    job_spec = queue[-1].spec
+    assume("one" not in admitted(schedule(queue, scenario.nodes, scenario.flavors, running=scenario.running,
+                                          now=NOW)))  # started now, ahead of the plans of the jobs before it
+    eligible_nodes = [n.info.name for n in scenario.nodes if eligible(n.info, job_spec, scenario.flavors[flavor])]
+    earliest = next((moment for moment in moments if any(fits(name, moment) for name in eligible_nodes)), None)
+    assert plans["one"].start == earliest
