@@ -90,16 +90,19 @@ def workspace_mounts(spec: JobSpec, *, task_index: int | None = None, job_id: st
     return [ref.mount for ref in workspace_layout(spec, task_index=task_index, job_id=job_id)]
 
 
-def missing_inputs(spec: JobSpec, root: Path) -> list[FieldError]:
-    """Inputs the spec names that shared storage under `root` does not hold."""
+def job_storage(spec: JobSpec) -> list[StorageRef]:
+    """What the job mounts on any of its nodes, each spec field once (a batch job's shared fields as
+    its first task mounts them)."""
     tasks: list[int | None] = list(range(len(spec.tasks))) if spec.type == "batch" else [None]
-    seen: set[str] = set()
-    errors: list[FieldError] = []
+    refs: dict[str, StorageRef] = {}
     for task in tasks:
         for ref in workspace_layout(spec, task_index=task):
-            if not ref.must_exist or ref.field in seen or (root / ref.mount.source).is_dir():
-                continue
-            seen.add(ref.field)
-            errors.append(FieldError(field=ref.field, message=f"{ref.mount.source} does not exist in shared storage",
-                                     hint="check the name and version, or upload it to shared storage first"))
-    return errors
+            refs.setdefault(ref.field, ref)
+    return list(refs.values())
+
+
+def missing_inputs(spec: JobSpec, root: Path) -> list[FieldError]:
+    """Inputs the spec names that shared storage under `root` does not hold."""
+    return [FieldError(field=ref.field, message=f"{ref.mount.source} does not exist in shared storage",
+                       hint="check the name and version, or upload it to shared storage first")
+            for ref in job_storage(spec) if ref.must_exist and not (root / ref.mount.source).is_dir()]

@@ -126,14 +126,14 @@ class Scheduler:
         self._applied(stored)
 
     async def append_settings(self, event: Event) -> None:
-        stored = await self.rt.store.append([NewEvent(*SETTINGS_AGGREGATE, event)],
-                                            expected_versions={SETTINGS_AGGREGATE: self.state.settings_version},
-                                            trace=current_trace_headers())
-        self._applied(stored)
+        await self._append_to(SETTINGS_AGGREGATE, self.state.settings_version, event)
 
     async def append_storage_access(self, event: Event) -> None:
-        stored = await self.rt.store.append([NewEvent(*STORAGE_AGGREGATE, event)],
-                                            expected_versions={STORAGE_AGGREGATE: self.state.storage_version},
+        await self._append_to(STORAGE_AGGREGATE, self.state.storage_version, event)
+
+    async def _append_to(self, aggregate: tuple[str, str], version: int, event: Event) -> None:
+        """Append to one of the scheduler's single-instance aggregates, at the version folded so far."""
+        stored = await self.rt.store.append([NewEvent(*aggregate, event)], expected_versions={aggregate: version},
                                             trace=current_trace_headers())
         self._applied(stored)
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import Access, FieldError, JobSpec
 from libs.contracts.scheduling import STORAGE_FOLDERS, StoredAccess, StoredKind
-from libs.storage import workspace_layout
+from libs.storage import job_storage
 
 RANK: dict[Access, int] = {"none": 0, "read-only": 1, "read-write": 2}
 KIND_OF_FOLDER: dict[str, StoredKind] = {folder: kind for kind, folder in STORAGE_FOLDERS.items()}
@@ -44,15 +44,12 @@ class ResourceUse:
 
 def resource_uses(spec: JobSpec) -> list[ResourceUse]:
     """Every resource of shared storage the job mounts on any node (each field once)."""
-    tasks: list[int | None] = list(range(len(spec.tasks))) if spec.type == "batch" else [None]
-    uses: dict[str, ResourceUse] = {}
-    for task in tasks:
-        for ref in workspace_layout(spec, task_index=task):
-            folder, _, rest = ref.mount.source.partition("/")
-            kind = KIND_OF_FOLDER.get(folder)
-            if kind is not None and ref.field not in uses:
-                uses[ref.field] = ResourceUse(ref.field, kind, rest.split("/")[0], not ref.mount.read_only)
-    return list(uses.values())
+    uses: list[ResourceUse] = []
+    for ref in job_storage(spec):
+        folder, _, rest = ref.mount.source.partition("/")
+        if (kind := KIND_OF_FOLDER.get(folder)) is not None:
+            uses.append(ResourceUse(ref.field, kind, rest.split("/")[0], not ref.mount.read_only))
+    return uses
 
 
 def own_access(entry: StoredAccess | None, identity: Identity, *, sharing_enabled: bool) -> Access:
