@@ -18,10 +18,10 @@ $(STAMP): pyproject.toml deploy/local/system-packages.sh
 ## Start NATS, PostgreSQL, the four services and two node agents, then run the example job.
 up: install
 	$(PY) -m libs.devstack up
-	$(PY) -m libs.devstack demo
+	$(PY) -m client.demo
 
 demo: install
-	$(PY) -m libs.devstack demo
+	$(PY) -m client.demo
 
 down:
 	$(PY) -m libs.devstack down
@@ -36,6 +36,7 @@ test: install
 lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
+	$(VENV)/bin/lint-imports
 
 ## Regenerate docs/schemas/ from the contracts.
 schemas: install

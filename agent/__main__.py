@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import signal
 from pathlib import Path
 
 import msgspec
@@ -12,9 +11,8 @@ import msgspec
 from agent.agent import NodeAgent
 from agent.resources import describe_host, parse_accelerators
 from libs.contracts.cluster import AgentConfig, ClusterConfig
+from libs.entrypoint import run
 from libs.settings import Settings
-from libs.telemetry.logs import configure_logging
-from libs.telemetry.tracing import configure_tracing, shutdown_tracing
 
 
 def _config(args: argparse.Namespace) -> AgentConfig:
@@ -40,7 +38,7 @@ def _read_config(args: argparse.Namespace) -> AgentConfig:
                        accelerators=[parse_accelerators(a) for a in args.accelerators], pools=args.pool)
 
 
-async def main() -> None:
+def _arguments() -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m agent", description=__doc__)
     parser.add_argument("--name", required=True, help="node name (lower-case DNS label)")
     parser.add_argument("--config", help="take this node's settings from a cluster config file")
@@ -52,21 +50,37 @@ async def main() -> None:
     parser.add_argument("--pool", action="append", default=[], help="dedicated resource pool")
     parser.add_argument("--root", type=Path, default=Path(".trainyard/agents"),
                         help="where job workspaces are created (a folder per node is made inside)")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+class RunningAgent:
+    """A started node agent as `libs.entrypoint.run` keeps it: up until SIGTERM or SIGINT, then closed."""
+
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    async def stopped(self) -> None:
+        # Nothing stops a started agent on its own (a refused registration fails its start instead).
+        await asyncio.Event().wait()
+
+    async def close(self) -> None:
+        await self.agent.close()
+
+
+async def started(args: argparse.Namespace) -> RunningAgent:
+    """Check the node's settings, then start its agent: registered with the monitor and answering."""
     settings = Settings()
-    configure_logging("agent")
-    configure_tracing(f"agent-{args.name}")
     agent = NodeAgent(describe_host(_config(args)), nats_url=settings.nats_url,
                       root=args.root.resolve() / args.name, storage=settings.storage_root)
-    await agent.start()
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await agent.close()
-    shutdown_tracing()
+    await agent.start()  # a refused registration raises SystemExit with the monitor's reason
+    return RunningAgent(agent)
+
+
+def main() -> None:
+    # The node's name is known before anything starts: the agent traces as agent-<name>.
+    args = _arguments()
+    run("agent", lambda: started(args), trace_as=f"agent-{args.name}")
 
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    main()

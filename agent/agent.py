@@ -3,6 +3,7 @@
 - registers the host with the monitor and sends heartbeats;
 - answers start/stop requests from the launcher; a repeated start of the same (job, attempt,
   rank) is acknowledged without starting anything, and a stopped attempt never starts again;
+- answers every request, a malformed one with the reason (agent/requests.py);
 - runs each node of a job as a process group in its workspace (a bwrap sandbox, or plain folders
   where bwrap cannot run: see agent/workspace.py), ships its output to JetStream in
   numbered chunks, and reports start and exit as JetStream messages whose ids make retries harmless;
@@ -24,11 +25,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
-import msgspec
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from agent.health import probe, resource_checks
@@ -43,6 +42,7 @@ from agent.kept import (
     write_environment,
 )
 from agent.process import ProcessGroup, kill_leftovers, remove_record, write_record
+from agent.requests import Later, Responder
 from agent.sessions import Session
 from agent.signals import Attempt, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
@@ -70,17 +70,16 @@ from libs.contracts.agent import (
     UsageSample,
 )
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.codec import decode, encode
+from libs.contracts.codec import encode
 from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
 from libs.messaging.connection import connect, ensure_streams
-from libs.messaging.rpc import ServiceUnavailable, call, error_for_decode_failure
+from libs.messaging.rpc import ServiceUnavailable, call
 from libs.settings import Settings
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, tracer
+from libs.telemetry.tracing import current_trace_headers
 
 log = get_logger(__name__)
-span_tracer = tracer("trainyard.agent")
 LOG_FLUSH_SECONDS = 0.2
 LOG_CHUNK_LINES = 200
 LOG_CHUNK_CHARACTERS = 128 * 1024  # and no more text: a chunk, even of escaped characters, is one NATS message
@@ -122,18 +121,6 @@ def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in environ.items() if k not in PRIVATE_VARIABLES}
 
 
-Request = TypeVar("Request")
-
-
-async def decoded_or_refused(msg: Msg, request_type: type[Request]) -> Request | None:
-    """The request in `msg`; a malformed one is answered with the reason (its sender waits for a reply)."""
-    try:
-        return decode(msg.data, request_type)
-    except msgspec.DecodeError as exc:
-        await msg.respond(encode(error_for_decode_failure(exc)))
-        return None
-
-
 class NodeAgent:
     def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path,
                  health_probe_seconds: float | None = None) -> None:
@@ -152,7 +139,7 @@ class NodeAgent:
         self.nc: Client
         self.js: JetStreamContext
         self._tasks: list[asyncio.Task[Any]] = []
-        self._execs: set[asyncio.Task[None]] = set()  # exec finishers and stops under way
+        self._execs: set[asyncio.Task[None]] = set()  # exec finishers under way
 
     async def start(self) -> None:
         try:
@@ -163,12 +150,13 @@ class NodeAgent:
         self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
-        await self.nc.subscribe(subjects.agent_start(self.info.name), cb=self._on_start)
-        await self.nc.subscribe(subjects.agent_stop(self.info.name), cb=self._on_stop)
-        await self.nc.subscribe(subjects.agent_exec(self.info.name), cb=self._on_exec)
-        await self.nc.subscribe(subjects.agent_precheck(self.info.name), cb=self._on_precheck)
-        await self.nc.subscribe(subjects.agent_release(self.info.name), cb=self._on_release)
-        await self.nc.subscribe(subjects.agent_open_session(self.info.name), cb=self._on_open_session)
+        requests, name = Responder(self.nc, self.info.name), self.info.name
+        await requests.serve(subjects.agent_start(name), StartProcess, self._on_start)
+        await requests.serve(subjects.agent_stop(name), StopProcesses, self._on_stop)
+        await requests.serve(subjects.agent_exec(name), ExecInJob, self._on_exec)
+        await requests.serve(subjects.agent_precheck(name), PrecheckNode, self._on_precheck)
+        await requests.serve(subjects.agent_release(name), ReleaseWorkspaces, self._on_release)
+        await requests.serve(subjects.agent_open_session(name), OpenSession, self._on_open_session)
         await self._end_leftovers()
         self.health = await self._probe()
         await self._register()
@@ -252,42 +240,29 @@ class NodeAgent:
             except Exception as exc:  # a probe that breaks must not end the heartbeats' source
                 log.exception("agent.probe_failed", node=self.info.name, error=repr(exc))
 
-    async def _on_precheck(self, msg: Msg) -> None:
-        request = await decoded_or_refused(msg, PrecheckNode)
-        if request is None:
-            return
+    async def _on_precheck(self, request: PrecheckNode) -> PrecheckReport:
         self.health = await self._probe()
         checks = [*self.health, *await asyncio.to_thread(resource_checks, request, self.info)]
         log.info("agent.prechecked", job_id=request.job_id, node=self.info.name,
                  problems=[str(c) for c in checks if not c.healthy])
-        await msg.respond(encode(PrecheckReport(node=self.info.name, checks=checks)))
+        return PrecheckReport(node=self.info.name, checks=checks)
 
     # --- requests from the launcher ---------------------------------------------------------------
 
-    async def _on_start(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, StartProcess)
-        except msgspec.ValidationError as exc:
-            log.warning("agent.bad_request", error=str(exc))
-            return
+    async def _on_start(self, request: StartProcess) -> ProcessAccepted | CommandError:
+        if not SAFE_ID.match(request.job_id):  # it names the node's folder
+            return CommandError(code="invalid-request", message=f"{request.job_id!r} is not a job id")
         key = (request.job_id, request.attempt, request.launch.task, request.launch.rank)
         known = key in self.nodes or (request.job_id, request.attempt) in self.stopped_attempts
         if not known:
-            trace = {k: v for k, v in (msg.headers or {}).items() if k in ("traceparent", "tracestate")}
+            # The node's reports continue the trace of this request.
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
-                               task=request.launch.task,
-                               trace=trace)
+                               task=request.launch.task, trace=current_trace_headers())
             self.nodes[key] = node
-            with span_tracer.start_as_current_span("agent start", context=context_from_headers(msg.headers)):
-                node.runner = asyncio.create_task(self._run(node, request))
-        await msg.respond(encode(ProcessAccepted(already_known=known)))
+            node.runner = asyncio.create_task(self._run(node, request))
+        return ProcessAccepted(already_known=known)
 
-    async def _on_stop(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, StopProcesses)
-        except msgspec.ValidationError as exc:
-            log.warning("agent.bad_request", error=str(exc))
-            return
+    async def _on_stop(self, request: StopProcesses) -> Later:
         if request.task is None:
             self.stopped_attempts.add((request.job_id, request.attempt))
         targets = [n for n in self.nodes.values()
@@ -301,50 +276,40 @@ class NodeAgent:
             except ValueError as exc:  # still stop the job, as a plain stop
                 log.warning("agent.bad_checkpoint_signal", job_id=request.job_id, error=str(exc))
         attempt = Attempt(request.job_id, request.attempt, self.info.name, request.task)
-        # A subscription's callbacks run one at a time: a job's long graceful shutdown must not hold
-        # up the stops of other jobs on this node, so each stop runs in a task of its own.
-        task = asyncio.create_task(self._stop(msg, request, attempt, groups, checkpoint, len(targets)))
-        self._execs.add(task)
-        task.add_done_callback(self._execs.discard)
+        # A job's long graceful shutdown must not hold up the stops of other jobs on this node: the
+        # reply comes once the processes are gone, while other requests are answered.
+        return Later(self._stop(request, attempt, groups, checkpoint, len(targets)))
 
-    async def _stop(self, msg: Msg, request: StopProcesses, attempt: Attempt, groups: list[ProcessGroup],
-                    checkpoint: signal.Signals | None, processes: int) -> None:
+    async def _stop(self, request: StopProcesses, attempt: Attempt, groups: list[ProcessGroup],
+                    checkpoint: signal.Signals | None, processes: int) -> Stopped:
         if checkpoint is not None:
             log.info("agent.checkpoint_signal", job_id=request.job_id, attempt=request.attempt, node=self.info.name,
                      signal=checkpoint.name, grace_seconds=request.grace_seconds)
         signalled = await stop_attempt(attempt, groups, request.grace_seconds, checkpoint)
         log.info("agent.stopped", job_id=request.job_id, attempt=request.attempt, node=self.info.name,
                  processes=processes, checkpoint_signal=request.checkpoint_signal, signalled=signalled)
-        with contextlib.suppress(Exception):
-            await msg.respond(encode(Stopped(stopped=processes)))
+        return Stopped(stopped=processes)
 
-    async def _on_exec(self, msg: Msg) -> None:
-        try:
-            request = decode(msg.data, ExecInJob)
-        except msgspec.ValidationError as exc:
-            log.warning("agent.bad_request", error=str(exc))
-            return
+    async def _on_exec(self, request: ExecInJob) -> ProcessAccepted | CommandError:
+        """Start the command now and answer; its exit code goes to `reply_to` when it ends."""
         node = next((n for n in self.nodes.values()
                      if (n.job_id, n.attempt, n.task) == (request.job_id, request.attempt, request.task)
                      and n.group is not None and n.workspace is not None and n.runner and not n.runner.done()), None)
         if node is None or node.workspace is None:
-            await msg.respond(encode(CommandError(
-                code="not-found", message=f"job {request.job_id} attempt {request.attempt} does not run on "
-                                          f"{self.info.name}")))
-            return
+            return CommandError(code="not-found", message=f"job {request.job_id} attempt {request.attempt} "
+                                                          f"does not run on {self.info.name}")
         argv = node.workspace.command(["/bin/sh", "-c", request.command])
         group = ProcessGroup(argv, node.env, node.workspace.cwd, node.workspace.root / "exec.log")
         try:
             await group.start()
         except OSError as exc:
-            await msg.respond(encode(CommandError(code="internal", message=f"cannot start the command: {exc}")))
-            return
+            return CommandError(code="internal", message=f"cannot start the command: {exc}")
         node.execs.append(group)  # a stop of the job reaches it too
-        await msg.respond(encode(ProcessAccepted(already_known=False)))
         log.info("agent.exec_started", job_id=request.job_id, pid=group.pid)
         task = asyncio.create_task(self._finish_exec(node, group, request.reply_to))
         self._execs.add(task)
         task.add_done_callback(self._execs.discard)
+        return ProcessAccepted(already_known=False)
 
     async def _finish_exec(self, node: RunningNode, group: ProcessGroup, reply_to: str) -> None:
         code = await group.pump(lambda line: self._collect(node, line))
@@ -363,43 +328,37 @@ class NodeAgent:
         kept = read_environment(directory)
         return None if kept is None else (kept, directory)
 
-    async def _on_open_session(self, msg: Msg) -> None:
-        request = await decoded_or_refused(msg, OpenSession)
-        if request is None:
-            return
+    async def _on_open_session(self, request: OpenSession) -> SessionOpened | CommandError:
+        """Start a debug session and answer; the session then lives on its own subjects until it ends."""
         bound = log.bind(job_id=request.job_id, attempt=request.attempt, task=request.task, rank=request.rank,
                          node=self.info.name, session_id=request.session_id)
         if not (SAFE_ID.match(request.session_id) and SAFE_ID.match(request.job_id)):
-            await msg.respond(encode(CommandError(
-                code="invalid-request", message="session and job ids are letters, digits, '-' and '_' only")))
-            return
+            return CommandError(code="invalid-request",
+                                message="session and job ids are letters, digits, '-' and '_' only")
         if request.session_id in self.sessions:
-            await msg.respond(encode(CommandError(
-                code="conflict", message=f"session {request.session_id} is already open on {self.info.name}")))
-            return
+            return CommandError(code="conflict",
+                                message=f"session {request.session_id} is already open on {self.info.name}")
         found = self._environment(request.job_id, request.attempt, request.task, request.rank)
         if found is None:
             bound.info("agent.session_refused")
-            await msg.respond(encode(CommandError(
+            return CommandError(
                 code="not-found",
                 message=f"no environment of job {request.job_id} attempt {request.attempt} task {request.task} "
                         f"rank {request.rank} on {self.info.name}: it does not run here, and was not kept or "
                         "was already released",
                 hint="open a terminal while the job runs, or within the retention time of a job that keeps its "
-                     "environment (debug terminal)")))
-            return
+                     "environment (debug terminal)")
         environment, directory = found
         session = Session(self.nc, self.info.name, request, environment, directory)
         try:
             pid = await session.start()
         except OSError as exc:
             bound.warning("agent.session_not_started", error=str(exc))
-            await msg.respond(encode(CommandError(code="internal", message=f"cannot start the session: {exc}")))
-            return
+            return CommandError(code="internal", message=f"cannot start the session: {exc}")
         self.sessions[request.session_id] = session
         assert session.done is not None
         session.done.add_done_callback(lambda _: self.sessions.pop(request.session_id, None))
-        await msg.respond(encode(SessionOpened(session_id=request.session_id, pid=pid)))
+        return SessionOpened(session_id=request.session_id, pid=pid)
 
     async def _end_sessions(self, sessions: list[Session]) -> None:
         for session in sessions:
@@ -408,14 +367,9 @@ class NodeAgent:
         if done:
             await asyncio.wait(done, timeout=SESSION_CLOSE_SECONDS)
 
-    async def _on_release(self, msg: Msg) -> None:
-        request = await decoded_or_refused(msg, ReleaseWorkspaces)
-        if request is None:
-            return
+    async def _on_release(self, request: ReleaseWorkspaces) -> Released | CommandError:
         if not SAFE_ID.match(request.job_id):
-            await msg.respond(encode(CommandError(code="invalid-request",
-                                                  message=f"{request.job_id!r} is not a job id")))
-            return
+            return CommandError(code="invalid-request", message=f"{request.job_id!r} is not a job id")
         running = [n for n in self.nodes.values() if n.job_id == request.job_id and n.workspace is not None
                    and n.runner is not None and not n.runner.done()]
         for node in running:
@@ -434,7 +388,7 @@ class NodeAgent:
                 continue
             removed += 1
         log.info("agent.workspaces_released", job_id=request.job_id, node=self.info.name, removed=removed)
-        await msg.respond(encode(Released(removed=removed)))
+        return Released(removed=removed)
 
     # --- running one node of a job ----------------------------------------------------------------
 

@@ -27,12 +27,14 @@ import time
 from datetime import datetime
 from pathlib import Path
 
+from client.api import TrainyardClient
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
+from libs.devstack.harness import Stack
+from libs.devstack.provision import provide_servers
 from libs.devstack.servers import create_database
-from tests.e2e.conftest import Stack
-from tests.servers import provide_servers
 
 CLUSTER = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "cluster-resilient.yaml"
+DrillStack = Stack[TrainyardClient]
 
 
 def job(drills: int) -> JobSpec:
@@ -42,7 +44,7 @@ def job(drills: int) -> JobSpec:
                    checkpoint_resume=CheckpointResume(max_resumes=drills + 1, graceful_shutdown_seconds=20))
 
 
-def signal_sent_after(stack: Stack, node: str, since: float) -> float | None:
+def signal_sent_after(stack: DrillStack, node: str, since: float) -> float | None:
     """Seconds from `since` (epoch) to the agent's first checkpoint signal after it, from its JSON log."""
     path = stack.home / "logs" / f"agent-{node}.log"
     for line in path.read_text(errors="replace").splitlines():
@@ -54,7 +56,7 @@ def signal_sent_after(stack: Stack, node: str, since: float) -> float | None:
     return None
 
 
-async def wait_running(stack: Stack, job_id: str, after_attempt: int, timeout: float = 180) -> tuple[int, str]:
+async def wait_running(stack: DrillStack, job_id: str, after_attempt: int, timeout: float = 180) -> tuple[int, str]:
     api = await stack.api()
     async with asyncio.timeout(timeout):
         while True:
@@ -66,17 +68,17 @@ async def wait_running(stack: Stack, job_id: str, after_attempt: int, timeout: f
             await asyncio.sleep(0.05)
 
 
-async def count_lines(stack: Stack, job_id: str, pattern: str) -> int:
+async def count_lines(stack: DrillStack, job_id: str, pattern: str) -> int:
     return sum(bool(re.search(pattern, line)) for line in await stack.logs(job_id))
 
 
-async def wait_for_line(stack: Stack, job_id: str, pattern: str, count: int, timeout: float = 120) -> None:
+async def wait_for_line(stack: DrillStack, job_id: str, pattern: str, count: int, timeout: float = 120) -> None:
     async with asyncio.timeout(timeout):
         while await count_lines(stack, job_id, pattern) < count:
             await asyncio.sleep(0.05)
 
 
-async def drill(stack: Stack, kind: str, drills: int) -> list[dict[str, float | None]]:
+async def drill(stack: DrillStack, kind: str, drills: int) -> list[dict[str, float | None]]:
     api = await stack.up()
     accepted = await api.submit(job(drills))
     attempt, node = await wait_running(stack, accepted.job_id, 0)
@@ -117,13 +119,12 @@ async def main_async(args: argparse.Namespace) -> None:
         home.chmod(0o755)
         with provide_servers(home / "servers") as servers:
             await create_database(servers.postgres_admin_url, "drill")
-            stack = Stack(home / "stack", servers.nats_url, servers.database_url("drill"), cluster=CLUSTER)
+            stack = DrillStack(home / "stack", servers.nats_url, servers.database_url("drill"),
+                               connect=TrainyardClient.open, cluster=CLUSTER)
             try:
                 results = await drill(stack, args.kind, args.drills)
             finally:
-                if stack.client is not None:
-                    await stack.client.close()
-                stack.processes.stop_all()
+                await stack.close()
     print(f"\n{args.kind}: {args.drills} drills")
     print(f"fault -> checkpoint signal sent   {median([r['signal'] for r in results])}")
     print(f"fault -> checkpoint saved         {median([r['saved'] for r in results])}")

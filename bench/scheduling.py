@@ -37,10 +37,11 @@ from services.scheduler.placement import (
     holdings,
     schedule,
 )
+from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction import insertion_index, predict, predict_queue
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits
-from services.scheduler.service import plan_inputs
+from services.scheduler.snapshot import plan_inputs
 from services.scheduler.state import SchedulerState
 
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
@@ -215,7 +216,8 @@ def scheduler_state(infos: list[NodeInfo], running: list[RunningJob], queue: lis
     return state
 
 
-async def on_the_loop(cache: PredictionCache, spec: JobSpec, inputs: Callable[[], PlanInputs]) -> tuple[float, float]:
+async def on_the_loop(planning: PlanningThread, spec: JobSpec, inputs: Callable[[], PlanInputs],
+                      ) -> tuple[float, float]:
     """A prediction planned in a worker thread: how long it took, and the longest the event loop was
     held meanwhile (a task that asks to run every millisecond notes how late it ran)."""
     done = False
@@ -231,7 +233,7 @@ async def on_the_loop(cache: PredictionCache, spec: JobSpec, inputs: Callable[[]
     ticker = asyncio.create_task(ticking())
     await asyncio.sleep(0)
     began = time.perf_counter()
-    await cache.forecast_in_thread(spec, clock=lambda: START, inputs=inputs)
+    await planning.forecast(spec, clock=lambda: START, inputs=inputs)
     took = time.perf_counter() - began
     done = True
     await ticker
@@ -350,9 +352,9 @@ def main() -> None:
 
     async def in_threads() -> None:
         for spec in probes[: max(1, args.repeats // 2)]:  # a new cache each time: cold, then warm
-            cache = PredictionCache(model)
-            threaded_cold.append(await on_the_loop(cache, spec, functools.partial(plan_inputs, state, START)))
-            threaded_warm.append(await on_the_loop(cache, spec, functools.partial(plan_inputs, state, START)))
+            planning = PlanningThread(PredictionCache(model))
+            threaded_cold.append(await on_the_loop(planning, spec, functools.partial(plan_inputs, state, START)))
+            threaded_warm.append(await on_the_loop(planning, spec, functools.partial(plan_inputs, state, START)))
 
     asyncio.run(in_threads())
     plan_all = timed(lambda: predict_queue(queue, nodes, FLAVORS, running=running, now=START),

@@ -16,8 +16,6 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
-import jwt
-
 from libs.contracts.identity import AUTH_HEADER, Identity
 
 ALGORITHM = "HS256"
@@ -39,10 +37,14 @@ def issue_token(secret: str, identity: Identity, *, ttl_seconds: int = DEFAULT_T
                                  "admin": identity.admin, "iat": now, "exp": now + ttl_seconds}
     if identity.email:
         claims["email"] = identity.email
+    import jwt  # here, not at the top: a CLI command that only sends a token need not load PyJWT
+
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
 def verify_token(secret: str, token: str) -> Identity:
+    import jwt
+
     try:
         claims = jwt.decode(token, secret, algorithms=[ALGORITHM], issuer=ISSUER,
                             options={"require": ["exp", "iat", "sub", "iss"]})

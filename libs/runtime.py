@@ -1,14 +1,14 @@
 """The process shell every service shares: connections, its event store, relay and lifecycle.
 
-A service module builds on a `ServiceRuntime`: it rebuilds its state from `runtime.store`, adds
-followers and responders, then calls `runtime.serve()`, which runs until SIGTERM/SIGINT.
+A service (libs.eventsourced) builds on a `ServiceRuntime`: it rebuilds its state from `runtime.store`,
+adds followers and responders, then `listen()` starts answering. `libs.entrypoint.run` keeps the
+process up until SIGTERM/SIGINT or until `stopped()` returns (a background task crashed).
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
 from collections.abc import Coroutine
 from typing import Any
 
@@ -21,7 +21,7 @@ from libs.eventstore import EventStore, OutboxRelay
 from libs.messaging.connection import connect, ensure_streams
 from libs.settings import Settings
 from libs.telemetry.logs import configure_logging, get_logger
-from libs.telemetry.tracing import configure_tracing, shutdown_tracing
+from libs.telemetry.tracing import configure_tracing
 
 log = get_logger(__name__)
 
@@ -77,14 +77,9 @@ class ServiceRuntime:
             await connection.flush()
         log.info("service.ready")
 
-    async def serve(self) -> None:
-        """Start answering requests and run until asked to stop."""
-        await self.listen()
-        loop = asyncio.get_running_loop()
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            loop.add_signal_handler(sig, self._stopping.set)
+    async def stopped(self) -> None:
+        """Return when a background task crashed and the service must stop."""
         await self._stopping.wait()
-        await self.close()
 
     async def close(self, timeout: float = 10.0) -> None:
         """Stop answering, end the background tasks, then close connections; every step is bounded,
@@ -103,4 +98,3 @@ class ServiceRuntime:
             await asyncio.wait_for(self.pool.close(), timeout)
         except (TimeoutError, Exception):
             self.pool.terminate()
-        shutdown_tracing()

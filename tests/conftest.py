@@ -14,8 +14,8 @@ import pytest_asyncio
 from nats.js.errors import NotFoundError
 
 from libs.contracts import subjects
+from libs.devstack.provision import Servers, provide_servers
 from libs.devstack.servers import create_database
-from tests.servers import Servers, provide_servers
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,7 @@
-"""`python -m libs.devstack up | down | status | demo`: the one-command local stack (SPEC X5)."""
+"""`python -m libs.devstack up | down | status`: the one-command local stack (SPEC X5).
+
+`make up` then runs the example job with `python -m client.demo`.
+"""
 
 from __future__ import annotations
 
@@ -12,7 +15,6 @@ from pathlib import Path
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 
 from libs.contracts.cluster import ClusterConfig
 from libs.devstack.servers import (
@@ -36,7 +38,6 @@ from libs.devstack.stack import (
     home_dir,
     local_stack_urls,
     provision_auth,
-    read_stack_env,
     seed_storage,
     stack_env,
     start_platform,
@@ -95,28 +96,39 @@ def up() -> None:
     start_platform(processes, CLUSTER, home / "agents")
     expected = {n.name for n in ClusterConfig.load(CLUSTER).nodes}
     console.print(f"[dim]started {', '.join(SERVICES)} and {len(expected)} node agent(s); waiting for nodes[/]")
+    token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text().strip()
     try:
-        asyncio.run(_wait_for_nodes(nats_url, expected, timeout=90))
+        asyncio.run(_wait_for_nodes(nats_url, token, expected, timeout=90))
     except TimeoutError as exc:
         console.print(f"[red]error:[/] {exc}; see the logs in {home / 'logs'}")
         raise typer.Exit(1) from None
     console.print(f"[green]the stack is up[/]: NATS {nats_url}, logs in {home / 'logs'}, storage in {storage}")
 
 
-async def _wait_for_nodes(nats_url: str, expected: set[str], timeout: float) -> None:
-    from client.api import TrainyardClient
-    from libs.messaging.rpc import ServiceUnavailable
+async def _wait_for_nodes(nats_url: str, token: str, expected: set[str], timeout: float) -> None:
+    """Ask the scheduler for the nodes, as any client would, until every expected one is ready."""
+    from libs.contracts import subjects
+    from libs.contracts.messages import CommandError, ListNodes, NodeList
+    from libs.messaging.connection import connect_once
+    from libs.messaging.rpc import ServiceUnavailable, call
 
     deadline = time.monotonic() + timeout
-    async with TrainyardClient.connect(nats_url) as client:
+    nc = await connect_once(nats_url, "trainyard-devstack")
+    try:
         while time.monotonic() < deadline:
             try:
-                ready = {n.info.name for n in await client.nodes() if n.status == "ready"}
-                if expected <= ready:
+                reply = await call(nc, subjects.LIST_NODES, ListNodes(), token=token)
+                if isinstance(reply, CommandError):
+                    raise RuntimeError(f"the scheduler refused to list the nodes: {reply.message}")
+                if isinstance(reply, NodeList) and expected <= {n.info.name for n in reply.nodes
+                                                                if n.status == "ready"}:
                     return
             except ServiceUnavailable:
                 pass
             await asyncio.sleep(0.5)
+    finally:
+        with contextlib.suppress(Exception):
+            await nc.drain()
     raise TimeoutError(f"nodes {sorted(expected)} did not all register within {timeout:g}s")
 
 
@@ -153,40 +165,6 @@ def status() -> None:
     for pid_file in pid_files:
         state = "[green]running[/]" if _alive(pid_file) else "[red]exited[/]"
         console.print(f"{pid_file.stem:20} {state}")
-
-
-@app.command()
-def demo(spec: Path = typer.Argument(REPO_ROOT / "examples" / "pytorch-ddp.yaml")) -> None:
-    """Submit the example job to the running stack, follow it to the end, show its outputs."""
-    env = read_stack_env()
-    if not env:
-        console.print("[red]error:[/] the stack is not running; start it with `make up`")
-        raise typer.Exit(1)
-    status_ok = asyncio.run(_demo(env["NATS_URL"], spec, Path(env["TRAINYARD_STORAGE"])))
-    raise typer.Exit(0 if status_ok else 1)
-
-
-async def _demo(nats_url: str, spec_path: Path, storage: Path) -> bool:
-    from client.api import TrainyardClient
-    from client.cli import follow_job
-    from libs.contracts.jobspec import decode_spec
-
-    spec = decode_spec(spec_path.read_bytes(), yaml=True)
-    async with TrainyardClient.connect(nats_url) as client:
-        accepted = await client.submit(spec)
-        console.print(f"submitted [bold]{accepted.job_id}[/] ({escape(spec.name)}) from {spec_path.name}")
-        job = await follow_job(client, accepted.job_id)
-    if job.status != "succeeded":
-        console.print(f"[red]{job.job_id} {job.status}[/]: {escape(job.reason or '')}")
-        return False
-    outputs = storage / "outputs" / (spec.output.name if spec.output else "")
-    console.print(f"[green]{job.job_id} succeeded[/]; its outputs are in {outputs}:")
-    for path in sorted(outputs.rglob("*")):
-        if path.is_file():
-            console.print(f"  {path.relative_to(outputs)}  ({path.stat().st_size} bytes)")
-    console.print("the stack stays up; try .venv/bin/trainyard list | show JOB | logs JOB | events JOB, "
-                  "and `make down` to stop it")
-    return True
 
 
 if __name__ == "__main__":

@@ -1,8 +1,8 @@
 """The local stack: servers, the four services and the node agents as separate processes.
 
 `python -m libs.devstack up` starts everything under `.trainyard/` (or $TRAINYARD_HOME) and leaves
-it running; `down` stops it; `demo` runs the example job. Tests use `ProcessSet` to run the same
-processes and kill them at will.
+it running; `down` stops it (`python -m client.demo` runs the example job on it). The whole-stack
+harness (`harness.py`) uses `ProcessSet` to run the same processes and kill them at will.
 """
 
 from __future__ import annotations

@@ -3,16 +3,17 @@
 A responder decodes the request into its contract type, runs the handler inside a span that
 continues the caller's trace, and always answers: with the handler's reply, or with a
 `CommandError` that says what was wrong. Nothing reaches the handler that failed to decode.
+
+Callers (the CLI among them) import this module for `call` alone, so faststream and the service
+logger are imported by the functions that register responders, not here.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
-from faststream.nats import NatsBroker
-from faststream.nats.annotations import NatsMessage
 from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
@@ -23,10 +24,10 @@ from libs.contracts.identity import Identity
 from libs.contracts.jobspec import SpecError, field_error_from_msgspec
 from libs.contracts.messages import CommandError, Reply
 from libs.contracts.strict import decode_strict
-from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 
-log = get_logger(__name__)
+if TYPE_CHECKING:
+    from faststream.nats import NatsBroker
 
 RequestHandler = Callable[[Any], Awaitable[Any]]
 AuthenticatedHandler = Callable[[Any, Identity], Awaitable[Any]]
@@ -67,6 +68,11 @@ def register_all_authenticated(broker: NatsBroker, service: str,
 def _register(broker: NatsBroker, service: str, subject: str, request_type: object,
               handler: Callable[[Any, Any], Awaitable[Any]], secret: str | None,
               queue: str | None) -> None:
+    from faststream.nats.annotations import NatsMessage
+
+    from libs.telemetry.logs import get_logger
+
+    log = get_logger(__name__)
     span_tracer = tracer(f"trainyard.{service}")
 
     async def respond(msg: NatsMessage) -> bytes:
@@ -95,6 +101,9 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
                                      hint=f"see the {service} log for details")
             return encode(reply)
 
+    # faststream injects the message by the parameter's annotation, which is a string here (PEP 563)
+    # naming a name this module does not hold: give it the type itself.
+    respond.__annotations__["msg"] = NatsMessage
     broker.subscriber(subject, queue=queue or f"trainyard-{service}")(respond)
 
 

@@ -9,14 +9,15 @@ spans join one trace from submit through scheduler, launcher and agent.
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
-from opentelemetry import context as otel_context
-from opentelemetry import trace
-from opentelemetry.propagate import extract, inject
-from opentelemetry.sdk.resources import Resource
-from opentelemetry.sdk.trace import TracerProvider
-from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+# OpenTelemetry is imported by the functions that use it: a process that only sends requests (the
+# CLI) never traces, and importing the SDK would cost it a good share of its start-up.
+if TYPE_CHECKING:
+    from opentelemetry import context as otel_context
+    from opentelemetry import trace
 
 _configured = False
 
@@ -26,6 +27,11 @@ def configure_tracing(service: str) -> None:
     if _configured:
         return
     _configured = True
+    from opentelemetry import trace
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
+
     mode = os.environ.get("TRAINYARD_TRACES", "off").lower()
     provider = TracerProvider(resource=Resource.create({"service.name": f"trainyard-{service}"}))
     exporter: SpanExporter | None = None
@@ -41,21 +47,32 @@ def configure_tracing(service: str) -> None:
 
 
 def shutdown_tracing() -> None:
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
     provider = trace.get_tracer_provider()
     if isinstance(provider, TracerProvider):
         provider.shutdown()
 
 
 def tracer(name: str) -> trace.Tracer:
+    from opentelemetry import trace
+
     return trace.get_tracer(name)
 
 
 def current_trace_headers() -> dict[str, str]:
     """The current context as headers (`traceparent`, `tracestate`) to put on a NATS message."""
+    if "opentelemetry.context" not in sys.modules:
+        return {}  # nothing has loaded OpenTelemetry, so no span is open: nothing to pass on
+    from opentelemetry.propagate import inject
+
     carrier: dict[str, str] = {}
     inject(carrier)
     return carrier
 
 
 def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Context:
+    from opentelemetry.propagate import extract
+
     return extract(dict(headers or {}))

@@ -1,19 +1,7 @@
 """Run the autoscaler service: `python -m services.autoscaler`."""
 
-from __future__ import annotations
-
-import asyncio
-
-from libs.runtime import ServiceRuntime
-from services.autoscaler.service import SERVICE, Autoscaler
-
-
-async def main() -> None:
-    runtime = ServiceRuntime(SERVICE)
-    await runtime.start()
-    await Autoscaler(runtime).start()
-    await runtime.serve()
-
+from libs.entrypoint import run
+from services.autoscaler.service import Autoscaler
 
 if __name__ == "__main__":
-    asyncio.run(main())
+    run(Autoscaler.name, Autoscaler.started)

@@ -1,50 +1,34 @@
-"""The autoscaler's view of demand: which jobs wait, for which flavors, and which run."""
+"""The autoscaler's view of demand: which jobs wait, for which flavors, and which run.
+
+It is the shared job-lifecycle fold (libs.lifecycle) read for demand: a job placed and being
+pre-checked holds its nodes and asks for no new ones (M1); one requeued after a failed pre-check or a
+fault (J12) waits again.
+"""
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
 
-from libs.contracts.events import (
-    EventEnvelope,
-    JobAdmitted,
-    JobDeleted,
-    JobExpired,
-    JobFailed,
-    JobPrecheckFailed,
-    JobPrechecking,
-    JobRequeued,
-    JobStopped,
-    JobSubmitted,
-    JobSucceeded,
-)
+from libs.contracts.events import EventEnvelope
+from libs.lifecycle import JobLifecycle
 
 
 @dataclass
 class DemandState:
-    queued: dict[str, list[str]] = field(default_factory=dict)  # job id -> acceptable flavors
-    running: set[str] = field(default_factory=set)
-    flavors: dict[str, list[str]] = field(default_factory=dict)  # of every job not ended yet
+    lifecycle: JobLifecycle = field(default_factory=JobLifecycle)
 
     def apply(self, envelope: EventEnvelope) -> None:
-        event = envelope.event
-        if isinstance(event, JobSubmitted):
-            self.flavors[event.job_id] = list(event.spec.flavors)
-            self.queued[event.job_id] = list(event.spec.flavors)
-        elif isinstance(event, JobPrechecking):
-            # Placed: its nodes are held while they are checked, so it asks for no new ones (M1).
-            self.queued.pop(event.job_id, None)
-        elif isinstance(event, JobPrecheckFailed | JobRequeued) and event.job_id in self.flavors:
-            # Waiting for nodes again: after a failed pre-check, or moved off a faulty node (J12).
-            self.queued[event.job_id] = self.flavors[event.job_id]
-            self.running.discard(event.job_id)
-        elif isinstance(event, JobAdmitted):
-            self.queued.pop(event.job_id, None)
-            self.running.add(event.job_id)
-        elif isinstance(event, JobSucceeded | JobFailed | JobStopped | JobExpired | JobDeleted):
-            self.queued.pop(event.job_id, None)
-            self.running.discard(event.job_id)
-            self.flavors.pop(event.job_id, None)
+        self.lifecycle.apply(envelope)
+
+    @property
+    def queued(self) -> dict[str, list[str]]:
+        """Waiting jobs and the flavors each could use."""
+        return {j.job_id: list(j.spec.flavors) for j in self.lifecycle.jobs.values() if j.waiting and not j.deleted}
+
+    @property
+    def running(self) -> set[str]:
+        return {j.job_id for j in self.lifecycle.jobs.values() if j.status == "running" and not j.deleted}
 
     def queued_by_flavor(self) -> dict[str, int]:
         """Queued jobs per flavor they could use (a job with two flavors counts for both)."""

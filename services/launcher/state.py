@@ -1,4 +1,9 @@
-"""The launcher's state: its launches (own events) and what it needs from the scheduler's events.
+"""The launcher's state: its launches (own events), the jobs' lifecycle, and what only it needs to know.
+
+What state a job is in (its spec, resumes, the administrator's settings) is the shared fold of the
+scheduler's events (libs.lifecycle). Beside it the launcher keeps what is its own, keyed by the
+scheduler's aggregate id: which jobs it must end, which failed attempt a new one follows, and the
+nodes lost under an attempt.
 
 An attempt the scheduler stops is reported LaunchStopped once it is down. So is a failed attempt the
 scheduler follows with a new one (a fault restart, J13; a resume, J12): the next attempt may only
@@ -10,18 +15,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from libs.contracts.events import (
-    Event,
     EventEnvelope,
     JobAdmitted,
     JobExpiring,
     JobFailed,
-    JobRequeued,
     JobRescaling,
     JobRestarting,
     JobResuming,
     JobStopped,
     JobStopRequested,
-    JobSubmitted,
     JobSucceeded,
     LaunchFailed,
     LaunchPlanned,
@@ -31,10 +33,10 @@ from libs.contracts.events import (
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
-    SettingsChanged,
 )
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import AdminSettings
+from libs.lifecycle import JobLifecycle
 
 FIRST_MASTER_PORT = 29500
 
@@ -50,7 +52,6 @@ class Launch:
     job_id: str
     attempt: int
     nodes: list[NodeLaunch]
-    version: int
     started: dict[Unit, int] = field(default_factory=dict)  # -> pid
     exited: dict[Unit, int] = field(default_factory=dict)  # -> exit code
     lost: set[Unit] = field(default_factory=set)  # on nodes that stopped answering
@@ -97,34 +98,33 @@ class Launch:
         return next(n for n in self.nodes if (n.task, n.rank) == unit)
 
 
+# The scheduler's events after which the launcher ends a job's current attempt: a stop requested, past
+# its duration limit, moved to a new placement, resuming after a fault, restarting, failed elsewhere,
+# finished.
+_ENDS_ATTEMPT = (JobStopRequested, JobExpiring, JobRescaling, JobResuming, JobRestarting, JobFailed, JobStopped,
+                 JobSucceeded)
+
+
 @dataclass
 class LauncherState:
-    specs: dict[str, JobSpec] = field(default_factory=dict)
-    admissions: dict[str, JobAdmitted] = field(default_factory=dict)
-    # Jobs the scheduler wants ended (stop requested, past their duration limit, being moved to a new
-    # placement, resuming after a fault, restarting, failed elsewhere, finished).
-    ending: set[str] = field(default_factory=set)
+    lifecycle: JobLifecycle = field(default_factory=JobLifecycle)
     launches: dict[str, Launch] = field(default_factory=dict)
-    versions: dict[str, int] = field(default_factory=dict)
+    # Jobs whose current attempt the launcher must end (see _ENDS_ATTEMPT), until their next admission.
+    ending: set[str] = field(default_factory=set)
     # Per job, the attempt the scheduler follows with a new one once it is down (J12 resume, J13 restart).
     renewing: dict[str, int] = field(default_factory=dict)
     # Per job, the attempt and the nodes lost under it: their processes are given up at once (J12).
     lost_nodes: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
-    resumes: dict[str, int] = field(default_factory=dict)  # M4: told to the job's next attempt
-    settings: AdminSettings = field(default_factory=AdminSettings)  # the cap on graceful shutdowns
+
+    # --- folds ----------------------------------------------------------------------------------------
 
     def apply(self, envelope: EventEnvelope) -> None:
+        """Fold one of the launcher's own events."""
         event = envelope.event
-        if envelope.service == "scheduler":
-            self._apply_scheduler_event(event)
-            return
-        if envelope.service != "launcher":
-            return
-        self.versions[envelope.aggregate_id] = envelope.version
         if isinstance(event, LaunchPlanned):
-            self.launches[event.job_id] = Launch(job_id=event.job_id, attempt=event.attempt,
-                                                 nodes=list(event.nodes), version=envelope.version,
-                                                 trace=envelope.trace, base_port=event.base_port)
+            self.launches[envelope.aggregate_id] = Launch(job_id=event.job_id, attempt=event.attempt,
+                                                          nodes=list(event.nodes), trace=envelope.trace,
+                                                          base_port=event.base_port)
             return
         launch = self.launches.get(envelope.aggregate_id)
         if launch is None or getattr(event, "attempt", None) != launch.attempt:
@@ -142,30 +142,43 @@ class LauncherState:
         elif isinstance(event, LaunchStopped):
             launch.outcome = "stopped"
 
-    def _apply_scheduler_event(self, event: Event) -> None:
-        if isinstance(event, SettingsChanged):
-            self.settings = event.settings
+    def apply_scheduler(self, envelope: EventEnvelope) -> None:
+        """Fold one of the scheduler's events: the job's lifecycle, then what the launcher must do."""
+        self.lifecycle.apply(envelope)
+        if envelope.aggregate_type != "job":
             return
-        job_id = getattr(event, "job_id", "")
-        if isinstance(event, JobSubmitted):
-            self.specs[job_id] = event.spec
-        elif isinstance(event, JobAdmitted):
-            self.admissions[job_id] = event
+        job_id, event = envelope.aggregate_id, envelope.event
+        if isinstance(event, JobAdmitted):
             self.ending.discard(job_id)
             self.renewing.pop(job_id, None)
             self.lost_nodes.pop(job_id, None)
-        elif isinstance(event, JobResuming | JobRestarting):
+            return
+        if isinstance(event, _ENDS_ATTEMPT):
             self.ending.add(job_id)
+        if isinstance(event, JobResuming | JobRestarting):
             self.renewing[job_id] = event.attempt
             if isinstance(event, JobResuming) and event.lost_nodes:
                 self.lost_nodes[job_id] = (event.attempt, set(event.lost_nodes))
-        elif isinstance(event, JobRequeued):
-            self.resumes[job_id] = event.resumes
         elif isinstance(event, JobFailed | JobStopped | JobSucceeded):
-            self.ending.add(job_id)
             self.renewing.pop(job_id, None)  # no next attempt follows
-        elif isinstance(event, JobStopRequested | JobExpiring | JobRescaling):
-            self.ending.add(job_id)
+
+    # --- what the scheduler told ----------------------------------------------------------------------
+
+    def spec(self, job_id: str) -> JobSpec | None:
+        job = self.lifecycle.jobs.get(job_id)
+        return job.spec if job is not None else None
+
+    def resumes(self, job_id: str) -> int:
+        """M4: how often the job resumed so far, told to its next attempt."""
+        job = self.lifecycle.jobs.get(job_id)
+        return job.resumes if job is not None else 0
+
+    @property
+    def settings(self) -> AdminSettings:
+        """The administrator's settings: the cap on graceful shutdowns."""
+        return self.lifecycle.settings
+
+    # --- launches -------------------------------------------------------------------------------------
 
     def stop_wanted(self, launch: Launch) -> bool:
         return launch.job_id in self.ending or launch.outcome is not None

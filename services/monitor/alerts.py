@@ -13,7 +13,7 @@ from collections.abc import Iterable, Sequence
 from libs.contracts.events import AlertRaised, JobFailed, JobResuming
 from libs.contracts.health import NodeCheck
 from libs.contracts.scheduling import AdminSettings
-from services.monitor.jobs import FollowedJob
+from libs.lifecycle import JobRecord
 from services.monitor.performance import Incident
 
 
@@ -46,17 +46,17 @@ def recipients(creator_email: str | None, operators: Iterable[str]) -> list[str]
     return list(dict.fromkeys([*([creator_email] if creator_email else []), *operators]))
 
 
-def _job_label(job: FollowedJob) -> str:
+def _job_label(job: JobRecord) -> str:
     return f"{job.spec.name} ({job.job_id})"
 
 
-def _jobs_note(jobs: Sequence[FollowedJob]) -> str:
+def _jobs_note(jobs: Sequence[JobRecord]) -> str:
     if not jobs:
         return "No job runs there."
     return "Jobs running there: " + ", ".join(_job_label(j) for j in jobs) + "."
 
 
-def node_unhealthy(node: str, version: int, problems: Sequence[str], jobs: Sequence[FollowedJob],
+def node_unhealthy(node: str, version: int, problems: Sequence[str], jobs: Sequence[JobRecord],
                    operators: Sequence[str]) -> AlertRaised:
     return AlertRaised(
         alert_id=node_unhealthy_id(node, version), kind="node-unhealthy", title=f"Node {node} is unhealthy",
@@ -65,7 +65,7 @@ def node_unhealthy(node: str, version: int, problems: Sequence[str], jobs: Seque
         recipients=recipients(None, operators), node=node)
 
 
-def node_lost(node: str, version: int, reason: str, jobs: Sequence[FollowedJob],
+def node_lost(node: str, version: int, reason: str, jobs: Sequence[JobRecord],
               operators: Sequence[str]) -> AlertRaised:
     return AlertRaised(
         alert_id=node_lost_id(node, version), kind="node-lost", title=f"Node {node} was lost",
@@ -73,7 +73,7 @@ def node_lost(node: str, version: int, reason: str, jobs: Sequence[FollowedJob],
         recipients=recipients(None, operators), node=node)
 
 
-def job_resuming(job: FollowedJob, event: JobResuming, settings: AdminSettings,
+def job_resuming(job: JobRecord, event: JobResuming, settings: AdminSettings,
                  operators: Sequence[str]) -> AlertRaised:
     nodes = sorted({*event.lost_nodes, *event.exclude_nodes})
     return AlertRaised(
@@ -85,7 +85,7 @@ def job_resuming(job: FollowedJob, event: JobResuming, settings: AdminSettings,
         node=nodes[0] if len(nodes) == 1 else None)
 
 
-def precheck_failed(job: FollowedJob | None, job_id: str, attempt: int, checks: Sequence[NodeCheck],
+def precheck_failed(job: JobRecord | None, job_id: str, attempt: int, checks: Sequence[NodeCheck],
                     operators: Sequence[str]) -> AlertRaised:
     failed = [c for c in checks if not c.passed]
     label = _job_label(job) if job else job_id
@@ -98,7 +98,7 @@ def precheck_failed(job: FollowedJob | None, job_id: str, attempt: int, checks: 
         node=failed[0].node if len(failed) == 1 else None)
 
 
-def performance(job: FollowedJob | None, incident: Incident, operators: Sequence[str]) -> AlertRaised:
+def performance(job: JobRecord | None, incident: Incident, operators: Sequence[str]) -> AlertRaised:
     rule = incident.rule
     label = _job_label(job) if job else incident.job_id
     then = "the job is moved to other nodes" if rule.action == "reschedule" else "the job goes on"
@@ -112,7 +112,7 @@ def performance(job: FollowedJob | None, incident: Incident, operators: Sequence
         node=incident.node)
 
 
-def checkpoint_job_failed(job: FollowedJob, event: JobFailed, settings: AdminSettings,
+def checkpoint_job_failed(job: JobRecord, event: JobFailed, settings: AdminSettings,
                           operators: Sequence[str]) -> AlertRaised:
     limit = job.max_resumes(settings)
     used = f"after {job.resumes} of at most {limit} resumes" if job.resumes else "without a resume"

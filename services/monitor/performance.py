@@ -4,7 +4,7 @@ Jobs print `this iteration hardware time is H and e2e time is E ms` once per ite
 (job, attempt, rank) the last `window` ratios are kept; when the window is full and its mean is
 past the threshold (above it, or below it) an incident opens, once; it closes when the mean is back
 on the other side, and a later crossing opens the next one. Nothing here does I/O: the monitor feeds
-log chunks in and records what comes out.
+the scheduler's events (which attempts to watch) and log chunks in, and records what comes out.
 
 Log lines are many and performance lines few, so a chunk is scanned as one string: most chunks are
 passed over by a single substring search, and the rest by one regular-expression scan.
@@ -19,8 +19,24 @@ from collections.abc import MutableMapping, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobDeleted,
+    JobExpired,
+    JobExpiring,
+    JobFailed,
+    JobRequeued,
+    JobRescaling,
+    JobRestarting,
+    JobResuming,
+    JobStopped,
+    JobStopRequested,
+    JobSucceeded,
+)
 from libs.contracts.health import PERFORMANCE_LINE
 from libs.contracts.jobspec import PerformanceDetection
+from libs.lifecycle import JobRecord
 
 _MARKER = "hardware time is"
 # The contract's pattern with its spaces kept within one line: a chunk is scanned joined, and one
@@ -30,6 +46,9 @@ _finditer = re.compile(PERFORMANCE_LINE.pattern.replace(r"\s", r"[^\S\n]")).find
 _RESYNC_EVERY = 4096
 
 RankKey = tuple[str, int, int]  # (job id, attempt, rank)
+# The current attempt of a job is ending (or moving): its log lines no longer count.
+ATTEMPT_ENDING = (JobResuming, JobRestarting, JobRescaling, JobRequeued, JobExpiring, JobStopRequested,
+                  JobSucceeded, JobFailed, JobStopped, JobExpired, JobDeleted)
 
 
 class ChunkLike(Protocol):
@@ -151,6 +170,17 @@ class PerformanceDetector:
         self.recorded: MutableMapping[RankKey, int] = recorded if recorded is not None else {}
         self._jobs: dict[str, _Watch] = {}
         self._windows: dict[RankKey, RankWindow] = {}
+
+    def follow(self, envelope: EventEnvelope, job: JobRecord | None) -> None:
+        """Follow the scheduler: watch each admitted attempt of a job that asks for detection (`job`,
+        as folded with this event), until that attempt ends or moves."""
+        event = envelope.event
+        if isinstance(event, JobAdmitted):
+            resume = job.spec.checkpoint_resume if job else None
+            if resume is not None and resume.performance is not None:
+                self.watch(event.job_id, event.attempt, resume.performance)
+        elif isinstance(event, ATTEMPT_ENDING):
+            self.unwatch(envelope.aggregate_id)
 
     def watch(self, job_id: str, attempt: int, rule: PerformanceDetection) -> None:
         """Follow `attempt` of the job (and forget its earlier attempts)."""

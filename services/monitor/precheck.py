@@ -2,21 +2,22 @@
 
 A node passes when the monitor knows it, it is not lost, nothing on it is faulty (probed or marked),
 and its agent, asked now, finds enough free resources for the job's ranks there and its boards and
-runtime environment healthy. What the monitor already knows decides first; only the remaining nodes'
-agents are asked, all at once and outside the service lock.
+runtime environment healthy. What the monitor already knows decides first (`plan`, under the
+service lock); only the remaining nodes' agents are asked (`check_nodes`), all at once and outside it.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 
 from nats.aio.client import Client
 
 from libs.contracts import subjects
 from libs.contracts.agent import PrecheckNode, PrecheckReport
 from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, Resources
-from libs.contracts.events import ComponentMarked, Placement
+from libs.contracts.events import ComponentMarked, JobPrechecking, Placement
 from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.messages import CommandError
 from libs.messaging.rpc import ServiceUnavailable, call
@@ -24,6 +25,15 @@ from services.monitor.health import faulty_components, marked_component
 from services.monitor.state import MonitoredNode
 
 AGENT_TIMEOUT_SECONDS = 10.0
+
+
+@dataclass(frozen=True)
+class PrecheckPlan:
+    """What each node needs (in rank order), the verdicts the monitor gives itself, the nodes' marks."""
+
+    needed: dict[str, Resources]
+    known: dict[str, NodeCheck | None]
+    marks: dict[str, dict[str, ComponentMarked]]
 
 
 def failed(node: str, name: str, detail: str) -> NodeCheck:
@@ -50,6 +60,18 @@ def known_verdict(name: str, node: MonitoredNode | None) -> NodeCheck | None:
     return NodeCheck(node=name, passed=False, checks=faulty) if faulty else None
 
 
+def plan(event: JobPrechecking, flavor: Flavor | None, nodes: Mapping[str, MonitoredNode]) -> PrecheckPlan:
+    """The pre-check of a placement: `flavor` is the job's (None when the monitor does not know it)."""
+    names = list(dict.fromkeys(p.node for p in sorted(event.placement, key=lambda p: p.rank)))
+    if flavor is None:
+        unknown = f"the monitor does not know flavor {event.flavor}"
+        return PrecheckPlan(needed={n: Resources() for n in names},
+                            known={n: failed(n, "flavor", unknown) for n in names}, marks={})
+    return PrecheckPlan(needed=demands(event.placement, flavor),
+                        known={n: known_verdict(n, nodes.get(n)) for n in names},
+                        marks={n: dict(node.marks) for n in names if (node := nodes.get(n)) is not None})
+
+
 def with_marks(report: PrecheckReport, name: str, marks: Mapping[str, ComponentMarked]) -> NodeCheck:
     """The agent's fresh probe, with marked components faulty whatever the probe says."""
     checks = {c.key: c for c in report.checks}
@@ -74,12 +96,10 @@ async def ask_agent(nc: Client, job_id: str, name: str, needed: Resources,
     return with_marks(reply, name, marks)
 
 
-async def check_nodes(nc: Client, job_id: str, needed: Mapping[str, Resources],
-                      known: Mapping[str, NodeCheck | None],
-                      marks: Mapping[str, Mapping[str, ComponentMarked]]) -> list[NodeCheck]:
-    """One check per node, in the order of `needed`: the known verdict, else the agent's answer."""
+async def check_nodes(nc: Client, job_id: str, plan: PrecheckPlan) -> list[NodeCheck]:
+    """One check per node, in the order of `plan.needed`: the known verdict, else the agent's answer."""
     async def one(name: str) -> NodeCheck:
-        verdict = known.get(name)
-        return verdict if verdict is not None else await ask_agent(nc, job_id, name, needed[name],
-                                                                   marks.get(name, {}))
-    return list(await asyncio.gather(*(one(name) for name in needed)))
+        verdict = plan.known.get(name)
+        return verdict if verdict is not None else await ask_agent(nc, job_id, name, plan.needed[name],
+                                                                   plan.marks.get(name, {}))
+    return list(await asyncio.gather(*(one(name) for name in plan.needed)))

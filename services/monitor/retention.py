@@ -4,56 +4,33 @@ Agents keep the workspaces of a job with the debug terminal on after its process
 fails or expires the monitor records DebugEnvironmentKept (its last placement's nodes, until the end
 plus the retention: the spec's, else the administrator's `debug_retention`); once that time is past,
 it asks each node's agent to remove them and records DebugEnvironmentReleased. A job that ends any
-other way keeps nothing: its workspaces are released at once.
+other way keeps nothing: its workspaces are released at once. What is kept, and when, is decided in
+`decisions`; this module does the asking.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Iterable
+from collections.abc import Awaitable, Callable, Iterable, Mapping
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
 
 from libs.contracts import subjects
 from libs.contracts.agent import Released, ReleaseWorkspaces
-from libs.contracts.events import DebugEnvironmentKept, DebugEnvironmentReleased
-from libs.contracts.jobspec import parse_duration
 from libs.contracts.messages import CommandError
-from libs.contracts.scheduling import AdminSettings
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
-from services.monitor.jobs import FollowedJob
-from services.monitor.state import KeptEnvironment
-
-if TYPE_CHECKING:
-    from services.monitor.service import Monitor
+from services.monitor.state import KeptEnvironment, MonitoredNode
 
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.monitor")
 AGENT_TIMEOUT_SECONDS = 10.0
 RETRY_SECONDS = 30.0
 CHECK_SECONDS = 5.0
-
-
-def retention_seconds(job: FollowedJob, settings: AdminSettings) -> int:
-    own = job.spec.debug_terminal.retention if job.spec.debug_terminal else None
-    try:
-        return parse_duration(own or settings.debug_retention)
-    except ValueError:  # validated where it was written; this is a last resort
-        return parse_duration(AdminSettings().debug_retention)
-
-
-def kept_event(job: FollowedJob, ended_at: datetime, settings: AdminSettings) -> DebugEnvironmentKept | None:
-    """What to record when a debug-terminal job fails or expires (nothing if it never ran)."""
-    if not job.debug_terminal or not job.placement:
-        return None
-    until = ended_at + timedelta(seconds=retention_seconds(job, settings))
-    return DebugEnvironmentKept(job_id=job.job_id, attempt=job.attempt, nodes=job.nodes, until=until)
 
 
 async def release(nc: Client, job_id: str, nodes: Iterable[str]) -> set[str]:
@@ -74,10 +51,20 @@ async def release(nc: Client, job_id: str, nodes: Iterable[str]) -> set[str]:
 
 
 class Retention:
-    """Releases kept environments whose time is over, and workspaces nobody needs any more."""
+    """Releases kept environments whose time is over, and workspaces nobody needs any more.
 
-    def __init__(self, monitor: Monitor) -> None:
-        self.m = monitor
+    It reads the monitor's state (`kept`, `nodes`: read only), starts once `caught_up` returns, and has
+    the monitor record each environment it released through `released`.
+    """
+
+    def __init__(self, nc: Client, kept: Mapping[str, KeptEnvironment], nodes: Mapping[str, MonitoredNode],
+                 caught_up: Callable[[], Awaitable[None]],
+                 released: Callable[[KeptEnvironment], Awaitable[None]]) -> None:
+        self.nc = nc
+        self.kept = kept
+        self.nodes = nodes
+        self.caught_up = caught_up
+        self.released = released
         self.wake = asyncio.Event()
         self._retry_at: dict[str, datetime] = {}  # job id -> when to ask unanswered nodes again
         self._queue: asyncio.Queue[tuple[str, list[str]]] = asyncio.Queue()
@@ -98,7 +85,7 @@ class Retention:
             for attempt in range(attempts):
                 if attempt:
                     await asyncio.sleep(2.0 ** attempt)
-                left -= await release(self.m.rt.nc, job_id, left)
+                left -= await release(self.nc, job_id, left)
                 if not left:
                     return
             log.warning("debug.release_given_up", job_id=job_id, nodes=sorted(left))
@@ -114,7 +101,7 @@ class Retention:
                 task.cancel()
 
     async def run(self) -> None:
-        await self.m.caught_up()
+        await self.caught_up()
         while True:
             self.wake.clear()
             for kept in self._due(datetime.now(UTC)):
@@ -124,31 +111,28 @@ class Retention:
                     await self.wake.wait()
 
     def _due(self, now: datetime) -> list[KeptEnvironment]:
-        return [k for k in self.m.state.kept.values()
+        return [k for k in self.kept.values()
                 if not k.released and k.until <= now and self._retry_at.get(k.job_id, now) <= now]
 
     def _seconds_to_next(self, now: datetime) -> float:
-        times = [self._retry_at.get(k.job_id, k.until) for k in self.m.state.kept.values() if not k.released]
+        times = [self._retry_at.get(k.job_id, k.until) for k in self.kept.values() if not k.released]
         return max(0.05, min([CHECK_SECONDS, *((t - now).total_seconds() for t in times)]))
 
     async def _release(self, kept: KeptEnvironment) -> None:
         with span_tracer.start_as_current_span("monitor release", context=context_from_headers(kept.trace)):
             nodes = self._reachable(kept.nodes)
-            confirmed = await release(self.m.rt.nc, kept.job_id, nodes)
+            confirmed = await release(self.nc, kept.job_id, nodes)
             if set(nodes) - confirmed:
                 self._retry_at[kept.job_id] = datetime.now(UTC) + timedelta(seconds=RETRY_SECONDS)
                 return
             self._retry_at.pop(kept.job_id, None)
-            async with self.m.lock:
-                if not kept.released:
-                    await self.m.record_job(kept.job_id, [DebugEnvironmentReleased(job_id=kept.job_id,
-                                                                                   attempt=kept.attempt)])
+            await self.released(kept)
 
     def _reachable(self, nodes: list[str]) -> list[str]:
         """Nodes whose agents can answer; a lost or unknown node is passed over (and logged)."""
         reachable = []
         for name in nodes:
-            node = self.m.state.nodes.get(name)
+            node = self.nodes.get(name)
             if node is None or node.lost:
                 log.warning("debug.release_skipped", node=name, reason="the node is lost or unknown")
             else:

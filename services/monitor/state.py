@@ -3,14 +3,15 @@
 Nodes: registration, lost or not, the administrator's component marks and the problems last
 recorded (empty when healthy); when each was last heard from and its latest probe are kept in
 memory only. Jobs (aggregate "job"): pre-checks done, performance incidents recorded, environments
-kept for the debug terminal. Alerts (aggregate "alert"): which were raised, and which still await
-their mail.
+kept for the debug terminal. Alerts (aggregate "alert"): which still await their mail. The version of
+every aggregate (and so whether an alert was raised) is kept by the service base
+(`libs.eventsourced`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.events import (
@@ -35,7 +36,6 @@ from services.monitor.performance import RankKey
 @dataclass
 class MonitoredNode:
     info: NodeInfo
-    version: int
     lost: bool = False
     marks: dict[str, ComponentMarked] = field(default_factory=dict)  # faulty marks by component
     problems: list[str] = field(default_factory=list)  # as last recorded; empty when healthy
@@ -66,20 +66,10 @@ class PendingMail:
 @dataclass
 class MonitorState:
     nodes: dict[str, MonitoredNode] = field(default_factory=dict)
-    job_versions: dict[str, int] = field(default_factory=dict)
     prechecked: set[tuple[str, int]] = field(default_factory=set)
     incidents: dict[RankKey, int] = field(default_factory=dict)  # performance incidents recorded
     kept: dict[str, KeptEnvironment] = field(default_factory=dict)
-    alert_versions: dict[str, int] = field(default_factory=dict)  # every alert raised (1), mailed (2)
     unmailed: dict[str, PendingMail] = field(default_factory=dict)
-
-    def version(self, aggregate_type: str, aggregate_id: str) -> int:
-        if aggregate_type == "node":
-            node = self.nodes.get(aggregate_id)
-            return node.version if node else 0
-        if aggregate_type == "job":
-            return self.job_versions.get(aggregate_id, 0)
-        return self.alert_versions.get(aggregate_id, 0)
 
     def apply(self, envelope: EventEnvelope, now: float) -> None:
         if envelope.aggregate_type == "node":
@@ -93,7 +83,7 @@ class MonitorState:
         event = envelope.event
         if isinstance(event, NodeRegistered):
             previous = self.nodes.get(event.node.name)
-            node = MonitoredNode(info=event.node, version=envelope.version, last_seen=now)
+            node = MonitoredNode(info=event.node, last_seen=now)
             if previous is not None:  # new resources; marks and health stay
                 node.marks, node.problems = previous.marks, previous.problems
                 node.last_seen, node.probed = previous.last_seen, previous.probed
@@ -102,7 +92,6 @@ class MonitorState:
         found = self.nodes.get(envelope.aggregate_id)
         if found is None:
             return
-        found.version = envelope.version
         if isinstance(event, NodeLost):
             found.lost = True
         elif isinstance(event, NodeRecovered):
@@ -120,7 +109,6 @@ class MonitorState:
 
     def _apply_job(self, envelope: EventEnvelope) -> None:
         event = envelope.event
-        self.job_versions[envelope.aggregate_id] = envelope.version
         if isinstance(event, PrecheckCompleted):
             self.prechecked.add((event.job_id, event.attempt))
         elif isinstance(event, PerformanceDegraded):
@@ -137,7 +125,6 @@ class MonitorState:
 
     def _apply_alert(self, envelope: EventEnvelope) -> None:
         event = envelope.event
-        self.alert_versions[envelope.aggregate_id] = envelope.version
         if isinstance(event, AlertRaised):
             if event.recipients:
                 self.unmailed[event.alert_id] = PendingMail(event, envelope.trace)
@@ -153,8 +140,3 @@ class MonitorState:
         kept = self.kept.get(job_id)
         return kept if kept is not None and not kept.released and kept.until > now else None
 
-
-def lost_event(node: MonitoredNode, now: float, wall_now: datetime) -> NodeLost:
-    silent = now - node.last_seen
-    return NodeLost(node_name=node.info.name, last_seen=wall_now - timedelta(seconds=silent),
-                    reason=f"no heartbeat for {silent:.0f}s")

@@ -2,14 +2,17 @@
 
 Who may: J2's "terminal" operation (read-write); a job the caller may not view is not found, as in
 the scheduler. Where: the requested node of the job's placement, else the master's (rank 0). The
-node's agent starts the session and answers; the client then talks to it directly.
+node's agent starts the session and answers; the client then talks to it directly. `target` decides
+(under the monitor's lock, with `now` given); `open_session` asks the agent.
 """
 
 from __future__ import annotations
 
 import secrets
+from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING
+
+from nats.aio.client import Client
 
 from libs.access import allowed
 from libs.contracts import subjects
@@ -17,20 +20,17 @@ from libs.contracts.agent import OpenSession, SessionOpened
 from libs.contracts.events import Placement
 from libs.contracts.identity import Identity
 from libs.contracts.messages import CommandError, OpenTerminal, TerminalOpened
+from libs.lifecycle import JobLifecycle, JobRecord
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
-from services.monitor.jobs import FollowedJob
-from services.monitor.state import KeptEnvironment
-
-if TYPE_CHECKING:
-    from services.monitor.service import Monitor
+from services.monitor.state import KeptEnvironment, MonitorState
 
 log = get_logger(__name__)
 IDLE_SECONDS = 60.0
 AGENT_TIMEOUT_SECONDS = 10.0
 
 
-def not_open(job: FollowedJob, kept: KeptEnvironment | None, now: datetime) -> CommandError:
+def not_open(job: JobRecord, kept: KeptEnvironment | None, now: datetime) -> CommandError:
     """Why the job has no environment to open a terminal in, and what to do about it."""
     base = f"job {job.job_id} has no environment to open a terminal in"
     if job.status == "queued":
@@ -66,39 +66,55 @@ def choose(placement: list[Placement], node: str | None, job_id: str) -> Placeme
     return found
 
 
-async def open_terminal(m: Monitor, request: OpenTerminal, identity: Identity) -> TerminalOpened | CommandError:
-    async with m.lock:
-        job = m.jobs.jobs.get(request.job_id)
-        sharing = m.jobs.settings.sharing_enabled
-        if job is None or job.deleted or not allowed(identity, job.spec, job.creator, "view", sharing_enabled=sharing):
-            return CommandError(code="not-found", message=f"no such job: {request.job_id}",
-                                hint="`trainyard list` shows the jobs you can see")
-        if not allowed(identity, job.spec, job.creator, "terminal", sharing_enabled=sharing):
-            return CommandError(code="forbidden",
-                                message=f"you have read-only access to {job.job_id}: terminal needs read-write",
-                                hint="ask the job's creator or an administrator")
-        now = datetime.now(UTC)
-        kept = m.state.kept_environment(job.job_id, now)
-        if kept is not None:
-            attempt = kept.attempt
-        elif job.status == "running" and job.placement:
-            attempt = job.attempt
-        else:
-            return not_open(job, m.state.kept.get(job.job_id), now)
-        target = choose(job.placement, request.node, job.job_id)
-        if isinstance(target, CommandError):
-            return target
-    session = OpenSession(session_id=request.session_id or secrets.token_hex(16), job_id=job.job_id,
-                          attempt=attempt, rank=target.rank, command=request.command, columns=request.columns,
+@dataclass(frozen=True)
+class Target:
+    """Where a terminal opens: an attempt of a job, at one of its ranks."""
+
+    job_id: str
+    attempt: int
+    place: Placement
+
+
+def target(request: OpenTerminal, identity: Identity, jobs: JobLifecycle, state: MonitorState,
+           now: datetime) -> Target | CommandError:
+    """Where the caller's terminal opens, or why it does not (`jobs` and `state` are only read)."""
+    job = jobs.jobs.get(request.job_id)
+    sharing = jobs.settings.sharing_enabled
+    if job is None or job.deleted or not allowed(identity, job.spec, job.creator, "view", sharing_enabled=sharing):
+        return CommandError(code="not-found", message=f"no such job: {request.job_id}",
+                            hint="`trainyard list` shows the jobs you can see")
+    if not allowed(identity, job.spec, job.creator, "terminal", sharing_enabled=sharing):
+        return CommandError(code="forbidden",
+                            message=f"you have read-only access to {job.job_id}: terminal needs read-write",
+                            hint="ask the job's creator or an administrator")
+    kept = state.kept_environment(job.job_id, now)
+    if kept is not None:
+        attempt = kept.attempt
+    elif job.status == "running" and job.placement:
+        attempt = job.attempt
+    else:
+        return not_open(job, state.kept.get(job.job_id), now)
+    place = choose(job.placement, request.node, job.job_id)
+    if isinstance(place, CommandError):
+        return place
+    return Target(job_id=job.job_id, attempt=attempt, place=place)
+
+
+async def open_session(nc: Client, request: OpenTerminal, identity: Identity,
+                       target: Target) -> TerminalOpened | CommandError:
+    """Ask the agent of the target's node to start the session."""
+    place, attempt = target.place, target.attempt
+    session = OpenSession(session_id=request.session_id or secrets.token_hex(16), job_id=target.job_id,
+                          attempt=attempt, rank=place.rank, command=request.command, columns=request.columns,
                           rows=request.rows, idle_seconds=IDLE_SECONDS)
     try:
-        reply = await call(m.rt.nc, subjects.agent_open_session(target.node), session,
+        reply = await call(nc, subjects.agent_open_session(place.node), session,
                            timeout=AGENT_TIMEOUT_SECONDS, reply_type=SessionOpened | CommandError)
     except ServiceUnavailable:
-        return CommandError(code="unavailable", message=f"the agent of node {target.node} does not answer",
+        return CommandError(code="unavailable", message=f"the agent of node {place.node} does not answer",
                             hint="try again shortly; `trainyard nodes` shows whether the node is lost")
     if isinstance(reply, CommandError):
         return reply
-    log.info("terminal.opened", job_id=job.job_id, node=target.node, rank=target.rank, attempt=attempt,
+    log.info("terminal.opened", job_id=target.job_id, node=place.node, rank=place.rank, attempt=attempt,
              user=identity.user)
-    return TerminalOpened(session_id=reply.session_id, node=target.node, rank=target.rank, attempt=attempt)
+    return TerminalOpened(session_id=reply.session_id, node=place.node, rank=place.rank, attempt=attempt)

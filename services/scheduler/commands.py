@@ -6,15 +6,13 @@ changes anything, and answers a retried request the same way as the first one.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from pathlib import Path
 
 import msgspec
 
 from libs.contracts import subjects
-from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import encode
 from libs.contracts.events import (
-    Event,
     JobDeleted,
     JobDurationChanged,
     JobPredicted,
@@ -27,7 +25,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
-from libs.contracts.jobspec import FieldError, JobSpec, field_error_from_msgspec, parse_duration, validate_spec
+from libs.contracts.jobspec import FieldError, JobSpec, field_error_from_msgspec, parse_duration
 from libs.contracts.messages import (
     ChangeDuration,
     ChangePriority,
@@ -45,51 +43,35 @@ from libs.contracts.messages import (
 )
 from libs.contracts.scheduling import STORAGE_FOLDERS, StoredAccess
 from libs.contracts.strict import decode_strict
-from libs.messaging.rpc import register_all_authenticated
+from libs.eventstore import NewEvent
+from libs.messaging.rpc import AuthenticatedHandler
 from libs.storage import missing_inputs
 from services.scheduler.access import access_error
+from services.scheduler.names import job_change, settings_change, storage_change
+from services.scheduler.ports import Scheduling
+from services.scheduler.spec_checks import cap_errors, invalid_spec, spec_errors
 from services.scheduler.state import SchedulerState
 from services.scheduler.storage_access import storage_errors
 
-if TYPE_CHECKING:
-    from services.scheduler.service import Scheduler
-
-SERVICE = "scheduler"
 ACTIVE = ("queued", "running")
 
 
-def register_commands(scheduler: Scheduler) -> None:
-    commands = JobCommands(scheduler)
-    register_all_authenticated(scheduler.rt.broker, SERVICE, [
-        (subjects.SUBMIT_JOB, SubmitJob, commands.submit),
-        (subjects.CLONE_JOB, CloneJob, commands.clone),
-        (subjects.STOP_JOBS, StopJobs, commands.stop),
-        (subjects.DELETE_JOBS, DeleteJobs, commands.delete),
-        (subjects.CHANGE_PRIORITY, ChangePriority, commands.change_priority),
-        (subjects.CHANGE_DURATION, ChangeDuration, commands.change_duration),
-        (subjects.CHANGE_SETTINGS, ChangeSettings, commands.change_settings),
-        (subjects.SET_STORAGE_ACCESS, SetStorageAccess, commands.set_storage_access),
-    ], secret=scheduler.secret)
-
-
-def spec_errors(spec: JobSpec, cluster: ClusterConfig) -> list[FieldError]:
-    """The spec's own rules (J1–J18), and flavors this cluster offers."""
-    known = [f.name for f in cluster.flavors]
-    return validate_spec(spec) + [
-        FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
-                   hint=f"choose from: {', '.join(known)}")
-        for i, name in enumerate(spec.flavors) if name not in known
-    ]
-
-
-def invalid_spec(errors: list[FieldError]) -> CommandError:
-    return CommandError(code="invalid-spec", message="the job spec is invalid: " + "; ".join(map(str, errors)),
-                        errors=errors)
-
-
 class JobCommands:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduling, *, storage_root: Path) -> None:
         self.s = scheduler
+        self.storage_root = storage_root  # shared storage, where a job's inputs must exist
+
+    def routes(self) -> list[tuple[str, object, AuthenticatedHandler]]:
+        return [
+            (subjects.SUBMIT_JOB, SubmitJob, self.submit),
+            (subjects.CLONE_JOB, CloneJob, self.clone),
+            (subjects.STOP_JOBS, StopJobs, self.stop),
+            (subjects.DELETE_JOBS, DeleteJobs, self.delete),
+            (subjects.CHANGE_PRIORITY, ChangePriority, self.change_priority),
+            (subjects.CHANGE_DURATION, ChangeDuration, self.change_duration),
+            (subjects.CHANGE_SETTINGS, ChangeSettings, self.change_settings),
+            (subjects.SET_STORAGE_ACCESS, SetStorageAccess, self.set_storage_access),
+        ]
 
     @property
     def state(self) -> SchedulerState:
@@ -128,7 +110,7 @@ class JobCommands:
             return retried
         if error := self._refusal(spec, identity):
             return error
-        if errors := missing_inputs(spec, self.s.rt.settings.storage_root):
+        if errors := missing_inputs(spec, self.storage_root):
             return invalid_spec(errors)
         # One submission at a time (a redelivered one then finds its job), but the prediction is planned
         # off the event loop and outside the scheduler's lock, which it holds only to record the job.
@@ -142,10 +124,10 @@ class JobCommands:
                 # A priority may have changed while it was planned.
                 if error := self._urgent_cap_error(spec.project, identity.user, spec.priority):
                     return error
-                await self.s.append([
-                    (job_id, JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from,
-                                          creator_email=identity.email)),
-                    (job_id, JobPredicted(job_id=job_id, prediction=prediction)),
+                await self.s.record([
+                    job_change(JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from,
+                                            creator_email=identity.email)),
+                    job_change(JobPredicted(job_id=job_id, prediction=prediction)),
                 ])
                 return JobAccepted(job_id=job_id, status=self.state.jobs[job_id].status, created=True)
 
@@ -161,17 +143,8 @@ class JobCommands:
 
     def _refusal(self, spec: JobSpec, identity: Identity) -> CommandError | None:
         """Everything that makes a spec unacceptable for this caller, in one answer."""
-        errors = spec_errors(spec, self.state.cluster)
         settings = self.state.settings
-        resume = spec.checkpoint_resume
-        if resume is not None and resume.max_resumes > settings.max_resumes_cap:
-            errors.append(FieldError(field="checkpoint_resume.max_resumes",
-                                     message=f"is {resume.max_resumes}, above the platform cap of "
-                                     f"{settings.max_resumes_cap}"))
-        if resume is not None and resume.graceful_shutdown_seconds > settings.max_graceful_shutdown_seconds:
-            errors.append(FieldError(field="checkpoint_resume.graceful_shutdown_seconds",
-                                     message=f"is {resume.graceful_shutdown_seconds}, above the platform cap of "
-                                     f"{settings.max_graceful_shutdown_seconds}"))
+        errors = spec_errors(spec, self.state.cluster) + cap_errors(spec, settings)
         if errors:
             return invalid_spec(errors)
         if not identity.member_of(spec.project):
@@ -209,15 +182,14 @@ class JobCommands:
         async with self.s.lock:
             if error := access_error(self.state, request.job_ids, identity, "stop"):
                 return error
-            changes: list[tuple[str, Event]] = []
+            changes: list[NewEvent] = []
             for job_id in dict.fromkeys(request.job_ids):
                 job = self.state.jobs[job_id]
                 if job.status == "queued":
-                    changes.append((job_id, JobStopped(job_id=job_id, by=identity.user)))
+                    changes.append(job_change(JobStopped(job_id=job_id, by=identity.user)))
                 elif job.status == "running" and job.stop_requested_by is None and not job.expiring:
-                    changes.append((job_id, JobStopRequested(job_id=job_id, by=identity.user)))
-            if changes:
-                await self.s.append(changes)
+                    changes.append(job_change(JobStopRequested(job_id=job_id, by=identity.user)))
+            await self.s.record(changes)
         return Done(job_ids=list(dict.fromkeys(request.job_ids)), message=f"stopping {len(changes)} job(s)")
 
     async def delete(self, request: DeleteJobs, identity: Identity) -> Done | CommandError:
@@ -230,7 +202,7 @@ class JobCommands:
                                     message=f"still queued or running: {', '.join(active)}",
                                     hint=f"stop first: trainyard stop {' '.join(active)}; nothing was deleted")
             job_ids = list(dict.fromkeys(request.job_ids))
-            await self.s.append([(j, JobDeleted(job_id=j, by=identity.user)) for j in job_ids])
+            await self.s.record([job_change(JobDeleted(job_id=j, by=identity.user)) for j in job_ids])
         return Done(job_ids=job_ids, message=f"deleted {len(job_ids)} job(s)")
 
     async def change_priority(self, request: ChangePriority, identity: Identity) -> Done | CommandError:
@@ -250,8 +222,8 @@ class JobCommands:
                 return Done(job_ids=[job.job_id], message=f"already {request.priority}")
             if error := self._urgent_cap_error(job.spec.project, job.creator, request.priority, ignore=job.job_id):
                 return error
-            await self.s.append([(job.job_id, JobPriorityChanged(job_id=job.job_id, priority=request.priority,
-                                                                 by=identity.user))])
+            await self.s.record([job_change(JobPriorityChanged(job_id=job.job_id, priority=request.priority,
+                                                               by=identity.user))])
         return Done(job_ids=[request.job_id], message=f"priority is now {request.priority}")
 
     async def change_duration(self, request: ChangeDuration, identity: Identity) -> Done | CommandError:
@@ -271,8 +243,8 @@ class JobCommands:
                                     message=f"{job.job_id} is {'expiring' if job.expiring else job.status}: "
                                     "its duration can no longer change", hint="nothing was changed")
             if job.duration != request.duration:
-                await self.s.append([(job.job_id, JobDurationChanged(job_id=job.job_id, duration=request.duration,
-                                                                     by=identity.user))])
+                await self.s.record([job_change(JobDurationChanged(job_id=job.job_id, duration=request.duration,
+                                                                   by=identity.user))])
         message = f"duration limit is now {request.duration}" if request.duration else "duration limit removed"
         return Done(job_ids=[request.job_id], message=message)
 
@@ -291,7 +263,7 @@ class JobCommands:
         async with self.s.lock:
             settings = msgspec.structs.replace(self.state.settings, **changes)
             if settings != self.state.settings:
-                await self.s.append_settings(SettingsChanged(settings=settings, by=identity.user))
+                await self.s.record([settings_change(SettingsChanged(settings=settings, by=identity.user))])
         return SettingsView(settings=self.state.settings)
 
     # --- shared storage's owners (J2) ------------------------------------------------------------
@@ -308,7 +280,7 @@ class JobCommands:
                                 hint=f"your projects: {', '.join(identity.projects) or 'none'}")
         folder = f"{STORAGE_FOLDERS[request.kind]}/{request.name}"
         created_on_use = request.kind in ("output", "volume")
-        if not created_on_use and not (self.s.rt.settings.storage_root / folder).is_dir():
+        if not created_on_use and not (self.storage_root / folder).is_dir():
             return CommandError(code="not-found", message=f"{folder} does not exist in shared storage",
                                 hint="check the name, or upload it to shared storage first")
         async with self.s.lock:
@@ -320,5 +292,5 @@ class JobCommands:
             entry = StoredAccess(kind=request.kind, name=request.name, owner=owner, project=request.project,
                                  others=request.others)
             if entry != known:
-                await self.s.append_storage_access(StorageAccessSet(entry=entry, by=identity.user))
+                await self.s.record([storage_change(StorageAccessSet(entry=entry, by=identity.user))])
         return StorageAccessList(entries=[entry])

@@ -9,9 +9,8 @@ followed log costs one small request per empty poll.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
+from nats.aio.client import Client
 from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import RawStreamMsg
@@ -23,11 +22,10 @@ from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.codec import decode, encode
 from libs.contracts.identity import Identity
 from libs.contracts.messages import CommandError, GetJobLogs, GetJobUsage, JobUsage, LogPage
+from libs.messaging.rpc import AuthenticatedHandler
 from libs.telemetry.logs import get_logger
 from services.scheduler.access import access_error
-
-if TYPE_CHECKING:
-    from services.scheduler.service import Scheduler
+from services.scheduler.ports import Jobs
 
 log = get_logger(__name__)
 
@@ -51,8 +49,12 @@ def unavailable(what: str, exc: Exception) -> CommandError:
 
 
 class JobLogs:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Jobs, *, nc: Client, js: JetStreamContext) -> None:
         self.s = scheduler
+        self.nc, self.js = nc, js
+
+    def routes(self) -> list[tuple[str, object, AuthenticatedHandler]]:
+        return [(subjects.JOB_LOGS, GetJobLogs, self.logs), (subjects.JOB_USAGE, GetJobUsage, self.usage)]
 
     async def logs(self, request: GetJobLogs, identity: Identity) -> LogPage | CommandError:
         state = self.s.state
@@ -61,12 +63,12 @@ class JobLogs:
         # Seen before reading: whatever the job wrote before it ended is in the stream by now.
         ended = state.jobs[request.job_id].terminal
         subject = subjects.job_logs(request.job_id, "*" if request.rank is None else request.rank)
-        largest = self.s.rt.nc.max_payload - REPLY_OVERHEAD
+        largest = self.nc.max_payload - REPLY_OVERHEAD
         budget = min(request.max_bytes, largest // 2)
         chunks: list[LogChunk] = []
         size, position, more = 0, request.after, False
         try:
-            while (msg := await next_stored(self.s.rt.js, subjects.LOGS_STREAM, subject, position)) is not None:
+            while (msg := await next_stored(self.js, subjects.LOGS_STREAM, subject, position)) is not None:
                 data = msg.data or b""
                 if len(chunks) == request.max_chunks or (chunks and size + len(data) > budget):
                     more = True  # left for the next page, which starts before it
@@ -106,8 +108,7 @@ class JobLogs:
         position = 0
         try:
             for _ in range(MAX_USAGE_KEYS):
-                msg = await next_stored(self.s.rt.js, subjects.USAGE_STREAM, subjects.usage_of_job(request.job_id),
-                                        position)
+                msg = await next_stored(self.js, subjects.USAGE_STREAM, subjects.usage_of_job(request.job_id), position)
                 if msg is None:
                     break
                 position = msg.seq or position + 1

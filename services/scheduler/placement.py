@@ -13,6 +13,7 @@ Nothing here reads a clock or does I/O: `now` is a parameter, so a decision can 
 from __future__ import annotations
 
 import bisect
+import copy
 import heapq
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
@@ -408,7 +409,7 @@ def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[st
     `queue` is in start order (S1); `nodes` are the schedulable nodes with what is free on them now;
     `running` says what the running jobs hold and until when (their duration limits).
     """
-    return _Cycle(nodes, flavors, running, now).run(queue)
+    return Cycle(nodes, flavors, running, now).run(queue)
 
 
 @dataclass
@@ -418,9 +419,13 @@ class _Head:
     held: dict[str, Resources]  # what the head's reserved placement holds per node
 
 
-class _Cycle:
+class Cycle:
     """One pass over the queue. Capacity only shrinks during a cycle, so a job shape that failed on
-    some capacity is remembered and not tried again on it."""
+    some capacity is remembered and not tried again on it.
+
+    A cycle can be run over the queue in parts (`run` once per stretch of it) and forked between
+    them: the prediction cache keeps a cycle stopped at each place a new job can join the queue.
+    """
 
     def __init__(self, nodes: list[NodeCapacity], flavors: Mapping[str, Flavor], running: Sequence[RunningJob],
                  now: datetime) -> None:
@@ -445,7 +450,23 @@ class _Cycle:
         self.extra: Capacity | None = None
         self.totals: Capacity | None = None
 
+    def fork(self) -> Cycle:
+        """A copy of this cycle part-way through the queue, to go on with while this one stays as it is.
+        What a cycle only reads (the cluster, the flavors, the head's reservation) is shared."""
+        twin = copy.copy(self)
+        twin.running = list(self.running)
+        twin.free_now = self.free_now.copy()
+        twin.failed_now, twin.failed_extra = set(self.failed_now), set(self.failed_extra)
+        twin.placeable, twin.most_workers = dict(self.placeable), dict(self.most_workers)
+        twin.admissions, twin.holders = list(self.admissions), list(self.holders)
+        twin.unplaceable = list(self.unplaceable)
+        twin.after_head = dict(self.after_head)
+        twin.extra = None if self.extra is None else self.extra.copy()
+        twin.totals = None if self.totals is None else self.totals.copy()
+        return twin
+
     def run(self, queue: list[QueuedJob]) -> Decision:
+        """Walk `queue` (the next stretch of it, in start order), then grow what may grow."""
         for job in queue:
             shape = job_shape(job.spec, job.excluded_nodes)
             if self.head is None:

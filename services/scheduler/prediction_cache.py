@@ -20,20 +20,17 @@ event its state folds in to `applied`, which feeds the runtime model and drops t
 event changes what it was made from; a job just submitted that waits (neither starts nor becomes the
 head) is taken into the plan instead, so a stream of submissions does not plan the queue each time.
 
-Planning a deep queue takes seconds, so the service plans in a worker thread (`forecast_in_thread`)
-while its event loop goes on folding events. Nothing the loop mutates is planned on: the inputs
-are copied on the loop (`PlanInputs`, with `JobFacts` instead of the state's live jobs), and while a
-thread holds the cache, `applied` only notes what happened (jobs submitted, jobs that ended); the
-submitted jobs are taken into the plan by the next prediction, in its thread, and the ended ones
-teach the runtime model once the thread is done. One prediction plans at a time.
+A prediction is made in three steps, so that the planning can run apart from the owner (the
+scheduler plans in a worker thread, `planning_thread.py`): `begin` takes on the owner's side what the
+plan needs (`PlanInputs`, copies with `JobFacts` instead of the state's live jobs, when the plan is
+made afresh); `plan` plans on that and on the kept plan only; `end`, back on the owner's side, closes
+it. Between `begin` and `end`, `applied` only notes what happened (jobs submitted, jobs that ended):
+the submitted jobs are taken into the plan by the next prediction, and the ended ones teach the
+runtime model at `end`. One prediction plans at a time. `forecast` runs the three steps in a row.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextvars
-import copy
-import functools
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -61,7 +58,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
-from services.scheduler.placement import Capacity, NodeCapacity, QueuedJob, RunningJob, _Cycle
+from services.scheduler.placement import Cycle, NodeCapacity, QueuedJob, RunningJob
 from services.scheduler.prediction import (
     NEW_JOB,
     Expected,
@@ -120,7 +117,7 @@ class _Joined:
 
 
 @dataclass(frozen=True)
-class _Ticket:
+class PlanTicket:
     """What one prediction plans from: new inputs, or the kept plan and the jobs submitted since."""
 
     revision: int
@@ -139,9 +136,8 @@ class PredictionCache:
         self._snapshot: _Snapshot | None = None
         self._joined: list[_Joined] = []  # submitted since the last other change, not yet in the plan
         self._changed_at = 0  # the revision of the last event the plan cannot take in
-        self._ended: list[JobFacts] = []  # jobs that ended while a thread held the cache
-        self._lent = False  # a thread plans on the snapshot and reads the runtime model
-        self._lane = asyncio.Lock()
+        self._ended: list[JobFacts] = []  # jobs that ended while a plan was being made
+        self._planning = False  # between `begin` and `end`: the plan reads the runtime model
 
     def applied(self, envelope: EventEnvelope, jobs: Mapping[str, JobRecord]) -> None:
         """Take note of an event the state has just folded in (`jobs`: the state's jobs, after it).
@@ -158,7 +154,7 @@ class PredictionCache:
         self._changed_at, self._joined = self.revision, []
         if isinstance(event, _ENDS) and (job_record := jobs.get(event.job_id)) is not None:
             self._ended.append(JobFacts.of(job_record))
-            if not self._lent:
+            if not self._planning:
                 self._learn()
 
     def predict(self, spec: JobSpec, *, now: datetime, inputs: Callable[[], PlanInputs],
@@ -168,69 +164,40 @@ class PredictionCache:
     def forecast(self, spec: JobSpec, *, now: datetime, inputs: Callable[[], PlanInputs],
                  duration_seconds: int | None = None) -> Forecast:
         """What `prediction.forecast` answers for `spec`, as of the moment the current plan was made
-        (`now`, and `inputs()` then, when it is made again). Plans in the caller's thread."""
-        if self._lent:
-            raise RuntimeError("a thread is planning on this cache: use forecast_in_thread")
-        seconds = spec.max_duration_seconds if duration_seconds is None else duration_seconds
-        afresh = False
-        while (answer := self._plan(self._ticket(now, inputs, afresh=afresh), spec, seconds)) is None:
-            afresh = True  # a job taken in changes everything behind it: plan the state as it is now
-        return answer
-
-    async def forecast_in_thread(self, spec: JobSpec, *, clock: Callable[[], datetime],
-                                 inputs: Callable[[], PlanInputs], duration_seconds: int | None = None) -> Forecast:
-        """`forecast`, planned in a worker thread while the event loop goes on. `inputs()` is called
-        on the loop and must return copies nothing mutates; `clock()` gives the moment of a new plan,
-        read when this prediction's turn comes."""
+        (`now`, and `inputs()` then, when it is made again)."""
         seconds = spec.max_duration_seconds if duration_seconds is None else duration_seconds
         afresh = False
         while True:
-            await self._lane.acquire()
+            ticket = self.begin(now, inputs, afresh=afresh)
+            failed = True
             try:
-                ticket = self._ticket(clock(), inputs, afresh=afresh)
-                planned = self._lend(functools.partial(self._plan, ticket, spec, seconds))
-            except BaseException:
-                self._lane.release()
-                raise
-            # Shielded: a cancelled caller leaves the thread to finish, and the cache comes back then.
-            answer = await asyncio.shield(planned)
+                answer = self.plan(ticket, spec, seconds)
+                failed = False
+            finally:
+                self.end(failed=failed)
             if answer is not None:
                 return answer
             afresh = True  # a job taken in changes everything behind it: plan the state as it is now
 
-    def _lend(self, plan: Callable[[], Forecast | None]) -> asyncio.Future[Forecast | None]:
-        """Run `plan` in a worker thread, the cache lent to it until it is done (then the lane is free)."""
-        loop = asyncio.get_running_loop()
-        planned = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, plan))
-        self._lent = True  # before the loop runs anything else
-
-        def returned(future: asyncio.Future[Forecast | None]) -> None:
-            self._lent = False
-            if future.cancelled() or future.exception() is not None:
-                self._snapshot = None  # it may be half-changed
-            self._learn()
-            self._lane.release()
-
-        planned.add_done_callback(returned)
-        return planned
-
-    def _learn(self) -> None:
-        for facts in self._ended:
-            self.runtimes.job_ended(facts)
-        self._ended.clear()
-
-    def _ticket(self, now: datetime, inputs: Callable[[], PlanInputs], *, afresh: bool) -> _Ticket:
-        """On the owner's side: what the next plan needs, taken from the state as it is."""
+    def begin(self, now: datetime, inputs: Callable[[], PlanInputs], *, afresh: bool = False) -> PlanTicket:
+        """On the owner's side: what the next plan needs, taken from the state as it is (`inputs()`
+        when the plan is made again: at `now`, or `afresh` when asked). Until `end`, the cache is the
+        plan's."""
+        if self._planning:
+            raise RuntimeError("a plan is being made on this cache: one prediction plans at a time")
         joined, self._joined = self._joined, []
         snapshot = self._snapshot
         if (afresh or snapshot is None or snapshot.revision < self._changed_at
                 or not snapshot.now <= now <= snapshot.now + self.max_age):
-            return _Ticket(self.revision, now, inputs(), [])
-        return _Ticket(self.revision, now, None, joined)
+            ticket = PlanTicket(self.revision, now, inputs(), [])
+        else:
+            ticket = PlanTicket(self.revision, now, None, joined)
+        self._planning = True
+        return ticket
 
-    def _plan(self, ticket: _Ticket, spec: JobSpec, seconds: int | None) -> Forecast | None:
-        """On the planning side: the forecast, or None when the kept plan could not take in a job
-        submitted since (then the state must be planned afresh)."""
+    def plan(self, ticket: PlanTicket, spec: JobSpec, seconds: int | None) -> Forecast | None:
+        """On the planning side, between `begin` and `end`: the forecast, or None when the kept plan
+        could not take in a job submitted since (then `begin` again, afresh)."""
         if ticket.inputs is not None:
             made = self._snapshot = _Snapshot(ticket.inputs, ticket.now, ticket.revision, self.runtimes)
             return made.forecast(spec, seconds)
@@ -250,6 +217,19 @@ class PredictionCache:
             return None
         return snapshot.forecast(spec, seconds)
 
+    def end(self, *, failed: bool = False) -> None:
+        """Back on the owner's side once the plan is done: the jobs that ended meanwhile teach the
+        runtime model; a plan that `failed` (raised, or was given up) may be half-changed, so it goes."""
+        self._planning = False
+        if failed:
+            self._snapshot = None
+        self._learn()
+
+    def _learn(self) -> None:
+        for facts in self._ended:
+            self.runtimes.job_ended(facts)
+        self._ended.clear()
+
 
 class _Snapshot:
     """The cycle and the plans of one state at one moment."""
@@ -259,12 +239,12 @@ class _Snapshot:
         queue = inputs.queue
         self.places = {priority: insertion_index(queue, priority) for priority in _PRIORITIES}
         # Growth comes after every admission and changes none, so the copies leave it out.
-        cycle = _Cycle(inputs.nodes, inputs.flavors, [replace(job, can_grow=False) for job in inputs.running], now)
-        self.cycles: dict[int, _Cycle] = {}
+        cycle = Cycle(inputs.nodes, inputs.flavors, [replace(job, can_grow=False) for job in inputs.running], now)
+        self.cycles: dict[int, Cycle] = {}
         done = 0
         for place in sorted(set(self.places.values())):
             cycle.run(queue[done:place])
-            self.cycles[place], done = _fork(cycle), place
+            self.cycles[place], done = cycle.fork(), place
         self.decision = cycle.run(queue[done:])
         skipped = {a.job_id for a in self.decision.admissions}.union(self.decision.unplaceable)
         self.ahead = {place: sum(1 for job in queue[:place] if job.job_id not in skipped) for place in self.cycles}
@@ -288,7 +268,7 @@ class _Snapshot:
     def forecast(self, spec: JobSpec, duration_seconds: int | None) -> Forecast:
         place = self.places[spec.priority]
         job = QueuedJob(NEW_JOB, spec, duration_seconds)
-        cycle = _fork(self.cycles[place])
+        cycle = self.cycles[place].fork()
         step = cycle.run([job])
         if step.admissions and step.admissions[-1].job_id == NEW_JOB:
             return starts_now(step.admissions[-1], self.now)
@@ -314,21 +294,21 @@ class _Snapshot:
         when it starts now or becomes the head: everything behind it is decided anew, so the snapshot
         must be made again."""
         priority, place = job.spec.priority, self.places[job.spec.priority]
-        cycle = _fork(self.cycles[place])
+        cycle = self.cycles[place].fork()
         step = cycle.run([job])
         if any(a.job_id == job.job_id for a in step.admissions) or (
                 step.reservation is not None and step.reservation.job_id == job.job_id):
             return False
         unplaceable = job.job_id in step.unplaceable
         behind = {p for p in self.places if PRIORITY_RANK[p] >= PRIORITY_RANK[priority]}
-        cycles: dict[int, _Cycle] = {}
+        cycles: dict[int, Cycle] = {}
         for p, old in self.places.items():
             if p not in behind:
                 cycles[old] = self.cycles[old]
             elif old == place:
                 cycles[old + 1] = cycle
             else:  # past the job: as it was, but for knowing the job never blocks anyone
-                cycles[old + 1] = later = _fork(self.cycles[old])
+                cycles[old + 1] = later = self.cycles[old].fork()
                 if unplaceable:
                     later.unplaceable.append(job.job_id)
         self.ahead = {new: self.ahead[old] + (p in behind and not unplaceable)
@@ -410,13 +390,3 @@ class _Progress:
                 self.copies[stop], self.done = self.planner.fork(), stop
         return self.copies[place]
 
-
-def _fork(cycle: _Cycle) -> _Cycle:
-    """A copy of a cycle part-way through the queue, to go on with while the original stays as it is."""
-    twin = copy.copy(cycle)
-    for name, value in vars(cycle).items():
-        if isinstance(value, Capacity):
-            setattr(twin, name, value.copy())
-        elif isinstance(value, list | dict | set):
-            setattr(twin, name, copy.copy(value))
-    return twin

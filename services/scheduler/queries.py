@@ -6,9 +6,8 @@ listings and are "not found" when asked for by id.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import msgspec
+from nats.js.client import JetStreamContext
 
 from libs.contracts import subjects
 from libs.contracts.codec import decode
@@ -22,8 +21,6 @@ from libs.contracts.messages import (
     GetDevEnv,
     GetJob,
     GetJobHistory,
-    GetJobLogs,
-    GetJobUsage,
     GetResources,
     GetSettings,
     IdentityView,
@@ -46,47 +43,41 @@ from libs.contracts.messages import (
     WhyReply,
 )
 from libs.contracts.scheduling import WhyReport
+from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
-from libs.messaging.rpc import register_all_authenticated
+from libs.messaging.rpc import AuthenticatedHandler
 from services.scheduler.access import access_error, can_view
-from services.scheduler.commands import invalid_spec, spec_errors
 from services.scheduler.explain import explain
-from services.scheduler.logs import JobLogs
+from services.scheduler.names import JOB, SERVICE
+from services.scheduler.ports import Scheduling
+from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
+from services.scheduler.spec_checks import invalid_spec, spec_errors
 from services.scheduler.state import SchedulerState
 from services.scheduler.views import dev_env, flavor_list, node_resources, node_views, status_sentence
 from services.scheduler.visibility import hide_applications, hide_jobs
 
-if TYPE_CHECKING:
-    from services.scheduler.service import Scheduler
-
-SERVICE = "scheduler"
-
-
-def register_queries(scheduler: Scheduler) -> None:
-    queries = JobQueries(scheduler)
-    logs = JobLogs(scheduler)
-    register_all_authenticated(scheduler.rt.broker, SERVICE, [
-        (subjects.LIST_JOBS, ListJobs, queries.list_jobs),
-        (subjects.GET_JOB, GetJob, queries.get_job),
-        (subjects.LIST_NODES, ListNodes, queries.list_nodes),
-        (subjects.PREDICT_JOB, PredictJob, queries.predict),
-        (subjects.EXPLAIN_JOB, ExplainJob, queries.why),
-        (subjects.GET_DEV_ENV, GetDevEnv, queries.devenv),
-        (subjects.JOB_HISTORY, GetJobHistory, queries.history),
-        (subjects.JOB_LOGS, GetJobLogs, logs.logs),
-        (subjects.JOB_USAGE, GetJobUsage, logs.usage),
-        (subjects.SEARCH_JOBS, SearchJobs, queries.search),
-        (subjects.GET_RESOURCES, GetResources, queries.resources),
-        (subjects.LIST_FLAVORS, ListFlavors, queries.flavors),
-        (subjects.GET_SETTINGS, GetSettings, queries.settings),
-        (subjects.WHOAMI, WhoAmI, queries.whoami),
-        (subjects.LIST_STORAGE_ACCESS, ListStorageAccess, queries.storage_access),
-    ], secret=scheduler.secret)
-
 
 class JobQueries:
-    def __init__(self, scheduler: Scheduler) -> None:
+    def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext) -> None:
         self.s = scheduler
+        self.store, self.js = store, js  # for a job's history: its own log, the others' published events
+
+    def routes(self) -> list[tuple[str, object, AuthenticatedHandler]]:
+        return [
+            (subjects.LIST_JOBS, ListJobs, self.list_jobs),
+            (subjects.GET_JOB, GetJob, self.get_job),
+            (subjects.LIST_NODES, ListNodes, self.list_nodes),
+            (subjects.PREDICT_JOB, PredictJob, self.predict),
+            (subjects.EXPLAIN_JOB, ExplainJob, self.why),
+            (subjects.GET_DEV_ENV, GetDevEnv, self.devenv),
+            (subjects.JOB_HISTORY, GetJobHistory, self.history),
+            (subjects.SEARCH_JOBS, SearchJobs, self.search),
+            (subjects.GET_RESOURCES, GetResources, self.resources),
+            (subjects.LIST_FLAVORS, ListFlavors, self.flavors),
+            (subjects.GET_SETTINGS, GetSettings, self.settings),
+            (subjects.WHOAMI, WhoAmI, self.whoami),
+            (subjects.LIST_STORAGE_ACCESS, ListStorageAccess, self.storage_access),
+        ]
 
     @property
     def state(self) -> SchedulerState:
@@ -113,7 +104,7 @@ class JobQueries:
 
     async def predict(self, request: PredictJob, identity: Identity) -> PredictionReply | CommandError:
         """S6: answered before creation; nothing is recorded (a submitted job records its own). Planned
-        off the event loop and without the scheduler's lock (Scheduler.predict)."""
+        off the event loop and without the scheduler's lock."""
         if errors := spec_errors(request.spec, self.state.cluster):
             return invalid_spec(errors)
         reply = PredictionReply(prediction=await self.s.predict(request.spec))
@@ -127,9 +118,10 @@ class JobQueries:
             if job.status == "queued" and not job.prechecking:
                 all_nodes = [n.info for n in self.state.nodes.values()]
                 unhealthy = [name for name, n in self.state.nodes.items() if n.unhealthy and not n.lost]
-                report = explain(job.job_id, self.s.queued_jobs(), self.s.capacity(), self.s.flavors(),
-                                 running=self.s.running_jobs(), now=self.s.clock(), all_nodes=all_nodes,
-                                 unhealthy=unhealthy)
+                now = self.s.clock()
+                report = explain(job.job_id, queued_jobs(self.state, now), node_capacity(self.state),
+                                 cluster_flavors(self.state), running=running_jobs(self.state, now), now=now,
+                                 all_nodes=all_nodes, unhealthy=unhealthy)
                 if job.reason:  # why it came back to the queue, or why its last pre-check failed
                     back = f"It is back in the queue: {job.reason}."
                     report = msgspec.structs.replace(report, summary=[*report.summary, back])
@@ -147,9 +139,9 @@ class JobQueries:
             return error
         # Its own events from its log (complete at once), the other services' (the launcher's, the
         # monitor's pre-checks, slowdowns and kept environments) as published, in time order.
-        own = await self.s.rt.store.read_aggregate("job", request.job_id)
+        own = await self.store.read_aggregate(JOB, request.job_id)
         published = [decode(m.data, EventEnvelope) async for m in read_subject(
-            self.s.rt.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
+            self.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
         others = [e for e in published if e.service != SERVICE]
         history = JobHistory(events=sorted(own + others, key=lambda e: e.recorded_at))
         return hide_jobs(history, self.state, identity)

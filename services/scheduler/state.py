@@ -55,6 +55,7 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_duration
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
+from services.scheduler.names import SERVICE
 from services.scheduler.placement import holdings as placement_holdings
 
 
@@ -85,7 +86,6 @@ class Job:
     creator: str
     submitted_at: datetime
     queue_order: int
-    version: int = 0
     status: JobStatus = "queued"
     attempt: int = 0
     flavor: str | None = None
@@ -173,9 +173,7 @@ class SchedulerState:
     jobs: dict[str, Job] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
     settings: AdminSettings = field(default_factory=AdminSettings)
-    settings_version: int = 0
     storage: dict[tuple[str, str], StoredAccess] = field(default_factory=dict)  # J2: (kind, name) -> owner
-    storage_version: int = 0
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -202,11 +200,10 @@ class SchedulerState:
                 self.nodes[event.node_name].lost = False
             return
         if isinstance(event, SettingsChanged):
-            self.settings, self.settings_version = event.settings, envelope.version
+            self.settings = event.settings
             return
         if isinstance(event, StorageAccessSet):
             self.storage[(event.entry.kind, event.entry.name)] = event.entry
-            self.storage_version = envelope.version
             return
         if isinstance(event, JobSubmitted):
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
@@ -216,8 +213,7 @@ class SchedulerState:
         job = self.jobs.get(getattr(event, "job_id", ""))
         if job is None:
             return
-        if envelope.service == "scheduler":
-            job.version = envelope.version
+        if envelope.service == SERVICE:
             self._apply_job_event(job, envelope)
         elif envelope.service == "launcher":
             self._apply_launch_event(job, envelope)

@@ -28,9 +28,10 @@ from libs.contracts.jobspec import (
     OutputRef,
     PerformanceDetection,
 )
+from libs.devstack.harness import TESTER_EMAIL
 from libs.messaging.reader import read_subject
-from tests.e2e.conftest import TESTER_EMAIL, Stack
-from tests.mailbox import Mailbox
+from tests.support.mailbox import Mailbox
+from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 RESILIENT = Path(__file__).parent / "cluster-resilient.yaml"

@@ -14,15 +14,10 @@ import pytest
 
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, LifecycleScripts, OutputRef, decode_spec
 from libs.devstack.stack import REPO_ROOT
-from tests.e2e.conftest import Stack, process_alive
+from tests.support.specs import sleeper
+from tests.support.stack import Stack, process_alive
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
-
-
-def sleeper(name: str, *, nodes: int = 1, seconds: float = 1.0, exit_code: int = 0) -> JobSpec:
-    return JobSpec(name=name, mode="pytorch" if nodes > 1 else "single-node", nodes=nodes, flavors=["cpu-1"],
-                   algorithm=AlgorithmRef(name="sleeper"), output=OutputRef(name=name),
-                   command=f"bash -c \"exec python3 run.py --seconds {seconds} --exit-code {exit_code}\"")
 
 
 async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:

@@ -9,8 +9,8 @@ import pytest
 
 from libs.contracts.events import JobAdmitted, LaunchPlanned, NodeProcessStarted
 from libs.messaging.rpc import ServiceUnavailable
-from tests.e2e.conftest import Stack, process_alive
-from tests.e2e.test_jobs import sleeper
+from tests.support.specs import sleeper
+from tests.support.stack import Stack, process_alive
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 

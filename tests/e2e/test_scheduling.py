@@ -8,8 +8,8 @@ import pytest
 
 from libs.contracts.events import JobAdmitted, JobRescaling
 from libs.contracts.jobspec import CheckpointResume, Elastic, JobSpec
-from tests.e2e.conftest import Stack
-from tests.e2e.test_jobs import sleeper
+from tests.support.specs import sleeper
+from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 POOL_CLUSTER = Path(__file__).parent / "cluster-pool.yaml"

@@ -10,7 +10,7 @@ import pytest
 from agent.workspace import BACKEND_VARIABLE, bwrap_problem
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
-from tests.e2e.conftest import Stack, process_alive
+from tests.support.stack import Stack, process_alive
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 

@@ -1,18 +1,21 @@
-"""Connections for integration tests: a JetStream client, and event stores in the test database."""
+"""Connections for integration tests: a JetStream client, event stores in the test database, and
+schedulers run in the test's process with clients logged in to them."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from pathlib import Path
 
 import asyncpg
 import nats
 import pytest_asyncio
 from nats.aio.client import Client
 
+from client.api import TrainyardClient
 from libs.eventstore import EventStore
 from libs.messaging.connection import ensure_streams
-
-StoreFactory = Callable[[str], Awaitable[EventStore]]
+from tests.support.schedulers import Login, Schedulers, token
+from tests.support.stores import StoreFactory
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -38,3 +41,28 @@ async def make_store(database_url: str) -> AsyncIterator[StoreFactory]:
     yield open_store
     for pool in pools:
         await pool.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def schedulers(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterator[Schedulers]:
+    control = Schedulers(nats_url, database_url, tmp_path / "storage")
+    yield control
+    await control.stop_all()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def login(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterator[Login]:
+    """Starts a scheduler, then opens clients as whoever the test names."""
+    schedulers = Schedulers(nats_url, database_url, tmp_path / "storage")
+    await schedulers.start()
+    clients: list[TrainyardClient] = []
+
+    async def open_as(user: str, *projects: str, admin: bool = False) -> TrainyardClient:
+        client = await TrainyardClient.open(nats_url, token=token(user, *projects, admin=admin))
+        clients.append(client)
+        return client
+
+    yield open_as
+    for client in clients:
+        await client.close()
+    await schedulers.stop_all()

@@ -14,7 +14,7 @@ from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, NodeRecovered
 from libs.eventstore import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, OutboxRelay, Tracking
-from tests.integration.conftest import StoreFactory
+from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

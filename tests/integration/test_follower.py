@@ -16,7 +16,7 @@ from libs.contracts.codec import encode
 from libs.contracts.events import EventEnvelope, JobStopped, NodeRecovered
 from libs.eventstore import EventStore, NewEvent, Tracking
 from libs.messaging.follower import StreamFollower
-from tests.integration.conftest import StoreFactory
+from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

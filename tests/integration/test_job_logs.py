@@ -7,12 +7,10 @@ through the client as different users.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
-import pytest_asyncio
 from nats.aio.client import Client
 
 from client.api import TrainyardClient, TrainyardError
@@ -21,29 +19,9 @@ from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.codec import encode
 from libs.contracts.messages import CommandError, GetJobLogs, LogPage
 from libs.messaging.rpc import call
-from tests.integration.test_scheduler_commands import Schedulers, spec, token
+from tests.support.schedulers import Login, spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-Login = Callable[..., Awaitable[TrainyardClient]]
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def login(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterator[Login]:
-    """Starts a scheduler, then opens clients as whoever the test names."""
-    schedulers = Schedulers(nats_url, database_url, tmp_path / "storage")
-    await schedulers.start()
-    clients: list[TrainyardClient] = []
-
-    async def open_as(user: str, *projects: str) -> TrainyardClient:
-        client = await TrainyardClient.open(nats_url, token=token(user, *projects))
-        clients.append(client)
-        return client
-
-    yield open_as
-    for client in clients:
-        await client.close()
-    await schedulers.stop_all()
 
 
 async def publish_chunk(nc: Client, job_id: str, rank: int, seq: int, lines: list[str], attempt: int = 1) -> None:

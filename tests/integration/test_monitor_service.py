@@ -76,8 +76,8 @@ from libs.messaging.rpc import call
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
 from services.monitor.service import LOGS_CONSUMER, Monitor
-from tests.integration.conftest import StoreFactory
-from tests.mailbox import Mailbox
+from tests.support.mailbox import Mailbox
+from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 T = TypeVar("T")

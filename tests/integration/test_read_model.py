@@ -30,7 +30,7 @@ from libs.contracts.messages import SearchJobs
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import EventStore, NewEvent
 from services.scheduler.read_model import MAX_LIMIT, JobSearchProjection
-from tests.integration.conftest import StoreFactory
+from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

@@ -7,42 +7,12 @@ each command records.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from pathlib import Path
-
 import pytest
-import pytest_asyncio
 
-from client.api import TrainyardClient, TrainyardError
-from tests.integration.test_scheduler_commands import Schedulers, spec, token
+from client.api import TrainyardClient
+from tests.support.schedulers import Login, refused, spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-Login = Callable[..., Awaitable[TrainyardClient]]
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def login(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterator[Login]:
-    """Starts a scheduler, then opens clients as whoever the test names."""
-    schedulers = Schedulers(nats_url, database_url, tmp_path / "storage")
-    await schedulers.start()
-    clients: list[TrainyardClient] = []
-
-    async def open_as(user: str, *projects: str, admin: bool = False) -> TrainyardClient:
-        client = await TrainyardClient.open(nats_url, token=token(user, *projects, admin=admin))
-        clients.append(client)
-        return client
-
-    yield open_as
-    for client in clients:
-        await client.close()
-    await schedulers.stop_all()
-
-
-async def refused(call: Awaitable[object]) -> TrainyardError:
-    with pytest.raises(TrainyardError) as caught:
-        await call
-    return caught.value
 
 
 async def test_requests_without_a_valid_token_are_refused(login: Login, nats_url: str) -> None:

@@ -9,11 +9,9 @@ import pytest
 
 from client.api import TrainyardClient
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef
-from tests.integration.test_scheduler_commands import Schedulers, schedulers, spec, token
-from tests.integration.test_scheduler_operations import Login, login, refused
+from tests.support.schedulers import Login, Schedulers, refused, spec, token
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-__all__ = ["login", "schedulers"]  # fixtures, imported for the tests here
 
 
 def add_dataset(tmp_path: Path) -> None:

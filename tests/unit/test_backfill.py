@@ -10,7 +10,7 @@ from datetime import datetime, timedelta
 from libs.contracts.cluster import Flavor
 from libs.contracts.jobspec import PRIORITY_RANK
 from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob
-from tests.unit.test_placement import (
+from tests.support.placement import (
     CPU4,
     FLAVORS,
     GPU8,

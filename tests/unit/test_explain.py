@@ -10,7 +10,7 @@ from libs.contracts.cluster import Resources
 from libs.contracts.scheduling import FlavorWait, NodeShortage
 from services.scheduler.explain import explain
 from services.scheduler.placement import NodeCapacity, RunningJob
-from tests.unit.test_placement import (
+from tests.support.placement import (
     FLAVORS,
     GPU4,
     NOW,

@@ -36,9 +36,10 @@ from libs.contracts.jobspec import CheckpointResume, DebugTerminal, FaultRestart
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import Tracking
 from libs.messaging.rpc import ServiceUnavailable
-from services.launcher import service as launcher_service
+from services.launcher import dispatcher as launcher_dispatcher
 from services.launcher.service import Launcher
-from tests.unit.test_resume import CLUSTER, JOB, EventLog, fake_runtime, job_spec, plain_spec
+from tests.support.eventlog import EventLog, fake_runtime
+from tests.support.platform import CLUSTER, JOB, job_spec, plain_spec
 
 GRACE = 10.0  # the platform's stop grace for jobs without checkpoint resume
 
@@ -75,24 +76,26 @@ class Site:
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
         self.log = EventLog()
         self.agents = Agents()
-        monkeypatch.setattr(launcher_service, "call", self.agents)
+        monkeypatch.setattr(launcher_dispatcher, "call", self.agents)
         self.clock = [1000.0]
-        monkeypatch.setattr(launcher_service, "time", SimpleNamespace(monotonic=lambda: self.clock[0]))
+        monkeypatch.setattr(launcher_dispatcher, "time", SimpleNamespace(monotonic=lambda: self.clock[0]))
         runtime = fake_runtime(self.log, "launcher", stop_grace_seconds=GRACE, stop_give_up_seconds=60.0)
         self.launcher = Launcher(runtime, CLUSTER)
+        self.upstreams = {upstream.consumer: upstream for upstream in self.launcher.upstreams()}
         self.reports = 0
 
     async def scheduler(self, event: Any) -> None:
         aggregate_type, aggregate_id = ("settings", "platform") if isinstance(event, SettingsChanged) \
             else ("job", event.job_id)
         envelope: EventEnvelope = self.log.record("scheduler", aggregate_type, aggregate_id, event)
-        await self.launcher.on_scheduler_event(envelope, cast(Msg, None),
-                                               Tracking("scheduler-events", envelope.position))
+        await self.launcher.on_upstream(self.upstreams["scheduler-events"], envelope, None,
+                                        Tracking("scheduler-events", envelope.position))
 
     async def report(self, report: ProcessStarted | ProcessExited) -> None:
         self.reports += 1
-        await self.launcher.on_agent_report(report, cast(Msg, SimpleNamespace(headers=None)),
-                                            Tracking("agent-reports", self.reports))
+        msg = cast(Msg, SimpleNamespace(headers=None))
+        await self.launcher.on_upstream(self.upstreams["agent-reports"], report, msg,
+                                        Tracking("agent-reports", self.reports))
 
     async def run(self, spec: JobSpec, nodes: list[str], attempt: int = 1) -> None:
         """Submit and admit the job, start it, and have every rank report started."""
@@ -109,7 +112,7 @@ class Site:
 
     async def dispatch(self) -> None:
         self.clock[0] += 60.0  # whatever was sent before is due again
-        await self.launcher.dispatch_once()
+        await self.launcher.dispatcher.dispatch_once()
 
     def recorded(self, kind: type) -> list[Any]:
         return [e for e in self.log.of("launcher", JOB) if isinstance(e, kind)]
@@ -156,7 +159,7 @@ async def test_the_signal_is_sent_once_while_the_job_saves(site: Site) -> None:
     await site.run(job_spec(), ["n1"])
     await site.scheduler(JobResuming(job_id=JOB, attempt=1, reason="node n1 is unhealthy: nic:eth0 faulty"))
     answer = site.agents.hold = asyncio.Event()
-    first = asyncio.ensure_future(site.launcher.dispatch_once())
+    first = asyncio.ensure_future(site.launcher.dispatcher.dispatch_once())
     while not site.agents.stops():
         await asyncio.sleep(0)
     await site.dispatch()  # long after, the agent still has not answered

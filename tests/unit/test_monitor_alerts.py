@@ -5,14 +5,14 @@ from __future__ import annotations
 from libs.contracts.events import JobResuming
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef, PerformanceDetection
 from libs.contracts.scheduling import AdminSettings
+from libs.lifecycle import JobRecord
 from services.monitor import alerts
-from services.monitor.jobs import FollowedJob
 from services.monitor.performance import Incident
 
-JOB = FollowedJob(job_id="job-0123456789ab", creator="alice", creator_email="alice@example.com",
-                  spec=JobSpec(name="bert", flavors=["cpu-1"], algorithm=AlgorithmRef(name="a"),
-                               command="python3 t.py", output=OutputRef(name="o"),
-                               checkpoint_resume=CheckpointResume(max_resumes=3)))
+JOB = JobRecord(job_id="job-0123456789ab", creator="alice", creator_email="alice@example.com",
+                spec=JobSpec(name="bert", flavors=["cpu-1"], algorithm=AlgorithmRef(name="a"),
+                             command="python3 t.py", output=OutputRef(name="o"),
+                             checkpoint_resume=CheckpointResume(max_resumes=3)))
 OPERATORS = ["ops@example.com", "alice@example.com"]
 
 

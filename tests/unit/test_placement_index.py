@@ -10,8 +10,8 @@ from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.contracts.events import Placement, Role
 from libs.contracts.jobspec import JobSpec
 from services.scheduler.placement import Capacity, Cluster, eligible, parameter_server_count, place, role_flavor
-from tests.unit.test_placement import info
-from tests.unit.test_scheduling_properties import BOARDS, SETTINGS, flavor_sets, job_specs
+from tests.support.placement import info
+from tests.support.strategies import BOARDS, SETTINGS, flavor_sets, job_specs
 
 
 def by_the_rule(free: dict[str, Resources], infos: dict[str, NodeInfo], spec: JobSpec, flavor: Flavor,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import threading
 from dataclasses import dataclass, replace
 from datetime import datetime, timedelta
 
@@ -16,6 +15,7 @@ from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, Job
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
 from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, eligible, holdings, schedule
+from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction import (
     Expected,
     Plan,
@@ -28,7 +28,7 @@ from services.scheduler.prediction import (
 )
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, expected_runtimes
-from tests.unit.test_placement import (
+from tests.support.placement import (
     FLAVORS,
     NOW,
     admitted,
@@ -39,7 +39,8 @@ from tests.unit.test_placement import (
     run_on,
     spec,
 )
-from tests.unit.test_scheduling_properties import SETTINGS, Scenario, job_specs, scenarios
+from tests.support.runtime_model import GatedModel
+from tests.support.strategies import SETTINGS, Scenario, job_specs, scenarios
 
 
 def at(seconds: int) -> datetime:
@@ -323,27 +324,6 @@ def test_the_cache_learns_from_jobs_that_end() -> None:
 # --- the cache in a worker thread: the event loop goes on while a plan is made ------------------------------
 
 
-class GatedModel(RuntimeModel):
-    """A runtime model whose next estimate, once armed, waits until released: a plan made in a worker
-    thread stops half-way there."""
-
-    def __init__(self) -> None:
-        super().__init__(min_samples=1)
-        self.armed = False
-        self.entered, self.released = threading.Event(), threading.Event()
-
-    def runtime(self, traits: Traits, limit: int | None, elapsed: float = 0.0) -> float | None:
-        if self.armed:
-            self.armed = False
-            self.entered.set()
-            self.released.wait(timeout=60)
-        return super().runtime(traits, limit, elapsed)
-
-    async def planning(self) -> None:
-        """Until a plan has stopped at the gate."""
-        assert await asyncio.to_thread(self.entered.wait, 60)
-
-
 def two_node_queue() -> PlanInputs:
     """a frees up in 10 minutes, b in 20, c never; job-1 needs two nodes for up to an hour."""
     nodes, running = three_busy_nodes()
@@ -360,8 +340,9 @@ async def test_a_job_that_ends_while_a_thread_plans_teaches_the_model_once_the_p
     inputs = two_node_queue()
     model = GatedModel()
     cache = PredictionCache(model)
+    planning = PlanningThread(cache)
     model.armed = True
-    first = asyncio.create_task(cache.forecast_in_thread(spec(1), clock=lambda: NOW, inputs=lambda: inputs))
+    first = asyncio.create_task(planning.forecast(spec(1), clock=lambda: NOW, inputs=lambda: inputs))
     await model.planning()
     # Meanwhile the loop folds an end: a job like job-1 that ran 10 minutes of its hour.
     ended = Record(spec(2), flavor="cpu-4", started_at=at(-3600), ended_at=at(-3000), duration_seconds=3600)
@@ -371,7 +352,7 @@ async def test_a_job_that_ends_while_a_thread_plans_teaches_the_model_once_the_p
     assert (await first).prediction == fresh(inputs, RuntimeModel(), spec(1), NOW)
     assert (await first).prediction.estimated_start == at(4800)  # job-1 runs its hour on a and b
     assert model.observed == 1
-    second = await cache.forecast_in_thread(spec(1), clock=lambda: at(10), inputs=lambda: inputs)
+    second = await planning.forecast(spec(1), clock=lambda: at(10), inputs=lambda: inputs)
     assert second.prediction == fresh(inputs, model, spec(1), at(10))
     assert (second.prediction.predicted_at, second.prediction.estimated_start) == (at(10), at(1800))
 
@@ -380,6 +361,7 @@ async def test_jobs_submitted_while_a_thread_plans_are_taken_into_the_kept_plan(
     inputs = two_node_queue()
     model = GatedModel()
     cache = PredictionCache(model)
+    planning = PlanningThread(cache)
     made: list[PlanInputs] = []
 
     def current() -> PlanInputs:
@@ -387,7 +369,7 @@ async def test_jobs_submitted_while_a_thread_plans_are_taken_into_the_kept_plan(
         return made[-1]
 
     model.armed = True
-    first = asyncio.create_task(cache.forecast_in_thread(spec(1), clock=lambda: NOW, inputs=current))
+    first = asyncio.create_task(planning.forecast(spec(1), clock=lambda: NOW, inputs=current))
     await model.planning()
     record = Record(spec(1), creator="bob", duration_seconds=600)
     later = replace(inputs, queue=[*inputs.queue, QueuedJob("job-2", spec(1), 600)],
@@ -395,7 +377,7 @@ async def test_jobs_submitted_while_a_thread_plans_are_taken_into_the_kept_plan(
     cache.applied(envelope(JobSubmitted(job_id="job-2", spec=spec(1), creator="bob")), later.jobs)
     model.released.set()
     assert (await first).prediction == fresh(inputs, model, spec(1), NOW)  # as of when it was planned
-    second = await cache.forecast_in_thread(spec(1), clock=lambda: at(5), inputs=current)
+    second = await planning.forecast(spec(1), clock=lambda: at(5), inputs=current)
     assert second.prediction == fresh(later, model, spec(1), NOW)  # job-2 counted, from the kept plan
     assert second.prediction.jobs_ahead == 2 and len(made) == 1
 
@@ -404,13 +386,14 @@ async def test_a_prediction_given_up_while_its_thread_plans_leaves_the_cache_usa
     inputs = two_node_queue()
     model = GatedModel()
     cache = PredictionCache(model)
+    planning = PlanningThread(cache)
     model.armed = True
-    abandoned = asyncio.create_task(cache.forecast_in_thread(spec(1), clock=lambda: NOW, inputs=lambda: inputs))
+    abandoned = asyncio.create_task(planning.forecast(spec(1), clock=lambda: NOW, inputs=lambda: inputs))
     await model.planning()
     abandoned.cancel()
     await asyncio.gather(abandoned, return_exceptions=True)
     assert abandoned.cancelled()
-    waiting = asyncio.create_task(cache.forecast_in_thread(spec(3), clock=lambda: NOW, inputs=lambda: inputs))
+    waiting = asyncio.create_task(planning.forecast(spec(3), clock=lambda: NOW, inputs=lambda: inputs))
     model.released.set()
     assert (await waiting).prediction == fresh(inputs, model, spec(3), NOW)
 

@@ -21,7 +21,8 @@ from libs.contracts.events import (
     NodeUnhealthy,
 )
 from libs.contracts.jobspec import FaultRestart
-from tests.unit.test_resume import JOB, Platform, plain_spec
+from services.scheduler.names import job_change
+from tests.support.platform import JOB, Platform, plain_spec
 
 
 @pytest.fixture
@@ -114,7 +115,7 @@ async def test_a_job_without_fault_restart_fails_at_once(platform: Platform) -> 
 
 async def test_a_failure_after_a_stop_request_is_not_restarted(platform: Platform) -> None:
     await started(platform, restarts=3)
-    await platform.scheduler.append([(JOB, JobStopRequested(job_id=JOB, by="alice"))])
+    await platform.scheduler.record([job_change(JobStopRequested(job_id=JOB, by="alice"))])
     await platform.launcher(failure(1))
     assert not any(isinstance(e, JobRestarting) for e in platform.recorded(JOB))
 
@@ -122,7 +123,7 @@ async def test_a_failure_after_a_stop_request_is_not_restarted(platform: Platfor
 async def test_a_stop_asked_while_the_job_restarts_ends_it_stopped(platform: Platform) -> None:
     await started(platform, restarts=3)
     await platform.launcher(failure(1))
-    await platform.scheduler.append([(JOB, JobStopRequested(job_id=JOB, by="alice"))])
+    await platform.scheduler.record([job_change(JobStopRequested(job_id=JOB, by="alice"))])
     await platform.launcher(LaunchStopped(job_id=JOB, attempt=1))
     assert isinstance(platform.last(JOB), JobStopped)
 

@@ -7,18 +7,9 @@ way its followers would, and what it records is read back from the log.
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
-from types import SimpleNamespace
-from typing import Any, cast
-
-import msgspec
 import pytest
-from nats.aio.msg import Msg
 
-from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo
 from libs.contracts.events import (
-    Event,
-    EventEnvelope,
     JobAdmitted,
     JobFailed,
     JobPrecheckFailed,
@@ -28,169 +19,23 @@ from libs.contracts.events import (
     JobResuming,
     JobStopped,
     JobStopRequested,
-    JobSubmitted,
     LaunchFailed,
     LaunchStopped,
-    LaunchSucceeded,
     NodeHealthy,
-    NodeLost,
-    NodeRegistered,
     NodeUnhealthy,
     PerformanceDegraded,
     PrecheckCompleted,
-    SettingsChanged,
 )
-from libs.contracts.health import ComponentHealth, NodeCheck
-from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, Elastic, JobSpec, OutputRef, PerformanceDetection
-from libs.contracts.messages import JobView
-from libs.contracts.scheduling import AdminSettings
-from libs.eventstore import NewEvent, Tracking
-from libs.runtime import ServiceRuntime
-from libs.settings import Settings
+from libs.contracts.jobspec import CheckpointResume, Elastic, PerformanceDetection
 from services.autoscaler.state import DemandState
-from services.scheduler.service import Scheduler
-from services.scheduler.state import SchedulerState
+from services.scheduler.names import job_change
 from services.scheduler.views import node_views
-
-T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
-CPU4 = Flavor(name="cpu-4", cpus=4, memory_mib=8192)
-CLUSTER = ClusterConfig(flavors=[CPU4])
-POOL = "resilient"
-
-
-class EventLog:
-    """Every service's events in the order they were recorded, numbered as the event stores do."""
-
-    def __init__(self) -> None:
-        self.envelopes: list[EventEnvelope] = []
-        self.versions: dict[tuple[str, str, str], int] = {}
-        self.now = T0
-
-    def record(self, service: str, aggregate_type: str, aggregate_id: str, event: Any) -> EventEnvelope:
-        key = (service, aggregate_type, aggregate_id)
-        self.versions[key] = self.versions.get(key, 0) + 1
-        self.now += timedelta(seconds=1)
-        envelope = EventEnvelope(event_id=f"e{len(self.envelopes) + 1}", service=service,
-                                 aggregate_type=aggregate_type, aggregate_id=aggregate_id,
-                                 version=self.versions[key], position=len(self.envelopes) + 1,
-                                 recorded_at=self.now, event=event)
-        self.envelopes.append(envelope)
-        return envelope
-
-    def of(self, service: str, job_id: str) -> list[Any]:
-        return [e.event for e in self.envelopes if e.service == service and e.aggregate_id == job_id]
-
-
-class FakeStore:
-    """One service's event store, appending to the shared log (versions checked as PostgreSQL would)."""
-
-    def __init__(self, log: EventLog, service: str) -> None:
-        self.log, self.service, self.schema, self.pool = log, service, service, None
-
-    async def append(self, events: list[NewEvent], *, expected_versions: dict[tuple[str, str], int],
-                     tracking: Tracking | None = None, trace: dict[str, str] | None = None) -> list[EventEnvelope]:
-        for (aggregate_type, aggregate_id), version in expected_versions.items():
-            assert self.log.versions.get((self.service, aggregate_type, aggregate_id), 0) == version
-        return [self.log.record(self.service, new.aggregate_type, new.aggregate_id, new.event) for new in events]
-
-
-def fake_runtime(log: EventLog, service: str, **settings: Any) -> ServiceRuntime:
-    runtime = SimpleNamespace(settings=Settings(auth_secret="unit-tests", **settings), store=FakeStore(log, service),
-                              nc=None)
-    return cast(ServiceRuntime, runtime)
-
-
-def job_spec(nodes: int = 1, **changes: Any) -> JobSpec:
-    base = JobSpec(name="train", mode="pytorch" if nodes > 1 else "single-node", nodes=nodes, flavors=["cpu-4"],
-                   pool=POOL, algorithm=AlgorithmRef(name="code"), command="python3 train.py",
-                   output=OutputRef(name="out"), checkpoint_resume=CheckpointResume(max_resumes=3))
-    return msgspec.structs.replace(base, **changes)
-
-
-def plain_spec(nodes: int = 1, **changes: Any) -> JobSpec:
-    return job_spec(nodes, checkpoint_resume=None, **changes)
-
-
-def check(node: str, *problems: str) -> NodeCheck:
-    checks = [ComponentHealth(kind="board", name=p, healthy=False, detail="xid 79") for p in problems]
-    return NodeCheck(node=node, passed=not problems, checks=checks)
-
-
-class Platform:
-    """A scheduler, and the monitor's and launcher's events as its followers deliver them."""
-
-    def __init__(self) -> None:
-        self.log = EventLog()
-        self.scheduler = Scheduler(fake_runtime(self.log, "scheduler"), CLUSTER, clock=lambda: self.log.now)
-
-    @property
-    def state(self) -> SchedulerState:
-        return self.scheduler.state
-
-    async def deliver(self, envelope: EventEnvelope) -> None:
-        await self.scheduler.on_upstream(envelope, cast(Msg, None), Tracking("upstream", envelope.position))
-
-    async def node(self, name: str, cpus: float = 4, pools: tuple[str, ...] = (POOL,)) -> None:
-        info = NodeInfo(name=name, address=f"addr-{name}", cpus=cpus, memory_mib=65536, pools=list(pools))
-        await self.deliver(self.log.record("monitor", "node", name, NodeRegistered(node=info)))
-
-    async def node_event(self, event: NodeLost | NodeUnhealthy | NodeHealthy) -> None:
-        await self.deliver(self.log.record("monitor", "node", event.node_name, event))
-
-    async def lose(self, name: str) -> None:
-        await self.node_event(NodeLost(node_name=name, last_seen=self.log.now, reason="no heartbeat for 12s"))
-
-    async def monitor(self, event: PrecheckCompleted | PerformanceDegraded) -> None:
-        await self.deliver(self.log.record("monitor", "job", event.job_id, event))
-
-    async def launcher(self, event: LaunchSucceeded | LaunchFailed | LaunchStopped) -> None:
-        await self.deliver(self.log.record("launcher", "launch", event.job_id, event))
-
-    async def submit(self, job_id: str, spec: JobSpec) -> None:
-        await self.scheduler.append([(job_id, JobSubmitted(job_id=job_id, spec=spec, creator="alice"))])
-
-    async def settings(self, **changes: Any) -> None:
-        await self.scheduler.append_settings(SettingsChanged(settings=AdminSettings(**changes), by="root"))
-
-    async def cycle(self) -> None:
-        await self.scheduler.run_cycle()
-
-    async def start(self, job_id: str) -> JobAdmitted:
-        """Place a checkpoint-resume job and pass its pre-check."""
-        await self.cycle()
-        precheck = self.last(job_id)
-        assert isinstance(precheck, JobPrechecking), precheck
-        await self.monitor(PrecheckCompleted(job_id=job_id, attempt=precheck.attempt, passed=True,
-                                             nodes=[check(p.node) for p in precheck.placement]))
-        admitted = self.last(job_id)
-        assert isinstance(admitted, JobAdmitted), admitted
-        return admitted
-
-    def recorded(self, job_id: str) -> list[Event]:
-        return cast(list[Event], self.log.of("scheduler", job_id))
-
-    def last(self, job_id: str) -> Event:
-        return self.recorded(job_id)[-1]
-
-    def view(self, job_id: str) -> JobView:
-        return self.state.view(self.state.jobs[job_id])
-
-    def nodes_of(self, job_id: str) -> list[str]:
-        return [p.node for p in self.state.jobs[job_id].placement]
-
-    def replayed(self) -> SchedulerState:
-        state = SchedulerState(CLUSTER)
-        for envelope in self.log.envelopes:
-            state.apply(envelope)
-        return state
+from tests.support.platform import JOB, OTHER, Platform, check, job_spec, plain_spec
 
 
 @pytest.fixture
 def platform() -> Platform:
     return Platform()
-
-
-JOB, OTHER = "job-000000000001", "job-000000000002"
 
 
 # --- M1: pre-checks ----------------------------------------------------------------------------------------
@@ -331,7 +176,7 @@ async def test_a_stop_asked_while_the_job_is_moved_ends_it_stopped(platform: Pla
     await platform.submit(JOB, job_spec())
     await platform.start(JOB)
     await platform.node_event(NodeUnhealthy(node_name="n1", problems=["nic:eth0 faulty"]))
-    await platform.scheduler.append([(JOB, JobStopRequested(job_id=JOB, by="alice"))])
+    await platform.scheduler.record([job_change(JobStopRequested(job_id=JOB, by="alice"))])
     await platform.launcher(LaunchStopped(job_id=JOB, attempt=1))
     assert isinstance(platform.last(JOB), JobStopped)
 

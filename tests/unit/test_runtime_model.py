@@ -22,8 +22,8 @@ from libs.contracts.jobspec import JobSpec
 from services.scheduler.prediction_cache import PredictionCache
 from services.scheduler.runtime_model import RuntimeModel, Traits, expected_runtimes, kind_of
 from services.scheduler.state import SchedulerState
-from tests.unit.test_placement import CPU4, FLAVORS, NOW, queued, run_on, spec
-from tests.unit.test_scheduling_properties import SETTINGS
+from tests.support.placement import CPU4, FLAVORS, NOW, queued, run_on, spec
+from tests.support.strategies import SETTINGS
 
 ANN = Traits(creator="ann", project="vision", kind="resnet", flavor="cpu-4", nodes=1)
 BOB = Traits(creator="bob", project="vision", kind="resnet", flavor="cpu-4", nodes=1)

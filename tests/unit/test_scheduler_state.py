@@ -44,7 +44,9 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
 from libs.contracts.scheduling import AdminSettings
+from services.scheduler.names import job_change
 from services.scheduler.state import SchedulerState
+from tests.support.platform import Platform, plain_spec
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 CPU4 = Flavor(name="cpu-4", cpus=4, memory_mib=8192)
@@ -220,13 +222,17 @@ def test_readmission_starts_a_new_attempt(log: Log) -> None:
     assert [i.node for i in job.instances.values()] == ["n2"]
 
 
-def test_job_version_tracks_its_own_scheduler_events(log: Log) -> None:
-    log.submit("a")
-    log.submit("b")
-    log.admit("a", ["n1"])
-    log.apply(NodeProcessStarted(job_id="a", attempt=1, rank=0, node="n1", pid=5), service="launcher")
-    assert log.state.jobs["a"].version == 2
-    assert log.state.jobs["b"].version == 1
+async def test_job_version_tracks_its_own_scheduler_events() -> None:
+    platform = Platform()
+    await platform.submit("a", plain_spec())
+    await platform.submit("b", plain_spec())
+    placement = [Placement(rank=0, node="n1", address="addr-n1", slots=1)]
+    await platform.scheduler.record([job_change(JobAdmitted(job_id="a", attempt=1, flavor="cpu-4",
+                                                            placement=placement))])
+    await platform.deliver(platform.log.record("launcher", "launch", "a", NodeProcessStarted(
+        job_id="a", attempt=1, rank=0, node="n1", pid=5)))
+    assert platform.scheduler.version("job", "a") == 2
+    assert platform.scheduler.version("job", "b") == 1
 
 
 def test_submission_trace_is_kept_for_the_admission(log: Log) -> None:

@@ -10,7 +10,7 @@ from libs.contracts.messages import NodeList, ResourceList, WhyReply
 from libs.contracts.scheduling import AdminSettings, WhyReport
 from services.scheduler.views import node_resources, node_views
 from services.scheduler.visibility import HIDDEN_JOB, hide_applications, hide_jobs
-from tests.unit.test_scheduler_views import Fold
+from tests.support.scheduler_state import Fold
 
 MINE, SHARED, PRIVATE = "job-00000000000a", "job-00000000000b", "job-00000000000c"
 BOB = Identity(user="bob", projects=["default"])

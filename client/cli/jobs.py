@@ -1,0 +1,250 @@
+"""Job commands: submit, list, show, logs, events, wait, stop, delete, clone, devenv and search."""
+
+from __future__ import annotations
+
+import sys
+from datetime import datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import msgspec
+import typer
+
+from client.cli.output import fail, print_json, print_log_lines, print_pairs, print_table, say
+from client.cli.overrides import OverrideError, clone_overrides
+from client.cli.params import FollowOption, JobIdArgument, JsonOption, job_statuses, read_spec, refusing
+from client.cli.render import (
+    EVENT_COLUMNS,
+    INSTANCE_COLUMNS,
+    JOB_COLUMNS,
+    SEARCH_COLUMNS,
+    event_row,
+    instance_row,
+    job_detail_rows,
+    job_rows,
+    search_cells,
+    status_cell,
+)
+from client.cli.runner import connected
+
+if TYPE_CHECKING:
+    from client.api import TrainyardClient
+    from libs.contracts.messages import JobView
+
+commands = typer.Typer()
+
+StatusOption = Annotated[list[str] | None, typer.Option("--status", "-s", help="Only these statuses (repeatable).",
+                                                        callback=refusing(job_statuses))]
+
+
+@commands.command()
+@connected
+async def submit(client: TrainyardClient,
+                 file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False,
+                                                      callback=refusing(read_spec))],
+                 follow: FollowOption = False,
+                 as_json: JsonOption = False) -> None:
+    """Submit a job described in FILE."""
+    spec = read_spec(file)
+    accepted = await client.submit(spec)
+    if as_json:
+        print_json(accepted)
+    else:
+        say("submitted ", (accepted.job_id, "bold"), f" ({spec.name}): {accepted.status}")
+    if follow:
+        job = await follow_job(client, accepted.job_id)
+        if job.status != "succeeded":
+            raise typer.Exit(1)
+
+
+async def follow_job(client: TrainyardClient, job_id: str) -> JobView:
+    """Print status changes and every node's log lines until the job ends."""
+    import asyncio  # loaded already: this runs in the command's event loop
+
+    last_status: list[str] = []
+
+    def on_change(job: JobView) -> None:
+        running = sum(i.state == "running" for i in job.instances)
+        if job.status == "queued":
+            detail = f" (position {job.queue_position})" if job.queue_position else ""
+        elif job.status == "running" and last_status[-1:] != ["running"]:
+            detail = " on " + ", ".join(f"rank {p.rank}@{p.node}" for p in job.placement)
+        elif job.status == "running":
+            detail = f": {running}/{len(job.instances)} instances running"
+        else:
+            detail = f": {job.reason}" if job.reason else ""
+        last_status.append(job.status)
+        say((datetime.now().strftime("%H:%M:%S"), "dim"), f" {job.job_id} ", status_cell(job.status), detail)
+
+    async def print_logs() -> None:
+        async for chunk in client.logs(job_id, follow=True):
+            print_log_lines(chunk.rank, chunk.lines, prefix=True)
+
+    log_task = asyncio.create_task(print_logs())
+    job = await client.wait(job_id, on_change=on_change)
+    await log_task
+    return job
+
+
+@commands.command("list")
+@connected
+async def list_jobs(client: TrainyardClient,
+                    status: StatusOption = None,
+                    project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
+                    show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list worker instances "
+                                                           "(rank > 0) of multi-node jobs.")] = False,
+                    as_json: JsonOption = False) -> None:
+    """List jobs, newest first: one row per job, its master instance (L8)."""
+    jobs = await client.list_jobs(job_statuses(status), project)
+    if not show_all:
+        jobs = [msgspec.structs.replace(j, instances=[i for i in j.instances if i.rank == 0]) for j in jobs]
+    if as_json:
+        print_json(jobs)
+    elif not jobs:
+        say("no jobs")
+    else:
+        print_table(JOB_COLUMNS, [row for job in jobs for row in job_rows(job)])
+
+
+@commands.command()
+@connected
+async def show(client: TrainyardClient, job_id: JobIdArgument, as_json: JsonOption = False) -> None:
+    """Show a job: its state, placement and per-node instances."""
+    details = await client.get_job(job_id)
+    usage = {sample.rank: sample for sample in await client.usage(job_id)}
+    if as_json:
+        print_json({**msgspec.to_builtins(details), "usage": msgspec.to_builtins(list(usage.values()))})
+        return
+    print_pairs(job_detail_rows(details))
+    if details.job.instances:
+        print_table(INSTANCE_COLUMNS, [instance_row(inst, usage.get(inst.rank)) for inst in details.job.instances],
+                    title="instances")
+
+
+@commands.command()
+@connected
+async def logs(client: TrainyardClient, job_id: JobIdArgument,
+               node: Annotated[int | None, typer.Option("--node", "-n", help="Only this rank.")] = None,
+               follow: FollowOption = False) -> None:
+    """Print a job's logs: every node merged with rank prefixes, or one node."""
+    await client.get_job(job_id)  # a clear error for an unknown job
+    async for chunk in client.logs(job_id, node, follow=follow):
+        print_log_lines(chunk.rank, chunk.lines, prefix=node is None)
+
+
+@commands.command()
+@connected
+async def events(client: TrainyardClient, job_id: JobIdArgument, as_json: JsonOption = False) -> None:
+    """Print the full event history of a job across services."""
+    history = await client.history(job_id)
+    if not history:
+        raise fail(f"no events for {job_id}", "check the id with `trainyard list`")
+    if as_json:
+        print_json(history)
+        return
+    print_table(EVENT_COLUMNS, [event_row(envelope) for envelope in history])
+
+
+@commands.command()
+@connected
+async def wait(client: TrainyardClient, job_id: JobIdArgument,
+               timeout: Annotated[float | None, typer.Option(help="Give up after this many seconds.")] = None) -> None:
+    """Wait until a job ends; exit 0 only if it succeeded."""
+    try:
+        job = await client.wait(job_id, timeout=timeout)
+    except TimeoutError as exc:
+        raise fail(str(exc), "wait longer with --timeout, or drop it to wait until the job ends") from None
+    say(f"{job.job_id} ", status_cell(job.status), f": {job.reason}" if job.reason else "")
+    if job.status != "succeeded":
+        raise typer.Exit(1)
+
+
+@commands.command()
+@connected
+async def stop(client: TrainyardClient, job_ids: Annotated[list[str], typer.Argument(help="Job ids.")]) -> None:
+    """Stop jobs: queued ones leave the queue, running ones are terminated."""
+    done = await client.stop(job_ids)
+    say(done.message)
+
+
+@commands.command()
+@connected
+async def delete(client: TrainyardClient, job_ids: Annotated[list[str], typer.Argument(help="Job ids.")]) -> None:
+    """Delete ended jobs (stop running ones first)."""
+    done = await client.delete(job_ids)
+    say(done.message)
+
+
+def checked_overrides(file: Path | None, items: list[str] | None, name: str | None = None) -> dict[str, Any]:
+    try:
+        return clone_overrides(file, items or [], name)
+    except OverrideError as exc:
+        raise fail(str(exc), exc.hint) from None
+
+
+def checked_set_options(items: list[str] | None) -> dict[str, Any]:
+    return checked_overrides(None, items)
+
+
+def checked_overrides_file(path: Path | None) -> dict[str, Any]:
+    return checked_overrides(path, None)
+
+
+@commands.command()
+@connected
+async def clone(client: TrainyardClient,
+                job_id: Annotated[str, typer.Argument(help="The job to copy.")],
+                set_: Annotated[list[str] | None, typer.Option(
+                    "--set", help="Replace a top-level spec field: key=value, the value read as YAML (repeatable).",
+                    callback=refusing(checked_set_options))] = None,
+                file: Annotated[Path | None, typer.Option(
+                    "--file", "-f", help="YAML mapping of top-level fields to replace.", exists=True, dir_okay=False,
+                    callback=refusing(checked_overrides_file))] = None,
+                name: Annotated[str | None, typer.Option("--name", help="The new job's name.")] = None,
+                as_json: JsonOption = False) -> None:
+    """Create a job from another's spec, with fields replaced (O1); prints the new job's id."""
+    accepted = await client.clone(job_id, checked_overrides(file, set_, name))
+    if as_json:
+        print_json(accepted)
+        return
+    say(f"cloned {job_id} as ", (accepted.job_id, "bold"), f": {accepted.status}")
+
+
+@commands.command()
+@connected
+async def devenv(client: TrainyardClient, job_id: JobIdArgument,
+                 output: Annotated[Path | None, typer.Option("--output", "-o", help="Write the YAML to this file.",
+                                                             dir_okay=False)] = None) -> None:
+    """Print a development environment spec derived from a job (O4), as YAML."""
+    spec = await client.devenv(job_id)
+    document = msgspec.yaml.encode(spec).decode()
+    if output is None:
+        sys.stdout.write(document)
+        return
+    output.write_text(document)
+    say(f"wrote the development environment of {job_id} to {output}")
+
+
+@commands.command()
+@connected
+async def search(client: TrainyardClient,
+                 name: Annotated[str | None, typer.Option(help="Part of the name (any case).")] = None,
+                 status: StatusOption = None,
+                 creator: Annotated[str | None, typer.Option(help="Created by this user.")] = None,
+                 algorithm: Annotated[str | None, typer.Option(help="Runs this own algorithm.")] = None,
+                 favorite_algorithm: Annotated[str | None, typer.Option(help="Runs this favourite algorithm.")] = None,
+                 flavor: Annotated[str | None, typer.Option(help="Has this flavor among its flavors.")] = None,
+                 output: Annotated[str | None, typer.Option(help="Writes to this output location.")] = None,
+                 project: Annotated[str | None, typer.Option(help="In this project.")] = None,
+                 limit: Annotated[int, typer.Option(min=1, help="At most this many jobs.")] = 200,
+                 as_json: JsonOption = False) -> None:
+    """Search the jobs you may see (O2); every filter given must match."""
+    jobs = await client.search(name=name, statuses=job_statuses(status), creator=creator, algorithm=algorithm,
+                               favorite_algorithm=favorite_algorithm, flavor=flavor, output=output,
+                               project=project, limit=limit)
+    if as_json:
+        print_json(jobs)
+    elif not jobs:
+        say("no jobs match")
+    else:
+        print_table(SEARCH_COLUMNS, [search_cells(job) for job in jobs])

@@ -1,0 +1,371 @@
+"""What the CLI shows, as text: pure functions from the services' answers to sentences and table rows.
+
+Nothing here writes or connects, so it can be checked without a stack. A table cell is plain text or
+`(text, style)` (a rich style name); text from the services is never read as markup.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from datetime import UTC, datetime
+from typing import TYPE_CHECKING
+
+import msgspec
+
+from libs.contracts.events import AlertRaised, LaunchPlanned
+from libs.contracts.health import NodeCheck
+from libs.contracts.scheduling import Prediction
+
+if TYPE_CHECKING:
+    from libs.contracts.agent import UsageSample
+    from libs.contracts.events import EventEnvelope
+    from libs.contracts.identity import Identity
+    from libs.contracts.messages import InstanceView, JobDetails, JobSummary, JobView, NodeView
+    from libs.contracts.scheduling import (
+        AdminSettings,
+        BoardDemand,
+        FlavorInfo,
+        FlavorWait,
+        NodeResources,
+        StoredAccess,
+        WhyReport,
+    )
+
+Styled = str | tuple[str, str]
+"""A piece of output: plain text, or (text, rich style)."""
+
+STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "failed": "red",
+                "stopped": "magenta", "expired": "magenta"}
+NODE_STATUS_STYLE = {"ready": "green", "lost": "red", "unhealthy": "yellow"}
+
+
+def status_cell(status: str) -> tuple[str, str]:
+    return status, STATUS_STYLE.get(status, "white")
+
+
+def local_time(value: datetime | None) -> str:
+    return value.astimezone().strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+def plural(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
+def gib(mib: float) -> str:
+    return f"{mib / 1024:.1f}"
+
+
+# --- times and predictions -------------------------------------------------------------------------------
+
+
+def relative_time(when: datetime, now: datetime) -> str:
+    """`in 25 min`, `in 2 h 5 min`, `in 3 d 4 h`: counted in whole minutes, as the clock time reads."""
+    if when <= now:
+        return "any moment now"
+    minutes = int((when.replace(second=0, microsecond=0) - now.replace(second=0, microsecond=0)).total_seconds()
+                  // 60)
+    if minutes < 1:
+        return "in under a minute"
+    if minutes < 60:
+        return f"in {minutes} min"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 24:
+        return f"in {hours} h" + (f" {minutes} min" if minutes else "")
+    days, hours = divmod(hours, 24)
+    return f"in {days} d" + (f" {hours} h" if hours else "")
+
+
+def clock_time(when: datetime, now: datetime) -> str:
+    """`14:05 UTC` today, `2026-11-22 14:05 UTC` on another day: UTC, so it reads the same everywhere."""
+    at = when.astimezone(UTC)
+    fmt = "%H:%M" if at.date() == now.astimezone(UTC).date() else "%Y-%m-%d %H:%M"
+    return f"{at.strftime(fmt)} UTC"
+
+
+def prediction_sentence(prediction: Prediction, *, now: datetime | None = None,
+                        requested_nodes: int | None = None) -> str:
+    """S6 in one sentence: where the job would start now, or where it would queue and until when."""
+    now = now or datetime.now(UTC)
+    if prediction.starts_now:
+        text = "starts now"
+        if prediction.flavor:
+            text += f" with flavor {prediction.flavor}"
+        if prediction.nodes:
+            text += f" on {', '.join(prediction.nodes)}"
+        count = prediction.node_count or len(prediction.nodes)
+        if requested_nodes and 0 < count < requested_nodes:
+            text += f" ({count} of {requested_nodes} nodes: elastic)"
+        return text
+    text = "queues"
+    if prediction.position is not None:
+        text += f" at position {prediction.position}"
+    text += f" behind {plural(prediction.jobs_ahead, 'job')}"
+    if prediction.estimated_start is None:
+        return f"{text}; estimated start unknown" + (f": {prediction.reason}" if prediction.reason else "")
+    when = prediction.estimated_start
+    return f"{text}; estimated start {clock_time(when, now)} ({relative_time(when, now)})"
+
+
+def why_lines(report: WhyReport) -> list[str]:
+    """The explanation of `trainyard why`: the service's sentences, else sentences built from its fields."""
+    if report.summary:
+        return list(report.summary)
+    if report.status != "queued":
+        return [f"{report.job_id} is {report.status}: it waits for nothing"]
+    lines = []
+    if report.head:
+        line = f"{report.job_id} is first in line"
+        if report.reserved_nodes:
+            line += f"; {', '.join(report.reserved_nodes)} are reserved for it"
+        if report.reserved_start is not None:
+            line += f" from {clock_time(report.reserved_start, datetime.now(UTC))}"
+        lines.append(line)
+    elif report.position is not None:
+        ahead = ", ".join(report.jobs_ahead)
+        more = report.jobs_ahead_count - len(report.jobs_ahead)
+        if more > 0:
+            ahead += f" and {more} more"
+        lines.append(f"{report.job_id} is at position {report.position}, behind "
+                     f"{plural(report.jobs_ahead_count, 'job')}" + (f": {ahead}" if ahead else ""))
+    return lines
+
+
+def flavor_wait_title(wait: FlavorWait) -> str:
+    """One flavor's standing: how many nodes it may use, how many fit one rank now, how many it needs."""
+    if wait.eligible_nodes == 0:
+        title = f"flavor {wait.flavor}: no eligible node, {wait.needed_nodes} needed"
+    else:
+        title = (f"flavor {wait.flavor}: {wait.fitting_nodes} of {plural(wait.eligible_nodes, 'eligible node')} "
+                 f"fit one rank now, {wait.needed_nodes} needed")
+    return f"{title} ({wait.note})" if wait.note else title
+
+
+SHORTAGE_COLUMNS = ("NODE", "MISSING", "HELD BY")
+
+
+def shortage_rows(wait: FlavorWait) -> list[list[str]]:
+    return [[s.node, "; ".join(s.missing) or "-", ", ".join(s.held_by) or "-"] for s in wait.shortages]
+
+
+# --- jobs ------------------------------------------------------------------------------------------------
+
+JOB_COLUMNS = ("JOB", "NAME", "STATUS", "INSTANCE", "PRIORITY", "MODE", "NODES", "FLAVOR", "CREATOR", "SUBMITTED")
+
+
+def job_rows(job: JobView) -> list[list[Styled]]:
+    """`list` (L8): a row for the job with its master instance, and one under it per worker instance it
+    carries (`--all`)."""
+    rows: list[list[Styled]] = []
+    instances: list[InstanceView | None] = [*job.instances] or [None]
+    for inst in instances:
+        if inst is not None and inst.rank > 0:
+            rows.append(["", "", (inst.state, "dim"), f"{inst.role} {inst.rank}@{inst.node}", "", "", "", "", "", ""])
+            continue
+        instance = f"master@{inst.node}" if inst is not None else "-"
+        rows.append([job.job_id, job.name, status_cell(job.status), instance, job.priority, job.mode, str(job.nodes),
+                     job.flavor or ",".join(job.flavors), job.creator, local_time(job.submitted_at)])
+    return rows
+
+
+def job_detail_rows(details: JobDetails) -> list[tuple[str, Styled]]:
+    """`show`: the job's state, placement and recovery, one (key, value) per line."""
+    job = details.job
+    rows: list[tuple[str, Styled]] = [
+        ("job", job.job_id), ("name", job.name), ("project", job.project), ("creator", job.creator),
+        ("status", status_cell(job.status)), ("reason", job.reason or "-"),
+        ("exit code", "-" if job.exit_code is None else str(job.exit_code)),
+        ("priority", job.priority), ("mode", f"{job.mode}, {job.nodes} node(s)"),
+        ("flavor", job.flavor or f"one of {', '.join(job.flavors)}"), ("attempt", str(job.attempt)),
+        ("submitted", local_time(job.submitted_at)), ("started", local_time(job.started_at)),
+        ("ended", local_time(job.ended_at)), ("output", job.output or "-")]
+    if job.queue_position:
+        rows.insert(5, ("queue position", str(job.queue_position)))
+    rows.extend(recovery_rows(details))
+    return rows
+
+
+def recovery_rows(details: JobDetails, *, now: datetime | None = None) -> list[tuple[str, str]]:
+    """What `show` adds about faults: resumes of their maximum (J12, M4), restarts of theirs (J13, M5),
+    the nodes the job was moved away from, and until when its environment is kept (J15)."""
+    job, spec = details.job, details.spec
+    rows: list[tuple[str, str]] = []
+    if spec.checkpoint_resume is not None or job.resumes:
+        most = job.max_resumes if job.max_resumes is not None else (
+            spec.checkpoint_resume.max_resumes if spec.checkpoint_resume else None)
+        rows.append(("resumes", str(job.resumes) if most is None else f"{job.resumes} of {most}"))
+    if spec.fault_restart is not None or job.restarts:
+        most = spec.fault_restart.max_restarts if spec.fault_restart else None
+        rows.append(("restarts", str(job.restarts) if most is None else f"{job.restarts} of {most}"))
+    if job.excluded_nodes:
+        rows.append(("excluded nodes", ", ".join(job.excluded_nodes)))
+    if job.kept_until is not None and job.kept_until > (now or datetime.now(UTC)):
+        rows.append(("environment", f"kept for the debug terminal until {local_time(job.kept_until)}; "
+                                    f"`trainyard exec {job.job_id}` opens a shell in it"))
+    return rows
+
+
+INSTANCE_COLUMNS = ("RANK", "NODE", "ROLE", "STATE", "PID", "EXIT", "CPU %", "MEMORY (MiB)", "ACCEL %", "SAMPLED")
+
+
+def instance_row(inst: InstanceView, sample: UsageSample | None) -> list[str]:
+    """One node of a job as `show` lists it, with its last resource sample."""
+    measured = ((f"{sample.cpu_percent:.0f}", str(sample.memory_mib),
+                 "-" if sample.accelerator_percent is None else f"{sample.accelerator_percent:.0f}",
+                 local_time(sample.sampled_at)) if sample else ("-", "-", "-", "-"))
+    return [str(inst.rank), inst.node, "master" if inst.master else inst.role, inst.state, str(inst.pid or "-"),
+            "-" if inst.exit_code is None else str(inst.exit_code), *measured]
+
+
+SEARCH_COLUMNS = ("JOB", "NAME", "STATUS", "PRIORITY", "MODE", "FLAVOR", "ALGORITHM", "OUTPUT", "PROJECT", "CREATOR",
+                  "SUBMITTED")
+
+
+def search_row(job: JobSummary) -> list[str]:
+    algorithm = job.algorithm or "-"
+    if job.algorithm and job.algorithm_source == "favorite":
+        algorithm += " (favorite)"
+    return [job.job_id, job.name, job.status, job.priority, job.mode, job.flavor or ",".join(job.flavors) or "-",
+            algorithm, job.output or "-", job.project, job.creator, local_time(job.submitted_at)]
+
+
+def search_cells(job: JobSummary) -> list[Styled]:
+    cells: list[Styled] = [*search_row(job)]
+    cells[2] = status_cell(job.status)
+    return cells
+
+
+# --- events ------------------------------------------------------------------------------------------------
+
+EVENT_COLUMNS = ("TIME", "SERVICE", "EVENT", "DETAILS")
+
+
+def event_row(envelope: EventEnvelope) -> list[str]:
+    return [local_time(envelope.recorded_at), envelope.service, type(envelope.event).name(), event_details(envelope)]
+
+
+def event_details(envelope: EventEnvelope) -> str:
+    """An event's fields as `key=value`, without the job id, spec and launch plan (`--json` has them)."""
+    skip = {"job_id", "spec"} | ({"nodes"} if isinstance(envelope.event, LaunchPlanned) else set())
+    fields = msgspec.structs.asdict(envelope.event)
+    parts = []
+    for key, value in fields.items():
+        if key in skip or value in (None, [], {}):
+            continue
+        if key == "placement":
+            value = ", ".join(f"{p.rank}@{p.node}" for p in value)
+        elif isinstance(value, Prediction):  # read as it was when made
+            value = prediction_sentence(value, now=value.predicted_at)
+        elif isinstance(value, list) and all(isinstance(item, NodeCheck) for item in value):
+            value = "; ".join(node_check_text(check) for check in value)
+        elif isinstance(value, list) and all(isinstance(item, str) for item in value):
+            value = ", ".join(value)
+        elif isinstance(value, datetime):
+            value = local_time(value)
+        elif isinstance(value, float):
+            value = f"{value:.4g}"
+        elif isinstance(value, msgspec.Struct):
+            value = "{" + ", ".join(f"{k}={v}" for k, v in msgspec.structs.asdict(value).items()) + "}"
+        parts.append(f"{key}={value}")
+    return " ".join(parts)
+
+
+def node_check_text(check: NodeCheck) -> str:
+    """M1: one node's pre-check, `node-a passed` or `node-b failed (board:0 faulty (xid 79))`."""
+    if check.passed:
+        return f"{check.node} passed"
+    return f"{check.node} failed ({', '.join(check.problems()) or 'no detail'})"
+
+
+ALERT_COLUMNS = ("TIME", "KIND", "JOB", "NODE", "TITLE")
+# `alerts --follow` prints row by row, so its columns have fixed widths (the title takes the rest).
+ALERT_WIDTHS = (19, 15, 16, 12)
+
+
+def alert_row(envelope: EventEnvelope) -> list[str]:
+    alert = envelope.event
+    assert isinstance(alert, AlertRaised)
+    return [local_time(envelope.recorded_at), alert.kind, alert.job_id or "-", alert.node or "-", alert.title]
+
+
+def alert_line(cells: Sequence[str]) -> str:
+    return "  ".join([*(cell.ljust(width) for cell, width in zip(cells, ALERT_WIDTHS, strict=False)),
+                      *cells[len(ALERT_WIDTHS):]])
+
+
+# --- nodes, resources and flavors ------------------------------------------------------------------------------
+
+NODE_COLUMNS = ("NODE", "STATUS", "ADDRESS", "CPU", "MEMORY (MiB)", "ACCELERATORS", "POOLS", "OS / KERNEL", "JOBS",
+                "PROBLEMS")
+
+
+def node_row(view: NodeView) -> list[str]:
+    """One node: resources as used/total, and why it is unhealthy (M2), if it is."""
+    info = view.info
+    boards = ", ".join(f"{a.count}x {a.board}" for a in info.accelerators) or "-"
+    return [info.name, view.status, info.address, f"{view.used.cpus:g}/{info.cpus:g}",
+            f"{view.used.memory_mib}/{info.memory_mib}",
+            f"{view.used.accelerators}/{info.accelerator_count} {boards}" if info.accelerators else "-",
+            ",".join(info.pools) or "-", f"{info.os} / {info.kernel}", str(len(view.jobs)),
+            "; ".join(view.problems) or "-"]
+
+
+def node_cells(view: NodeView) -> list[Styled]:
+    cells: list[Styled] = [*node_row(view)]
+    cells[1] = (view.status, NODE_STATUS_STYLE.get(view.status, ""))
+    return cells
+
+
+RESOURCE_COLUMNS = ("NODE", "STATUS", "OS / KERNEL", "MEMORY (GiB)", "CPUS", "ACCELERATORS", "DRIVER", "FLAVORS",
+                    "USAGE")
+
+
+def resource_row(node: NodeResources) -> list[str]:
+    """S7: one node as used/total, its fit per asked flavor, and who holds its boards (`1(1):app`)."""
+    accelerators = "-"
+    if node.accelerators_total:
+        accelerators = f"{node.accelerators_used}/{node.accelerators_total}" + (f" {node.board}" if node.board else "")
+    return [node.name,
+            ", ".join(f"{flavor}: {fit}" for flavor, fit in node.status.items()) or "-",
+            f"{node.os or '-'} / {node.kernel or '-'}",
+            f"{gib(node.memory_mib_used)}/{gib(node.memory_mib_total)}",
+            f"{node.cpus_used:g}/{node.cpus_total:g}",
+            accelerators,
+            node.driver_version or "-",
+            ", ".join(node.flavors) or "-",
+            " ".join(str(usage) for usage in node.usage) or "-"]
+
+
+FLAVOR_COLUMNS = ("FLAVOR", "CPUS", "MEMORY (GiB)", "ACCELERATORS", "BOARD", "SCHEDULABLE NODES")
+DEMAND_COLUMNS = ("BOARD", "BOARDS NEEDED", "QUEUED JOBS")
+
+
+def flavor_row(info: FlavorInfo) -> list[str]:
+    flavor = info.flavor
+    return [flavor.name, f"{flavor.cpus:g}", gib(flavor.memory_mib), str(flavor.accelerators), flavor.board or "-",
+            str(info.schedulable_nodes)]
+
+
+def demand_row(demand: BoardDemand) -> list[str]:
+    return [demand.board, str(demand.boards_needed), str(demand.queued_jobs)]
+
+
+# --- storage, settings, identity ---------------------------------------------------------------------------
+
+STORAGE_COLUMNS = ("KIND", "NAME", "OWNER", "PROJECT", "OTHERS")
+
+
+def storage_row(entry: StoredAccess) -> list[str]:
+    return [entry.kind, entry.name, entry.owner, entry.project, entry.others]
+
+
+def settings_rows(settings: AdminSettings) -> list[tuple[str, str]]:
+    return [("urgent cap", f"{settings.urgent_cap} running + queued urgent jobs per user and project"),
+            ("sharing", "on" if settings.sharing_enabled else "off (every job's access for others is none)"),
+            ("max resumes cap", str(settings.max_resumes_cap)),
+            ("max graceful shutdown", f"{settings.max_graceful_shutdown_seconds} s"),
+            ("debug retention", settings.debug_retention)]
+
+
+def identity_rows(identity: Identity) -> list[tuple[str, str]]:
+    return [("user", identity.user), ("projects", ", ".join(identity.projects) or "-"),
+            ("administrator", "yes" if identity.admin else "no"), ("email", identity.email or "-")]

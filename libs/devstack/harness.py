@@ -1,0 +1,155 @@
+"""The whole platform on given servers for one run: the four services and the node agents as separate
+processes with fast fault timings, helpers to crash and restart them, and waits on what a client sees.
+
+The end-to-end tests and the fault drills drive it. It reaches the platform through a client its
+caller opens (`connect`, e.g. `TrainyardClient.open`), since libs never import the client package.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import shutil
+import signal
+from collections.abc import AsyncIterator, Awaitable
+from pathlib import Path
+from typing import Generic, Protocol, TypeVar
+
+from libs.contracts.agent import LogChunk
+from libs.contracts.cluster import ClusterConfig
+from libs.contracts.messages import JobDetails, JobView, NodeView
+from libs.devstack.stack import (
+    REPO_ROOT,
+    SERVICES,
+    ProcessSet,
+    agent_argv,
+    provision_auth,
+    seed_storage,
+    service_argv,
+    stack_env,
+)
+from libs.messaging.rpc import ServiceUnavailable
+
+CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
+NODES = ("node-a", "node-b")  # when the cluster config names none
+TESTER = "tester"  # the administrator the stack's token is issued to
+TESTER_EMAIL = "tester@example.com"
+# Short enough for a lost node, a stop and a health change to play out within seconds.
+FAST_TIMINGS = {"TRAINYARD_HEARTBEAT_SECONDS": "0.5", "TRAINYARD_NODE_LOST_SECONDS": "3",
+                "TRAINYARD_STOP_GRACE_SECONDS": "3", "TRAINYARD_STOP_GIVE_UP_SECONDS": "3",
+                "TRAINYARD_HEALTH_PROBE_SECONDS": "1"}
+
+
+class StackClient(Protocol):
+    """What the harness itself asks of the client it is given."""
+
+    async def nodes(self) -> list[NodeView]: ...
+
+    async def get_job(self, job_id: str) -> JobDetails: ...
+
+    def logs(self, job_id: str, rank: int | None = None) -> AsyncIterator[LogChunk]: ...
+
+    async def close(self) -> None: ...
+
+
+ClientT = TypeVar("ClientT", bound=StackClient)
+OpenedClientT = TypeVar("OpenedClientT", bound=StackClient, covariant=True)
+
+
+class Connect(Protocol[OpenedClientT]):
+    """Opens a client on the stack's NATS server with the stack's token."""
+
+    def __call__(self, nats_url: str, *, token: str) -> Awaitable[OpenedClientT]: ...
+
+
+class Stack(Generic[ClientT]):
+    """Processes of one run's platform, with helpers to crash and restart them."""
+
+    def __init__(self, home: Path, nats_url: str, database_url: str, *, connect: Connect[ClientT],
+                 cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None) -> None:
+        """`algorithms`: a folder whose algorithms are copied into shared storage beside the examples."""
+        self.home = home
+        self.cluster = cluster
+        self.nodes = [node.name for node in ClusterConfig.load(cluster).nodes] or list(NODES)
+        self.storage = home / "storage"
+        seed_storage(self.storage)
+        for algorithm in algorithms.iterdir() if algorithms else ():
+            shutil.copytree(algorithm, self.storage / "algorithms" / algorithm.name)
+        env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=cluster,
+                        extra={**FAST_TIMINGS, **({"TRAINYARD_SMTP_URL": smtp_url} if smtp_url else {}),
+                               **provision_auth(home, user=TESTER, email=TESTER_EMAIL)})
+        self.token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text()
+        self.processes = ProcessSet(home, env)
+        self.nats_url = nats_url
+        self.connect = connect
+        self.client: ClientT | None = None
+
+    def start(self, name: str) -> None:
+        if name in SERVICES:
+            self.processes.start(name, service_argv(name))
+        else:
+            self.processes.start(name, agent_argv(name.removeprefix("agent-"), self.cluster, self.home / "agents"))
+
+    def start_all(self, *, agents: bool = True) -> None:
+        for name in SERVICES:
+            self.start(name)
+        if agents:
+            for node in self.nodes:
+                self.start(f"agent-{node}")
+
+    async def up(self) -> ClientT:
+        """Start every service and agent; return a client once all nodes are ready."""
+        self.start_all()
+        await self.wait_for_nodes()
+        return await self.api()
+
+    def crash(self, name: str) -> None:
+        """kill -9: no shutdown code runs."""
+        self.processes.kill(name, signal.SIGKILL)
+
+    async def api(self) -> ClientT:
+        if self.client is None:
+            self.client = await self.connect(self.nats_url, token=self.token)
+        return self.client
+
+    async def wait_for_nodes(self, count: int | None = None, timeout: float = 60) -> None:
+        api = await self.api()
+        count = len(self.nodes) if count is None else count
+        async with asyncio.timeout(timeout):
+            while True:
+                with contextlib.suppress(ServiceUnavailable):
+                    if sum(n.status == "ready" for n in await api.nodes()) >= count:
+                        return
+                await asyncio.sleep(0.2)
+
+    async def wait_until(self, job_id: str, check: str, timeout: float = 60) -> JobView:
+        """Wait until the job is `running` with every instance started, or ended (`ended`)."""
+        api = await self.api()
+        async with asyncio.timeout(timeout):
+            while True:
+                try:
+                    job = (await api.get_job(job_id)).job
+                except ServiceUnavailable:  # a service being restarted by the caller
+                    await asyncio.sleep(0.2)
+                    continue
+                if check == "running" and job.instances and all(i.state == "running" for i in job.instances):
+                    return job
+                if check == "ended" and job.status in ("succeeded", "failed", "stopped", "expired"):
+                    return job
+                await asyncio.sleep(0.2)
+
+    async def logs(self, job_id: str, rank: int | None = None) -> list[str]:
+        api = await self.api()
+        return [f"[{c.rank}] {line}" for c in [c async for c in api.logs(job_id, rank)] for line in c.lines]
+
+    def dump_logs(self) -> str:
+        parts = []
+        for path in sorted((self.home / "logs").glob("*.log")):
+            parts.append(f"----- {path.name}\n{path.read_text(errors='replace')[-4000:]}")
+        return "\n".join(parts)
+
+    async def close(self) -> None:
+        """Close the client and stop every process this stack still runs."""
+        if self.client is not None:
+            await self.client.close()
+        self.processes.stop_all()

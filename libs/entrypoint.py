@@ -1,0 +1,46 @@
+"""One `run(name, factory)` for every long-running process: the services' `__main__` and the node agent's.
+
+It sets up logs and traces, starts what the factory builds, and keeps it running until SIGTERM or
+SIGINT, or until the process stops on its own (a crashed background task); then closes it, bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from collections.abc import Awaitable, Callable
+from typing import Protocol
+
+from libs.telemetry.logs import configure_logging
+from libs.telemetry.tracing import configure_tracing, shutdown_tracing
+
+
+class Process(Protocol):
+    async def stopped(self) -> None:
+        """Return when the process must stop on its own."""
+
+    async def close(self) -> None: ...
+
+
+def run(name: str, factory: Callable[[], Awaitable[Process]], *, trace_as: str | None = None) -> None:
+    """Run the process `factory` starts until it is asked to stop (`python -m ...`); it logs as `name`
+    and traces as `trace_as` (default `name`)."""
+    asyncio.run(serve(name, factory, trace_as=trace_as))
+
+
+async def serve(name: str, factory: Callable[[], Awaitable[Process]], *, trace_as: str | None = None) -> None:
+    configure_logging(name)
+    configure_tracing(trace_as or name)
+    process = await factory()
+    interrupted = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, interrupted.set)
+    waits = [asyncio.ensure_future(interrupted.wait()), asyncio.ensure_future(process.stopped())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+        await process.close()
+        shutdown_tracing()

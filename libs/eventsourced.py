@@ -1,0 +1,200 @@
+"""The skeleton every event-sourced service stands on: a state fold, pure rules, thin handlers, loops.
+
+A service subclasses `EventSourcedService` and gives only what is its own:
+
+- `fold(envelope)`: apply one of its own events to its state (replayed at start, then on every record);
+- `upstreams()`: the streams it follows, each with a fold of the upstream message into its view and
+  a pure `react` rule that returns the events to record in answer (or its own handler, when a
+  reaction has to call out first);
+- `handlers()`: responders and subscriptions; `loops()`: long-running tasks.
+
+The base owns the wiring each service used to write by hand: rebuilding the state from the store at
+start, recording new events at the versions folded so far (one version map for every aggregate of
+the service), following upstream streams with tracking so a reaction is recorded exactly once, and
+waking the loops after every fold. It mirrors eventsourcing's `ProcessApplication`: the upstream's
+`react` is its `policy`, and the tracking position commits with the events it produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar, Self
+
+from nats.aio.msg import Msg
+
+from libs.contracts.events import EventEnvelope
+from libs.eventstore import NewEvent, Tracking
+from libs.messaging.follower import Handler, StreamFollower
+from libs.runtime import ServiceRuntime
+from libs.telemetry.logs import get_logger
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+
+log = get_logger(__name__)
+
+Fold = Callable[[Any], None]
+Rule = Callable[[Any], Sequence[NewEvent]]
+"""A pure reaction: the upstream message (already folded) in, the events to record out."""
+Loop = Callable[[], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A stream the service follows from its first message on every start.
+
+    `fold` updates the service's view with every message (replayed ones too); `react` answers each
+    message past the tracked position with the events to record, committed with that position.
+    `handle` replaces both when the reaction must do I/O outside the service lock (it is then the
+    whole handler, see `libs.messaging.follower.Handler`). `reactions=False`: fold only. `span` names
+    the span a reaction is recorded in (default `<service> react <message kind>`).
+    """
+
+    stream: str
+    subject: str
+    consumer: str
+    message_type: object
+    fold: Fold | None = None
+    react: Rule | None = None
+    handle: Handler | None = None
+    reactions: bool = True
+    span: str | None = None
+
+
+class EventSourcedService:
+    """The shared base: state rebuilt from the log, records at folded versions, followed upstreams."""
+
+    name: ClassVar[str]
+
+    def __init__(self, runtime: ServiceRuntime) -> None:
+        self.rt = runtime
+        self.lock = asyncio.Lock()  # one decision at a time: folds, reactions, cycles, commands
+        self.wake = asyncio.Event()  # set after every fold, so loops look again
+        self.followers: list[StreamFollower] = []
+        # The version of every aggregate of this service, as folded so far: records append there.
+        self.versions: dict[tuple[str, str], int] = {}
+        self._tracer = tracer(f"trainyard.{self.name}")
+
+    # --- what a service gives -------------------------------------------------------------------------
+
+    def fold(self, envelope: EventEnvelope) -> None:
+        """Apply one of the service's own events to its state."""
+        raise NotImplementedError
+
+    def upstreams(self) -> Sequence[Upstream]:
+        return ()
+
+    def handlers(self) -> None:
+        """Register responders and subscriptions on `self.rt.broker` (answered once `listen` runs)."""
+
+    def loops(self) -> Mapping[str, Loop]:
+        return {}
+
+    async def prepare(self) -> None:
+        """Work between the rebuild and following upstreams (read models, caches)."""
+
+    def recorded(self, envelope: EventEnvelope) -> None:
+        """Called after each newly recorded event is folded (logging, waking helpers)."""
+
+    # --- start-up -------------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, runtime: ServiceRuntime) -> Self:
+        """The service on `runtime`; a service that needs more (the cluster config) reads it here."""
+        return cls(runtime)
+
+    @classmethod
+    async def started(cls) -> ServiceRuntime:
+        """Connect, rebuild, follow and answer: the factory `libs.entrypoint.run` runs."""
+        runtime = ServiceRuntime(cls.name)
+        await runtime.start()
+        try:
+            await cls.create(runtime).start()
+            await runtime.listen()
+        except BaseException:
+            await runtime.close()
+            raise
+        return runtime
+
+    async def start(self) -> None:
+        count = 0
+        async for envelope in self.rt.store.read_all():
+            self.apply(envelope)
+            count += 1
+        log.info(f"{self.name}.rebuilt", events=count, aggregates=len(self.versions))
+        await self.prepare()
+        for upstream in self.upstreams():
+            follower = StreamFollower(self.rt.js, self.rt.store, stream=upstream.stream, subject=upstream.subject,
+                                      consumer=upstream.consumer, message_type=upstream.message_type,
+                                      handle=upstream.handle or self._handler(upstream),
+                                      reactions=upstream.reactions)
+            await follower.start()
+            self.followers.append(follower)
+        self.handlers()
+        for name, loop in self.loops().items():
+            self.rt.spawn(loop(), name)
+
+    async def caught_up(self) -> None:
+        """Decisions that need a complete view wait until every upstream is replayed."""
+        for follower in self.followers:
+            await follower.caught_up.wait()
+
+    # --- recording ------------------------------------------------------------------------------------
+
+    def apply(self, envelope: EventEnvelope) -> None:
+        """Fold one of the service's own events and note its aggregate's version."""
+        self.versions[(envelope.aggregate_type, envelope.aggregate_id)] = envelope.version
+        self.fold(envelope)
+
+    def version(self, aggregate_type: str, aggregate_id: str) -> int:
+        return self.versions.get((aggregate_type, aggregate_id), 0)
+
+    async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
+        """Append `changes` at the versions folded so far (with `tracking`, exactly once per upstream
+        message), fold them and wake the loops. A stale version raises ConcurrencyConflict."""
+        if not changes:
+            return []
+        expected: dict[tuple[str, str], int] = {}
+        for change in changes:
+            key = (change.aggregate_type, change.aggregate_id)
+            expected.setdefault(key, self.version(*key))
+        stored = await self.rt.store.append(changes, expected_versions=expected, tracking=tracking,
+                                            trace=current_trace_headers())
+        for envelope in stored:
+            self.apply(envelope)
+            self.recorded(envelope)
+        self.wake.set()
+        return stored
+
+    # --- following other services ---------------------------------------------------------------------
+
+    def _handler(self, upstream: Upstream) -> Handler:
+        async def handle(message: Any, msg: Msg, tracking: Tracking | None) -> bool:
+            return await self.on_upstream(upstream, message, msg, tracking)
+
+        return handle
+
+    async def on_upstream(self, upstream: Upstream, message: Any, msg: Msg | None,
+                          tracking: Tracking | None) -> bool:
+        """Fold the message; when it is new (tracked), record what the upstream's rule answers."""
+        async with self.lock:
+            if upstream.fold is not None:
+                upstream.fold(message)
+            self.wake.set()
+            if tracking is None or upstream.react is None:
+                return False
+            headers = message.trace if isinstance(message, EventEnvelope) else getattr(msg, "headers", None)
+            with self._tracer.start_as_current_span(upstream.span or f"{self.name} react {_kind(message)}",
+                                                    context=context_from_headers(headers)):
+                changes = upstream.react(message)
+                if not changes:
+                    return False
+                await self.record(changes, tracking)
+                return True
+
+
+def _kind(message: Any) -> str:
+    payload = message.event if isinstance(message, EventEnvelope) else message
+    name: Callable[[], str] | None = getattr(type(payload), "name", None)
+    return name() if callable(name) else type(payload).__name__
+

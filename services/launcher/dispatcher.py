@@ -1,0 +1,179 @@
+"""Talking to the node agents: starts and stops sent until the agents confirm.
+
+What the launcher decided is recorded first; the dispatcher then sends what the launches need, outside
+the service lock, and re-sends what stays unconfirmed. Agents treat a repeated start of the same
+(job, attempt, rank) as already done, so a restart neither launches twice nor forgets a job. A stop is
+not sent again while one is out: a checkpoint-resume job gets the checkpoint signal once and its whole
+graceful shutdown time (stopping.py). Processes on a node the scheduler found lost are given up at
+once, and those on a node that never answers a stop after a while, since nothing there will answer.
+
+What was sent and confirmed is kept in memory only, so after a restart everything unconfirmed is sent
+again; what the answers settle is decided by the pure rules in rules.py and recorded under the lock.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable
+from contextlib import suppress
+from typing import cast
+
+from libs.contracts import subjects
+from libs.contracts.agent import AgentReply, StartProcess, StopProcesses
+from libs.contracts.messages import CommandError
+from libs.eventsourced import EventSourcedService
+from libs.messaging.rpc import ServiceUnavailable, call
+from libs.telemetry.logs import get_logger
+from libs.telemetry.tracing import context_from_headers, tracer
+from services.launcher.rules import give_up_node, stopped
+from services.launcher.state import Launch, LauncherState, Unit
+from services.launcher.stopping import reply_timeout, stop_request
+
+RESEND_SECONDS = 5.0
+SendKey = tuple[str, int, object, str]  # (what, attempt, rank or node, job id)
+log = get_logger(__name__)
+span_tracer = tracer("trainyard.launcher")
+
+
+class AgentRefused(Exception):
+    """The agent answered that it could not do what was asked."""
+
+
+class Dispatcher:
+    """Sends the starts and stops the launches of `state` need; records through `service`."""
+
+    def __init__(self, service: EventSourcedService, state: LauncherState) -> None:
+        self.service = service
+        self.state = state
+        # When a start or stop was last sent, per (job, attempt, rank or node), and which nodes
+        # confirmed a stop.
+        self._sent: dict[SendKey, float] = {}
+        self._in_flight: set[SendKey] = set()
+        self._stop_confirmed: dict[tuple[str, int], set[str]] = {}
+        self._unanswered_since: dict[tuple[str, int, str], float] = {}
+
+    async def dispatch_once(self) -> None:
+        """Record what the agents' answers settled, then send what is due."""
+        async with self.service.lock:
+            await self._give_up_lost_nodes()
+            await self._record_finished_stops()
+            work = self._due_work()
+        await asyncio.gather(*work)
+
+    def _confirmed(self, launch: Launch) -> set[str]:
+        return self._stop_confirmed.get((launch.job_id, launch.attempt), set())
+
+    # --- what the answers settled (under the lock) ----------------------------------------------------
+
+    async def _give_up_lost_nodes(self) -> None:
+        for launch in self.state.active():
+            if not self.state.stop_wanted(launch):
+                continue
+            for node in sorted(self.state.lost_nodes_of(launch) - self._confirmed(launch)):
+                await self._give_up_node(launch, node, f"node {node} was lost")
+
+    async def _record_finished_stops(self) -> None:
+        for launch in self.state.active():
+            changes = stopped(self.state, launch, self._confirmed(launch))
+            if changes:
+                with span_tracer.start_as_current_span("launcher stopped", context=context_from_headers(launch.trace)):
+                    await self.service.record(changes)
+
+    async def _give_up_node(self, launch: Launch, node: str, reason: str) -> None:
+        """Record the node's running processes lost and count it as stopped (the caller holds the lock)."""
+        changes = give_up_node(launch, node, reason)
+        if changes:
+            with span_tracer.start_as_current_span("launcher give up", context=context_from_headers(launch.trace)):
+                await self.service.record(changes)
+        self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
+        self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
+        self.service.wake.set()
+
+    # --- what to send ---------------------------------------------------------------------------------
+
+    def _due_work(self) -> list[asyncio.Future[None]]:
+        now = time.monotonic()
+        work: list[asyncio.Future[None]] = []
+        for launch in self.state.active():
+            if self.state.stop_wanted(launch):
+                confirmed = self._confirmed(launch)
+                running = {launch.node_of(unit).node for unit in launch.running()}
+                for node in {n.node for n in launch.nodes} - (confirmed - running):
+                    key: SendKey = ("stop", launch.attempt, node, launch.job_id)
+                    if self._due(key, now):
+                        work.append(self._send(key, self._stop(launch, node)))
+                continue
+            for unit in launch.leftovers():
+                node = launch.node_of(unit).node
+                key = ("stop-task", launch.attempt, (unit[0], node), launch.job_id)
+                if self._due(key, now):
+                    work.append(self._send(key, self._stop(launch, node, task=unit[0])))
+            for unit in launch.pending():
+                key = ("start", launch.attempt, unit, launch.job_id)
+                if self._due(key, now):
+                    work.append(self._send(key, self._start(launch, unit)))
+        return work
+
+    def _due(self, key: SendKey, now: float) -> bool:
+        # Never twice at once: a stop may take a job's whole graceful shutdown time to be answered.
+        if key in self._in_flight or now - self._sent.get(key, -RESEND_SECONDS) < RESEND_SECONDS:
+            return False
+        self._sent[key] = now
+        return True
+
+    def _send(self, key: SendKey, request: Awaitable[None]) -> asyncio.Future[None]:
+        self._in_flight.add(key)
+
+        async def sending() -> None:
+            try:
+                await request
+            finally:
+                self._in_flight.discard(key)
+                self._sent[key] = time.monotonic()  # the next one is due a while after this answer
+
+        return asyncio.ensure_future(sending())
+
+    # --- the calls (outside the lock) -----------------------------------------------------------------
+
+    async def _ask(self, subject: str, request: StartProcess | StopProcesses, *, timeout: float) -> AgentReply:
+        """Send a request to an agent; an agent that could not do it answers a CommandError, which counts
+        as no answer: the request is sent again, and a stop never answered leads to giving up the node."""
+        reply = await call(self.service.rt.nc, subject, request, timeout=timeout, reply_type=AgentReply | CommandError)
+        if isinstance(reply, CommandError):
+            raise AgentRefused(f"{subject}: {reply.code}: {reply.message}")
+        return cast(AgentReply, reply)
+
+    async def _start(self, launch: Launch, unit: Unit) -> None:
+        node = launch.node_of(unit)
+        request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node)
+        try:
+            with span_tracer.start_as_current_span("launcher start", context=context_from_headers(launch.trace)):
+                await self._ask(subjects.agent_start(node.node), request, timeout=5.0)
+                log.info("launch.start_sent", job_id=launch.job_id, task=node.task, rank=node.rank, node=node.node)
+        except (ServiceUnavailable, AgentRefused) as exc:
+            log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node.node, error=str(exc))
+
+    async def _stop(self, launch: Launch, node: str, *, task: int | None = None) -> None:
+        settings = self.service.rt.settings
+        request = stop_request(launch, self.state.spec(launch.job_id), self.state.settings,
+                               default_grace=settings.stop_grace_seconds, task=task)
+        timeout = reply_timeout(request)
+        if task is not None:  # ending one finished task's helpers; the launch goes on
+            with suppress(ServiceUnavailable, AgentRefused):
+                await self._ask(subjects.agent_stop(node), request, timeout=timeout)
+            return
+        try:
+            with span_tracer.start_as_current_span("launcher stop", context=context_from_headers(launch.trace)):
+                await self._ask(subjects.agent_stop(node), request, timeout=timeout)
+            self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
+            self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
+            self.service.wake.set()
+            log.info("launch.stop_confirmed", job_id=launch.job_id, node=node)
+        except (ServiceUnavailable, AgentRefused) as exc:
+            log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node, error=str(exc))
+            since = self._unanswered_since.setdefault((launch.job_id, launch.attempt, node), time.monotonic())
+            if time.monotonic() - since >= settings.stop_give_up_seconds:
+                async with self.service.lock:
+                    await self._give_up_node(launch, node, f"node {node} did not answer stop requests for "
+                                                           f"{settings.stop_give_up_seconds:g}s")

@@ -1,0 +1,230 @@
+"""The monitor's decisions: what to record for a node, a scheduler event, a pre-check or an incident.
+
+Nothing here does I/O or reads a clock. The service passes in what it knows (the node, its version
+as folded so far, the jobs, the settings, `now`) and gets an `Outcome`: the events and the alerts they
+raise, recorded in one append, and the workspaces its agents are then asked to release.
+
+An alert's id names its incident (see `alerts`); for a node it is the version of the event that
+raised it, so the versions passed in must be the ones the events will be appended at.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+
+from libs.contracts.cluster import NodeInfo
+from libs.contracts.events import (
+    AlertMailed,
+    AlertRaised,
+    ComponentMarked,
+    DebugEnvironmentKept,
+    DebugEnvironmentReleased,
+    EventEnvelope,
+    JobExpired,
+    JobFailed,
+    JobPrechecking,
+    JobResuming,
+    JobStopped,
+    JobSucceeded,
+    NodeEvent,
+    NodeHealthy,
+    NodeLost,
+    NodeRecovered,
+    NodeRegistered,
+    NodeUnhealthy,
+    PerformanceDegraded,
+    PrecheckCompleted,
+)
+from libs.contracts.health import NodeCheck
+from libs.contracts.jobspec import parse_duration
+from libs.contracts.messages import MarkComponent
+from libs.contracts.scheduling import AdminSettings
+from libs.eventstore import NewEvent
+from libs.lifecycle import JobLifecycle, JobRecord
+from services.monitor import alerts
+from services.monitor.health import changed, faulty_components, problems_of
+from services.monitor.performance import Incident
+from services.monitor.state import KeptEnvironment, MonitoredNode
+
+
+@dataclass(frozen=True)
+class Release:
+    """A job's workspaces on `nodes` that nobody needs any more: their agents are asked to remove them."""
+
+    job_id: str
+    nodes: list[str]
+
+
+@dataclass
+class Outcome:
+    events: list[NewEvent] = field(default_factory=list)
+    alerts: list[AlertRaised] = field(default_factory=list)
+    releases: list[Release] = field(default_factory=list)
+
+    @property
+    def changes(self) -> list[NewEvent]:
+        """The events, then the alerts they raise: one append."""
+        return [*self.events, *(NewEvent("alert", a.alert_id, a) for a in self.alerts)]
+
+
+# --- nodes (M2) -------------------------------------------------------------------------------------
+
+
+def health_events(node: MonitoredNode, marks: Mapping[str, ComponentMarked]) -> list[NodeEvent]:
+    """NodeUnhealthy when the node's problems appear or change, NodeHealthy when they are gone."""
+    problems = problems_of(faulty_components(node.probed, marks, node.problems))
+    if problems and changed(node.problems, problems):
+        return [NodeUnhealthy(node_name=node.name, problems=problems)]
+    if not problems and node.problems:
+        return [NodeHealthy(node_name=node.name)]
+    return []
+
+
+def node_changes(name: str, version: int, events: Sequence[NodeEvent], *, was_healthy: bool, jobs: JobLifecycle,
+                 operators: Sequence[str]) -> Outcome:
+    """Node events at `version` + 1, …; a node turning unhealthy, or lost, raises an alert naming the
+    jobs running there (looked up only then: heartbeats are many)."""
+    outcome = Outcome(events=[NewEvent("node", name, e) for e in events])
+    for number, event in enumerate(events, start=version + 1):  # the event's own version names its alert
+        if isinstance(event, NodeUnhealthy) and was_healthy:
+            outcome.alerts.append(alerts.node_unhealthy(name, number, event.problems, jobs.running_on(name),
+                                                        operators))
+        elif isinstance(event, NodeLost):
+            outcome.alerts.append(alerts.node_lost(name, number, event.reason, jobs.running_on(name), operators))
+    return outcome
+
+
+def registration(info: NodeInfo, known: MonitoredNode | None) -> Outcome:
+    """A node registers: new or with new resources, or back after it was lost (never an alert)."""
+    if known is None or known.info != info:
+        return Outcome(events=[NewEvent("node", info.name, NodeRegistered(node=info))])
+    if known.lost:
+        return Outcome(events=[NewEvent("node", info.name, NodeRecovered(node_name=info.name))])
+    return Outcome()
+
+
+def heartbeat(node: MonitoredNode, version: int, jobs: JobLifecycle, operators: Sequence[str]) -> Outcome:
+    """After a heartbeat (its probe already in `node.probed`): back if it was lost, and any change of health."""
+    events: list[NodeEvent] = [NodeRecovered(node_name=node.name)] if node.lost else []
+    events += health_events(node, node.marks)
+    return node_changes(node.name, version, events, was_healthy=not node.problems, jobs=jobs, operators=operators)
+
+
+def mark(node: MonitoredNode, request: MarkComponent, by: str, version: int, jobs: JobLifecycle,
+         operators: Sequence[str]) -> Outcome | None:
+    """An administrator marks a component faulty, or clears its mark; None when it is so already."""
+    current = node.marks.get(request.component)
+    if request.faulty and current is not None and current.reason == request.reason:
+        return None
+    if not request.faulty and current is None:
+        return None
+    marked = ComponentMarked(node_name=node.name, component=request.component, faulty=request.faulty, by=by,
+                             reason=request.reason)
+    marks = {k: v for k, v in node.marks.items() if k != request.component}
+    if request.faulty:
+        marks[request.component] = marked
+    return node_changes(node.name, version, [marked, *health_events(node, marks)], was_healthy=not node.problems,
+                        jobs=jobs, operators=operators)
+
+
+def lost_event(node: MonitoredNode, now: float, wall_now: datetime) -> NodeLost:
+    silent = now - node.last_seen
+    return NodeLost(node_name=node.info.name, last_seen=wall_now - timedelta(seconds=silent),
+                    reason=f"no heartbeat for {silent:.0f}s")
+
+
+def lost(node: MonitoredNode, version: int, now: float, wall_now: datetime, jobs: JobLifecycle,
+         operators: Sequence[str]) -> Outcome:
+    """The patrol found the node silent past its time (`now` monotonic, `wall_now` the same instant in UTC)."""
+    return node_changes(node.name, version, [lost_event(node, now, wall_now)], was_healthy=not node.problems,
+                        jobs=jobs, operators=operators)
+
+
+# --- the scheduler's jobs (M1, M7, J15) --------------------------------------------------------------
+
+
+def retention_seconds(job: JobRecord, settings: AdminSettings) -> int:
+    own = job.spec.debug_terminal.retention if job.spec.debug_terminal else None
+    try:
+        return parse_duration(own or settings.debug_retention)
+    except ValueError:  # validated where it was written; this is a last resort
+        return parse_duration(AdminSettings().debug_retention)
+
+
+def kept_event(job: JobRecord, ended_at: datetime, settings: AdminSettings) -> DebugEnvironmentKept | None:
+    """What to record when a debug-terminal job fails or expires (nothing if it never ran)."""
+    if not job.debug_terminal or not job.placement:
+        return None
+    until = ended_at + timedelta(seconds=retention_seconds(job, settings))
+    return DebugEnvironmentKept(job_id=job.job_id, attempt=job.attempt, nodes=job.nodes, until=until)
+
+
+def reaction(envelope: EventEnvelope, job: JobRecord | None, settings: AdminSettings,
+             operators: Sequence[str]) -> Outcome:
+    """The answer to a new scheduler event, `job` as folded with it (pre-checks are `precheck_result`).
+
+    A job being moved raises an alert. A debug-terminal job that ends well keeps nothing: its workspaces
+    are released at once; one that fails or expires keeps its last placement's environment, and the
+    workspaces of earlier attempts on other nodes are released. A checkpoint-resume job that fails
+    raises an alert.
+    """
+    event = envelope.event
+    if job is None:
+        return Outcome()
+    if isinstance(event, JobResuming):
+        return Outcome(alerts=[alerts.job_resuming(job, event, settings, operators)])
+    if isinstance(event, JobSucceeded | JobStopped):
+        return Outcome(releases=_releases(job.job_id, job.nodes_used) if job.debug_terminal else [])
+    if not isinstance(event, JobFailed | JobExpired):
+        return Outcome()
+    kept = kept_event(job, envelope.recorded_at, settings)
+    outcome = Outcome(events=[NewEvent("job", job.job_id, kept)] if kept else [])
+    if isinstance(event, JobFailed) and job.checkpoint_resume:
+        outcome.alerts.append(alerts.checkpoint_job_failed(job, event, settings, operators))
+    if job.debug_terminal:
+        outcome.releases = _releases(job.job_id, [n for n in job.nodes_used if n not in job.nodes])
+    return outcome
+
+
+def _releases(job_id: str, nodes: Iterable[str]) -> list[Release]:
+    wanted = list(nodes)
+    return [Release(job_id, wanted)] if wanted else []
+
+
+def precheck_result(event: JobPrechecking, checks: Sequence[NodeCheck], job: JobRecord | None,
+                    operators: Sequence[str]) -> Outcome:
+    """The pre-check of `event`'s placement is done: it passed when every node did; a failure raises an alert."""
+    passed = bool(checks) and all(c.passed for c in checks)
+    result = PrecheckCompleted(job_id=event.job_id, attempt=event.attempt, passed=passed, nodes=list(checks))
+    raised = [] if passed else [alerts.precheck_failed(job, event.job_id, event.attempt, checks, operators)]
+    return Outcome(events=[NewEvent("job", event.job_id, result)], alerts=raised)
+
+
+def performance(incident: Incident, recorded: int, job: JobRecord | None, operators: Sequence[str]) -> Outcome:
+    """A slow rank's incident (M6), with its alert; nothing when it is among the `recorded` ones (a restart)."""
+    if recorded >= incident.number:
+        return Outcome()
+    rule = incident.rule
+    event = PerformanceDegraded(job_id=incident.job_id, attempt=incident.attempt, node=incident.node,
+                                rank=incident.rank, ratio=round(incident.ratio, 6), threshold=rule.threshold,
+                                direction=rule.direction, window=rule.window, action=rule.action)
+    return Outcome(events=[NewEvent("job", incident.job_id, event)],
+                   alerts=[alerts.performance(job, incident, operators)])
+
+
+def released(kept: KeptEnvironment) -> Outcome:
+    """Every agent removed the kept environment (J15)."""
+    if kept.released:
+        return Outcome()
+    return Outcome(events=[NewEvent("job", kept.job_id, DebugEnvironmentReleased(job_id=kept.job_id,
+                                                                                 attempt=kept.attempt))])
+
+
+def mailed(alert: AlertRaised, unmailed: Mapping[str, object]) -> Outcome:
+    """The alert's mail went out (M7); nothing if it was recorded mailed already."""
+    if alert.alert_id not in unmailed:
+        return Outcome()
+    return Outcome(events=[NewEvent("alert", alert.alert_id,
+                                    AlertMailed(alert_id=alert.alert_id, recipients=alert.recipients))])

@@ -1,0 +1,28 @@
+"""The scheduler's name and the aggregates it records to, for every module of it to import.
+
+Its job events go to one aggregate per job (id = job id); the administrator settings and the
+registrations of shared storage's resources (J2) each to a single aggregate.
+"""
+
+from __future__ import annotations
+
+from libs.contracts.events import Event, JobEvent
+from libs.eventstore import NewEvent
+
+SERVICE = "scheduler"
+JOB = "job"
+SETTINGS = ("settings", "platform")
+STORAGE = ("storage", "catalog")
+
+
+def job_change(event: JobEvent) -> NewEvent:
+    """`event` recorded to its job's aggregate."""
+    return NewEvent(JOB, event.job_id, event)
+
+
+def settings_change(event: Event) -> NewEvent:
+    return NewEvent(*SETTINGS, event)
+
+
+def storage_change(event: Event) -> NewEvent:
+    return NewEvent(*STORAGE, event)

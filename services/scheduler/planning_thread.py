@@ -1,0 +1,67 @@
+"""Predictions planned in a worker thread, one at a time, while the scheduler's event loop goes on.
+
+Planning a deep queue takes seconds. The prediction cache makes a prediction in three steps
+(`begin`, `plan`, `end`); here `begin` and `end` run on the event loop and `plan` in a worker thread,
+so cycles, commands and events go on meanwhile. The loop calls `inputs()` (copies nothing mutates)
+when a plan is made afresh, and the cache only notes the events folded while the thread plans.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import functools
+from collections.abc import Callable
+from datetime import datetime
+
+from libs.contracts.jobspec import JobSpec
+from services.scheduler.prediction import Forecast
+from services.scheduler.prediction_cache import PlanInputs, PredictionCache
+
+
+class PlanningThread:
+    """Plans the predictions of one `PredictionCache` in worker threads, one after another."""
+
+    def __init__(self, cache: PredictionCache) -> None:
+        self.cache = cache
+        self._turn = asyncio.Lock()  # held from `begin` until the cache is back from the thread
+
+    async def forecast(self, spec: JobSpec, *, clock: Callable[[], datetime], inputs: Callable[[], PlanInputs],
+                       duration_seconds: int | None = None) -> Forecast:
+        """The cache's `forecast`, planned in a worker thread. `clock()` gives the moment of a new
+        plan, read when this prediction's turn comes."""
+        seconds = spec.max_duration_seconds if duration_seconds is None else duration_seconds
+        afresh = False
+        while True:
+            await self._turn.acquire()
+            try:
+                ticket = self.cache.begin(clock(), inputs, afresh=afresh)
+            except BaseException:
+                self._turn.release()
+                raise
+            planned = self._in_thread(functools.partial(self.cache.plan, ticket, spec, seconds))
+            # Shielded: a cancelled caller leaves the thread to finish, and the cache comes back then.
+            answer = await asyncio.shield(planned)
+            if answer is not None:
+                return answer
+            afresh = True  # a job taken in changes everything behind it: plan the state as it is now
+
+    def _in_thread(self, plan: Callable[[], Forecast | None]) -> asyncio.Future[Forecast | None]:
+        """Run `plan` in a worker thread; once it is done, the cache's plan ends (on the loop) and the
+        next prediction may begin."""
+        loop = asyncio.get_running_loop()
+        try:
+            planned = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, plan))
+        except BaseException:
+            self._returned(failed=True)
+            raise
+
+        def returned(future: asyncio.Future[Forecast | None]) -> None:
+            self._returned(failed=future.cancelled() or future.exception() is not None)
+
+        planned.add_done_callback(returned)
+        return planned
+
+    def _returned(self, *, failed: bool) -> None:
+        self.cache.end(failed=failed)
+        self._turn.release()

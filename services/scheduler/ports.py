@@ -1,0 +1,50 @@
+"""What the command, query and log handlers use of the scheduler, so they need not know the service.
+
+The service (service.py) gives these; a test may give them with anything else that has them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Sequence
+from datetime import datetime
+from typing import Protocol
+
+from libs.contracts.events import EventEnvelope
+from libs.contracts.jobspec import JobSpec
+from libs.contracts.scheduling import Prediction
+from libs.eventstore import NewEvent, Tracking
+from services.scheduler.read_model import JobSearchProjection
+from services.scheduler.state import SchedulerState
+
+
+class Jobs(Protocol):
+    """The scheduler's state, read by every handler."""
+
+    @property
+    def state(self) -> SchedulerState: ...
+
+
+class Scheduling(Jobs, Protocol):
+    """The scheduler as its commands and queries use it."""
+
+    @property
+    def lock(self) -> asyncio.Lock:
+        """Held by every decision: folds, reactions, cycles and the commands that change jobs."""
+
+    @property
+    def submitting(self) -> asyncio.Lock:
+        """Submissions take turns, so each prediction counts the jobs submitted before it."""
+
+    @property
+    def clock(self) -> Callable[[], datetime]: ...
+
+    @property
+    def search(self) -> JobSearchProjection:
+        """The job search read model (O2)."""
+
+    async def predict(self, spec: JobSpec) -> Prediction:
+        """S6 for `spec` as if it were submitted now; planned without the lock."""
+
+    async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
+        """Append `changes` at the versions folded so far, and fold them."""

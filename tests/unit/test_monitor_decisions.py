@@ -1,0 +1,80 @@
+"""The monitor's decisions, without NATS or a database: inputs in, events, alerts and releases out."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+
+from libs.contracts.cluster import NodeInfo
+from libs.contracts.events import (
+    DebugEnvironmentKept,
+    Event,
+    EventEnvelope,
+    JobAdmitted,
+    JobFailed,
+    JobSubmitted,
+    NodeLost,
+    NodeRecovered,
+    NodeUnhealthy,
+    Placement,
+)
+from libs.contracts.health import ComponentHealth
+from libs.contracts.jobspec import AlgorithmRef, DebugTerminal, JobSpec, OutputRef
+from libs.contracts.messages import MarkComponent
+from libs.lifecycle import JobLifecycle
+from services.monitor import decisions
+from services.monitor.state import MonitoredNode
+
+NOW = datetime(2025, 1, 1, tzinfo=UTC)
+SPEC = JobSpec(name="debug-me", flavors=["cpu-2"], algorithm=AlgorithmRef(name="a"), command="python3 t.py",
+               output=OutputRef(name="o"), debug_terminal=DebugTerminal(retention="1h"))
+
+
+INFO = NodeInfo(name="node-a", address="127.0.0.1", cpus=8, memory_mib=16384)
+
+
+def envelope(job_id: str, version: int, event: Event) -> EventEnvelope:
+    return EventEnvelope(event_id=f"e{version}", service="scheduler", aggregate_type="job", aggregate_id=job_id,
+                         version=version, position=version, recorded_at=NOW, event=event)
+
+
+def placed(*nodes: str) -> list[Placement]:
+    return [Placement(rank=i, node=n, address="127.0.0.1", slots=1) for i, n in enumerate(nodes)]
+
+
+def test_a_lost_node_heartbeating_a_fault_recovers_and_turns_unhealthy_with_an_alert_named_by_its_version() -> None:
+    jobs = JobLifecycle()
+    beating = MonitoredNode(info=INFO, lost=True,
+                            probed=[ComponentHealth(kind="board", name="0", healthy=False, detail="hot")])
+    outcome = decisions.heartbeat(beating, 4, jobs, ["ops@example.com"])
+    assert [type(c.event) for c in outcome.events] == [NodeRecovered, NodeUnhealthy]
+    assert [a.alert_id for a in outcome.alerts] == ["node-unhealthy-node-a-6"]
+    assert [c.aggregate_type for c in outcome.changes] == ["node", "node", "alert"]
+
+
+def test_the_patrol_records_a_silent_node_lost_with_an_alert() -> None:
+    silent = MonitoredNode(info=INFO, last_seen=100.0)
+    outcome = decisions.lost(silent, 2, 130.0, NOW, JobLifecycle(), [])
+    [change] = outcome.events
+    assert isinstance(change.event, NodeLost)
+    assert change.event.last_seen == NOW - timedelta(seconds=30)
+    assert [a.alert_id for a in outcome.alerts] == ["node-lost-node-a-3"]
+
+
+def test_a_mark_that_changes_nothing_records_nothing() -> None:
+    clean = MonitoredNode(info=INFO, probed=[])
+    assert decisions.mark(clean, MarkComponent(node="node-a", component="board:0", faulty=False), "root", 1,
+                          JobLifecycle(), []) is None
+
+
+def test_a_failed_debug_job_keeps_its_last_placement_and_releases_the_nodes_of_earlier_attempts() -> None:
+    jobs, job_id = JobLifecycle(), "job-0123456789ab"
+    jobs.apply(envelope(job_id, 1, JobSubmitted(job_id=job_id, spec=SPEC, creator="alice")))
+    jobs.apply(envelope(job_id, 2, JobAdmitted(job_id=job_id, attempt=1, flavor="cpu-2", placement=placed("n1"))))
+    jobs.apply(envelope(job_id, 3, JobAdmitted(job_id=job_id, attempt=2, flavor="cpu-2", placement=placed("n2"))))
+    failed = envelope(job_id, 4, JobFailed(job_id=job_id, reason="rank 0 exited with code 1", exit_code=1))
+    outcome = decisions.reaction(failed, jobs.apply(failed), jobs.settings, [])
+    [kept] = [c.event for c in outcome.events]
+    assert isinstance(kept, DebugEnvironmentKept)
+    assert (kept.attempt, kept.nodes, kept.until) == (2, ["n2"], NOW + timedelta(hours=1))
+    assert outcome.alerts == []
+    assert [(r.job_id, r.nodes) for r in outcome.releases] == [(job_id, ["n1"])]
