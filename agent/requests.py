@@ -2,9 +2,11 @@
 
 Whoever sends the agent a request waits for a reply, so every request gets one: the handler's
 reply; `invalid-request` naming what is wrong when the request does not decode into its contract
-type (unknown fields refused at any depth, as at the services' edges); or `internal` when the
-handler fails. A handler whose reply has to wait (a stop, until the processes are gone) returns
-`Later`, and the subscription goes on with other requests meanwhile.
+type; or `internal` when the handler fails. Requests come from the services, not from people, so
+fields this agent does not know are passed over rather than refused: a newer launcher that adds one
+still gets its processes started during a rolling upgrade. A handler whose reply has to wait (a
+stop, until the processes are gone) returns `Later`, and the subscription goes on with other
+requests meanwhile.
 """
 
 from __future__ import annotations
@@ -19,9 +21,8 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from libs.contracts.codec import encode
+from libs.contracts.codec import decode, encode
 from libs.contracts.messages import CommandError
-from libs.contracts.strict import decode_strict
 from libs.messaging.rpc import error_for_decode_failure
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
@@ -29,7 +30,7 @@ from libs.telemetry.tracing import context_from_headers, tracer
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.agent")
 
-# Error texts may quote the request (an unknown field's name): bounded, a refusal always fits in one message.
+# Error texts may quote the request: bounded, so a refusal always fits in one message.
 MAX_ERROR_TEXT = 1000
 
 Request = TypeVar("Request")
@@ -84,7 +85,7 @@ class Responder:
         name = request_type.__name__
         with span_tracer.start_as_current_span(f"agent {name}", context=context_from_headers(msg.headers)):
             try:
-                request: Request = decode_strict(msg.data, request_type)
+                request: Request = decode(msg.data, request_type)
             except msgspec.DecodeError as exc:  # ValidationError too: a message that does not fit the type
                 log.warning("agent.bad_request", node=self.node, request=name, error=bounded(str(exc)))
                 await self._send(msg, refusal(self.node, request_type, exc))

@@ -36,11 +36,16 @@ async def serve(name: str, factory: Callable[[], Awaitable[Process]], *, trace_a
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, interrupted.set)
-    waits = [asyncio.ensure_future(interrupted.wait()), asyncio.ensure_future(process.stopped())]
+    asked = asyncio.ensure_future(interrupted.wait())
+    failed = asyncio.ensure_future(process.stopped())
     try:
-        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        await asyncio.wait([asked, failed], return_when=asyncio.FIRST_COMPLETED)
     finally:
-        for wait in waits:
+        for wait in (asked, failed):
             wait.cancel()
         await process.close()
         shutdown_tracing()
+    if interrupted.is_set():
+        return
+    # It stopped on its own: a non-zero exit lets a supervisor (systemd, Kubernetes) restart it.
+    raise SystemExit(1)

@@ -183,14 +183,15 @@ class EventSourcedService:
             self.wake.set()
             if tracking is None or upstream.react is None:
                 return False
+            changes = upstream.react(message)
+            if not changes:
+                return False  # the follower records the tracking position alone
+            # Only a reaction that records something joins the message's trace: no empty spans.
             headers = message.trace if isinstance(message, EventEnvelope) else getattr(msg, "headers", None)
             with self._tracer.start_as_current_span(upstream.span or f"{self.name} react {_kind(message)}",
                                                     context=context_from_headers(headers)):
-                changes = upstream.react(message)
-                if not changes:
-                    return False
                 await self.record(changes, tracking)
-                return True
+            return True
 
 
 def _kind(message: Any) -> str:

@@ -152,7 +152,7 @@ class Dispatcher:
                 await self._ask(subjects.agent_start(node.node), request, timeout=5.0)
                 log.info("launch.start_sent", job_id=launch.job_id, task=node.task, rank=node.rank, node=node.node)
         except (ServiceUnavailable, AgentRefused) as exc:
-            log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node.node, error=str(exc))
+            log.warning(_failure(exc), job_id=launch.job_id, node=node.node, error=str(exc))
 
     async def _stop(self, launch: Launch, node: str, *, task: int | None = None) -> None:
         settings = self.service.rt.settings
@@ -171,9 +171,14 @@ class Dispatcher:
             self.service.wake.set()
             log.info("launch.stop_confirmed", job_id=launch.job_id, node=node)
         except (ServiceUnavailable, AgentRefused) as exc:
-            log.warning("launch.agent_unreachable", job_id=launch.job_id, node=node, error=str(exc))
+            log.warning(_failure(exc), job_id=launch.job_id, node=node, error=str(exc))
             since = self._unanswered_since.setdefault((launch.job_id, launch.attempt, node), time.monotonic())
             if time.monotonic() - since >= settings.stop_give_up_seconds:
                 async with self.service.lock:
                     await self._give_up_node(launch, node, f"node {node} did not answer stop requests for "
                                                            f"{settings.stop_give_up_seconds:g}s")
+
+
+def _failure(exc: Exception) -> str:
+    """The log event for a request an agent did not carry out."""
+    return "launch.agent_refused" if isinstance(exc, AgentRefused) else "launch.agent_unreachable"

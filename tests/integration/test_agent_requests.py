@@ -115,8 +115,6 @@ MALFORMED_STARTS = {
     "no launch": (changed(start_request("pass"), lambda raw: raw.pop("launch")), "launch: is required"),
     "a text attempt": (
         changed(start_request("pass"), lambda raw: raw.update(attempt="one")), "attempt: Expected `int`"),
-    "an unknown field in the launch": (
-        changed(start_request("pass"), lambda raw: raw["launch"].update(niceness=5)), "launch.niceness"),
     "another request type": (
         changed(start_request("pass"), lambda raw: raw.update(type="StopProcesses.v1")), "type: Invalid value"),
     "a job id that is a path": (
@@ -134,6 +132,14 @@ async def test_a_malformed_start_is_refused_with_the_reason_and_starts_nothing(n
     assert reason in refused.message
     await asyncio.sleep(0.3)  # a process started by mistake would have reported by now
     assert node.nothing_started()
+
+
+async def test_a_start_from_a_newer_launcher_with_a_field_this_agent_does_not_know_still_runs(node: Node) -> None:
+    newer = changed(start_request("raise SystemExit(7)"), lambda raw: raw["launch"].update(niceness=5))
+
+    assert await node.ask(subjects.agent_start, newer) == ProcessAccepted(already_known=False)
+    exited = await node.report(ProcessExited)
+    assert isinstance(exited, ProcessExited) and exited.exit_code == 7
 
 
 async def test_a_good_start_still_runs_and_a_repeated_one_is_already_known(node: Node) -> None:
