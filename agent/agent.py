@@ -21,7 +21,6 @@ import os
 import shutil
 import signal
 import sys
-from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
@@ -31,6 +30,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from agent.health import probe, resource_checks
+from agent.jobenv import job_environment
 from agent.kept import (
     SAFE_ID,
     Environment,
@@ -46,7 +46,7 @@ from agent.requests import Later, Responder
 from agent.sessions import Session
 from agent.signals import Attempt, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
-from agent.workspace import PLAIN, Workspace, WorkspaceError, build_workspace, choose_backend
+from agent.workspace import PLAIN, PLAIN_WARNING, Workspace, WorkspaceError, build_workspace, choose_backend
 from libs.contracts import subjects
 from libs.contracts.agent import (
     ExecExited,
@@ -112,15 +112,6 @@ class RunningNode:
     keep: bool = False
 
 
-# The platform's signing secret and a user's token never reach a job, whatever the agent was started with.
-PRIVATE_VARIABLES = ("TRAINYARD_AUTH_SECRET", "TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN", "TRAINYARD_TOKEN_FILE")
-
-
-def job_environment(environ: Mapping[str, str]) -> dict[str, str]:
-    """The agent's own environment, less what only the platform may read."""
-    return {k: v for k, v in environ.items() if k not in PRIVATE_VARIABLES}
-
-
 class NodeAgent:
     def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path,
                  health_probe_seconds: float | None = None) -> None:
@@ -130,6 +121,9 @@ class NodeAgent:
         self.storage = storage
         self.health_probe_seconds = (Settings().health_probe_seconds if health_probe_seconds is None
                                      else health_probe_seconds)
+        # What jobs must not see under bwrap: the platform's secrets and state, and this agent's folder
+        # (other jobs' files and kept environments).
+        self.hidden_paths = [*Settings().hidden_paths, root]
         self.health: list[ComponentHealth] = []  # the latest probe, sent with every heartbeat
         self.sessions: dict[str, Session] = {}
         self.nodes: dict[tuple[str, int, int, int], RunningNode] = {}  # (job, attempt, task, rank)
@@ -147,6 +141,8 @@ class NodeAgent:
         except WorkspaceError as exc:
             raise SystemExit(str(exc)) from None
         log.info("agent.workspace_backend", node=self.info.name, backend=self.backend, reason=reason)
+        if self.backend == PLAIN:
+            log.warning("agent.jobs_not_sandboxed", node=self.info.name, warning=PLAIN_WARNING)
         self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}")
         self.js = self.nc.jetstream()
         await ensure_streams(self.js)
@@ -398,19 +394,19 @@ class NodeAgent:
                          node=self.info.name)
         root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
         try:
-            workspace, files = build_workspace(root, self.storage, launch, self.backend)
+            workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths)
         except (WorkspaceError, OSError) as exc:
             await self._ship(node, [f"[trainyard] cannot prepare the workspace: {exc}"])
             await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                              node=self.info.name, exit_code=127), "exited", node)
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return
-        env = {**job_environment(os.environ), **{k: workspace.translate(v, files) for k, v in launch.env.items()}}
-        # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
-        env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}"
-        env.update(TRAINYARD_JOB_ID=node.job_id, TRAINYARD_ATTEMPT=str(node.attempt), TRAINYARD_TASK=str(node.task),
-                   TRAINYARD_RANK=str(node.rank), TRAINYARD_NODE=self.info.name,
-                   TRAINYARD_WORKSPACE=str(workspace.path), TRAINYARD_WORKSPACE_BACKEND=workspace.backend)
+        env = job_environment(
+            os.environ, {k: workspace.translate(v, files) for k, v in launch.env.items()},
+            {"TRAINYARD_JOB_ID": node.job_id, "TRAINYARD_ATTEMPT": str(node.attempt),
+             "TRAINYARD_TASK": str(node.task), "TRAINYARD_RANK": str(node.rank), "TRAINYARD_NODE": self.info.name,
+             "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend},
+            python_dir=Path(sys.executable).parent, nats_url=self.nats_url)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
         if node.keep:  # written first: a session may be wanted however the command ends, even never started

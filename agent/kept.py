@@ -19,7 +19,7 @@ from pathlib import Path
 
 import msgspec
 
-from agent.sandbox import Bind, SandboxSpec
+from agent.sandbox import Bind, Hidden, SandboxSpec
 from agent.workspace import Workspace
 
 ENVIRONMENT_NAME = "session.json"
@@ -33,12 +33,18 @@ class _Bind(msgspec.Struct, frozen=True):
     read_only: bool
 
 
+class _Hidden(msgspec.Struct, frozen=True):
+    path: str
+    is_dir: bool
+
+
 class _Sandbox(msgspec.Struct, frozen=True):
     binds: list[_Bind]
     dirs: list[str]
     tmp: str | None
     keep: list[str]
     cwd: str
+    hidden: list[_Hidden] = []  # absent from records written before paths were hidden
 
 
 class _Workspace(msgspec.Struct, frozen=True):
@@ -76,7 +82,8 @@ def _to_record(workspace: Workspace) -> _Workspace:
     spec = workspace.sandbox
     sandbox = None if spec is None else _Sandbox(
         binds=[_Bind(str(b.source), b.target, b.read_only) for b in spec.binds], dirs=list(spec.dirs),
-        tmp=None if spec.tmp is None else str(spec.tmp), keep=[str(p) for p in spec.keep], cwd=spec.cwd)
+        tmp=None if spec.tmp is None else str(spec.tmp), keep=[str(p) for p in spec.keep], cwd=spec.cwd,
+        hidden=[_Hidden(str(h.path), h.is_dir) for h in spec.hidden])
     return _Workspace(root=str(workspace.root), path=str(workspace.path), backend=workspace.backend, sandbox=sandbox)
 
 
@@ -85,7 +92,7 @@ def _from_record(record: _Workspace) -> Workspace:
     sandbox = None if found is None else SandboxSpec(
         binds=[Bind(source=Path(b.source), target=b.target, read_only=b.read_only) for b in found.binds],
         dirs=found.dirs, tmp=None if found.tmp is None else Path(found.tmp), keep=[Path(p) for p in found.keep],
-        cwd=found.cwd)
+        cwd=found.cwd, hidden=[Hidden(path=Path(h.path), is_dir=h.is_dir) for h in found.hidden])
     return Workspace(root=Path(record.root), path=Path(record.path), backend=record.backend, sandbox=sandbox)
 
 

@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 
 from libs.contracts.codec import decode, encode
 from libs.contracts.messages import CommandError
-from libs.messaging.rpc import error_for_decode_failure
+from libs.messaging.rpc import MAX_REQUEST_BYTES, error_for_decode_failure
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
 
@@ -84,11 +84,21 @@ class Responder:
     async def _answer(self, msg: Msg, request_type: type[Request], handler: Handler[Request]) -> None:
         name = request_type.__name__
         with span_tracer.start_as_current_span(f"agent {name}", context=context_from_headers(msg.headers)):
+            if len(msg.data) > MAX_REQUEST_BYTES:
+                log.warning("agent.bad_request", node=self.node, request=name, size=len(msg.data))
+                await self._send(msg, refusal(self.node, request_type, msgspec.DecodeError(
+                    f"the request is {len(msg.data)} bytes long, over the limit of {MAX_REQUEST_BYTES}")))
+                return
             try:
                 request: Request = decode(msg.data, request_type)
             except msgspec.DecodeError as exc:  # ValidationError too: a message that does not fit the type
                 log.warning("agent.bad_request", node=self.node, request=name, error=bounded(str(exc)))
                 await self._send(msg, refusal(self.node, request_type, exc))
+                return
+            except Exception as exc:  # RecursionError on deep nesting, or whatever else the decoder raises
+                log.warning("agent.bad_request", node=self.node, request=name, error=bounded(repr(exc)))
+                await self._send(msg, refusal(self.node, request_type,
+                                              msgspec.DecodeError(f"the request cannot be decoded: {exc!r}")))
                 return
             try:
                 answer = await handler(request)

@@ -18,6 +18,11 @@ instead, and its entries are bound one by one, down to the new paths. Symbolic l
 as they are written, so relative ones (/bin -> usr/bin, /etc/mtab -> ../proc/self/mounts) resolve
 inside.
 
+Host paths the platform keeps for itself (its state folder with the token signing secret, tokens and
+stack settings, the agent's own folder with other jobs' files) are hidden: an empty read-only tmpfs
+over a folder, /dev/null over a file. The job's own mounts are bound from the host, so they still
+work when their sources lie under a hidden folder.
+
 `bwrap_argv` only builds the command. It reads the host through `list_dir`, so tests can describe
 a host instead of having one.
 """
@@ -70,6 +75,14 @@ class Bind:
 
 
 @dataclass(frozen=True)
+class Hidden:
+    """A host path shown empty inside the sandbox."""
+
+    path: Path
+    is_dir: bool
+
+
+@dataclass(frozen=True)
 class SandboxSpec:
     """What one node's sandbox holds besides the host's files."""
 
@@ -80,6 +93,8 @@ class SandboxSpec:
     # and the agent's own code; nothing is added for those the host's entries already show.
     keep: Sequence[Path] = field(default_factory=list)
     cwd: str = WORKSPACE
+    # Host paths the job must not see (folders, or single files); those it could not see anyway are skipped.
+    hidden: Sequence[Hidden] = ()
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -118,17 +133,51 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = li
     walk("/")
     args.extend(["--proc", "/proc", "--dev-bind", "/dev", "/dev"])
     args.extend(["--bind", str(spec.tmp), "/tmp"] if spec.tmp is not None else ["--tmpfs", "/tmp"])
-    for keep in _unique(str(p) for p in spec.keep):
-        if not any(_inside(keep, host) for host in bound):
+    hidden = _visible_hidden(spec, bound, made)
+    kept = [k for k in _unique(str(p) for p in spec.keep)
+            if not any(_inside(k, host) for host in bound) or any(_inside(k, str(h.path)) for h in hidden)]
+    # A hidden path inside a kept one is hidden after it is bound; a kept path inside a hidden one is
+    # bound after the hiding, so that it stays visible.
+    for keep in kept:
+        if not any(_inside(keep, str(h.path)) for h in hidden):
+            args.extend(["--ro-bind", keep, keep])
+    for entry in hidden:
+        if entry.is_dir:
+            args.extend(["--tmpfs", str(entry.path)])
+        else:
+            args.extend(["--ro-bind", "/dev/null", str(entry.path)])
+    for keep in kept:
+        if any(_inside(keep, str(h.path)) for h in hidden):
             args.extend(["--ro-bind", keep, keep])
     for directory in [WORKSPACE, *spec.dirs]:
         args.extend(["--dir", directory])
     # Parents before children, so that a mount never hides one made inside it.
     for bind in sorted(spec.binds, key=lambda b: _depth(b.target)):
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
+    for entry in hidden:  # an empty folder the job cannot write to either
+        if entry.is_dir:
+            args.extend(["--remount-ro", str(entry.path)])
     # The tmpfs root itself (and the folders made in it, such as /etc) takes no writes either.
     args.extend(["--remount-ro", "/", "--chdir", spec.cwd])
     return [bwrap, *args, "--", *EXEC, *argv]
+
+
+def _visible_hidden(spec: SandboxSpec, bound: Sequence[str], made: Sequence[str]) -> list[Hidden]:
+    """The hidden paths the job would otherwise see: under a host path bound whole or a kept path, not
+    under /proc, /dev or /tmp (the sandbox's own), not the sandbox's own paths, not inside another."""
+    visible = [*bound, *(str(p) for p in spec.keep)]
+    own = ["/proc", "/dev", "/tmp", *made]
+    found: list[Hidden] = []
+    for entry in sorted(spec.hidden, key=lambda h: _depth(str(h.path))):
+        path = str(entry.path)
+        if path == "/" or not any(_inside(path, v) for v in visible):
+            continue
+        if any(_inside(path, o) or _inside(o, path) for o in own):
+            continue
+        if any(h.is_dir and _inside(path, str(h.path)) for h in found):
+            continue
+        found.append(entry)
+    return found
 
 
 def _unique(items: Iterable[str]) -> list[str]:

@@ -19,11 +19,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from agent.sandbox import WORKSPACE, Bind, SandboxSpec, bwrap_argv
+from agent.sandbox import WORKSPACE, Bind, Hidden, SandboxSpec, bwrap_argv
 from libs.contracts.events import NodeLaunch
 
 PLAIN = "plain"
@@ -33,6 +33,9 @@ BACKEND_VARIABLE = "TRAINYARD_WORKSPACE_BACKEND"
 SKELETON = ("algorithm", "anno_dataset", "dataset/private", "dataset/favorite", "model/pretrained",
             "model/private", "model/favorite", "outputs", "volume")
 PROBE_TIMEOUT_SECONDS = 10.0
+# Said at the agent's start when jobs run without a sandbox.
+PLAIN_WARNING = ("jobs run without a sandbox (plain backend): they can read every file the agent's user can, "
+                 "including the platform's secrets and other jobs' files")
 
 
 class WorkspaceError(Exception):
@@ -71,9 +74,10 @@ class Workspace:
         return algorithm if algorithm.exists() else self.path
 
 
-def build_workspace(root: Path, storage: Path, launch: NodeLaunch,
-                    backend: str = PLAIN) -> tuple[Workspace, dict[str, Path]]:
-    """Prepare one node's workspace; returns it and where each generated file was written."""
+def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str = PLAIN,
+                    hidden: Sequence[Path] = ()) -> tuple[Workspace, dict[str, Path]]:
+    """Prepare one node's workspace; returns it and where each generated file was written. Under bwrap,
+    the `hidden` host paths (the platform's secrets and state) are not visible to the job."""
     storage = storage.absolute()
     sources = []
     for mount in launch.mounts:
@@ -98,7 +102,7 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch,
                  for mount, source in zip(launch.mounts, sources, strict=True)]
         binds += [Bind(source=path, target=name, read_only=True) for name, path in files.items()]
         sandbox = SandboxSpec(binds=binds, dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=tmp,
-                              keep=agent_paths(), cwd=f"{WORKSPACE}/algorithm")
+                              keep=agent_paths(), cwd=f"{WORKSPACE}/algorithm", hidden=hidden_entries(hidden))
         return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files
     workspace = Workspace(root=root, path=root / "workspace")
     if workspace.path.exists():
@@ -112,6 +116,15 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch,
         target.parent.mkdir(parents=True, exist_ok=True)
         target.symlink_to(source, target_is_directory=True)
     return workspace, files
+
+
+def hidden_entries(paths: Sequence[Path]) -> list[Hidden]:
+    """The paths to hide that exist, resolved (a bind follows links), each a folder or a file."""
+    entries = []
+    for path in dict.fromkeys(p.resolve() for p in paths):
+        if path.exists():
+            entries.append(Hidden(path=path, is_dir=path.is_dir()))
+    return entries
 
 
 def agent_paths() -> list[Path]:

@@ -11,7 +11,11 @@ A service subclasses `EventSourcedService` and gives only what is its own:
 The base owns the wiring each service used to write by hand: rebuilding the state from the store at
 start, recording new events at the versions folded so far (one version map for every aggregate of
 the service), following upstream streams with tracking so a reaction is recorded exactly once, and
-waking the loops after every fold. It mirrors eventsourcing's `ProcessApplication`: the upstream's
+waking the loops after every fold. An upstream message that cannot be applied (undecodable, not
+consistent with its subject, a reaction in conflict, a fold or reaction that keeps failing) is set
+aside by the follower: an `UpstreamMessageSetAside` is recorded in the service's own log with the
+message's tracking position, and the monitor raises an alert for it. Those records are not folded
+into the service's state. It mirrors eventsourcing's `ProcessApplication`: the upstream's
 `react` is its `policy`, and the tracking position commits with the events it produced.
 """
 
@@ -24,7 +28,7 @@ from typing import Any, ClassVar, Self
 
 from nats.aio.msg import Msg
 
-from libs.contracts.events import EventEnvelope
+from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.eventstore import NewEvent, Tracking
 from libs.messaging.follower import Handler, StreamFollower
 from libs.runtime import ServiceRuntime
@@ -127,7 +131,7 @@ class EventSourcedService:
             follower = StreamFollower(self.rt.js, self.rt.store, stream=upstream.stream, subject=upstream.subject,
                                       consumer=upstream.consumer, message_type=upstream.message_type,
                                       handle=upstream.handle or self._handler(upstream),
-                                      reactions=upstream.reactions)
+                                      reactions=upstream.reactions, record_set_aside=self._record_set_aside)
             await follower.start()
             self.followers.append(follower)
         self.handlers()
@@ -144,7 +148,8 @@ class EventSourcedService:
     def apply(self, envelope: EventEnvelope) -> None:
         """Fold one of the service's own events and note its aggregate's version."""
         self.versions[(envelope.aggregate_type, envelope.aggregate_id)] = envelope.version
-        self.fold(envelope)
+        if not isinstance(envelope.event, UpstreamMessageSetAside):  # history and alerts, not state
+            self.fold(envelope)
 
     def version(self, aggregate_type: str, aggregate_id: str) -> int:
         return self.versions.get((aggregate_type, aggregate_id), 0)
@@ -167,6 +172,10 @@ class EventSourcedService:
         return stored
 
     # --- following other services ---------------------------------------------------------------------
+
+    async def _record_set_aside(self, change: NewEvent, tracking: Tracking) -> None:
+        async with self.lock:
+            await self.record([change], tracking)
 
     def _handler(self, upstream: Upstream) -> Handler:
         async def handle(message: Any, msg: Msg, tracking: Tracking | None) -> bool:

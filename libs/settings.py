@@ -13,6 +13,17 @@ def _float(name: str, default: float) -> float:
     return float(os.environ.get(name, default))
 
 
+# Host paths the agents hide from jobs (SPEC L1), separated by `:`; the files named by
+# TRAINYARD_AUTH_SECRET_FILE and TRAINYARD_TOKEN_FILE are hidden besides.
+HIDDEN_PATHS_VARIABLE = "TRAINYARD_HIDDEN_PATHS"
+
+
+def _hidden_paths() -> tuple[Path, ...]:
+    named = [p for p in os.environ.get(HIDDEN_PATHS_VARIABLE, "").split(os.pathsep) if p.strip()]
+    named += [os.environ[n] for n in ("TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN_FILE") if os.environ.get(n)]
+    return tuple(dict.fromkeys(Path(p.strip()).resolve() for p in named))
+
+
 @dataclass(frozen=True)
 class Settings:
     """Read once at start-up; every process takes the same variables."""
@@ -43,6 +54,8 @@ class Settings:
     health_probe_seconds: float = field(default_factory=lambda: _float("TRAINYARD_HEALTH_PROBE_SECONDS", 5.0))
     # The secret that signs identity tokens (libs.auth); services that answer users refuse to start without it.
     auth_secret: str | None = field(default_factory=lambda: read_secret(required=False))
+    # What jobs must not see: the platform's state folder(s) and secret files (agents, bwrap backend).
+    hidden_paths: tuple[Path, ...] = field(default_factory=_hidden_paths)
 
     def require_auth_secret(self) -> str:
         if not self.auth_secret:

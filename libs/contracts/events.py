@@ -413,6 +413,34 @@ class AlertMailed(_Event, frozen=True, tag="AlertMailed.v1"):
     recipients: list[str]
 
 
+# --- every service: aggregate "upstream" (id = `set_aside_id(consumer, sequence)`) -------------------
+
+SetAsideCause = Literal["undecodable", "inconsistent", "conflict", "failed"]
+"""undecodable: not a message of the expected type; inconsistent: its subject, its envelope and the
+service followed there disagree (a forgery or a misrouted message); conflict: the reaction found the
+aggregate changed (ConcurrencyConflict); failed: folding or reacting kept failing with an error that
+is not a passing outage."""
+
+
+def set_aside_id(consumer: str, sequence: int) -> str:
+    """The aggregate id of a set-aside record: one per (consumer, stream sequence), so it is decided once."""
+    return f"{consumer}-{sequence}"
+
+
+class UpstreamMessageSetAside(_Event, frozen=True, tag="UpstreamMessageSetAside.v1"):
+    """A message a service follows could not be applied; it was passed over (neither folded nor
+    reacted to) and its tracking position recorded with this event. The monitor raises an alert."""
+
+    consumer: str
+    stream: str
+    sequence: int
+    subject: str
+    cause: SetAsideCause
+    reason: str
+    claimed_service: str | None = None
+    claimed_type: str | None = None
+
+
 JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | JobDurationChanged
             | JobStopRequested | JobSucceeded | JobFailed | JobStopped | JobDeleted | JobExpiring | JobExpired
             | JobRescaling | JobPrechecking | JobPrecheckFailed | JobResuming | JobRequeued | JobRestarting)
@@ -421,7 +449,8 @@ LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProc
 NodeEvent = NodeRegistered | NodeLost | NodeRecovered | NodeUnhealthy | NodeHealthy | ComponentMarked
 MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
 AlertEvent = AlertRaised | AlertMailed
-Event = JobEvent | SettingsChanged | StorageAccessSet | LaunchEvent | NodeEvent | MonitorJobEvent | AlertEvent
+Event = (JobEvent | SettingsChanged | StorageAccessSet | LaunchEvent | NodeEvent | MonitorJobEvent | AlertEvent
+         | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
@@ -431,7 +460,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     LaunchStopped,
     NodeRegistered, NodeLost, NodeRecovered, NodeUnhealthy, NodeHealthy, ComponentMarked,
     PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
-    AlertRaised, AlertMailed,
+    AlertRaised, AlertMailed, UpstreamMessageSetAside,
 )
 
 

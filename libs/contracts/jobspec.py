@@ -198,10 +198,115 @@ class SpecError(ValueError):
         super().__init__("; ".join(str(e) for e in errors))
 
 
+# --- Bounded inputs ---------------------------------------------------------------------------------
+# A spec is stored whole in the scheduler's JobSubmitted event and copied into the launcher's
+# LaunchPlanned event once per node, and every event must fit one NATS message (1 MiB by default).
+# The limits are far above what a real job needs (a long `torchrun ... --config ...` line is a few
+# hundred bytes; a large env a few KiB), yet keep every event well under that size. They are checked
+# before anything else and in time linear in the input, so an oversized spec costs no parsing.
+
+KIB = 1024
+# The whole spec, encoded as JSON: a quarter of a NATS message, so JobSubmitted fits with room to spare.
+MAX_SPEC_BYTES = 256 * KIB
+# One command (`command`, `tasks[].command`, lifecycle scripts). Checked before shlex parses it,
+# whose cost grows with the square of a token's length (64 KiB: about 0.1 s).
+MAX_COMMAND_LENGTH = 64 * KIB
+# `env`: how many variables, how long a name and a value, and all names and values together.
+MAX_ENV_VARS = 256
+MAX_ENV_NAME_LENGTH = 256
+MAX_ENV_VALUE_LENGTH = 32 * KIB
+MAX_ENV_BYTES = 128 * KIB
+# Each list of the spec (flavors, node_names, tasks, datasets, annotation_datasets, models, volumes).
+MAX_LIST_ITEMS = 256
+# Short free-form fields: image, driver_version, duration, debug_terminal.retention.
+MAX_SHORT_TEXT_LENGTH = 512
+# Every node of a launch is started with the spec's command, env and mounts, plus in some modes one
+# entry per peer (hostfiles, TF_CONFIG), and one LaunchPlanned event carries every node's: the
+# estimate of that event (about twice its real size) must stay under this. A small spec can then run
+# on some 300 nodes (pytorch) or 90 (horovod, whose every node holds the hostfiles of all).
+MAX_LAUNCH_BYTES = 640 * KIB
+LAUNCH_NODE_OVERHEAD_BYTES = 1 * KIB
+LAUNCH_PEER_BYTES = 64
+_MODES_WITH_PEER_LISTS = ("horovod", "pytorch-deepspeed", "tensorflow")
+# A spec file, before it is parsed: YAML may take more room than the JSON it becomes.
+MAX_DOCUMENT_BYTES = 2 * MAX_SPEC_BYTES
+# Field names quote env keys: cut them short in errors.
+_FIELD_KEY_LENGTH = 64
+
+
+def launch_size_estimate(spec: JobSpec, spec_bytes: int) -> int:
+    """An upper estimate of the encoded size of the event that starts `spec`: one launch per node
+    (and per task of a batch job), each holding the text it runs with about twice (argv and env,
+    mount sources and targets), plus one entry per peer node."""
+    nodes = max(spec.nodes, 1) + spec.parameter_servers
+    peers = nodes if spec.mode in _MODES_WITH_PEER_LISTS else 0
+    per_launch = LAUNCH_NODE_OVERHEAD_BYTES + LAUNCH_PEER_BYTES * peers
+    if not spec.tasks:
+        return nodes * (2 * spec_bytes + per_launch)
+    task_bytes = [len(msgspec.json.encode(task)) for task in spec.tasks]
+    common = spec_bytes - sum(task_bytes)
+    return nodes * sum(2 * (common + size) + per_launch for size in task_bytes)
+
+
+def _env_field(key: str) -> str:
+    return f"env.{key}" if len(key) <= _FIELD_KEY_LENGTH else f"env.{key[:_FIELD_KEY_LENGTH]}…"
+
+
+def size_errors(spec: JobSpec) -> list[FieldError]:
+    """Every field over its limit, found by lengths alone (no parsing), in time linear in the spec."""
+    errors: list[FieldError] = []
+    add = errors.append
+
+    def too_long(field: str, text: str | None, limit: int, what: str = "characters") -> None:
+        if text is not None and len(text) > limit:
+            add(FieldError(field=field, message=f"is {len(text)} {what} long, over the limit of {limit}",
+                           hint="keep long content in a file under the algorithm and pass its path"))
+
+    commands = [("command", spec.command)] + [(f"tasks[{i}].command", t.command)
+                                              for i, t in enumerate(spec.tasks[:MAX_LIST_ITEMS])]
+    if spec.lifecycle is not None:
+        commands += [("lifecycle.before_start", spec.lifecycle.before_start),
+                     ("lifecycle.after_end", spec.lifecycle.after_end)]
+    for field, command in commands:
+        too_long(field, command, MAX_COMMAND_LENGTH)
+    for field, text in (("image", spec.image), ("driver_version", spec.driver_version),
+                        ("duration", spec.duration),
+                        ("debug_terminal.retention", spec.debug_terminal and spec.debug_terminal.retention)):
+        too_long(field, text or None, MAX_SHORT_TEXT_LENGTH)
+    for field, items in (("flavors", spec.flavors), ("node_names", spec.node_names), ("tasks", spec.tasks),
+                         ("datasets", spec.datasets), ("annotation_datasets", spec.annotation_datasets),
+                         ("models", spec.models), ("volumes", spec.volumes)):
+        if len(items) > MAX_LIST_ITEMS:
+            add(FieldError(field=field, message=f"has {len(items)} entries, over the limit of {MAX_LIST_ITEMS}"))
+    if len(spec.env) > MAX_ENV_VARS:
+        add(FieldError(field="env", message=f"has {len(spec.env)} variables, over the limit of {MAX_ENV_VARS}"))
+    env_bytes = 0
+    for key, value in spec.env.items():
+        env_bytes += len(key) + len(value)
+        too_long(_env_field(key), key if len(key) > MAX_ENV_NAME_LENGTH else None, MAX_ENV_NAME_LENGTH)
+        if len(value) > MAX_ENV_VALUE_LENGTH:
+            add(FieldError(field=_env_field(key), message=f"has a value {len(value)} characters long, "
+                           f"over the limit of {MAX_ENV_VALUE_LENGTH}",
+                           hint="put large settings in a file under the algorithm and pass its path"))
+    if env_bytes > MAX_ENV_BYTES:
+        add(FieldError(field="env", message=f"holds {env_bytes} characters of names and values, "
+                       f"over the limit of {MAX_ENV_BYTES}"))
+    spec_bytes = len(msgspec.json.encode(spec))
+    if spec_bytes > MAX_SPEC_BYTES:
+        add(FieldError(field="(document)", message=f"is {spec_bytes} bytes as JSON, over the limit of "
+                       f"{MAX_SPEC_BYTES}"))
+    elif not errors and (launch := launch_size_estimate(spec, spec_bytes)) > MAX_LAUNCH_BYTES:
+        add(FieldError(field="nodes", message=f"{spec.nodes} nodes, each started with this spec's command, env "
+                       f"and mounts, make a launch of about {launch} bytes, over the limit of {MAX_LAUNCH_BYTES}",
+                       hint="use fewer nodes, or a shorter command and env"))
+    return errors
+
+
 _DURATION = re.compile(r"^\s*(\d+)\s*([smhd])\s*$")
 _DURATION_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _ENV_ASSIGNMENT = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*=")
 _SHELL_OPERATOR_CHARS = frozenset(";&|<>()")
+_QUOTED_COMMAND_LENGTH = 500
 
 
 def parse_duration(text: str) -> int:
@@ -227,7 +332,7 @@ def command_problem(command: str) -> str | None:
     except ValueError as exc:  # unbalanced quotes
         return f"cannot be parsed ({exc})"
     if _ENV_ASSIGNMENT.match(tokens[0]):
-        return f"begins with the variable assignment {tokens[0]!r}, not an executable"
+        return f"begins with the variable assignment {tokens[0][:100]!r}, not an executable"
     return _unquoted_shell_syntax(command.strip())
 
 
@@ -272,19 +377,25 @@ def _command_errors(field: str, command: str | None) -> list[FieldError]:
     problem = command_problem(command)
     if problem is None:
         return []
+    # The hint quotes the command: a short one, so that the refusal stays small.
+    wrapped = shlex.quote(command) if len(command) <= _QUOTED_COMMAND_LENGTH else "'...'"
     return [
         FieldError(
             field=field,
             message=f"must begin with an executable; it {problem}",
-            hint=f"wrap shell syntax as bash -c {shlex.quote(command)}, "
+            hint=f"wrap shell syntax as bash -c {wrapped}, "
             "and put variables in `env:` instead of KEY=VALUE prefixes",
         )
     ]
 
 
 def validate_spec(spec: JobSpec) -> list[FieldError]:
-    """Apply the cross-field rules of J1–J18; an empty list means the spec is acceptable."""
-    errors: list[FieldError] = []
+    """Apply the cross-field rules of J1–J18; an empty list means the spec is acceptable.
+
+    Sizes are checked first (`size_errors`); a spec over a limit gets only those errors, so that no
+    rule parses an oversized field and the refusal stays small."""
+    if errors := size_errors(spec):
+        return errors
     add = errors.append
 
     if not spec.name.strip():
@@ -387,6 +498,9 @@ def validate_spec(spec: JobSpec) -> list[FieldError]:
 
 def decode_spec(data: bytes | str, *, yaml: bool = False) -> JobSpec:
     """Decode and validate a spec; raise SpecError naming every bad field."""
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise SpecError([FieldError(field="(document)", message=f"is {len(data)} bytes long, over the limit of "
+                                    f"{MAX_DOCUMENT_BYTES}")])
     try:
         spec: JobSpec = decode_strict(data, JobSpec, yaml=yaml)
     except msgspec.ValidationError as exc:

@@ -55,11 +55,20 @@ def _member_for(value: Any, union: inspect.UnionType) -> inspect.Type:
 
 
 def decode_strict(data: bytes | str, kind: Any, *, yaml: bool = False) -> Any:
-    """Decode JSON (or YAML) as `kind`, refusing unknown fields anywhere in it."""
-    raw = msgspec.yaml.decode(data) if yaml else msgspec.json.decode(data)
+    """Decode JSON (or YAML) as `kind`, refusing unknown fields anywhere in it.
+
+    Input nested too deeply to decode (a few KiB of `[` suffice) is a DecodeError like any other
+    malformed input, not a RecursionError."""
+    try:
+        raw = msgspec.yaml.decode(data) if yaml else msgspec.json.decode(data)
+    except RecursionError:
+        raise msgspec.DecodeError("the document is nested too deeply") from None
     unknown = unknown_fields(raw, kind)
     if unknown:
         parent, name = unknown[0]
         where = f" - at `$.{parent}`" if parent else ""
         raise msgspec.ValidationError(f"Object contains unknown field `{name}`{where}")
-    return msgspec.convert(raw, kind)
+    try:
+        return msgspec.convert(raw, kind)
+    except RecursionError:
+        raise msgspec.DecodeError("the document is nested too deeply") from None

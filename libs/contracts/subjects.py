@@ -23,6 +23,18 @@ def events_of_service(service: str) -> str:
     return f"trainyard.events.{service}.>"
 
 
+# Every service's records of upstream messages it set aside (UpstreamMessageSetAside), for the monitor.
+SET_ASIDE_ALL = "trainyard.events.*.upstream.*.UpstreamMessageSetAside"
+
+
+def service_of_events(subject: str) -> str | None:
+    """The one service whose events `subject` (a filter such as `events_of_service`) names, if any."""
+    parts = subject.split(".")
+    if len(parts) < 3 or parts[:2] != ["trainyard", "events"] or parts[2] in ("*", ">"):
+        return None
+    return parts[2]
+
+
 def events_of_job(job_id: str) -> str:
     """Every service's events about one job (their aggregate id is the job id)."""
     return f"trainyard.events.*.*.{job_id}.*"

@@ -100,7 +100,8 @@ def provision_auth(home: Path, *, user: str | None = None, email: str | None = N
     """A signing secret for this stack and an administrator token for its user, kept under `home`.
 
     Services read the secret from TRAINYARD_AUTH_SECRET_FILE; clients find the token through
-    TRAINYARD_TOKEN_FILE in stack.env (see client.api.default_token).
+    TRAINYARD_TOKEN_FILE in stack.env (see client.api.default_token). Agents hide all of `home` from
+    jobs (TRAINYARD_HIDDEN_PATHS): the secret, tokens, stack.env, the servers' data and logs.
     """
     from libs.auth import issue_token, new_secret
     from libs.contracts.identity import Identity
@@ -114,7 +115,8 @@ def provision_auth(home: Path, *, user: str | None = None, email: str | None = N
                         Identity(user=user or getpass.getuser(), projects=["default"], admin=True, email=email))
     token_file.touch(mode=0o600)
     token_file.write_text(token)
-    return {"TRAINYARD_AUTH_SECRET_FILE": str(secret_file), "TRAINYARD_TOKEN_FILE": str(token_file)}
+    return {"TRAINYARD_AUTH_SECRET_FILE": str(secret_file), "TRAINYARD_TOKEN_FILE": str(token_file),
+            "TRAINYARD_HIDDEN_PATHS": str(home.resolve())}
 
 
 def start_platform(processes: ProcessSet, cluster: Path, agents_root: Path) -> None:

@@ -17,7 +17,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 
 import asyncpg
 import msgspec
@@ -32,6 +32,17 @@ class ConcurrencyConflict(Exception):
 
 class AlreadyProcessed(Exception):
     """The tracked message was processed before; nothing was written."""
+
+
+# The relay publishes every event as one NATS message, whose payload (1 MiB by default) also holds
+# the headers (message id, trace). An event larger than this could never be published and would
+# hold up every later one, so it is refused before it is stored. Input limits (libs.contracts.jobspec)
+# keep real events far below it; this is the last guard.
+MAX_EVENT_BYTES = 896 * 1024
+
+
+class EventTooLarge(ValueError):
+    """An event would be too large to publish; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -113,6 +124,8 @@ class EventStore:
         """
         versions = dict(expected_versions)
         trace_json = encode(trace or {}).decode()
+        for new in events:
+            self._check_size(new, trace or {})
         stored: list[EventEnvelope] = []
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key)
@@ -145,6 +158,19 @@ class EventStore:
                 ))
             await conn.execute(f"NOTIFY {self.notify_channel}")
         return stored
+
+    def _check_size(self, new: NewEvent, trace: dict[str, str]) -> None:
+        """Raise EventTooLarge when `new`, as published, would not fit MAX_EVENT_BYTES."""
+        # The largest position and a full timestamp: the envelope as published is at most this size.
+        envelope = EventEnvelope(
+            event_id=str(uuid.UUID(int=0)), service=self.service, aggregate_type=new.aggregate_type,
+            aggregate_id=new.aggregate_id, version=2**31, position=2**63 - 1,
+            recorded_at=datetime.now(UTC), event=new.event, trace=trace,
+        )
+        size = len(encode(envelope))
+        if size > MAX_EVENT_BYTES:
+            raise EventTooLarge(f"{type(new.event).__name__} for {new.aggregate_type} {new.aggregate_id} would be "
+                                f"{size} bytes, over the limit of {MAX_EVENT_BYTES} for one event")
 
     async def _track(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], tracking: Tracking) -> None:
         done = await conn.fetchval(

@@ -6,21 +6,42 @@ view is rebuilt the same way it was built: replay is the normal path. Each messa
 as a *reaction* when its stream sequence is past the position the service has recorded; the
 reaction appends its events together with that position (see `EventStore.append(tracking=...)`), so
 a restart never reacts twice and never skips one.
+
+A message that cannot be applied is *set aside*, never retried for ever (one poisoned message must
+not stop every later one): the follower records an `UpstreamMessageSetAside` with its tracking
+position, folds nothing of it and goes on. That happens when
+
+- it does not decode as the expected type (`undecodable`);
+- its envelope disagrees with where it was published (`inconsistent`): the subject must be exactly
+  `event_subject(envelope.service, aggregate type, aggregate id, event name)`, and the service must
+  be the one this follower follows (read from the subject filter, `subjects.service_of_events`);
+- the reaction raises `ConcurrencyConflict` (`conflict`): deciding again on the same view would give
+  the same stale answer;
+- folding or reacting raises an error that `classify` does not know as passing, `attempts` times
+  in a row (`failed`).
+
+Passing outages (`classify(...) == "transient"`: PostgreSQL or NATS away, connection errors, timeouts)
+are retried every `retry_seconds` until they pass, without a limit, so a service outlives its
+database going away without skipping a message.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
-from typing import Any
+from typing import Any, Literal
 
+import asyncpg
 import msgspec
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
 
 from libs.contracts.codec import decode_any
-from libs.eventstore.store import EventStore, Tracking
+from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageSetAside, set_aside_id
+from libs.contracts.subjects import event_subject, service_of_events
+from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
@@ -30,11 +51,92 @@ Handler = Callable[[Any, Msg, Tracking | None], Awaitable[bool]]
 given, also react to it and return True if the reaction's append carried `tracking` (False: the
 follower records it)."""
 
+RecordSetAside = Callable[[NewEvent, Tracking], Awaitable[None]]
+"""record(change, tracking): append the set-aside record together with the message's tracking."""
+
+SET_ASIDE_AGGREGATE = "upstream"
+_SET_ASIDE_TAG = "UpstreamMessageSetAside.v1"
+
+# Errors of a database or NATS that is away for a while: retried until they pass.
+_TRANSIENT: tuple[type[BaseException], ...] = (
+    OSError,  # connection refused or reset, and TimeoutError (nats.errors.TimeoutError too)
+    asyncpg.exceptions.InterfaceError,  # connection closed or released under the caller
+    asyncpg.exceptions.PostgresConnectionError,  # ConnectionDoesNotExistError, ConnectionFailureError
+    asyncpg.exceptions.OperatorInterventionError,  # CannotConnectNowError, AdminShutdownError
+    asyncpg.exceptions.InsufficientResourcesError,  # TooManyConnectionsError, disk full
+    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock: try again
+    nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError, nats.errors.ConnectionReconnectingError,
+    nats.errors.NoServersError, nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError,
+    nats.errors.NoRespondersError, nats.errors.FlushTimeoutError,
+)
+
+Verdict = Literal["transient", "conflict", "unknown"]
+
+
+def classify(error: BaseException) -> Verdict:
+    """How to treat an error from folding or reacting to one upstream message.
+
+    `transient`: the database or NATS is away; retry until it passes. `conflict`: the aggregate the
+    reaction writes moved on (ConcurrencyConflict); set the message aside at once. `unknown`:
+    anything else (a bug, or a message the rules cannot take); retried a few times, in case it
+    passes, then set aside.
+    """
+    if isinstance(error, ConcurrencyConflict):
+        return "conflict"
+    if isinstance(error, _TRANSIENT):
+        return "transient"
+    return "unknown"
+
+
+class _Claimed(msgspec.Struct):
+    type: str | None = None
+
+
+class _Claims(msgspec.Struct):
+    """What an undecodable message says it is, when it says so."""
+
+    service: str | None = None
+    event: _Claimed | None = None
+    type: str | None = None
+
+
+def claims(data: bytes) -> tuple[str | None, str | None]:
+    """The service and the type a raw message claims (envelope or plain message), if it reads as JSON."""
+    try:
+        found = msgspec.json.decode(data, type=_Claims)
+    except msgspec.DecodeError:
+        return None, None
+    kind = found.event.type if found.event is not None else found.type
+    return _short(found.service), _short(kind)
+
+
+def _short(text: str | None) -> str | None:
+    return text[:200] if text is not None else None
+
+
+def inconsistency(envelope: EventEnvelope, subject: str, source: str | None) -> str | None:
+    """Why an envelope cannot have come from where it was read, or None when it can."""
+    if source is not None and envelope.service != source:
+        return f"the envelope claims service {envelope.service!r} but this consumer follows {source!r}"
+    expected = event_subject(envelope.service, envelope.aggregate_type, envelope.aggregate_id,
+                             type(envelope.event).name())
+    if subject != expected:
+        return f"published on {subject} but its envelope belongs on {expected}"
+    return None
+
+
+class _SetAside(Exception):
+    def __init__(self, cause: SetAsideCause, reason: str) -> None:
+        super().__init__(reason)
+        self.cause = cause
+        self.reason = reason
+
 
 class StreamFollower:
     def __init__(self, js: JetStreamContext, store: EventStore, *, stream: str, subject: str,
                  consumer: str, message_type: object, handle: Handler, reactions: bool = True,
-                 retry_seconds: float = 0.5) -> None:
+                 retry_seconds: float = 0.5, attempts: int = 3, source: str | None = None,
+                 record_set_aside: RecordSetAside | None = None) -> None:
         self.js = js
         self.store = store
         self.stream = stream
@@ -45,6 +147,10 @@ class StreamFollower:
         # A follower without reactions only folds: it never writes a tracking position.
         self.reactions = reactions
         self.retry_seconds = retry_seconds
+        self.attempts = attempts  # tries of an `unknown` failure before the message is set aside
+        # The service whose envelopes this follower accepts (None: any, as long as subject and envelope agree).
+        self.source = source if source is not None else service_of_events(subject)
+        self.record_set_aside = record_set_aside or self._append_set_aside
         self.caught_up = asyncio.Event()
         self.tracked = 0
         self._sub: object | None = None
@@ -69,24 +175,95 @@ class StreamFollower:
         sequence = msg.metadata.sequence.stream
         tracking = Tracking(self.consumer, sequence) if self.reactions and sequence > self.tracked else None
         try:
-            decoded = decode_any(msg.data, self.message_type)
-        except msgspec.ValidationError as exc:
-            # A message this version does not understand (a newer writer's type) is passed over.
-            log.warning("follower.undecodable", consumer=self.consumer, subject=msg.subject, error=str(exc))
-            decoded = None
-        # The stream is read in order, so a failing handler is retried here rather than skipped.
-        while True:
-            try:
-                recorded = decoded is not None and await self.handle(decoded, msg, tracking)
-                if tracking is not None and not recorded:
-                    await self.store.record_tracking(tracking)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception:
-                log.exception("follower.handler_failed", consumer=self.consumer, sequence=sequence)
-                await asyncio.sleep(self.retry_seconds)
+            decoded = self._accepted(msg)
+            await self._apply(decoded, msg, tracking)
+        except _SetAside as refused:
+            await self._set_aside(msg, claims(msg.data), refused, tracking)
         if tracking is not None:
             self.tracked = sequence
         if not msg.metadata.num_pending:
             self.caught_up.set()
+
+    def _accepted(self, msg: Msg) -> Any:
+        """The message decoded, if it is what this follower reads and where it should come from."""
+        try:
+            decoded = decode_any(msg.data, self.message_type)
+        except (msgspec.DecodeError, UnicodeDecodeError) as exc:  # garbage, or a newer writer's type
+            raise _SetAside("undecodable", str(exc)[:500]) from None
+        if isinstance(decoded, EventEnvelope) and (why := inconsistency(decoded, msg.subject, self.source)):
+            raise _SetAside("inconsistent", why)
+        return decoded
+
+    async def _apply(self, decoded: Any, msg: Msg, tracking: Tracking | None) -> None:
+        """Fold (and react to) the message: passing outages are retried until they pass, a conflict
+        or a repeated unknown failure sets it aside."""
+        failures = 0
+        while True:
+            try:
+                recorded = await self.handle(decoded, msg, tracking)
+                if tracking is not None and not recorded:
+                    await self.store.record_tracking(tracking)
+                return
+            except asyncio.CancelledError:
+                raise
+            except AlreadyProcessed:
+                return  # its reaction was recorded before
+            except Exception as exc:
+                verdict = classify(exc)
+                if verdict == "conflict":
+                    raise _SetAside("conflict", str(exc)) from None
+                if verdict == "unknown":
+                    failures += 1
+                    if failures >= self.attempts:
+                        log.exception("follower.handler_failed", consumer=self.consumer,
+                                      sequence=msg.metadata.sequence.stream, failures=failures)
+                        raise _SetAside("failed", f"{type(exc).__name__}: {exc}"[:500]) from None
+                log.warning("follower.retrying", consumer=self.consumer, sequence=msg.metadata.sequence.stream,
+                            verdict=verdict, error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(self.retry_seconds)
+
+    async def _set_aside(self, msg: Msg, claimed: tuple[str | None, str | None], refused: _SetAside,
+                         tracking: Tracking | None) -> None:
+        """Pass over a message for good: recorded (with its tracking) the first time it is seen."""
+        sequence = msg.metadata.sequence.stream
+        if tracking is None:
+            # Replayed (set aside when it was new) or a fold-only follower: nothing to record.
+            log.warning("follower.passed_over", consumer=self.consumer, sequence=sequence, cause=refused.cause,
+                        reason=refused.reason)
+            return
+        service, kind = claimed
+        record = UpstreamMessageSetAside(consumer=self.consumer, stream=self.stream, sequence=sequence,
+                                         subject=msg.subject, cause=refused.cause, reason=refused.reason,
+                                         claimed_service=service, claimed_type=kind)
+        log.error("follower.set_aside", consumer=self.consumer, stream=self.stream, sequence=sequence,
+                  subject=msg.subject, cause=refused.cause, reason=refused.reason, claimed_service=service,
+                  claimed_type=kind)
+        # A set-aside record that cannot be applied is not recorded again: no chain of records.
+        change = None if kind == _SET_ASIDE_TAG else NewEvent(SET_ASIDE_AGGREGATE,
+                                                              set_aside_id(self.consumer, sequence), record)
+        failures = 0
+        while True:
+            try:
+                if change is None:
+                    await self.store.record_tracking(tracking)
+                else:
+                    await self.record_set_aside(change, tracking)
+                return
+            except asyncio.CancelledError:
+                raise
+            except (AlreadyProcessed, ConcurrencyConflict):
+                return  # recorded before
+            except Exception as exc:
+                if classify(exc) != "transient" and change is not None:
+                    failures += 1
+                    if failures >= self.attempts:
+                        log.exception("follower.set_aside_unrecorded", consumer=self.consumer, sequence=sequence)
+                        change = None  # the position alone, so the follower goes on
+                        continue
+                log.warning("follower.retrying", consumer=self.consumer, sequence=sequence,
+                            error=f"{type(exc).__name__}: {exc}")
+                await asyncio.sleep(self.retry_seconds)
+
+    async def _append_set_aside(self, change: NewEvent, tracking: Tracking) -> None:
+        await self.store.append([change], expected_versions={(change.aggregate_type, change.aggregate_id): 0},
+                                tracking=tracking)

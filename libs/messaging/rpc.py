@@ -33,7 +33,29 @@ RequestHandler = Callable[[Any], Awaitable[Any]]
 AuthenticatedHandler = Callable[[Any, Identity], Awaitable[Any]]
 
 
+# The largest request body decoded: NATS's default max payload. A server configured for larger
+# messages still gets nothing bigger decoded (the largest valid request, a spec at its limit, is a
+# quarter of this); a bigger body is refused unread.
+MAX_REQUEST_BYTES = 1024 * 1024
+# A reply must fit one message too; error texts that quote the request are cut to this length.
+MAX_REPLY_BYTES = 1024 * 1024
+MAX_ERROR_TEXT = 1000
+
+
+def bounded(text: str) -> str:
+    return text if len(text) <= MAX_ERROR_TEXT else f"{text[:MAX_ERROR_TEXT]}… ({len(text)} characters)"
+
+
 def error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError) -> CommandError:
+    """`invalid-request` (or `invalid-spec` inside a spec) naming what does not decode, in a few KiB
+    at most however large the offending text."""
+    error = _error_for_decode_failure(exc)
+    return msgspec.structs.replace(
+        error, message=bounded(error.message),
+        errors=[msgspec.structs.replace(e, field=bounded(e.field), message=bounded(e.message)) for e in error.errors])
+
+
+def _error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError) -> CommandError:
     if isinstance(exc, msgspec.ValidationError):
         error = field_error_from_msgspec(exc)
         if error.field.startswith("spec."):
@@ -70,6 +92,7 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
               queue: str | None) -> None:
     from faststream.nats.annotations import NatsMessage
 
+    from libs.eventstore.store import EventTooLarge
     from libs.telemetry.logs import get_logger
 
     log = get_logger(__name__)
@@ -85,26 +108,51 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
                 except AuthError as exc:
                     return encode(CommandError(code="unauthenticated", message=str(exc)))
                 span.set_attribute("trainyard.user", identity.user)
+            if len(msg.body) > MAX_REQUEST_BYTES:
+                return encode(CommandError(code="invalid-request", message=f"the request is {len(msg.body)} bytes "
+                                           f"long, over the limit of {MAX_REQUEST_BYTES}"))
             try:
                 request = decode_strict(msg.body, request_type)
             except (msgspec.ValidationError, msgspec.DecodeError) as exc:
                 return encode(error_for_decode_failure(exc))
+            except Exception as exc:  # whatever else a hostile body makes the decoder raise
+                log.warning("rpc.undecodable_request", subject=subject, error=bounded(repr(exc)))
+                return encode(CommandError(code="invalid-request",
+                                           message=bounded(f"the request cannot be decoded: {exc!r}")))
             try:
                 reply = await handler(request, identity)
             except SpecError as exc:
                 reply = CommandError(code="invalid-spec", message=f"the job spec is invalid: {exc}",
                                      errors=exc.errors)
+            except EventTooLarge as exc:
+                log.warning("rpc.event_too_large", subject=subject, error=str(exc))
+                reply = CommandError(code="invalid-request", message=f"the request was not recorded: {exc}",
+                                     hint="shorten the longest fields of the request; nothing was changed")
             except Exception as exc:
                 log.exception("rpc.handler_failed", subject=subject)
                 span.record_exception(exc)
-                reply = CommandError(code="internal", message=f"{service} failed: {exc}",
+                reply = CommandError(code="internal", message=bounded(f"{service} failed: {exc}"),
                                      hint=f"see the {service} log for details")
-            return encode(reply)
+            body = encode(reply)
+            if len(body) > MAX_REPLY_BYTES:
+                log.error("rpc.reply_too_large", subject=subject, size=len(body))
+                body = encode(CommandError(code="internal", message=f"the reply of {len(body)} bytes is over "
+                                           f"the limit of {MAX_REPLY_BYTES}",
+                                           hint="ask for less at once (fewer jobs, a shorter range)"))
+            return body
 
     # faststream injects the message by the parameter's annotation, which is a string here (PEP 563)
     # naming a name this module does not hold: give it the type itself.
     respond.__annotations__["msg"] = NatsMessage
-    broker.subscriber(subject, queue=queue or f"trainyard-{service}")(respond)
+
+    # The body is decoded above, as its contract type, and only there: faststream's own JSON decoding
+    # of every body would raise on a deeply nested one before `respond` could refuse it.
+    async def raw_body(msg: NatsMessage) -> bytes:
+        body: bytes = msg.body
+        return body
+
+    raw_body.__annotations__["msg"] = NatsMessage
+    broker.subscriber(subject, queue=queue or f"trainyard-{service}", decoder=raw_body)(respond)
 
 
 class ServiceUnavailable(Exception):

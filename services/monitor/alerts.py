@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from libs.contracts.events import AlertRaised, JobFailed, JobResuming
+from libs.contracts.events import AlertRaised, JobFailed, JobResuming, UpstreamMessageSetAside
 from libs.contracts.health import NodeCheck
 from libs.contracts.scheduling import AdminSettings
 from libs.lifecycle import JobRecord
@@ -39,6 +39,10 @@ def performance_id(job_id: str, attempt: int, rank: int, number: int) -> str:
 
 def job_failed_id(job_id: str) -> str:
     return f"job-failed-{job_id}"
+
+
+def set_aside_id(service: str, consumer: str, sequence: int) -> str:
+    return f"message-set-aside-{service}-{consumer}-{sequence}"
 
 
 def recipients(creator_email: str | None, operators: Iterable[str]) -> list[str]:
@@ -120,3 +124,17 @@ def checkpoint_job_failed(job: JobRecord, event: JobFailed, settings: AdminSetti
         alert_id=job_failed_id(job.job_id), kind="resume-limit", title=f"Job {_job_label(job)} failed",
         message=f"Checkpoint-resume job {_job_label(job)} failed {used}: {event.reason}.",
         recipients=recipients(job.creator_email, operators), job_id=job.job_id)
+
+
+def message_set_aside(service: str, record: UpstreamMessageSetAside, operators: Sequence[str]) -> AlertRaised:
+    """A service passed over a message it follows (forged, garbled, or one it could not apply)."""
+    claimed = ", ".join(part for part in (
+        f"claimed service {record.claimed_service}" if record.claimed_service else "",
+        f"claimed type {record.claimed_type}" if record.claimed_type else "") if part)
+    return AlertRaised(
+        alert_id=set_aside_id(service, record.consumer, record.sequence), kind="message-set-aside",
+        title=f"The {service} set aside message {record.sequence} of {record.stream}",
+        message=(f"The {service} (consumer {record.consumer}) passed over the message at sequence {record.sequence} "
+                 f"of {record.stream}, subject {record.subject}{f' ({claimed})' if claimed else ''}: "
+                 f"{record.cause}: {record.reason}. Nothing of it was applied; check who published it."),
+        recipients=recipients(None, operators))

@@ -36,6 +36,7 @@ from libs.contracts.events import (
     NodeUnhealthy,
     PerformanceDegraded,
     PrecheckCompleted,
+    UpstreamMessageSetAside,
 )
 from libs.contracts.health import NodeCheck
 from libs.contracts.jobspec import parse_duration
@@ -228,3 +229,13 @@ def mailed(alert: AlertRaised, unmailed: Mapping[str, object]) -> Outcome:
         return Outcome()
     return Outcome(events=[NewEvent("alert", alert.alert_id,
                                     AlertMailed(alert_id=alert.alert_id, recipients=alert.recipients))])
+
+
+# --- every service's set-aside upstream messages -------------------------------------------------------
+
+
+def set_aside(envelope: EventEnvelope, operators: Sequence[str]) -> Outcome:
+    """One alert per message a service set aside (its UpstreamMessageSetAside records)."""
+    if not isinstance(envelope.event, UpstreamMessageSetAside):
+        return Outcome()
+    return Outcome(alerts=[alerts.message_set_aside(envelope.service, envelope.event, operators)])

@@ -8,7 +8,8 @@
   nodes (and asks their agents) and records PrecheckCompleted, which admits or requeues the job.
 - M6 performance: it reads job log chunks as they stream (`logfeed`) and records PerformanceDegraded
   when a rank's hardware / e2e time crosses the job's threshold (see `performance`).
-- M7 alerts: one AlertRaised per incident, mailed by `mailer`.
+- M7 alerts: one AlertRaised per incident, mailed by `mailer`; also one per upstream message any
+  service set aside (it follows every service's UpstreamMessageSetAside records, its own included).
 - J15 debug terminals: environments of failed or expired jobs are kept for their retention and
   then released (`retention`); OpenTerminal opens a session in one (`terminal`).
 
@@ -63,6 +64,7 @@ from services.monitor.state import KeptEnvironment, MonitorState
 
 SCHEDULER_CONSUMER = "scheduler-events"  # tracking row in the monitor's schema
 LOGS_CONSUMER = "monitor-logs"  # durable JetStream consumer on TRAINYARD_LOGS
+SET_ASIDE_CONSUMER = "set-aside-events"  # every service's UpstreamMessageSetAside, its own included
 log = get_logger(__name__)
 
 
@@ -100,7 +102,12 @@ class Monitor(EventSourcedService):
 
     def upstreams(self) -> Sequence[Upstream]:
         return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
-                         consumer=SCHEDULER_CONSUMER, message_type=EventEnvelope, handle=self.on_scheduler_event)]
+                         consumer=SCHEDULER_CONSUMER, message_type=EventEnvelope, handle=self.on_scheduler_event),
+                Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.SET_ASIDE_ALL, consumer=SET_ASIDE_CONSUMER,
+                         message_type=EventEnvelope, react=self.alert_set_aside, span="monitor alert set-aside")]
+
+    def alert_set_aside(self, envelope: EventEnvelope) -> list[NewEvent]:
+        return decisions.set_aside(envelope, self.operators).changes
 
     def handlers(self) -> None:
         broker = self.rt.broker

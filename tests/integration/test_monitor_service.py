@@ -58,6 +58,8 @@ from libs.contracts.events import (
     PerformanceDegraded,
     Placement,
     PrecheckCompleted,
+    UpstreamMessageSetAside,
+    set_aside_id,
 )
 from libs.contracts.health import ComponentHealth
 from libs.contracts.identity import Identity
@@ -459,3 +461,43 @@ async def test_the_debug_terminal_opens_in_a_kept_environment_for_those_allowed(
     waiting = await terminal("alice", queued)
     assert isinstance(waiting, CommandError) and waiting.code == "invalid-state"
     assert "not started" in waiting.message
+
+
+async def test_every_message_set_aside_becomes_one_alert_its_own_included(platform: Platform, mailbox: Mailbox,
+                                                                          nc: Client) -> None:
+    await platform.start()
+    # The monitor itself sets aside garbage on a scheduler subject it follows ...
+    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "job-00000000000f", "JobSucceeded"),
+                                 b"not an envelope")
+    # ... and the scheduler recorded one it set aside.
+    record = UpstreamMessageSetAside(consumer="monitor-events", stream=subjects.EVENTS_STREAM, sequence=7,
+                                     subject="trainyard.events.monitor.job.job-00000000000f.JobSucceeded",
+                                     cause="inconsistent", reason="claims service scheduler",
+                                     claimed_service="scheduler", claimed_type="JobSucceeded.v1")
+    await platform.scheduler.append([NewEvent("upstream", set_aside_id("monitor-events", 7), record)],
+                                    expected_versions={("upstream", "monitor-events-7"): 0})
+    while await platform.relay.publish_pending():
+        pass
+
+    alerts = await eventually(lambda: _at_least(platform.recorded(AlertRaised), 2))
+    assert sorted(a.alert_id for a in alerts) == ["message-set-aside-monitor-scheduler-events-1",
+                                                   "message-set-aside-scheduler-monitor-events-7"]
+    assert {a.kind for a in alerts} == {"message-set-aside"}
+    assert all(a.recipients == [OPERATOR] for a in alerts)
+    forged = next(a for a in alerts if "monitor-events-7" in a.alert_id)
+    assert "claimed service scheduler" in forged.message and "inconsistent" in forged.message
+    [own] = await platform.recorded(UpstreamMessageSetAside)
+    assert (own.consumer, own.cause) == ("scheduler-events", "undecodable")
+    await eventually(lambda: _at_least(platform.recorded(AlertMailed), 2))
+
+    # A restart replays both records and raises nothing again.
+    await platform.restart()
+    await asyncio.sleep(0.5)
+    assert len(await platform.recorded(AlertRaised)) == 2
+    assert len(await platform.recorded(UpstreamMessageSetAside)) == 1
+    assert len(mailbox.messages) == 2
+
+
+async def _at_least(found: Awaitable[list[T]], count: int) -> list[T]:
+    items = await found
+    return items if len(items) >= count else []

