@@ -1,9 +1,12 @@
-"""Run a node agent: `python -m agent --name node-a [--config deploy/local/cluster.yaml]`."""
+"""Run a node agent: `python -m agent --name node-a [--config deploy/local/cluster.yaml]`, with the node's
+credential in the file TRAINYARD_NODE_TOKEN_FILE names (or in TRAINYARD_NODE_TOKEN)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+from collections.abc import Mapping
 from pathlib import Path
 
 import msgspec
@@ -12,7 +15,7 @@ from agent.agent import NodeAgent
 from agent.resources import describe_host, parse_accelerators
 from libs.contracts.cluster import AgentConfig, ClusterConfig
 from libs.entrypoint import run
-from libs.settings import Settings
+from libs.settings import NODE_TOKEN_FILE_VARIABLE, NODE_TOKEN_VARIABLE, Settings
 
 
 def _config(args: argparse.Namespace) -> AgentConfig:
@@ -53,6 +56,24 @@ def _arguments() -> argparse.Namespace:
     return parser.parse_args()
 
 
+def node_credential(node: str, environ: Mapping[str, str] = os.environ) -> str:
+    """The node's credential, from the file TRAINYARD_NODE_TOKEN_FILE names or else TRAINYARD_NODE_TOKEN."""
+    ask = f"ask an administrator: trainyard admin node-token {node}"
+    if path := environ.get(NODE_TOKEN_FILE_VARIABLE):
+        try:
+            token = Path(path).read_text().strip()
+        except OSError as exc:
+            raise SystemExit(f"no node credential: cannot read {NODE_TOKEN_FILE_VARIABLE} {path} "
+                             f"({exc.strerror or exc}); {ask}") from None
+        if not token:
+            raise SystemExit(f"no node credential: {path} ({NODE_TOKEN_FILE_VARIABLE}) is empty; {ask}")
+        return token
+    if token := environ.get(NODE_TOKEN_VARIABLE, "").strip():
+        return token
+    raise SystemExit(f"no node credential: set {NODE_TOKEN_FILE_VARIABLE} to the file that holds this node's "
+                     f"token (or {NODE_TOKEN_VARIABLE} to the token); {ask}")
+
+
 class RunningAgent:
     """A started node agent as `libs.entrypoint.run` keeps it: up until SIGTERM or SIGINT, then closed."""
 
@@ -70,8 +91,9 @@ class RunningAgent:
 async def started(args: argparse.Namespace) -> RunningAgent:
     """Check the node's settings, then start its agent: registered with the monitor and answering."""
     settings = Settings()
-    agent = NodeAgent(describe_host(_config(args)), nats_url=settings.nats_url,
-                      root=args.root.resolve() / args.name, storage=settings.storage_root)
+    info = describe_host(_config(args))
+    agent = NodeAgent(info, nats_url=settings.nats_url, root=args.root.resolve() / args.name,
+                      storage=settings.storage_root, node_token=node_credential(info.name))
     await agent.start()  # a refused registration raises SystemExit with the monitor's reason
     return RunningAgent(agent)
 

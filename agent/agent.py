@@ -47,6 +47,7 @@ from agent.sessions import Session
 from agent.signals import Attempt, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
 from agent.workspace import PLAIN, PLAIN_WARNING, Workspace, WorkspaceError, build_workspace, choose_backend
+from libs.auth import bearer_headers
 from libs.contracts import subjects
 from libs.contracts.agent import (
     ExecExited,
@@ -114,8 +115,11 @@ class RunningNode:
 
 class NodeAgent:
     def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path,
-                 health_probe_seconds: float | None = None) -> None:
+                 health_probe_seconds: float | None = None, node_token: str | None = None) -> None:
+        """`node_token`: the node credential sent with registration and heartbeats (`python -m agent` requires
+        one; without it the monitor refuses the node). It is never passed to jobs."""
         self.info = info
+        self.node_token = node_token
         self.nats_url = nats_url
         self.root = root
         self.storage = storage
@@ -195,7 +199,7 @@ class NodeAgent:
         while True:
             try:
                 reply = await call(self.nc, subjects.REGISTER_NODE, RegisterNode(node=self.info), timeout=5.0,
-                                   reply_type=NodeAccepted | CommandError)
+                                   reply_type=NodeAccepted | CommandError, token=self.node_token)
             except ServiceUnavailable as exc:  # the monitor is not up yet: keep trying
                 log.info("agent.register_retry", node=self.info.name, error=str(exc))
                 await asyncio.sleep(delay)
@@ -203,7 +207,8 @@ class NodeAgent:
                 continue
             if isinstance(reply, CommandError):
                 # A refused registration does not fix itself: stop with the monitor's reason.
-                raise SystemExit(f"the monitor refused node {self.info.name}: {reply.message}")
+                hint = f"; {reply.hint}" if reply.hint else ""
+                raise SystemExit(f"the monitor refused node {self.info.name}: {reply.message}{hint}")
             self.heartbeat_seconds = reply.heartbeat_seconds
             return
 
@@ -213,7 +218,8 @@ class NodeAgent:
                        if n.runner and not n.runner.done()]
             beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running, health=self.health)
             with contextlib.suppress(Exception):
-                await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat))
+                await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat),
+                                      headers=bearer_headers(self.node_token))
             await asyncio.sleep(self.heartbeat_seconds)
 
     # --- health (M1, M2) --------------------------------------------------------------------------

@@ -4,23 +4,34 @@ A token is a JWT signed with HMAC-SHA256 by the platform's secret. It names the 
 they belong to and whether they administer the platform. Administrators issue tokens
 (`trainyard admin token`); clients send them in the `Authorization: Bearer` header of every request;
 the services, which hold the same secret, verify the signature and expiry and act for that identity
-only. Node agents do not use tokens: they speak to the services on their own subjects, which a
-deployment restricts with NATS permissions (docs/security.md).
+only.
+
+A node credential is a token of another kind, signed with the same secret: it names one node
+(`role: node`, subject `node:<name>`). An agent sends it with its registration and heartbeats; the
+monitor accepts a node only with a credential for exactly that node (docs/security.md). The two
+kinds are never usable as each other: user verification refuses node credentials and node
+verification refuses user tokens.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import secrets
 import time
 from collections.abc import Mapping
 from pathlib import Path
 
 from libs.contracts.identity import AUTH_HEADER, Identity
+from libs.contracts.jobspec import NODE_NAME
 
 ALGORITHM = "HS256"
 ISSUER = "trainyard"
 DEFAULT_TTL_SECONDS = 30 * 86400
+NODE_ROLE = "node"
+NODE_SUBJECT_PREFIX = "node:"  # a node credential's `sub`; no user token carries it
+DEFAULT_NODE_TTL_SECONDS = 365 * 86400
+NODE_CREDENTIAL_HINT = "ask an administrator for a node credential: trainyard admin node-token {node}"
 
 
 class AuthError(Exception):
@@ -42,22 +53,71 @@ def issue_token(secret: str, identity: Identity, *, ttl_seconds: int = DEFAULT_T
     return jwt.encode(claims, secret, algorithm=ALGORITHM)
 
 
-def verify_token(secret: str, token: str) -> Identity:
-    import jwt
+def _claims(secret: str, token: str, *, renew: str) -> dict[str, object]:
+    """The verified claims of a token of either kind; `renew` says how to get a new one."""
+    import jwt  # here, not at the top: a CLI command that only sends a token need not load PyJWT
 
     try:
-        claims = jwt.decode(token, secret, algorithms=[ALGORITHM], issuer=ISSUER,
-                            options={"require": ["exp", "iat", "sub", "iss"]})
+        claims: dict[str, object] = jwt.decode(token, secret, algorithms=[ALGORITHM], issuer=ISSUER,
+                                               options={"require": ["exp", "iat", "sub", "iss"]})
     except jwt.ExpiredSignatureError:
-        raise AuthError("the token has expired; ask an administrator for a new one") from None
+        raise AuthError(f"the token has expired; {renew}") from None
     except jwt.InvalidTokenError as exc:
-        raise AuthError(f"the token is not valid ({exc}); ask an administrator for a new one") from None
+        raise AuthError(f"the token is not valid ({exc}); {renew}") from None
+    return claims
+
+
+def _is_node_credential(claims: Mapping[str, object]) -> bool:
+    return "role" in claims or str(claims["sub"]).startswith(NODE_SUBJECT_PREFIX)
+
+
+def verify_token(secret: str, token: str) -> Identity:
+    """The user a user token speaks for; a node credential is refused."""
+    claims = _claims(secret, token, renew="ask an administrator for a new one")
+    if _is_node_credential(claims):
+        raise AuthError("the token is a node credential, not a user token; ask an administrator for a user token "
+                        "(trainyard admin token)")
     projects = claims.get("projects", [])
     if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
         raise AuthError("the token's projects are not a list of names")
     email = claims.get("email")
     return Identity(user=str(claims["sub"]), projects=projects, admin=bool(claims.get("admin", False)),
                     email=str(email) if email else None)
+
+
+def issue_node_token(secret: str, node: str, *, ttl_seconds: int = DEFAULT_NODE_TTL_SECONDS) -> str:
+    """A credential that lets an agent register and heartbeat as `node`, and as nothing else."""
+    if not re.fullmatch(NODE_NAME, node):
+        raise AuthError(f"{node!r} is not a node name; node names are lower-case DNS labels such as node-a")
+    now = int(time.time())
+    claims = {"iss": ISSUER, "sub": NODE_SUBJECT_PREFIX + node, "role": NODE_ROLE, "node": node,
+              "iat": now, "exp": now + ttl_seconds}
+    import jwt
+
+    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+
+
+def verify_node_token(secret: str, token: str) -> str:
+    """The node a node credential was issued for; a user token is refused."""
+    renew = "ask an administrator for a new node credential (trainyard admin node-token NODE)"
+    claims = _claims(secret, token, renew=renew)
+    node = claims.get("node")
+    if claims.get("role") != NODE_ROLE or not isinstance(node, str) or claims["sub"] != NODE_SUBJECT_PREFIX + node:
+        raise AuthError(f"the token is not a node credential (a user token cannot register a node); {renew}")
+    if not re.fullmatch(NODE_NAME, node):
+        raise AuthError(f"the node credential names no valid node ({node!r}); {renew}")
+    return node
+
+
+def node_from_headers(secret: str, headers: Mapping[str, str] | None) -> str:
+    """The node whose credential a message carries in its `Authorization: Bearer` header."""
+    value = (headers or {}).get(AUTH_HEADER, "")
+    if not value:
+        raise AuthError("the message carries no node credential; set TRAINYARD_NODE_TOKEN_FILE for the agent")
+    scheme, _, token = value.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise AuthError(f"the {AUTH_HEADER} header must read 'Bearer <node credential>'")
+    return verify_node_token(secret, token.strip())
 
 
 def bearer_headers(token: str | None) -> dict[str, str]:

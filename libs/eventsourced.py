@@ -22,14 +22,14 @@ into the service's state. It mirrors eventsourcing's `ProcessApplication`: the u
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Coroutine, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
 from nats.aio.msg import Msg
 
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
-from libs.eventstore import NewEvent, Tracking
+from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.messaging.follower import Handler, StreamFollower
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
@@ -163,13 +163,24 @@ class EventSourcedService:
         for change in changes:
             key = (change.aggregate_type, change.aggregate_id)
             expected.setdefault(key, self.version(*key))
-        stored = await self.rt.store.append(changes, expected_versions=expected, tracking=tracking,
-                                            trace=current_trace_headers())
+        try:
+            stored = await self.rt.store.append(changes, expected_versions=expected, tracking=tracking,
+                                                trace=current_trace_headers())
+        except ConcurrencyConflict:
+            # Another writer moved an aggregate on: fold what it wrote, so the next decision sees it.
+            await self._catch_up(expected)
+            raise
         for envelope in stored:
             self.apply(envelope)
             self.recorded(envelope)
         self.wake.set()
         return stored
+
+    async def _catch_up(self, aggregates: Iterable[tuple[str, str]]) -> None:
+        for aggregate_type, aggregate_id in aggregates:
+            for envelope in await self.rt.store.read_aggregate(aggregate_type, aggregate_id):
+                if envelope.version > self.version(aggregate_type, aggregate_id):
+                    self.apply(envelope)
 
     # --- following other services ---------------------------------------------------------------------
 

@@ -14,13 +14,17 @@ def _float(name: str, default: float) -> float:
 
 
 # Host paths the agents hide from jobs (SPEC L1), separated by `:`; the files named by
-# TRAINYARD_AUTH_SECRET_FILE and TRAINYARD_TOKEN_FILE are hidden besides.
+# TRAINYARD_AUTH_SECRET_FILE, TRAINYARD_TOKEN_FILE and TRAINYARD_NODE_TOKEN_FILE are hidden besides.
 HIDDEN_PATHS_VARIABLE = "TRAINYARD_HIDDEN_PATHS"
+# The node agent's credential (libs.auth.issue_node_token): a file (preferred) or the token itself.
+NODE_TOKEN_FILE_VARIABLE = "TRAINYARD_NODE_TOKEN_FILE"
+NODE_TOKEN_VARIABLE = "TRAINYARD_NODE_TOKEN"
 
 
 def _hidden_paths() -> tuple[Path, ...]:
     named = [p for p in os.environ.get(HIDDEN_PATHS_VARIABLE, "").split(os.pathsep) if p.strip()]
-    named += [os.environ[n] for n in ("TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN_FILE") if os.environ.get(n)]
+    files = ("TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN_FILE", NODE_TOKEN_FILE_VARIABLE)
+    named += [os.environ[n] for n in files if os.environ.get(n)]
     return tuple(dict.fromkeys(Path(p.strip()).resolve() for p in named))
 
 

@@ -1,4 +1,4 @@
-"""`trainyard admin`: platform settings, fault drills, and user tokens issued locally."""
+"""`trainyard admin`: platform settings, fault drills, and user tokens and node credentials issued locally."""
 
 from __future__ import annotations
 
@@ -18,11 +18,13 @@ from client.cli.render import settings_rows
 from client.cli.runner import connected
 from libs.contracts.health import COMPONENT_PATTERN
 from libs.contracts.identity import Identity
+from libs.contracts.jobspec import NODE_NAME
 
 if TYPE_CHECKING:
     from client.api import TrainyardClient
 
-commands = typer.Typer(help="Administrator commands: platform settings, user tokens and fault drills.",
+commands = typer.Typer(help="Administrator commands: platform settings, user tokens, node credentials and fault "
+                       "drills.",
                        no_args_is_help=True)
 
 EMAIL_PATTERN = re.compile(r"[^@\s]+@[^@\s]+")
@@ -200,3 +202,45 @@ def admin_token(user: Annotated[str, typer.Argument(help="The user the token spe
         handle.write(token + "\n")
     output.chmod(0o600)
     say(f"wrote a token for {who} to {output}, valid until {expires}; use it with TRAINYARD_TOKEN_FILE={output}")
+
+
+def credential_node_name(node: str) -> str:
+    if not re.fullmatch(NODE_NAME, node):
+        raise fail(f"{node!r} is not a node name", "node names are lower-case DNS labels such as node-a, "
+                   "as the agent's --name")
+    return node
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write a credential to a file only its owner may read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as handle:
+        handle.write(text + "\n")
+    path.chmod(0o600)
+
+
+@commands.command("node-token")
+def admin_node_token(node: Annotated[str, typer.Argument(help="The node the credential registers (the agent's "
+                                                         "--name).", callback=refusing(credential_node_name))],
+                     ttl: Annotated[str, typer.Option(help="How long the credential is valid: 90s, 30m, 4h, 2d.",
+                                                      callback=refusing(token_lifetime))] = "365d",
+                     output: Annotated[Path | None, typer.Option("--out", "--output", "-o", help="Write the "
+                                                                 "credential to this file (readable by you only).",
+                                                                 dir_okay=False)] = None) -> None:
+    """Issue a node credential, locally with the platform secret: the monitor accepts the node's agent only with it."""
+    from libs.auth import AuthError, issue_node_token  # PyJWT: only this command signs
+
+    ttl_seconds = token_lifetime(ttl)
+    try:
+        token = issue_node_token(signing_secret(), node, ttl_seconds=ttl_seconds)
+    except AuthError as exc:
+        raise fail(str(exc), NO_SECRET_HINT) from None
+    expires = (datetime.now(UTC) + timedelta(seconds=ttl_seconds)).strftime("%Y-%m-%d %H:%M UTC")
+    if output is None:
+        sys.stdout.write(token + "\n")
+        note(f"node credential for {node}, valid until {expires}; give it to the agent in a file named by "
+             "TRAINYARD_NODE_TOKEN_FILE (or in TRAINYARD_NODE_TOKEN)")
+        return
+    write_private(output, token)
+    say(f"wrote a node credential for {node} to {output}, valid until {expires}; start the agent with "
+        f"TRAINYARD_NODE_TOKEN_FILE={output}")

@@ -22,11 +22,11 @@ from libs.devstack.stack import (
     REPO_ROOT,
     SERVICES,
     ProcessSet,
-    agent_argv,
     provision_auth,
     seed_storage,
     service_argv,
     stack_env,
+    start_agent,
 )
 from libs.messaging.rpc import ServiceUnavailable
 
@@ -88,7 +88,7 @@ class Stack(Generic[ClientT]):
         if name in SERVICES:
             self.processes.start(name, service_argv(name))
         else:
-            self.processes.start(name, agent_argv(name.removeprefix("agent-"), self.cluster, self.home / "agents"))
+            start_agent(self.processes, name.removeprefix("agent-"), self.cluster, self.home / "agents")
 
     def start_all(self, *, agents: bool = True) -> None:
         for name in SERVICES:

@@ -56,11 +56,12 @@ class ProcessSet:
     env: Mapping[str, str]
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
+        """Start `argv` with the set's environment and `env` (this process's own, e.g. a node credential)."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "run").mkdir(parents=True, exist_ok=True)
         with (self.home / "logs" / f"{name}.log").open("ab") as log:
-            process = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, **self.env}, stdout=log,
+            process = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, **self.env, **(env or {})}, stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.processes[name] = process
         (self.home / "run" / f"{name}.pid").write_text(str(process.pid))
@@ -119,12 +120,32 @@ def provision_auth(home: Path, *, user: str | None = None, email: str | None = N
             "TRAINYARD_HIDDEN_PATHS": str(home.resolve())}
 
 
+def provision_node_token(home: Path, node: str, secret_file: Path) -> dict[str, str]:
+    """A node credential for `node`'s agent in `home/node-tokens/<node>` (mode 0600), signed with the stack's
+    secret: the agent's TRAINYARD_NODE_TOKEN_FILE. Like all of `home`, jobs cannot see it."""
+    from libs.auth import issue_node_token
+
+    folder = home / "node-tokens"
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    token_file = folder / node
+    token_file.touch(mode=0o600)
+    token_file.write_text(issue_node_token(secret_file.read_text().strip(), node))
+    return {"TRAINYARD_NODE_TOKEN_FILE": str(token_file)}
+
+
+def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path) -> None:
+    """Start `node`'s agent with a fresh node credential of its own, signed with the set's secret file."""
+    secret_file = Path(processes.env.get("TRAINYARD_AUTH_SECRET_FILE", processes.home / "auth-secret"))
+    processes.start(f"agent-{node}", agent_argv(node, cluster, agents_root),
+                    env=provision_node_token(processes.home, node, secret_file))
+
+
 def start_platform(processes: ProcessSet, cluster: Path, agents_root: Path) -> None:
     """Start the four services and one agent per node in the cluster config."""
     for name in SERVICES:
         processes.start(name, service_argv(name))
     for node in ClusterConfig.load(cluster).nodes:
-        processes.start(f"agent-{node.name}", agent_argv(node.name, cluster, agents_root))
+        start_agent(processes, node.name, cluster, agents_root)
 
 
 def seed_storage(storage: Path, examples: Path = REPO_ROOT / "examples") -> None:

@@ -10,7 +10,7 @@ logger are imported by the functions that register responders, not here.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -73,6 +73,13 @@ def register_responder(broker: NatsBroker, service: str, subject: str, request_t
     _register(broker, service, subject, request_type, lambda request, _: handler(request), None, queue)
 
 
+def register_with_headers(broker: NatsBroker, service: str, subject: str, request_type: object,
+                          handler: Callable[[Any, Mapping[str, str] | None], Awaitable[Any]], *,
+                          queue: str | None = None) -> None:
+    """Answer requests whose handler checks a credential in the message's headers itself (node agents)."""
+    _register(broker, service, subject, request_type, handler, None, queue)
+
+
 def register_authenticated(broker: NatsBroker, service: str, subject: str, request_type: object,
                            handler: AuthenticatedHandler, *, secret: str, queue: str | None = None) -> None:
     """Answer requests that carry a valid token (libs.auth); the handler gets the caller's identity.
@@ -120,7 +127,8 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
                 return encode(CommandError(code="invalid-request",
                                            message=bounded(f"the request cannot be decoded: {exc!r}")))
             try:
-                reply = await handler(request, identity)
+                # without a secret the handler gets the headers (register_with_headers) or ignores them
+                reply = await handler(request, identity if secret is not None else msg.headers)
             except SpecError as exc:
                 reply = CommandError(code="invalid-spec", message=f"the job spec is invalid: {exc}",
                                      errors=exc.errors)

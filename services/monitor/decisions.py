@@ -40,7 +40,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.health import NodeCheck
 from libs.contracts.jobspec import parse_duration
-from libs.contracts.messages import MarkComponent
+from libs.contracts.messages import CommandError, MarkComponent
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import NewEvent
 from libs.lifecycle import JobLifecycle, JobRecord
@@ -95,6 +95,19 @@ def node_changes(name: str, version: int, events: Sequence[NodeEvent], *, was_he
         elif isinstance(event, NodeLost):
             outcome.alerts.append(alerts.node_lost(name, number, event.reason, jobs.running_on(name), operators))
     return outcome
+
+
+def credential_refusal(name: str, credential: str | Exception) -> CommandError | None:
+    """Why a registration as `name` is refused, given the node its credential names (or why the credential
+    is not valid); None when the credential is for exactly that node."""
+    hint = f"ask an administrator for a node credential: trainyard admin node-token {name}"
+    if isinstance(credential, Exception):
+        return CommandError(code="unauthenticated", message=f"node {name} has no valid node credential: {credential}",
+                            hint=f"{hint}, and give it to the agent in TRAINYARD_NODE_TOKEN_FILE")
+    if credential != name:
+        return CommandError(code="forbidden", message=f"the node credential is for node {credential}, not {name}",
+                            hint=f"{hint}; a credential registers only the node it names")
+    return None
 
 
 def registration(info: NodeInfo, known: MonitoredNode | None) -> Outcome:

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Self
 
@@ -32,6 +32,7 @@ import msgspec
 from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
+from libs.auth import AuthError, node_from_headers
 from libs.contracts import subjects
 from libs.contracts.agent import Heartbeat, NodeAccepted, RegisterNode
 from libs.contracts.cluster import ClusterConfig
@@ -50,7 +51,7 @@ from libs.contracts.messages import CommandError, Done, MarkComponent, OpenTermi
 from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
-from libs.messaging.rpc import register_authenticated, register_responder
+from libs.messaging.rpc import register_authenticated, register_with_headers
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
@@ -63,6 +64,9 @@ from services.monitor.retention import Retention
 from services.monitor.state import KeptEnvironment, MonitorState
 
 SCHEDULER_CONSUMER = "scheduler-events"  # tracking row in the monitor's schema
+# An ignored heartbeat is logged at most this often per node: an agent without a valid credential
+# sends one every few seconds.
+UNCREDENTIALED_LOG_SECONDS = 60.0
 LOGS_CONSUMER = "monitor-logs"  # durable JetStream consumer on TRAINYARD_LOGS
 SET_ASIDE_CONSUMER = "set-aside-events"  # every service's UpstreamMessageSetAside, its own included
 log = get_logger(__name__)
@@ -78,6 +82,7 @@ class Monitor(EventSourcedService):
         self.state = MonitorState()
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
+        self.refused_beats_logged: dict[str, float] = {}  # node -> when its ignored heartbeat was last logged
         self.lost_after = runtime.settings.node_lost_seconds
         self.operators = list(runtime.settings.alert_emails)
         self.detector = PerformanceDetector(self.state.incidents)
@@ -111,7 +116,7 @@ class Monitor(EventSourcedService):
 
     def handlers(self) -> None:
         broker = self.rt.broker
-        register_responder(broker, self.name, subjects.REGISTER_NODE, RegisterNode, self.register)
+        register_with_headers(broker, self.name, subjects.REGISTER_NODE, RegisterNode, self.register_with_credential)
         broker.subscriber(subjects.HEARTBEAT_ALL, queue="trainyard-monitor")(self.on_heartbeat)
         register_authenticated(broker, self.name, subjects.MARK_COMPONENT, MarkComponent, self.mark,
                                secret=self.secret)
@@ -174,8 +179,24 @@ class Monitor(EventSourcedService):
 
     # --- nodes: registration, heartbeats, marks, patrol (M2) ------------------------------------------
 
-    async def register(self, request: RegisterNode) -> NodeAccepted:
+    def credential(self, headers: Mapping[str, str] | None) -> str | AuthError:
+        """The node the message's node credential names, or why it has none that is valid (an HS256 check)."""
+        try:
+            return node_from_headers(self.secret, headers)
+        except AuthError as exc:
+            return exc
+
+    def register_with_credential(self, request: RegisterNode,
+                                 headers: Mapping[str, str] | None) -> Awaitable[NodeAccepted | CommandError]:
+        return self.register(request, self.credential(headers))
+
+    async def register(self, request: RegisterNode, credential: str | AuthError) -> NodeAccepted | CommandError:
+        """Accept a node whose credential names exactly it; anything else is refused and records nothing."""
         info = request.node
+        refusal = decisions.credential_refusal(info.name, credential)
+        if refusal is not None:
+            log.warning("node.registration_refused", node=info.name, code=refusal.code, reason=refusal.message)
+            return refusal
         async with self.lock:
             await self.carry_out(decisions.registration(info, self.state.nodes.get(info.name)))
             self.state.nodes[info.name].last_seen = time.monotonic()
@@ -186,13 +207,24 @@ class Monitor(EventSourcedService):
             beat = decode(msg.body, Heartbeat)
         except msgspec.DecodeError:
             return
+        credential = self.credential(msg.headers)
         async with self.lock:
             node = self.state.nodes.get(beat.node)
             if node is None:
                 return
+            if (refusal := decisions.credential_refusal(beat.node, credential)) is not None:
+                self._log_ignored_heartbeat(beat.node, refusal)
+                return
             node.last_seen = time.monotonic()
             node.probed = list(beat.health)
             await self.carry_out(decisions.heartbeat(node, self.version("node", node.name), self.jobs, self.operators))
+
+    def _log_ignored_heartbeat(self, node: str, refusal: CommandError) -> None:
+        now = time.monotonic()
+        if now - self.refused_beats_logged.get(node, -UNCREDENTIALED_LOG_SECONDS) >= UNCREDENTIALED_LOG_SECONDS:
+            self.refused_beats_logged[node] = now
+            log.warning("node.heartbeat_ignored", node=node, code=refusal.code, reason=refusal.message,
+                        hint=refusal.hint)
 
     async def mark(self, request: MarkComponent, identity: Identity) -> Done | CommandError:
         if not identity.admin:

@@ -7,9 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
 from collections.abc import AsyncIterator, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -19,83 +17,36 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent.agent import NodeAgent
 from agent.workspace import BACKEND_VARIABLE, PLAIN
 from libs.contracts import subjects
 from libs.contracts.agent import (
     ExecExited,
     ExecInJob,
-    NodeAccepted,
     PrecheckNode,
     ProcessAccepted,
     ProcessExited,
-    ProcessReport,
     ProcessStarted,
     StartProcess,
     Stopped,
     StopProcesses,
 )
-from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.events import NodeLaunch
 from libs.contracts.messages import CommandError
+from tests.support.agents import WAIT_SECONDS, Node, registered_node
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 JOB = "job-5e5510aa0002"
-WAIT_SECONDS = 30
 SLEEPER = "import time; time.sleep(600)"
-
-
-@dataclass
-class Node:
-    agent: NodeAgent
-    nc: Client
-    reports: list[ProcessReport] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.agent.info.name
-
-    async def ask(self, subject: Callable[[str], str], payload: bytes) -> Any:
-        """Send raw bytes as a request (no retry: one request, one answer) and decode the reply."""
-        reply = await self.nc.request(subject(self.name), payload, timeout=10)
-        return decode_any(reply.data, ProcessAccepted | Stopped | CommandError)
-
-    async def report(self, kind: type[ProcessReport], attempt: int = 1) -> ProcessReport:
-        async with asyncio.timeout(WAIT_SECONDS):
-            while True:
-                for report in self.reports:
-                    if isinstance(report, kind) and report.attempt == attempt:
-                        return report
-                await asyncio.sleep(0.05)
-
-    def nothing_started(self) -> bool:
-        return not self.agent.nodes and not (self.agent.root / "jobs").exists() and not self.reports
 
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def node(nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Node]:
     monkeypatch.setenv(BACKEND_VARIABLE, PLAIN)
 
-    async def accept(msg: Msg) -> None:  # the monitor's part of registration
-        await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.2)))
-
-    name = f"node-{uuid.uuid4().hex[:8]}"
-    registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
-    agent = NodeAgent(NodeInfo(name=name, address="127.0.0.1", cpus=1, memory_mib=256), nats_url=nats_url,
-                      root=tmp_path / "agents" / name, storage=tmp_path / "storage", health_probe_seconds=60)
-    await agent.start()
-    found = Node(agent=agent, nc=nc)
-
-    async def collect(msg: Msg) -> None:
-        found.reports.append(decode_any(msg.data, ProcessReport))
-
-    reports = await nc.subscribe(subjects.agent_report(name), cb=collect)
-    yield found
-    await agent.close()
-    await reports.unsubscribe()
-    await registrar.unsubscribe()
+    async with registered_node(nc, nats_url, tmp_path, job_id=JOB, health_probe_seconds=60) as found:
+        yield found
 
 
 def start_request(code: str, attempt: int = 1) -> StartProcess:

@@ -7,77 +7,37 @@ from __future__ import annotations
 
 import asyncio
 import sys
-import uuid
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent.agent import NodeAgent
 from agent.kept import rank_root
 from agent.workspace import BACKEND_VARIABLE, BWRAP, PLAIN, bwrap_problem
 from libs.contracts import subjects
 from libs.contracts.agent import (
     Heartbeat,
-    NodeAccepted,
-    OpenSession,
     PrecheckNode,
     PrecheckReport,
     ProcessAccepted,
-    ProcessExited,
-    ProcessReport,
     Released,
     ReleaseWorkspaces,
     SessionControl,
-    SessionExited,
     SessionOpened,
     StartProcess,
 )
-from libs.contracts.cluster import NodeInfo
-from libs.contracts.codec import decode, decode_any, encode
+from libs.contracts.codec import decode, decode_any
 from libs.contracts.events import Mount, NodeLaunch
 from libs.contracts.messages import CommandError
 from libs.messaging.rpc import call
+from tests.support.agents import WAIT_SECONDS, Node, registered_node, start_agent
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 JOB = "job-5e5510aa0001"
-WAIT_SECONDS = 30
-
-
-@dataclass
-class Node:
-    agent: NodeAgent
-    nc: Client
-    storage: Path
-    reports: list[ProcessReport] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.agent.info.name
-
-    async def run(self, launch: NodeLaunch, attempt: int = 1) -> int:
-        """Start one node of a job and wait for its exit code."""
-        await call(self.nc, subjects.agent_start(self.name), StartProcess(job_id=JOB, attempt=attempt, launch=launch),
-                   reply_type=ProcessAccepted)
-        async with asyncio.timeout(WAIT_SECONDS):
-            while True:
-                for report in self.reports:
-                    if isinstance(report, ProcessExited) and (report.attempt, report.rank) == (attempt, launch.rank):
-                        return report.exit_code
-                await asyncio.sleep(0.05)
-
-
-async def start_agent(nc: Client, nats_url: str, name: str, home: Path) -> NodeAgent:
-    agent = NodeAgent(NodeInfo(name=name, address="127.0.0.1", cpus=1, memory_mib=256), nats_url=nats_url,
-                      root=home / "agents" / name, storage=home / "storage", health_probe_seconds=0.2)
-    await agent.start()
-    return agent
 
 
 @pytest_asyncio.fixture(loop_scope="session", params=[PLAIN, BWRAP])
@@ -89,22 +49,8 @@ async def node(request: pytest.FixtureRequest, nc: Client, nats_url: str, tmp_pa
     storage = tmp_path / "storage"
     (storage / "algorithms" / "demo").mkdir(parents=True)
     (storage / "algorithms" / "demo" / "hello.txt").write_text("hello from storage\n")
-
-    async def accept(msg: Msg) -> None:  # the monitor's part of registration
-        await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.2)))
-
-    name = f"node-{uuid.uuid4().hex[:8]}"
-    registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
-    found = Node(agent=await start_agent(nc, nats_url, name, tmp_path), nc=nc, storage=storage)
-
-    async def collect(msg: Msg) -> None:
-        found.reports.append(decode_any(msg.data, ProcessReport))
-
-    reports = await nc.subscribe(subjects.agent_report(name), cb=collect)
-    yield found
-    await found.agent.close()
-    await reports.unsubscribe()
-    await registrar.unsubscribe()
+    async with registered_node(nc, nats_url, tmp_path, job_id=JOB) as found:
+        yield found
 
 
 def launch(node: Node, code: str, *, keep: bool, rank: int = 0) -> NodeLaunch:
@@ -119,62 +65,10 @@ FAILING_JOB = "open('/workspace/outputs/result.txt'.replace('/workspace', __impo
               "['TRAINYARD_WORKSPACE']), 'w').write('written by the job\\n'); raise SystemExit(3)"
 
 
-@dataclass
-class Session:
-    """The client's side of a debug session: what came out, and how it ended."""
-
-    nc: Client
-    node: str
-    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    out: bytearray = field(default_factory=bytearray)
-    exits: list[int] = field(default_factory=list)
-    subscriptions: list[Any] = field(default_factory=list)
-
-    async def open(self, **fields: Any) -> SessionOpened | CommandError:
-        async def output(msg: Msg) -> None:
-            self.out.extend(msg.data)
-
-        async def ended(msg: Msg) -> None:
-            self.exits.append(decode(msg.data, SessionExited).exit_code)
-
-        # Listening first: the agent may publish output before its reply arrives.
-        self.subscriptions = [await self.nc.subscribe(subjects.session(self.node, self.session_id, "out"), cb=output),
-                              await self.nc.subscribe(subjects.session(self.node, self.session_id, "exit"), cb=ended)]
-        reply: SessionOpened | CommandError = await call(
-            self.nc, subjects.agent_open_session(self.node),
-            OpenSession(session_id=self.session_id, job_id=JOB, **fields), reply_type=SessionOpened | CommandError)
-        return reply
-
-    async def type(self, text: str) -> None:
-        await self.nc.publish(subjects.session(self.node, self.session_id, "in"), text.encode())
-
-    async def control(self, control: SessionControl) -> None:
-        await self.nc.publish(subjects.session(self.node, self.session_id, "control"), encode(control))
-
-    async def until_output(self, text: str) -> None:
-        async with asyncio.timeout(WAIT_SECONDS):
-            while text.encode() not in self.out:
-                await asyncio.sleep(0.05)
-
-    async def exit_code(self) -> int:
-        async with asyncio.timeout(WAIT_SECONDS):
-            while not self.exits:
-                await asyncio.sleep(0.05)
-        await asyncio.sleep(0.2)  # a second SessionExited would have arrived by now
-        for subscription in self.subscriptions:
-            await subscription.unsubscribe()
-        assert len(self.exits) == 1
-        return self.exits[0]
-
-    @property
-    def text(self) -> str:
-        return self.out.decode(errors="replace")
-
-
 async def test_a_command_session_runs_in_the_kept_environment_of_a_failed_job(node: Node) -> None:
     assert await node.run(launch(node, FAILING_JOB, keep=True)) == 3
 
-    session = Session(node.nc, node.name)
+    session = node.session()
     opened = await session.open(attempt=1, rank=0, command='cat "$DATA"; echo "greeting=$GREETING"; '
                                                             'cat /workspace/outputs/result.txt "$TRAINYARD_WORKSPACE'
                                                             '/outputs/result.txt" 2>/dev/null | head -1; '
@@ -192,9 +86,9 @@ async def test_a_kept_environment_outlives_a_restart_of_the_agent(node: Node, nc
                                                                   tmp_path: Path) -> None:
     assert await node.run(launch(node, FAILING_JOB, keep=True)) == 3
     await node.agent.close()
-    node.agent = await start_agent(nc, nats_url, node.name, tmp_path)
+    node.agent = await start_agent(nats_url, node.name, tmp_path)
 
-    session = Session(node.nc, node.name)
+    session = node.session()
     assert isinstance(await session.open(attempt=1, rank=0, command='cat "$DATA"'), SessionOpened)
     assert await session.exit_code() == 0
     assert session.text == "hello from storage\n"
@@ -203,7 +97,7 @@ async def test_a_kept_environment_outlives_a_restart_of_the_agent(node: Node, nc
 async def test_an_interactive_session_echoes_what_is_typed_on_a_terminal(node: Node) -> None:
     assert await node.run(launch(node, FAILING_JOB, keep=True)) == 3
 
-    session = Session(node.nc, node.name)
+    session = node.session()
     opened = await session.open(attempt=1, rank=0, columns=120, rows=30)
     assert isinstance(opened, SessionOpened), opened
     await session.type("echo answer-$((6 * 7)) $GREETING\n")
@@ -227,7 +121,7 @@ async def test_a_released_environment_is_gone_and_refuses_sessions(node: Node) -
     assert await node.run(launch(node, FAILING_JOB, keep=True, rank=1)) == 3
     root = rank_root(node.agent.root, JOB, 1, 0, 0)
     assert root.is_dir()
-    idle = Session(node.nc, node.name)
+    idle = node.session()
     assert isinstance(await idle.open(attempt=1, rank=0, command="sleep 600"), SessionOpened)
 
     released = await call(node.nc, subjects.agent_release(node.name), ReleaseWorkspaces(job_id=JOB),
@@ -239,7 +133,7 @@ async def test_a_released_environment_is_gone_and_refuses_sessions(node: Node) -
     # Shared storage is untouched: the workspace's links were removed, not followed.
     assert (node.storage / "algorithms" / "demo" / "hello.txt").read_text() == "hello from storage\n"
     assert (node.storage / "outputs" / "demo" / "result.txt").read_text() == "written by the job\n"
-    refused = await Session(node.nc, node.name).open(attempt=1, rank=0, command="true")
+    refused = await node.session().open(attempt=1, rank=0, command="true")
     assert isinstance(refused, CommandError)
     assert refused.code == "not-found"
     assert f"job {JOB} attempt 1 task 0 rank 0" in refused.message
@@ -256,7 +150,7 @@ async def test_a_workspace_not_kept_is_removed_once_the_process_ended(node: Node
             await asyncio.sleep(0.05)
     assert (node.storage / "outputs" / "demo" / "result.txt").read_text() == "written by the job\n"
     assert (node.storage / "algorithms" / "demo" / "hello.txt").exists()
-    refused = await Session(node.nc, node.name).open(attempt=1, rank=0, command="true")
+    refused = await node.session().open(attempt=1, rank=0, command="true")
     assert isinstance(refused, CommandError) and refused.code == "not-found"
 
 
@@ -264,7 +158,7 @@ async def test_a_session_in_a_running_job_and_one_left_idle(node: Node) -> None:
     await call(node.nc, subjects.agent_start(node.name),
                StartProcess(job_id=JOB, attempt=2, launch=launch(node, "import time; time.sleep(600)", keep=False)),
                reply_type=ProcessAccepted)
-    session = Session(node.nc, node.name)
+    session = node.session()
     async with asyncio.timeout(WAIT_SECONDS):
         while not isinstance(opened := await session.open(attempt=2, rank=0, command="echo $TRAINYARD_ATTEMPT; "
                                                           "sleep 600", idle_seconds=0.5), SessionOpened):

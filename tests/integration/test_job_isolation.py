@@ -12,7 +12,6 @@ import json
 import shutil
 import sys
 import tempfile
-import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
@@ -20,17 +19,15 @@ from typing import Any
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
-from nats.aio.msg import Msg
 
 from agent.workspace import BACKEND_VARIABLE, BWRAP, PLAIN, bwrap_problem
-from libs.contracts import subjects
-from libs.contracts.agent import NodeAccepted, ProcessReport, SessionOpened
-from libs.contracts.codec import decode_any, encode
+from libs.contracts.agent import SessionOpened
 from libs.contracts.events import Mount, NodeLaunch
-from tests.integration.test_agent_sessions import Node, Session, start_agent
+from tests.support.agents import Node, registered_node
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
+JOB = "job-5e5510aa0003"
 SECRET = "the-signing-secret"
 CONTROL_PLANE = {"DATABASE_URL": "postgresql://postgres@127.0.0.1:15432/trainyard",
                  "NATS_CREDS": "/etc/nats/agent.creds", "TRAINYARD_AUTH_SECRET": SECRET,
@@ -78,21 +75,8 @@ async def node(request: pytest.FixtureRequest, nc: Client, nats_url: str, state:
     (storage / "algorithms" / "demo").mkdir(parents=True)
     (storage / "algorithms" / "demo" / "hello.txt").write_text("hello from storage\n")
 
-    async def accept(msg: Msg) -> None:
-        await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.2)))
-
-    name = f"node-{uuid.uuid4().hex[:8]}"
-    registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
-    found = Node(agent=await start_agent(nc, nats_url, name, state), nc=nc, storage=storage)
-
-    async def collect(msg: Msg) -> None:
-        found.reports.append(decode_any(msg.data, ProcessReport))
-
-    reports = await nc.subscribe(subjects.agent_report(name), cb=collect)
-    yield found
-    await found.agent.close()
-    await reports.unsubscribe()
-    await registrar.unsubscribe()
+    async with registered_node(nc, nats_url, state, job_id=JOB, storage=storage) as found:
+        yield found
 
 
 def probe(node: Node, state: Path) -> NodeLaunch:
@@ -134,7 +118,7 @@ async def test_a_job_sees_neither_the_agents_secrets_nor_the_stack_state(node: N
 async def test_a_debug_session_in_a_kept_environment_follows_the_same_rule(node: Node, state: Path) -> None:
     assert await node.run(probe(node, state)) == 3
 
-    session = Session(node.nc, node.name)
+    session = node.session()
     command = f'echo "SEEN $(python3 -c "import json, os; print(json.dumps(dict(env=dict(os.environ))))")"; ' \
               f'cat {state}/auth-secret {state}/token 2>/dev/null; ls -A {state} 2>/dev/null'
     assert isinstance(await session.open(attempt=1, rank=0, command=command), SessionOpened)

@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.errors import NotFoundError
 
-from libs.auth import issue_token
+from libs.auth import bearer_headers, issue_node_token, issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
     Heartbeat,
@@ -148,12 +148,13 @@ class Platform:
     async def register(self, name: str) -> None:
         info = NodeInfo(name=name, address="127.0.0.1", cpus=8, memory_mib=16384)
         reply = await call(self.nc, subjects.REGISTER_NODE, RegisterNode(node=info),
-                           reply_type=NodeAccepted | CommandError)
+                           reply_type=NodeAccepted | CommandError, token=issue_node_token(SECRET, name))
         assert isinstance(reply, NodeAccepted)
 
     async def heartbeat(self, name: str, health: list[ComponentHealth]) -> None:
         await self.nc.publish(subjects.heartbeat(name), encode(Heartbeat(node=name, sent_at=datetime.now(UTC),
-                                                                          health=health)))
+                                                                          health=health)),
+                              headers=bearer_headers(issue_node_token(SECRET, name)))
 
     async def fake_agent(self, name: str) -> None:
         """Answers pre-checks (all healthy), releases and session openings for node `name`."""

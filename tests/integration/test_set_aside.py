@@ -214,6 +214,9 @@ async def test_the_scheduler_sets_aside_forged_and_conflicting_events_and_still_
         assert (forged.claimed_service, forged.claimed_type) == ("scheduler", "JobSucceeded.v1")
         assert (await client.get_job(first)).job.status == "running"
         assert scheduler.state.jobs[first].status == "running"
+        # After the conflict the scheduler folded what the other writer recorded: its next decision sees it.
+        assert scheduler.version("job", first) == version + 1
+        assert scheduler.state.jobs[first].duration == "1h"
     finally:
         await client.close()
 

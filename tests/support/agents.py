@@ -1,0 +1,170 @@
+"""A real node agent on real NATS for the agent tests: registered by a stand-in for the monitor, with
+its process reports collected, and the client's side of a debug session."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+
+from agent.agent import NodeAgent
+from libs.contracts import subjects
+from libs.contracts.agent import (
+    NodeAccepted,
+    OpenSession,
+    ProcessAccepted,
+    ProcessExited,
+    ProcessReport,
+    SessionControl,
+    SessionExited,
+    SessionOpened,
+    StartProcess,
+    Stopped,
+)
+from libs.contracts.cluster import NodeInfo
+from libs.contracts.codec import decode, decode_any, encode
+from libs.contracts.events import NodeLaunch
+from libs.contracts.messages import CommandError
+from libs.messaging.rpc import call
+
+WAIT_SECONDS = 30
+
+
+async def start_agent(nats_url: str, name: str, home: Path, *, storage: Path | None = None,
+                      health_probe_seconds: float = 0.2) -> NodeAgent:
+    """An agent for node `name` with its folder under `home` (shared storage: `home/storage`)."""
+    agent = NodeAgent(NodeInfo(name=name, address="127.0.0.1", cpus=1, memory_mib=256), nats_url=nats_url,
+                      root=home / "agents" / name, storage=storage or home / "storage",
+                      health_probe_seconds=health_probe_seconds)
+    await agent.start()
+    return agent
+
+
+@dataclass
+class Node:
+    """A running agent, the connection that talks to it, and the process reports it published."""
+
+    agent: NodeAgent
+    nc: Client
+    storage: Path
+    job_id: str
+    reports: list[ProcessReport] = field(default_factory=list)
+
+    @property
+    def name(self) -> str:
+        return self.agent.info.name
+
+    async def run(self, launch: NodeLaunch, attempt: int = 1) -> int:
+        """Start one node of the job and wait for its exit code."""
+        await call(self.nc, subjects.agent_start(self.name),
+                   StartProcess(job_id=self.job_id, attempt=attempt, launch=launch), reply_type=ProcessAccepted)
+        exited = await self.report(ProcessExited, attempt, rank=launch.rank)
+        assert isinstance(exited, ProcessExited)
+        return exited.exit_code
+
+    async def ask(self, subject: Callable[[str], str], payload: bytes) -> Any:
+        """Send raw bytes as a request (no retry: one request, one answer) and decode the reply."""
+        reply = await self.nc.request(subject(self.name), payload, timeout=10)
+        return decode_any(reply.data, ProcessAccepted | Stopped | CommandError)
+
+    async def report(self, kind: type[ProcessReport], attempt: int = 1, *, rank: int | None = None) -> ProcessReport:
+        async with asyncio.timeout(WAIT_SECONDS):
+            while True:
+                for report in self.reports:
+                    if isinstance(report, kind) and report.attempt == attempt and rank in (None, report.rank):
+                        return report
+                await asyncio.sleep(0.05)
+
+    def nothing_started(self) -> bool:
+        return not self.agent.nodes and not (self.agent.root / "jobs").exists() and not self.reports
+
+    def session(self) -> Session:
+        """A debug session in this node's job, not opened yet."""
+        return Session(self.nc, self.name, self.job_id)
+
+
+@contextlib.asynccontextmanager
+async def registered_node(nc: Client, nats_url: str, home: Path, *, job_id: str, storage: Path | None = None,
+                          health_probe_seconds: float = 0.2) -> AsyncIterator[Node]:
+    """A node agent whose registration a stand-in for the monitor accepts, until the block ends."""
+
+    async def accept(msg: Msg) -> None:  # the monitor's part of registration
+        await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.2)))
+
+    name = f"node-{uuid.uuid4().hex[:8]}"
+    storage = storage or home / "storage"
+    registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
+    agent = await start_agent(nats_url, name, home, storage=storage, health_probe_seconds=health_probe_seconds)
+    node = Node(agent=agent, nc=nc, storage=storage, job_id=job_id)
+
+    async def collect(msg: Msg) -> None:
+        node.reports.append(decode_any(msg.data, ProcessReport))
+
+    reports = await nc.subscribe(subjects.agent_report(name), cb=collect)
+    try:
+        yield node
+    finally:
+        await node.agent.close()
+        await reports.unsubscribe()
+        await registrar.unsubscribe()
+
+
+@dataclass
+class Session:
+    """The client's side of a debug session: what came out, and how it ended."""
+
+    nc: Client
+    node: str
+    job_id: str
+    session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    out: bytearray = field(default_factory=bytearray)
+    exits: list[int] = field(default_factory=list)
+    subscriptions: list[Any] = field(default_factory=list)
+
+    async def open(self, **fields: Any) -> SessionOpened | CommandError:
+        async def output(msg: Msg) -> None:
+            self.out.extend(msg.data)
+
+        async def ended(msg: Msg) -> None:
+            self.exits.append(decode(msg.data, SessionExited).exit_code)
+
+        # Listening first: the agent may publish output before its reply arrives.
+        self.subscriptions = [await self.nc.subscribe(subjects.session(self.node, self.session_id, "out"), cb=output),
+                              await self.nc.subscribe(subjects.session(self.node, self.session_id, "exit"), cb=ended)]
+        reply: SessionOpened | CommandError = await call(
+            self.nc, subjects.agent_open_session(self.node),
+            OpenSession(session_id=self.session_id, job_id=self.job_id, **fields),
+            reply_type=SessionOpened | CommandError)
+        return reply
+
+    async def type(self, text: str) -> None:
+        await self.nc.publish(subjects.session(self.node, self.session_id, "in"), text.encode())
+
+    async def control(self, control: SessionControl) -> None:
+        await self.nc.publish(subjects.session(self.node, self.session_id, "control"), encode(control))
+
+    async def until_output(self, text: str) -> None:
+        async with asyncio.timeout(WAIT_SECONDS):
+            while text.encode() not in self.out:
+                await asyncio.sleep(0.05)
+
+    async def exit_code(self) -> int:
+        async with asyncio.timeout(WAIT_SECONDS):
+            while not self.exits:
+                await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)  # a second SessionExited would have arrived by now
+        for subscription in self.subscriptions:
+            await subscription.unsubscribe()
+        assert len(self.exits) == 1
+        return self.exits[0]
+
+    @property
+    def text(self) -> str:
+        return self.out.decode(errors="replace")
