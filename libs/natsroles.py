@@ -1,0 +1,275 @@
+"""Least-privilege NATS permissions for every kind of process, and a nats-server configuration from them.
+
+Each process gets its own NATS user, whose permissions follow what the code does on NATS:
+
+- a service (scheduler, launcher, monitor, autoscaler) publishes only its own events
+  (`trainyard.events.<service>.>`), the requests it sends and the replies it gives (`allow_responses`),
+  subscribes to the subjects it answers, and uses the JetStream API only for the streams it owns
+  (`STREAM_OWNERS`), the consumers it reads through and the key-value bucket where it uses it;
+- a node agent publishes only its own node's reports, registration, heartbeat and session output (log
+  chunks and usage samples name a job, not a node, so those cannot be narrowed), answers only its own
+  `trainyard.agent.<node>.>` requests and manages no stream at all;
+- a user (CLI, client) sends command and query requests and takes part in debug sessions; nothing else.
+
+Every user receives replies only on its own inbox prefix (`inbox_prefix`), so nobody reads another's
+replies. Nothing here is used by the running stack yet; docs/security.md lists what is left.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from libs.contracts import subjects
+
+SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
+
+# Which service declares (creates and updates) each stream; the others only read or publish into it.
+# The scheduler owns the event stream every service publishes to and the usage bucket it serves from,
+# the launcher the agent reports it alone follows, the monitor the log stream its durable consumer reads.
+STREAM_OWNERS: Mapping[str, str] = {
+    subjects.EVENTS_STREAM: "scheduler",
+    subjects.USAGE_STREAM: "scheduler",
+    subjects.AGENT_REPORTS_STREAM: "launcher",
+    subjects.LOGS_STREAM: "monitor",
+}
+
+# The request subjects each service answers (core NATS request/reply, faststream queue groups).
+ANSWERED_BY_MONITOR = (subjects.REGISTER_NODE, subjects.HEARTBEAT_ALL, subjects.MARK_COMPONENT,
+                       subjects.OPEN_TERMINAL)
+ANSWERED_BY_AUTOSCALER = (subjects.QUEUE_STATUS,)
+
+
+def request_subjects() -> tuple[str, ...]:
+    """Every command and query subject a user may send (`trainyard.cmd.…`, `trainyard.query.…`)."""
+    found = {value for name, value in vars(subjects).items()
+             if name.isupper() and isinstance(value, str) and value.startswith(("trainyard.cmd.", "trainyard.query."))}
+    return tuple(sorted(found))
+
+
+def answered_by_scheduler() -> tuple[str, ...]:
+    others = set(ANSWERED_BY_MONITOR) | set(ANSWERED_BY_AUTOSCALER)
+    return tuple(s for s in request_subjects() if s not in others)
+
+
+NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
+
+
+class RoleError(ValueError):
+    """A node or user name that cannot be used in a subject or a NATS user name."""
+
+
+def _checked(kind: str, name: str) -> str:
+    if not NAME.fullmatch(name):
+        raise RoleError(f"{kind} name {name!r} must be a lower-case DNS label (letters, digits, '-')")
+    return name
+
+
+@dataclass(frozen=True)
+class Permissions:
+    """One NATS user's permissions, as nats-server's `permissions` block takes them."""
+
+    publish_allow: tuple[str, ...]
+    subscribe_allow: tuple[str, ...]
+    publish_deny: tuple[str, ...] = ()
+    subscribe_deny: tuple[str, ...] = ()
+    allow_responses: bool = False
+
+
+def inbox_prefix(nats_user: str) -> str:
+    """The inbox prefix a process connects with (`nats.connect(inbox_prefix=…)`): its replies,
+    JetStream acknowledgements and consumer deliveries arrive under it, and only it may subscribe there."""
+    return f"_INBOX.{nats_user}"
+
+
+def agent_user(node: str) -> str:
+    return f"agent-{_checked('node', node)}"
+
+
+# --- JetStream API subjects (nats-py 2.x against nats-server 2.10+) ----------------------------------
+
+API = "$JS.API"
+
+
+def _manage(stream: str) -> list[str]:
+    """Create and update a stream (`ensure_streams`; nats-py creates a KV bucket as a stream)."""
+    return [f"{API}.STREAM.CREATE.{stream}", f"{API}.STREAM.UPDATE.{stream}", f"{API}.STREAM.INFO.{stream}"]
+
+
+def _ordered_reader(stream: str) -> list[str]:
+    """`js.subscribe(ordered_consumer=True)`: ephemeral consumers, recreated on a gap, flow-controlled."""
+    return [f"{API}.STREAM.INFO.{stream}", f"{API}.CONSUMER.CREATE.{stream}", f"{API}.CONSUMER.CREATE.{stream}.>",
+            f"{API}.CONSUMER.INFO.{stream}.*", f"{API}.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>"]
+
+
+def _durable_puller(stream: str, durable: str) -> list[str]:
+    """`js.pull_subscribe(durable=…)`: look up or create the consumer, fetch batches, acknowledge."""
+    return [f"{API}.CONSUMER.INFO.{stream}.{durable}", f"{API}.CONSUMER.CREATE.{stream}.{durable}",
+            f"{API}.CONSUMER.CREATE.{stream}.{durable}.>", f"{API}.CONSUMER.DURABLE.CREATE.{stream}.{durable}",
+            f"{API}.CONSUMER.MSG.NEXT.{stream}.{durable}", f"$JS.ACK.{stream}.{durable}.>"]
+
+
+def _message_getter(stream: str) -> list[str]:
+    """`js.get_msg`: the scheduler's pages of a job's logs and usage samples."""
+    return [f"{API}.STREAM.MSG.GET.{stream}"]
+
+
+def _owned(service: str) -> list[str]:
+    return [rule for stream, owner in STREAM_OWNERS.items() if owner == service for rule in _manage(stream)]
+
+
+MONITOR_LOGS_CONSUMER = "monitor-logs"
+
+
+def service_permissions(service: str) -> Permissions:
+    if service not in SERVICES:
+        raise RoleError(f"unknown service {service!r}; one of {', '.join(SERVICES)}")
+    publish = [subjects.events_of_service(service), *_owned(service), *_ordered_reader(subjects.EVENTS_STREAM)]
+    answers: tuple[str, ...] = ()
+    if service == "scheduler":
+        answers = answered_by_scheduler()
+        publish += [*_message_getter(subjects.LOGS_STREAM), *_message_getter(subjects.USAGE_STREAM)]
+    elif service == "launcher":
+        publish += [subjects.agent_start("*"), subjects.agent_stop("*"),
+                    *_ordered_reader(subjects.AGENT_REPORTS_STREAM)]
+    elif service == "monitor":
+        answers = ANSWERED_BY_MONITOR
+        publish += [subjects.agent_precheck("*"), subjects.agent_release("*"), subjects.agent_open_session("*"),
+                    *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER)]
+    else:
+        answers = ANSWERED_BY_AUTOSCALER
+    return Permissions(publish_allow=_unique(publish),
+                       subscribe_allow=(*answers, f"{inbox_prefix(service)}.>"),
+                       allow_responses=bool(answers))
+
+
+def agent_permissions(node: str) -> Permissions:
+    user = agent_user(node)
+    publish = [
+        subjects.REGISTER_NODE, subjects.heartbeat(node), subjects.agent_report(node),
+        subjects.LOGS_ALL,  # chunks name a job, not a node: any job's logs
+        f"$KV.{subjects.USAGE_BUCKET}.>",  # likewise any job's usage samples
+        f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
+        subjects.session(node, "*", "out"), subjects.session(node, "*", "exit"),
+    ]
+    return Permissions(publish_allow=tuple(publish),
+                       subscribe_allow=(f"trainyard.agent.{node}.>", f"{inbox_prefix(user)}.>"),
+                       # Never the stream API beyond that lookup, whatever is allowed above.
+                       publish_deny=(f"{API}.STREAM.CREATE.>", f"{API}.STREAM.UPDATE.>", f"{API}.STREAM.DELETE.>",
+                                     f"{API}.STREAM.PURGE.>"),
+                       allow_responses=True)
+
+
+def user_permissions(user: str) -> Permissions:
+    return Permissions(
+        publish_allow=(*request_subjects(), subjects.session("*", "*", "in"), subjects.session("*", "*", "control")),
+        subscribe_allow=(subjects.session("*", "*", "out"), subjects.session("*", "*", "exit"),
+                         f"{inbox_prefix(_checked('user', user))}.>"),
+        publish_deny=("$JS.>", "$KV.>"),
+        subscribe_deny=(subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL),
+    )
+
+
+def roles(nodes: Sequence[str], users: Sequence[str] = ()) -> dict[str, Permissions]:
+    """Every NATS user of a cluster and its permissions: the services, one agent per node, the users."""
+    found: dict[str, Permissions] = {service: service_permissions(service) for service in SERVICES}
+    for node in nodes:
+        found[agent_user(node)] = agent_permissions(node)
+    for user in users:
+        if user in found:
+            raise RoleError(f"user name {user!r} is taken by a service or a node agent")
+        found[user] = user_permissions(user)
+    return found
+
+
+# --- nats-server configuration --------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class NKey:
+    """A user's public nkey (`U…`); the server then takes no password for it."""
+
+    public_key: str
+
+
+Credential = str | NKey  # a password, or `$NAME` for a variable the server reads from its environment
+
+VARIABLE = re.compile(r"\$[A-Z][A-Z0-9_]*")
+
+
+def _quoted(text: str) -> str:
+    return json.dumps(text)  # a double-quoted string nats-server reads literally (`$JS…` included)
+
+
+def _list(items: Sequence[str]) -> str:
+    return "[" + ", ".join(_quoted(item) for item in items) + "]"
+
+
+def _credential(credential: Credential) -> str:
+    if isinstance(credential, NKey):
+        return f"nkey: {_quoted(credential.public_key)}"
+    if VARIABLE.fullmatch(credential):
+        return f"password: {credential}"
+    return f"password: {_quoted(credential)}"
+
+
+def _permissions(p: Permissions) -> str:
+    def half(allow: Sequence[str], deny: Sequence[str]) -> str:
+        parts = [f"allow: {_list(allow)}"] + ([f"deny: {_list(deny)}"] if deny else [])
+        return "{\n        " + ",\n        ".join(parts) + "\n      }"
+
+    lines = [f"publish: {half(p.publish_allow, p.publish_deny)}",
+             f"subscribe: {half(p.subscribe_allow, p.subscribe_deny)}"]
+    if p.allow_responses:
+        lines.append("allow_responses: true")
+    return "{\n      " + "\n      ".join(lines) + "\n    }"
+
+
+def render_config(nodes: Sequence[str], credentials: Mapping[str, Credential], users: Sequence[str] = ()) -> str:
+    """A nats-server `authorization` block with one NATS user per service, node agent and user.
+
+    `credentials` gives each NATS user (`roles(nodes, users)`'s keys) its password, `$VARIABLE` or nkey;
+    a missing one is an error, so no user is left open.
+    """
+    every = roles(nodes, users)
+    missing = [name for name in every if name not in credentials]
+    if missing:
+        raise RoleError(f"no credential for {', '.join(missing)}")
+    unknown = [name for name in credentials if name not in every]
+    if unknown:
+        raise RoleError(f"credentials for unknown users {', '.join(unknown)}")
+    entries = [f"  {{\n    user: {_quoted(name)}, {_credential(credentials[name])}\n"
+               f"    permissions: {_permissions(permissions)}\n  }}"
+               for name, permissions in every.items()]
+    return ("# Generated by libs/natsroles.py (python -m libs.natsroles CLUSTER.yaml [USER...]);\n"
+            "# roles and what they may do: docs/security.md#roles-and-their-subjects.\n"
+            "authorization {\n users = [\n" + "\n".join(entries) + "\n ]\n}\n")
+
+
+def placeholder_credentials(nodes: Sequence[str], users: Sequence[str] = ()) -> dict[str, Credential]:
+    """`$<USER>_PASSWORD` for every NATS user, for a configuration whose secrets come from the environment."""
+    return {name: "$" + re.sub(r"[^A-Z0-9]", "_", name.upper()) + "_PASSWORD" for name in roles(nodes, users)}
+
+
+def _unique(items: Sequence[str]) -> tuple[str, ...]:
+    return tuple(dict.fromkeys(items))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """`python -m libs.natsroles CLUSTER.yaml [USER…]`: the configuration with `$<USER>_PASSWORD` variables."""
+    import argparse
+
+    from libs.contracts.cluster import ClusterConfig
+
+    parser = argparse.ArgumentParser(prog="python -m libs.natsroles", description=main.__doc__)
+    parser.add_argument("cluster", help="the cluster config whose nodes get an agent user each")
+    parser.add_argument("users", nargs="*", help="NATS users for people (CLI, client)")
+    args = parser.parse_args(argv)
+    nodes = [node.name for node in ClusterConfig.load(args.cluster).nodes]
+    print(render_config(nodes, placeholder_credentials(nodes, args.users), args.users), end="")
+
+
+if __name__ == "__main__":
+    main()

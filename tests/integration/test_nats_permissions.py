@@ -1,0 +1,233 @@
+"""The role permissions of libs/natsroles.py, enforced by a real nats-server started with the rendered
+configuration: each role can do what its code does on NATS, and is refused what is not its own."""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+import subprocess
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass, field
+
+import nats
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.js.api import ConsumerConfig, DeliverPolicy, KeyValueConfig, StreamConfig
+
+from libs.contracts import subjects
+from libs.devstack.servers import free_port, nats_server_binary, start_nats
+from libs.messaging.connection import STREAMS
+from libs.messaging.reader import read_subject
+from libs.natsroles import MONITOR_LOGS_CONSUMER, STREAM_OWNERS, agent_user, inbox_prefix, render_config, roles
+
+NODES = ("node-a", "node-b")
+USERS = ("alice",)
+
+
+@dataclass
+class Server:
+    url: str
+    passwords: dict[str, str]
+
+
+@dataclass
+class Conn:
+    nc: Client
+    errors: list[str] = field(default_factory=list)
+
+    async def refused(self, operation: str, subject: str) -> bool:
+        """Whether the server reported a permission violation for `operation` on `subject`."""
+        wanted = f"permissions violation for {operation} to \"{subject}\"".lower()
+        for _ in range(40):
+            if any(wanted in error.lower() for error in self.errors):
+                return True
+            await asyncio.sleep(0.05)
+        return False
+
+
+ConnectAs = Callable[[str], Awaitable[Conn]]
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    passwords = {name: secrets.token_hex(12) for name in roles(NODES, USERS)}
+    folder = tmp_path_factory.mktemp("nats-roles")
+    config = folder / "nats.conf"
+    config.write_text(render_config(NODES, dict(passwords), USERS))
+    check = subprocess.run([nats_server_binary(), "-t", "-c", str(config)], capture_output=True, text=True,
+                           check=False)
+    assert check.returncode == 0, check.stderr + check.stdout
+    port = free_port()
+    process = start_nats(folder, port, config=config)
+    try:
+        yield Server(f"nats://127.0.0.1:{port}", passwords)
+    finally:
+        process.terminate()
+        process.wait(timeout=10)
+
+
+@pytest_asyncio.fixture
+async def connect(server: Server) -> AsyncIterator[ConnectAs]:
+    opened: list[Client] = []
+
+    async def connect_as(user: str) -> Conn:
+        conn = Conn(nc=Client())
+
+        async def on_error(exc: Exception) -> None:
+            conn.errors.append(str(exc))
+
+        await conn.nc.connect(server.url, user=user, password=server.passwords[user],
+                              inbox_prefix=inbox_prefix(user), error_cb=on_error, allow_reconnect=False)
+        opened.append(conn.nc)
+        return conn
+
+    yield connect_as
+    for nc in opened:
+        await nc.close()
+
+
+async def declare_owned_streams(connect_as: ConnectAs) -> None:
+    """What each owner's `ensure_streams` would declare: the scheduler the events and the usage bucket,
+    the launcher the agent reports, the monitor the logs."""
+    for config in STREAMS:
+        assert config.name is not None
+        owner = await connect_as(STREAM_OWNERS[config.name])
+        await owner.nc.jetstream().add_stream(config)
+    scheduler = await connect_as("scheduler")
+    await scheduler.nc.jetstream().create_key_value(KeyValueConfig(bucket=subjects.USAGE_BUCKET, history=1))
+
+
+def test_nats_server_accepts_the_rendered_configuration(server: Server) -> None:
+    assert server.url.startswith("nats://")  # the fixture ran `nats-server -t` and started the server
+
+
+async def test_anonymous_and_wrong_password_connections_are_refused(server: Server) -> None:
+    for options in ({}, {"user": "alice", "password": "wrong"}):
+        with pytest.raises(Exception, match=r"(?i)authorization"):
+            await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2,
+                               **options)
+
+
+async def test_a_service_publishes_its_own_events_but_not_another_services(connect: ConnectAs) -> None:
+    await declare_owned_streams(connect)
+    launcher: Conn = await connect("launcher")
+    js = launcher.nc.jetstream()
+    own = subjects.event_subject("launcher", "launch", "job-000000000001", "LaunchSucceeded")
+    ack = await js.publish(own, b"{}", timeout=2)
+    assert ack.stream == subjects.EVENTS_STREAM
+
+    forged = subjects.event_subject("scheduler", "job", "job-000000000001", "JobSucceeded")
+    with pytest.raises(Exception):  # noqa: B017 - the server drops it, so no acknowledgement comes
+        await js.publish(forged, b"{}", timeout=1)
+    assert await launcher.refused("publish", forged)
+    # Read back through the launcher's own ordered consumer: only its event is stored.
+    about_job = subjects.events_of_job("job-000000000001")
+    stored = [m.subject async for m in read_subject(js, subjects.EVENTS_STREAM, about_job)]
+    assert stored == [own]
+
+
+async def test_an_agent_reports_for_its_own_node_only(connect: ConnectAs) -> None:
+    await declare_owned_streams(connect)
+    agent: Conn = await connect(agent_user("node-a"))
+    js = agent.nc.jetstream()
+    ack = await js.publish(subjects.agent_report("node-a"), b"{}", timeout=2)
+    assert ack.stream == subjects.AGENT_REPORTS_STREAM
+    with pytest.raises(Exception):  # noqa: B017
+        await js.publish(subjects.agent_report("node-b"), b"{}", timeout=1)
+    assert await agent.refused("publish", subjects.agent_report("node-b"))
+    # Logs and usage samples are allowed (for any job: they name jobs, not nodes).
+    assert (await js.publish(subjects.job_logs("job-000000000002", 0), b"{}", timeout=2)).stream == subjects.LOGS_STREAM
+    kv = await js.key_value(subjects.USAGE_BUCKET)
+    await kv.put(subjects.usage_key("job-000000000002", 1, 0), b"{}")
+
+
+async def test_an_agent_answers_its_own_requests_and_cannot_listen_to_another_nodes(connect: ConnectAs) -> None:
+    agent: Conn = await connect(agent_user("node-a"))
+    launcher: Conn = await connect("launcher")
+    overheard: list[Msg] = []
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"accepted")
+
+    async def overhear(msg: Msg) -> None:
+        overheard.append(msg)
+
+    await agent.nc.subscribe(subjects.agent_start("node-a"), cb=answer)
+    await agent.nc.subscribe(subjects.agent_start("node-b"), cb=overhear)
+    await agent.nc.flush()
+    assert await agent.refused("subscription", subjects.agent_start("node-b"))
+    reply = await launcher.nc.request(subjects.agent_start("node-a"), b"{}", timeout=2)
+    assert reply.data == b"accepted"
+    await launcher.nc.publish(subjects.agent_start("node-b"), b"{}")
+    await launcher.nc.flush()
+    await asyncio.sleep(0.2)
+    assert overheard == []
+
+
+@pytest.mark.parametrize("role", [agent_user("node-a"), "alice"])
+async def test_agents_and_users_cannot_delete_purge_or_change_a_stream(connect: ConnectAs, role: str) -> None:
+    await declare_owned_streams(connect)
+    conn: Conn = await connect(role)
+    js = conn.nc.jetstream(timeout=1)
+    stream = subjects.AGENT_REPORTS_STREAM
+    with pytest.raises(Exception):  # noqa: B017
+        await js.delete_stream(stream)
+    assert await conn.refused("publish", f"$JS.API.STREAM.DELETE.{stream}")
+    with pytest.raises(Exception):  # noqa: B017
+        await js.purge_stream(stream)
+    assert await conn.refused("publish", f"$JS.API.STREAM.PURGE.{stream}")
+    with pytest.raises(Exception):  # noqa: B017
+        await js.update_stream(StreamConfig(name=stream, subjects=[">"]))
+    assert await conn.refused("publish", f"$JS.API.STREAM.UPDATE.{stream}")
+    launcher: Conn = await connect("launcher")
+    info = await launcher.nc.jetstream().stream_info(stream)
+    assert info.config.subjects == [subjects.AGENT_REPORTS_ALL]
+
+
+async def test_a_user_sends_requests_but_reads_no_stream_and_starts_nothing(connect: ConnectAs) -> None:
+    scheduler: Conn = await connect("scheduler")
+    agent: Conn = await connect(agent_user("node-a"))
+    alice: Conn = await connect("alice")
+    starts: list[Msg] = []
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"accepted")
+
+    async def on_start(msg: Msg) -> None:
+        starts.append(msg)
+
+    await scheduler.nc.subscribe(subjects.SUBMIT_JOB, queue="trainyard-scheduler", cb=answer)
+    await agent.nc.subscribe(subjects.agent_start("node-a"), cb=on_start)
+    await scheduler.nc.flush()
+    await agent.nc.flush()
+    assert (await alice.nc.request(subjects.SUBMIT_JOB, b"{}", timeout=2)).data == b"accepted"
+
+    for subject in (subjects.EVENTS_ALL, subjects.LOGS_ALL):
+        await alice.nc.subscribe(subject)
+        assert await alice.refused("subscription", subject)
+    await alice.nc.publish(subjects.agent_start("node-a"), b"{}")
+    assert await alice.refused("publish", subjects.agent_start("node-a"))
+    await asyncio.sleep(0.2)
+    assert starts == []
+
+
+async def test_services_read_their_streams_as_their_code_does(connect: ConnectAs) -> None:
+    await declare_owned_streams(connect)
+    agent: Conn = await connect(agent_user("node-b"))
+    await agent.nc.jetstream().publish(subjects.job_logs("job-000000000003", 0), b"line", timeout=2)
+    # The monitor's durable pull consumer on the logs, fetched and acknowledged.
+    monitor: Conn = await connect("monitor")
+    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)
+    sub = await monitor.nc.jetstream().pull_subscribe(subjects.LOGS_ALL, durable=MONITOR_LOGS_CONSUMER,
+                                                      stream=subjects.LOGS_STREAM, config=config)
+    batch = await sub.fetch(100, timeout=2)
+    assert batch
+    await batch[-1].ack_sync(timeout=2)
+    # The scheduler's log pages: a direct message lookup in the stream.
+    scheduler: Conn = await connect("scheduler")
+    found = await scheduler.nc.jetstream().get_msg(subjects.LOGS_STREAM, seq=1,
+                                                    subject=subjects.job_logs("job-000000000003"), next=True)
+    assert found.data == b"line"
+    assert not monitor.errors and not scheduler.errors and not agent.errors

@@ -1,0 +1,127 @@
+"""The role permission matrix (libs/natsroles.py): who may publish and subscribe to what."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from libs.contracts import subjects
+from libs.devstack.servers import nats_server_binary
+from libs.natsroles import (
+    SERVICES,
+    STREAM_OWNERS,
+    NKey,
+    Permissions,
+    RoleError,
+    agent_permissions,
+    placeholder_credentials,
+    render_config,
+    request_subjects,
+    roles,
+    service_permissions,
+    user_permissions,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "deploy" / "nats" / "nats-server.conf"
+
+
+def matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` one token, `>` the rest."""
+    want, have = pattern.split("."), subject.split(".")
+    for index, token in enumerate(want):
+        if token == ">":
+            return len(have) > index
+        if index >= len(have) or token not in ("*", have[index]):
+            return False
+    return len(want) == len(have)
+
+
+def may_publish(p: Permissions, subject: str) -> bool:
+    return (any(matches(a, subject) for a in p.publish_allow)
+            and not any(matches(d, subject) for d in p.publish_deny))
+
+
+def may_subscribe(p: Permissions, subject: str) -> bool:
+    return (any(matches(a, subject) for a in p.subscribe_allow)
+            and not any(matches(d, subject) for d in p.subscribe_deny))
+
+
+def test_every_request_subject_is_answered_by_exactly_one_service_and_sent_by_users() -> None:
+    assert subjects.SUBMIT_JOB in request_subjects() and subjects.QUEUE_STATUS in request_subjects()
+    for subject in request_subjects():
+        answering = [s for s in SERVICES if may_subscribe(service_permissions(s), subject)]
+        assert len(answering) == 1, (subject, answering)
+        assert may_publish(user_permissions("alice"), subject)
+
+
+def test_a_service_publishes_its_own_events_only() -> None:
+    for service in SERVICES:
+        for other in SERVICES:
+            subject = subjects.event_subject(other, "job", "job-000000000001", "Something")
+            assert may_publish(service_permissions(service), subject) == (service == other)
+
+
+def test_only_a_streams_owner_manages_it() -> None:
+    assert set(STREAM_OWNERS) == {subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM,
+                                  subjects.USAGE_STREAM}
+    everyone = roles(["node-a"], ["alice"])
+    for stream, owner in STREAM_OWNERS.items():
+        for name, permissions in everyone.items():
+            for action in ("CREATE", "UPDATE", "DELETE", "PURGE"):
+                allowed = may_publish(permissions, f"$JS.API.STREAM.{action}.{stream}")
+                assert allowed == (name == owner and action in ("CREATE", "UPDATE")), (name, action, stream)
+
+
+def test_an_agent_speaks_for_its_own_node_only() -> None:
+    agent = agent_permissions("node-a")
+    for own in (subjects.agent_report("node-a"), subjects.heartbeat("node-a"), subjects.REGISTER_NODE,
+                subjects.session("node-a", "s1", "out"), subjects.job_logs("job-000000000001", 0)):
+        assert may_publish(agent, own), own
+    for other in (subjects.agent_report("node-b"), subjects.heartbeat("node-b"),
+                  subjects.session("node-b", "s1", "out"),
+                  subjects.agent_exec("node-b"), subjects.agent_start("node-b"), subjects.SUBMIT_JOB):
+        assert not may_publish(agent, other), other
+    assert may_subscribe(agent, subjects.agent_start("node-a"))
+    assert not may_subscribe(agent, subjects.agent_start("node-b"))
+    assert not may_subscribe(agent, subjects.EVENTS_ALL)
+
+
+def test_a_user_reads_no_stream_and_sends_nothing_to_agents() -> None:
+    user = user_permissions("alice")
+    for subject in (subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL, "_INBOX.scheduler.x"):
+        assert not may_subscribe(user, subject), subject
+    for subject in (subjects.agent_start("node-a"), subjects.agent_open_session("node-a"),
+                    "$JS.API.CONSUMER.CREATE.TRAINYARD_EVENTS", "$JS.API.STREAM.DELETE.TRAINYARD_EVENTS"):
+        assert not may_publish(user, subject), subject
+    assert may_publish(user, subjects.session("node-a", "s1", "in"))
+    assert may_subscribe(user, subjects.session("node-a", "s1", "out"))
+
+
+def test_bad_names_and_missing_credentials_are_refused() -> None:
+    with pytest.raises(RoleError, match=r"node name 'node\.a'"):
+        roles(["node.a"])
+    with pytest.raises(RoleError, match="taken by a service"):
+        roles(["node-a"], ["scheduler"])
+    credentials = placeholder_credentials(["node-a"])
+    del credentials["agent-node-a"]
+    with pytest.raises(RoleError, match="no credential for agent-node-a"):
+        render_config(["node-a"], credentials)
+
+
+def test_passwords_variables_and_nkeys_are_rendered_for_the_server(tmp_path: Path) -> None:
+    credentials = {**placeholder_credentials(["node-a"]), "scheduler": 'pa"ss', "launcher": NKey("U" + "A" * 55)}
+    text = render_config(["node-a"], credentials)
+    assert 'password: "pa\\"ss"' in text and 'nkey: "UAAAA' in text and "password: $MONITOR_PASSWORD" in text
+
+
+def test_the_deploy_example_is_fresh_and_accepted_by_nats_server() -> None:
+    nodes = ["node-a", "node-b"]  # deploy/local/cluster.yaml
+    assert EXAMPLE.read_text() == render_config(nodes, placeholder_credentials(nodes, ["alice"]), ["alice"])
+    variables = {str(v)[1:]: "secret" for v in placeholder_credentials(nodes, ["alice"]).values()}
+    check = subprocess.run([nats_server_binary(), "-t", "-c", str(EXAMPLE)], capture_output=True, text=True,
+                           env={**os.environ, **variables}, check=False)
+    assert check.returncode == 0, check.stderr + check.stdout
