@@ -21,17 +21,14 @@ import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from libs.contracts.codec import decode, encode
+from libs.contracts.codec import encode
 from libs.contracts.messages import CommandError
-from libs.messaging.rpc import MAX_REQUEST_BYTES, error_for_decode_failure
+from libs.messaging.rpc import bounded, decode_request
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
 
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.agent")
-
-# Error texts may quote the request: bounded, so a refusal always fits in one message.
-MAX_ERROR_TEXT = 1000
 
 Request = TypeVar("Request")
 
@@ -47,17 +44,9 @@ Answer = msgspec.Struct | Later
 Handler = Callable[[Request], Awaitable[Answer]]
 
 
-def bounded(text: str) -> str:
-    return text if len(text) <= MAX_ERROR_TEXT else f"{text[:MAX_ERROR_TEXT]}… ({len(text)} characters)"
-
-
-def refusal(node: str, request_type: type[Any], exc: msgspec.DecodeError) -> CommandError:
-    """`invalid-request` for a request that does not decode, saying which request and what is wrong."""
-    error = error_for_decode_failure(exc)
-    return CommandError(code="invalid-request", message=bounded(f"{node} refused {request_type.__name__}: "
-                                                                f"{error.message}"),
-                        errors=[msgspec.structs.replace(e, field=bounded(e.field), message=bounded(e.message))
-                                for e in error.errors])
+def refusal(node: str, request_type: type[Any], error: CommandError) -> CommandError:
+    """The decoding's `invalid-request`, saying which node refused which request."""
+    return msgspec.structs.replace(error, message=bounded(f"{node} refused {request_type.__name__}: {error.message}"))
 
 
 def failure(node: str, request_type: type[Any], exc: Exception) -> CommandError:
@@ -84,21 +73,10 @@ class Responder:
     async def _answer(self, msg: Msg, request_type: type[Request], handler: Handler[Request]) -> None:
         name = request_type.__name__
         with span_tracer.start_as_current_span(f"agent {name}", context=context_from_headers(msg.headers)):
-            if len(msg.data) > MAX_REQUEST_BYTES:
-                log.warning("agent.bad_request", node=self.node, request=name, size=len(msg.data))
-                await self._send(msg, refusal(self.node, request_type, msgspec.DecodeError(
-                    f"the request is {len(msg.data)} bytes long, over the limit of {MAX_REQUEST_BYTES}")))
-                return
-            try:
-                request: Request = decode(msg.data, request_type)
-            except msgspec.DecodeError as exc:  # ValidationError too: a message that does not fit the type
-                log.warning("agent.bad_request", node=self.node, request=name, error=bounded(str(exc)))
-                await self._send(msg, refusal(self.node, request_type, exc))
-                return
-            except Exception as exc:  # RecursionError on deep nesting, or whatever else the decoder raises
-                log.warning("agent.bad_request", node=self.node, request=name, error=bounded(repr(exc)))
-                await self._send(msg, refusal(self.node, request_type,
-                                              msgspec.DecodeError(f"the request cannot be decoded: {exc!r}")))
+            request = decode_request(msg.data, request_type, strict=False)
+            if isinstance(request, CommandError):
+                log.warning("agent.bad_request", node=self.node, request=name, error=request.message)
+                await self._send(msg, refusal(self.node, request_type, request))
                 return
             try:
                 answer = await handler(request)

@@ -42,15 +42,19 @@ def new_secret() -> str:
     return secrets.token_urlsafe(48)
 
 
-def issue_token(secret: str, identity: Identity, *, ttl_seconds: int = DEFAULT_TTL_SECONDS) -> str:
-    now = int(time.time())
-    claims: dict[str, object] = {"iss": ISSUER, "sub": identity.user, "projects": list(identity.projects),
-                                 "admin": identity.admin, "iat": now, "exp": now + ttl_seconds}
-    if identity.email:
-        claims["email"] = identity.email
+def _sign(secret: str, claims: dict[str, object], ttl_seconds: int) -> str:
+    """A token of `claims`, issued now by Trainyard and valid for `ttl_seconds`."""
     import jwt  # here, not at the top: a CLI command that only sends a token need not load PyJWT
 
-    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+    now = int(time.time())
+    return jwt.encode({"iss": ISSUER, **claims, "iat": now, "exp": now + ttl_seconds}, secret, algorithm=ALGORITHM)
+
+
+def issue_token(secret: str, identity: Identity, *, ttl_seconds: int = DEFAULT_TTL_SECONDS) -> str:
+    claims: dict[str, object] = {"sub": identity.user, "projects": list(identity.projects), "admin": identity.admin}
+    if identity.email:
+        claims["email"] = identity.email
+    return _sign(secret, claims, ttl_seconds)
 
 
 def _claims(secret: str, token: str, *, renew: str) -> dict[str, object]:
@@ -89,12 +93,7 @@ def issue_node_token(secret: str, node: str, *, ttl_seconds: int = DEFAULT_NODE_
     """A credential that lets an agent register and heartbeat as `node`, and as nothing else."""
     if not re.fullmatch(NODE_NAME, node):
         raise AuthError(f"{node!r} is not a node name; node names are lower-case DNS labels such as node-a")
-    now = int(time.time())
-    claims = {"iss": ISSUER, "sub": NODE_SUBJECT_PREFIX + node, "role": NODE_ROLE, "node": node,
-              "iat": now, "exp": now + ttl_seconds}
-    import jwt
-
-    return jwt.encode(claims, secret, algorithm=ALGORITHM)
+    return _sign(secret, {"sub": NODE_SUBJECT_PREFIX + node, "role": NODE_ROLE, "node": node}, ttl_seconds)
 
 
 def verify_node_token(secret: str, token: str) -> str:
@@ -109,15 +108,22 @@ def verify_node_token(secret: str, token: str) -> str:
     return node
 
 
-def node_from_headers(secret: str, headers: Mapping[str, str] | None) -> str:
-    """The node whose credential a message carries in its `Authorization: Bearer` header."""
+def _bearer(headers: Mapping[str, str] | None, *, what: str, missing: str) -> str:
+    """The token in a message's `Authorization: Bearer` header; `missing` says what to do without one."""
     value = (headers or {}).get(AUTH_HEADER, "")
     if not value:
-        raise AuthError("the message carries no node credential; set TRAINYARD_NODE_TOKEN_FILE for the agent")
+        raise AuthError(missing)
     scheme, _, token = value.partition(" ")
     if scheme.lower() != "bearer" or not token:
-        raise AuthError(f"the {AUTH_HEADER} header must read 'Bearer <node credential>'")
-    return verify_node_token(secret, token.strip())
+        raise AuthError(f"the {AUTH_HEADER} header must read 'Bearer <{what}>'")
+    return token.strip()
+
+
+def node_from_headers(secret: str, headers: Mapping[str, str] | None) -> str:
+    """The node whose credential a message carries in its `Authorization: Bearer` header."""
+    return verify_node_token(secret, _bearer(
+        headers, what="node credential",
+        missing="the message carries no node credential; set TRAINYARD_NODE_TOKEN_FILE for the agent"))
 
 
 def bearer_headers(token: str | None) -> dict[str, str]:
@@ -125,14 +131,10 @@ def bearer_headers(token: str | None) -> dict[str, str]:
 
 
 def identity_from_headers(secret: str, headers: Mapping[str, str] | None) -> Identity:
-    value = (headers or {}).get(AUTH_HEADER, "")
-    if not value:
-        raise AuthError("the request carries no token; set TRAINYARD_TOKEN or ask an administrator for one "
-                        "(trainyard admin token)")
-    scheme, _, token = value.partition(" ")
-    if scheme.lower() != "bearer" or not token:
-        raise AuthError(f"the {AUTH_HEADER} header must read 'Bearer <token>'")
-    return verify_token(secret, token.strip())
+    return verify_token(secret, _bearer(
+        headers, what="token",
+        missing="the request carries no token; set TRAINYARD_TOKEN or ask an administrator for one "
+                "(trainyard admin token)"))
 
 
 def read_secret(*, required: bool = True) -> str | None:

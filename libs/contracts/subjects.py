@@ -24,7 +24,8 @@ def events_of_service(service: str) -> str:
 
 
 # Every service's records of upstream messages it set aside (UpstreamMessageSetAside), for the monitor.
-SET_ASIDE_ALL = "trainyard.events.*.upstream.*.UpstreamMessageSetAside"
+SET_ASIDE_AGGREGATE = "upstream"  # aggregate id: events.set_aside_id(consumer, sequence)
+SET_ASIDE_ALL = f"trainyard.events.*.{SET_ASIDE_AGGREGATE}.*.UpstreamMessageSetAside"
 
 
 def service_of_events(subject: str) -> str | None:

@@ -40,7 +40,7 @@ from nats.js.api import DeliverPolicy
 
 from libs.contracts.codec import decode_any
 from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageSetAside, set_aside_id
-from libs.contracts.subjects import event_subject, service_of_events
+from libs.contracts.subjects import SET_ASIDE_AGGREGATE, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.telemetry.logs import get_logger
 
@@ -54,8 +54,7 @@ follower records it)."""
 RecordSetAside = Callable[[NewEvent, Tracking], Awaitable[None]]
 """record(change, tracking): append the set-aside record together with the message's tracking."""
 
-SET_ASIDE_AGGREGATE = "upstream"
-_SET_ASIDE_TAG = "UpstreamMessageSetAside.v1"
+_SET_ASIDE_TAG = UpstreamMessageSetAside.__struct_config__.tag
 
 # Errors of a database or NATS that is away for a while: retried until they pass.
 _TRANSIENT: tuple[type[BaseException], ...] = (

@@ -55,6 +55,24 @@ def error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError)
         errors=[msgspec.structs.replace(e, field=bounded(e.field), message=bounded(e.message)) for e in error.errors])
 
 
+def decode_request(body: bytes, request_type: Any, *, strict: bool = True) -> Any:
+    """The request in `body`, or the `CommandError` that says why it is none: too large, not JSON, not
+    the type, or nested too deep. `strict` refuses unknown fields (people's requests); services' requests
+    to agents pass them over, so a newer sender's extra field does not stop an older receiver."""
+    if len(body) > MAX_REQUEST_BYTES:
+        return CommandError(code="invalid-request",
+                            message=f"the request is {len(body)} bytes long, over the limit of {MAX_REQUEST_BYTES}")
+    try:
+        return decode_strict(body, request_type) if strict else decode_any(body, request_type)
+    except (msgspec.ValidationError, msgspec.DecodeError) as exc:
+        return error_for_decode_failure(exc)
+    except Exception as exc:  # whatever else a hostile body makes the decoder raise (RecursionError)
+        from libs.telemetry.logs import get_logger
+
+        get_logger(__name__).warning("rpc.undecodable_request", error=bounded(repr(exc)))
+        return CommandError(code="invalid-request", message=bounded(f"the request cannot be decoded: {exc!r}"))
+
+
 def _error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError) -> CommandError:
     if isinstance(exc, msgspec.ValidationError):
         error = field_error_from_msgspec(exc)
@@ -115,17 +133,9 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
                 except AuthError as exc:
                     return encode(CommandError(code="unauthenticated", message=str(exc)))
                 span.set_attribute("trainyard.user", identity.user)
-            if len(msg.body) > MAX_REQUEST_BYTES:
-                return encode(CommandError(code="invalid-request", message=f"the request is {len(msg.body)} bytes "
-                                           f"long, over the limit of {MAX_REQUEST_BYTES}"))
-            try:
-                request = decode_strict(msg.body, request_type)
-            except (msgspec.ValidationError, msgspec.DecodeError) as exc:
-                return encode(error_for_decode_failure(exc))
-            except Exception as exc:  # whatever else a hostile body makes the decoder raise
-                log.warning("rpc.undecodable_request", subject=subject, error=bounded(repr(exc)))
-                return encode(CommandError(code="invalid-request",
-                                           message=bounded(f"the request cannot be decoded: {exc!r}")))
+            request = decode_request(msg.body, request_type)
+            if isinstance(request, CommandError):
+                return encode(request)
             try:
                 # without a secret the handler gets the headers (register_with_headers) or ignores them
                 reply = await handler(request, identity if secret is not None else msg.headers)

@@ -18,6 +18,7 @@ from libs.contracts.events import Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.settings import Settings
 from services.launcher.planner import plan_launch
+from tests.support.bwrap import ops
 
 # What an agent of the local stack is started with (stack.env and the shell's own variables).
 AGENT_ENV = {
@@ -101,17 +102,6 @@ def _entries(*names: str) -> list[HostEntry]:
 
 
 HOST = {"/": _entries("etc", "srv", "tmp", "usr"), "/etc": [HostEntry("passwd", is_dir=False)]}
-
-
-def ops(argv: Sequence[str]) -> list[tuple[str, ...]]:
-    arity = {"--dir": 1, "--proc": 1, "--tmpfs": 1, "--remount-ro": 1, "--chdir": 1}
-    found: list[tuple[str, ...]] = []
-    i = 1
-    while argv[i] != "--":
-        n = arity.get(argv[i], 2)
-        found.append(tuple(argv[i:i + n + 1]))
-        i += n + 1
-    return found
 
 
 def sandbox(*hidden: Hidden, keep: Sequence[Path] = ()) -> list[tuple[str, ...]]:

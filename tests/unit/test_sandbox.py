@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from agent.workspace import (
     choose_backend,
 )
 from libs.contracts.events import Mount, NodeLaunch
+from tests.support.bwrap import ops
 
 # A small host: / with the usual entries, /etc with a few files and a relative symlink.
 HOST: dict[str, list[HostEntry]] = {
@@ -44,18 +44,6 @@ SPEC = SandboxSpec(
 
 def list_dir(path: str) -> list[HostEntry]:
     return HOST.get(path, [])
-
-
-def ops(argv: Sequence[str]) -> list[tuple[str, ...]]:
-    """The bwrap options before the command, each with its arguments."""
-    arity = {"--dir": 1, "--proc": 1, "--tmpfs": 1, "--remount-ro": 1, "--chdir": 1}
-    found: list[tuple[str, ...]] = []
-    i = 1
-    while argv[i] != "--":
-        n = arity.get(argv[i], 2)
-        found.append(tuple(argv[i:i + n + 1]))
-        i += n + 1
-    return found
 
 
 def test_the_workspace_mounts_storage_read_only_or_writable_as_asked() -> None:
