@@ -74,8 +74,9 @@ from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import encode
 from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
-from libs.messaging.connection import connect, ensure_streams
+from libs.messaging.connection import NatsLogin, connect
 from libs.messaging.rpc import ServiceUnavailable, call
+from libs.natsroles import job_inbox
 from libs.settings import Settings
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import current_trace_headers
@@ -147,9 +148,10 @@ class NodeAgent:
         log.info("agent.workspace_backend", node=self.info.name, backend=self.backend, reason=reason)
         if self.backend == PLAIN:
             log.warning("agent.jobs_not_sandboxed", node=self.info.name, warning=PLAIN_WARNING)
-        self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}")
+        # Logged in by its node credential (NATS's auth callout): this node's subjects only, no stream management.
+        login = NatsLogin.for_token(self.node_token)
+        self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}", login)
         self.js = self.nc.jetstream()
-        await ensure_streams(self.js)
         requests, name = Responder(self.nc, self.info.name), self.info.name
         await requests.serve(subjects.agent_start(name), StartProcess, self._on_start)
         await requests.serve(subjects.agent_stop(name), StopProcesses, self._on_stop)
@@ -294,6 +296,9 @@ class NodeAgent:
 
     async def _on_exec(self, request: ExecInJob) -> ProcessAccepted | CommandError:
         """Start the command now and answer; its exit code goes to `reply_to` when it ends."""
+        if not request.reply_to.startswith(job_inbox(request.job_id) + "."):
+            # Only the job's own inbox: a request cannot make the agent publish anywhere else.
+            return CommandError(code="invalid-request", message=f"reply_to must be under {job_inbox(request.job_id)}.")
         node = next((n for n in self.nodes.values()
                      if (n.job_id, n.attempt, n.task) == (request.job_id, request.attempt, request.task)
                      and n.group is not None and n.workspace is not None and n.runner and not n.runner.done()), None)
@@ -412,7 +417,7 @@ class NodeAgent:
             {"TRAINYARD_JOB_ID": node.job_id, "TRAINYARD_ATTEMPT": str(node.attempt),
              "TRAINYARD_TASK": str(node.task), "TRAINYARD_RANK": str(node.rank), "TRAINYARD_NODE": self.info.name,
              "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend},
-            python_dir=Path(sys.executable).parent, nats_url=self.nats_url)
+            python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
         if node.keep:  # written first: a session may be wanted however the command ends, even never started

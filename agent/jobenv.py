@@ -7,7 +7,8 @@ None of them reaches a job. A job gets, later entries winning:
 1. from the agent's environment, only what any process needs (`BASIC_VARIABLES`, LC_*);
 2. the plan's env (the spec's env, checkpoint variables, the mode's variables);
 3. PATH: the agent's interpreter directory first, then the agent's PATH;
-4. NATS_URL (without user or password) only when the plan names Trainyard's MPI remote shell,
+4. NATS_URL (without user or password) and the job's own token (TRAINYARD_JOB_TOKEN: exec on its own
+   nodes, nothing else) only when the plan names Trainyard's MPI remote shell,
    which reaches the other nodes' agents over NATS (agent/rsh.py);
 5. the platform's own job variables (TRAINYARD_JOB_ID, TRAINYARD_RANK, ...).
 """
@@ -40,6 +41,9 @@ def uses_agent_remote_shell(plan_env: Mapping[str, str]) -> bool:
     return plan_env.get(REMOTE_SHELL_VARIABLE, "").split()[-1:] == [REMOTE_SHELL_MODULE]
 
 
+JOB_TOKEN_VARIABLE = "TRAINYARD_JOB_TOKEN"
+
+
 def without_credentials(urls: str) -> str:
     """The addresses alone (one, or several separated by commas): a user name or password stays with
     the agent."""
@@ -56,7 +60,7 @@ def _address(url: str) -> str:
 
 
 def job_environment(agent_env: Mapping[str, str], plan_env: Mapping[str, str], platform: Mapping[str, str], *,
-                    python_dir: Path, nats_url: str) -> dict[str, str]:
+                    python_dir: Path, nats_url: str, job_token: str | None = None) -> dict[str, str]:
     """The environment of one job process; `plan_env` is already translated to the workspace."""
     env = {name: value for name, value in agent_env.items() if is_basic(name)}
     env.update(plan_env)
@@ -64,5 +68,7 @@ def job_environment(agent_env: Mapping[str, str], plan_env: Mapping[str, str], p
     env["PATH"] = f"{python_dir}{os.pathsep}{agent_env.get('PATH', '')}"
     if uses_agent_remote_shell(plan_env):
         env["NATS_URL"] = without_credentials(nats_url)
+        if job_token:  # the job's own login: exec on its own nodes, nothing else (libs/auth.py)
+            env[JOB_TOKEN_VARIABLE] = job_token
     env.update(platform)
     return env

@@ -12,15 +12,18 @@ import asyncio
 import os
 import sys
 
+from agent.jobenv import JOB_TOKEN_VARIABLE
 from libs.contracts import subjects
 from libs.contracts.agent import ExecExited, ExecInJob, ProcessAccepted
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.messages import CommandError
-from libs.messaging.connection import connect
+from libs.messaging.connection import NatsLogin, connect
 
 
 async def run(node: str, command: str) -> int:
-    nc = await connect(os.environ["NATS_URL"], f"trainyard-rsh-{node}")
+    job_id, token = os.environ["TRAINYARD_JOB_ID"], os.environ.get(JOB_TOKEN_VARIABLE, "")
+    # The job's own login (its token from the launcher): exec on its own nodes, answers in its own inbox.
+    nc = await connect(os.environ["NATS_URL"], f"trainyard-rsh-{node}", NatsLogin.for_job(job_id, token))
     try:
         inbox = nc.new_inbox()
         exited: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -30,7 +33,7 @@ async def run(node: str, command: str) -> int:
                 exited.set_result(decode(msg.data, ExecExited).exit_code)  # type: ignore[attr-defined]
 
         await nc.subscribe(inbox, cb=on_exit)
-        request = ExecInJob(job_id=os.environ["TRAINYARD_JOB_ID"], attempt=int(os.environ["TRAINYARD_ATTEMPT"]),
+        request = ExecInJob(job_id=job_id, attempt=int(os.environ["TRAINYARD_ATTEMPT"]),
                             task=int(os.environ.get("TRAINYARD_TASK", "0")), command=command, reply_to=inbox)
         reply = decode_any((await nc.request(subjects.agent_exec(node), encode(request), timeout=10)).data,
                            ProcessAccepted | CommandError)

@@ -19,18 +19,17 @@ from types import TracebackType
 from typing import Any
 
 from nats.aio.client import Client
-from nats.js.errors import NotFoundError
 
 from client.terminal import DebugSession, command_line, open_session
 from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
-from libs.contracts.codec import decode
-from libs.contracts.events import AlertRaised, EventEnvelope
+from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
 from libs.contracts.jobspec import Access, JobSpec, Priority
 from libs.contracts.messages import (
     TERMINAL_STATUSES,
+    AlertPage,
     ChangeDuration,
     ChangePriority,
     ChangeSettings,
@@ -58,6 +57,7 @@ from libs.contracts.messages import (
     JobSummary,
     JobUsage,
     JobView,
+    ListAlerts,
     ListFlavors,
     ListJobs,
     ListNodes,
@@ -83,8 +83,7 @@ from libs.contracts.messages import (
     WhyReply,
 )
 from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
-from libs.messaging.connection import connect_once
-from libs.messaging.reader import read_subject
+from libs.messaging.connection import LoginRefused, NatsLogin, connect_once
 from libs.messaging.rpc import ServiceUnavailable, call
 
 # How long a followed log is still read after the job ended: chunks shipped at its end may lag its status.
@@ -124,15 +123,17 @@ def default_token() -> str | None:
 class TrainyardClient:
     def __init__(self, nc: Client, *, token: str | None = None, timeout: float = 10.0) -> None:
         self.nc = nc
-        self.js = nc.jetstream()
         self.token = token if token is not None else default_token()
         self.timeout = timeout
 
     @classmethod
     async def open(cls, nats_url: str | None = None, *, token: str | None = None) -> TrainyardClient:
         url = nats_url or default_nats_url()
+        token = token if token is not None else default_token()
         try:
-            nc = await connect_once(url, "trainyard-client")
+            nc = await connect_once(url, "trainyard-client", NatsLogin.for_token(token))
+        except LoginRefused as exc:
+            raise ServiceUnavailable(str(exc)) from None
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             raise ServiceUnavailable(f"cannot connect to NATS at {url} ({reason})") from None
@@ -355,20 +356,24 @@ class TrainyardClient:
 
     # --- streams: alerts -----------------------------------------------------------------------------
 
-    async def alerts(self, *, follow: bool = False) -> AsyncIterator[EventEnvelope]:
-        """M7: every alert raised so far, oldest first, as envelopes whose `event` is an AlertRaised;
-        with `follow`, then each new one as it is raised, until the caller stops."""
-        forever: asyncio.Future[None] | None = asyncio.get_running_loop().create_future() if follow else None
-        try:
-            async for msg in read_subject(self.js, subjects.EVENTS_STREAM, subjects.ALERTS_ALL, follow=forever):
-                try:
-                    envelope = decode(msg.data, EventEnvelope)
-                except ValueError:
-                    continue  # an event type newer than this client
-                if isinstance(envelope.event, AlertRaised):
-                    yield envelope
-        except NotFoundError:
-            raise ServiceUnavailable(f"there is no {subjects.EVENTS_STREAM} stream on NATS") from None
+    async def alerts(self, *, follow: bool = False, poll_seconds: float = 1.0) -> AsyncIterator[EventEnvelope]:
+        """M7: every alert raised so far that this user may see, oldest first, as envelopes whose `event`
+        is an AlertRaised; with `follow`, then each new one as it is raised, until the caller stops.
+        The monitor answers (ListAlerts) from its own log: people never read the event stream themselves."""
+        after = 0
+        while True:
+            try:
+                page: AlertPage = await self._call(subjects.LIST_ALERTS, ListAlerts(after=after), AlertPage)
+            except ServiceUnavailable as exc:
+                raise ServiceUnavailable(f"the monitor answers alerts, and it did not: {exc}") from None
+            for envelope in page.alerts:
+                yield envelope
+            after = page.next_after
+            if page.more:
+                continue
+            if not follow:
+                return
+            await asyncio.sleep(poll_seconds)
 
     # --- debug sessions (J15) ----------------------------------------------------------------------
 

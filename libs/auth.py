@@ -6,6 +6,9 @@ they belong to and whether they administer the platform. Administrators issue to
 the services, which hold the same secret, verify the signature and expiry and act for that identity
 only.
 
+A job token (`role: job`) is a third kind: issued by the launcher with each start request, it lets
+that job's processes (MPI's remote shell) log in to NATS as the job and nothing more.
+
 A node credential is a token of another kind, signed with the same secret: it names one node
 (`role: node`, subject `node:<name>`). An agent sends it with its registration and heartbeats; the
 monitor accepts a node only with a credential for exactly that node (docs/security.md). The two
@@ -19,10 +22,12 @@ import os
 import re
 import secrets
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from libs.contracts.identity import AUTH_HEADER, Identity
+from libs.contracts.ids import is_job_id
 from libs.contracts.jobspec import NODE_NAME
 
 ALGORITHM = "HS256"
@@ -79,8 +84,8 @@ def verify_token(secret: str, token: str) -> Identity:
     """The user a user token speaks for; a node credential is refused."""
     claims = _claims(secret, token, renew="ask an administrator for a new one")
     if _is_node_credential(claims):
-        raise AuthError("the token is a node credential, not a user token; ask an administrator for a user token "
-                        "(trainyard admin token)")
+        raise AuthError("the token is a node or job credential, not a user token; ask an administrator for a "
+                        "user token (trainyard admin token)")
     projects = claims.get("projects", [])
     if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
         raise AuthError("the token's projects are not a list of names")
@@ -106,6 +111,41 @@ def verify_node_token(secret: str, token: str) -> str:
     if not re.fullmatch(NODE_NAME, node):
         raise AuthError(f"the node credential names no valid node ({node!r}); {renew}")
     return node
+
+
+JOB_ROLE = "job"
+JOB_SUBJECT_PREFIX = "job:"  # a job token's `sub`; libs.natsroles.nats_user_for reads it
+
+
+@dataclass(frozen=True)
+class JobGrant:
+    """What a job token allows: MPI's remote shell of this job attempt, on these nodes."""
+
+    job_id: str
+    attempt: int
+    nodes: tuple[str, ...]
+
+
+def issue_job_token(secret: str, job_id: str, attempt: int, nodes: Sequence[str], *,
+                    ttl_seconds: int = DEFAULT_TTL_SECONDS) -> str:
+    """A token scoped to one job attempt, handed to its processes: it logs in to NATS as that job, which
+    may only ask the agents of its own nodes to run a command inside it (libs/natsroles.job_permissions)."""
+    if not is_job_id(job_id):
+        raise AuthError(f"{job_id!r} is not a job id")
+    return _sign(secret, {"sub": JOB_SUBJECT_PREFIX + job_id, "role": JOB_ROLE, "job": job_id, "attempt": attempt,
+                          "nodes": sorted(set(nodes))}, ttl_seconds)
+
+
+def verify_job_token(secret: str, token: str) -> JobGrant:
+    """The job attempt and nodes a job token was issued for; a user token or node credential is refused."""
+    claims = _claims(secret, token, renew="a job token comes with its job; it cannot be renewed")
+    job, attempt, nodes = claims.get("job"), claims.get("attempt"), claims.get("nodes")
+    if (claims.get("role") != JOB_ROLE or not isinstance(job, str) or not is_job_id(job)
+            or claims["sub"] != JOB_SUBJECT_PREFIX + job or not isinstance(attempt, int)
+            or not isinstance(nodes, list)
+            or not all(isinstance(n, str) and re.fullmatch(NODE_NAME, n) for n in nodes)):
+        raise AuthError("the token is not a job token")
+    return JobGrant(job_id=job, attempt=attempt, nodes=tuple(nodes))
 
 
 def _bearer(headers: Mapping[str, str] | None, *, what: str, missing: str) -> str:

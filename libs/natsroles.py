@@ -17,12 +17,14 @@ replies. Nothing here is used by the running stack yet; docs/security.md lists w
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from libs.contracts import subjects
+from libs.contracts.ids import is_job_id
 
 SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
 
@@ -38,8 +40,12 @@ STREAM_OWNERS: Mapping[str, str] = {
 
 # The request subjects each service answers (core NATS request/reply, faststream queue groups).
 ANSWERED_BY_MONITOR = (subjects.REGISTER_NODE, subjects.HEARTBEAT_ALL, subjects.MARK_COMPONENT,
-                       subjects.OPEN_TERMINAL)
+                       subjects.OPEN_TERMINAL, subjects.LIST_ALERTS)
 ANSWERED_BY_AUTOSCALER = (subjects.QUEUE_STATUS,)
+# The server asks here who a connection is (libs/natsauth.py); these services hold the issuer key and
+# answer in one queue group, so people and agents can log in while either of them runs.
+AUTH_CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"
+CALLOUT_SERVICES = ("scheduler", "monitor")
 
 
 def request_subjects() -> tuple[str, ...]:
@@ -81,11 +87,54 @@ class Permissions:
 def inbox_prefix(nats_user: str) -> str:
     """The inbox prefix a process connects with (`nats.connect(inbox_prefix=…)`): its replies,
     JetStream acknowledgements and consumer deliveries arrive under it, and only it may subscribe there."""
+    if is_job_id(nats_user):
+        return job_inbox(nats_user)
     return f"_INBOX.{nats_user}"
 
 
 def agent_user(node: str) -> str:
     return f"agent-{_checked('node', node)}"
+
+
+def user_nats_name(user: str) -> str:
+    """A person's NATS user: `user-<name>`, or `user-<hash>` for a name that is no DNS label (an e-mail)."""
+    if NAME.fullmatch(user) and len(user) <= 40:
+        return f"user-{user}"
+    return "user-" + hashlib.sha256(user.encode()).hexdigest()[:24]
+
+
+def job_user(job_id: str) -> str:
+    """A job's NATS user (its remote shell); the job id (`job-<hex>`) is already a safe name."""
+    if not is_job_id(job_id):
+        raise RoleError(f"{job_id!r} is not a job id")
+    return job_id
+
+
+JOB_INBOXES = "_INBOX.jobs"  # agents answer a job's remote shell here, under the job's own inbox
+
+
+def job_inbox(job_id: str) -> str:
+    return f"{JOB_INBOXES}.{job_user(job_id)}"
+
+
+def nats_user_for(token: str) -> str | None:
+    """The NATS user a token logs in as, read from its subject without checking the signature (the
+    auth callout checks it): a client needs it only to pick the inbox its role may read."""
+    import jwt  # here, not at the top: most processes never log in with a token
+
+    try:
+        subject = str(jwt.decode(token, options={"verify_signature": False}).get("sub", ""))
+    except jwt.InvalidTokenError:
+        return None
+    kind, _, name = subject.partition(":")
+    try:
+        if kind == "node" and name:
+            return agent_user(name)
+        if kind == "job" and name:
+            return job_user(name)
+        return user_nats_name(subject) if subject else None
+    except RoleError:
+        return None
 
 
 # --- JetStream API subjects (nats-py 2.x against nats-server 2.10+) ----------------------------------
@@ -140,6 +189,8 @@ def service_permissions(service: str) -> Permissions:
                     *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER)]
     else:
         answers = ANSWERED_BY_AUTOSCALER
+    if service in CALLOUT_SERVICES:
+        answers = (*answers, AUTH_CALLOUT_SUBJECT)
     return Permissions(publish_allow=_unique(publish),
                        subscribe_allow=(*answers, f"{inbox_prefix(service)}.>"),
                        allow_responses=bool(answers))
@@ -153,6 +204,7 @@ def agent_permissions(node: str) -> Permissions:
         f"$KV.{subjects.USAGE_BUCKET}.>",  # likewise any job's usage samples
         f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
         subjects.session(node, "*", "out"), subjects.session(node, "*", "exit"),
+        f"{JOB_INBOXES}.*.>",  # the exit of an exec, to the inbox of the job whose remote shell asked
     ]
     return Permissions(publish_allow=tuple(publish),
                        subscribe_allow=(f"trainyard.agent.{node}.>", f"{inbox_prefix(user)}.>"),
@@ -169,6 +221,15 @@ def user_permissions(user: str) -> Permissions:
                          f"{inbox_prefix(_checked('user', user))}.>"),
         publish_deny=("$JS.>", "$KV.>"),
         subscribe_deny=(subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL),
+    )
+
+
+def job_permissions(job_id: str, nodes: Sequence[str]) -> Permissions:
+    """A job's remote shell (MPI): exec requests to the agents of its own nodes, answers in its own inbox."""
+    return Permissions(
+        publish_allow=tuple(subjects.agent_exec(_checked("node", node)) for node in nodes),
+        subscribe_allow=(f"{job_inbox(job_id)}.>",),
+        publish_deny=("$JS.>", "$KV.>"),
     )
 
 
@@ -227,11 +288,14 @@ def _permissions(p: Permissions) -> str:
     return "{\n      " + "\n      ".join(lines) + "\n    }"
 
 
-def render_config(nodes: Sequence[str], credentials: Mapping[str, Credential], users: Sequence[str] = ()) -> str:
+def render_config(nodes: Sequence[str], credentials: Mapping[str, Credential], users: Sequence[str] = (), *,
+                  issuer: str | None = None) -> str:
     """A nats-server `authorization` block with one NATS user per service, node agent and user.
 
     `credentials` gives each NATS user (`roles(nodes, users)`'s keys) its password, `$VARIABLE` or nkey;
-    a missing one is an error, so no user is left open.
+    a missing one is an error, so no user is left open. With an `issuer` (the auth callout's account
+    public key, libs/natsauth.py) every other connection is handed to the callout, which admits node
+    agents, people and jobs by their Trainyard token; the users listed here bypass it.
     """
     every = roles(nodes, users)
     missing = [name for name in every if name not in credentials]
@@ -243,32 +307,38 @@ def render_config(nodes: Sequence[str], credentials: Mapping[str, Credential], u
     entries = [f"  {{\n    user: {_quoted(name)}, {_credential(credentials[name])}\n"
                f"    permissions: {_permissions(permissions)}\n  }}"
                for name, permissions in every.items()]
+    callout = ""
+    if issuer is not None:
+        named = issuer if VARIABLE.fullmatch(issuer) else _quoted(issuer)
+        callout = f" auth_callout {{\n  issuer: {named}\n  auth_users: {_list(list(every))}\n }}\n"
     return ("# Generated by libs/natsroles.py (python -m libs.natsroles CLUSTER.yaml [USER...]);\n"
             "# roles and what they may do: docs/security.md#roles-and-their-subjects.\n"
-            "authorization {\n users = [\n" + "\n".join(entries) + "\n ]\n}\n")
+            "authorization {\n users = [\n" + "\n".join(entries) + "\n ]\n" + callout + "}\n")
 
 
-def placeholder_credentials(nodes: Sequence[str], users: Sequence[str] = ()) -> dict[str, Credential]:
+def callout_config(credentials: Mapping[str, Credential], issuer: str) -> str:
+    """The configuration of a cluster whose services are static users and everyone else logs in with a
+    token through the auth callout: what the local stack and deploy/ run."""
+    return render_config((), credentials, (), issuer=issuer)
+
+
+def placeholder_credentials(nodes: Sequence[str] = (), users: Sequence[str] = ()) -> dict[str, Credential]:
     """`$<USER>_PASSWORD` for every NATS user, for a configuration whose secrets come from the environment."""
     return {name: "$" + re.sub(r"[^A-Z0-9]", "_", name.upper()) + "_PASSWORD" for name in roles(nodes, users)}
+
+
+ISSUER_VARIABLE = "$TRAINYARD_NATS_ISSUER"
 
 
 def _unique(items: Sequence[str]) -> tuple[str, ...]:
     return tuple(dict.fromkeys(items))
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """`python -m libs.natsroles CLUSTER.yaml [USER…]`: the configuration with `$<USER>_PASSWORD` variables."""
-    import argparse
-
-    from libs.contracts.cluster import ClusterConfig
-
-    parser = argparse.ArgumentParser(prog="python -m libs.natsroles", description=main.__doc__)
-    parser.add_argument("cluster", help="the cluster config whose nodes get an agent user each")
-    parser.add_argument("users", nargs="*", help="NATS users for people (CLI, client)")
-    args = parser.parse_args(argv)
-    nodes = [node.name for node in ClusterConfig.load(args.cluster).nodes]
-    print(render_config(nodes, placeholder_credentials(nodes, args.users), args.users), end="")
+def main() -> None:
+    """`python -m libs.natsroles`: the shipped configuration (deploy/nats/nats-server.conf), whose service
+    passwords (`$SCHEDULER_PASSWORD`, …) and callout issuer (`$TRAINYARD_NATS_ISSUER`, the public key
+    `python -m libs.natsauth` prints) the server reads from its environment."""
+    print(callout_config(placeholder_credentials(), ISSUER_VARIABLE), end="")
 
 
 if __name__ == "__main__":

@@ -13,12 +13,14 @@ from collections.abc import Coroutine
 from typing import Any
 
 import asyncpg
-from faststream.nats import NatsBroker
+from faststream.nats import NatsBroker, NatsUserPassword
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from libs.eventstore import EventStore, OutboxRelay
-from libs.messaging.connection import connect, ensure_streams
+from libs.messaging.connection import NatsLogin, connect, ensure_streams
+from libs.natsauth import read_issuer_seed
+from libs.natsauth import serve as serve_logins
 from libs.settings import Settings
 from libs.telemetry.logs import configure_logging, get_logger
 from libs.telemetry.tracing import configure_tracing
@@ -47,11 +49,22 @@ class ServiceRuntime:
         self.pool = await asyncpg.create_pool(self.settings.database_url, min_size=2, max_size=8)
         self.store = EventStore(self.pool, self.name)
         await self.store.migrate()
-        self.nc = await connect(self.settings.nats_url, f"trainyard-{self.name}")
+        login = NatsLogin.for_service(self.name)
+        self.nc = await connect(self.settings.nats_url, f"trainyard-{self.name}", login)
         self.js = self.nc.jetstream()
-        await ensure_streams(self.js)
-        self.broker = NatsBroker(self.settings.nats_url, logger=None)
+        await ensure_streams(self.js, owner=self.name)
+        await self._serve_nats_logins()
+        security = NatsUserPassword(login.user, login.password or "") if login.user is not None else None
+        self.broker = NatsBroker(self.settings.nats_url, logger=None, security=security, inbox_prefix=login.inbox)
         self.spawn(OutboxRelay(self.store, self.js).run(), "relay")
+
+    async def _serve_nats_logins(self) -> None:
+        """Answer NATS's auth callout when this service was given the issuer key (libs/natsauth.py)."""
+        seed = read_issuer_seed()
+        if seed is None:
+            return
+        await serve_logins(self.nc, seed=seed, secret=self.settings.require_auth_secret(), service=self.name)
+        log.info("service.serving_nats_logins")
 
     def spawn(self, coro: Coroutine[Any, Any, Any], name: str) -> asyncio.Task[Any]:
         """Run `coro` for the life of the service; a crash in it stops the service loudly."""

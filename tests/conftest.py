@@ -16,6 +16,7 @@ from nats.js.errors import NotFoundError
 from libs.contracts import subjects
 from libs.devstack.provision import Servers, provide_servers
 from libs.devstack.servers import create_database
+from libs.messaging.connection import ensure_streams
 
 
 @pytest.fixture(scope="session")
@@ -44,7 +45,7 @@ async def database_url(servers: Servers) -> AsyncIterator[str]:
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def nats_url(servers: Servers) -> str:
-    """The NATS server, with Trainyard's streams removed so every test starts from empty logs."""
+    """The NATS server, with Trainyard's streams emptied so every test starts from empty logs."""
     nc = await nats.connect(servers.nats_url)
     js = nc.jetstream()
     for stream in (subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM):
@@ -52,5 +53,7 @@ async def nats_url(servers: Servers) -> str:
             await js.delete_stream(stream)
     with contextlib.suppress(NotFoundError):
         await js.delete_key_value(subjects.USAGE_BUCKET)
+    # Declared anew, as their owners would: a test may start one service without the owner of a stream it reads.
+    await ensure_streams(js)
     await nc.close()
     return servers.nats_url

@@ -108,7 +108,7 @@ async def alerts(client: TrainyardClient,
                                                       "raised, until Ctrl-C.")] = False,
                  as_json: Annotated[bool, typer.Option("--json", help="Print each alert's event envelope as one "
                                                        "line of JSON.")] = False) -> None:
-    """List alerts (M7): unhealthy and lost nodes, resumed jobs, performance incidents, failed pre-checks."""
+    """List the alerts you may see (M7): unhealthy and lost nodes, moved jobs, slow ranks, failed pre-checks."""
     if as_json:
         async for envelope in client.alerts(follow=follow):
             print_json_line(envelope)

@@ -38,11 +38,16 @@ class Heartbeat(_AgentMessage, frozen=True, tag="Heartbeat.v1"):
 
 
 class StartProcess(_AgentMessage, frozen=True, tag="StartProcess.v1"):
-    """Start one node of a job. Idempotent per (job_id, attempt, task, rank)."""
+    """Start one node of a job. Idempotent per (job_id, attempt, task, rank).
+
+    `job_token` (libs.auth.issue_job_token) is made when the request is sent and never stored in an
+    event: the job's processes get it only when they need it (MPI's remote shell, agent.rsh).
+    """
 
     job_id: str
     attempt: int
     launch: NodeLaunch
+    job_token: str | None = None
 
 
 class ProcessAccepted(_AgentMessage, frozen=True, tag="ProcessAccepted.v1"):

@@ -230,6 +230,23 @@ class ListNodes(_Request, frozen=True, tag="ListNodes.v1"):
     pass
 
 
+MAX_ALERT_PAGE = 1000
+MAX_ALERT_PAGE_BYTES = 512 * 1024  # well under NATS's default max payload, like a log page
+
+
+class ListAlerts(_Request, frozen=True, tag="ListAlerts.v1"):
+    """M7: alerts the caller may see, oldest first, raised after position `after` (0: from the first).
+
+    `after` is a position in the monitor's event log: asking again with the reply's `next_after` goes on
+    where the page ended. The monitor looks at no more than `limit` alerts per page and sends about
+    `MAX_ALERT_PAGE_BYTES` of them at most, so a page of someone who may see few alerts can be short, even
+    empty, while `more` says there are more to look at. Answered by the monitor.
+    """
+
+    after: Annotated[int, Meta(ge=0)] = 0
+    limit: Annotated[int, Meta(ge=1, le=MAX_ALERT_PAGE)] = 200
+
+
 class GetQueueStatus(_Request, frozen=True, tag="GetQueueStatus.v1"):
     pass
 
@@ -399,6 +416,15 @@ class LogPage(_Reply, frozen=True, tag="LogPage.v1"):
     ended: bool
 
 
+class AlertPage(_Reply, frozen=True, tag="AlertPage.v1"):
+    """A page of `ListAlerts`: envelopes whose event is an `AlertRaised`, oldest first, and where the next
+    page starts (`next_after`); `more` is false once the page reached the newest alert."""
+
+    alerts: list[EventEnvelope]
+    next_after: int
+    more: bool
+
+
 class JobUsage(_Reply, frozen=True, tag="JobUsage.v1"):
     samples: list[UsageSample]  # by rank
 
@@ -446,7 +472,7 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
 Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
            | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
-           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage)
+           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
-         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage)
+         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage)

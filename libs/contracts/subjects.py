@@ -1,7 +1,9 @@
 """Every NATS subject and JetStream stream name Trainyard uses (SPEC X2, X4).
 
-Public subjects for alerting consumers are the `trainyard.events.>` tree; docs/architecture.md
-lists them. Ids that appear in subjects (job ids, node names) never contain `.`, `*` or `>`.
+Domain events are published on the `trainyard.events.>` tree for the services that follow them;
+people send commands and queries (`trainyard.cmd.>`, `trainyard.query.>`) and read alerts with the
+monitor's `ListAlerts`, never a stream. docs/architecture.md lists them all. Ids that appear in
+subjects (job ids, node names) never contain `.`, `*` or `>`.
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ DELETE_JOBS = "trainyard.cmd.jobs.delete"
 LIST_JOBS = "trainyard.query.jobs.list"
 GET_JOB = "trainyard.query.jobs.get"
 LIST_NODES = "trainyard.query.nodes.list"
+LIST_ALERTS = "trainyard.query.alerts"  # answered by the monitor from its own log (M7)
 CHANGE_PRIORITY = "trainyard.cmd.jobs.priority"
 CHANGE_DURATION = "trainyard.cmd.jobs.duration"
 CLONE_JOB = "trainyard.cmd.jobs.clone"
@@ -69,7 +72,8 @@ LIST_STORAGE_ACCESS = "trainyard.query.storage.access"
 # The monitor: component marks (administrators) and debug terminals (J15).
 MARK_COMPONENT = "trainyard.cmd.nodes.mark"
 OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"
-# M7: alerts, for alerting consumers (one AlertRaised per incident, then AlertMailed once mailed).
+# M7: alerts as published (one AlertRaised per incident, then AlertMailed once mailed), for services;
+# people read them with ListAlerts (LIST_ALERTS).
 ALERTS_ALL = "trainyard.events.monitor.alert.>"
 QUEUE_STATUS = "trainyard.query.autoscaler.status"
 

@@ -17,6 +17,7 @@ import typer
 from rich.console import Console
 
 from libs.contracts.cluster import ClusterConfig
+from libs.devstack.natslogins import provision_nats_logins
 from libs.devstack.servers import (
     ServerError,
     create_database,
@@ -74,8 +75,8 @@ def up() -> None:
         if nats_url is None:
             if port_open(NATS_PORT):
                 raise ServerError(f"port {NATS_PORT} is taken; set TRAINYARD_NATS_PORT or NATS_URL")
-            console.print(f"[dim]starting nats-server (JetStream) on 127.0.0.1:{NATS_PORT}[/]")
-            nats = start_nats(home / "nats", NATS_PORT)
+            console.print(f"[dim]starting nats-server (JetStream, a login per role) on 127.0.0.1:{NATS_PORT}[/]")
+            nats = start_nats(home / "nats", NATS_PORT, provision_nats_logins(home))
             run.mkdir(parents=True, exist_ok=True)
             (run / "nats.pid").write_text(str(nats.pid))
             nats_url = LOCAL_NATS_URL
@@ -109,11 +110,18 @@ async def _wait_for_nodes(nats_url: str, token: str, expected: set[str], timeout
     """Ask the scheduler for the nodes, as any client would, until every expected one is ready."""
     from libs.contracts import subjects
     from libs.contracts.messages import CommandError, ListNodes, NodeList
-    from libs.messaging.connection import connect_once
+    from libs.messaging.connection import NatsLogin, connect_once
     from libs.messaging.rpc import ServiceUnavailable, call
 
     deadline = time.monotonic() + timeout
-    nc = await connect_once(nats_url, "trainyard-devstack")
+    nc = None
+    while nc is None:  # NATS admits the token once the scheduler or the monitor answers its auth callout
+        try:
+            nc = await connect_once(nats_url, "trainyard-devstack", NatsLogin.for_token(token))
+        except Exception:
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"NATS at {nats_url} did not admit the stack's token within {timeout:g}s") from None
+            await asyncio.sleep(0.5)
     try:
         while time.monotonic() < deadline:
             try:

@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import shutil
 import signal
+import subprocess
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -18,15 +19,17 @@ from typing import Generic, Protocol, TypeVar
 from libs.contracts.agent import LogChunk
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.messages import JobDetails, JobView, NodeView
+from libs.devstack.natslogins import provision_nats_logins
+from libs.devstack.servers import free_port, start_nats
 from libs.devstack.stack import (
     REPO_ROOT,
     SERVICES,
     ProcessSet,
     provision_auth,
     seed_storage,
-    service_argv,
     stack_env,
     start_agent,
+    start_service,
 )
 from libs.messaging.rpc import ServiceUnavailable
 
@@ -65,10 +68,17 @@ class Connect(Protocol[OpenedClientT]):
 class Stack(Generic[ClientT]):
     """Processes of one run's platform, with helpers to crash and restart them."""
 
-    def __init__(self, home: Path, nats_url: str, database_url: str, *, connect: Connect[ClientT],
+    def __init__(self, home: Path, nats_url: str | None, database_url: str, *, connect: Connect[ClientT],
                  cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None) -> None:
-        """`algorithms`: a folder whose algorithms are copied into shared storage beside the examples."""
+        """`nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
+        per role (libs/natsroles.py), as `make up` does. `algorithms`: a folder whose algorithms are copied
+        into shared storage beside the examples."""
         self.home = home
+        self.nats_process: subprocess.Popen[bytes] | None = None
+        if nats_url is None:
+            port = free_port()
+            self.nats_process = start_nats(home / "nats", port, provision_nats_logins(home))
+            nats_url = f"nats://127.0.0.1:{port}"
         self.cluster = cluster
         self.nodes = [node.name for node in ClusterConfig.load(cluster).nodes] or list(NODES)
         self.storage = home / "storage"
@@ -86,7 +96,7 @@ class Stack(Generic[ClientT]):
 
     def start(self, name: str) -> None:
         if name in SERVICES:
-            self.processes.start(name, service_argv(name))
+            start_service(self.processes, name)
         else:
             start_agent(self.processes, name.removeprefix("agent-"), self.cluster, self.home / "agents")
 
@@ -153,3 +163,6 @@ class Stack(Generic[ClientT]):
         if self.client is not None:
             await self.client.close()
         self.processes.stop_all()
+        if self.nats_process is not None:
+            self.nats_process.terminate()
+            self.nats_process.wait(timeout=10)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.contracts.cluster import ClusterConfig
+from libs.devstack.natslogins import nats_login_env
 
 SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -133,6 +134,16 @@ def provision_node_token(home: Path, node: str, secret_file: Path) -> dict[str, 
     return {"TRAINYARD_NODE_TOKEN_FILE": str(token_file)}
 
 
+def service_env(home: Path, name: str) -> dict[str, str]:
+    """The variables only service `name` gets (its own credentials), kept under `home`."""
+    return {}
+
+
+def start_service(processes: ProcessSet, name: str) -> None:
+    env = {**service_env(processes.home, name), **nats_login_env(processes.home, name)}
+    processes.start(name, service_argv(name), env=env)
+
+
 def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path) -> None:
     """Start `node`'s agent with a fresh node credential of its own, signed with the set's secret file."""
     secret_file = Path(processes.env.get("TRAINYARD_AUTH_SECRET_FILE", processes.home / "auth-secret"))
@@ -143,7 +154,7 @@ def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Pa
 def start_platform(processes: ProcessSet, cluster: Path, agents_root: Path) -> None:
     """Start the four services and one agent per node in the cluster config."""
     for name in SERVICES:
-        processes.start(name, service_argv(name))
+        start_service(processes, name)
     for node in ClusterConfig.load(cluster).nodes:
         start_agent(processes, node.name, cluster, agents_root)
 

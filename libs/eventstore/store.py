@@ -220,6 +220,18 @@ class EventStore:
         )
         return [self.envelope(row) for row in rows]
 
+    async def read_type(self, aggregate_type: str, event_type: type[msgspec.Struct], *, after: int = 0,
+                        limit: int = 100) -> list[EventEnvelope]:
+        """Up to `limit` events of one type on one kind of aggregate, stored after position `after`, in
+        position order: a page of a query that lists them (the monitor's alerts)."""
+        rows = await self.pool.fetch(
+            f"""SELECT * FROM {self.schema}.events
+                WHERE aggregate_type = $1 AND type = $2 AND position > $3
+                ORDER BY position LIMIT $4""",
+            aggregate_type, event_type.__struct_config__.tag, after, limit,
+        )
+        return [self.envelope(row) for row in rows]
+
     async def last_position(self) -> int:
         return int(await self.pool.fetchval(f"SELECT coalesce(max(position), 0) FROM {self.schema}.events"))
 

@@ -1,16 +1,43 @@
-"""Connecting to NATS and declaring the JetStream streams every process relies on."""
+"""Connecting to NATS as a role, and declaring the JetStream streams a service owns.
+
+Every process connects with a `NatsLogin`: a service with its NATS user and password, everyone else
+(node agents, people, jobs) with a Trainyard token that the auth callout turns into the permissions
+of its role (libs/natsroles.py, libs/natsauth.py). Replies arrive under the login's own inbox
+prefix, the only inbox its role may read. A server without authorization ignores the credentials,
+so the same code runs against a development server that has none.
+"""
 
 from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig
-from nats.js.errors import BadRequestError
+from nats.js.errors import BadRequestError, NotFoundError
 
 from libs.contracts import subjects
+from libs.natsroles import STREAM_OWNERS, inbox_prefix, job_user, nats_user_for
+
+
+def _log() -> Any:
+    """The logger, loaded when a long-lived process first logs: a CLI command never loads structlog."""
+    import structlog
+
+    return structlog.get_logger()
+
 
 DAY = 86400.0
+DEFAULT_INBOX = "_INBOX"
+# A service's NATS password: a file (preferred) or the password itself.
+NATS_PASSWORD_FILE_VARIABLE = "TRAINYARD_NATS_PASSWORD_FILE"
+NATS_PASSWORD_VARIABLE = "TRAINYARD_NATS_PASSWORD"
 
 # Every stream drops messages re-published within two minutes with the same Nats-Msg-Id.
 STREAMS: tuple[StreamConfig, ...] = (
@@ -21,30 +48,144 @@ STREAMS: tuple[StreamConfig, ...] = (
     StreamConfig(name=subjects.LOGS_STREAM, subjects=[subjects.LOGS_ALL], storage=StorageType.FILE,
                  duplicate_window=120.0, max_age=7 * DAY, max_bytes=8 * 1024**3, discard=DiscardPolicy.OLD),
 )
+# Usage is a current value, not history: one entry per key, gone a day after the last sample.
+USAGE_BUCKET_CONFIG = KeyValueConfig(bucket=subjects.USAGE_BUCKET, history=1, ttl=DAY)
 
 
-async def connect(url: str, name: str) -> Client:
-    """A connection that keeps reconnecting for as long as the process lives (services, agents)."""
-    return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                              connect_timeout=5)
+@dataclass(frozen=True)
+class NatsLogin:
+    """Who a process is on NATS: a static user and password (services) or a token for the auth callout."""
+
+    user: str | None = None
+    password: str | None = None
+    token: str | None = None
+    inbox: str = DEFAULT_INBOX
+
+    def options(self) -> dict[str, Any]:
+        found: dict[str, Any] = {"inbox_prefix": self.inbox}
+        if self.user is not None:
+            found |= {"user": self.user, "password": self.password or ""}
+        elif self.token:
+            found["token"] = self.token
+        return found
+
+    @classmethod
+    def for_service(cls, service: str) -> NatsLogin:
+        """A service's login from TRAINYARD_NATS_PASSWORD(_FILE); none configured: no credentials."""
+        password = os.environ.get(NATS_PASSWORD_VARIABLE)
+        if path := os.environ.get(NATS_PASSWORD_FILE_VARIABLE):
+            password = Path(path).read_text().strip()
+        if password is None:
+            return cls(inbox=inbox_prefix(service))
+        return cls(user=service, password=password, inbox=inbox_prefix(service))
+
+    @classmethod
+    def for_token(cls, token: str | None) -> NatsLogin:
+        """A user's or node agent's login: its token, and the inbox its role reads (from the token's subject)."""
+        if not token:
+            return cls()
+        user = nats_user_for(token)
+        return cls(token=token, inbox=inbox_prefix(user) if user else DEFAULT_INBOX)
+
+    @classmethod
+    def for_job(cls, job_id: str, token: str) -> NatsLogin:
+        """A job's login (MPI's remote shell): its job-scoped token and the job's inbox."""
+        return cls(token=token, inbox=inbox_prefix(job_user(job_id)))
 
 
-async def _quiet(_: Exception) -> None:
-    """Connection errors surface as the exception connect_once raises, not as logged tracebacks."""
+class _ErrorLog:
+    """nats-py's error callback: log each new kind of connection error once, remember the last."""
+
+    def __init__(self, connection: str) -> None:
+        self.connection = connection
+        self.last: str | None = None
+
+    async def record(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        if text != self.last:
+            _log().warning("nats.error", connection=self.connection, error=text)
+        self.last = text
 
 
-async def connect_once(url: str, name: str) -> Client:
-    """A client's connection: fails fast when the server is not there, reconnects a while after."""
-    return await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=3,
-                              reconnect_time_wait=0.5, connect_timeout=3, error_cb=_quiet)
+async def connect(url: str, name: str, login: NatsLogin | None = None, *, retry_seconds: float = 1.0) -> Client:
+    """A connection that keeps reconnecting for as long as the process lives (services, agents).
+
+    The first connection is retried too: the server may not be up yet, or may refuse the login until
+    a service that answers its auth callout is.
+    """
+    errors = _ErrorLog(name)
+    attempt = 0
+    while True:
+        try:
+            return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
+                                      connect_timeout=5, error_cb=errors.record, **(login or NatsLogin()).options())
+        except Exception as exc:
+            if attempt % 10 == 0:
+                _log().warning("nats.connect_failed", url=url, connection=name, attempt=attempt + 1,
+                            error=errors.last or str(exc) or type(exc).__name__)
+            attempt += 1
+            await asyncio.sleep(min(retry_seconds, 0.1 * 2**attempt))  # soon at first: the callout is starting
 
 
-async def ensure_streams(js: JetStreamContext) -> None:
-    """Create or update the streams and buckets; safe to call from every process at start-up."""
-    for config in STREAMS:
+class LoginRefused(ConnectionError):
+    """NATS refused the credentials (a missing, expired or forged token, a wrong password)."""
+
+
+async def connect_once(url: str, name: str, login: NatsLogin | None = None) -> Client:
+    """A client's connection: fails fast when the server is not there, reconnects a while after.
+
+    Raises `LoginRefused` when the server answered but refused the login, so the caller can say so.
+    """
+    seen: list[str] = []
+
+    async def remember(exc: Exception) -> None:  # surfaces as the exception raised below, not as a log line
+        seen.append(str(exc) or type(exc).__name__)
+
+    try:
+        return await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=3,
+                                  reconnect_time_wait=0.5, connect_timeout=3, error_cb=remember,
+                                  **(login or NatsLogin()).options())
+    except Exception:
+        if any("authorization" in error.lower() for error in seen):
+            raise LoginRefused("NATS refused the login (authorization violation): the token is missing, expired or "
+                               "not valid here; set TRAINYARD_TOKEN or ask an administrator for a new one") from None
+        raise
+
+
+def owned_streams(service: str | None) -> tuple[Sequence[StreamConfig], bool]:
+    """The streams `service` declares and whether it declares the usage bucket; None: all of them (tests)."""
+    if service is None:
+        return STREAMS, True
+    owned = [config for config in STREAMS if STREAM_OWNERS.get(config.name or "") == service]
+    return owned, STREAM_OWNERS.get(subjects.USAGE_STREAM) == service
+
+
+async def ensure_streams(js: JetStreamContext, owner: str | None = None) -> None:
+    """Create or update the streams and buckets `owner` owns (all of them without an owner).
+
+    Only the owning service may manage a stream (NATS refuses the others); the rest wait for it
+    with `wait_for_streams`.
+    """
+    streams, usage = owned_streams(owner)
+    for config in streams:
         try:
             await js.add_stream(config)
         except BadRequestError:
             await js.update_stream(config)
-    # Usage is a current value, not history: one entry per key, gone a day after the last sample.
-    await js.create_key_value(KeyValueConfig(bucket=subjects.USAGE_BUCKET, history=1, ttl=DAY))
+    if usage:
+        await js.create_key_value(USAGE_BUCKET_CONFIG)
+
+
+async def wait_for_streams(js: JetStreamContext, names: Sequence[str], *, poll: float = 0.5) -> None:
+    """Wait until every stream in `names` exists (their owners create them when they start)."""
+    for name in names:
+        waited = False
+        while True:
+            try:
+                await js.stream_info(name)
+                break
+            except (NotFoundError, nats.errors.TimeoutError):
+                if not waited:
+                    _log().info("nats.waiting_for_stream", stream=name, owner=STREAM_OWNERS.get(name, "?"))
+                    waited = True
+                await asyncio.sleep(poll)

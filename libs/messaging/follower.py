@@ -42,6 +42,7 @@ from libs.contracts.codec import decode_any
 from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageSetAside, set_aside_id
 from libs.contracts.subjects import SET_ASIDE_AGGREGATE, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
+from libs.messaging.connection import wait_for_streams
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
@@ -157,6 +158,7 @@ class StreamFollower:
     async def start(self) -> None:
         if self.reactions:
             self.tracked = await self.store.tracked_position(self.consumer)
+        await wait_for_streams(self.js, [self.stream])  # another service may own it and not be up yet
         sub = await self.js.subscribe(self.subject, stream=self.stream, ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.ALL, cb=self._on_message)
         self._sub = sub

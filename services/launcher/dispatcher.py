@@ -19,6 +19,7 @@ from collections.abc import Awaitable
 from contextlib import suppress
 from typing import cast
 
+from libs.auth import issue_job_token
 from libs.contracts import subjects
 from libs.contracts.agent import AgentReply, StartProcess, StopProcesses
 from libs.contracts.messages import CommandError
@@ -144,9 +145,17 @@ class Dispatcher:
             raise AgentRefused(f"{subject}: {reply.code}: {reply.message}")
         return cast(AgentReply, reply)
 
+    def _job_token(self, launch: Launch) -> str | None:
+        """The job attempt's own token, for its processes' remote shell; none without a platform secret."""
+        secret = self.service.rt.settings.auth_secret
+        if not secret:
+            return None
+        return issue_job_token(secret, launch.job_id, launch.attempt, [n.node for n in launch.nodes])
+
     async def _start(self, launch: Launch, unit: Unit) -> None:
         node = launch.node_of(unit)
-        request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node)
+        request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node,
+                               job_token=self._job_token(launch))
         try:
             with span_tracer.start_as_current_span("launcher start", context=context_from_headers(launch.trace)):
                 await self._ask(subjects.agent_start(node.node), request, timeout=5.0)

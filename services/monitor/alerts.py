@@ -3,17 +3,22 @@
 The id is the alert's aggregate id and the alert is appended at version 0, so the same incident
 can never be raised twice (a replay, a redelivery or a restart finds the id taken). Alerts about a
 job go to its creator and to the operators (`TRAINYARD_ALERT_EMAILS`); alerts about a node go to
-the operators. The relay publishes them on `trainyard.events.monitor.alert.<id>.AlertRaised`.
+the operators. The relay publishes them on `trainyard.events.monitor.alert.<id>.AlertRaised` for the
+services that follow the monitor; people read them with `ListAlerts` (`page`), each the alerts they may see.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from libs.contracts.events import AlertRaised, JobFailed, JobResuming, UpstreamMessageSetAside
+from libs.access import allowed
+from libs.contracts.codec import encode
+from libs.contracts.events import AlertRaised, EventEnvelope, JobFailed, JobResuming, UpstreamMessageSetAside
 from libs.contracts.health import NodeCheck
+from libs.contracts.identity import Identity
+from libs.contracts.messages import MAX_ALERT_PAGE_BYTES, AlertPage, ListAlerts
 from libs.contracts.scheduling import AdminSettings
-from libs.lifecycle import JobRecord
+from libs.lifecycle import JobLifecycle, JobRecord
 from services.monitor.performance import Incident
 
 
@@ -138,3 +143,41 @@ def message_set_aside(service: str, record: UpstreamMessageSetAside, operators: 
                  f"of {record.stream}, subject {record.subject}{f' ({claimed})' if claimed else ''}: "
                  f"{record.cause}: {record.reason}. Nothing of it was applied; check who published it."),
         recipients=recipients(None, operators))
+
+
+def visible(alert: AlertRaised, identity: Identity, jobs: JobLifecycle) -> bool:
+    """Who reads an alert: administrators all; others node alerts, and alerts about jobs they may show
+    (the scheduler's rule: not deleted, and viewable under J2). A message set aside is about the
+    platform itself (who published what, where): administrators only."""
+    if identity.admin:
+        return True
+    if alert.job_id is None:
+        return alert.kind != "message-set-aside"
+    job = jobs.jobs.get(alert.job_id)
+    return job is not None and not job.deleted and allowed(identity, job.spec, job.creator, "view",
+                                                           sharing_enabled=jobs.settings.sharing_enabled)
+
+
+def page(raised: Sequence[EventEnvelope], request: ListAlerts, identity: Identity, jobs: JobLifecycle) -> AlertPage:
+    """One page of the alerts `identity` may see among `raised` (alerts in position order), after
+    position `request.after`, oldest first.
+
+    At most `request.limit` alerts are looked at, so a page costs the same whoever asks; the page stops
+    early, before `MAX_ALERT_PAGE_BYTES`, so that the reply fits one NATS message (one alert always goes).
+    """
+    found: list[EventEnvelope] = []
+    size = looked_at = 0
+    next_after = request.after
+    for envelope in raised:
+        if envelope.position <= request.after or not isinstance(envelope.event, AlertRaised):
+            continue
+        if looked_at == request.limit:
+            return AlertPage(alerts=found, next_after=next_after, more=True)
+        if visible(envelope.event, identity, jobs):
+            size += len(encode(envelope))
+            if found and size > MAX_ALERT_PAGE_BYTES:
+                return AlertPage(alerts=found, next_after=next_after, more=True)
+            found.append(envelope)
+        looked_at += 1
+        next_after = envelope.position
+    return AlertPage(alerts=found, next_after=next_after, more=False)

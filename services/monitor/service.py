@@ -47,7 +47,15 @@ from libs.contracts.events import (
 )
 from libs.contracts.health import COMPONENT_PATTERN
 from libs.contracts.identity import Identity
-from libs.contracts.messages import CommandError, Done, MarkComponent, OpenTerminal, TerminalOpened
+from libs.contracts.messages import (
+    AlertPage,
+    CommandError,
+    Done,
+    ListAlerts,
+    MarkComponent,
+    OpenTerminal,
+    TerminalOpened,
+)
 from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
@@ -55,7 +63,7 @@ from libs.messaging.rpc import register_authenticated, register_with_headers
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
-from services.monitor import decisions, precheck, terminal
+from services.monitor import alerts, decisions, precheck, terminal
 from services.monitor.decisions import Outcome
 from services.monitor.logfeed import follow_logs
 from services.monitor.mailer import Mailer
@@ -121,6 +129,8 @@ class Monitor(EventSourcedService):
         register_authenticated(broker, self.name, subjects.MARK_COMPONENT, MarkComponent, self.mark,
                                secret=self.secret)
         register_authenticated(broker, self.name, subjects.OPEN_TERMINAL, OpenTerminal, self.open_terminal,
+                               secret=self.secret)
+        register_authenticated(broker, self.name, subjects.LIST_ALERTS, ListAlerts, self.list_alerts,
                                secret=self.secret)
 
     def loops(self) -> Mapping[str, Loop]:
@@ -301,6 +311,14 @@ class Monitor(EventSourcedService):
                     with self._tracer.start_as_current_span("monitor performance",
                                                             context=context_from_headers(job.trace if job else None)):
                         await self.carry_out(outcome)
+
+    # --- alerts, for people (M7) ------------------------------------------------------------------------
+
+    async def list_alerts(self, request: ListAlerts, identity: Identity) -> AlertPage:
+        """M7: a page of the alerts this user may see, read from the monitor's own log (one more than
+        the limit, to tell whether more follow); `trainyard alerts` pages through them."""
+        raised = await self.rt.store.read_type("alert", AlertRaised, after=request.after, limit=request.limit + 1)
+        return alerts.page(raised, request, identity, self.jobs)
 
     # --- debug terminal (J15) ---------------------------------------------------------------------------
 

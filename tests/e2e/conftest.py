@@ -29,12 +29,13 @@ def mailbox() -> Iterator[Mailbox]:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def stack(tmp_path: Path, nats_url: str, database_url: str, mailbox: Mailbox,
+async def stack(tmp_path: Path, database_url: str, mailbox: Mailbox,
                 request: pytest.FixtureRequest) -> AsyncIterator[Stack]:
     tmp_path.chmod(0o755)
     # A test marked `@pytest.mark.cluster(path)` runs on that cluster config instead of the local one.
     marker = request.node.get_closest_marker("cluster")
-    platform = Stack(tmp_path, nats_url, database_url, connect=TrainyardClient.open,
+    # Each test's stack runs its own NATS server with a login per role, as `make up` does.
+    platform = Stack(tmp_path, None, database_url, connect=TrainyardClient.open,
                      cluster=marker.args[0] if marker else CLUSTER, smtp_url=mailbox.url, algorithms=TEST_ALGORITHMS)
     yield platform
     await platform.close()

@@ -12,13 +12,10 @@ import asyncio
 import re
 from pathlib import Path
 
-import nats
 import pytest
 
 from client.api import TrainyardError
-from libs.contracts import subjects
-from libs.contracts.codec import decode
-from libs.contracts.events import AlertRaised, EventEnvelope, JobResuming
+from libs.contracts.events import AlertRaised, JobResuming
 from libs.contracts.jobspec import (
     AlgorithmRef,
     CheckpointResume,
@@ -29,7 +26,6 @@ from libs.contracts.jobspec import (
     PerformanceDetection,
 )
 from libs.devstack.harness import TESTER_EMAIL
-from libs.messaging.reader import read_subject
 from tests.support.mailbox import Mailbox
 from tests.support.stack import Stack
 
@@ -139,17 +135,12 @@ async def test_a_failing_command_is_restarted_up_to_its_maximum(stack: Stack) ->
 
 
 async def alerts(stack: Stack, job_id: str) -> list[AlertRaised]:
-    """The alerts about the job as alerting consumers see them on NATS (M7)."""
-    nc = await nats.connect(stack.nats_url)
-    try:
-        found = []
-        async for msg in read_subject(nc.jetstream(), subjects.EVENTS_STREAM, subjects.ALERTS_ALL):
-            event = decode(msg.data, EventEnvelope).event
-            if isinstance(event, AlertRaised) and event.job_id == job_id:
-                found.append(event)
-        return found
-    finally:
-        await nc.close()
+    """The alerts about the job as people see them (`trainyard alerts`: the monitor's ListAlerts, M7)."""
+    found = []
+    async for envelope in (await stack.api()).alerts():
+        if isinstance(envelope.event, AlertRaised) and envelope.event.job_id == job_id:
+            found.append(envelope.event)
+    return found
 
 
 async def wait_for_mail(mailbox: Mailbox, count: int, timeout: float = 30) -> None:

@@ -33,6 +33,7 @@ from libs.contracts.agent import (
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.events import NodeLaunch
 from libs.contracts.messages import CommandError
+from libs.natsroles import job_inbox
 from tests.support.agents import WAIT_SECONDS, Node, registered_node
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -133,9 +134,12 @@ async def test_a_malformed_exec_is_refused_and_runs_nothing(node: Node) -> None:
     async def exited(msg: Msg) -> None:
         exits.put_nowait(decode(msg.data, ExecExited))
 
-    inbox = node.nc.new_inbox()
+    inbox = f"{job_inbox(JOB)}.exit-1"  # the job's own inbox: the only place the agent answers an exit
     subscription = await node.nc.subscribe(inbox, cb=exited)
     good = ExecInJob(job_id=JOB, attempt=1, command="exit 4", reply_to=inbox)
+
+    elsewhere = await node.ask(subjects.agent_exec, encode(msgspec.structs.replace(good, reply_to="_INBOX.user-bob.x")))
+    assert isinstance(elsewhere, CommandError) and "reply_to must be under" in elsewhere.message
 
     refused = await node.ask(subjects.agent_exec, changed(good, lambda raw: raw.pop("reply_to")))
 

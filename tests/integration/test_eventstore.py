@@ -84,6 +84,19 @@ async def test_rebuild_reads_every_event_in_position_order(store: EventStore) ->
     assert positions == sorted(positions)
 
 
+async def test_events_of_one_type_are_read_page_by_page_after_a_position(store: EventStore) -> None:
+    for job_id in ("job-p", "job-q", "job-r"):
+        await store.append([stopped(job_id), NewEvent("job", job_id, JobDeleted(job_id=job_id, by="alice"))],
+                           expected_versions={("job", job_id): 0})
+    await store.append([NewEvent("node", "job-s", JobStopped(job_id="job-s", by="alice"))],
+                       expected_versions={("node", "job-s"): 0})  # same type, other kind of aggregate
+    first = await store.read_type("job", JobStopped, limit=2)
+    assert [(e.aggregate_id, type(e.event)) for e in first] == [("job-p", JobStopped), ("job-q", JobStopped)]
+    rest = await store.read_type("job", JobStopped, after=first[-1].position, limit=2)
+    assert [e.aggregate_id for e in rest] == ["job-r"]
+    assert await store.read_type("job", JobStopped, after=rest[-1].position) == []
+
+
 async def test_concurrent_appends_are_all_published_once_in_order(store: EventStore, nc: Client) -> None:
     """The relay tails by position while 40 writers append: none is skipped, none duplicated.
 

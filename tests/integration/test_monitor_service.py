@@ -71,7 +71,15 @@ from libs.contracts.jobspec import (
     OutputRef,
     PerformanceDetection,
 )
-from libs.contracts.messages import CommandError, Done, MarkComponent, OpenTerminal, TerminalOpened
+from libs.contracts.messages import (
+    AlertPage,
+    CommandError,
+    Done,
+    ListAlerts,
+    MarkComponent,
+    OpenTerminal,
+    TerminalOpened,
+)
 from libs.eventstore import EventStore, NewEvent, OutboxRelay
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import call
@@ -247,6 +255,12 @@ async def test_a_marked_board_makes_its_node_unhealthy_with_one_alert_by_mail_an
         return [e for e in found if isinstance(e, AlertRaised)]
     [alert] = await eventually(published)
     assert (alert.kind, alert.node, alert.recipients) == ("node-unhealthy", "node-a", [OPERATOR])
+    # People read it through the monitor (ListAlerts), never from the stream; only with a token.
+    listed = await call(nc, subjects.LIST_ALERTS, ListAlerts(), token=token("someone"),
+                        reply_type=AlertPage | CommandError)
+    assert isinstance(listed, AlertPage) and [e.event for e in listed.alerts] == [alert]
+    refused = await call(nc, subjects.LIST_ALERTS, ListAlerts(), reply_type=AlertPage | CommandError)
+    assert isinstance(refused, CommandError) and refused.code == "unauthenticated"
     await eventually(lambda: platform.recorded(AlertMailed))
     assert len(mailbox.messages) == 1
     assert mailbox.messages[0].rcpt_tos == [OPERATOR]

@@ -1,13 +1,16 @@
-"""The role permissions of libs/natsroles.py, enforced by a real nats-server started with the rendered
-configuration: each role can do what its code does on NATS, and is refused what is not its own."""
+"""The roles NATS enforces, on a real nats-server started with the configuration the stack ships
+(libs/devstack/natslogins.py): services log in with their password, node agents and people with a
+Trainyard token that the auth callout (libs/natsauth.py, served here as the scheduler serves it)
+turns into their role's permissions. Each role can do what its code does on NATS, and is refused
+what is not its own."""
 
 from __future__ import annotations
 
 import asyncio
-import secrets
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import nats
 import pytest
@@ -16,20 +19,27 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy, KeyValueConfig, StreamConfig
 
+from libs.auth import issue_job_token, issue_node_token, issue_token, new_secret
 from libs.contracts import subjects
+from libs.contracts.identity import Identity
+from libs.devstack.natslogins import FOLDER, provision_nats_logins
 from libs.devstack.servers import free_port, nats_server_binary, start_nats
-from libs.messaging.connection import STREAMS
+from libs.messaging.connection import STREAMS, NatsLogin
 from libs.messaging.reader import read_subject
-from libs.natsroles import MONITOR_LOGS_CONSUMER, STREAM_OWNERS, agent_user, inbox_prefix, render_config, roles
+from libs.natsauth import serve
+from libs.natsroles import MONITOR_LOGS_CONSUMER, SERVICES, STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
 
-NODES = ("node-a", "node-b")
-USERS = ("alice",)
+ALICE = "alice"  # a person, logged in with her user token as NATS user `user-alice`
 
 
 @dataclass
 class Server:
     url: str
-    passwords: dict[str, str]
+    folder: Path
+    secret: str
+
+    def password(self, service: str) -> str:
+        return (self.folder / f"{service}.password").read_text().strip()
 
 
 @dataclass
@@ -52,24 +62,42 @@ ConnectAs = Callable[[str], Awaitable[Conn]]
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    passwords = {name: secrets.token_hex(12) for name in roles(NODES, USERS)}
-    folder = tmp_path_factory.mktemp("nats-roles")
-    config = folder / "nats.conf"
-    config.write_text(render_config(NODES, dict(passwords), USERS))
+    home = tmp_path_factory.mktemp("nats-roles")
+    config = provision_nats_logins(home)
     check = subprocess.run([nats_server_binary(), "-t", "-c", str(config)], capture_output=True, text=True,
                            check=False)
     assert check.returncode == 0, check.stderr + check.stdout
     port = free_port()
-    process = start_nats(folder, port, config=config)
+    process = start_nats(home / "data", port, config=config)
     try:
-        yield Server(f"nats://127.0.0.1:{port}", passwords)
+        yield Server(f"nats://127.0.0.1:{port}", home / FOLDER, new_secret())
     finally:
         process.terminate()
         process.wait(timeout=10)
 
 
+def login(server: Server, role: str) -> NatsLogin:
+    """How `role` logs in: a service by its password, an agent by its node credential, a person by her token."""
+    if role in SERVICES:
+        return NatsLogin(user=role, password=server.password(role), inbox=inbox_prefix(role))
+    if role.startswith("agent-"):
+        return NatsLogin.for_token(issue_node_token(server.secret, role.removeprefix("agent-")))
+    return NatsLogin.for_token(issue_token(server.secret, Identity(user=role, projects=["default"], admin=False)))
+
+
 @pytest_asyncio.fixture
-async def connect(server: Server) -> AsyncIterator[ConnectAs]:
+async def callout(server: Server) -> AsyncIterator[None]:
+    """The scheduler's answer to the auth callout, on its own service login."""
+    nc = await nats.connect(server.url, **login(server, "scheduler").options())
+    await serve(nc, seed=(server.folder / "issuer.nk").read_bytes().strip(), secret=server.secret,
+                service="scheduler")
+    await nc.flush()
+    yield
+    await nc.close()
+
+
+@pytest_asyncio.fixture
+async def connect(server: Server, callout: None) -> AsyncIterator[ConnectAs]:
     opened: list[Client] = []
 
     async def connect_as(user: str) -> Conn:
@@ -78,8 +106,7 @@ async def connect(server: Server) -> AsyncIterator[ConnectAs]:
         async def on_error(exc: Exception) -> None:
             conn.errors.append(str(exc))
 
-        await conn.nc.connect(server.url, user=user, password=server.passwords[user],
-                              inbox_prefix=inbox_prefix(user), error_cb=on_error, allow_reconnect=False)
+        await conn.nc.connect(server.url, error_cb=on_error, allow_reconnect=False, **login(server, user).options())
         opened.append(conn.nc)
         return conn
 
@@ -99,12 +126,13 @@ async def declare_owned_streams(connect_as: ConnectAs) -> None:
     await scheduler.nc.jetstream().create_key_value(KeyValueConfig(bucket=subjects.USAGE_BUCKET, history=1))
 
 
-def test_nats_server_accepts_the_rendered_configuration(server: Server) -> None:
+def test_nats_server_accepts_the_shipped_configuration(server: Server) -> None:
     assert server.url.startswith("nats://")  # the fixture ran `nats-server -t` and started the server
 
 
-async def test_anonymous_and_wrong_password_connections_are_refused(server: Server) -> None:
-    for options in ({}, {"user": "alice", "password": "wrong"}):
+async def test_anonymous_and_wrong_password_connections_are_refused(server: Server, callout: None) -> None:
+    for options in ({}, {"user": "scheduler", "password": "wrong"}, {"user": "alice", "password": "wrong"},
+                    {"token": "not-a-token"}):
         with pytest.raises(Exception, match=r"(?i)authorization"):
             await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2,
                                **options)
@@ -166,7 +194,7 @@ async def test_an_agent_answers_its_own_requests_and_cannot_listen_to_another_no
     assert overheard == []
 
 
-@pytest.mark.parametrize("role", [agent_user("node-a"), "alice"])
+@pytest.mark.parametrize("role", [agent_user("node-a"), ALICE])
 async def test_agents_and_users_cannot_delete_purge_or_change_a_stream(connect: ConnectAs, role: str) -> None:
     await declare_owned_streams(connect)
     conn: Conn = await connect(role)
@@ -189,7 +217,7 @@ async def test_agents_and_users_cannot_delete_purge_or_change_a_stream(connect: 
 async def test_a_user_sends_requests_but_reads_no_stream_and_starts_nothing(connect: ConnectAs) -> None:
     scheduler: Conn = await connect("scheduler")
     agent: Conn = await connect(agent_user("node-a"))
-    alice: Conn = await connect("alice")
+    alice: Conn = await connect(ALICE)
     starts: list[Msg] = []
 
     async def answer(msg: Msg) -> None:
@@ -231,3 +259,99 @@ async def test_services_read_their_streams_as_their_code_does(connect: ConnectAs
                                                     subject=subjects.job_logs("job-000000000003"), next=True)
     assert found.data == b"line"
     assert not monitor.errors and not scheduler.errors and not agent.errors
+
+
+def forged_tokens(secret: str) -> dict[str, str]:
+    """Tokens NATS must not let in: signed with another secret, expired, unsigned (`alg: none`)."""
+    import jwt
+
+    identity = Identity(user=ALICE, projects=["default"], admin=True)
+    unsigned = jwt.encode({"iss": "trainyard", "sub": ALICE, "admin": True, "iat": 0, "exp": 2**40}, key="",
+                          algorithm="none")
+    return {"another secret": issue_token(new_secret(), identity),
+            "expired": issue_token(secret, identity, ttl_seconds=-10),
+            "alg none": unsigned}
+
+
+async def test_forged_expired_and_unsigned_tokens_are_refused(server: Server, callout: None) -> None:
+    for kind, token in forged_tokens(server.secret).items():
+        with pytest.raises(Exception, match=r"(?i)authorization"):
+            await nats.connect(server.url, allow_reconnect=False, max_reconnect_attempts=0, connect_timeout=2,
+                               token=token)
+        assert kind  # named for the failure message
+
+
+async def test_no_one_reads_another_persons_replies(connect: ConnectAs) -> None:
+    alice: Conn = await connect(ALICE)
+    bob: Conn = await connect("bob")
+    scheduler: Conn = await connect("scheduler")
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"bob's jobs")
+
+    await scheduler.nc.subscribe(subjects.LIST_JOBS, queue="trainyard-scheduler", cb=answer)
+    await scheduler.nc.flush()
+    overheard: list[Msg] = []
+
+    async def overhear(msg: Msg) -> None:
+        overheard.append(msg)
+
+    for subject in (f"{inbox_prefix('user-bob')}.>", "_INBOX.>"):
+        await alice.nc.subscribe(subject, cb=overhear)
+        assert await alice.refused("subscription", subject)
+    assert (await bob.nc.request(subjects.LIST_JOBS, b"{}", timeout=2)).data == b"bob's jobs"
+    await asyncio.sleep(0.2)
+    assert overheard == []
+
+
+async def test_a_node_credential_speaks_for_its_own_node_only(connect: ConnectAs) -> None:
+    agent: Conn = await connect(agent_user("node-a"))
+    await agent.nc.publish(subjects.heartbeat("node-a"), b"{}")
+    await agent.nc.publish(subjects.heartbeat("node-b"), b"{}")
+    assert await agent.refused("publish", subjects.heartbeat("node-b"))
+    assert not await agent.refused("publish", subjects.heartbeat("node-a"))
+    forged = subjects.event_subject("launcher", "launch", "job-000000000001", "LaunchSucceeded")
+    await agent.nc.publish(forged, b"{}")
+    assert await agent.refused("publish", forged)
+
+
+async def test_an_agent_cannot_shrink_the_event_stream(connect: ConnectAs) -> None:
+    await declare_owned_streams(connect)
+    agent: Conn = await connect(agent_user("node-a"))
+    events = next(c for c in STREAMS if c.name == subjects.EVENTS_STREAM)
+    with pytest.raises(Exception):  # noqa: B017
+        await agent.nc.jetstream(timeout=1).update_stream(StreamConfig(name=events.name, subjects=events.subjects,
+                                                                       max_msgs=1))
+    assert await agent.refused("publish", f"$JS.API.STREAM.UPDATE.{subjects.EVENTS_STREAM}")
+
+
+async def test_a_job_token_asks_only_its_own_nodes_and_reads_only_its_own_inbox(server: Server,
+                                                                                  connect: ConnectAs) -> None:
+    job = "job-0000000000aa"
+    token = issue_job_token(server.secret, job, 1, ["node-a"])
+    conn = Conn(nc=Client())
+
+    async def on_error(exc: Exception) -> None:
+        conn.errors.append(str(exc))
+
+    await conn.nc.connect(server.url, error_cb=on_error, allow_reconnect=False,
+                          **NatsLogin.for_job(job, token).options())
+    agent: Conn = await connect(agent_user("node-a"))
+
+    async def answer(msg: Msg) -> None:
+        await msg.respond(b"accepted")
+
+    await agent.nc.subscribe(subjects.agent_exec("node-a"), cb=answer)
+    await agent.nc.flush()
+    assert (await conn.nc.request(subjects.agent_exec("node-a"), b"{}", timeout=2)).data == b"accepted"
+    # The agent may answer the exit into this job's inbox, not anyone else's.
+    await agent.nc.publish(f"{job_inbox(job)}.exit", b"0")
+    await agent.nc.publish(f"{inbox_prefix('user-alice')}.x", b"0")
+    assert await agent.refused("publish", f"{inbox_prefix('user-alice')}.x")
+    for subject in (subjects.agent_exec("node-b"), subjects.agent_start("node-a"), subjects.SUBMIT_JOB):
+        await conn.nc.publish(subject, b"{}")
+        assert await conn.refused("publish", subject)
+    other = f"{job_inbox('job-0000000000bb')}.>"
+    await conn.nc.subscribe(other)
+    assert await conn.refused("subscription", other)
+    await conn.nc.close()

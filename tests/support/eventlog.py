@@ -52,6 +52,6 @@ class FakeStore:
 
 
 def fake_runtime(log: EventLog, service: str, **settings: Any) -> ServiceRuntime:
-    runtime = SimpleNamespace(settings=Settings(auth_secret="unit-tests", **settings), store=FakeStore(log, service),
-                              nc=None)
+    settings_ = Settings(auth_secret="unit-tests-" * 4, **settings)
+    runtime = SimpleNamespace(settings=settings_, store=FakeStore(log, service), nc=None)
     return cast(ServiceRuntime, runtime)

@@ -31,9 +31,10 @@ from libs.contracts import subjects
 from libs.contracts.agent import SessionControl, SessionExited
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import AlertMailed, AlertRaised, EventEnvelope
-from libs.contracts.identity import AUTH_HEADER
-from libs.contracts.messages import CommandError, OpenTerminal, TerminalOpened
-from libs.messaging.connection import ensure_streams
+from libs.contracts.identity import AUTH_HEADER, Identity
+from libs.contracts.messages import CommandError, ListAlerts, OpenTerminal, TerminalOpened
+from libs.lifecycle import JobLifecycle
+from services.monitor.alerts import page as alert_page
 
 JOB = "job-0123456789ab"
 TOKEN = "a-token"
@@ -280,9 +281,24 @@ def envelope(position: int, event: AlertRaised | AlertMailed) -> EventEnvelope:
                          recorded_at=datetime(2026, 11, 21, 13, 40, position, tzinfo=UTC), event=event)
 
 
-async def publish_alert(js: Any, position: int, event: AlertRaised | AlertMailed) -> None:
-    subject = subjects.event_subject("monitor", "alert", event.alert_id, type(event).name())
-    await js.publish(subject, encode(envelope(position, event)))
+class FakeMonitor:
+    """Answers `ListAlerts` as the monitor does (services/monitor/alerts.page), for an administrator."""
+
+    def __init__(self) -> None:
+        self.raised: list[EventEnvelope] = []
+
+    def add(self, position: int, event: AlertRaised | AlertMailed) -> None:
+        if isinstance(event, AlertRaised):  # the monitor pages through what it raised
+            self.raised.append(envelope(position, event))
+
+    async def serve(self, nc: Any) -> None:
+        async def answer(msg: Any) -> None:
+            request = decode(msg.data, ListAlerts)
+            admin = Identity(user="admin", projects=[], admin=True)
+            await msg.respond(encode(alert_page(self.raised, request, admin, JobLifecycle())))
+
+        await nc.subscribe(subjects.LIST_ALERTS, cb=answer)
+        await nc.flush()
 
 
 RESUMING = AlertRaised(alert_id="a1", kind="job-resuming", title="job-0123456789ab resumes away from node-b",
@@ -295,11 +311,11 @@ UNHEALTHY = AlertRaised(alert_id="a2", kind="node-unhealthy", title="node-c is u
 async def test_alerts_lists_raised_alerts_as_a_table(nats_url: str) -> None:
     nc = await nats.connect(nats_url)
     try:
-        js = nc.jetstream()
-        await ensure_streams(js)
-        await publish_alert(js, 1, RESUMING)
-        await publish_alert(js, 2, AlertMailed(alert_id="a1", recipients=["alice@example.com"]))
-        await publish_alert(js, 3, UNHEALTHY)
+        monitor = FakeMonitor()
+        monitor.add(1, RESUMING)
+        monitor.add(2, AlertMailed(alert_id="a1", recipients=["alice@example.com"]))
+        monitor.add(3, UNHEALTHY)
+        await monitor.serve(nc)
         result = await invoke("alerts")
     finally:
         await nc.close()
@@ -315,13 +331,13 @@ async def test_following_alerts_gives_new_ones_as_they_come(nats_url: str) -> No
     nc = await nats.connect(nats_url)
     client = await TrainyardClient.open(nats_url, token=TOKEN)
     try:
-        js = nc.jetstream()
-        await ensure_streams(js)
-        await publish_alert(js, 1, RESUMING)
+        monitor = FakeMonitor()
+        monitor.add(1, RESUMING)
+        await monitor.serve(nc)
         seen: list[str] = []
 
         async def follow() -> None:
-            async for alert in client.alerts(follow=True):
+            async for alert in client.alerts(follow=True, poll_seconds=0.1):
                 assert isinstance(alert.event, AlertRaised)
                 seen.append(alert.event.alert_id)
                 if len(seen) == 2:
@@ -329,7 +345,7 @@ async def test_following_alerts_gives_new_ones_as_they_come(nats_url: str) -> No
 
         following = asyncio.create_task(follow())
         await asyncio.sleep(0.3)
-        await publish_alert(js, 2, UNHEALTHY)
+        monitor.add(2, UNHEALTHY)
         await asyncio.wait_for(following, 5)
     finally:
         await client.close()

@@ -97,8 +97,10 @@ from libs.contracts.jobspec import (
     field_error_from_msgspec,
 )
 from libs.contracts.messages import (
+    MAX_ALERT_PAGE,
     MAX_LOG_PAGE_BYTES,
     MAX_LOG_PAGE_CHUNKS,
+    AlertPage,
     ChangeDuration,
     ChangePriority,
     ChangeSettings,
@@ -121,6 +123,7 @@ from libs.contracts.messages import (
     JobList,
     JobUsage,
     JobView,
+    ListAlerts,
     ListFlavors,
     ListJobs,
     ListNodes,
@@ -311,6 +314,7 @@ REQUEST_SAMPLES: list[Any] = [
     ListJobs(),
     GetJob(job_id="job-000000000001"),
     ListNodes(),
+    ListAlerts(after=3, limit=50),
     GetQueueStatus(),
     ChangePriority(job_id="job-000000000001", priority="urgent"),
     ChangeDuration(job_id="job-000000000001", duration=None),
@@ -415,6 +419,12 @@ REPLY_SAMPLES: list[Any] = [
                              lines=["epoch 1"])], next_after=43, more=True, ended=False),
     JobUsage(samples=[UsageSample(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1",
                                   cpu_percent=97.5, memory_mib=2048, processes=3, sampled_at=AT)]),
+    AlertPage(alerts=[EventEnvelope(event_id="e-9", service="monitor", aggregate_type="alert",
+                                    aggregate_id="node-lost-gpu-node-1-2", version=1, position=9, recorded_at=AT,
+                                    event=AlertRaised(alert_id="node-lost-gpu-node-1-2", kind="node-lost",
+                                                      title="Node gpu-node-1 was lost", message="silent",
+                                                      node="gpu-node-1"))],
+              next_after=9, more=False),
 ]
 
 
@@ -549,6 +559,22 @@ def test_a_log_page_request_defaults_to_the_first_page_of_every_rank_within_a_re
     request = decode_strict(b'{"type": "GetJobLogs.v1", "job_id": "job-000000000001"}', Request)
     assert request == GetJobLogs(job_id="job-000000000001", rank=None, after=0)
     assert request.max_bytes <= MAX_LOG_PAGE_BYTES <= 1024 * 1024 // 2  # well under NATS's default max payload
+
+
+@pytest.mark.parametrize("document", [
+    b'{"type": "ListAlerts.v1", "after": -1}',
+    b'{"type": "ListAlerts.v1", "limit": 0}',
+    b'{"type": "ListAlerts.v1", "limit": %d}' % (MAX_ALERT_PAGE + 1),
+])
+def test_an_alert_page_request_out_of_bounds_is_refused_by_field(document: bytes) -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"at `\$\.(after|limit)`"):
+        decode_strict(document, Request)
+
+
+def test_an_alert_page_request_defaults_to_a_bounded_first_page_on_the_monitors_query_subject() -> None:
+    request = decode_strict(b'{"type": "ListAlerts.v1"}', Request)
+    assert request == ListAlerts(after=0) and 1 <= request.limit <= MAX_ALERT_PAGE
+    assert subjects.LIST_ALERTS == "trainyard.query.alerts"
 
 
 def test_log_and_usage_queries_are_scheduler_queries_and_name_one_jobs_subjects() -> None:

@@ -10,18 +10,24 @@ import pytest
 
 from libs.contracts import subjects
 from libs.devstack.servers import nats_server_binary
+from libs.natsauth import issuer_public_key, new_issuer_seed
 from libs.natsroles import (
+    ISSUER_VARIABLE,
+    NAME,
     SERVICES,
     STREAM_OWNERS,
     NKey,
     Permissions,
     RoleError,
     agent_permissions,
+    callout_config,
+    job_permissions,
     placeholder_credentials,
     render_config,
     request_subjects,
     roles,
     service_permissions,
+    user_nats_name,
     user_permissions,
 )
 
@@ -118,10 +124,27 @@ def test_passwords_variables_and_nkeys_are_rendered_for_the_server(tmp_path: Pat
     assert 'password: "pa\\"ss"' in text and 'nkey: "UAAAA' in text and "password: $MONITOR_PASSWORD" in text
 
 
-def test_the_deploy_example_is_fresh_and_accepted_by_nats_server() -> None:
-    nodes = ["node-a", "node-b"]  # deploy/local/cluster.yaml
-    assert EXAMPLE.read_text() == render_config(nodes, placeholder_credentials(nodes, ["alice"]), ["alice"])
-    variables = {str(v)[1:]: "secret" for v in placeholder_credentials(nodes, ["alice"]).values()}
+def test_the_deploy_configuration_is_fresh_and_accepted_by_nats_server() -> None:
+    assert EXAMPLE.read_text() == callout_config(placeholder_credentials(), ISSUER_VARIABLE)
+    variables = {str(v)[1:]: "secret" for v in placeholder_credentials().values()}
+    variables[ISSUER_VARIABLE[1:]] = issuer_public_key(new_issuer_seed())
     check = subprocess.run([nats_server_binary(), "-t", "-c", str(EXAMPLE)], capture_output=True, text=True,
                            env={**os.environ, **variables}, check=False)
     assert check.returncode == 0, check.stderr + check.stdout
+
+
+def test_a_job_may_ask_only_its_own_nodes_agents_and_read_only_its_inbox() -> None:
+    job = job_permissions("job-0123456789ab", ["node-a", "node-b"])
+    assert may_publish(job, subjects.agent_exec("node-a")) and may_publish(job, subjects.agent_exec("node-b"))
+    for subject in (subjects.agent_exec("node-c"), subjects.agent_start("node-a"), subjects.SUBMIT_JOB):
+        assert not may_publish(job, subject)
+    assert may_subscribe(job, "_INBOX.jobs.job-0123456789ab.abc")
+    assert not may_subscribe(job, "_INBOX.jobs.job-0123456789ac.abc")
+    assert not may_subscribe(job, "_INBOX.user-alice.abc")
+
+
+def test_people_get_a_nats_name_of_their_own_that_no_service_agent_or_job_can_take() -> None:
+    assert user_nats_name("alice") == "user-alice"
+    assert user_nats_name("agent-node-a") == "user-agent-node-a"
+    mail = user_nats_name("alice@example.com")
+    assert mail.startswith("user-") and NAME.fullmatch(mail) and mail != user_nats_name("bob@example.com")

@@ -37,9 +37,9 @@ def test_a_node_token_names_its_node() -> None:
 
 def test_a_node_token_is_not_a_user_token() -> None:
     node_token = issue_node_token(SECRET, "node-a")
-    with pytest.raises(AuthError, match="node credential, not a user token"):
+    with pytest.raises(AuthError, match="node or job credential, not a user token"):
         verify_token(SECRET, node_token)
-    with pytest.raises(AuthError, match="node credential, not a user token"):
+    with pytest.raises(AuthError, match="node or job credential, not a user token"):
         identity_from_headers(SECRET, bearer_headers(node_token))
 
 

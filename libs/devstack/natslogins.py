@@ -1,0 +1,51 @@
+"""The NATS logins of a stack: a password per service, the auth callout's issuer key, and the
+nats-server configuration that enforces the roles (libs/natsroles.py, libs/natsauth.py).
+
+Everything lives under `home/nats-auth/` (mode 0700, files 0600); like all of `home`, jobs never see
+it. Node agents, people and jobs need nothing from here: they log in with their Trainyard token.
+"""
+
+from __future__ import annotations
+
+import secrets
+from pathlib import Path
+
+from libs.messaging.connection import NATS_PASSWORD_FILE_VARIABLE
+from libs.natsauth import ISSUER_SEED_FILE_VARIABLE, issuer_public_key, new_issuer_seed
+from libs.natsroles import CALLOUT_SERVICES, SERVICES, callout_config
+
+FOLDER = "nats-auth"
+CONFIG = "nats-server.conf"
+
+
+def _secret_file(path: Path, content: bytes) -> None:
+    if not path.exists():
+        path.touch(mode=0o600)
+        path.write_bytes(content)
+
+
+def provision_nats_logins(home: Path) -> Path:
+    """Create (once) the service passwords and the issuer key; write the server configuration; return its path."""
+    folder = home / FOLDER
+    folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+    _secret_file(folder / "issuer.nk", new_issuer_seed())
+    for service in SERVICES:
+        _secret_file(folder / f"{service}.password", secrets.token_urlsafe(24).encode())
+    credentials = {service: (folder / f"{service}.password").read_text().strip() for service in SERVICES}
+    config = folder / CONFIG
+    config.touch(mode=0o600)
+    config.write_text(callout_config(credentials, issuer_public_key((folder / "issuer.nk").read_bytes().strip())))
+    return config
+
+
+def nats_login_env(home: Path, service: str) -> dict[str, str]:
+    """Service `service`'s NATS password file and, for the services that answer the auth callout, the
+    issuer key; nothing when the stack runs on a NATS server of its own choosing (no logins provisioned)."""
+    folder = home / FOLDER
+    password = folder / f"{service}.password"
+    if not password.exists():
+        return {}
+    env = {NATS_PASSWORD_FILE_VARIABLE: str(password)}
+    if service in CALLOUT_SERVICES:
+        env[ISSUER_SEED_FILE_VARIABLE] = str(folder / "issuer.nk")
+    return env
