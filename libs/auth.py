@@ -114,7 +114,7 @@ def verify_node_token(secret: str, token: str) -> str:
 
 
 JOB_ROLE = "job"
-JOB_SUBJECT_PREFIX = "job:"  # a job token's `sub`; libs.natsroles.nats_user_for reads it
+JOB_SUBJECT_PREFIX = "job:"  # a job token's `sub`
 
 
 @dataclass(frozen=True)

@@ -41,9 +41,8 @@ from libs.natsroles import (
     AUTH_CALLOUT_SUBJECT,
     Permissions,
     agent_permissions,
-    agent_user,
     job_permissions,
-    user_nats_name,
+    nats_user_of,
     user_permissions,
 )
 
@@ -120,7 +119,7 @@ def encode_jwt(claims: Mapping[str, Any], seed: bytes) -> str:
     return f"{signing_input}.{_b64(signature)}"
 
 
-def decode_request(data: bytes, *, now: float | None = None) -> dict[str, Any]:
+def decode_request(data: bytes) -> dict[str, Any]:
     """The claims of the server's authorization request, its signature checked against the server key
     it names (the request arrives on a subject only the server publishes to; this proves it)."""
     if len(data) > MAX_REQUEST_BYTES:
@@ -183,19 +182,12 @@ def response_jwt(request: Mapping[str, Any], *, seed: bytes, now: int, jwt: str 
 # --- the decision ---------------------------------------------------------------------------------
 
 
-def _expiry(token: str) -> int | None:
-    import jwt  # here, not at the top: PyJWT is only needed once a token arrives
-
-    claims = jwt.decode(token, options={"verify_signature": False})
-    exp = claims.get("exp")
-    return int(exp) if isinstance(exp, int | float) else None
-
-
 def decide(token: str | None, *, secret: str) -> Login:
     """Which role a connection's token gives it (pure: no I/O, the secret is a parameter).
 
     All three kinds are signed with the platform secret; the `role` claim says which check applies,
-    and each check refuses the other kinds.
+    and each check refuses the other kinds. Once it passed, the claims name the login (`nats_user_of`,
+    as a client names its inbox) and its end.
     """
     import jwt  # here, not at the top: PyJWT is only needed once a token arrives
 
@@ -203,21 +195,23 @@ def decide(token: str | None, *, secret: str) -> Login:
         raise CalloutRefused("no token: connect with a Trainyard token (users: trainyard admin token; node agents: "
                              "a node credential; services: their NATS user and password)")
     try:
-        role = jwt.decode(token, options={"verify_signature": False}).get("role")
+        claims = jwt.decode(token, options={"verify_signature": False})
     except jwt.InvalidTokenError:
         raise CalloutRefused("the token is not a JWT; ask an administrator for a Trainyard token") from None
+    role = claims.get("role")
     try:
         if role == "job":
             grant = verify_job_token(secret, token)
-            return Login(grant.job_id, job_permissions(grant.job_id, grant.nodes), _expiry(token))
-        if role == "node":
-            node = verify_node_token(secret, token)
-            return Login(agent_user(node), agent_permissions(node), _expiry(token))
-        identity = verify_token(secret, token)
-        name = user_nats_name(identity.user)
-        return Login(name, user_permissions(name), _expiry(token))
+            permissions = job_permissions(grant.job_id, grant.nodes)
+        elif role == "node":
+            permissions = agent_permissions(verify_node_token(secret, token))
+        else:
+            verify_token(secret, token)
+            permissions = user_permissions(nats_user_of(claims))
     except AuthError as exc:
         raise CalloutRefused(str(exc)) from None
+    exp = claims.get("exp")
+    return Login(nats_user_of(claims), permissions, int(exp) if isinstance(exp, int | float) else None)
 
 
 def answer(data: bytes, *, seed: bytes, secret: str, account: str = GLOBAL_ACCOUNT,

@@ -9,10 +9,13 @@ Each process gets its own NATS user, whose permissions follow what the code does
 - a node agent publishes only its own node's reports, registration, heartbeat and session output (log
   chunks and usage samples name a job, not a node, so those cannot be narrowed), answers only its own
   `trainyard.agent.<node>.>` requests and manages no stream at all;
-- a user (CLI, client) sends command and query requests and takes part in debug sessions; nothing else.
+- a person (CLI, client) sends command and query requests and takes part in debug sessions; nothing else;
+- a job (MPI's remote shell) asks only the agents of its own nodes to run a command inside it.
 
 Every user receives replies only on its own inbox prefix (`inbox_prefix`), so nobody reads another's
-replies. Nothing here is used by the running stack yet; docs/security.md lists what is left.
+replies. Services are static users of the rendered configuration; everyone else logs in with a token
+through the auth callout (libs/natsauth.py), which grants these same permissions. docs/security.md
+has the table.
 """
 
 from __future__ import annotations
@@ -117,23 +120,25 @@ def job_inbox(job_id: str) -> str:
     return f"{JOB_INBOXES}.{job_user(job_id)}"
 
 
+def nats_user_of(claims: Mapping[str, object]) -> str:
+    """The NATS user a token's claims log in as, by their `role`: the auth callout names a login so once
+    it has verified them, and a client reads them unverified to pick the inbox its role may read."""
+    role = claims.get("role")
+    if role == "node":
+        return agent_user(str(claims.get("node", "")))
+    if role == "job":
+        return job_user(str(claims.get("job", "")))
+    return user_nats_name(str(claims.get("sub", "")))
+
+
 def nats_user_for(token: str) -> str | None:
-    """The NATS user a token logs in as, read from its subject without checking the signature (the
-    auth callout checks it): a client needs it only to pick the inbox its role may read."""
+    """The NATS user a token logs in as, without checking its signature (the auth callout does); None
+    for what is no token of ours."""
     import jwt  # here, not at the top: most processes never log in with a token
 
     try:
-        subject = str(jwt.decode(token, options={"verify_signature": False}).get("sub", ""))
-    except jwt.InvalidTokenError:
-        return None
-    kind, _, name = subject.partition(":")
-    try:
-        if kind == "node" and name:
-            return agent_user(name)
-        if kind == "job" and name:
-            return job_user(name)
-        return user_nats_name(subject) if subject else None
-    except RoleError:
+        return nats_user_of(jwt.decode(token, options={"verify_signature": False}))
+    except (jwt.InvalidTokenError, RoleError):
         return None
 
 

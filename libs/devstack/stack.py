@@ -134,14 +134,9 @@ def provision_node_token(home: Path, node: str, secret_file: Path) -> dict[str, 
     return {"TRAINYARD_NODE_TOKEN_FILE": str(token_file)}
 
 
-def service_env(home: Path, name: str) -> dict[str, str]:
-    """The variables only service `name` gets (its own credentials), kept under `home`."""
-    return {}
-
-
 def start_service(processes: ProcessSet, name: str) -> None:
-    env = {**service_env(processes.home, name), **nats_login_env(processes.home, name)}
-    processes.start(name, service_argv(name), env=env)
+    """Start service `name` with its own NATS login, when the stack provisioned one."""
+    processes.start(name, service_argv(name), env=nats_login_env(processes.home, name))
 
 
 def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path) -> None:

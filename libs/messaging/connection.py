@@ -20,7 +20,7 @@ import nats
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, KeyValueConfig, StorageType, StreamConfig
-from nats.js.errors import BadRequestError, NotFoundError
+from nats.js.errors import BadRequestError
 
 from libs.contracts import subjects
 from libs.natsroles import STREAM_OWNERS, inbox_prefix, job_user, nats_user_for
@@ -177,14 +177,15 @@ async def ensure_streams(js: JetStreamContext, owner: str | None = None) -> None
 
 
 async def wait_for_streams(js: JetStreamContext, names: Sequence[str], *, poll: float = 0.5) -> None:
-    """Wait until every stream in `names` exists (their owners create them when they start)."""
+    """Wait until every stream in `names` exists (their owners create them when they start), through
+    NATS outages too."""
     for name in names:
         waited = False
         while True:
             try:
                 await js.stream_info(name)
                 break
-            except (NotFoundError, nats.errors.TimeoutError):
+            except nats.errors.Error:  # not there yet, or NATS itself away for a moment: ask again
                 if not waited:
                     _log().info("nats.waiting_for_stream", stream=name, owner=STREAM_OWNERS.get(name, "?"))
                     waited = True

@@ -23,6 +23,7 @@ from libs.auth import (
 from libs.contracts import subjects
 from libs.contracts.identity import Identity
 from libs.natsauth import CalloutRefused, answer, decide, encode_jwt, issuer_public_key, new_issuer_seed
+from libs.natsroles import inbox_prefix, nats_user_for
 
 SECRET = new_secret()
 JOB = "job-0123456789ab"
@@ -42,6 +43,15 @@ def test_each_kind_of_token_logs_in_as_its_own_role() -> None:
     assert job.nats_user == JOB
     assert job.permissions.publish_allow == (subjects.agent_exec("node-a"), subjects.agent_exec("node-b"))
     assert all(login.expires for login in (person, agent, job))  # NATS ends the login with the token
+
+
+@pytest.mark.parametrize("token", [issue_token(SECRET, Identity(user="alice@example.com", projects=[])),
+                                   issue_token(SECRET, Identity(user="bob", projects=[])),
+                                   issue_node_token(SECRET, "node-b"), issue_job_token(SECRET, JOB, 1, ["node-a"])])
+def test_a_client_reads_its_inbox_from_the_token_as_the_callout_names_its_login(token: str) -> None:
+    login = decide(token, secret=SECRET)
+    assert nats_user_for(token) == login.nats_user
+    assert f"{inbox_prefix(login.nats_user)}.>" in login.permissions.subscribe_allow
 
 
 @pytest.mark.parametrize("token", [None, "", "not-a-jwt", issue_token(new_secret(), Identity(user="a", projects=[])),
