@@ -13,7 +13,9 @@ import msgspec
 
 from agent.agent import NodeAgent
 from agent.resources import describe_host, parse_accelerators
+from libs.auth import AuthError, node_token_control_keys
 from libs.contracts.cluster import AgentConfig, ClusterConfig
+from libs.controlsign import ControlKeysMissing, ControlVerifier, parse_control_keys
 from libs.entrypoint import run
 from libs.settings import NODE_TOKEN_FILE_VARIABLE, NODE_TOKEN_VARIABLE, Settings
 
@@ -74,6 +76,15 @@ def node_credential(node: str, environ: Mapping[str, str] = os.environ) -> str:
                      f"token (or {NODE_TOKEN_VARIABLE} to the token); {ask}")
 
 
+def control_of(token: str, node: str) -> ControlVerifier:
+    """The check of the launcher's and the monitor's signatures, with the keys the node credential carries."""
+    try:
+        return ControlVerifier(parse_control_keys(node_token_control_keys(token)))
+    except (AuthError, ControlKeysMissing) as exc:
+        raise SystemExit(f"{exc}: this agent could not tell the control plane's requests from anyone else's; "
+                         f"ask an administrator for a new node credential: trainyard admin node-token {node}") from None
+
+
 class RunningAgent:
     """A started node agent as `libs.entrypoint.run` keeps it: up until SIGTERM or SIGINT, then closed."""
 
@@ -92,8 +103,9 @@ async def started(args: argparse.Namespace) -> RunningAgent:
     """Check the node's settings, then start its agent: registered with the monitor and answering."""
     settings = Settings()
     info = describe_host(_config(args))
+    token = node_credential(info.name)
     agent = NodeAgent(info, nats_url=settings.nats_url, root=args.root.resolve() / args.name,
-                      storage=settings.storage_root, node_token=node_credential(info.name))
+                      storage=settings.storage_root, node_token=token, control=control_of(token, info.name))
     await agent.start()  # a refused registration raises SystemExit with the monitor's reason
     return RunningAgent(agent)
 

@@ -1,6 +1,9 @@
 """The node agent: the only Trainyard process on a compute host. It speaks NATS alone.
 
 - registers the host with the monitor and sends heartbeats;
+- obeys only the control plane: start/stop requests signed by the launcher, pre-checks, releases and
+  debug sessions signed by the monitor, and commands in a job from that job's own processes
+  (libs/controlsign.py, agent/requests.py);
 - answers start/stop requests from the launcher; a repeated start of the same (job, attempt,
   rank) is acknowledged without starting anything, and a stopped attempt never starts again;
 - answers every request, a malformed one with the reason (agent/requests.py);
@@ -17,16 +20,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hmac
 import os
 import shutil
 import signal
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from agent.health import probe, resource_checks
@@ -47,7 +54,7 @@ from agent.sessions import Session
 from agent.signals import Attempt, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
 from agent.workspace import PLAIN, PLAIN_WARNING, Workspace, WorkspaceError, build_workspace, choose_backend
-from libs.auth import bearer_headers
+from libs.auth import AuthError, bearer_headers, bearer_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
     ExecExited,
@@ -74,6 +81,7 @@ from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import encode
 from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
+from libs.controlsign import ControlRole, ControlVerifier
 from libs.messaging.connection import NatsLogin, connect
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.natsroles import job_inbox
@@ -112,15 +120,19 @@ class RunningNode:
     execs: list[ProcessGroup] = field(default_factory=list)
     # J15: the node's folder stays after the process ended (debug sessions) until it is released.
     keep: bool = False
+    # The job attempt's token from the launcher: only a request carrying it may run a command in this node.
+    job_token: str | None = None
 
 
 class NodeAgent:
-    def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path,
+    def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path, control: ControlVerifier,
                  health_probe_seconds: float | None = None, node_token: str | None = None) -> None:
         """`node_token`: the node credential sent with registration and heartbeats (`python -m agent` requires
-        one; without it the monitor refuses the node). It is never passed to jobs."""
+        one; without it the monitor refuses the node). It is never passed to jobs. `control` checks that
+        requests come from the launcher and the monitor (its keys come with the node credential)."""
         self.info = info
         self.node_token = node_token
+        self.control = control
         self.nats_url = nats_url
         self.root = root
         self.storage = storage
@@ -153,18 +165,36 @@ class NodeAgent:
         self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}", login)
         self.js = self.nc.jetstream()
         requests, name = Responder(self.nc, self.info.name), self.info.name
-        await requests.serve(subjects.agent_start(name), StartProcess, self._on_start)
-        await requests.serve(subjects.agent_stop(name), StopProcesses, self._on_stop)
-        await requests.serve(subjects.agent_exec(name), ExecInJob, self._on_exec)
-        await requests.serve(subjects.agent_precheck(name), PrecheckNode, self._on_precheck)
-        await requests.serve(subjects.agent_release(name), ReleaseWorkspaces, self._on_release)
-        await requests.serve(subjects.agent_open_session(name), OpenSession, self._on_open_session)
+        launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
+        await requests.serve(subjects.agent_start(name), StartProcess, self._on_start, launcher)
+        await requests.serve(subjects.agent_stop(name), StopProcesses, self._on_stop, launcher)
+        await requests.serve(subjects.agent_exec(name), ExecInJob, self._on_exec, self._from_the_job)
+        await requests.serve(subjects.agent_precheck(name), PrecheckNode, self._on_precheck, monitor)
+        await requests.serve(subjects.agent_release(name), ReleaseWorkspaces, self._on_release, monitor)
+        await requests.serve(subjects.agent_open_session(name), OpenSession, self._on_open_session, monitor)
         await self._end_leftovers()
         self.health = await self._probe()
         await self._register()
         self._tasks.append(asyncio.create_task(self._heartbeats()))
         self._tasks.append(asyncio.create_task(self._probe_periodically()))
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
+
+    def _signed_by(self, role: ControlRole) -> Callable[[Msg, object], str | None]:
+        def gate(msg: Msg, _: object) -> str | None:
+            return self.control.refusal(role, msg.subject, msg.data, msg.headers, time.time())
+        return gate
+
+    def _from_the_job(self, msg: Msg, request: ExecInJob) -> str | None:
+        """An exec must carry the token the launcher gave that job attempt: one job cannot run commands in another."""
+        try:
+            token = bearer_token(msg.headers)
+        except AuthError as exc:
+            return str(exc)
+        given = [n.job_token for n in self.nodes.values() if (n.job_id, n.attempt) == (request.job_id, request.attempt)
+                 and n.job_token]
+        if not any(hmac.compare_digest(token.encode(), known.encode()) for known in given):
+            return f"the request does not carry the token of job {request.job_id} attempt {request.attempt}"
+        return None
 
     async def close(self) -> None:
         for task in self._tasks:
@@ -261,7 +291,7 @@ class NodeAgent:
         if not known:
             # The node's reports continue the trace of this request.
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
-                               task=request.launch.task, trace=current_trace_headers())
+                               task=request.launch.task, trace=current_trace_headers(), job_token=request.job_token)
             self.nodes[key] = node
             node.runner = asyncio.create_task(self._run(node, request))
         return ProcessAccepted(already_known=known)
@@ -339,9 +369,10 @@ class NodeAgent:
         """Start a debug session and answer; the session then lives on its own subjects until it ends."""
         bound = log.bind(job_id=request.job_id, attempt=request.attempt, task=request.task, rank=request.rank,
                          node=self.info.name, session_id=request.session_id)
-        if not (SAFE_ID.match(request.session_id) and SAFE_ID.match(request.job_id)):
+        if not (SAFE_ID.match(request.session_id) and SAFE_ID.match(request.job_id) and SAFE_ID.match(request.owner)):
             return CommandError(code="invalid-request",
-                                message="session and job ids are letters, digits, '-' and '_' only")
+                                message="the session's owner and the session and job ids are letters, digits, '-' "
+                                        "and '_' only; a session has an owner")
         if request.session_id in self.sessions:
             return CommandError(code="conflict",
                                 message=f"session {request.session_id} is already open on {self.info.name}")

@@ -7,6 +7,10 @@ fields this agent does not know are passed over rather than refused: a newer lau
 still gets its processes started during a rolling upgrade. A handler whose reply has to wait (a
 stop, until the processes are gone) returns `Later`, and the subscription goes on with other
 requests meanwhile.
+
+Before a request reaches its handler, its gate says whether its sender may ask it: the launcher's or the
+monitor's signature (libs/controlsign.py) on what only they send, the job's own token on an exec. A
+refused request gets `unauthenticated` with the reason, and nothing is done.
 """
 
 from __future__ import annotations
@@ -42,11 +46,17 @@ class Later:
 
 Answer = msgspec.Struct | Later
 Handler = Callable[[Request], Awaitable[Answer]]
+# Why the request's sender may not ask it (None: it may), from the message and the decoded request.
+Gate = Callable[[Msg, Request], str | None]
 
 
 def refusal(node: str, request_type: type[Any], error: CommandError) -> CommandError:
     """The decoding's `invalid-request`, saying which node refused which request."""
     return msgspec.structs.replace(error, message=bounded(f"{node} refused {request_type.__name__}: {error.message}"))
+
+
+def unauthenticated(node: str, request_type: type[Any], reason: str) -> CommandError:
+    return CommandError(code="unauthenticated", message=bounded(f"{node} refused {request_type.__name__}: {reason}"))
 
 
 def failure(node: str, request_type: type[Any], exc: Exception) -> CommandError:
@@ -62,21 +72,28 @@ class Responder:
         self.node = node
         self._later: set[asyncio.Task[None]] = set()  # replies still being worked out
 
-    async def serve(self, subject: str, request_type: type[Request], handler: Handler[Request]) -> None:
-        """Answer every request on `subject` with what `handler` makes of it, or with why not."""
+    async def serve(self, subject: str, request_type: type[Request], handler: Handler[Request],
+                    gate: Gate[Request]) -> None:
+        """Answer every request on `subject` that `gate` lets through with what `handler` makes of it, or
+        with why not."""
 
         async def on_request(msg: Msg) -> None:
-            await self._answer(msg, request_type, handler)
+            await self._answer(msg, request_type, handler, gate)
 
         await self.nc.subscribe(subject, cb=on_request)
 
-    async def _answer(self, msg: Msg, request_type: type[Request], handler: Handler[Request]) -> None:
+    async def _answer(self, msg: Msg, request_type: type[Request], handler: Handler[Request],
+                      gate: Gate[Request]) -> None:
         name = request_type.__name__
         with span_tracer.start_as_current_span(f"agent {name}", context=context_from_headers(msg.headers)):
             request = decode_request(msg.data, request_type, strict=False)
             if isinstance(request, CommandError):
                 log.warning("agent.bad_request", node=self.node, request=name, error=request.message)
                 await self._send(msg, refusal(self.node, request_type, request))
+                return
+            if (reason := gate(msg, request)) is not None:
+                log.warning("agent.request_refused", node=self.node, request=name, reason=reason)
+                await self._send(msg, unauthenticated(self.node, request_type, reason))
                 return
             try:
                 answer = await handler(request)

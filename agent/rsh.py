@@ -13,6 +13,7 @@ import os
 import sys
 
 from agent.jobenv import JOB_TOKEN_VARIABLE
+from libs.auth import bearer_headers
 from libs.contracts import subjects
 from libs.contracts.agent import ExecExited, ExecInJob, ProcessAccepted
 from libs.contracts.codec import decode, decode_any, encode
@@ -35,8 +36,9 @@ async def run(node: str, command: str) -> int:
         await nc.subscribe(inbox, cb=on_exit)
         request = ExecInJob(job_id=job_id, attempt=int(os.environ["TRAINYARD_ATTEMPT"]),
                             task=int(os.environ.get("TRAINYARD_TASK", "0")), command=command, reply_to=inbox)
-        reply = decode_any((await nc.request(subjects.agent_exec(node), encode(request), timeout=10)).data,
-                           ProcessAccepted | CommandError)
+        # The token again with the request: the agent runs it only for the attempt that holds this token.
+        answer = await nc.request(subjects.agent_exec(node), encode(request), timeout=10, headers=bearer_headers(token))
+        reply = decode_any(answer.data, ProcessAccepted | CommandError)
         if isinstance(reply, CommandError):
             print(f"trainyard rsh: {node}: {reply.message}", file=sys.stderr)
             return 255

@@ -88,7 +88,7 @@ class Session:
         return self.proc.pid
 
     def _subject(self, channel: str) -> str:
-        return subjects.session(self.node, self.session_id, channel)
+        return subjects.session(self.node, self.request.owner, self.session_id, channel)
 
     async def start(self) -> int:
         """Start the session's process; OSError when it cannot be started."""

@@ -85,9 +85,14 @@ from libs.contracts.messages import (
 from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
 from libs.messaging.connection import LoginRefused, NatsLogin, connect_once
 from libs.messaging.rpc import ServiceUnavailable, call
+from libs.natsroles import nats_user_for
 
 # How long a followed log is still read after the job ended: chunks shipped at its end may lag its status.
 LOG_DRAIN_SECONDS = 1.0
+# A request creating a job (submit, clone) that nothing answers is sent again with the same job id, this
+# many times in all: the scheduler creates one job per id, so a lost reply never makes two jobs.
+CREATE_ATTEMPTS = 3
+CREATE_RETRY_SECONDS = 1.0  # the wait before the second attempt, doubled before each later one
 
 
 class TrainyardError(Exception):
@@ -96,6 +101,24 @@ class TrainyardError(Exception):
     def __init__(self, error: CommandError) -> None:
         self.error = error
         super().__init__(error.message)
+
+
+class NoAnswer(ServiceUnavailable):
+    """NATS is reachable, but nothing answered the request on `subject`: the service that answers it
+    is not running, or is stuck."""
+
+    def __init__(self, subject: str, message: str) -> None:
+        super().__init__(message)
+        self.subject = subject
+
+
+class CreationUnanswered(NoAnswer):
+    """A request creating job `job_id` went unanswered at every attempt: the job may exist all the same
+    (a reply can be lost after the job was recorded), and asking for `job_id` tells."""
+
+    def __init__(self, subject: str, job_id: str, attempts: int, last: ServiceUnavailable) -> None:
+        super().__init__(subject, f"nothing answered creating job {job_id} ({attempts} attempts; the last: {last})")
+        self.job_id = job_id
 
 
 def default_nats_url() -> str:
@@ -132,8 +155,8 @@ class TrainyardClient:
         token = token if token is not None else default_token()
         try:
             nc = await connect_once(url, "trainyard-client", NatsLogin.for_token(token))
-        except LoginRefused as exc:
-            raise ServiceUnavailable(str(exc)) from None
+        except LoginRefused as exc:  # the stack runs, and does not take this token
+            raise TrainyardError(CommandError(code="unauthenticated", message=str(exc))) from None
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             raise ServiceUnavailable(f"cannot connect to NATS at {url} ({reason})") from None
@@ -148,7 +171,10 @@ class TrainyardClient:
             await self.nc.drain()
 
     async def _call(self, subject: str, request: Any, expected: type[Any]) -> Any:
-        reply = await call(self.nc, subject, request, timeout=self.timeout, token=self.token)
+        try:
+            reply = await call(self.nc, subject, request, timeout=self.timeout, token=self.token)
+        except ServiceUnavailable as exc:
+            raise NoAnswer(subject, str(exc)) from None
         if isinstance(reply, CommandError):
             raise TrainyardError(reply)
         if not isinstance(reply, expected):
@@ -157,11 +183,36 @@ class TrainyardClient:
 
     # --- commands ---------------------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec, *, job_id: str | None = None) -> JobAccepted:
-        """Create a job; passing the same `job_id` again is safe (it is created once)."""
+    async def submit(self, spec: JobSpec, *, job_id: str | None = None,
+                     on_retry: Callable[[int, NoAnswer], None] | None = None) -> JobAccepted:
+        """Create a job; passing the same `job_id` again is safe (it is created once).
+
+        The id is chosen here unless given. A request nothing answers is sent again with the same id
+        (CREATE_ATTEMPTS in all; `on_retry(attempt, error)` is told before each new attempt); when the
+        last goes unanswered too, `CreationUnanswered` names the id.
+        """
         request = SubmitJob(job_id=job_id or new_job_id(), spec=spec)
-        result: JobAccepted = await self._call(subjects.SUBMIT_JOB, request, JobAccepted)
-        return result
+        return await self._create(subjects.SUBMIT_JOB, request, request.job_id, on_retry)
+
+    async def _create(self, subject: str, request: SubmitJob | CloneJob, job_id: str,
+                      on_retry: Callable[[int, NoAnswer], None] | None) -> JobAccepted:
+        """Send a job-creating request until it is answered, at most CREATE_ATTEMPTS times, always with
+        the same job id."""
+        wait = CREATE_RETRY_SECONDS
+        for next_attempt in range(2, CREATE_ATTEMPTS + 1):
+            try:
+                accepted: JobAccepted = await self._call(subject, request, JobAccepted)
+                return accepted
+            except NoAnswer as exc:
+                if on_retry is not None:
+                    on_retry(next_attempt, exc)
+                await asyncio.sleep(wait)
+                wait *= 2
+        try:
+            last: JobAccepted = await self._call(subject, request, JobAccepted)
+            return last
+        except NoAnswer as exc:
+            raise CreationUnanswered(subject, job_id, CREATE_ATTEMPTS, exc) from None
 
     async def stop(self, job_ids: list[str]) -> Done:
         result: Done = await self._call(subjects.STOP_JOBS, StopJobs(job_ids=job_ids), Done)
@@ -184,14 +235,15 @@ class TrainyardClient:
         return result
 
     async def clone(self, source_job_id: str, overrides: dict[str, Any] | None = None, *,
-                    job_id: str | None = None) -> JobAccepted:
+                    job_id: str | None = None, on_retry: Callable[[int, NoAnswer], None] | None = None,
+                    ) -> JobAccepted:
         """O1: a new job from another's spec with top-level fields replaced by `overrides`.
 
-        The new job's id is chosen here, so retrying with the same `job_id` creates it once.
+        The new job's id is chosen here unless given, and an unanswered request is sent again with it,
+        as `submit` does: the job is created once.
         """
         request = CloneJob(source_job_id=source_job_id, job_id=job_id or new_job_id(), overrides=overrides or {})
-        result: JobAccepted = await self._call(subjects.CLONE_JOB, request, JobAccepted)
-        return result
+        return await self._create(subjects.CLONE_JOB, request, request.job_id, on_retry)
 
     async def change_settings(self, *, urgent_cap: int | None = None, sharing_enabled: bool | None = None,
                               max_resumes_cap: int | None = None, max_graceful_shutdown_seconds: int | None = None,
@@ -377,6 +429,11 @@ class TrainyardClient:
 
     # --- debug sessions (J15) ----------------------------------------------------------------------
 
+    def _nats_user(self) -> str:
+        """Whom NATS knows this client as: a session's subjects name it, and only it may use them."""
+        user = nats_user_for(self.token) if self.token else None
+        return user or "anonymous"  # no token: the monitor refuses the session anyway
+
     @contextlib.asynccontextmanager
     async def session(self, job_id: str, command: str | None = None, *, node: str | None = None,
                       columns: int = 80, rows: int = 24) -> AsyncIterator[DebugSession]:
@@ -394,7 +451,7 @@ class TrainyardClient:
             return opened
 
         request = OpenTerminal(job_id=job_id, node=node, command=command, columns=columns, rows=rows)
-        opened = await open_session(self.nc, ask, request)
+        opened = await open_session(self.nc, self._nats_user(), ask, request)
         try:
             yield opened
         finally:

@@ -1,7 +1,8 @@
 """Debug sessions (J15): a command or a shell in a job's kept (or running) node environment.
 
 The monitor opens a session (OpenTerminal → TerminalOpened); the client then talks to the node agent
-directly on `subjects.session(node, session_id, channel)`: raw bytes on `in` and `out`,
+directly on `subjects.session(node, owner, session_id, channel)` (owner: its own NATS user, the only one
+NATS lets in): raw bytes on `in` and `out`,
 `SessionControl` on `control`, one `SessionExited` on `exit` (see libs.contracts.agent.OpenSession).
 
 The agent may write before the monitor's reply reaches the client (the reply is the first place the
@@ -38,8 +39,8 @@ from libs.contracts.messages import OpenTerminal, TerminalOpened
 
 KEEPALIVE_SECONDS = 10.0  # the agent ends a session silent on `control` for its idle time (60 s)
 CHUNK = 64 * 1024  # input is sent in pieces well under NATS's maximum payload
-# trainyard.agent.<node>.session.<session id>.<channel>: tokens 2, 4 and 5 (from 0).
-_SESSION_TOKENS = 6
+# trainyard.agent.<node>.session.<owner>.<session id>.<channel>: the id and the channel are tokens 5 and 6.
+_SESSION_TOKENS, _ID, _CHANNEL = 7, 5, 6
 _OWN_CHANNELS = ("out", "exit")
 
 
@@ -64,9 +65,10 @@ class DebugSession:
     Obtained from `TrainyardClient.session(...)`; keep-alives are sent while it is open.
     """
 
-    def __init__(self, nc: Client, opened: TerminalOpened, inbox: asyncio.Queue[Msg | None],
+    def __init__(self, nc: Client, owner: str, opened: TerminalOpened, inbox: asyncio.Queue[Msg | None],
                  release: Callable[[], Awaitable[None]]) -> None:
         self.nc = nc
+        self.owner = owner
         self.session_id = opened.session_id
         self.node = opened.node
         self.rank = opened.rank
@@ -77,7 +79,7 @@ class DebugSession:
         self._keep_alive = asyncio.create_task(self._send_keep_alives())
 
     def _subject(self, channel: str) -> str:
-        return subjects.session(self.node, self.session_id, channel)
+        return subjects.session(self.node, self.owner, self.session_id, channel)
 
     async def output(self) -> AsyncIterator[bytes]:
         """The session's output as it arrives, from its first byte, until it exits (`exit_code`)."""
@@ -86,11 +88,11 @@ class DebugSession:
             if msg is None:  # closed
                 return
             tokens = msg.subject.split(".")
-            if tokens[4] != self.session_id:
+            if tokens[_ID] != self.session_id:
                 continue  # another session's, kept while this one's id was not known yet
-            if tokens[5] == "out":
+            if tokens[_CHANNEL] == "out":
                 yield msg.data
-            elif tokens[5] == "exit":
+            elif tokens[_CHANNEL] == "exit":
                 self.exit_code = decode(msg.data, SessionExited).exit_code
 
     async def read_all(self) -> bytes:
@@ -129,10 +131,10 @@ class DebugSession:
         await self._release()
 
 
-async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[TerminalOpened]],
+async def open_session(nc: Client, owner: str, ask: Callable[[OpenTerminal], Awaitable[TerminalOpened]],
                        request: OpenTerminal) -> DebugSession:
-    """Listen to the `out` and `exit` of a session id of our choosing, then ask the monitor (`ask`) to
-    open it; nothing the agent writes before the reply is lost."""
+    """Listen to the `out` and `exit` of a session id of our choosing (of `owner`, this client's NATS user),
+    then ask the monitor (`ask`) to open it; nothing the agent writes before the reply is lost."""
     inbox: asyncio.Queue[Msg | None] = asyncio.Queue()
     session_id = request.session_id or secrets.token_hex(16)
     request = msgspec.structs.replace(request, session_id=session_id)
@@ -140,14 +142,14 @@ async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[Termi
 
     async def on_message(msg: Msg) -> None:
         tokens = msg.subject.split(".")
-        if len(tokens) != _SESSION_TOKENS or tokens[5] not in _OWN_CHANNELS:
+        if len(tokens) != _SESSION_TOKENS or tokens[_CHANNEL] not in _OWN_CHANNELS:
             return  # input and control messages (also this client's own)
-        if own and tokens[4] != own[0]:
+        if own and tokens[_ID] != own[0]:
             return
         inbox.put_nowait(msg)
 
     # Only this session's output channels: a user may read `out` and `exit`, never others' input.
-    subs = [await nc.subscribe(subjects.session("*", session_id, channel), cb=on_message)
+    subs = [await nc.subscribe(subjects.session("*", owner, session_id, channel), cb=on_message)
             for channel in _OWN_CHANNELS]
 
     async def release() -> None:
@@ -164,7 +166,7 @@ async def open_session(nc: Client, ask: Callable[[OpenTerminal], Awaitable[Termi
         raise
     if opened.session_id != session_id:  # a monitor that made its own id: listen to that one
         own[0] = opened.session_id
-    return DebugSession(nc, opened, inbox, release)
+    return DebugSession(nc, owner, opened, inbox, release)
 
 
 # --- the terminal side (the CLI) -------------------------------------------------------------------

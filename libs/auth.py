@@ -47,11 +47,11 @@ def new_secret() -> str:
     return secrets.token_urlsafe(48)
 
 
-def _sign(secret: str, claims: dict[str, object], ttl_seconds: int) -> str:
-    """A token of `claims`, issued now by Trainyard and valid for `ttl_seconds`."""
+def _sign(secret: str, claims: dict[str, object], ttl_seconds: int, issued_at: int | None = None) -> str:
+    """A token of `claims`, issued by Trainyard at `issued_at` (now by default) and valid for `ttl_seconds`."""
     import jwt  # here, not at the top: a CLI command that only sends a token need not load PyJWT
 
-    now = int(time.time())
+    now = int(time.time()) if issued_at is None else issued_at
     return jwt.encode({"iss": ISSUER, **claims, "iat": now, "exp": now + ttl_seconds}, secret, algorithm=ALGORITHM)
 
 
@@ -98,7 +98,24 @@ def issue_node_token(secret: str, node: str, *, ttl_seconds: int = DEFAULT_NODE_
     """A credential that lets an agent register and heartbeat as `node`, and as nothing else."""
     if not re.fullmatch(NODE_NAME, node):
         raise AuthError(f"{node!r} is not a node name; node names are lower-case DNS labels such as node-a")
-    return _sign(secret, {"sub": NODE_SUBJECT_PREFIX + node, "role": NODE_ROLE, "node": node}, ttl_seconds)
+    from libs.controlsign import control_public_keys  # here: a CLI that only sends tokens need not load nacl
+
+    # The control plane's public keys ride along: the agent obeys requests signed with them (libs/controlsign.py).
+    return _sign(secret, {"sub": NODE_SUBJECT_PREFIX + node, "role": NODE_ROLE, "node": node,
+                          "control_keys": control_public_keys(secret)}, ttl_seconds)
+
+
+def node_token_control_keys(token: str) -> object:
+    """The control-plane keys a node credential carries, read by its agent, which cannot check the token's
+    signature (it holds no secret) and needs none: the credential came from an administrator."""
+    import jwt
+
+    try:
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise AuthError(f"the node credential is not a token ({exc}); ask an administrator for a new one "
+                        "(trainyard admin node-token NODE)") from None
+    return claims.get("control_keys")
 
 
 def verify_node_token(secret: str, token: str) -> str:
@@ -126,14 +143,16 @@ class JobGrant:
     nodes: tuple[str, ...]
 
 
-def issue_job_token(secret: str, job_id: str, attempt: int, nodes: Sequence[str], *,
+def issue_job_token(secret: str, job_id: str, attempt: int, nodes: Sequence[str], *, issued_at: int | None = None,
                     ttl_seconds: int = DEFAULT_TTL_SECONDS) -> str:
     """A token scoped to one job attempt, handed to its processes: it logs in to NATS as that job, which
-    may only ask the agents of its own nodes to run a command inside it (libs/natsroles.job_permissions)."""
+    may only ask the agents of its own nodes to run a command inside it (libs/natsroles.job_permissions).
+    The same attempt always gets the same token (`issued_at` is when it was planned): every node of the
+    attempt, started before or after a restart of the launcher, knows the one token its processes carry."""
     if not is_job_id(job_id):
         raise AuthError(f"{job_id!r} is not a job id")
     return _sign(secret, {"sub": JOB_SUBJECT_PREFIX + job_id, "role": JOB_ROLE, "job": job_id, "attempt": attempt,
-                          "nodes": sorted(set(nodes))}, ttl_seconds)
+                          "nodes": sorted(set(nodes))}, ttl_seconds, issued_at)
 
 
 def verify_job_token(secret: str, token: str) -> JobGrant:
@@ -164,6 +183,11 @@ def node_from_headers(secret: str, headers: Mapping[str, str] | None) -> str:
     return verify_node_token(secret, _bearer(
         headers, what="node credential",
         missing="the message carries no node credential; set TRAINYARD_NODE_TOKEN_FILE for the agent"))
+
+
+def bearer_token(headers: Mapping[str, str] | None) -> str:
+    """The token a message carries, unchecked: for a receiver that compares it with one it was given."""
+    return _bearer(headers, what="token", missing="the request carries no token")
 
 
 def bearer_headers(token: str | None) -> dict[str, str]:

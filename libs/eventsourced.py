@@ -22,6 +22,7 @@ into the service's state. It mirrors eventsourcing's `ProcessApplication`: the u
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
@@ -31,6 +32,7 @@ from nats.aio.msg import Msg
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.messaging.follower import Handler, StreamFollower
+from libs.messaging.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
@@ -136,7 +138,7 @@ class EventSourcedService:
             self.followers.append(follower)
         self.handlers()
         for name, loop in self.loops().items():
-            self.rt.spawn(loop(), name)
+            self.rt.spawn(weathering(name, loop), name)
 
     async def caught_up(self) -> None:
         """Decisions that need a complete view wait until every upstream is replayed."""
@@ -212,6 +214,29 @@ class EventSourcedService:
                                                     context=context_from_headers(headers)):
                 await self.record(changes, tracking)
             return True
+
+
+# How long a loop pauses after an outage: the first pause, the longest, and how long a loop must have
+# run for its next outage to count as a new one (pauses start short again).
+OUTAGE_PAUSE_SECONDS = (0.2, 5.0, 30.0)
+
+
+async def weathering(name: str, loop: Loop, pauses: tuple[float, float, float] = OUTAGE_PAUSE_SECONDS) -> None:
+    """Run `loop` for the life of the service. The database or NATS going away pauses it, and it starts
+    again, for as long as the outage lasts; any other error still stops the service (a bug)."""
+    first, longest, settled = pauses
+    pause = first
+    while True:
+        began = time.monotonic()
+        try:
+            await loop()
+            return
+        except OUTAGES as exc:
+            if time.monotonic() - began >= settled:
+                pause = first
+            log.warning("service.loop_outage", loop=name, error=repr(exc), retry_in=pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)
 
 
 def _kind(message: Any) -> str:

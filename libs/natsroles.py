@@ -9,7 +9,8 @@ Each process gets its own NATS user, whose permissions follow what the code does
 - a node agent publishes only its own node's reports, registration, heartbeat and session output (log
   chunks and usage samples name a job, not a node, so those cannot be narrowed), answers only its own
   `trainyard.agent.<node>.>` requests and manages no stream at all;
-- a person (CLI, client) sends command and query requests and takes part in debug sessions; nothing else;
+- a person (CLI, client) sends command and query requests and takes part in their own debug sessions
+  (the session subjects name their owner); nothing else;
 - a job (MPI's remote shell) asks only the agents of its own nodes to run a command inside it.
 
 Every user receives replies only on its own inbox prefix (`inbox_prefix`), so nobody reads another's
@@ -208,7 +209,7 @@ def agent_permissions(node: str) -> Permissions:
         subjects.LOGS_ALL,  # chunks name a job, not a node: any job's logs
         f"$KV.{subjects.USAGE_BUCKET}.>",  # likewise any job's usage samples
         f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
-        subjects.session(node, "*", "out"), subjects.session(node, "*", "exit"),
+        subjects.session(node, "*", "*", "out"), subjects.session(node, "*", "*", "exit"),
         f"{JOB_INBOXES}.*.>",  # the exit of an exec, to the inbox of the job whose remote shell asked
     ]
     return Permissions(publish_allow=tuple(publish),
@@ -220,10 +221,13 @@ def agent_permissions(node: str) -> Permissions:
 
 
 def user_permissions(user: str) -> Permissions:
+    """A person: commands and queries, and the debug sessions opened for them (`user` in their subjects)."""
+    own = _checked("user", user)
     return Permissions(
-        publish_allow=(*request_subjects(), subjects.session("*", "*", "in"), subjects.session("*", "*", "control")),
-        subscribe_allow=(subjects.session("*", "*", "out"), subjects.session("*", "*", "exit"),
-                         f"{inbox_prefix(_checked('user', user))}.>"),
+        publish_allow=(*request_subjects(), subjects.session("*", own, "*", "in"),
+                       subjects.session("*", own, "*", "control")),
+        subscribe_allow=(subjects.session("*", own, "*", "out"), subjects.session("*", own, "*", "exit"),
+                         f"{inbox_prefix(own)}.>"),
         publish_deny=("$JS.>", "$KV.>"),
         subscribe_deny=(subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL),
     )

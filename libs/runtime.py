@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Coroutine
 from typing import Any
 
@@ -42,6 +43,10 @@ class ServiceRuntime:
         self.settings = settings or Settings()
         self._tasks: list[asyncio.Task[Any]] = []
         self._stopping = asyncio.Event()
+        # Whether the connection that carries requests and subscriptions is up, and since when: what
+        # could not arrive while it was down (heartbeats) counts from then, not from before.
+        self.hearing = True
+        self.hearing_since = time.monotonic()
 
     async def start(self) -> None:
         configure_logging(self.name)
@@ -55,7 +60,10 @@ class ServiceRuntime:
         await ensure_streams(self.js, owner=self.name)
         await self._serve_nats_logins()
         security = NatsUserPassword(login.user, login.password or "") if login.user is not None else None
-        self.broker = NatsBroker(self.settings.nats_url, logger=None, security=security, inbox_prefix=login.inbox)
+        # Reconnecting for as long as the process lives: an outage of NATS must not end its subscriptions.
+        self.broker = NatsBroker(self.settings.nats_url, logger=None, security=security, inbox_prefix=login.inbox,
+                                 max_reconnect_attempts=-1, reconnect_time_wait=1,
+                                 disconnected_cb=self.stopped_hearing, reconnected_cb=self.heard_again)
         self.spawn(OutboxRelay(self.store, self.js).run(), "relay")
 
     async def _serve_nats_logins(self) -> None:
@@ -81,9 +89,19 @@ class ServiceRuntime:
             log.error("service.task_crashed", task=task.get_name(), error=repr(exc), exc_info=exc)
             self._stopping.set()
 
+    async def stopped_hearing(self) -> None:
+        if self.hearing:
+            log.warning("service.nats_disconnected")
+        self.hearing = False
+
+    async def heard_again(self) -> None:
+        log.info("service.nats_reconnected")
+        self.hearing, self.hearing_since = True, time.monotonic()
+
     async def listen(self) -> None:
         """Start answering requests (after the service registered its responders)."""
         await self.broker.start()
+        self.hearing, self.hearing_since = True, time.monotonic()
         # A round trip makes the server hold every subscription before anyone is told we are ready.
         connection = self.broker.connection
         if isinstance(connection, Client):

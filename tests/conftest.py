@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import tempfile
 import uuid
@@ -11,12 +12,14 @@ from pathlib import Path
 import nats
 import pytest
 import pytest_asyncio
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServerError
 
 from libs.contracts import subjects
 from libs.devstack.provision import Servers, provide_servers
 from libs.devstack.servers import create_database
 from libs.messaging.connection import ensure_streams
+
+STORE_NOT_CREATED = 10049  # JetStream's "error creating store for stream"
 
 
 @pytest.fixture(scope="session")
@@ -54,6 +57,15 @@ async def nats_url(servers: Servers) -> str:
     with contextlib.suppress(NotFoundError):
         await js.delete_key_value(subjects.USAGE_BUCKET)
     # Declared anew, as their owners would: a test may start one service without the owner of a stream it reads.
-    await ensure_streams(js)
+    # The server removes a deleted stream's files in the background; creating it again meanwhile can fail
+    # ("error creating store for stream"), so that is tried again for a while.
+    for attempt in range(50):
+        try:
+            await ensure_streams(js)
+            break
+        except ServerError as exc:
+            if exc.err_code != STORE_NOT_CREATED or attempt == 49:
+                raise
+            await asyncio.sleep(0.1)
     await nc.close()
     return servers.nats_url

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import msgspec
 import typer
 
-from client.cli.output import fail, print_json, print_log_lines, print_pairs, print_table, say
+from client.cli.output import fail, note, print_json, print_log_lines, print_pairs, print_table, say
 from client.cli.overrides import OverrideError, clone_overrides
 from client.cli.params import FollowOption, JobIdArgument, JsonOption, job_statuses, read_spec, refusing
 from client.cli.render import (
@@ -28,7 +28,9 @@ from client.cli.render import (
 from client.cli.runner import connected
 
 if TYPE_CHECKING:
-    from client.api import TrainyardClient
+    from collections.abc import Callable
+
+    from client.api import NoAnswer, TrainyardClient
     from libs.contracts.messages import JobView
 
 commands = typer.Typer()
@@ -44,9 +46,13 @@ async def submit(client: TrainyardClient,
                                                       callback=refusing(read_spec))],
                  follow: FollowOption = False,
                  as_json: JsonOption = False) -> None:
-    """Submit a job described in FILE."""
+    """Submit a job described in FILE; its id is printed (to stderr) before it is sent."""
+    from libs.contracts.ids import new_job_id
+
     spec = read_spec(file)
-    accepted = await client.submit(spec)
+    job_id = new_job_id()  # chosen here, so a submission sent again after a lost answer creates one job
+    note(f"submitting job {job_id}")
+    accepted = await client.submit(spec, job_id=job_id, on_retry=sending_again(job_id))
     if as_json:
         print_json(accepted)
     else:
@@ -55,6 +61,16 @@ async def submit(client: TrainyardClient,
         job = await follow_job(client, accepted.job_id)
         if job.status != "succeeded":
             raise typer.Exit(1)
+
+
+def sending_again(job_id: str) -> Callable[[int, NoAnswer], None]:
+    """What to say when a request creating `job_id` went unanswered and is sent again."""
+    from client.api import CREATE_ATTEMPTS
+
+    def retrying(attempt: int, error: NoAnswer) -> None:
+        note(f"{error}; sending job {job_id} again (attempt {attempt} of {CREATE_ATTEMPTS})")
+
+    return retrying
 
 
 async def follow_job(client: TrainyardClient, job_id: str) -> JobView:
@@ -202,8 +218,13 @@ async def clone(client: TrainyardClient,
                     callback=refusing(checked_overrides_file))] = None,
                 name: Annotated[str | None, typer.Option("--name", help="The new job's name.")] = None,
                 as_json: JsonOption = False) -> None:
-    """Create a job from another's spec, with fields replaced (O1); prints the new job's id."""
-    accepted = await client.clone(job_id, checked_overrides(file, set_, name))
+    """Create a job from another's spec, with fields replaced (O1); prints the new job's id, first to stderr."""
+    from libs.contracts.ids import new_job_id
+
+    new_id = new_job_id()  # chosen here, so a clone sent again after a lost answer creates one job
+    note(f"cloning {job_id} as job {new_id}")
+    accepted = await client.clone(job_id, checked_overrides(file, set_, name), job_id=new_id,
+                                  on_retry=sending_again(new_id))
     if as_json:
         print_json(accepted)
         return

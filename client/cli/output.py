@@ -48,8 +48,8 @@ def text(*parts: Styled, style: str = "") -> Text:
 
 
 def say(*parts: Styled, style: str = "", soft_wrap: bool = False) -> None:
-    """Write one line (an empty one without parts) to stdout."""
-    stdout().print(text(*parts, style=style), soft_wrap=soft_wrap)
+    """Write one line (an empty one without parts) to stdout; piped, it is never cut into several."""
+    stdout().print(text(*parts, style=style), soft_wrap=soft_wrap or not os.isatty(1))
 
 
 def note(*parts: Styled) -> None:

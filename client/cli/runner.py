@@ -27,6 +27,7 @@ if TYPE_CHECKING:
 Params = ParamSpec("Params")
 
 UNAUTHENTICATED_HINT = "set TRAINYARD_TOKEN (or TRAINYARD_TOKEN_FILE) to a token from `trainyard admin token`"
+# NATS itself cannot be reached.
 STACK_HINT = "is the stack running? start it with `make up`, or set NATS_URL"
 
 # What to do next when the service's refusal carries no hint of its own.
@@ -48,6 +49,60 @@ def error_hint(error: CommandError) -> str | None:
     if error.code == "unauthenticated":
         return UNAUTHENTICATED_HINT
     return error.hint or DEFAULT_HINTS.get(error.code)
+
+
+def answering_service(subject: str) -> str | None:
+    """The service that answers requests on `subject` (libs/natsroles.py), if any."""
+    from libs.natsroles import ANSWERED_BY_AUTOSCALER, ANSWERED_BY_MONITOR, answered_by_scheduler
+
+    for service, answered in (("monitor", ANSWERED_BY_MONITOR), ("autoscaler", ANSWERED_BY_AUTOSCALER),
+                              ("scheduler", answered_by_scheduler())):
+        if subject in answered:
+            return service
+    return None
+
+
+def _unanswered(exc: BaseException) -> BaseException | None:
+    """The error that names the subject nothing answered: `exc`, or the one it was raised in place of."""
+    seen: BaseException | None = exc
+    while seen is not None:
+        if isinstance(getattr(seen, "subject", None), str):
+            return seen
+        seen = seen.__cause__ or seen.__context__
+    return None
+
+
+def unavailable_hint(exc: BaseException) -> str:
+    """What to do when nothing answers: name the service that does not, where to look, and for a job
+    that may have been created all the same, how to find out."""
+    unanswered = _unanswered(exc)
+    if unanswered is None:  # NATS itself cannot be reached
+        return STACK_HINT
+    subject: str = getattr(unanswered, "subject", "")
+    service = answering_service(subject)
+    logs = _local_logs()
+    if service is None:
+        hint = f"nothing answers {subject}: `make status` shows which processes run; their logs are in {logs}"
+    else:
+        hint = (f"the {service} does not answer ({subject}): `make status` shows whether it runs; "
+                f"its log is {logs}/{service}.log")
+    job_id = getattr(exc, "job_id", None)
+    if isinstance(job_id, str):
+        hint += f"; job {job_id} may have been created all the same: `trainyard show {job_id}` tells"
+    return hint
+
+
+def _local_logs() -> str:
+    """The local stack's log folder, relative to the working directory when under it."""
+    from pathlib import Path
+
+    from libs.devstack.stack import home_dir
+
+    logs = home_dir() / "logs"
+    try:
+        return str(logs.relative_to(Path.cwd()))
+    except ValueError:
+        return str(logs)
 
 
 def connected(command: Callable[Concatenate[TrainyardClient, Params], Coroutine[Any, Any, None]],
@@ -95,7 +150,7 @@ def _run_with_client(action: Callable[[TrainyardClient], Coroutine[Any, Any, Non
         raise fail(exc.error.message if not exc.error.errors else "the request was refused",
                    error_hint(exc.error)) from None
     except ServiceUnavailable as exc:
-        raise fail(str(exc), STACK_HINT) from None
+        raise fail(str(exc), unavailable_hint(exc)) from None
     except KeyboardInterrupt:
         raise typer.Exit(130) from None
 

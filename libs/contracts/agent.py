@@ -96,10 +96,12 @@ class OpenSession(_AgentMessage, frozen=True, tag="OpenSession.v1"):
     """J15: run `command` (or, without one, an interactive shell on a terminal) in a kept or running
     node environment of a job, with the job's variables and mounts.
 
-    The session then speaks on `subjects.session(node, session_id, ...)`: the client publishes
+    The session then speaks on `subjects.session(node, owner, session_id, ...)`: the client publishes
     keystrokes (raw bytes) to `in` and `SessionControl` to `control`; the agent publishes output
     (raw bytes) to `out` and, once, `SessionExited` to `exit`. A session without a control message
-    for `idle_seconds` is ended.
+    for `idle_seconds` is ended. `owner` is the NATS user of the person the monitor opened it for
+    (libs.natsroles.user_nats_name): NATS lets no one else read or type into it. An agent refuses a
+    request without one (from a monitor older than this field).
     """
 
     session_id: str
@@ -111,6 +113,7 @@ class OpenSession(_AgentMessage, frozen=True, tag="OpenSession.v1"):
     columns: int = 80
     rows: int = 24
     idle_seconds: float = 60.0
+    owner: str = ""
 
 
 class SessionOpened(_AgentMessage, frozen=True, tag="SessionOpened.v1"):

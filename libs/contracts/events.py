@@ -396,8 +396,9 @@ class DebugEnvironmentReleased(_Event, frozen=True, tag="DebugEnvironmentRelease
 
 
 class AlertRaised(_Event, frozen=True, tag="AlertRaised.v1"):
-    """M7: one incident worth telling people about. Published on `trainyard.events.monitor.alert.>`
-    for alerting consumers and mailed to `recipients`."""
+    """M7: one incident worth telling people about. Recorded in the monitor's log (published on
+    `trainyard.events.monitor.alert.>` for the services that follow it), read by people through the
+    monitor's ListAlerts, and mailed to `recipients`."""
 
     alert_id: str
     kind: AlertKind

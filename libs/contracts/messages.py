@@ -453,7 +453,8 @@ class IdentityView(_Reply, frozen=True, tag="IdentityView.v1"):
 
 
 class TerminalOpened(_Reply, frozen=True, tag="TerminalOpened.v1"):
-    """J15: the session is open on `node`; talk to it on `subjects.session(node, session_id, ...)`."""
+    """J15: the session is open on `node`; talk to it on `subjects.session(node, owner, session_id, ...)`,
+    `owner` being the caller's own NATS user (libs.natsroles.user_nats_name)."""
 
     session_id: str
     node: str

@@ -110,9 +110,10 @@ def agent_open_session(node: str) -> str:
     return f"trainyard.agent.{node}.session.open"
 
 
-def session(node: str, session_id: str, channel: str) -> str:
-    """One debug session's channel: `in`, `out`, `control` or `exit` (see agent.OpenSession)."""
-    return f"trainyard.agent.{node}.session.{session_id}.{channel}"
+def session(node: str, owner: str, session_id: str, channel: str) -> str:
+    """One debug session's channel: `in`, `out`, `control` or `exit` (see agent.OpenSession). `owner` is the
+    NATS user of the person who opened it: NATS lets only that user type into it or read it."""
+    return f"trainyard.agent.{node}.session.{owner}.{session_id}.{channel}"
 
 
 AGENT_REPORTS_ALL = "trainyard.agent-reports.>"

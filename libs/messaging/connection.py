@@ -148,7 +148,7 @@ async def connect_once(url: str, name: str, login: NatsLogin | None = None) -> C
     except Exception:
         if any("authorization" in error.lower() for error in seen):
             raise LoginRefused("NATS refused the login (authorization violation): the token is missing, expired or "
-                               "not valid here; set TRAINYARD_TOKEN or ask an administrator for a new one") from None
+                               "not valid here") from None
         raise
 
 

@@ -31,9 +31,7 @@ import asyncio
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
-import asyncpg
 import msgspec
-import nats.errors
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
@@ -43,6 +41,7 @@ from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageS
 from libs.contracts.subjects import SET_ASIDE_AGGREGATE, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.messaging.connection import wait_for_streams
+from libs.messaging.outages import is_outage
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
@@ -57,19 +56,6 @@ RecordSetAside = Callable[[NewEvent, Tracking], Awaitable[None]]
 
 _SET_ASIDE_TAG = UpstreamMessageSetAside.__struct_config__.tag
 
-# Errors of a database or NATS that is away for a while: retried until they pass.
-_TRANSIENT: tuple[type[BaseException], ...] = (
-    OSError,  # connection refused or reset, and TimeoutError (nats.errors.TimeoutError too)
-    asyncpg.exceptions.InterfaceError,  # connection closed or released under the caller
-    asyncpg.exceptions.PostgresConnectionError,  # ConnectionDoesNotExistError, ConnectionFailureError
-    asyncpg.exceptions.OperatorInterventionError,  # CannotConnectNowError, AdminShutdownError
-    asyncpg.exceptions.InsufficientResourcesError,  # TooManyConnectionsError, disk full
-    asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock: try again
-    nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError, nats.errors.ConnectionReconnectingError,
-    nats.errors.NoServersError, nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError,
-    nats.errors.NoRespondersError, nats.errors.FlushTimeoutError,
-)
-
 Verdict = Literal["transient", "conflict", "unknown"]
 
 
@@ -83,7 +69,7 @@ def classify(error: BaseException) -> Verdict:
     """
     if isinstance(error, ConcurrencyConflict):
         return "conflict"
-    if isinstance(error, _TRANSIENT):
+    if is_outage(error):
         return "transient"
     return "unknown"
 

@@ -10,6 +10,7 @@ logger are imported by the functions that register responders, not here.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -24,10 +25,13 @@ from libs.contracts.identity import Identity
 from libs.contracts.jobspec import SpecError, field_error_from_msgspec
 from libs.contracts.messages import CommandError, Reply
 from libs.contracts.strict import decode_strict
+from libs.messaging.outages import OUTAGES
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
+
+    from libs.controlsign import ControlSigner
 
 RequestHandler = Callable[[Any], Awaitable[Any]]
 AuthenticatedHandler = Callable[[Any, Identity], Awaitable[Any]]
@@ -146,6 +150,10 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
                 log.warning("rpc.event_too_large", subject=subject, error=str(exc))
                 reply = CommandError(code="invalid-request", message=f"the request was not recorded: {exc}",
                                      hint="shorten the longest fields of the request; nothing was changed")
+            except OUTAGES as exc:  # nothing was done: the caller may try again once it passes
+                log.warning("rpc.outage", subject=subject, error=bounded(repr(exc)))
+                reply = CommandError(code="unavailable", hint="try again in a few seconds",
+                                     message=f"the {service} cannot reach its database or NATS right now: {exc!r:.200}")
             except Exception as exc:
                 log.exception("rpc.handler_failed", subject=subject)
                 span.record_exception(exc)
@@ -178,12 +186,15 @@ class ServiceUnavailable(Exception):
 
 
 async def call(nc: Client, subject: str, request: msgspec.Struct, *, timeout: float = 10.0,
-               reply_type: object = Reply, token: str | None = None) -> Any:
-    """Send `request` (with the caller's token, if any) and return the decoded reply (a CommandError is
-    returned, not raised)."""
+               reply_type: object = Reply, token: str | None = None, signer: ControlSigner | None = None) -> Any:
+    """Send `request` (with the caller's token, if any; signed by `signer`, a service's request to an agent)
+    and return the decoded reply (a CommandError is returned, not raised)."""
+    body = encode(request)
     headers = {**current_trace_headers(), **bearer_headers(token)}
+    if signer is not None:
+        headers.update(signer.headers(subject, body, time.time()))
     try:
-        msg = await nc.request(subject, encode(request), timeout=timeout, headers=headers)
+        msg = await nc.request(subject, body, timeout=timeout, headers=headers)
     except NoRespondersError:
         raise ServiceUnavailable(f"nothing answers on {subject}") from None
     except NatsTimeout:

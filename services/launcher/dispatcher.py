@@ -23,6 +23,7 @@ from libs.auth import issue_job_token
 from libs.contracts import subjects
 from libs.contracts.agent import AgentReply, StartProcess, StopProcesses
 from libs.contracts.messages import CommandError
+from libs.controlsign import ControlSigner
 from libs.eventsourced import EventSourcedService
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
@@ -47,6 +48,9 @@ class Dispatcher:
     def __init__(self, service: EventSourcedService, state: LauncherState) -> None:
         self.service = service
         self.state = state
+        # The secret issues job tokens; the key derived from it signs every request to an agent.
+        self.secret = service.rt.settings.require_auth_secret()
+        self.signer = ControlSigner.of(self.secret, "launcher")
         # When a start or stop was last sent, per (job, attempt, rank or node), and which nodes
         # confirmed a stop.
         self._sent: dict[SendKey, float] = {}
@@ -140,17 +144,16 @@ class Dispatcher:
     async def _ask(self, subject: str, request: StartProcess | StopProcesses, *, timeout: float) -> AgentReply:
         """Send a request to an agent; an agent that could not do it answers a CommandError, which counts
         as no answer: the request is sent again, and a stop never answered leads to giving up the node."""
-        reply = await call(self.service.rt.nc, subject, request, timeout=timeout, reply_type=AgentReply | CommandError)
+        reply = await call(self.service.rt.nc, subject, request, timeout=timeout, reply_type=AgentReply | CommandError,
+                           signer=self.signer)
         if isinstance(reply, CommandError):
             raise AgentRefused(f"{subject}: {reply.code}: {reply.message}")
         return cast(AgentReply, reply)
 
-    def _job_token(self, launch: Launch) -> str | None:
-        """The job attempt's own token, for its processes' remote shell; none without a platform secret."""
-        secret = self.service.rt.settings.auth_secret
-        if not secret:
-            return None
-        return issue_job_token(secret, launch.job_id, launch.attempt, [n.node for n in launch.nodes])
+    def _job_token(self, launch: Launch) -> str:
+        """The job attempt's own token, for its processes' remote shell: the same for all its nodes."""
+        return issue_job_token(self.secret, launch.job_id, launch.attempt, [n.node for n in launch.nodes],
+                               issued_at=int(launch.planned_at.timestamp()))
 
     async def _start(self, launch: Launch, unit: Unit) -> None:
         node = launch.node_of(unit)

@@ -13,6 +13,7 @@ start once the scheduler knows nothing of this one still runs.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 
 from libs.contracts.events import (
     EventEnvelope,
@@ -58,6 +59,7 @@ class Launch:
     outcome: str | None = None  # succeeded | failed | stopped
     trace: dict[str, str] = field(default_factory=dict)  # the job's trace, continued by every call
     base_port: int = 0
+    planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))  # issue time of the job's token
 
     def ports(self) -> range:
         """One port per rank, as `free_ports` reserved them (a batch job's tasks share them in turn)."""
@@ -124,7 +126,8 @@ class LauncherState:
         if isinstance(event, LaunchPlanned):
             self.launches[envelope.aggregate_id] = Launch(job_id=event.job_id, attempt=event.attempt,
                                                           nodes=list(event.nodes), trace=envelope.trace,
-                                                          base_port=event.base_port)
+                                                          base_port=event.base_port,
+                                                          planned_at=envelope.recorded_at)
             return
         launch = self.launches.get(envelope.aggregate_id)
         if launch is None or getattr(event, "attempt", None) != launch.attempt:

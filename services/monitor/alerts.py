@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
+import msgspec
+
 from libs.access import allowed
 from libs.contracts.codec import encode
 from libs.contracts.events import AlertRaised, EventEnvelope, JobFailed, JobResuming, UpstreamMessageSetAside
@@ -59,10 +61,13 @@ def _job_label(job: JobRecord) -> str:
     return f"{job.spec.name} ({job.job_id})"
 
 
+JOBS_NOTE = "Jobs running there: "  # a node alert's list of jobs, which only administrators read
+
+
 def _jobs_note(jobs: Sequence[JobRecord]) -> str:
     if not jobs:
         return "No job runs there."
-    return "Jobs running there: " + ", ".join(_job_label(j) for j in jobs) + "."
+    return JOBS_NOTE + ", ".join(_job_label(j) for j in jobs) + "."
 
 
 def node_unhealthy(node: str, version: int, problems: Sequence[str], jobs: Sequence[JobRecord],
@@ -158,6 +163,18 @@ def visible(alert: AlertRaised, identity: Identity, jobs: JobLifecycle) -> bool:
                                                            sharing_enabled=jobs.settings.sharing_enabled)
 
 
+def as_seen_by(envelope: EventEnvelope, identity: Identity) -> EventEnvelope:
+    """An alert as `identity` reads it: others than administrators read a node alert without the jobs on
+    the node (other people's, by name) and no alert's recipients (the operators' and creators' addresses)."""
+    alert = envelope.event
+    if identity.admin or not isinstance(alert, AlertRaised):
+        return envelope
+    message = alert.message
+    if alert.job_id is None and JOBS_NOTE in message:
+        message = message[:message.index(JOBS_NOTE)] + "Which jobs run there, administrators see."
+    return msgspec.structs.replace(envelope, event=msgspec.structs.replace(alert, message=message, recipients=[]))
+
+
 def page(raised: Sequence[EventEnvelope], request: ListAlerts, identity: Identity, jobs: JobLifecycle) -> AlertPage:
     """One page of the alerts `identity` may see among `raised` (alerts in position order), after
     position `request.after`, oldest first.
@@ -174,10 +191,11 @@ def page(raised: Sequence[EventEnvelope], request: ListAlerts, identity: Identit
         if looked_at == request.limit:
             return AlertPage(alerts=found, next_after=next_after, more=True)
         if visible(envelope.event, identity, jobs):
-            size += len(encode(envelope))
+            shown = as_seen_by(envelope, identity)
+            size += len(encode(shown))
             if found and size > MAX_ALERT_PAGE_BYTES:
                 return AlertPage(alerts=found, next_after=next_after, more=True)
-            found.append(envelope)
+            found.append(shown)
         looked_at += 1
         next_after = envelope.position
     return AlertPage(alerts=found, next_after=next_after, more=False)

@@ -20,6 +20,7 @@ from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, Resources
 from libs.contracts.events import ComponentMarked, JobPrechecking, Placement
 from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.messages import CommandError
+from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from services.monitor.health import faulty_components, marked_component
 from services.monitor.state import MonitoredNode
@@ -82,13 +83,13 @@ def with_marks(report: PrecheckReport, name: str, marks: Mapping[str, ComponentM
     return NodeCheck(node=name, passed=all(c.healthy for c in found), checks=found)
 
 
-async def ask_agent(nc: Client, job_id: str, name: str, needed: Resources,
+async def ask_agent(nc: Client, signer: ControlSigner, job_id: str, name: str, needed: Resources,
                     marks: Mapping[str, ComponentMarked]) -> NodeCheck:
     request = PrecheckNode(job_id=job_id, cpus=needed.cpus, memory_mib=needed.memory_mib,
                            accelerators=needed.accelerators)
     try:
         reply = await call(nc, subjects.agent_precheck(name), request, timeout=AGENT_TIMEOUT_SECONDS,
-                           reply_type=PrecheckReport | CommandError)
+                           reply_type=PrecheckReport | CommandError, signer=signer)
     except ServiceUnavailable:
         return failed(name, "agent", f"the node agent did not answer within {AGENT_TIMEOUT_SECONDS:g}s")
     if isinstance(reply, CommandError):
@@ -96,10 +97,10 @@ async def ask_agent(nc: Client, job_id: str, name: str, needed: Resources,
     return with_marks(reply, name, marks)
 
 
-async def check_nodes(nc: Client, job_id: str, plan: PrecheckPlan) -> list[NodeCheck]:
+async def check_nodes(nc: Client, signer: ControlSigner, job_id: str, plan: PrecheckPlan) -> list[NodeCheck]:
     """One check per node, in the order of `plan.needed`: the known verdict, else the agent's answer."""
     async def one(name: str) -> NodeCheck:
         verdict = plan.known.get(name)
-        return verdict if verdict is not None else await ask_agent(nc, job_id, name, plan.needed[name],
+        return verdict if verdict is not None else await ask_agent(nc, signer, job_id, name, plan.needed[name],
                                                                    plan.marks.get(name, {}))
     return list(await asyncio.gather(*(one(name) for name in plan.needed)))

@@ -21,6 +21,7 @@ from nats.errors import Error as NatsError
 from libs.contracts import subjects
 from libs.contracts.agent import Released, ReleaseWorkspaces
 from libs.contracts.messages import CommandError
+from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
@@ -33,12 +34,12 @@ RETRY_SECONDS = 30.0
 CHECK_SECONDS = 5.0
 
 
-async def release(nc: Client, job_id: str, nodes: Iterable[str]) -> set[str]:
+async def release(nc: Client, signer: ControlSigner, job_id: str, nodes: Iterable[str]) -> set[str]:
     """Ask every node's agent to remove the job's kept workspaces; the nodes that confirmed."""
     async def one(node: str) -> str | None:
         try:
             reply = await call(nc, subjects.agent_release(node), ReleaseWorkspaces(job_id=job_id),
-                               timeout=AGENT_TIMEOUT_SECONDS, reply_type=Released | CommandError)
+                               timeout=AGENT_TIMEOUT_SECONDS, reply_type=Released | CommandError, signer=signer)
         except (ServiceUnavailable, NatsError) as exc:  # no answer, or the connection is closing
             log.warning("debug.release_unanswered", job_id=job_id, node=node, error=str(exc))
             return None
@@ -57,10 +58,12 @@ class Retention:
     the monitor record each environment it released through `released`.
     """
 
-    def __init__(self, nc: Client, kept: Mapping[str, KeptEnvironment], nodes: Mapping[str, MonitoredNode],
+    def __init__(self, nc: Client, signer: ControlSigner, kept: Mapping[str, KeptEnvironment],
+                 nodes: Mapping[str, MonitoredNode],
                  caught_up: Callable[[], Awaitable[None]],
                  released: Callable[[KeptEnvironment], Awaitable[None]]) -> None:
         self.nc = nc
+        self.signer = signer
         self.kept = kept
         self.nodes = nodes
         self.caught_up = caught_up
@@ -85,7 +88,7 @@ class Retention:
             for attempt in range(attempts):
                 if attempt:
                     await asyncio.sleep(2.0 ** attempt)
-                left -= await release(self.nc, job_id, left)
+                left -= await release(self.nc, self.signer, job_id, left)
                 if not left:
                     return
             log.warning("debug.release_given_up", job_id=job_id, nodes=sorted(left))
@@ -121,7 +124,7 @@ class Retention:
     async def _release(self, kept: KeptEnvironment) -> None:
         with span_tracer.start_as_current_span("monitor release", context=context_from_headers(kept.trace)):
             nodes = self._reachable(kept.nodes)
-            confirmed = await release(self.nc, kept.job_id, nodes)
+            confirmed = await release(self.nc, self.signer, kept.job_id, nodes)
             if set(nodes) - confirmed:
                 self._retry_at[kept.job_id] = datetime.now(UTC) + timedelta(seconds=RETRY_SECONDS)
                 return

@@ -56,6 +56,7 @@ from libs.contracts.messages import (
     OpenTerminal,
     TerminalOpened,
 )
+from libs.controlsign import ControlSigner
 from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
@@ -87,6 +88,7 @@ class Monitor(EventSourcedService):
         super().__init__(runtime)
         self.cluster = cluster
         self.secret = runtime.settings.require_auth_secret()
+        self.signer = ControlSigner.of(self.secret, "monitor")  # its requests to agents (libs/controlsign.py)
         self.state = MonitorState()
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
@@ -96,7 +98,7 @@ class Monitor(EventSourcedService):
         self.detector = PerformanceDetector(self.state.incidents)
         self.mailer = Mailer(runtime.settings.smtp_url, runtime.settings.alert_from,
                              pending=lambda: list(self.state.unmailed.values()), mailed=self._mailed)
-        self.retention = Retention(runtime.nc, self.state.kept, self.state.nodes, caught_up=self.caught_up,
+        self.retention = Retention(runtime.nc, self.signer, self.state.kept, self.state.nodes, caught_up=self.caught_up,
                                    released=self._released)
 
     @classmethod
@@ -262,9 +264,11 @@ class Monitor(EventSourcedService):
     async def patrol(self) -> None:
         while True:
             await asyncio.sleep(min(self.heartbeat_seconds, self.lost_after / 4))
+            if not self.rt.hearing:  # no heartbeat can arrive: nobody is overdue until NATS is back
+                continue
             async with self.lock:
                 now = time.monotonic()
-                for node in self.state.overdue(now, self.lost_after):
+                for node in self.state.overdue(now, self.lost_after, self.rt.hearing_since):
                     await self.carry_out(decisions.lost(node, self.version("node", node.name), now, datetime.now(UTC),
                                                         self.jobs, self.operators))
 
@@ -288,7 +292,7 @@ class Monitor(EventSourcedService):
                 return False
             plan = precheck.plan(event, self.cluster.flavor(event.flavor), self.state.nodes)
         with self._tracer.start_as_current_span("monitor precheck", context=context_from_headers(envelope.trace)):
-            checks = await precheck.check_nodes(self.rt.nc, event.job_id, plan)
+            checks = await precheck.check_nodes(self.rt.nc, self.signer, event.job_id, plan)
             async with self.lock:
                 if (event.job_id, event.attempt) in self.state.prechecked:
                     return False
@@ -327,4 +331,4 @@ class Monitor(EventSourcedService):
             target = terminal.target(request, identity, self.jobs, self.state, datetime.now(UTC))
         if isinstance(target, CommandError):
             return target
-        return await terminal.open_session(self.rt.nc, request, identity, target)
+        return await terminal.open_session(self.rt.nc, self.signer, request, identity, target)

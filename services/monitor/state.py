@@ -131,9 +131,11 @@ class MonitorState:
         elif isinstance(event, AlertMailed):
             self.unmailed.pop(event.alert_id, None)
 
-    def overdue(self, now: float, lost_after: float) -> list[MonitoredNode]:
-        """Nodes, not yet marked lost, whose last heartbeat is older than `lost_after` seconds."""
-        return [n for n in self.nodes.values() if not n.lost and now - n.last_seen > lost_after]
+    def overdue(self, now: float, lost_after: float, hearing_since: float = 0.0) -> list[MonitoredNode]:
+        """Nodes, not yet marked lost, not heard from for over `lost_after` seconds: since their last
+        heartbeat, or since the monitor could hear again (`hearing_since`), whichever is later, so a
+        monitor cut off from NATS never counts its own deafness against the nodes."""
+        return [n for n in self.nodes.values() if not n.lost and now - max(n.last_seen, hearing_since) > lost_after]
 
     def kept_environment(self, job_id: str, now: datetime) -> KeptEnvironment | None:
         """The job's kept environment, if it has one and its retention is not over."""

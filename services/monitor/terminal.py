@@ -20,8 +20,10 @@ from libs.contracts.agent import OpenSession, SessionOpened
 from libs.contracts.events import Placement
 from libs.contracts.identity import Identity
 from libs.contracts.messages import CommandError, OpenTerminal, TerminalOpened
+from libs.controlsign import ControlSigner
 from libs.lifecycle import JobLifecycle, JobRecord
 from libs.messaging.rpc import ServiceUnavailable, call
+from libs.natsroles import user_nats_name
 from libs.telemetry.logs import get_logger
 from services.monitor.state import KeptEnvironment, MonitorState
 
@@ -100,16 +102,16 @@ def target(request: OpenTerminal, identity: Identity, jobs: JobLifecycle, state:
     return Target(job_id=job.job_id, attempt=attempt, place=place)
 
 
-async def open_session(nc: Client, request: OpenTerminal, identity: Identity,
+async def open_session(nc: Client, signer: ControlSigner, request: OpenTerminal, identity: Identity,
                        target: Target) -> TerminalOpened | CommandError:
     """Ask the agent of the target's node to start the session."""
     place, attempt = target.place, target.attempt
     session = OpenSession(session_id=request.session_id or secrets.token_hex(16), job_id=target.job_id,
                           attempt=attempt, rank=place.rank, command=request.command, columns=request.columns,
-                          rows=request.rows, idle_seconds=IDLE_SECONDS)
+                          rows=request.rows, idle_seconds=IDLE_SECONDS, owner=user_nats_name(identity.user))
     try:
         reply = await call(nc, subjects.agent_open_session(place.node), session,
-                           timeout=AGENT_TIMEOUT_SECONDS, reply_type=SessionOpened | CommandError)
+                           timeout=AGENT_TIMEOUT_SECONDS, reply_type=SessionOpened | CommandError, signer=signer)
     except ServiceUnavailable:
         return CommandError(code="unavailable", message=f"the agent of node {place.node} does not answer",
                             hint="try again shortly; `trainyard nodes` shows whether the node is lost")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import sys
+import time
 from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.workspace import BACKEND_VARIABLE, PLAIN
+from libs.auth import bearer_headers
 from libs.contracts import subjects
 from libs.contracts.agent import (
     ExecExited,
@@ -30,15 +32,18 @@ from libs.contracts.agent import (
     Stopped,
     StopProcesses,
 )
-from libs.contracts.codec import decode, decode_any, encode
+from libs.contracts.codec import decode, encode
 from libs.contracts.events import NodeLaunch
 from libs.contracts.messages import CommandError
+from libs.controlsign import ControlSigner
 from libs.natsroles import job_inbox
-from tests.support.agents import WAIT_SECONDS, Node, registered_node
+from tests.support.agents import LAUNCHER, MONITOR, WAIT_SECONDS, Node, registered_node, signed
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 JOB = "job-5e5510aa0002"
+JOB_TOKEN = "the-token-of-job-5e5510aa0002-attempt-1"  # what the launcher gave the attempt; opaque to the agent
+AS_THE_JOB = bearer_headers(JOB_TOKEN)
 SLEEPER = "import time; time.sleep(600)"
 
 
@@ -51,7 +56,7 @@ async def node(nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 def start_request(code: str, attempt: int = 1) -> StartProcess:
-    return StartProcess(job_id=JOB, attempt=attempt, launch=NodeLaunch(
+    return StartProcess(job_id=JOB, attempt=attempt, job_token=JOB_TOKEN, launch=NodeLaunch(
         rank=0, node="n", address="127.0.0.1", argv=[sys.executable, "-c", code], env={}, mounts=[]))
 
 
@@ -138,10 +143,11 @@ async def test_a_malformed_exec_is_refused_and_runs_nothing(node: Node) -> None:
     subscription = await node.nc.subscribe(inbox, cb=exited)
     good = ExecInJob(job_id=JOB, attempt=1, command="exit 4", reply_to=inbox)
 
-    elsewhere = await node.ask(subjects.agent_exec, encode(msgspec.structs.replace(good, reply_to="_INBOX.user-bob.x")))
+    elsewhere = await node.ask(subjects.agent_exec, encode(msgspec.structs.replace(good, reply_to="_INBOX.user-bob.x")),
+                               AS_THE_JOB)
     assert isinstance(elsewhere, CommandError) and "reply_to must be under" in elsewhere.message
 
-    refused = await node.ask(subjects.agent_exec, changed(good, lambda raw: raw.pop("reply_to")))
+    refused = await node.ask(subjects.agent_exec, changed(good, lambda raw: raw.pop("reply_to")), AS_THE_JOB)
 
     assert isinstance(refused, CommandError), refused
     assert refused.code == "invalid-request"
@@ -151,7 +157,7 @@ async def test_a_malformed_exec_is_refused_and_runs_nothing(node: Node) -> None:
     await asyncio.sleep(0.3)
     assert exits.empty()
 
-    assert await node.ask(subjects.agent_exec, encode(good)) == ProcessAccepted(already_known=False)
+    assert await node.ask(subjects.agent_exec, encode(good), AS_THE_JOB) == ProcessAccepted(already_known=False)
     async with asyncio.timeout(WAIT_SECONDS):
         assert await exits.get() == ExecExited(exit_code=4)
     await subscription.unsubscribe()
@@ -164,11 +170,75 @@ async def test_a_request_whose_handling_fails_is_answered_internal(node: Node,
 
     monkeypatch.setattr(node.agent, "_probe", broken_probe)
 
-    reply = await node.nc.request(subjects.agent_precheck(node.name),
-                                  encode(PrecheckNode(job_id=JOB, cpus=1, memory_mib=1)), timeout=10)
+    failed = await node.ask(subjects.agent_precheck, encode(PrecheckNode(job_id=JOB, cpus=1, memory_mib=1)))
 
-    failed = decode_any(reply.data, CommandError)
+    assert isinstance(failed, CommandError)
     assert failed.code == "internal"
     assert "the probe broke" in failed.message and node.name in failed.message
     # The agent goes on answering.
     assert await node.ask(subjects.agent_start, encode(start_request("pass"))) == ProcessAccepted(already_known=False)
+
+
+def launcher_of_another_platform() -> ControlSigner:
+    return ControlSigner.of("another-platform-secret-" * 2, "launcher")
+
+
+FORGED_STARTS = {
+    "unsigned": (lambda payload, node: {}, "not signed"),
+    "signed by the monitor": (lambda payload, node: MONITOR.headers(subjects.agent_start(node), payload,
+                                                                    time.time()), "only the launcher"),
+    "signed with another key": (lambda payload, node: launcher_of_another_platform().headers(
+        subjects.agent_start(node), payload, time.time()), "does not verify"),
+    "signed for another node": (lambda payload, node: LAUNCHER.headers(subjects.agent_start("node-b"), payload,
+                                                                       time.time()), "does not verify"),
+    "signed ten minutes ago": (lambda payload, node: LAUNCHER.headers(subjects.agent_start(node), payload,
+                                                                      time.time() - 600), "clock"),
+}
+
+
+@pytest.mark.parametrize("sign, reason", FORGED_STARTS.values(), ids=FORGED_STARTS.keys())
+async def test_a_start_not_signed_by_the_launcher_is_refused_and_starts_nothing(
+        node: Node, sign: Callable[[bytes, str], dict[str, str]], reason: str) -> None:
+    payload = encode(start_request("open('pwned', 'w')"))
+
+    refused = await node.ask(subjects.agent_start, payload, sign(payload, node.name))
+
+    assert isinstance(refused, CommandError), refused
+    assert refused.code == "unauthenticated" and reason in refused.message
+    await asyncio.sleep(0.3)
+    assert node.nothing_started()
+
+
+async def test_a_signed_request_replayed_or_altered_is_refused(node: Node) -> None:
+    payload = encode(start_request(SLEEPER))
+    headers = signed(subjects.agent_start, node.name, payload)
+    assert await node.ask(subjects.agent_start, payload, headers) == ProcessAccepted(already_known=False)
+    await node.report(ProcessStarted)
+    stop = encode(StopProcesses(job_id=JOB, attempt=1, grace_seconds=1))
+    stop_headers = signed(subjects.agent_stop, node.name, stop)
+    longer = encode(StopProcesses(job_id=JOB, attempt=1, grace_seconds=0))
+
+    altered = await node.ask(subjects.agent_stop, longer, stop_headers)
+    replayed = await node.ask(subjects.agent_start, payload, headers)
+
+    assert isinstance(altered, CommandError) and "does not verify" in altered.message
+    assert isinstance(replayed, CommandError) and "replay" in replayed.message
+    assert not node.agent.stopped_attempts
+    assert await node.ask(subjects.agent_stop, stop, stop_headers) == Stopped(stopped=1)
+
+
+async def test_an_exec_without_the_attempts_token_runs_nothing(node: Node) -> None:
+    assert await node.ask(subjects.agent_start, encode(start_request(SLEEPER))) == ProcessAccepted(already_known=False)
+    await node.report(ProcessStarted)
+    exec_ = encode(ExecInJob(job_id=JOB, attempt=1, command="touch pwned", reply_to=f"{job_inbox(JOB)}.x"))
+
+    anonymous = await node.ask(subjects.agent_exec, exec_, {})
+    another_job = await node.ask(subjects.agent_exec, exec_, bearer_headers("the-token-of-another-job"))
+    the_launcher = await node.ask(subjects.agent_exec, exec_, signed(subjects.agent_start, node.name, exec_))
+
+    for refused in (anonymous, another_job, the_launcher):
+        assert isinstance(refused, CommandError), refused
+        assert refused.code == "unauthenticated"
+    assert "does not carry the token of job" in another_job.message
+    running = next(iter(node.agent.nodes.values()))
+    assert running.execs == []

@@ -29,11 +29,11 @@ from libs.contracts.agent import (
     SessionOpened,
     StartProcess,
 )
-from libs.contracts.codec import decode, decode_any
+from libs.contracts.codec import decode
 from libs.contracts.events import Mount, NodeLaunch
 from libs.contracts.messages import CommandError
 from libs.messaging.rpc import call
-from tests.support.agents import WAIT_SECONDS, Node, registered_node, start_agent
+from tests.support.agents import LAUNCHER, MONITOR, WAIT_SECONDS, Node, registered_node, start_agent
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -125,7 +125,7 @@ async def test_a_released_environment_is_gone_and_refuses_sessions(node: Node) -
     assert isinstance(await idle.open(attempt=1, rank=0, command="sleep 600"), SessionOpened)
 
     released = await call(node.nc, subjects.agent_release(node.name), ReleaseWorkspaces(job_id=JOB),
-                          reply_type=Released | CommandError)
+                          reply_type=Released | CommandError, signer=MONITOR)
 
     assert released == Released(removed=2)
     assert not (node.agent.root / "jobs" / JOB).exists()
@@ -138,7 +138,7 @@ async def test_a_released_environment_is_gone_and_refuses_sessions(node: Node) -
     assert refused.code == "not-found"
     assert f"job {JOB} attempt 1 task 0 rank 0" in refused.message
     again = await call(node.nc, subjects.agent_release(node.name), ReleaseWorkspaces(job_id=JOB),
-                       reply_type=Released | CommandError)
+                       reply_type=Released | CommandError, signer=MONITOR)
     assert again == Released(removed=0)
 
 
@@ -157,7 +157,7 @@ async def test_a_workspace_not_kept_is_removed_once_the_process_ended(node: Node
 async def test_a_session_in_a_running_job_and_one_left_idle(node: Node) -> None:
     await call(node.nc, subjects.agent_start(node.name),
                StartProcess(job_id=JOB, attempt=2, launch=launch(node, "import time; time.sleep(600)", keep=False)),
-               reply_type=ProcessAccepted)
+               reply_type=ProcessAccepted, signer=LAUNCHER)
     session = node.session()
     async with asyncio.timeout(WAIT_SECONDS):
         while not isinstance(opened := await session.open(attempt=2, rank=0, command="echo $TRAINYARD_ATTEMPT; "
@@ -172,7 +172,7 @@ async def test_a_session_in_a_running_job_and_one_left_idle(node: Node) -> None:
 async def test_the_precheck_and_heartbeats_carry_the_node_health(node: Node) -> None:
     report = await call(node.nc, subjects.agent_precheck(node.name),
                         PrecheckNode(job_id=JOB, cpus=1, memory_mib=1, accelerators=1),
-                        reply_type=PrecheckReport | CommandError)
+                        reply_type=PrecheckReport | CommandError, signer=MONITOR)
     assert isinstance(report, PrecheckReport)
     checks = {c.key: c for c in report.checks}
     assert checks["runtime:storage"].healthy and checks["runtime:memory"].healthy and checks["nic:lo"].healthy
@@ -189,5 +189,5 @@ async def test_the_precheck_and_heartbeats_carry_the_node_health(node: Node) -> 
     await subscription.unsubscribe()
     assert {"nic:lo", "runtime:storage", "runtime:disk", "runtime:python"} <= {c.key for c in beat.health}
 
-    bad = await node.nc.request(subjects.agent_precheck(node.name), b'{"type": "PrecheckNode.v1"}', timeout=10)
-    assert decode_any(bad.data, CommandError).code == "invalid-request"
+    bad = await node.ask(subjects.agent_precheck, b'{"type": "PrecheckNode.v1"}')
+    assert isinstance(bad, CommandError) and bad.code == "invalid-request"

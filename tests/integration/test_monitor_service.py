@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime
 from pathlib import Path
@@ -36,7 +37,7 @@ from libs.contracts.agent import (
     ReleaseWorkspaces,
     SessionOpened,
 )
-from libs.contracts.cluster import ClusterConfig, NodeInfo
+from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.events import (
     AlertMailed,
@@ -80,6 +81,7 @@ from libs.contracts.messages import (
     OpenTerminal,
     TerminalOpened,
 )
+from libs.controlsign import ControlVerifier
 from libs.eventstore import EventStore, NewEvent, OutboxRelay
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import call
@@ -87,6 +89,7 @@ from libs.runtime import ServiceRuntime
 from libs.settings import Settings
 from services.monitor.service import LOGS_CONSUMER, Monitor
 from tests.support.mailbox import Mailbox
+from tests.support.monitor import start_monitor
 from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -120,12 +123,7 @@ class Platform:
         self.agent_requests: list[Any] = []
 
     async def start(self, **settings: Any) -> Monitor:
-        runtime = ServiceRuntime("monitor", dataclasses.replace(self.settings, **settings))
-        await runtime.start()
-        monitor = Monitor(runtime, ClusterConfig.load(CLUSTER))
-        await monitor.start()
-        await runtime.listen()
-        await monitor.caught_up()
+        runtime, monitor = await start_monitor(dataclasses.replace(self.settings, **settings))
         self.runtime, self.monitor = runtime, monitor
         return monitor
 
@@ -165,9 +163,15 @@ class Platform:
                               headers=bearer_headers(issue_node_token(SECRET, name)))
 
     async def fake_agent(self, name: str) -> None:
-        """Answers pre-checks (all healthy), releases and session openings for node `name`."""
+        """Answers pre-checks (all healthy), releases and session openings for node `name`, when the
+        monitor signed them, as a real agent does."""
+        control = ControlVerifier.of_secret(SECRET)
+
         async def answer(msg: Msg) -> None:
             request = decode_any(msg.data, PrecheckNode | ReleaseWorkspaces | OpenSession)
+            if (reason := control.refusal("monitor", msg.subject, msg.data, msg.headers, time.time())) is not None:
+                await msg.respond(encode(CommandError(code="unauthenticated", message=reason)))
+                return
             self.agent_requests.append((name, request))
             if isinstance(request, PrecheckNode):
                 reply: msgspec.Struct = PrecheckReport(node=name, checks=HEALTHY)
@@ -255,10 +259,12 @@ async def test_a_marked_board_makes_its_node_unhealthy_with_one_alert_by_mail_an
         return [e for e in found if isinstance(e, AlertRaised)]
     [alert] = await eventually(published)
     assert (alert.kind, alert.node, alert.recipients) == ("node-unhealthy", "node-a", [OPERATOR])
-    # People read it through the monitor (ListAlerts), never from the stream; only with a token.
+    # People read it through the monitor (ListAlerts), never from the stream; only with a token. Whom it
+    # was mailed to, only administrators read.
     listed = await call(nc, subjects.LIST_ALERTS, ListAlerts(), token=token("someone"),
                         reply_type=AlertPage | CommandError)
-    assert isinstance(listed, AlertPage) and [e.event for e in listed.alerts] == [alert]
+    assert isinstance(listed, AlertPage)
+    assert [e.event for e in listed.alerts] == [msgspec.structs.replace(alert, recipients=[])]
     refused = await call(nc, subjects.LIST_ALERTS, ListAlerts(), reply_type=AlertPage | CommandError)
     assert isinstance(refused, CommandError) and refused.code == "unauthenticated"
     await eventually(lambda: platform.recorded(AlertMailed))

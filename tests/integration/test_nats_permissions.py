@@ -19,6 +19,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy, KeyValueConfig, StreamConfig
 
+from client.api import TrainyardClient, TrainyardError
+from client.cli.runner import UNAUTHENTICATED_HINT, error_hint
 from libs.auth import issue_job_token, issue_node_token, issue_token, new_secret
 from libs.contracts import subjects
 from libs.contracts.identity import Identity
@@ -138,6 +140,16 @@ async def test_anonymous_and_wrong_password_connections_are_refused(server: Serv
                                **options)
 
 
+async def test_a_client_with_a_refused_token_is_told_to_get_a_token_not_to_start_the_stack(
+        server: Server, callout: None) -> None:
+    with pytest.raises(TrainyardError) as refused:
+        await TrainyardClient.open(server.url, token="not-a-token")
+
+    assert refused.value.error.code == "unauthenticated"
+    assert "refused the login" in refused.value.error.message
+    assert error_hint(refused.value.error) == UNAUTHENTICATED_HINT
+
+
 async def test_a_service_publishes_its_own_events_but_not_another_services(connect: ConnectAs) -> None:
     await declare_owned_streams(connect)
     launcher: Conn = await connect("launcher")
@@ -239,6 +251,33 @@ async def test_a_user_sends_requests_but_reads_no_stream_and_starts_nothing(conn
     assert await alice.refused("publish", subjects.agent_start("node-a"))
     await asyncio.sleep(0.2)
     assert starts == []
+
+
+async def test_a_user_takes_part_in_her_own_debug_sessions_only(connect: ConnectAs) -> None:
+    agent: Conn = await connect(agent_user("node-a"))
+    alice: Conn = await connect(ALICE)
+    bob: Conn = await connect("bob")
+    typed: list[bytes] = []
+
+    async def on_input(msg: Msg) -> None:
+        typed.append(msg.data)
+
+    await agent.nc.subscribe(subjects.session("node-a", "*", "*", "in"), cb=on_input)
+    await agent.nc.flush()
+    alices = subjects.session("node-a", "user-alice", "s1", "out")
+    seen = await alice.nc.subscribe(alices)
+    await alice.nc.flush()
+    await agent.nc.publish(alices, b"alice's output")
+    assert (await seen.next_msg(timeout=2)).data == b"alice's output"
+
+    for wildcard in (subjects.session("*", "*", "*", "out"), alices):
+        await bob.nc.subscribe(wildcard)
+        assert await bob.refused("subscription", wildcard)
+    await bob.nc.publish(subjects.session("node-a", "user-alice", "s1", "in"), b"rm -rf /\n")
+    assert await bob.refused("publish", subjects.session("node-a", "user-alice", "s1", "in"))
+    await alice.nc.publish(subjects.session("node-a", "user-alice", "s1", "in"), b"ls\n")
+    await asyncio.sleep(0.2)
+    assert typed == [b"ls\n"]
 
 
 async def test_services_read_their_streams_as_their_code_does(connect: ConnectAs) -> None:

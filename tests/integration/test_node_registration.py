@@ -19,17 +19,18 @@ from agent.agent import NodeAgent
 from libs.auth import bearer_headers, issue_node_token, issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import Heartbeat, NodeAccepted, RegisterNode
-from libs.contracts.cluster import ClusterConfig, NodeInfo
+from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import encode
 from libs.contracts.events import Event, NodeLost, NodeRegistered, NodeUnhealthy
 from libs.contracts.health import ComponentHealth
 from libs.contracts.identity import Identity
 from libs.contracts.messages import CommandError
+from libs.controlsign import ControlVerifier
 from libs.eventstore import EventStore
 from libs.messaging.rpc import call
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
 from services.monitor.service import Monitor
+from tests.support.monitor import start_monitor
 from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -55,12 +56,7 @@ async def monitor(nats_url: str, database_url: str, make_store: StoreFactory) ->
     """The monitor in this process, quick to call a silent node lost."""
     settings = Settings(nats_url=nats_url, database_url=database_url, auth_secret=SECRET, node_lost_seconds=1.0,
                         heartbeat_seconds=0.2)
-    runtime = ServiceRuntime("monitor", settings)
-    await runtime.start()
-    service = Monitor(runtime, ClusterConfig.load(CLUSTER))
-    await service.start()
-    await runtime.listen()
-    await service.caught_up()
+    runtime, service = await start_monitor(settings)
     yield Running(service, await make_store("monitor"))
     await runtime.close()
 
@@ -135,7 +131,7 @@ async def test_heartbeats_without_the_nodes_credential_neither_keep_it_alive_nor
 def agent(nats_url: str, name: str, home: Path, token: str | None) -> NodeAgent:
     return NodeAgent(NodeInfo(name=name, address="127.0.0.1", cpus=1, memory_mib=256), nats_url=nats_url,
                      root=home / "agents" / name, storage=home / "storage", health_probe_seconds=0.2,
-                     node_token=token)
+                     node_token=token, control=ControlVerifier.of_secret(SECRET))
 
 
 async def test_a_real_agent_with_its_credential_registers_and_without_one_exits_saying_why(

@@ -1,10 +1,12 @@
 """A real node agent on real NATS for the agent tests: registered by a stand-in for the monitor, with
-its process reports collected, and the client's side of a debug session."""
+its process reports collected, and the client's side of a debug session. The tests speak for the
+launcher and the monitor with their signing keys (of `CONTROL_SECRET`)."""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -32,9 +34,23 @@ from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.events import NodeLaunch
 from libs.contracts.messages import CommandError
+from libs.controlsign import ControlSigner, ControlVerifier
 from libs.messaging.rpc import call
 
 WAIT_SECONDS = 30
+CONTROL_SECRET = "agent-tests-" * 4
+LAUNCHER = ControlSigner.of(CONTROL_SECRET, "launcher")
+MONITOR = ControlSigner.of(CONTROL_SECRET, "monitor")
+# Who sends what to an agent; exec comes from a job, with the job's token instead of a signature.
+SENDERS: dict[Callable[[str], str], ControlSigner] = {
+    subjects.agent_start: LAUNCHER, subjects.agent_stop: LAUNCHER, subjects.agent_precheck: MONITOR,
+    subjects.agent_release: MONITOR, subjects.agent_open_session: MONITOR}
+
+
+def signed(subject: Callable[[str], str], node: str, payload: bytes) -> dict[str, str]:
+    """The headers the owner of `subject` sends `payload` to `node` with."""
+    signer = SENDERS.get(subject)
+    return {} if signer is None else signer.headers(subject(node), payload, time.time())
 
 
 async def start_agent(nats_url: str, name: str, home: Path, *, storage: Path | None = None,
@@ -42,7 +58,7 @@ async def start_agent(nats_url: str, name: str, home: Path, *, storage: Path | N
     """An agent for node `name` with its folder under `home` (shared storage: `home/storage`)."""
     agent = NodeAgent(NodeInfo(name=name, address="127.0.0.1", cpus=1, memory_mib=256), nats_url=nats_url,
                       root=home / "agents" / name, storage=storage or home / "storage",
-                      health_probe_seconds=health_probe_seconds)
+                      health_probe_seconds=health_probe_seconds, control=ControlVerifier.of_secret(CONTROL_SECRET))
     await agent.start()
     return agent
 
@@ -64,14 +80,17 @@ class Node:
     async def run(self, launch: NodeLaunch, attempt: int = 1) -> int:
         """Start one node of the job and wait for its exit code."""
         await call(self.nc, subjects.agent_start(self.name),
-                   StartProcess(job_id=self.job_id, attempt=attempt, launch=launch), reply_type=ProcessAccepted)
+                   StartProcess(job_id=self.job_id, attempt=attempt, launch=launch), reply_type=ProcessAccepted,
+                   signer=LAUNCHER)
         exited = await self.report(ProcessExited, attempt, rank=launch.rank)
         assert isinstance(exited, ProcessExited)
         return exited.exit_code
 
-    async def ask(self, subject: Callable[[str], str], payload: bytes) -> Any:
-        """Send raw bytes as a request (no retry: one request, one answer) and decode the reply."""
-        reply = await self.nc.request(subject(self.name), payload, timeout=10)
+    async def ask(self, subject: Callable[[str], str], payload: bytes, headers: dict[str, str] | None = None) -> Any:
+        """Send raw bytes as a request (no retry: one request, one answer), as the subject's owner would
+        send them (signed) unless `headers` are given, and decode the reply."""
+        sent = signed(subject, self.name, payload) if headers is None else headers
+        reply = await self.nc.request(subject(self.name), payload, timeout=10, headers=sent)
         return decode_any(reply.data, ProcessAccepted | Stopped | CommandError)
 
     async def report(self, kind: type[ProcessReport], attempt: int = 1, *, rank: int | None = None) -> ProcessReport:
@@ -124,6 +143,7 @@ class Session:
     node: str
     job_id: str
     session_id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    owner: str = "user-alice"
     out: bytearray = field(default_factory=bytearray)
     exits: list[int] = field(default_factory=list)
     subscriptions: list[Any] = field(default_factory=list)
@@ -136,19 +156,22 @@ class Session:
             self.exits.append(decode(msg.data, SessionExited).exit_code)
 
         # Listening first: the agent may publish output before its reply arrives.
-        self.subscriptions = [await self.nc.subscribe(subjects.session(self.node, self.session_id, "out"), cb=output),
-                              await self.nc.subscribe(subjects.session(self.node, self.session_id, "exit"), cb=ended)]
+        self.subscriptions = [await self.nc.subscribe(self._subject("out"), cb=output),
+                              await self.nc.subscribe(self._subject("exit"), cb=ended)]
         reply: SessionOpened | CommandError = await call(
             self.nc, subjects.agent_open_session(self.node),
-            OpenSession(session_id=self.session_id, job_id=self.job_id, **fields),
-            reply_type=SessionOpened | CommandError)
+            OpenSession(session_id=self.session_id, job_id=self.job_id, owner=self.owner, **fields),
+            reply_type=SessionOpened | CommandError, signer=MONITOR)
         return reply
 
     async def type(self, text: str) -> None:
-        await self.nc.publish(subjects.session(self.node, self.session_id, "in"), text.encode())
+        await self.nc.publish(self._subject("in"), text.encode())
 
     async def control(self, control: SessionControl) -> None:
-        await self.nc.publish(subjects.session(self.node, self.session_id, "control"), encode(control))
+        await self.nc.publish(self._subject("control"), encode(control))
+
+    def _subject(self, channel: str) -> str:
+        return subjects.session(self.node, self.owner, self.session_id, channel)
 
     async def until_output(self, text: str) -> None:
         async with asyncio.timeout(WAIT_SECONDS):

@@ -12,7 +12,7 @@ from libs.contracts.identity import Identity
 from libs.contracts.messages import MAX_ALERT_PAGE_BYTES, ListAlerts
 from libs.contracts.scheduling import AdminSettings
 from libs.lifecycle import JobLifecycle, JobRecord
-from services.monitor.alerts import page
+from services.monitor.alerts import node_lost, page
 from tests.support.specs import sleeper
 
 OWN, SHARED, OTHER, GONE = "job-00000000000a", "job-00000000000b", "job-00000000000c", "job-00000000000d"
@@ -52,6 +52,23 @@ def test_a_user_sees_node_alerts_and_alerts_about_jobs_she_may_show() -> None:
     assert ids(page(ALERTS, ListAlerts(), ALICE, jobs()).alerts) == ["own", "node", "shared"]
     assert ids(page(ALERTS, ListAlerts(), ADMIN, jobs()).alerts) == ["own", "node", "shared", "other", "gone",
                                                                       "aside"]
+
+
+def test_a_node_alert_names_other_peoples_jobs_and_the_recipients_to_administrators_only() -> None:
+    lifecycle = jobs()
+    lost = node_lost("node-a", 2, "no heartbeat for 10s", [lifecycle.jobs[OTHER], lifecycle.jobs[OWN]],
+                     ["ops@example.com"])
+    envelope = msgspec.structs.replace(raised(5, "lost"), event=lost)
+
+    [as_admin] = page([envelope], ListAlerts(), ADMIN, lifecycle).alerts
+    [as_alice] = page([envelope], ListAlerts(), ALICE, lifecycle).alerts
+
+    assert as_admin == envelope
+    alert = as_alice.event
+    assert isinstance(alert, AlertRaised)
+    assert OTHER not in alert.message and OWN not in alert.message and alert.recipients == []
+    assert alert.message.startswith("Node node-a was lost (no heartbeat for 10s).")
+    assert "administrators" in alert.message
 
 
 def test_with_sharing_off_a_user_sees_only_her_own_jobs_alerts() -> None:

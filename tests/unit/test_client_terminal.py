@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from client import cli, terminal
 from client.api import TrainyardClient
+from libs.auth import issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import SessionControl, SessionExited
 from libs.contracts.codec import decode, encode
@@ -37,7 +38,8 @@ from libs.lifecycle import JobLifecycle
 from services.monitor.alerts import page as alert_page
 
 JOB = "job-0123456789ab"
-TOKEN = "a-token"
+TOKEN = issue_token("client-terminal-tests-" * 3, Identity(user="alice", projects=["default"]))
+OWNER = "user-alice"  # whom NATS knows alice's client as: her sessions' subjects name it
 runner = CliRunner()
 
 
@@ -61,12 +63,12 @@ class FakeNode:
         self.hold.set()
 
     def subject(self, channel: str) -> str:
-        return subjects.session(self.node, self.session_id, channel)
+        return subjects.session(self.node, OWNER, self.session_id, channel)
 
     async def start(self) -> None:
         await self.nc.subscribe(subjects.OPEN_TERMINAL, cb=self.on_open)
-        await self.nc.subscribe(subjects.session(self.node, "*", "in"), cb=self.on_input)
-        await self.nc.subscribe(subjects.session(self.node, "*", "control"), cb=self.on_control)
+        await self.nc.subscribe(subjects.session(self.node, "*", "*", "in"), cb=self.on_input)
+        await self.nc.subscribe(subjects.session(self.node, "*", "*", "control"), cb=self.on_control)
         await self.nc.flush()
 
     async def on_open(self, msg: Msg) -> None:
@@ -78,7 +80,7 @@ class FakeNode:
         if self.refusal is not None:
             await msg.respond(encode(self.refusal))
             return
-        await self.nc.publish(subjects.session("node-z", "other", "out"), b"someone else's output\n")
+        await self.nc.publish(subjects.session("node-z", OWNER, "other", "out"), b"someone else's output\n")
         await self.nc.publish(self.subject("out"), self.early)
         await self.nc.flush()
         await asyncio.sleep(0.2)  # the early output is surely there before the reply

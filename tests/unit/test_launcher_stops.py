@@ -12,6 +12,7 @@ import asyncio
 from types import SimpleNamespace
 from typing import Any, cast
 
+import jwt
 import pytest
 from nats.aio.msg import Msg
 
@@ -34,6 +35,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import CheckpointResume, DebugTerminal, FaultRestart, JobSpec
 from libs.contracts.scheduling import AdminSettings
+from libs.controlsign import ControlSigner
 from libs.eventstore import Tracking
 from libs.messaging.rpc import ServiceUnavailable
 from services.launcher import dispatcher as launcher_dispatcher
@@ -52,7 +54,9 @@ class Agents:
         self.unreachable: set[str] = set()
         self.hold: asyncio.Event | None = None  # the next call's answer waits for it
 
-    async def __call__(self, _: object, subject: str, request: Any, *, timeout: float, reply_type: object) -> Any:
+    async def __call__(self, _: object, subject: str, request: Any, *, timeout: float, reply_type: object,
+                       signer: ControlSigner) -> Any:
+        assert signer.role == "launcher"  # a real agent obeys only the launcher's signature
         self.calls.append((subject, request, timeout))
         node = subject.split(".")[2]
         if node in self.unreachable:
@@ -236,3 +240,24 @@ async def test_the_next_attempt_is_told_how_often_the_job_resumed(site: Site) ->
     assert (plan.attempt, launch.env["TRAINYARD_RESUME_COUNT"], launch.keep_workspace) == (2, "1", True)
     assert any(m.source == f"checkpoints/{JOB}" and m.target == "checkpoints" and not m.read_only
                for m in launch.mounts)
+
+
+# --- the job token (MPI's remote shell) ---------------------------------------------------------------------
+
+
+async def test_every_node_of_an_attempt_gets_one_job_token_also_from_a_restarted_launcher(site: Site) -> None:
+    await site.run(plain_spec(2), ["n1", "n2"])
+    restarted = Launcher(fake_runtime(site.log, "launcher"), CLUSTER)
+    for envelope in site.log.envelopes:
+        if envelope.service == "launcher":
+            restarted.state.apply(envelope)
+
+    [first, second] = site.agents.starts()
+    again = restarted.dispatcher._job_token(restarted.state.launches[JOB])
+
+    assert first.job_token and first.job_token == second.job_token == again
+    secret = fake_runtime(site.log, "launcher").settings.require_auth_secret()
+    claims = jwt.decode(first.job_token, secret, algorithms=["HS256"], options={"verify_exp": False})
+    planned = next(e for e in site.log.envelopes if isinstance(e.event, LaunchPlanned))
+    assert (claims["job"], claims["attempt"], claims["nodes"]) == (JOB, 1, ["n1", "n2"])
+    assert claims["iat"] == int(planned.recorded_at.timestamp())  # issued when planned: the log's clock

@@ -85,10 +85,10 @@ def test_only_a_streams_owner_manages_it() -> None:
 def test_an_agent_speaks_for_its_own_node_only() -> None:
     agent = agent_permissions("node-a")
     for own in (subjects.agent_report("node-a"), subjects.heartbeat("node-a"), subjects.REGISTER_NODE,
-                subjects.session("node-a", "s1", "out"), subjects.job_logs("job-000000000001", 0)):
+                subjects.session("node-a", "user-alice", "s1", "out"), subjects.job_logs("job-000000000001", 0)):
         assert may_publish(agent, own), own
     for other in (subjects.agent_report("node-b"), subjects.heartbeat("node-b"),
-                  subjects.session("node-b", "s1", "out"),
+                  subjects.session("node-b", "user-alice", "s1", "out"),
                   subjects.agent_exec("node-b"), subjects.agent_start("node-b"), subjects.SUBMIT_JOB):
         assert not may_publish(agent, other), other
     assert may_subscribe(agent, subjects.agent_start("node-a"))
@@ -97,14 +97,25 @@ def test_an_agent_speaks_for_its_own_node_only() -> None:
 
 
 def test_a_user_reads_no_stream_and_sends_nothing_to_agents() -> None:
-    user = user_permissions("alice")
+    user = user_permissions("user-alice")
     for subject in (subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL, "_INBOX.scheduler.x"):
         assert not may_subscribe(user, subject), subject
     for subject in (subjects.agent_start("node-a"), subjects.agent_open_session("node-a"),
                     "$JS.API.CONSUMER.CREATE.TRAINYARD_EVENTS", "$JS.API.STREAM.DELETE.TRAINYARD_EVENTS"):
         assert not may_publish(user, subject), subject
-    assert may_publish(user, subjects.session("node-a", "s1", "in"))
-    assert may_subscribe(user, subjects.session("node-a", "s1", "out"))
+    assert may_publish(user, subjects.session("node-a", "user-alice", "s1", "in"))
+    assert may_subscribe(user, subjects.session("node-a", "user-alice", "s1", "out"))
+
+
+def test_a_user_reaches_only_her_own_debug_sessions() -> None:
+    """Nobody reads another's session (its output, learning its id) or types into it."""
+    bob = user_permissions("user-bob")
+    for channel in ("out", "exit"):
+        assert not may_subscribe(bob, subjects.session("node-a", "user-alice", "s1", channel))
+        assert not may_subscribe(bob, subjects.session("*", "*", "*", channel))
+        assert not may_subscribe(bob, "trainyard.agent.>")
+    for channel in ("in", "control"):
+        assert not may_publish(bob, subjects.session("node-a", "user-alice", "s1", channel))
 
 
 def test_bad_names_and_missing_credentials_are_refused() -> None:

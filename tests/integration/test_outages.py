@@ -1,0 +1,157 @@
+"""NATS going away and coming back is weathered, not propagated: a monitor cut off from NATS does not
+count its own deafness against the nodes, and answers again once NATS is back. Against a NATS server
+of the test's own, killed with SIGKILL and started again on the same port and store."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import signal
+import subprocess
+from collections.abc import AsyncIterator, Iterator
+from datetime import UTC, datetime
+from pathlib import Path
+
+import asyncpg
+import nats
+import pytest
+import pytest_asyncio
+
+from libs.auth import bearer_headers, issue_node_token, issue_token
+from libs.contracts import subjects
+from libs.contracts.agent import Heartbeat, NodeAccepted, RegisterNode
+from libs.contracts.cluster import NodeInfo
+from libs.contracts.codec import encode
+from libs.contracts.events import NodeLost, NodeRegistered
+from libs.contracts.identity import Identity
+from libs.contracts.messages import AlertPage, CommandError, ListAlerts
+from libs.devstack.servers import free_port, start_nats
+from libs.eventstore import EventStore
+from libs.messaging.connection import ensure_streams
+from libs.messaging.rpc import ServiceUnavailable, call
+from libs.runtime import ServiceRuntime
+from libs.settings import Settings
+from tests.support.monitor import start_monitor
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+SECRET = "outage-tests-signing-secret-0123456789abcdef"
+LOST_SECONDS = 2.0
+OUTAGE_SECONDS = 3 * LOST_SECONDS
+
+
+class Nats:
+    """A nats-server of this test's own, which the test kills and starts again."""
+
+    def __init__(self, folder: Path) -> None:
+        self.folder, self.port = folder, free_port()
+        self.url = f"nats://127.0.0.1:{self.port}"
+        self.process: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        self.process = start_nats(self.folder, self.port)
+
+    def kill(self) -> None:
+        assert self.process is not None
+        self.process.send_signal(signal.SIGKILL)
+        self.process.wait(timeout=10)
+
+
+@pytest.fixture
+def own_nats(tmp_path: Path) -> Iterator[Nats]:
+    server = Nats(tmp_path / "nats")
+    server.start()
+    yield server
+    with contextlib.suppress(Exception):
+        server.kill()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def monitor(own_nats: Nats, database_url: str) -> AsyncIterator[ServiceRuntime]:
+    nc = await nats.connect(own_nats.url)
+    await ensure_streams(nc.jetstream())  # as the streams' owners would
+    await nc.close()
+    settings = Settings(nats_url=own_nats.url, database_url=database_url, auth_secret=SECRET,
+                        node_lost_seconds=LOST_SECONDS, heartbeat_seconds=0.3)
+    runtime, _ = await start_monitor(settings)
+    yield runtime
+    await runtime.close()
+
+
+async def beat_forever(url: str, node: str) -> None:
+    """A node agent's heartbeats, on a connection that reconnects like the agent's."""
+    credential = issue_node_token(SECRET, node)
+    nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        info = NodeInfo(name=node, address="127.0.0.1", cpus=4, memory_mib=8192)
+        reply = await call(nc, subjects.REGISTER_NODE, RegisterNode(node=info), token=credential,
+                           reply_type=NodeAccepted | CommandError)
+        assert isinstance(reply, NodeAccepted)
+        while True:
+            with contextlib.suppress(Exception):  # NATS is away: the next beat goes once it is back
+                await nc.publish(subjects.heartbeat(node), encode(Heartbeat(node=node, sent_at=datetime.now(UTC))),
+                                 headers=bearer_headers(credential))
+            await asyncio.sleep(0.3)
+    finally:
+        await nc.close()
+
+
+async def recorded(database_url: str, kind: type) -> list[object]:
+    pool = await asyncpg.create_pool(database_url, min_size=1, max_size=1)
+    try:
+        return [e.event async for e in EventStore(pool, "monitor").read_all() if isinstance(e.event, kind)]
+    finally:
+        await pool.close()
+
+
+async def test_a_nats_outage_loses_no_node_and_the_monitor_answers_again(
+        own_nats: Nats, monitor: ServiceRuntime, database_url: str) -> None:
+    beats = asyncio.create_task(beat_forever(own_nats.url, "node-a"))
+    try:
+        async with asyncio.timeout(30):
+            while not await recorded(database_url, NodeRegistered):
+                await asyncio.sleep(0.1)
+        await asyncio.sleep(1)
+
+        own_nats.kill()
+        await asyncio.sleep(OUTAGE_SECONDS)  # far longer than a node may stay silent
+        own_nats.start()
+        await asyncio.sleep(3 * LOST_SECONDS)  # the monitor, back, hears the node again
+
+        assert await recorded(database_url, NodeLost) == []
+        nc = await nats.connect(own_nats.url)
+        try:
+            admin = issue_token(SECRET, Identity(user="root", projects=[], admin=True))
+            async with asyncio.timeout(20):
+                while True:
+                    with contextlib.suppress(ServiceUnavailable):
+                        page = await call(nc, subjects.LIST_ALERTS, ListAlerts(), token=admin, timeout=2,
+                                          reply_type=AlertPage | CommandError)
+                        break
+                    await asyncio.sleep(0.2)
+            assert isinstance(page, AlertPage) and page.alerts == []
+        finally:
+            await nc.close()
+    finally:
+        beats.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await beats
+
+
+async def test_a_node_silent_after_the_outage_is_still_lost(own_nats: Nats, monitor: ServiceRuntime,
+                                                            database_url: str) -> None:
+    beats = asyncio.create_task(beat_forever(own_nats.url, "node-a"))
+    async with asyncio.timeout(30):
+        while not await recorded(database_url, NodeRegistered):
+            await asyncio.sleep(0.1)
+    own_nats.kill()
+    beats.cancel()  # the node does not come back with NATS
+    with contextlib.suppress(asyncio.CancelledError):
+        await beats
+    await asyncio.sleep(OUTAGE_SECONDS)
+    own_nats.start()
+
+    async with asyncio.timeout(30):
+        while not (lost := await recorded(database_url, NodeLost)):
+            await asyncio.sleep(0.2)
+    assert [e.node_name for e in lost] == ["node-a"]  # type: ignore[attr-defined]
