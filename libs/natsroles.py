@@ -325,10 +325,16 @@ def render_config(nodes: Sequence[str], credentials: Mapping[str, Credential], u
             "authorization {\n users = [\n" + "\n".join(entries) + "\n ]\n" + callout + "}\n")
 
 
+# JetStream writes every acknowledged message to disk before it acknowledges it: the event history, the
+# agents' reports and the logs survive a crash of the server (or of its machine), not only of the process.
+# The default flushes every two minutes (docs/benchmarks.md measures what this costs).
+DURABLE_JETSTREAM = "jetstream {\n sync_interval: always\n}\n"
+
+
 def callout_config(credentials: Mapping[str, Credential], issuer: str) -> str:
     """The configuration of a cluster whose services are static users and everyone else logs in with a
-    token through the auth callout: what the local stack and deploy/ run."""
-    return render_config((), credentials, (), issuer=issuer)
+    token through the auth callout, with JetStream syncing every write: what the local stack and deploy/ run."""
+    return render_config((), credentials, (), issuer=issuer) + DURABLE_JETSTREAM
 
 
 def placeholder_credentials(nodes: Sequence[str] = (), users: Sequence[str] = ()) -> dict[str, Credential]:

@@ -289,6 +289,16 @@ class NodeProcessLost(_Event, frozen=True, tag="NodeProcessLost.v1"):
     task: int = 0
 
 
+class LostProcessesStopped(_Event, frozen=True, tag="LostProcessesStopped.v1"):
+    """The processes of an attempt given up on `node` (NodeProcessLost) are gone: the node's agent answered
+    a stop for them once it was back. Until then the launcher keeps asking it, so an attempt given up
+    never runs on beside the next one."""
+
+    job_id: str
+    attempt: int
+    node: str
+
+
 class LaunchSucceeded(_Event, frozen=True, tag="LaunchSucceeded.v1"):
     job_id: str
     attempt: int
@@ -445,8 +455,8 @@ class UpstreamMessageSetAside(_Event, frozen=True, tag="UpstreamMessageSetAside.
 JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | JobDurationChanged
             | JobStopRequested | JobSucceeded | JobFailed | JobStopped | JobDeleted | JobExpiring | JobExpired
             | JobRescaling | JobPrechecking | JobPrecheckFailed | JobResuming | JobRequeued | JobRestarting)
-LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LaunchSucceeded
-               | LaunchFailed | LaunchStopped)
+LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LostProcessesStopped
+               | LaunchSucceeded | LaunchFailed | LaunchStopped)
 NodeEvent = NodeRegistered | NodeLost | NodeRecovered | NodeUnhealthy | NodeHealthy | ComponentMarked
 MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
 AlertEvent = AlertRaised | AlertMailed
@@ -457,8 +467,8 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
     JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
     JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet,
-    LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LaunchSucceeded, LaunchFailed,
-    LaunchStopped,
+    LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LostProcessesStopped, LaunchSucceeded,
+    LaunchFailed, LaunchStopped,
     NodeRegistered, NodeLost, NodeRecovered, NodeUnhealthy, NodeHealthy, ComponentMarked,
     PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
     AlertRaised, AlertMailed, UpstreamMessageSetAside,

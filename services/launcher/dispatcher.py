@@ -28,7 +28,7 @@ from libs.eventsourced import EventSourcedService
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
-from services.launcher.rules import give_up_node, stopped
+from services.launcher.rules import fenced, give_up_node, stopped
 from services.launcher.state import Launch, LauncherState, Unit
 from services.launcher.stopping import reply_timeout, stop_request
 
@@ -118,6 +118,10 @@ class Dispatcher:
                 key = ("start", launch.attempt, unit, launch.job_id)
                 if self._due(key, now):
                     work.append(self._send(key, self._start(launch, unit)))
+        for job_id, attempt, node in sorted(self.state.fences):
+            key = ("fence", attempt, node, job_id)
+            if self._due(key, now):
+                work.append(self._send(key, self._fence(job_id, attempt, node)))
         return work
 
     def _due(self, key: SendKey, now: float) -> bool:
@@ -189,6 +193,20 @@ class Dispatcher:
                 async with self.service.lock:
                     await self._give_up_node(launch, node, f"node {node} did not answer stop requests for "
                                                            f"{settings.stop_give_up_seconds:g}s")
+
+
+    async def _fence(self, job_id: str, attempt: int, node: str) -> None:
+        """Ask a node whose processes of `attempt` were given up to end them, at once and without a checkpoint
+        (the next attempt may already write one); asked again until the node answers."""
+        request = StopProcesses(job_id=job_id, attempt=attempt, grace_seconds=0)
+        try:
+            await self._ask(subjects.agent_stop(node), request, timeout=5.0)
+        except (ServiceUnavailable, AgentRefused):
+            return  # still away: asked again later
+        async with self.service.lock:
+            if (job_id, attempt, node) in self.state.fences:
+                log.info("launch.given_up_processes_stopped", job_id=job_id, attempt=attempt, node=node)
+                await self.service.record(fenced(job_id, attempt, node))
 
 
 def _failure(exc: Exception) -> str:

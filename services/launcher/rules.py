@@ -19,6 +19,7 @@ from libs.contracts.events import (
     LaunchPlanned,
     LaunchStopped,
     LaunchSucceeded,
+    LostProcessesStopped,
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
@@ -110,6 +111,11 @@ def give_up_node(launch: Launch, node: str, reason: str) -> list[NewEvent]:
     return launch_events(launch.job_id, [
         NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, task=task, rank=rank, node=node, reason=reason)
         for task, rank in launch.running() if launch.node_of((task, rank)).node == node])
+
+
+def fenced(job_id: str, attempt: int, node: str) -> list[NewEvent]:
+    """The node came back and stopped what was given up there."""
+    return launch_events(job_id, [LostProcessesStopped(job_id=job_id, attempt=attempt, node=node)])
 
 
 def stopped(state: LauncherState, launch: Launch, confirmed: set[str]) -> list[NewEvent]:

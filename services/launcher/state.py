@@ -30,6 +30,7 @@ from libs.contracts.events import (
     LaunchPlanned,
     LaunchStopped,
     LaunchSucceeded,
+    LostProcessesStopped,
     NodeLaunch,
     NodeProcessExited,
     NodeProcessLost,
@@ -117,6 +118,9 @@ class LauncherState:
     renewing: dict[str, int] = field(default_factory=dict)
     # Per job, the attempt and the nodes lost under it: their processes are given up at once (J12).
     lost_nodes: dict[str, tuple[int, set[str]]] = field(default_factory=dict)
+    # (job, attempt, node) whose processes were given up (NodeProcessLost) and not yet seen stopped: the
+    # node is asked to stop them until it answers, whenever it comes back (LostProcessesStopped).
+    fences: set[tuple[str, int, str]] = field(default_factory=set)
 
     # --- folds ----------------------------------------------------------------------------------------
 
@@ -128,6 +132,11 @@ class LauncherState:
                                                           nodes=list(event.nodes), trace=envelope.trace,
                                                           base_port=event.base_port,
                                                           planned_at=envelope.recorded_at)
+            return
+        if isinstance(event, NodeProcessLost):  # kept apart from the launch: a next attempt replaces it
+            self.fences.add((event.job_id, event.attempt, event.node))
+        elif isinstance(event, LostProcessesStopped):
+            self.fences.discard((event.job_id, event.attempt, event.node))
             return
         launch = self.launches.get(envelope.aggregate_id)
         if launch is None or getattr(event, "attempt", None) != launch.attempt:

@@ -51,6 +51,7 @@ from libs.contracts.events import (
     JobSubmitted,
     JobSucceeded,
     LaunchPlanned,
+    LostProcessesStopped,
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
@@ -75,7 +76,8 @@ from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, ex
 DEFAULT_MAX_AGE = timedelta(seconds=30)
 # Events that change nothing a plan is made from; any other event makes the next prediction plan anew.
 _UNPLANNED = (JobPredicted, LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost,
-              DebugEnvironmentKept, DebugEnvironmentReleased, AlertRaised, AlertMailed, StorageAccessSet)
+              LostProcessesStopped, DebugEnvironmentKept, DebugEnvironmentReleased, AlertRaised, AlertMailed,
+              StorageAccessSet)
 _ENDS = (JobSucceeded, JobFailed, JobStopped, JobExpired)
 _PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
 

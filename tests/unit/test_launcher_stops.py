@@ -29,6 +29,7 @@ from libs.contracts.events import (
     LaunchFailed,
     LaunchPlanned,
     LaunchStopped,
+    LostProcessesStopped,
     NodeProcessLost,
     Placement,
     SettingsChanged,
@@ -183,11 +184,39 @@ async def test_processes_on_a_lost_node_are_given_up_at_once(site: Site) -> None
     await site.dispatch()
     [lost] = site.recorded(NodeProcessLost)
     assert (lost.rank, lost.node, lost.reason) == (1, "n2", "node n2 was lost")
-    assert [node for node, _, _ in site.agents.stops()] == ["n1"]
+    # n1 is stopped gracefully; n2 is only asked to end what was given up there, should it come back.
+    assert [(node, r.grace_seconds > 0) for node, r, _ in site.agents.stops()] == [("n1", True), ("n2", False)]
     assert site.recorded(LaunchStopped) == []  # rank 0 still runs
     await site.exited(0, "n1", 143)
     await site.dispatch()
     assert [e.attempt for e in site.recorded(LaunchStopped)] == [1]
+
+
+async def test_a_node_given_up_on_is_made_to_end_that_attempt_as_soon_as_it_answers(site: Site) -> None:
+    await site.run(job_spec(2), ["n1", "n2"])
+    site.agents.unreachable.add("n2")
+    await site.scheduler(JobResuming(job_id=JOB, attempt=1, reason="node n2 was lost", lost_nodes=["n2"]))
+    await site.dispatch()
+    await site.exited(0, "n1", 143)
+    for _ in range(3):  # n2 stays away: it is asked again and again
+        await site.dispatch()
+    fences = [request for node, request, _ in site.agents.stops() if node == "n2"]
+    assert len(fences) == 4 and site.recorded(LostProcessesStopped) == []
+    # At once, without the checkpoint signal: the next attempt may already be writing its checkpoints.
+    assert all((r.attempt, r.grace_seconds, r.checkpoint_signal) == (1, 0, None) for r in fences)
+
+    site.agents.unreachable.discard("n2")  # the node is back
+    await site.dispatch()
+
+    assert [(e.attempt, e.node) for e in site.recorded(LostProcessesStopped)] == [(1, "n2")]
+    asked = len(site.agents.stops())
+    await site.dispatch()
+    assert len(site.agents.stops()) == asked  # and never asked again, also by a restarted launcher
+    restarted = Launcher(fake_runtime(site.log, "launcher"), CLUSTER)
+    for envelope in site.log.envelopes:
+        if envelope.service == "launcher":
+            restarted.state.apply(envelope)
+    assert restarted.state.fences == set()
 
 
 # --- J13: a failed attempt is reported stopped before its restart --------------------------------------------
