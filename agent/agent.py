@@ -26,6 +26,7 @@ import shutil
 import signal
 import sys
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -93,6 +94,9 @@ log = get_logger(__name__)
 LOG_FLUSH_SECONDS = 0.2
 LOG_CHUNK_LINES = 200
 LOG_CHUNK_CHARACTERS = 128 * 1024  # and no more text: a chunk, even of escaped characters, is one NATS message
+# Output held per running node while it cannot be shipped (NATS away): the process writes on, and what
+# fits is shipped once NATS is back; beyond it the oldest lines are dropped, and the log says how many.
+LOG_BUFFER_CHARACTERS = int(float(os.environ.get("TRAINYARD_LOG_BUFFER_MIB", "64")) * 1024 * 1024)
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 # How long closing the agent waits for its debug sessions to report their end.
 SESSION_CLOSE_SECONDS = 5.0
@@ -107,10 +111,13 @@ class RunningNode:
     group: ProcessGroup | None = None
     runner: asyncio.Task[None] | None = None
     log_seq: int = 0
-    pending_lines: list[str] = field(default_factory=list)
+    pending_lines: deque[str] = field(default_factory=deque)
     pending_characters: int = 0
-    # Chunks must reach the stream in `seq` order; the flusher and the reader share this lock.
+    dropped_lines: int = 0  # over LOG_BUFFER_CHARACTERS while NATS was away, not shipped yet
+    # Chunks must reach the stream in `seq` order: one shipment at a time.
     ship_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    ship_now: asyncio.Event = field(default_factory=asyncio.Event)  # a chunk's worth is pending
+    output_done: bool = False  # the process's output ended: ship what is left, then stop
     # The job's trace context from the start request, carried on this node's reports.
     trace: dict[str, str] = field(default_factory=dict)
     # Where and how the node's command runs, for commands run later in the same environment.
@@ -469,17 +476,22 @@ class NodeAgent:
         write_record(root, {"job_id": node.job_id, "attempt": node.attempt, "task": node.task, "rank": node.rank,
                             "pid": group.pid, "keep": node.keep})
         bound.info("agent.process_started", pid=group.pid, argv=argv, backend=workspace.backend)
-        await self._report(ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                                          node=self.info.name, pid=group.pid, backend=workspace.backend),
-                           "started", node)
-        flusher = asyncio.create_task(self._flush_periodically(node))
+        # The output is read from the start, whether or not NATS takes the reports and the log right now:
+        # a job never waits on its agent's connection.
+        started = asyncio.create_task(self._report(
+            ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
+                           node=self.info.name, pid=group.pid, backend=workspace.backend), "started", node))
+        shipper = asyncio.create_task(self._ship_continuously(node))
         sampler = asyncio.create_task(self._sample_usage(node, group.pid))
         try:
             code = await group.pump(lambda line: self._collect(node, line))
+            node.output_done = True
+            node.ship_now.set()
+            await shipper
+            await started  # the start is reported before the exit
         finally:
-            flusher.cancel()
-            sampler.cancel()
-        await self._ship(node, [])
+            for task in (started, shipper, sampler):
+                task.cancel()
         remove_record(root)
         bound.info("agent.process_exited", exit_code=code)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
@@ -515,25 +527,52 @@ class NodeAgent:
     async def _collect(self, node: RunningNode, line: str) -> None:
         node.pending_lines.append(line)
         node.pending_characters += len(line)
+        while node.pending_characters > LOG_BUFFER_CHARACTERS and len(node.pending_lines) > 1:
+            node.pending_characters -= len(node.pending_lines.popleft())
+            node.dropped_lines += 1
+        # The shipper takes a chunk's worth at once; collecting never waits for it (NATS may be away).
         if len(node.pending_lines) >= LOG_CHUNK_LINES or node.pending_characters >= LOG_CHUNK_CHARACTERS:
-            await self._ship(node, [])
+            node.ship_now.set()
 
-    async def _flush_periodically(self, node: RunningNode) -> None:
-        while True:
-            await asyncio.sleep(LOG_FLUSH_SECONDS)
+    async def _ship_continuously(self, node: RunningNode) -> None:
+        """Ship the node's output every LOG_FLUSH_SECONDS, or at once when a chunk's worth is pending; the
+        reader of the output only collects, so the process writes on while a shipment waits for NATS."""
+        while not node.output_done:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(node.ship_now.wait(), LOG_FLUSH_SECONDS)
+            node.ship_now.clear()
             await self._ship(node, [])
+        await self._ship(node, [])
 
     async def _ship(self, node: RunningNode, extra: list[str]) -> None:
+        """Ship everything pending (and `extra` after it), a chunk at a time, in order."""
         async with node.ship_lock:
-            lines, node.pending_lines, node.pending_characters = node.pending_lines + extra, [], 0
-            if not lines:
-                return
-            chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                             node=self.info.name,
-                             seq=node.log_seq, lines=lines)
-            node.log_seq += 1
-            msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.log.{chunk.seq}"
-            await self._publish(subjects.job_logs(node.job_id, node.rank), encode(chunk), msg_id)
+            node.pending_lines.extend(extra)
+            node.pending_characters += sum(len(line) for line in extra)
+            while node.pending_lines:
+                chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
+                                 node=self.info.name, seq=node.log_seq, lines=self._next_chunk(node))
+                node.log_seq += 1
+                msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.log.{chunk.seq}"
+                await self._publish(subjects.job_logs(node.job_id, node.rank), encode(chunk), msg_id)
+
+    @staticmethod
+    def _next_chunk(node: RunningNode) -> list[str]:
+        """The oldest pending lines that fit one chunk, after a note of the lines dropped before them."""
+        lines: list[str] = []
+        characters = 0
+        if node.dropped_lines:
+            lines.append(f"[trainyard] {node.dropped_lines} lines of output were dropped here: NATS was away "
+                         f"longer than the agent's buffer of {LOG_BUFFER_CHARACTERS // 2**20} MiB lasted "
+                         "(TRAINYARD_LOG_BUFFER_MIB)")
+            node.dropped_lines = 0
+        while node.pending_lines and len(lines) < LOG_CHUNK_LINES and (
+                not lines or characters + len(node.pending_lines[0]) <= LOG_CHUNK_CHARACTERS):
+            line = node.pending_lines.popleft()
+            node.pending_characters -= len(line)
+            characters += len(line)
+            lines.append(line)
+        return lines
 
     async def _report(self, report: ProcessStarted | ProcessExited, kind: str, node: RunningNode) -> None:
         msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.{kind}"

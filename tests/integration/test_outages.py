@@ -1,6 +1,7 @@
 """NATS going away and coming back is weathered, not propagated: a monitor cut off from NATS does not
-count its own deafness against the nodes, and answers again once NATS is back. Against a NATS server
-of the test's own, killed with SIGKILL and started again on the same port and store."""
+count its own deafness against the nodes, and answers again once NATS is back; a job writes on while
+its agent cannot ship its log, and the log and its exit arrive afterwards. Against a NATS server of
+the test's own, killed with SIGKILL and started again on the same port and store."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import signal
 import subprocess
+import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -16,21 +18,37 @@ import asyncpg
 import nats
 import pytest
 import pytest_asyncio
+from nats.aio.client import Client
+from nats.aio.msg import Msg
 
+import agent.agent as agent_module
+from agent.agent import NodeAgent
+from agent.workspace import BACKEND_VARIABLE, PLAIN
 from libs.auth import bearer_headers, issue_node_token, issue_token
 from libs.contracts import subjects
-from libs.contracts.agent import Heartbeat, NodeAccepted, RegisterNode
+from libs.contracts.agent import (
+    Heartbeat,
+    LogChunk,
+    NodeAccepted,
+    ProcessAccepted,
+    ProcessExited,
+    ProcessReport,
+    RegisterNode,
+    StartProcess,
+)
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.codec import encode
-from libs.contracts.events import NodeLost, NodeRegistered
+from libs.contracts.codec import decode_any, encode
+from libs.contracts.events import NodeLaunch, NodeLost, NodeRegistered
 from libs.contracts.identity import Identity
 from libs.contracts.messages import AlertPage, CommandError, ListAlerts
 from libs.devstack.servers import free_port, start_nats
 from libs.eventstore import EventStore
 from libs.messaging.connection import ensure_streams
+from libs.messaging.reader import read_subject
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from tests.support.agents import LAUNCHER, start_agent
 from tests.support.monitor import start_monitor
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -155,3 +173,90 @@ async def test_a_node_silent_after_the_outage_is_still_lost(own_nats: Nats, moni
         while not (lost := await recorded(database_url, NodeLost)):
             await asyncio.sleep(0.2)
     assert [e.node_name for e in lost] == ["node-a"]  # type: ignore[attr-defined]
+
+
+# --- a node agent through a NATS outage ------------------------------------------------------------------
+
+JOB = "job-0a7a6e000001"
+LINES = 30_000
+
+
+def chatty(flag: Path, done: Path) -> str:
+    """A job that waits for `flag`, then writes LINES lines (about 2 MB) and leaves `done` behind."""
+    return (f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)\n"
+            f"for i in range({LINES}):\n    print(f'line {{i}} ' + 'x' * 60)\nopen({str(done)!r}, 'w').close()\n")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def agent_on_own_nats(own_nats: Nats, tmp_path: Path,
+                            monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[NodeAgent, Client]]:
+    monkeypatch.setenv(BACKEND_VARIABLE, PLAIN)
+    nc = await nats.connect(own_nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    await ensure_streams(nc.jetstream())
+
+    async def accept(msg: Msg) -> None:  # the monitor's part of registration
+        await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.5)))
+
+    await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
+    agent = await start_agent(own_nats.url, "node-a", tmp_path)
+    yield agent, nc
+    await agent.close()
+    await nc.close()
+
+
+async def run_through_an_outage(own_nats: Nats, nc: Client, home: Path) -> tuple[list[str], ProcessExited]:
+    """Start the chatty job, take NATS away while it writes, and read back what reached JetStream."""
+    flag, done = home / "go", home / "done"
+    launch = NodeLaunch(rank=0, node="node-a", address="127.0.0.1", argv=[sys.executable, "-c", chatty(flag, done)],
+                        env={}, mounts=[])
+    accepted = await call(nc, subjects.agent_start("node-a"), StartProcess(job_id=JOB, attempt=1, launch=launch),
+                          reply_type=ProcessAccepted | CommandError, signer=LAUNCHER)
+    assert accepted == ProcessAccepted(already_known=False)
+    await asyncio.sleep(1)
+
+    own_nats.kill()
+    flag.touch()
+    async with asyncio.timeout(60):  # the job is not held up by a log nobody can take
+        while not done.exists():
+            await asyncio.sleep(0.1)
+    await asyncio.sleep(1)
+    own_nats.start()
+
+    js = nc.jetstream()
+    async with asyncio.timeout(60):
+        while True:
+            reports = [decode_any(m.data, ProcessReport) async for m in
+                       read_subject(js, subjects.AGENT_REPORTS_STREAM, subjects.agent_report("node-a"))]
+            exits = [r for r in reports if isinstance(r, ProcessExited)]
+            if exits:
+                break
+            await asyncio.sleep(0.5)
+    lines = [line async for m in read_subject(js, subjects.LOGS_STREAM, subjects.job_logs(JOB, 0))
+             for line in decode_any(m.data, LogChunk).lines]
+    return lines, exits[0]
+
+
+async def test_a_job_writes_on_through_a_nats_outage_and_its_log_and_exit_arrive_after(
+        own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
+    _, nc = agent_on_own_nats
+
+    lines, exited = await run_through_an_outage(own_nats, nc, tmp_path)
+
+    assert exited.exit_code == 0
+    assert lines == [f"line {i} " + "x" * 60 for i in range(LINES)]
+
+
+async def test_output_beyond_the_agents_buffer_is_dropped_oldest_first_and_said_so(
+        own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    _, nc = agent_on_own_nats
+    monkeypatch.setattr(agent_module, "LOG_BUFFER_CHARACTERS", 200_000)
+
+    lines, exited = await run_through_an_outage(own_nats, nc, tmp_path)
+
+    assert exited.exit_code == 0
+    notes = [line for line in lines if line.startswith("[trainyard]")]
+    assert len(notes) >= 1 and "lines of output were dropped here" in notes[0]
+    kept = [line for line in lines if not line.startswith("[trainyard]")]
+    assert kept[-1] == f"line {LINES - 1} " + "x" * 60  # the end, where the job says how it ended
+    assert len(kept) < LINES
