@@ -15,7 +15,8 @@ $(STAMP): pyproject.toml deploy/local/system-packages.sh
 	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
 	touch $(STAMP)
 
-## Start NATS, PostgreSQL, the four services and two node agents, then run the example job.
+## Start NATS, PostgreSQL, and a supervisor that runs (and restarts) the four services and two node agents;
+## then run the example job. `make status` lists every process, `make down` stops them all.
 up: install
 	$(PY) -m libs.devstack up
 	$(PY) -m client.demo

@@ -22,16 +22,14 @@ import asyncio
 import json
 import re
 import statistics
-import tempfile
 import time
 from datetime import datetime
 from pathlib import Path
 
+from bench.servers import bench_servers
 from client.api import TrainyardClient
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
 from libs.devstack.harness import Stack
-from libs.devstack.provision import provide_servers
-from libs.devstack.servers import create_database
 
 CLUSTER = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "cluster-resilient.yaml"
 DrillStack = Stack[TrainyardClient]
@@ -114,17 +112,13 @@ def median(values: list[float | None]) -> str:
 
 
 async def main_async(args: argparse.Namespace) -> None:
-    with tempfile.TemporaryDirectory(prefix="trainyard-drill-") as workdir:
-        home = Path(workdir)
-        home.chmod(0o755)
-        with provide_servers(home / "servers") as servers:
-            await create_database(servers.postgres_admin_url, "drill")
-            stack = DrillStack(home / "stack", servers.nats_url, servers.database_url("drill"),
-                               connect=TrainyardClient.open, cluster=CLUSTER)
-            try:
-                results = await drill(stack, args.kind, args.drills)
-            finally:
-                await stack.close()
+    async with bench_servers("drill") as servers:
+        stack = DrillStack(servers.home / "stack", servers.nats_url, servers.database_url,
+                           connect=TrainyardClient.open, cluster=CLUSTER)
+        try:
+            results = await drill(stack, args.kind, args.drills)
+        finally:
+            await stack.close()
     print(f"\n{args.kind}: {args.drills} drills")
     print(f"fault -> checkpoint signal sent   {median([r['signal'] for r in results])}")
     print(f"fault -> checkpoint saved         {median([r['saved'] for r in results])}")

@@ -89,9 +89,11 @@ from libs.natsroles import nats_user_for
 
 # How long a followed log is still read after the job ended: chunks shipped at its end may lag its status.
 LOG_DRAIN_SECONDS = 1.0
-# A request creating a job (submit, clone) that nothing answers is sent again with the same job id, this
-# many times in all: the scheduler creates one job per id, so a lost reply never makes two jobs.
-CREATE_ATTEMPTS = 3
+# A request creating a job (submit, clone) that nothing answers, or that the scheduler answers with
+# `unavailable` (an outage of its own: nothing was done), is sent again with the same job id, this many
+# times in all: the scheduler creates one job per id, so a lost reply never makes two jobs. Waiting
+# 1, 2 and 4 s between attempts outlasts a scheduler that the local stack's supervisor restarts.
+CREATE_ATTEMPTS = 4
 CREATE_RETRY_SECONDS = 1.0  # the wait before the second attempt, doubled before each later one
 
 
@@ -184,18 +186,18 @@ class TrainyardClient:
     # --- commands ---------------------------------------------------------------------------------
 
     async def submit(self, spec: JobSpec, *, job_id: str | None = None,
-                     on_retry: Callable[[int, NoAnswer], None] | None = None) -> JobAccepted:
+                     on_retry: Callable[[int, Exception], None] | None = None) -> JobAccepted:
         """Create a job; passing the same `job_id` again is safe (it is created once).
 
-        The id is chosen here unless given. A request nothing answers is sent again with the same id
-        (CREATE_ATTEMPTS in all; `on_retry(attempt, error)` is told before each new attempt); when the
-        last goes unanswered too, `CreationUnanswered` names the id.
+        The id is chosen here unless given. A request nothing answers, or answered `unavailable`, is sent
+        again with the same id (CREATE_ATTEMPTS in all; `on_retry(attempt, error)` is told before each
+        new attempt); when the last goes unanswered too, `CreationUnanswered` names the id.
         """
         request = SubmitJob(job_id=job_id or new_job_id(), spec=spec)
         return await self._create(subjects.SUBMIT_JOB, request, request.job_id, on_retry)
 
     async def _create(self, subject: str, request: SubmitJob | CloneJob, job_id: str,
-                      on_retry: Callable[[int, NoAnswer], None] | None) -> JobAccepted:
+                      on_retry: Callable[[int, Exception], None] | None) -> JobAccepted:
         """Send a job-creating request until it is answered, at most CREATE_ATTEMPTS times, always with
         the same job id."""
         wait = CREATE_RETRY_SECONDS
@@ -203,7 +205,9 @@ class TrainyardClient:
             try:
                 accepted: JobAccepted = await self._call(subject, request, JobAccepted)
                 return accepted
-            except NoAnswer as exc:
+            except (NoAnswer, TrainyardError) as exc:
+                if isinstance(exc, TrainyardError) and exc.error.code != "unavailable":
+                    raise
                 if on_retry is not None:
                     on_retry(next_attempt, exc)
                 await asyncio.sleep(wait)
@@ -235,7 +239,7 @@ class TrainyardClient:
         return result
 
     async def clone(self, source_job_id: str, overrides: dict[str, Any] | None = None, *,
-                    job_id: str | None = None, on_retry: Callable[[int, NoAnswer], None] | None = None,
+                    job_id: str | None = None, on_retry: Callable[[int, Exception], None] | None = None,
                     ) -> JobAccepted:
         """O1: a new job from another's spec with top-level fields replaced by `overrides`.
 

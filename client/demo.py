@@ -21,7 +21,7 @@ from libs.contracts.jobspec import decode_spec
 from libs.devstack.stack import REPO_ROOT, read_stack_env
 
 app = typer.Typer(help="Run the example job on the local stack.", add_completion=False)
-console = Console(highlight=False)
+console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())  # piped: whole lines, not cut at 80
 
 
 @app.command()

@@ -32,7 +32,7 @@ from nats.aio.msg import Msg
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.messaging.follower import Handler, StreamFollower
-from libs.messaging.outages import OUTAGES
+from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer

@@ -19,6 +19,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from libs.eventstore import EventStore, OutboxRelay
+from libs.eventstore.lease import Lease, LeaseLost
 from libs.messaging.connection import NatsLogin, connect, ensure_streams
 from libs.natsauth import read_issuer_seed
 from libs.natsauth import serve as serve_logins
@@ -54,6 +55,11 @@ class ServiceRuntime:
         self.pool = await asyncpg.create_pool(self.settings.database_url, min_size=2, max_size=8)
         self.store = EventStore(self.pool, self.name)
         await self.store.migrate()
+        # One instance acts at a time: a standby waits here, answering nothing, until the lease is its own.
+        self.lease = Lease(self.pool, self.store.schema)
+        self.store.epoch = await self.lease.acquire(
+            waiting=lambda holder: log.info("service.standby", active=holder, lease_seconds=self.lease.ttl_seconds))
+        log.info("service.active", epoch=self.store.epoch, instance=self.lease.holder)
         login = NatsLogin.for_service(self.name)
         self.nc = await connect(self.settings.nats_url, f"trainyard-{self.name}", login)
         self.js = self.nc.jetstream()
@@ -65,6 +71,12 @@ class ServiceRuntime:
                                  max_reconnect_attempts=-1, reconnect_time_wait=1,
                                  disconnected_cb=self.stopped_hearing, reconnected_cb=self.heard_again)
         self.spawn(OutboxRelay(self.store, self.js).run(), "relay")
+        self.spawn(self.lease.keep(self._lease_lost), "lease")
+
+    async def _lease_lost(self, _: LeaseLost) -> None:
+        """Another instance took over (this one was paused or cut off too long): stop, so that it restarts
+        as a standby; its state may be behind what the other one recorded."""
+        self._stopping.set()
 
     async def _serve_nats_logins(self) -> None:
         """Answer NATS's auth callout when this service was given the issuer key (libs/natsauth.py)."""
@@ -125,6 +137,8 @@ class ServiceRuntime:
             await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.nc.close(), timeout)
+        with contextlib.suppress(Exception):  # a standby takes over at once, not after the lease ran out
+            await asyncio.wait_for(self.lease.give_up(), timeout)
         try:
             await asyncio.wait_for(self.pool.close(), timeout)
         except (TimeoutError, Exception):

@@ -30,7 +30,7 @@ from client.cli.runner import connected
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from client.api import NoAnswer, TrainyardClient
+    from client.api import TrainyardClient
     from libs.contracts.messages import JobView
 
 commands = typer.Typer()
@@ -63,11 +63,12 @@ async def submit(client: TrainyardClient,
             raise typer.Exit(1)
 
 
-def sending_again(job_id: str) -> Callable[[int, NoAnswer], None]:
-    """What to say when a request creating `job_id` went unanswered and is sent again."""
+def sending_again(job_id: str) -> Callable[[int, Exception], None]:
+    """What to say when a request creating `job_id` went unanswered (or the scheduler could not serve
+    it) and is sent again."""
     from client.api import CREATE_ATTEMPTS
 
-    def retrying(attempt: int, error: NoAnswer) -> None:
+    def retrying(attempt: int, error: Exception) -> None:
         note(f"{error}; sending job {job_id} again (attempt {attempt} of {CREATE_ATTEMPTS})")
 
     return retrying

@@ -39,7 +39,7 @@ DEFAULT_HINTS: dict[str, str] = {
     "conflict": "`trainyard show JOB` shows the job as it is now; nothing was changed",
     "invalid-request": "`trainyard COMMAND --help` lists the accepted values",
     "invalid-spec": "fix the fields named above and try again",
-    "unavailable": STACK_HINT,
+    "unavailable": "try again in a few seconds; `make status` shows whether every process of a local stack runs",
     "internal": "see the service's log (.trainyard/logs/ for a local stack) and try again",
 }
 

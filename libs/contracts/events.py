@@ -141,13 +141,16 @@ class JobPrecheckFailed(_Event, frozen=True, tag="JobPrecheckFailed.v1"):
 class JobResuming(_Event, frozen=True, tag="JobResuming.v1"):
     """J12/M2: a node of a checkpoint-resume job is unhealthy (or slow, M6). The launcher sends the
     checkpoint signal to every process, waits the graceful shutdown time, then kills; processes on
-    `lost_nodes` cannot be reached and are given up at once. Placements avoid `exclude_nodes`."""
+    `lost_nodes` cannot be reached and are given up at once. Placements avoid `exclude_nodes`.
+    `fault_nodes` are the nodes whose fault moves the job (lost, unhealthy or slow); empty in events
+    recorded before it was added."""
 
     job_id: str
     attempt: int
     reason: str
     lost_nodes: list[str] = msgspec.field(default_factory=list)
     exclude_nodes: list[str] = msgspec.field(default_factory=list)
+    fault_nodes: list[str] = msgspec.field(default_factory=list)
 
 
 class JobRequeued(_Event, frozen=True, tag="JobRequeued.v1"):

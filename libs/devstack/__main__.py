@@ -8,16 +8,17 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
-import signal
 import sys
 import time
 from pathlib import Path
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from libs.contracts.cluster import ClusterConfig
 from libs.devstack.natslogins import provision_nats_logins
+from libs.devstack.processes import alive, forget_stopped, recorded_pids, stack_processes, stop_recorded
 from libs.devstack.servers import (
     ServerError,
     create_database,
@@ -41,20 +42,16 @@ from libs.devstack.stack import (
     provision_auth,
     seed_storage,
     stack_env,
-    start_platform,
 )
 
 app = typer.Typer(help="Run Trainyard locally.", no_args_is_help=True, add_completion=False)
-console = Console(highlight=False)
+# Piped or redirected (make up | tee), lines stay whole: rich would otherwise cut them at 80 columns.
+console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
 
 
-def _alive(pid_file: Path) -> bool:
-    try:
-        os.kill(int(pid_file.read_text()), 0)
-        return True
-    except (OSError, ValueError):
-        return False
+def supervisor_argv(home: Path, cluster: Path) -> list[str]:
+    return [sys.executable, "-m", "libs.devstack.supervisor", "--home", str(home), "--cluster", str(cluster)]
 
 
 @app.command()
@@ -62,9 +59,10 @@ def up() -> None:
     """Start NATS, PostgreSQL, the services and the node agents; leave them running."""
     home = home_dir()
     run = home / "run"
-    if run.exists() and any(_alive(p) for p in run.glob("*.pid")):
+    if any(alive(pid) for pid in recorded_pids(run).values()):
         console.print(f"the stack is already running (under {home}); `make down` stops it")
         return
+    forget_stopped(run)  # records of a stack that ended without `down`: none of them runs
     home.mkdir(parents=True, exist_ok=True)
     # Servers named in the environment are used as they are, unless they are this stack's own
     # (left there by `source .trainyard/stack.env`): those are started again here.
@@ -93,10 +91,11 @@ def up() -> None:
     env = stack_env(nats_url=nats_url, database_url=database_url, storage=storage, cluster=CLUSTER,
                     extra=provision_auth(home))
     (home / STACK_ENV_FILE).write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
-    processes = ProcessSet(home, env)
-    start_platform(processes, CLUSTER, home / "agents")
+    # The supervisor starts the services and agents, and restarts any that exits (supervisor.py).
+    ProcessSet(home, env).start("supervisor", supervisor_argv(home, CLUSTER))
     expected = {n.name for n in ClusterConfig.load(CLUSTER).nodes}
-    console.print(f"[dim]started {', '.join(SERVICES)} and {len(expected)} node agent(s); waiting for nodes[/]")
+    console.print(f"[dim]started {', '.join(SERVICES)} and {len(expected)} node agent(s) under a supervisor "
+                  "that restarts them; waiting for nodes[/]")
     token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text().strip()
     try:
         asyncio.run(_wait_for_nodes(nats_url, token, expected, timeout=90))
@@ -144,19 +143,8 @@ async def _wait_for_nodes(nats_url: str, token: str, expected: set[str], timeout
 def down() -> None:
     """Stop everything `up` started."""
     home = home_dir()
-    run = home / "run"
-    pids = {p.stem: int(p.read_text()) for p in run.glob("*.pid")} if run.exists() else {}
-    # Agents and services first, the servers they talk to last.
-    for name in sorted(pids, key=lambda n: n == "nats"):
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(pids[name], signal.SIGTERM)
-    deadline = time.monotonic() + 15
-    for name, pid in pids.items():
-        while time.monotonic() < deadline and _alive(run / f"{name}.pid"):
-            time.sleep(0.1)
-        if _alive(run / f"{name}.pid"):
-            os.killpg(pid, signal.SIGKILL)
-        (run / f"{name}.pid").unlink(missing_ok=True)
+    # The supervisor (which stops the services and agents), then anything still recorded, NATS last.
+    stop_recorded(home / "run")
     stop_postgres(home / "postgres")
     (home / STACK_ENV_FILE).unlink(missing_ok=True)
     console.print("the stack is down")
@@ -164,15 +152,14 @@ def down() -> None:
 
 @app.command()
 def status() -> None:
-    """Show which stack processes are running."""
-    run = home_dir() / "run"
-    pid_files = sorted(run.glob("*.pid")) if run.exists() else []
-    if not pid_files:
+    """Show every stack process, whether it runs, and how often the supervisor restarted it."""
+    processes = stack_processes(home_dir())
+    if not processes:
         console.print("the stack is not running")
         return
-    for pid_file in pid_files:
-        state = "[green]running[/]" if _alive(pid_file) else "[red]exited[/]"
-        console.print(f"{pid_file.stem:20} {state}")
+    for process in processes:
+        state = "[green]running[/]" if process.running else "[red]exited[/] "
+        console.print(f"{process.name:20} {state}  {escape(process.detail)}".rstrip())
 
 
 if __name__ == "__main__":

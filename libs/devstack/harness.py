@@ -117,6 +117,13 @@ class Stack(Generic[ClientT]):
         """kill -9: no shutdown code runs."""
         self.processes.kill(name, signal.SIGKILL)
 
+    def pause(self, name: str) -> None:
+        """kill -STOP: the process holds its connections and does nothing, as a hung or cut-off one."""
+        self.processes.send(name, signal.SIGSTOP)
+
+    def resume(self, name: str) -> None:
+        self.processes.send(name, signal.SIGCONT)
+
     async def api(self) -> ClientT:
         if self.client is None:
             self.client = await self.connect(self.nats_url, token=self.token)

@@ -117,8 +117,12 @@ def start_postgres(data_dir: Path, port: int) -> None:
         subprocess.run(_as_server_user([str(bin_dir / "initdb"), "-D", str(cluster), "-U", "postgres",
                                         "--auth=trust", "-E", "UTF8", "--no-sync"]),
                        check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    # A commit is acknowledged once its WAL is written to the OS (synchronous_commit on): an acknowledged
+    # submission survives a crash of PostgreSQL. Without fsync it does not survive a crash of the OS or a
+    # power loss, which may also corrupt the cluster: fine for a development server only
+    # (docs/local-stack.md says what production runs with).
     options = (f"-p {port} -k {data_dir} -c listen_addresses=127.0.0.1 -c fsync=off "
-               "-c synchronous_commit=off -c full_page_writes=off -c max_connections=200")
+               "-c synchronous_commit=on -c full_page_writes=off -c max_connections=200")
     result = subprocess.run(
         _as_server_user([str(bin_dir / "pg_ctl"), "-D", str(cluster), "-o", options, "-l",
                          str(data_dir / "postgres.log"), "-w", "-t", "30", "start"]),

@@ -1,8 +1,9 @@
 """The local stack: servers, the four services and the node agents as separate processes.
 
 `python -m libs.devstack up` starts everything under `.trainyard/` (or $TRAINYARD_HOME) and leaves
-it running; `down` stops it (`python -m client.demo` runs the example job on it). The whole-stack
-harness (`harness.py`) uses `ProcessSet` to run the same processes and kill them at will.
+it running, the services and agents under a supervisor (`supervisor.py`) that restarts them; `down`
+stops it (`python -m client.demo` runs the example job on it). The whole-stack harness (`harness.py`)
+uses `ProcessSet` to run the same processes unsupervised, and kill and restart them at will.
 """
 
 from __future__ import annotations
@@ -18,7 +19,6 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from libs.contracts.cluster import ClusterConfig
 from libs.devstack.natslogins import nats_login_env
 
 SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
@@ -67,6 +67,10 @@ class ProcessSet:
         self.processes[name] = process
         (self.home / "run" / f"{name}.pid").write_text(str(process.pid))
         return process
+
+    def send(self, name: str, sig: signal.Signals) -> None:
+        """Send `sig` to one process and leave it be (SIGSTOP, SIGCONT)."""
+        self.processes[name].send_signal(sig)
 
     def kill(self, name: str, sig: signal.Signals = signal.SIGKILL) -> None:
         """Signal one process (SIGKILL by default: a crash, not a shutdown) and reap it."""
@@ -134,24 +138,16 @@ def provision_node_token(home: Path, node: str, secret_file: Path) -> dict[str, 
     return {"TRAINYARD_NODE_TOKEN_FILE": str(token_file)}
 
 
-def start_service(processes: ProcessSet, name: str) -> None:
+def start_service(processes: ProcessSet, name: str) -> subprocess.Popen[bytes]:
     """Start service `name` with its own NATS login, when the stack provisioned one."""
-    processes.start(name, service_argv(name), env=nats_login_env(processes.home, name))
+    return processes.start(name, service_argv(name), env=nats_login_env(processes.home, name))
 
 
-def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path) -> None:
+def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path) -> subprocess.Popen[bytes]:
     """Start `node`'s agent with a fresh node credential of its own, signed with the set's secret file."""
     secret_file = Path(processes.env.get("TRAINYARD_AUTH_SECRET_FILE", processes.home / "auth-secret"))
-    processes.start(f"agent-{node}", agent_argv(node, cluster, agents_root),
-                    env=provision_node_token(processes.home, node, secret_file))
-
-
-def start_platform(processes: ProcessSet, cluster: Path, agents_root: Path) -> None:
-    """Start the four services and one agent per node in the cluster config."""
-    for name in SERVICES:
-        start_service(processes, name)
-    for node in ClusterConfig.load(cluster).nodes:
-        start_agent(processes, node.name, cluster, agents_root)
+    return processes.start(f"agent-{node}", agent_argv(node, cluster, agents_root),
+                           env=provision_node_token(processes.home, node, secret_file))
 
 
 def seed_storage(storage: Path, examples: Path = REPO_ROOT / "examples") -> None:

@@ -24,6 +24,7 @@ import msgspec
 
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.events import Event, EventEnvelope
+from libs.eventstore.lease import LeaseLost, leadership_sql
 
 
 class ConcurrencyConflict(Exception):
@@ -86,7 +87,7 @@ def _schema_sql(schema: str) -> str:
         published_position bigint  NOT NULL DEFAULT 0
     );
     INSERT INTO {schema}.relay (id) VALUES (1) ON CONFLICT DO NOTHING;
-    """
+    """ + leadership_sql(schema)
 
 
 class EventStore:
@@ -101,6 +102,9 @@ class EventStore:
         self.notify_channel = f"{service}_events"
         # Distinct per store, stable across processes: the key of the append lock.
         self.lock_key = zlib.crc32(f"trainyard.{service}.append".encode())
+        # The fencing epoch of the lease this process holds (libs/eventstore/lease.py): set, every write
+        # checks it is still current. None: no lease is taken (tools, tests of one process).
+        self.epoch: int | None = None
 
     async def migrate(self) -> None:
         # Two processes of one service may start together; serialise DDL between them.
@@ -129,6 +133,7 @@ class EventStore:
         stored: list[EventEnvelope] = []
         async with self.pool.acquire() as conn, conn.transaction():
             await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key)
+            await self._fence(conn)
             if tracking is not None:
                 await self._track(conn, tracking)
             for new in events:
@@ -172,6 +177,16 @@ class EventStore:
             raise EventTooLarge(f"{type(new.event).__name__} for {new.aggregate_type} {new.aggregate_id} would be "
                                 f"{size} bytes, over the limit of {MAX_EVENT_BYTES} for one event")
 
+    async def _fence(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> None:
+        """Refuse to write once another instance took the lease; hold the lease row (FOR SHARE) until the
+        transaction ends, so a takeover waits for this write and then rebuilds with it."""
+        if self.epoch is None:
+            return
+        current = await conn.fetchval(f"SELECT epoch FROM {self.schema}.leadership FOR SHARE")
+        if current != self.epoch:
+            raise LeaseLost(f"the {self.service} lease passed from epoch {self.epoch} to {current}: "
+                            "another instance acts now; nothing was written")
+
     async def _track(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], tracking: Tracking) -> None:
         done = await conn.fetchval(
             f"SELECT position FROM {self.schema}.tracking WHERE consumer = $1 FOR UPDATE",
@@ -188,6 +203,7 @@ class EventStore:
     async def record_tracking(self, tracking: Tracking) -> None:
         """Mark an upstream message as processed when handling it appended nothing."""
         async with self.pool.acquire() as conn, conn.transaction():
+            await self._fence(conn)
             with contextlib.suppress(AlreadyProcessed):
                 await self._track(conn, tracking)
 

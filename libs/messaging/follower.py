@@ -28,6 +28,7 @@ database going away without skipping a message.
 from __future__ import annotations
 
 import asyncio
+from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
 
@@ -41,7 +42,7 @@ from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageS
 from libs.contracts.subjects import SET_ASIDE_AGGREGATE, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.messaging.connection import wait_for_streams
-from libs.messaging.outages import is_outage
+from libs.outages import is_outage
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
@@ -118,6 +119,12 @@ class _SetAside(Exception):
         self.reason = reason
 
 
+# How many of the latest envelopes' ids a follower remembers to recognise one published again: the
+# relay publishes again at most one batch after a crash, far fewer than this.
+REMEMBERED_ENVELOPES = 10_000
+_REPEATED = object()  # what an envelope published again decodes to: applied once already
+
+
 class StreamFollower:
     def __init__(self, js: JetStreamContext, store: EventStore, *, stream: str, subject: str,
                  consumer: str, message_type: object, handle: Handler, reactions: bool = True,
@@ -140,6 +147,8 @@ class StreamFollower:
         self.caught_up = asyncio.Event()
         self.tracked = 0
         self._sub: object | None = None
+        # The upstream log's positions seen, with their event ids (the latest REMEMBERED_ENVELOPES).
+        self._seen: OrderedDict[int, str] = OrderedDict()
 
     async def start(self) -> None:
         if self.reactions:
@@ -162,7 +171,7 @@ class StreamFollower:
         sequence = msg.metadata.sequence.stream
         tracking = Tracking(self.consumer, sequence) if self.reactions and sequence > self.tracked else None
         try:
-            decoded = self._accepted(msg)
+            decoded = self._unless_repeated(self._accepted(msg))
             await self._apply(decoded, msg, tracking)
         except _SetAside as refused:
             await self._set_aside(msg, claims(msg.data), refused, tracking)
@@ -181,13 +190,32 @@ class StreamFollower:
             raise _SetAside("inconsistent", why)
         return decoded
 
+    def _unless_repeated(self, decoded: Any) -> Any:
+        """`_REPEATED` for an envelope already applied under a later stream sequence: the relay published
+        it again (after a crash, past the duplicate window). Positions only grow in a service's log, so
+        an envelope at a position seen before, with the same event id, is that; with another id the
+        upstream's log began anew, and it is applied."""
+        if not isinstance(decoded, EventEnvelope):
+            return decoded
+        if self._seen and decoded.position <= next(reversed(self._seen)):
+            if self._seen.get(decoded.position) == decoded.event_id:
+                log.info("follower.repeat_passed_over", consumer=self.consumer, position=decoded.position,
+                         event_id=decoded.event_id)
+                return _REPEATED
+            log.warning("follower.upstream_log_restarted", consumer=self.consumer, position=decoded.position)
+            self._seen.clear()
+        self._seen[decoded.position] = decoded.event_id
+        if len(self._seen) > REMEMBERED_ENVELOPES:
+            self._seen.popitem(last=False)
+        return decoded
+
     async def _apply(self, decoded: Any, msg: Msg, tracking: Tracking | None) -> None:
         """Fold (and react to) the message: passing outages are retried until they pass, a conflict
         or a repeated unknown failure sets it aside."""
         failures = 0
         while True:
             try:
-                recorded = await self.handle(decoded, msg, tracking)
+                recorded = False if decoded is _REPEATED else await self.handle(decoded, msg, tracking)
                 if tracking is not None and not recorded:
                     await self.store.record_tracking(tracking)
                 return

@@ -25,7 +25,7 @@ from libs.contracts.identity import Identity
 from libs.contracts.jobspec import SpecError, field_error_from_msgspec
 from libs.contracts.messages import CommandError, Reply
 from libs.contracts.strict import decode_strict
-from libs.messaging.outages import OUTAGES
+from libs.outages import OUTAGES
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 
 if TYPE_CHECKING:

@@ -89,7 +89,7 @@ def node_lost(node: str, version: int, reason: str, jobs: Sequence[JobRecord],
 
 def job_resuming(job: JobRecord, event: JobResuming, settings: AdminSettings,
                  operators: Sequence[str]) -> AlertRaised:
-    nodes = sorted({*event.lost_nodes, *event.exclude_nodes})
+    nodes = sorted({*event.lost_nodes, *event.exclude_nodes, *event.fault_nodes})
     return AlertRaised(
         alert_id=job_resuming_id(job.job_id, event.attempt), kind="job-resuming",
         title=f"Job {_job_label(job)} is being moved",

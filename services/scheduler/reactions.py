@@ -76,7 +76,7 @@ def node_fault(state: SchedulerState, event: NodeLost | NodeUnhealthy) -> list[J
         if job.spec.checkpoint_resume is not None:
             if may_resume(job):
                 changes.append(JobResuming(job_id=job.job_id, attempt=job.attempt, reason=reason,
-                                           lost_nodes=[node] if lost else []))
+                                           lost_nodes=[node] if lost else [], fault_nodes=[node]))
         elif lost:
             changes.append(JobFailed(job_id=job.job_id, reason=reason))
     return changes
@@ -110,7 +110,8 @@ def slow_node(state: SchedulerState, event: PerformanceDegraded) -> list[JobEven
         return []
     reason = (f"it is slow on node {event.node}: hardware time / e2e time was {event.ratio:.3g} over "
               f"{event.window} iterations, {event.direction} its threshold of {event.threshold:g}")
-    return [JobResuming(job_id=job.job_id, attempt=job.attempt, reason=reason, exclude_nodes=[event.node])]
+    return [JobResuming(job_id=job.job_id, attempt=job.attempt, reason=reason, exclude_nodes=[event.node],
+                        fault_nodes=[event.node])]
 
 
 def launch_failed(state: SchedulerState, job: Job, event: LaunchFailed) -> list[JobEvent]:
@@ -123,7 +124,7 @@ def launch_failed(state: SchedulerState, job: Job, event: LaunchFailed) -> list[
         if not down:
             return []  # cycle.settled_failures decides once the fault would have been seen
         lost = [n for n in down if (node := state.nodes.get(n)) is not None and node.lost]
-        return [JobResuming(job_id=job.job_id, attempt=job.attempt, lost_nodes=lost,
+        return [JobResuming(job_id=job.job_id, attempt=job.attempt, lost_nodes=lost, fault_nodes=list(down),
                             reason=f"{event.reason}, and {node_states(state, down)}")]
     restart = job.spec.fault_restart
     if restart is None or job.stop_requested_by is not None or job.expiring:

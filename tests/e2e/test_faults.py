@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from client.api import TrainyardError
-from libs.contracts.events import AlertRaised, JobResuming
+from libs.contracts.events import AlertRaised, JobResuming, LostProcessesStopped
 from libs.contracts.jobspec import (
     AlgorithmRef,
     CheckpointResume,
@@ -216,3 +216,31 @@ async def test_a_failed_jobs_environment_is_kept_for_the_debug_terminal_then_rem
     with pytest.raises(TrainyardError) as refused:
         await api.run_in_job(job.job_id, "true")
     assert refused.value.error.code == "invalid-state"
+
+
+@pytest.mark.cluster(RESILIENT)
+async def test_an_agent_back_after_its_node_was_lost_ends_the_old_attempt_at_once(stack: Stack) -> None:
+    """A paused agent (hung, or cut off) is declared lost and its job resumes elsewhere; when it comes back,
+    the launcher has it end the given-up attempt before anything else, so two attempts never run on."""
+    api = await stack.up()
+    job = await api.submit(resumable("paused-node"))
+    running = await stack.wait_until(job.job_id, "running", timeout=120)
+    await wait_for_line(stack, job.job_id, r"^\[0\] rank 0 step 5 ")
+    paused = running.placement[1].node
+
+    stack.pause(f"agent-{paused}")
+    async with asyncio.timeout(120):  # resumed on other nodes, the paused one's rank given up
+        while "JobRequeued" not in await event_names(stack, job.job_id):
+            await asyncio.sleep(0.5)
+    stack.resume(f"agent-{paused}")
+
+    async with asyncio.timeout(30):
+        while True:
+            fenced = [e.event for e in await api.history(job.job_id) if isinstance(e.event, LostProcessesStopped)]
+            if fenced:
+                break
+            await asyncio.sleep(0.2)
+    assert [(e.attempt, e.node) for e in fenced] == [(1, paused)]
+    ended = await stack.wait_until(job.job_id, "ended", timeout=300)
+    assert ended.status == "succeeded", ended.reason
+    assert ended.resumes == 1 and paused not in {p.node for p in ended.placement}

@@ -128,3 +128,22 @@ async def test_a_message_of_an_unknown_type_is_passed_over(nc: Client, store: Ev
     await follower.stop()
     assert recorder.folded == ["y0", "y1"]
     assert await store.tracked_position("scheduler-events") == 3
+
+
+async def test_an_envelope_the_relay_published_again_is_applied_once(nc: Client, store: EventStore) -> None:
+    """After a crash past the duplicate window the relay publishes again what JetStream already holds:
+    the follower knows the repeat by its position and event id, and passes over it, tracked."""
+    envelopes = [EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type="job",
+                               aggregate_id=job_id, version=1, position=position, recorded_at=datetime.now(UTC),
+                               event=JobStopped(job_id=job_id, by="bob"))
+                 for position, job_id in ((1, "a"), (2, "b"), (3, "c"))]
+    for envelope in (envelopes[0], envelopes[1], envelopes[0], envelopes[1], envelopes[2]):
+        await nc.jetstream().publish(subjects.event_subject("scheduler", "job", envelope.aggregate_id, "JobStopped"),
+                                     encode(envelope))
+    recorder = Recorder(store)
+
+    follower = await follow(nc, store, recorder, expected=3)
+    await follower.stop()
+
+    assert recorder.folded == ["a", "b", "c"]
+    assert await store.tracked_position("scheduler-events") == 5

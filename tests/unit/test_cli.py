@@ -13,7 +13,8 @@ import pytest
 from typer.testing import CliRunner
 
 from client import cli
-from client.api import TrainyardError
+from client.api import CreationUnanswered, NoAnswer, TrainyardError
+from client.cli.runner import unavailable_hint
 from libs.auth import verify_token
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.contracts.events import (
@@ -27,6 +28,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.identity import Identity
+from libs.contracts.ids import is_job_id
 from libs.contracts.jobspec import CheckpointResume, FaultRestart, JobSpec
 from libs.contracts.messages import CommandError, Done, FlavorList, JobAccepted, JobDetails, JobView, NodeView
 from libs.contracts.scheduling import (
@@ -40,9 +42,11 @@ from libs.contracts.scheduling import (
     StoredAccess,
     WhyReport,
 )
+from libs.messaging.rpc import ServiceUnavailable
 
 SECRET = "a-test-secret-long-enough-for-hmac-sha256-0123456789"
 NOW = datetime(2026, 11, 21, 13, 40, tzinfo=UTC)
+EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "pytorch-ddp.yaml"
 
 runner = CliRunner()
 
@@ -69,6 +73,8 @@ class FakeClient:
             answer = self.answers[name]
             if isinstance(answer, Exception):
                 raise answer
+            if callable(answer):
+                return await answer(*args, **kwargs)
             return answer
 
         return method
@@ -149,8 +155,47 @@ def test_clone_sends_file_then_set_then_name(fake: FakeClient, tmp_path: Path) -
     fake.answers["clone"] = JobAccepted(job_id="job-00000000000b", status="queued", created=True)
     result = invoke("clone", "job-00000000000a", "-f", str(overrides), "--set", "nodes=2", "--name", "again")
     assert result.exit_code == 0, result.output
-    assert fake.calls == [("clone", ("job-00000000000a", {"nodes": 2, "priority": "urgent", "name": "again"}), {})]
+    [(method, args, _)] = fake.calls
+    assert (method, args) == ("clone", ("job-00000000000a", {"nodes": 2, "priority": "urgent", "name": "again"}))
     assert "cloned job-00000000000a as job-00000000000b: queued" in result.output
+
+
+def test_clone_chooses_the_new_id_and_says_it_before_sending(fake: FakeClient) -> None:
+    fake.answers["clone"] = JobAccepted(job_id="job-00000000000b", status="queued", created=True)
+    result = invoke("clone", "job-00000000000a")
+    [(_, _, kwargs)] = fake.calls
+    assert is_job_id(kwargs["job_id"])
+    assert f"cloning job-00000000000a as job {kwargs['job_id']}" in result.stderr
+
+
+# --- submit ----------------------------------------------------------------------------------------------
+
+
+def test_submit_chooses_the_id_and_says_it_before_sending(fake: FakeClient) -> None:
+    sent: list[str] = []
+
+    async def submit(spec: JobSpec, *, job_id: str, on_retry: Any) -> JobAccepted:
+        sent.append(job_id)
+        return JobAccepted(job_id=job_id, status="queued", created=True)
+
+    fake.answers["submit"] = submit
+    result = invoke("submit", str(EXAMPLE_JOB))
+    assert result.exit_code == 0, result.output
+    [job_id] = sent
+    assert is_job_id(job_id)
+    assert f"submitting job {job_id}" in result.stderr
+    assert f"submitted {job_id} (pytorch-ddp-demo): queued" in result.stdout
+
+
+def test_submit_that_nothing_answers_names_the_job_to_look_for(fake: FakeClient) -> None:
+    subject = "trainyard.cmd.jobs.submit"
+    fake.answers["submit"] = CreationUnanswered(subject, "job-0000000000aa", 3,
+                                                NoAnswer(subject, f"nothing answers on {subject}"))
+    result = invoke("submit", str(EXAMPLE_JOB))
+    assert result.exit_code == 1
+    assert "error: nothing answered creating job job-0000000000aa (3 attempts" in result.stderr
+    assert "the scheduler does not answer (trainyard.cmd.jobs.submit)" in result.stderr
+    assert "`trainyard show job-0000000000aa` tells" in result.stderr
 
 
 def test_overrides_file_must_be_a_mapping(tmp_path: Path) -> None:
@@ -220,6 +265,40 @@ def test_unauthenticated_hints_at_tokens(fake: FakeClient) -> None:
     assert "error: the token has expired" in result.output
     assert "TRAINYARD_TOKEN (or TRAINYARD_TOKEN_FILE)" in result.output
     assert "`trainyard admin token`" in result.output
+
+
+@pytest.mark.parametrize(("subject", "service", "args", "method"), [
+    ("trainyard.query.jobs.list", "scheduler", ["list"], "list_jobs"),
+    ("trainyard.query.autoscaler.status", "autoscaler", ["queue"], "queue_status"),
+    ("trainyard.cmd.nodes.mark", "monitor", ["admin", "fault", "node-a", "board:0"], "mark_component"),
+])
+def test_no_answer_names_the_service_that_does_not_answer(fake: FakeClient, subject: str, service: str,
+                                                          args: list[str], method: str) -> None:
+    fake.answers[method] = NoAnswer(subject, f"nothing answers on {subject}")
+    result = invoke(*args)
+    assert result.exit_code == 1
+    assert f"error: nothing answers on {subject}" in result.stderr
+    assert f"the {service} does not answer ({subject}): `make status` shows whether it runs" in result.stderr
+    assert f"{service}.log" in result.stderr
+    assert "make up" not in result.stderr
+
+
+def test_no_answer_behind_another_error_still_names_the_service() -> None:
+    try:
+        try:
+            raise NoAnswer("trainyard.query.alerts", "nothing answers on trainyard.query.alerts")
+        except NoAnswer as exc:
+            raise ServiceUnavailable(f"the monitor answers alerts, and it did not: {exc}") from None
+    except ServiceUnavailable as wrapped:
+        hint = unavailable_hint(wrapped)
+    assert hint.startswith("the monitor does not answer (trainyard.query.alerts)")
+
+
+def test_unreachable_nats_keeps_the_stack_hint(fake: FakeClient) -> None:
+    fake.answers["list_jobs"] = ServiceUnavailable("cannot connect to NATS at nats://127.0.0.1:1 (refused)")
+    result = invoke("list")
+    assert result.exit_code == 1
+    assert "is the stack running? start it with `make up`, or set NATS_URL" in result.stderr
 
 
 def test_error_hint_prefers_the_service_then_the_code() -> None:

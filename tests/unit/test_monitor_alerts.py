@@ -33,6 +33,11 @@ def test_ids_name_the_incident() -> None:
     assert alerts.precheck_failed(JOB, JOB.job_id, 3, [], OPERATORS).alert_id == "precheck-failed-job-0123456789ab-3"
 
 
+def test_a_move_names_the_node_whose_fault_caused_it() -> None:
+    unhealthy = JobResuming(job_id=JOB.job_id, attempt=2, reason="node node-a is unhealthy", fault_nodes=["node-a"])
+    assert alerts.job_resuming(JOB, unhealthy, AdminSettings(), OPERATORS).node == "node-a"
+
+
 def test_job_alerts_go_to_the_creator_and_the_operators_once_each_node_alerts_to_operators() -> None:
     resuming = JobResuming(job_id=JOB.job_id, attempt=2, reason="node node-a is unhealthy")
     assert alerts.job_resuming(JOB, resuming, AdminSettings(), OPERATORS).recipients == [

@@ -133,6 +133,7 @@ async def test_an_unhealthy_node_moves_only_checkpoint_jobs(platform: Platform) 
     resuming = platform.last(JOB)
     assert isinstance(resuming, JobResuming)
     assert (resuming.reason, resuming.lost_nodes) == ("node n1 is unhealthy: board:0 faulty (xid 79)", [])
+    assert resuming.fault_nodes == ["n1"]  # the job-resuming alert names the node
     assert platform.view(OTHER).status == "running"
     assert [(v.status, v.problems) for v in node_views(platform.state)] == [("unhealthy", ["board:0 faulty (xid 79)"])]
     # The problems change: the job is already being moved, nothing more is recorded.

@@ -7,7 +7,7 @@ import nats.errors
 import pytest
 
 from libs.eventsourced import weathering
-from libs.messaging.outages import is_outage
+from libs.outages import is_outage
 
 PAUSES = (0.001, 0.004, 30.0)
 
