@@ -485,6 +485,7 @@ class NodeAgent:
         sampler = asyncio.create_task(self._sample_usage(node, group.pid))
         try:
             code = await group.pump(lambda line: self._collect(node, line))
+            exited_at = datetime.now(UTC)  # reported with the exit, however late NATS takes it
             node.output_done = True
             node.ship_now.set()
             await shipper
@@ -495,7 +496,7 @@ class NodeAgent:
         remove_record(root)
         bound.info("agent.process_exited", exit_code=code)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                                         node=self.info.name, exit_code=code), "exited", node)
+                                         node=self.info.name, exit_code=code, exited_at=exited_at), "exited", node)
         if not node.keep:
             await self._discard(node, root)
 

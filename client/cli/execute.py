@@ -15,6 +15,7 @@ if TYPE_CHECKING:
     from client.api import TrainyardClient
 
 commands = typer.Typer()
+PIPED_SHELL = "exec /bin/sh -s"
 
 
 def command_words(ctx: typer.Context, words: list[str] | None) -> list[str] | None:
@@ -45,6 +46,10 @@ async def exec_in_job(client: TrainyardClient, job_id: JobIdArgument,
 
     line = terminal.command_line(command or [])
     stdin_tty = sys.stdin is not None and sys.stdin.isatty()
+    if line is None and not stdin_tty:
+        # No terminal to type at: a shell that reads its commands from what is piped (`< script.sh`, or
+        # nothing from /dev/null) and ends at its end, as `ssh host < script` does.
+        line = PIPED_SHELL
     interactive = line is None
     # A command's input is what is piped to it; typed at a terminal, it is closed (as with ssh host cmd).
     stdin = sys.stdin.buffer if sys.stdin is not None and (interactive or not stdin_tty) else None

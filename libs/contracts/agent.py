@@ -171,6 +171,9 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
     node: str
     exit_code: int
     task: int = 0  # J3: which task of a batch job
+    # When the process ended, by the node's clock: the report may reach the launcher much later (NATS or
+    # the launcher away). None from older agents.
+    exited_at: datetime | None = None
 
 
 class LogChunk(Struct, frozen=True, kw_only=True):

@@ -279,6 +279,7 @@ class NodeProcessExited(_Event, frozen=True, tag="NodeProcessExited.v1"):
     node: str
     exit_code: int
     task: int = 0
+    exited_at: datetime | None = None  # the agent's time of the exit (ProcessExited); None from older agents
 
 
 class NodeProcessLost(_Event, frozen=True, tag="NodeProcessLost.v1"):

@@ -83,7 +83,8 @@ def _report_events(state: LauncherState, launch: Launch, report: ProcessStarted 
     if unit in launch.exited:
         return []
     events: list[Event] = [NodeProcessExited(job_id=launch.job_id, attempt=launch.attempt, task=report.task,
-                                             rank=report.rank, node=report.node, exit_code=report.exit_code)]
+                                             rank=report.rank, node=report.node, exit_code=report.exit_code,
+                                             exited_at=report.exited_at)]
     if launch.outcome is not None:
         return events
     if state.stop_wanted(launch):

@@ -92,6 +92,9 @@ class Job:
     placement: list[Placement] = field(default_factory=list)
     started_at: datetime | None = None
     ended_at: datetime | None = None
+    # The latest exit of a rank of the current attempt, by the agent's clock: when the job really ended,
+    # however late the report was recorded (the launcher or NATS away meanwhile).
+    last_exit_at: datetime | None = None
     reason: str | None = None
     exit_code: int | None = None
     stop_requested_by: str | None = None
@@ -149,6 +152,15 @@ class Job:
     def sort_key(self) -> tuple[int, int]:
         """S1: very urgent before urgent before normal; first come first served within a level."""
         return (PRIORITY_RANK[self.priority], self.queue_order)
+
+
+def _ended_at(job: Job, recorded: datetime) -> datetime:
+    """When a job that ended with its processes' exits ended: its last rank's exit, by the agent's clock, when
+    known (never later than the record of the end, whatever the clocks say)."""
+    if job.last_exit_at is None:
+        return recorded
+    ended = min(job.last_exit_at, recorded)
+    return max(ended, job.started_at) if job.started_at is not None else ended
 
 
 @dataclass
@@ -236,6 +248,7 @@ class SchedulerState:
             job.reason, job.failed_precheck, job.unexplained_failure = None, None, None
             job.precheck = job.resuming = job.restarting = job.rescaling = None
             job.instances = {p.rank: Instance(rank=p.rank, node=p.node, role=p.role) for p in event.placement}
+            job.last_exit_at = None
         elif isinstance(event, JobPrechecking):
             job.precheck = event
         elif isinstance(event, JobPrecheckFailed):
@@ -273,10 +286,10 @@ class SchedulerState:
         elif isinstance(event, JobStopRequested):
             job.stop_requested_by = event.by
         elif isinstance(event, JobSucceeded):
-            job.status, job.ended_at, job.exit_code = "succeeded", at, 0
+            job.status, job.ended_at, job.exit_code = "succeeded", _ended_at(job, at), 0
             self._ended(job)
         elif isinstance(event, JobFailed):
-            job.status, job.ended_at = "failed", at
+            job.status, job.ended_at = "failed", _ended_at(job, at) if event.exit_code is not None else at
             job.reason, job.exit_code = event.reason, event.exit_code
             self._ended(job)
         elif isinstance(event, JobStopped):
@@ -304,6 +317,8 @@ class SchedulerState:
         elif isinstance(event, NodeProcessExited):
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
             instance.exit_code = event.exit_code
+            if event.exited_at is not None:
+                job.last_exit_at = max(job.last_exit_at or event.exited_at, event.exited_at)
         elif isinstance(event, NodeProcessLost):
             job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node)).lost = True
         elif isinstance(event, LaunchFailed) and job.spec.checkpoint_resume is not None and job.status == "running":

@@ -17,6 +17,7 @@ from nats.aio.msg import Msg
 
 from agent.kept import rank_root
 from agent.workspace import BACKEND_VARIABLE, BWRAP, PLAIN, bwrap_problem
+from client.cli.execute import PIPED_SHELL
 from libs.contracts import subjects
 from libs.contracts.agent import (
     Heartbeat,
@@ -80,6 +81,20 @@ async def test_a_command_session_runs_in_the_kept_environment_of_a_failed_job(no
     assert await session.exit_code() == 7
     assert session.text.splitlines() == ["hello from storage", "greeting=forty-two", "written by the job",
                                          "typed=some input"]
+
+
+async def test_a_piped_shell_runs_what_it_is_given_and_ends_with_its_input(node: Node) -> None:
+    """`trainyard exec JOB < script.sh` (no terminal, no command): the script runs, then the session ends."""
+    assert await node.run(launch(node, FAILING_JOB, keep=True)) == 3
+    session = node.session()
+    opened = await session.open(attempt=1, rank=0, command=PIPED_SHELL)
+    assert isinstance(opened, SessionOpened), opened
+
+    await session.type('echo "greeting=$GREETING"\n')
+    await session.control(SessionControl(close=True))
+
+    assert await session.exit_code() == 0
+    assert session.text.splitlines() == ["greeting=forty-two"]
 
 
 async def test_a_kept_environment_outlives_a_restart_of_the_agent(node: Node, nc: Client, nats_url: str,

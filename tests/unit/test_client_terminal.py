@@ -27,6 +27,7 @@ from typer.testing import CliRunner
 
 from client import cli, terminal
 from client.api import TrainyardClient
+from client.cli.execute import PIPED_SHELL
 from libs.auth import issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import SessionControl, SessionExited
@@ -194,11 +195,12 @@ async def test_exec_of_one_word_sends_it_as_the_shell_line(nats_url: str) -> Non
 
 
 @pytest.mark.usefixtures("cli_env")
-async def test_exec_without_a_command_opens_a_shell_fed_by_stdin(nats_url: str) -> None:
+async def test_exec_without_a_command_or_a_terminal_runs_a_shell_on_what_is_piped(nats_url: str) -> None:
     async with fake_node(nats_url, exit_code=0) as node:
         result = await invoke("exec", JOB, input="ls\nexit\n")
     assert result.exit_code == 0, result.output
-    assert node.requests[0].command is None
+    # Not a terminal session, which would wait for typing after the input ended: a shell that ends with it.
+    assert node.requests[0].command == PIPED_SHELL
     assert bytes(node.input) == b"ls\nexit\n"
     assert "got:ls\nexit\n" in result.stdout
 

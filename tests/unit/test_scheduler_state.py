@@ -176,6 +176,19 @@ def test_running_job_succeeds(log: Log) -> None:
     assert log.state.running() == []
 
 
+def test_a_job_ended_when_its_last_rank_exited_not_when_the_report_was_recorded(log: Log) -> None:
+    """The launcher (or NATS) was away when the ranks exited: the agents' exit times say when the job ended."""
+    log.submit("a", nodes=2)
+    log.admit("a", ["n1", "n2"])
+    exits = [T0 + timedelta(minutes=2, seconds=5), T0 + timedelta(minutes=2, seconds=9)]
+    for rank, (node, exited_at) in enumerate(zip(["n1", "n2"], exits, strict=True)):
+        log.apply(NodeProcessExited(job_id="a", attempt=1, rank=rank, node=node, exit_code=0, exited_at=exited_at),
+                  service="launcher")
+    log.apply(JobSucceeded(job_id="a"))  # recorded minutes later
+
+    assert log.state.jobs["a"].ended_at == exits[1]
+
+
 def test_running_job_fails_with_reason_and_exit_code(log: Log) -> None:
     log.submit("a")
     log.admit("a", ["n1"])
