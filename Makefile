@@ -3,6 +3,8 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# `make up REPLICAS=2`: two processes of each service, one active and one standby.
+REPLICAS ?= 1
 
 .PHONY: install up demo down status test lint schemas clean
 
@@ -18,7 +20,7 @@ $(STAMP): pyproject.toml deploy/local/system-packages.sh
 ## Start NATS, PostgreSQL, and a supervisor that runs (and restarts) the four services and two node agents;
 ## then run the example job. `make status` lists every process, `make down` stops them all.
 up: install
-	$(PY) -m libs.devstack up
+	$(PY) -m libs.devstack up --replicas $(REPLICAS)
 	$(PY) -m client.demo
 
 demo: install

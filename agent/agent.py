@@ -33,6 +33,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -58,6 +59,7 @@ from agent.workspace import PLAIN, PLAIN_WARNING, Workspace, WorkspaceError, bui
 from libs.auth import AuthError, bearer_headers, bearer_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
+    AnnounceNodes,
     ExecExited,
     ExecInJob,
     Heartbeat,
@@ -79,7 +81,7 @@ from libs.contracts.agent import (
     UsageSample,
 )
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.codec import encode
+from libs.contracts.codec import decode, encode
 from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
 from libs.controlsign import ControlRole, ControlVerifier
@@ -158,6 +160,7 @@ class NodeAgent:
         self.js: JetStreamContext
         self._tasks: list[asyncio.Task[Any]] = []
         self._execs: set[asyncio.Task[None]] = set()  # exec finishers under way
+        self._announcing: asyncio.Task[None] | None = None  # a registration the monitor asked for
 
     async def start(self) -> None:
         try:
@@ -182,6 +185,8 @@ class NodeAgent:
         await self._end_leftovers()
         self.health = await self._probe()
         await self._register()
+        # Registered again whenever the monitor asks (it started anew, or lost what it knew of this node).
+        await self.nc.subscribe(subjects.ANNOUNCE_NODES, cb=self._on_announce)
         self._tasks.append(asyncio.create_task(self._heartbeats()))
         self._tasks.append(asyncio.create_task(self._probe_periodically()))
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
@@ -233,7 +238,18 @@ class NodeAgent:
 
     # --- registration and heartbeats --------------------------------------------------------------
 
-    async def _register(self) -> None:
+    async def _on_announce(self, msg: Msg) -> None:
+        try:
+            asked = decode(msg.data, AnnounceNodes)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            return
+        if asked.nodes and self.info.name not in asked.nodes:
+            return
+        if self._announcing is None or self._announcing.done():
+            log.info("agent.registering_again", node=self.info.name)
+            self._announcing = asyncio.create_task(self._register(refusal_ends_agent=False))
+
+    async def _register(self, *, refusal_ends_agent: bool = True) -> None:
         delay = 0.2
         while True:
             try:
@@ -245,9 +261,13 @@ class NodeAgent:
                 delay = min(delay * 2, 5.0)
                 continue
             if isinstance(reply, CommandError):
-                # A refused registration does not fix itself: stop with the monitor's reason.
+                # A refused registration does not fix itself: stop with the monitor's reason (at start; later
+                # the agent goes on with its jobs and says so).
                 hint = f"; {reply.hint}" if reply.hint else ""
-                raise SystemExit(f"the monitor refused node {self.info.name}: {reply.message}{hint}")
+                if refusal_ends_agent:
+                    raise SystemExit(f"the monitor refused node {self.info.name}: {reply.message}{hint}")
+                log.error("agent.registration_refused", node=self.info.name, error=reply.message, hint=reply.hint)
+                return
             self.heartbeat_seconds = reply.heartbeat_seconds
             return
 

@@ -192,6 +192,7 @@ def service_permissions(service: str) -> Permissions:
     elif service == "monitor":
         answers = ANSWERED_BY_MONITOR
         publish += [subjects.agent_precheck("*"), subjects.agent_release("*"), subjects.agent_open_session("*"),
+                    subjects.ANNOUNCE_NODES,
                     *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER)]
     else:
         answers = ANSWERED_BY_AUTOSCALER
@@ -213,7 +214,8 @@ def agent_permissions(node: str) -> Permissions:
         f"{JOB_INBOXES}.*.>",  # the exit of an exec, to the inbox of the job whose remote shell asked
     ]
     return Permissions(publish_allow=tuple(publish),
-                       subscribe_allow=(f"trainyard.agent.{node}.>", f"{inbox_prefix(user)}.>"),
+                       subscribe_allow=(f"trainyard.agent.{node}.>", subjects.ANNOUNCE_NODES,
+                                        f"{inbox_prefix(user)}.>"),
                        # Never the stream API beyond that lookup, whatever is allowed above.
                        publish_deny=(f"{API}.STREAM.CREATE.>", f"{API}.STREAM.UPDATE.>", f"{API}.STREAM.DELETE.>",
                                      f"{API}.STREAM.PURGE.>"),

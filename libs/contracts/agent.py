@@ -25,6 +25,12 @@ class RegisterNode(_AgentMessage, frozen=True, tag="RegisterNode.v1"):
     node: NodeInfo
 
 
+class AnnounceNodes(_AgentMessage, frozen=True, tag="AnnounceNodes.v1"):
+    """The monitor asks the agents of `nodes` (every agent: empty) to register again (RegisterNode)."""
+
+    nodes: list[str] = msgspec.field(default_factory=list)
+
+
 class NodeAccepted(_AgentMessage, frozen=True, tag="NodeAccepted.v1"):
     heartbeat_seconds: float
 

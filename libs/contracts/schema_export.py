@@ -25,6 +25,7 @@ import msgspec
 
 from libs.contracts.agent import (
     AgentReply,
+    AnnounceNodes,
     Heartbeat,
     LogChunk,
     ProcessReport,
@@ -68,7 +69,8 @@ GROUPS: tuple[Group, ...] = (
     Group(filename="agent.schema.json", title="Trainyard node agent protocol",
           description="Registration, heartbeats, start/stop requests and their replies, process reports and "
                       "log chunks exchanged between node agents and the services.",
-          types=(RegisterNode, Heartbeat, StartProcess, StopProcesses, AgentReply, ProcessReport, LogChunk)),
+          types=(RegisterNode, AnnounceNodes, Heartbeat, StartProcess, StopProcesses, AgentReply, ProcessReport,
+                 LogChunk)),
 )
 
 

@@ -80,6 +80,9 @@ QUEUE_STATUS = "trainyard.query.autoscaler.status"
 # Node agents.
 REGISTER_NODE = "trainyard.nodes.register"
 HEARTBEAT_ALL = "trainyard.nodes.heartbeat.*"
+# The monitor asks agents to register again (agent.AnnounceNodes): at its start, and when it hears a node
+# it does not know, so nodes come back after any loss of its history.
+ANNOUNCE_NODES = "trainyard.nodes.announce"
 
 
 def heartbeat(node: str) -> str:

@@ -50,12 +50,14 @@ console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
 
 
-def supervisor_argv(home: Path, cluster: Path) -> list[str]:
-    return [sys.executable, "-m", "libs.devstack.supervisor", "--home", str(home), "--cluster", str(cluster)]
+def supervisor_argv(home: Path, cluster: Path, replicas: int = 1) -> list[str]:
+    return [sys.executable, "-m", "libs.devstack.supervisor", "--home", str(home), "--cluster", str(cluster),
+            "--replicas", str(replicas)]
 
 
 @app.command()
-def up() -> None:
+def up(replicas: int = typer.Option(1, min=1, max=5,
+                                    help="Processes per service: one acts, the others stand by to take over.")) -> None:
     """Start NATS, PostgreSQL, the services and the node agents; leave them running."""
     home = home_dir()
     run = home / "run"
@@ -92,9 +94,10 @@ def up() -> None:
                     extra=provision_auth(home))
     (home / STACK_ENV_FILE).write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
     # The supervisor starts the services and agents, and restarts any that exits (supervisor.py).
-    ProcessSet(home, env).start("supervisor", supervisor_argv(home, CLUSTER))
+    ProcessSet(home, env).start("supervisor", supervisor_argv(home, CLUSTER, replicas))
     expected = {n.name for n in ClusterConfig.load(CLUSTER).nodes}
-    console.print(f"[dim]started {', '.join(SERVICES)} and {len(expected)} node agent(s) under a supervisor "
+    each = f" ({replicas} of each: one acts, the others stand by)" if replicas > 1 else ""
+    console.print(f"[dim]started {', '.join(SERVICES)}{each} and {len(expected)} node agent(s) under a supervisor "
                   "that restarts them; waiting for nodes[/]")
     token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text().strip()
     try:

@@ -138,9 +138,10 @@ def provision_node_token(home: Path, node: str, secret_file: Path) -> dict[str, 
     return {"TRAINYARD_NODE_TOKEN_FILE": str(token_file)}
 
 
-def start_service(processes: ProcessSet, name: str) -> subprocess.Popen[bytes]:
-    """Start service `name` with its own NATS login, when the stack provisioned one."""
-    return processes.start(name, service_argv(name), env=nats_login_env(processes.home, name))
+def start_service(processes: ProcessSet, name: str, instance: str | None = None) -> subprocess.Popen[bytes]:
+    """Start service `name` with its own NATS login, when the stack provisioned one; `instance` names the
+    process (logs/<instance>.log) when several of the service run (one acts, the others stand by)."""
+    return processes.start(instance or name, service_argv(name), env=nats_login_env(processes.home, name))
 
 
 def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path) -> subprocess.Popen[bytes]:

@@ -193,16 +193,22 @@ def supervise(run_dir: Path, programs: Sequence[Program], *, backoff: Backoff = 
         (run_dir / f"{PID_NAME}.pid").unlink(missing_ok=True)
 
 
-def platform_programs(processes: ProcessSet, cluster: Path, agents_root: Path) -> list[Program]:
-    """The four services and one agent per node of the cluster config (each agent start issues it a new
-    node credential)."""
-    def service(name: str) -> Program:
-        return Program(name, lambda: start_service(processes, name))
+def instance_names(service: str, replicas: int) -> list[str]:
+    """The processes of a service run `replicas` times: `scheduler`, `scheduler-2`, …"""
+    return [service if number == 1 else f"{service}-{number}" for number in range(1, replicas + 1)]
+
+
+def platform_programs(processes: ProcessSet, cluster: Path, agents_root: Path, replicas: int = 1) -> list[Program]:
+    """The four services, each `replicas` times (one acts, the others stand by: libs/eventstore/lease.py),
+    and one agent per node of the cluster config (each agent start issues it a new node credential)."""
+    def service(name: str, instance: str) -> Program:
+        return Program(instance, lambda: start_service(processes, name, instance))
 
     def agent(node: str) -> Program:
         return Program(f"agent-{node}", lambda: start_agent(processes, node, cluster, agents_root))
 
-    return [*(service(name) for name in SERVICES), *(agent(n.name) for n in ClusterConfig.load(cluster).nodes)]
+    services = [service(name, instance) for name in SERVICES for instance in instance_names(name, replicas)]
+    return [*services, *(agent(n.name) for n in ClusterConfig.load(cluster).nodes)]
 
 
 def main() -> None:
@@ -211,11 +217,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description="Keep the local stack's services and node agents running.")
     parser.add_argument("--home", type=Path, default=None, help="the stack's folder (default: $TRAINYARD_HOME)")
     parser.add_argument("--cluster", type=Path, required=True, help="the cluster config naming the nodes")
+    parser.add_argument("--replicas", type=int, default=1, help="processes per service (one acts, the others stand by)")
     args = parser.parse_args()
     configure_logging("supervisor")
     home = (args.home or home_dir()).resolve()
     processes = ProcessSet(home, read_stack_env(home))  # what `up` wrote for every process
-    supervise(home / "run", platform_programs(processes, args.cluster, home / "agents"))
+    supervise(home / "run", platform_programs(processes, args.cluster, home / "agents", args.replicas))
 
 
 if __name__ == "__main__":

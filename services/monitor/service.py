@@ -34,9 +34,9 @@ from nats.aio.msg import Msg
 
 from libs.auth import AuthError, node_from_headers
 from libs.contracts import subjects
-from libs.contracts.agent import Heartbeat, NodeAccepted, RegisterNode
+from libs.contracts.agent import AnnounceNodes, Heartbeat, NodeAccepted, RegisterNode
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.codec import decode
+from libs.contracts.codec import decode, encode
 from libs.contracts.events import (
     AlertRaised,
     DebugEnvironmentKept,
@@ -76,6 +76,7 @@ SCHEDULER_CONSUMER = "scheduler-events"  # tracking row in the monitor's schema
 # An ignored heartbeat is logged at most this often per node: an agent without a valid credential
 # sends one every few seconds.
 UNCREDENTIALED_LOG_SECONDS = 60.0
+UNKNOWN_NODE_ASK_SECONDS = 10.0  # how often a node heard but unknown is asked to register
 LOGS_CONSUMER = "monitor-logs"  # durable JetStream consumer on TRAINYARD_LOGS
 SET_ASIDE_CONSUMER = "set-aside-events"  # every service's UpstreamMessageSetAside, its own included
 log = get_logger(__name__)
@@ -93,6 +94,7 @@ class Monitor(EventSourcedService):
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
         self.refused_beats_logged: dict[str, float] = {}  # node -> when its ignored heartbeat was last logged
+        self.unknown_asked: dict[str, float] = {}  # node -> when it was last asked to register
         self.lost_after = runtime.settings.node_lost_seconds
         self.operators = list(runtime.settings.alert_emails)
         self.detector = PerformanceDetector(self.state.incidents)
@@ -137,7 +139,18 @@ class Monitor(EventSourcedService):
 
     def loops(self) -> Mapping[str, Loop]:
         return {"patrol": self.patrol, "mailer": self.mailer.run, "retention": self.retention.run,
-                "release": self.retention.run_releases, "performance": self.performance_loop}
+                "release": self.retention.run_releases, "performance": self.performance_loop,
+                "announce": self.ask_nodes_to_register}
+
+    async def ask_nodes_to_register(self) -> None:
+        """Every agent registers again once this monitor acts: whatever its log lost (or a standby that took
+        over never heard), the nodes come back."""
+        await self.caught_up()
+        await self.announce([])
+
+    async def announce(self, nodes: list[str]) -> None:
+        await self.rt.nc.publish(subjects.ANNOUNCE_NODES, encode(AnnounceNodes(nodes=nodes)))
+        log.info("node.announce_asked", nodes=nodes or "all")
 
     # --- recording ------------------------------------------------------------------------------------
 
@@ -223,6 +236,7 @@ class Monitor(EventSourcedService):
         async with self.lock:
             node = self.state.nodes.get(beat.node)
             if node is None:
+                await self._ask_unknown(beat.node)
                 return
             if (refusal := decisions.credential_refusal(beat.node, credential)) is not None:
                 self._log_ignored_heartbeat(beat.node, refusal)
@@ -230,6 +244,14 @@ class Monitor(EventSourcedService):
             node.last_seen = time.monotonic()
             node.probed = list(beat.health)
             await self.carry_out(decisions.heartbeat(node, self.version("node", node.name), self.jobs, self.operators))
+
+    async def _ask_unknown(self, node: str) -> None:
+        """A heartbeat of a node this monitor does not know (its log lost it): ask it, at most every
+        UNKNOWN_NODE_ASK_SECONDS, to register."""
+        now = time.monotonic()
+        if now - self.unknown_asked.get(node, -UNKNOWN_NODE_ASK_SECONDS) >= UNKNOWN_NODE_ASK_SECONDS:
+            self.unknown_asked[node] = now
+            await self.announce([node])
 
     def _log_ignored_heartbeat(self, node: str, refusal: CommandError) -> None:
         now = time.monotonic()

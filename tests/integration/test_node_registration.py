@@ -14,6 +14,7 @@ from typing import TypeVar
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 
 from agent.agent import NodeAgent
 from libs.auth import bearer_headers, issue_node_token, issue_token
@@ -153,3 +154,28 @@ async def test_a_real_agent_with_its_credential_registers_and_without_one_exits_
         assert str(refused.value).startswith("the monitor refused node node-b: ")
         assert "ask an administrator for a node credential: trainyard admin node-token node-b" in str(refused.value)
     assert [e.node.name for e in await monitor.recorded(NodeRegistered)] == ["node-a"]
+
+
+async def test_a_monitor_that_lost_its_history_gets_the_running_nodes_back(
+        nats_url: str, database_url: str, nc: Client, tmp_path: Path, make_store: StoreFactory) -> None:
+    """Agents register at their own start; a monitor that starts with nothing of them in its log (a new
+    database) asks them to register again, at its start and when it hears one it does not know."""
+    async def accept(msg: Msg) -> None:  # whatever answered before: the node is registered and runs
+        await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.2)))
+
+    (tmp_path / "storage").mkdir()
+    stand_in = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
+    running = agent(nats_url, "node-a", tmp_path, issue_node_token(SECRET, "node-a"))
+    await running.start()
+    await stand_in.unsubscribe()
+    settings = Settings(nats_url=nats_url, database_url=database_url, auth_secret=SECRET, node_lost_seconds=30,
+                        heartbeat_seconds=0.2)
+    runtime, _ = await start_monitor(settings)
+    log = await make_store("monitor")
+    try:
+        async with asyncio.timeout(20):
+            while not [e async for e in log.read_all() if isinstance(e.event, NodeRegistered)]:
+                await asyncio.sleep(0.1)
+    finally:
+        await runtime.close()
+        await running.close()

@@ -10,7 +10,17 @@ from pathlib import Path
 from typing import Any
 
 from libs.devstack.processes import forget_stopped, stack_processes
-from libs.devstack.supervisor import Backoff, Lifecycle, Program, Supervisor, after_exit, due, restarted
+from libs.devstack.stack import ProcessSet
+from libs.devstack.supervisor import (
+    Backoff,
+    Lifecycle,
+    Program,
+    Supervisor,
+    after_exit,
+    due,
+    platform_programs,
+    restarted,
+)
 
 BACKOFF = Backoff(first=1.0, longest=30.0, steady=60.0)
 
@@ -198,3 +208,13 @@ def test_up_forgets_the_records_of_a_stack_that_ended_without_down(tmp_path: Pat
                 {"supervisor": gone, "scheduler": gone, "nats": os.getpid()})
     forget_stopped(tmp_path / "run")
     assert sorted(p.name for p in (tmp_path / "run").iterdir()) == ["nats.pid"]
+
+
+def test_replicas_run_each_service_that_many_times_and_each_agent_once(tmp_path: Path) -> None:
+    cluster = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.yaml"
+    processes = ProcessSet(tmp_path, {})
+
+    names = [p.name for p in platform_programs(processes, cluster, tmp_path / "agents", replicas=2)]
+
+    assert names == ["scheduler", "scheduler-2", "launcher", "launcher-2", "monitor", "monitor-2", "autoscaler",
+                     "autoscaler-2", "agent-node-a", "agent-node-b"]

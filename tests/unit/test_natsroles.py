@@ -93,6 +93,10 @@ def test_an_agent_speaks_for_its_own_node_only() -> None:
         assert not may_publish(agent, other), other
     assert may_subscribe(agent, subjects.agent_start("node-a"))
     assert not may_subscribe(agent, subjects.agent_start("node-b"))
+    # Asked by the monitor, and by no one else, to register again.
+    assert may_subscribe(agent, subjects.ANNOUNCE_NODES) and not may_publish(agent, subjects.ANNOUNCE_NODES)
+    assert may_publish(service_permissions("monitor"), subjects.ANNOUNCE_NODES)
+    assert not may_publish(user_permissions("user-alice"), subjects.ANNOUNCE_NODES)
     assert not may_subscribe(agent, subjects.EVENTS_ALL)
 
 
