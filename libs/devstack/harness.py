@@ -100,6 +100,12 @@ class Stack(Generic[ClientT]):
         else:
             start_agent(self.processes, name.removeprefix("agent-"), self.cluster, self.home / "agents")
 
+    def start_standby(self, service: str) -> str:
+        """A second process of `service` (`<service>-2`), waiting to take over from the active one."""
+        instance = f"{service}-2"
+        start_service(self.processes, service, instance)
+        return instance
+
     def start_all(self, *, agents: bool = True) -> None:
         for name in SERVICES:
             self.start(name)

@@ -79,3 +79,26 @@ async def test_a_restarted_agent_ends_what_it_can_no_longer_supervise(stack: Sta
     assert orphan is not None
     assert not process_alive(orphan)
     assert any("agent restarted" in line for line in await stack.logs(accepted.job_id, 1))
+
+
+async def test_standbys_take_over_from_a_killed_scheduler_and_launcher_and_no_job_is_lost_or_run_twice(
+        stack: Stack) -> None:
+    api = await stack.up()  # the first processes hold the leases
+    stack.start_standby("scheduler")
+    stack.start_standby("launcher")
+    running = await api.submit(sleeper("runs-on", nodes=2, seconds=8))
+    await stack.wait_until(running.job_id, "running")
+
+    stack.crash("scheduler")
+    stack.crash("launcher")
+    # Answered once the standby scheduler took over (the client sends it again, with the same job id).
+    submitted = await api.submit(sleeper("submitted-meanwhile", nodes=1, seconds=0.5))
+
+    for accepted, ranks in ((running, 2), (submitted, 1)):
+        job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+        assert job.status == "succeeded", job.reason
+        assert sum("started rank" in line for line in await stack.logs(accepted.job_id)) == ranks
+        history = await api.events(accepted.job_id)
+        assert sum(isinstance(e.event, JobAdmitted) for e in history) == 1
+        assert sum(isinstance(e.event, LaunchPlanned) for e in history) == 1
+    assert len([j for j in await api.list_jobs() if j.name == "submitted-meanwhile"]) == 1
