@@ -3,33 +3,20 @@ commit returns once its WAL is with the OS (synchronous_commit on), even though 
 
 from __future__ import annotations
 
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import asyncpg
-import psutil
 import pytest
 
-from libs.devstack.servers import create_database, free_port, postgres_url, start_postgres, stop_postgres
+from libs.devstack.servers import create_database, postgres_url, start_postgres
+from tests.support.postgres import crash_postgres, private_postgres
 
 
 @pytest.fixture
 def postgres(tmp_path: Path) -> Iterator[tuple[Path, int]]:
-    tmp_path.chmod(0o755)  # the server runs as an unprivileged user when the tests run as root
-    folder, port = tmp_path / "postgres", free_port()
-    start_postgres(folder, port)
-    yield folder, port
-    stop_postgres(folder)
-
-
-def crash(folder: Path) -> None:
-    """kill -9 the server and every process of it, as a crash would end them."""
-    server = psutil.Process(int((folder / "pgdata" / "postmaster.pid").read_text().splitlines()[0]))
-    processes = [server, *server.children(recursive=True)]
-    for process in processes:
-        process.send_signal(signal.SIGKILL)
-    psutil.wait_procs(processes, timeout=30)
+    with private_postgres(tmp_path) as server:
+        yield server
 
 
 async def test_acknowledged_commits_survive_a_crash_of_postgres(postgres: tuple[Path, int]) -> None:
@@ -40,7 +27,7 @@ async def test_acknowledged_commits_survive_a_crash_of_postgres(postgres: tuple[
     acknowledged = [f"job-{n:012x}" for n in range(200)]
     for job_id in acknowledged:  # each a transaction of its own, acknowledged before the next
         await conn.execute("INSERT INTO submissions VALUES ($1)", job_id)
-    crash(folder)
+    crash_postgres(folder)
     conn.terminate()
 
     start_postgres(folder, port)

@@ -24,6 +24,7 @@ from nats.aio.msg import Msg
 import agent.agent as agent_module
 from agent.agent import NodeAgent
 from agent.workspace import BACKEND_VARIABLE, PLAIN
+from client.api import TrainyardClient, TrainyardError
 from libs.auth import bearer_headers, issue_node_token, issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -40,16 +41,20 @@ from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.events import NodeLaunch, NodeLost, NodeRegistered
 from libs.contracts.identity import Identity
-from libs.contracts.messages import AlertPage, CommandError, ListAlerts
-from libs.devstack.servers import free_port, start_nats
+from libs.contracts.ids import new_job_id
+from libs.contracts.messages import AlertPage, CommandError, JobAccepted, ListAlerts, SubmitJob
+from libs.devstack.servers import create_database, free_port, postgres_url, start_nats, start_postgres
 from libs.eventstore import EventStore
 from libs.messaging.connection import ensure_streams
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from services.scheduler.service import Scheduler
 from tests.support.agents import LAUNCHER, start_agent
-from tests.support.monitor import start_monitor
+from tests.support.monitor import CLUSTER, start_monitor
+from tests.support.postgres import crash_postgres, private_postgres
+from tests.support.specs import sleeper
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -260,3 +265,57 @@ async def test_output_beyond_the_agents_buffer_is_dropped_oldest_first_and_said_
     kept = [line for line in lines if not line.startswith("[trainyard]")]
     assert kept[-1] == f"line {LINES - 1} " + "x" * 60  # the end, where the job says how it ended
     assert len(kept) < LINES
+
+
+# --- a service through a PostgreSQL outage ------------------------------------------------------------------
+
+
+@pytest.fixture
+def own_postgres(tmp_path: Path) -> Iterator[tuple[Path, int]]:
+    with private_postgres(tmp_path) as server:
+        yield server
+
+
+async def test_the_scheduler_outlives_its_database_going_away_and_answers_honestly_meanwhile(
+        own_postgres: tuple[Path, int], nats_url: str, tmp_path: Path) -> None:
+    folder, port = own_postgres
+    await create_database(postgres_url(port, "postgres"), "trainyard")
+    (tmp_path / "storage" / "algorithms" / "sleeper").mkdir(parents=True)  # what the jobs name must exist
+    settings = Settings(nats_url=nats_url, database_url=postgres_url(port, "trainyard"), auth_secret=SECRET,
+                        cluster_config=CLUSTER, storage_root=tmp_path / "storage")
+    runtime = ServiceRuntime("scheduler", settings)
+    await runtime.start()
+    scheduler = Scheduler.create(runtime)
+    await scheduler.start()
+    await runtime.listen()
+    client = await TrainyardClient.open(nats_url, token=issue_token(SECRET, Identity(user="alice",
+                                                                                     projects=["default"])))
+    try:
+        before = await client.submit(sleeper("before-the-outage"))
+
+        crash_postgres(folder)
+        # Queries are answered from memory; a command that must be recorded is refused, honestly.
+        assert before.job_id in {job.job_id for job in await client.list_jobs()}
+        meanwhile = await call(client.nc, subjects.SUBMIT_JOB, SubmitJob(job_id=new_job_id(),
+                                                                          spec=sleeper("during-the-outage")),
+                               token=client.token, reply_type=JobAccepted | CommandError)
+        await asyncio.sleep(3)  # the cycle and the lease meet the outage meanwhile
+        start_postgres(folder, port)
+
+        async with asyncio.timeout(30):
+            while True:
+                with contextlib.suppress(TrainyardError):
+                    after = await client.submit(sleeper("after-the-outage"))
+                    break
+                await asyncio.sleep(0.5)
+        listed = {job.job_id for job in await client.list_jobs()}
+        stopped = asyncio.ensure_future(runtime.stopped())
+        await asyncio.sleep(0.5)
+        assert not stopped.done()  # nothing in the scheduler died of the outage
+        stopped.cancel()
+    finally:
+        await client.close()
+        await runtime.close()
+    assert isinstance(meanwhile, CommandError) and meanwhile.code == "unavailable"
+    assert "cannot reach its database or NATS right now" in meanwhile.message
+    assert {before.job_id, after.job_id} <= listed
