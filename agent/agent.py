@@ -33,7 +33,6 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -81,12 +80,12 @@ from libs.contracts.agent import (
     UsageSample,
 )
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.codec import decode, encode
+from libs.contracts.codec import encode
 from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
 from libs.controlsign import ControlRole, ControlVerifier
 from libs.messaging.connection import NatsLogin, connect
-from libs.messaging.rpc import ServiceUnavailable, call
+from libs.messaging.rpc import ServiceUnavailable, call, decode_request
 from libs.natsroles import job_inbox
 from libs.settings import Settings
 from libs.telemetry.logs import get_logger
@@ -239,9 +238,9 @@ class NodeAgent:
     # --- registration and heartbeats --------------------------------------------------------------
 
     async def _on_announce(self, msg: Msg) -> None:
-        try:
-            asked = decode(msg.data, AnnounceNodes)
-        except (msgspec.DecodeError, msgspec.ValidationError):
+        asked = decode_request(msg.data, AnnounceNodes, strict=False)
+        if isinstance(asked, CommandError):  # nobody to answer: a publish, not a request
+            log.warning("agent.bad_announce", node=self.info.name, error=asked.message)
             return
         if asked.nodes and self.info.name not in asked.nodes:
             return

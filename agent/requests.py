@@ -56,7 +56,7 @@ def refusal(node: str, request_type: type[Any], error: CommandError) -> CommandE
 
 
 def unauthenticated(node: str, request_type: type[Any], reason: str) -> CommandError:
-    return CommandError(code="unauthenticated", message=bounded(f"{node} refused {request_type.__name__}: {reason}"))
+    return refusal(node, request_type, CommandError(code="unauthenticated", message=reason))
 
 
 def failure(node: str, request_type: type[Any], exc: Exception) -> CommandError:

@@ -27,7 +27,7 @@ from collections.abc import Awaitable, Callable
 
 import asyncpg
 
-from libs.outages import is_outage
+from libs.outages import OUTAGES
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
@@ -75,9 +75,10 @@ class Lease:
                 WHERE renewed_at < clock_timestamp() - make_interval(secs => $2)
                 RETURNING epoch""",
             self.holder, self.ttl_seconds)
-        if epoch is not None:
-            self.epoch = int(epoch)
-        return self.epoch if epoch is not None else None
+        if epoch is None:
+            return None
+        self.epoch = int(epoch)
+        return self.epoch
 
     async def acquire(self, poll_seconds: float = 0.5, waiting: Callable[[str], None] | None = None) -> int:
         """Wait until this instance holds the lease (riding out database outages); its epoch."""
@@ -85,9 +86,7 @@ class Lease:
         while True:
             try:
                 epoch = await self.try_acquire()
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
+            except OUTAGES:
                 epoch = None
             if epoch is not None:
                 return epoch
@@ -123,9 +122,7 @@ class Lease:
                 if lost is not None:
                     await lost(exc)
                 return
-            except Exception as exc:
-                if not is_outage(exc):
-                    raise
+            except OUTAGES as exc:
                 log.warning("lease.not_renewed", schema=self.schema, epoch=self.epoch, error=repr(exc))
 
     async def give_up(self) -> None:

@@ -194,7 +194,6 @@ class Dispatcher:
                     await self._give_up_node(launch, node, f"node {node} did not answer stop requests for "
                                                            f"{settings.stop_give_up_seconds:g}s")
 
-
     async def _fence(self, job_id: str, attempt: int, node: str) -> None:
         """Ask a node whose processes of `attempt` were given up to end them, at once and without a checkpoint
         (the next attempt may already write one); asked again until the node answers."""
