@@ -1,5 +1,8 @@
 """Run a node agent: `python -m agent --name node-a [--config deploy/local/cluster.yaml]`, with the node's
-credential in the file TRAINYARD_NODE_TOKEN_FILE names (or in TRAINYARD_NODE_TOKEN)."""
+credential in the file TRAINYARD_NODE_TOKEN_FILE names (or in TRAINYARD_NODE_TOKEN).
+
+Jobs outlive their agent: stopping or restarting it leaves them running for the next agent to adopt.
+`python -m agent --name node-a --end-jobs` ends them, when a host's platform is shut down."""
 
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from pathlib import Path
 import msgspec
 
 from agent.agent import NodeAgent
+from agent.held import end_recorded_jobs
 from agent.resources import describe_host, parse_accelerators
 from libs.auth import AuthError, node_token_control_keys
 from libs.contracts.cluster import AgentConfig, ClusterConfig
@@ -55,6 +59,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--pool", action="append", default=[], help="dedicated resource pool")
     parser.add_argument("--root", type=Path, default=Path(".trainyard/agents"),
                         help="where job workspaces are created (a folder per node is made inside)")
+    parser.add_argument("--end-jobs", action="store_true",
+                        help="end the jobs this node's agents left running, then exit (no NATS needed)")
     return parser.parse_args()
 
 
@@ -113,6 +119,11 @@ async def started(args: argparse.Namespace) -> RunningAgent:
 def main() -> None:
     # The node's name is known before anything starts: the agent traces as agent-<name>.
     args = _arguments()
+    if args.end_jobs:
+        ended = end_recorded_jobs(args.root.resolve() / args.name, args.name,
+                                  "the node's platform was shut down, and this process with it")
+        print(f"{args.name}: ended {len(ended)} job process(es)")
+        return
     run("agent", lambda: started(args), trace_as=f"agent-{args.name}")
 
 

@@ -8,8 +8,10 @@
   rank) is acknowledged without starting anything, and a stopped attempt never starts again;
 - answers every request, a malformed one with the reason (agent/requests.py);
 - runs each node of a job as a process group in its workspace (a bwrap sandbox, or plain folders
-  where bwrap cannot run: see agent/workspace.py), ships its output to JetStream in
-  numbered chunks, and reports start and exit as JetStream messages whose ids make retries harmless;
+  where bwrap cannot run: see agent/workspace.py) under a holder of its own (agent/holder.py), so
+  that jobs outlive the agent: a restarted agent adopts what the one before started (agent/held.py);
+- ships each node's output to JetStream in numbered chunks, from its output file, and reports start
+  and exit as JetStream messages whose ids make retries harmless;
 - probes the node's health (agent/health.py) for heartbeats and pre-checks (M1, M2);
 - stops a job attempt with its checkpoint signal where asked (agent/signals.py, J12, M3);
 - removes a node's folder once its process ended, or keeps it for debug sessions until the job's
@@ -26,7 +28,6 @@ import shutil
 import signal
 import sys
 import time
-from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -38,6 +39,8 @@ from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from agent.health import probe, resource_checks
+from agent.held import HeldProcess, HolderFailed, OutputTail, append_note
+from agent.holder import OUTPUT_NAME
 from agent.jobenv import job_environment
 from agent.kept import (
     SAFE_ID,
@@ -49,10 +52,10 @@ from agent.kept import (
     remove_node_root,
     write_environment,
 )
-from agent.process import ProcessGroup, kill_leftovers, remove_record, write_record
+from agent.process import ProcessGroup, Record, read_records, remove_record, write_record
 from agent.requests import Later, Responder
 from agent.sessions import Session
-from agent.signals import Attempt, parse_signal, send, session_processes, stop_attempt
+from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
 from agent.workspace import PLAIN, PLAIN_WARNING, Workspace, WorkspaceError, build_workspace, choose_backend
 from libs.auth import AuthError, bearer_headers, bearer_token
@@ -92,12 +95,7 @@ from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import current_trace_headers
 
 log = get_logger(__name__)
-LOG_FLUSH_SECONDS = 0.2
-LOG_CHUNK_LINES = 200
-LOG_CHUNK_CHARACTERS = 128 * 1024  # and no more text: a chunk, even of escaped characters, is one NATS message
-# Output held per running node while it cannot be shipped (NATS away): the process writes on, and what
-# fits is shipped once NATS is back; beyond it the oldest lines are dropped, and the log says how many.
-LOG_BUFFER_CHARACTERS = int(float(os.environ.get("TRAINYARD_LOG_BUFFER_MIB", "64")) * 1024 * 1024)
+LOG_FLUSH_SECONDS = 0.2  # how often a node's output file is read for lines to ship
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 # How long closing the agent waits for its debug sessions to report their end.
 SESSION_CLOSE_SECONDS = 5.0
@@ -109,16 +107,10 @@ class RunningNode:
     attempt: int
     rank: int
     task: int = 0  # J3: which task of a batch job
-    group: ProcessGroup | None = None
+    group: HeldProcess | None = None
     runner: asyncio.Task[None] | None = None
-    log_seq: int = 0
-    pending_lines: deque[str] = field(default_factory=deque)
-    pending_characters: int = 0
-    dropped_lines: int = 0  # over LOG_BUFFER_CHARACTERS while NATS was away, not shipped yet
-    # Chunks must reach the stream in `seq` order: one shipment at a time.
-    ship_lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    ship_now: asyncio.Event = field(default_factory=asyncio.Event)  # a chunk's worth is pending
-    output_done: bool = False  # the process's output ended: ship what is left, then stop
+    output: OutputTail | None = None  # what of the node's output file is shipped
+    output_done: bool = False  # the process ended: ship what is left, then stop
     # The job's trace context from the start request, carried on this node's reports.
     trace: dict[str, str] = field(default_factory=dict)
     # Where and how the node's command runs, for commands run later in the same environment.
@@ -173,6 +165,7 @@ class NodeAgent:
         login = NatsLogin.for_token(self.node_token)
         self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}", login)
         self.js = self.nc.jetstream()
+        await self._adopt()  # before any request: a stop must find the jobs the agent before started
         requests, name = Responder(self.nc, self.info.name), self.info.name
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(subjects.agent_start(name), StartProcess, self._on_start, launcher)
@@ -181,7 +174,6 @@ class NodeAgent:
         await requests.serve(subjects.agent_precheck(name), PrecheckNode, self._on_precheck, monitor)
         await requests.serve(subjects.agent_release(name), ReleaseWorkspaces, self._on_release, monitor)
         await requests.serve(subjects.agent_open_session(name), OpenSession, self._on_open_session, monitor)
-        await self._end_leftovers()
         self.health = await self._probe()
         await self._register()
         # Registered again whenever the monitor asks (it started anew, or lost what it knew of this node).
@@ -208,32 +200,36 @@ class NodeAgent:
         return None
 
     async def close(self) -> None:
+        """Stop serving; the jobs run on under their holders, for the next agent to adopt (an upgrade or a
+        restart of the agent does not end them; `python -m agent --end-jobs` does)."""
         for task in self._tasks:
             task.cancel()
         await self._end_sessions(list(self.sessions.values()))
-        for node in list(self.nodes.values()):
-            if node.group is not None:
-                await node.group.stop(2.0)
+        running = [n for n in self.nodes.values() if n.runner is not None and not n.runner.done()]
+        for node in running:
+            assert node.runner is not None
+            node.runner.cancel()  # a shipment cut short here is shipped again by the next agent
+        if running:
+            log.info("agent.jobs_left_running", node=self.info.name, processes=len(running))
         with contextlib.suppress(Exception):
             await self.nc.drain()
 
-    async def _end_leftovers(self) -> None:
+    async def _adopt(self) -> None:
+        """Take over the nodes the agent before started: they ran on under their holders meanwhile."""
         # Debug sessions of an agent that is gone have no one to speak to any more.
         send(await asyncio.to_thread(session_processes, self.info.name), signal.SIGKILL)
-        for record in kill_leftovers(self.root):
-            job_id, attempt, rank = str(record["job_id"]), int(record["attempt"]), int(record["rank"])
-            task = int(record.get("task", 0))
-            log.warning("agent.leftover_killed", job_id=job_id, attempt=attempt, rank=rank, pid=record["pid"])
-            # Workers in sessions of their own (torchrun's) are out of the killed group's reach.
-            await stop_attempt(Attempt(job_id, attempt, self.info.name, task), [], 0.0)
-            # seq -1: the agent's own closing notice, distinct from the chunks the process wrote.
-            node = RunningNode(job_id=job_id, attempt=attempt, rank=rank, task=task, log_seq=-1)
-            await self._ship(node, ["[trainyard] the node agent restarted and stopped this process"])
-            await self._report(ProcessExited(job_id=job_id, attempt=attempt, rank=rank, task=task,
-                                             node=self.info.name,
-                                             exit_code=137), "exited", node)
-            if not record.get("keep", False):
-                await self._discard(node, rank_root(self.root, job_id, attempt, task, rank))
+        for folder, record in await asyncio.to_thread(read_records, self.root):
+            key = (record.job_id, record.attempt, record.task, record.rank)
+            node = RunningNode(job_id=record.job_id, attempt=record.attempt, rank=record.rank, task=record.task,
+                               trace=dict(record.trace), job_token=record.job_token, keep=record.keep)
+            environment = read_environment(folder)
+            if environment is not None:
+                node.workspace, node.env = environment.workspace, environment.env
+            held = HeldProcess(folder, record.pid, record.holder)
+            log.info("agent.adopted", job_id=record.job_id, attempt=record.attempt, task=record.task,
+                     rank=record.rank, node=self.info.name, pid=record.pid, running=held.running)
+            self.nodes[key] = node
+            node.runner = asyncio.create_task(self._follow(node, held, folder))
 
     # --- registration and heartbeats --------------------------------------------------------------
 
@@ -328,7 +324,7 @@ class NodeAgent:
         targets = [n for n in self.nodes.values()
                    if (n.job_id, n.attempt) == (request.job_id, request.attempt) and n.group is not None
                    and request.task in (None, n.task)]
-        groups = [g for n in targets for g in (n.group, *n.execs) if g is not None]
+        groups: list[Leader] = [g for n in targets for g in (n.group, *n.execs) if g is not None]
         checkpoint = None
         if request.checkpoint_signal:
             try:
@@ -340,7 +336,7 @@ class NodeAgent:
         # reply comes once the processes are gone, while other requests are answered.
         return Later(self._stop(request, attempt, groups, checkpoint, len(targets)))
 
-    async def _stop(self, request: StopProcesses, attempt: Attempt, groups: list[ProcessGroup],
+    async def _stop(self, request: StopProcesses, attempt: Attempt, groups: list[Leader],
                     checkpoint: signal.Signals | None, processes: int) -> Stopped:
         if checkpoint is not None:
             log.info("agent.checkpoint_signal", job_id=request.job_id, attempt=request.attempt, node=self.info.name,
@@ -362,7 +358,8 @@ class NodeAgent:
             return CommandError(code="not-found", message=f"job {request.job_id} attempt {request.attempt} "
                                                           f"does not run on {self.info.name}")
         argv = node.workspace.command(["/bin/sh", "-c", request.command])
-        group = ProcessGroup(argv, node.env, node.workspace.cwd, node.workspace.root / "exec.log")
+        # Its output joins the node's (OpenMPI's daemons print for the ranks they start).
+        group = ProcessGroup(argv, node.env, node.workspace.cwd, node.workspace.root / OUTPUT_NAME)
         try:
             await group.start()
         except OSError as exc:
@@ -375,7 +372,7 @@ class NodeAgent:
         return ProcessAccepted(already_known=False)
 
     async def _finish_exec(self, node: RunningNode, group: ProcessGroup, reply_to: str) -> None:
-        code = await group.pump(lambda line: self._collect(node, line))
+        code = await group.pump(_nowhere)
         node.execs.remove(group)
         with contextlib.suppress(Exception):
             await self.nc.publish(reply_to, encode(ExecExited(exit_code=code)))
@@ -458,15 +455,11 @@ class NodeAgent:
 
     async def _run(self, node: RunningNode, request: StartProcess) -> None:
         launch = request.launch
-        bound = log.bind(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
-                         node=self.info.name)
         root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
         try:
             workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths)
         except (WorkspaceError, OSError) as exc:
-            await self._ship(node, [f"[trainyard] cannot prepare the workspace: {exc}"])
-            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                                             node=self.info.name, exit_code=127), "exited", node)
+            await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return
         env = job_environment(
@@ -477,45 +470,59 @@ class NodeAgent:
             python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
-        if node.keep:  # written first: a session may be wanted however the command ends, even never started
-            write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
-                              node=self.info.name, environment=Environment(workspace=workspace, env=env))
+        # Written first: a session may be wanted however the command ends, even never started; and an agent
+        # that adopts the node runs its commands in the same environment.
+        write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
+                          node=self.info.name, environment=Environment(workspace=workspace, env=env))
         command = workspace.command(argv)  # under bwrap, the sandbox runs argv
-        group = ProcessGroup(command, env, workspace.cwd, root / "output.log")
         try:
-            await group.start()
-        except OSError as exc:
-            await self._ship(node, [f"[trainyard] cannot start {command[0]!r}: {exc}"])
-            await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                                             node=self.info.name, exit_code=127), "exited", node)
+            held = await HeldProcess.start(root, command, env, workspace.cwd)
+        except (HolderFailed, OSError) as exc:
+            await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:
                 await self._discard(node, root)
             return
-        node.group = group
-        write_record(root, {"job_id": node.job_id, "attempt": node.attempt, "task": node.task, "rank": node.rank,
-                            "pid": group.pid, "keep": node.keep})
-        bound.info("agent.process_started", pid=group.pid, argv=argv, backend=workspace.backend)
-        # The output is read from the start, whether or not NATS takes the reports and the log right now:
-        # a job never waits on its agent's connection.
+        if held.started:
+            write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
+                                      pid=held.pid, holder=held.holder_pid, keep=node.keep, job_token=node.job_token,
+                                      trace=node.trace))
+            log.info("agent.process_started", job_id=node.job_id, attempt=node.attempt, task=node.task,
+                     rank=node.rank, node=self.info.name, pid=held.pid, argv=argv, backend=workspace.backend)
+        await self._follow(node, held, root)
+
+    async def _not_started(self, node: RunningNode, root: Path, reason: str) -> None:
+        """The node's command never ran: its output says why, and it exits 127 without a start."""
+        root.mkdir(parents=True, exist_ok=True)
+        append_note(root, reason)
+        node.output, node.output_done = OutputTail(root), True
+        await self._ship_continuously(node)
+        await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
+                                         node=self.info.name, exit_code=127), "exited", node)
+
+    async def _follow(self, node: RunningNode, held: HeldProcess, root: Path) -> None:
+        """Ship the node's output and report its start and exit, whichever agent started it."""
+        node.group, node.output = held, OutputTail(root)
+        # Whether or not NATS takes the reports and the log right now: a job never waits on its agent.
         started = asyncio.create_task(self._report(
             ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                           node=self.info.name, pid=group.pid, backend=workspace.backend), "started", node))
+                           node=self.info.name, pid=held.pid,
+                           backend=node.workspace.backend if node.workspace else self.backend), "started", node)
+            if held.started else asyncio.sleep(0))
         shipper = asyncio.create_task(self._ship_continuously(node))
-        sampler = asyncio.create_task(self._sample_usage(node, group.pid))
+        sampler = asyncio.create_task(self._sample_usage(node, held.pid))
         try:
-            code = await group.pump(lambda line: self._collect(node, line))
-            exited_at = datetime.now(UTC)  # reported with the exit, however late NATS takes it
+            code, exited_at = await held.wait_exit()
             node.output_done = True
-            node.ship_now.set()
             await shipper
             await started  # the start is reported before the exit
         finally:
             for task in (started, shipper, sampler):
                 task.cancel()
-        remove_record(root)
-        bound.info("agent.process_exited", exit_code=code)
+        log.info("agent.process_exited", job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
+                 node=self.info.name, exit_code=code)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=code, exited_at=exited_at), "exited", node)
+        remove_record(root)  # reported: nothing left to adopt
         if not node.keep:
             await self._discard(node, root)
 
@@ -531,6 +538,8 @@ class NodeAgent:
 
     async def _sample_usage(self, node: RunningNode, pid: int) -> None:
         """Keep the node's latest usage in the usage bucket while it runs (L9)."""
+        if pid <= 0:
+            return
         kv = await self.js.key_value(subjects.USAGE_BUCKET)
         sampler = GroupSampler(pid)
         key = subjects.usage_key(node.job_id, node.attempt, node.rank)
@@ -544,55 +553,25 @@ class NodeAgent:
                 await kv.put(key, encode(sample))
             await asyncio.sleep(USAGE_SECONDS)
 
-    async def _collect(self, node: RunningNode, line: str) -> None:
-        node.pending_lines.append(line)
-        node.pending_characters += len(line)
-        while node.pending_characters > LOG_BUFFER_CHARACTERS and len(node.pending_lines) > 1:
-            node.pending_characters -= len(node.pending_lines.popleft())
-            node.dropped_lines += 1
-        # The shipper takes a chunk's worth at once; collecting never waits for it (NATS may be away).
-        if len(node.pending_lines) >= LOG_CHUNK_LINES or node.pending_characters >= LOG_CHUNK_CHARACTERS:
-            node.ship_now.set()
-
     async def _ship_continuously(self, node: RunningNode) -> None:
-        """Ship the node's output every LOG_FLUSH_SECONDS, or at once when a chunk's worth is pending; the
-        reader of the output only collects, so the process writes on while a shipment waits for NATS."""
-        while not node.output_done:
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(node.ship_now.wait(), LOG_FLUSH_SECONDS)
-            node.ship_now.clear()
-            await self._ship(node, [])
-        await self._ship(node, [])
-
-    async def _ship(self, node: RunningNode, extra: list[str]) -> None:
-        """Ship everything pending (and `extra` after it), a chunk at a time, in order."""
-        async with node.ship_lock:
-            node.pending_lines.extend(extra)
-            node.pending_characters += sum(len(line) for line in extra)
-            while node.pending_lines:
-                chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                                 node=self.info.name, seq=node.log_seq, lines=self._next_chunk(node))
-                node.log_seq += 1
-                msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.log.{chunk.seq}"
-                await self._publish(subjects.job_logs(node.job_id, node.rank), encode(chunk), msg_id)
-
-    @staticmethod
-    def _next_chunk(node: RunningNode) -> list[str]:
-        """The oldest pending lines that fit one chunk, after a note of the lines dropped before them."""
-        lines: list[str] = []
-        characters = 0
-        if node.dropped_lines:
-            lines.append(f"[trainyard] {node.dropped_lines} lines of output were dropped here: NATS was away "
-                         f"longer than the agent's buffer of {LOG_BUFFER_CHARACTERS // 2**20} MiB lasted "
-                         "(TRAINYARD_LOG_BUFFER_MIB)")
-            node.dropped_lines = 0
-        while node.pending_lines and len(lines) < LOG_CHUNK_LINES and (
-                not lines or characters + len(node.pending_lines[0]) <= LOG_CHUNK_CHARACTERS):
-            line = node.pending_lines.popleft()
-            node.pending_characters -= len(line)
-            characters += len(line)
-            lines.append(line)
-        return lines
+        """Ship the node's output file as it grows, a chunk at a time, in order; once the process ended,
+        what is left (a last line without its newline too), then stop. The file is the buffer: the process
+        writes on while a shipment waits for NATS, and a later agent ships what this one could not."""
+        assert node.output is not None
+        while True:
+            final = node.output_done  # read before the file: nothing is written after the exit is known
+            taken = await asyncio.to_thread(node.output.take, final=final)
+            if taken is None:
+                if final:
+                    return
+                await asyncio.sleep(LOG_FLUSH_SECONDS)
+                continue
+            seq, lines = taken
+            chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
+                             node=self.info.name, seq=seq, lines=lines)
+            msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.log.{seq}"
+            await self._publish(subjects.job_logs(node.job_id, node.rank), encode(chunk), msg_id)
+            await asyncio.to_thread(node.output.shipped)
 
     async def _report(self, report: ProcessStarted | ProcessExited, kind: str, node: RunningNode) -> None:
         msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.{kind}"
@@ -609,3 +588,7 @@ class NodeAgent:
                 log.warning("agent.publish_retry", subject=subject, error=repr(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+async def _nowhere(_: str) -> None:
+    """An exec's lines are in the node's output file already, which is shipped as it grows."""

@@ -1,9 +1,10 @@
 """Node environments on disk (SPEC J15): each rank's folder, kept for debug sessions or removed.
 
-A node's folder is `<agent root>/jobs/<job>/<attempt>/task-<t>/rank-<r>`. When its launch asks to keep
-the workspace, the agent writes `session.json` there: the job's variables and how the workspace
-was made (backend, paths, sandbox binds), so that a session can run commands in the same
-environment after the process ended, even from an agent that restarted since. Otherwise the
+A node's folder is `<agent root>/jobs/<job>/<attempt>/task-<t>/rank-<r>`. The agent writes
+`session.json` there before the command starts: the job's variables and how the workspace was made
+(backend, paths, sandbox binds), so that a session can run commands in the same environment after
+the process ended when the launch keeps the workspace, and an agent that adopts the process (after
+a restart) runs commands in it as the one that started it did. Otherwise the
 folder is removed once the process ended; in the plain backend its mounts are symbolic links into
 shared storage, and removal never follows them.
 """

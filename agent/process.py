@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+
+import msgspec
 
 LineSink = Callable[[str], Awaitable[None]]
 # A longer output line is passed on in pieces of this size, so that no line breaks the reader and
@@ -101,29 +101,42 @@ class ProcessGroup:
 RECORD_NAME = "process.json"
 
 
-def write_record(directory: Path, record: dict[str, object]) -> None:
-    """Remember a running process group, so that a later agent can find what was left behind."""
-    (directory / RECORD_NAME).write_text(json.dumps(record))
+class Record(msgspec.Struct, frozen=True, kw_only=True):
+    """What a later agent needs to adopt a running node (agent/held.py): who it is and where it runs.
+
+    Only the agent's user may read it: the attempt's job token is in it.
+    """
+
+    job_id: str
+    attempt: int
+    task: int = 0
+    rank: int
+    pid: int  # the command's process group
+    holder: int = 0  # its holder's pid
+    keep: bool = False
+    job_token: str | None = None
+    trace: dict[str, str] = {}
+
+
+def write_record(directory: Path, record: Record) -> None:
+    """Remember a running node, so that a later agent can find and adopt it."""
+    partial = directory / f".{RECORD_NAME}.tmp"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(msgspec.json.encode(record))
+    partial.replace(directory / RECORD_NAME)
 
 
 def remove_record(directory: Path) -> None:
     (directory / RECORD_NAME).unlink(missing_ok=True)
 
 
-def kill_leftovers(root: Path) -> list[dict[str, Any]]:
-    """Kill every process group recorded under `root` by an agent that is gone; return their records.
-
-    A restarted agent cannot supervise processes its predecessor started (they are not its
-    children), so it ends them and reports them as exited instead of leaving them unwatched.
-    """
+def read_records(root: Path) -> list[tuple[Path, Record]]:
+    """Every node recorded under the agent's `root` (its folder and record); unreadable records are skipped."""
     found = []
-    for path in root.glob(f"jobs/*/*/task-*/rank-*/{RECORD_NAME}"):
+    for path in sorted(root.glob(f"jobs/*/*/task-*/rank-*/{RECORD_NAME}")):
         try:
-            record = json.loads(path.read_text())
-        except (OSError, ValueError):
+            found.append((path.parent, msgspec.json.decode(path.read_bytes(), type=Record)))
+        except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             continue
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.killpg(int(record["pid"]), signal.SIGKILL)
-        path.unlink(missing_ok=True)
-        found.append(record)
     return found

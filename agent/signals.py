@@ -19,13 +19,26 @@ import signal
 from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-
-from agent.process import ProcessGroup
+from typing import Protocol
 
 PROC = Path("/proc")
 POLL_SECONDS = 0.1
 # Set on the processes of a debug session: they run in the job's environment but are not the job.
 SESSION_VARIABLE = "TRAINYARD_SESSION"
+
+
+class Leader(Protocol):
+    """The leader of a process group the agent stops: a node's held command, or an exec."""
+
+    @property
+    def pid(self) -> int: ...
+
+    @property
+    def running(self) -> bool: ...
+
+    def signal(self, sig: signal.Signals) -> None: ...
+
+    async def wait(self) -> int: ...
 
 
 @dataclass(frozen=True)
@@ -142,7 +155,7 @@ async def _wait_until_gone(attempt: Attempt, groups: Collection[int], seconds: f
         await asyncio.sleep(POLL_SECONDS)
 
 
-async def stop_attempt(attempt: Attempt, groups: Sequence[ProcessGroup], grace_seconds: float,
+async def stop_attempt(attempt: Attempt, groups: Sequence[Leader], grace_seconds: float,
                        checkpoint_signal: signal.Signals | None = None, *, proc: Path = PROC) -> list[int]:
     """Stop the attempt's processes on this node; returns those the checkpoint signal was sent to.
 

@@ -183,8 +183,8 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
 
 
 class LogChunk(Struct, frozen=True, kw_only=True):
-    """Consecutive lines of one node's output; `seq` numbers chunks from 0 for dedupe (-1 marks a
-    notice from a restarted agent about a process it had to stop)."""
+    """Consecutive lines of one node's output; `seq` numbers chunks from 0 for dedupe, across restarts
+    of the agent (-1 marked a notice of agents that ended their predecessor's processes)."""
 
     job_id: str
     attempt: int

@@ -18,7 +18,7 @@ from typing import Generic, Protocol, TypeVar
 
 from libs.contracts.agent import LogChunk
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.messages import JobDetails, JobView, NodeView
+from libs.contracts.messages import JobDetails, JobView, NodeView, QueueStatus
 from libs.devstack.natslogins import provision_nats_logins
 from libs.devstack.servers import free_port, start_nats
 from libs.devstack.stack import (
@@ -47,6 +47,8 @@ class StackClient(Protocol):
     """What the harness itself asks of the client it is given."""
 
     async def nodes(self) -> list[NodeView]: ...
+
+    async def queue_status(self) -> QueueStatus: ...
 
     async def get_job(self, job_id: str) -> JobDetails: ...
 
@@ -130,18 +132,29 @@ class Stack(Generic[ClientT]):
     def resume(self, name: str) -> None:
         self.processes.send(name, signal.SIGCONT)
 
-    async def api(self) -> ClientT:
+    async def api(self, timeout: float = 30) -> ClientT:
+        """The stack's client, opened on first use: retried while NATS refuses the login, as it does until
+        a service answering its auth callout runs."""
         if self.client is None:
-            self.client = await self.connect(self.nats_url, token=self.token)
+            deadline = asyncio.get_running_loop().time() + timeout
+            while self.client is None:
+                try:
+                    self.client = await self.connect(self.nats_url, token=self.token)
+                except Exception:
+                    if asyncio.get_running_loop().time() > deadline:
+                        raise
+                    await asyncio.sleep(0.2)
         return self.client
 
     async def wait_for_nodes(self, count: int | None = None, timeout: float = 60) -> None:
+        """Wait until `count` nodes (all by default) are ready and every service answers."""
         api = await self.api()
         count = len(self.nodes) if count is None else count
         async with asyncio.timeout(timeout):
             while True:
                 with contextlib.suppress(ServiceUnavailable):
                     if sum(n.status == "ready" for n in await api.nodes()) >= count:
+                        await api.queue_status()  # the autoscaler, the one service the rest do not wait for
                         return
                 await asyncio.sleep(0.2)
 

@@ -15,7 +15,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -47,6 +47,15 @@ def service_argv(name: str) -> list[str]:
 
 def agent_argv(node: str, cluster: Path, root: Path) -> list[str]:
     return [sys.executable, "-m", "agent", "--name", node, "--config", str(cluster), "--root", str(root)]
+
+
+def end_agent_jobs(nodes: Iterable[str], root: Path) -> None:
+    """End the jobs the agents of `nodes` left running: a stopped agent leaves them to the next one."""
+    ending = [subprocess.Popen([sys.executable, "-m", "agent", "--name", node, "--root", str(root), "--end-jobs"],
+                               cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+              for node in nodes]
+    for process in ending:
+        process.wait(timeout=60)
 
 
 @dataclass

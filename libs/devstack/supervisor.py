@@ -27,7 +27,15 @@ from pathlib import Path
 from typing import Any
 
 from libs.contracts.cluster import ClusterConfig
-from libs.devstack.stack import SERVICES, ProcessSet, home_dir, read_stack_env, start_agent, start_service
+from libs.devstack.stack import (
+    SERVICES,
+    ProcessSet,
+    end_agent_jobs,
+    home_dir,
+    read_stack_env,
+    start_agent,
+    start_service,
+)
 
 STATE_FILE = "supervisor.json"
 PID_NAME = "supervisor"
@@ -170,8 +178,8 @@ class Supervisor:
 
 
 def supervise(run_dir: Path, programs: Sequence[Program], *, backoff: Backoff = Backoff(),
-              poll_seconds: float = 0.2) -> None:
-    """Run `programs` under a supervisor until SIGTERM or SIGINT, then stop them."""
+              poll_seconds: float = 0.2, after_stop: Callable[[], None] | None = None) -> None:
+    """Run `programs` under a supervisor until SIGTERM or SIGINT, then stop them and call `after_stop`."""
     stopping: list[int] = []
 
     def request_stop(signum: int, _frame: object) -> None:
@@ -190,6 +198,8 @@ def supervise(run_dir: Path, programs: Sequence[Program], *, backoff: Backoff = 
         supervisor.log.info("supervisor.stopping", processes=sorted(supervisor.children))
     finally:
         supervisor.stop()
+        if after_stop is not None:
+            after_stop()
         (run_dir / f"{PID_NAME}.pid").unlink(missing_ok=True)
 
 
@@ -222,7 +232,10 @@ def main() -> None:
     configure_logging("supervisor")
     home = (args.home or home_dir()).resolve()
     processes = ProcessSet(home, read_stack_env(home))  # what `up` wrote for every process
-    supervise(home / "run", platform_programs(processes, args.cluster, home / "agents", args.replicas))
+    nodes = [node.name for node in ClusterConfig.load(args.cluster).nodes]
+    # Stopped agents leave their jobs running for the next one; a stack that goes down ends them.
+    supervise(home / "run", platform_programs(processes, args.cluster, home / "agents", args.replicas),
+              after_stop=lambda: end_agent_jobs(nodes, home / "agents"))
 
 
 if __name__ == "__main__":

@@ -117,14 +117,28 @@ async def connect(url: str, name: str, login: NatsLogin | None = None, *, retry_
     attempt = 0
     while True:
         try:
-            return await nats.connect(url, name=name, max_reconnect_attempts=-1, reconnect_time_wait=0.5,
-                                      connect_timeout=5, error_cb=errors.record, **(login or NatsLogin()).options())
+            return await _connected(await nats.connect(url, name=name, max_reconnect_attempts=-1,
+                                                       reconnect_time_wait=0.5, connect_timeout=5,
+                                                       error_cb=errors.record, **(login or NatsLogin()).options()))
         except Exception as exc:
             if attempt % 10 == 0:
                 _log().warning("nats.connect_failed", url=url, connection=name, attempt=attempt + 1,
                             error=errors.last or str(exc) or type(exc).__name__)
             attempt += 1
             await asyncio.sleep(min(retry_seconds, 0.1 * 2**attempt))  # soon at first: the callout is starting
+
+
+async def _connected(nc: Client) -> Client:
+    """`nc` once the server answered the handshake; raises when it hung up instead.
+
+    nats-py returns from `connect` without a PONG when the server closes the socket at the handshake
+    (as it does when an auth callout fails without a reply); such a client is closed for good after its
+    reconnects are spent, so it is refused here rather than handed out.
+    """
+    if nc.is_connected:
+        return nc
+    await nc.close()
+    raise ConnectionError("the NATS server hung up during the handshake (its login service may be starting)")
 
 
 class LoginRefused(ConnectionError):
@@ -142,9 +156,9 @@ async def connect_once(url: str, name: str, login: NatsLogin | None = None) -> C
         seen.append(str(exc) or type(exc).__name__)
 
     try:
-        return await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=3,
-                                  reconnect_time_wait=0.5, connect_timeout=3, error_cb=remember,
-                                  **(login or NatsLogin()).options())
+        return await _connected(await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=3,
+                                                   reconnect_time_wait=0.5, connect_timeout=3, error_cb=remember,
+                                                   **(login or NatsLogin()).options()))
     except Exception:
         if any("authorization" in error.lower() for error in seen):
             raise LoginRefused("NATS refused the login (authorization violation): the token is missing, expired or "

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agent.process import kill_leftovers
+from agent.held import end_recorded_jobs
 from client.api import TrainyardClient
 from libs.devstack.harness import CLUSTER
 from tests.support.mailbox import Mailbox
@@ -39,8 +39,8 @@ async def stack(tmp_path: Path, database_url: str, mailbox: Mailbox,
                      cluster=marker.args[0] if marker else CLUSTER, smtp_url=mailbox.url, algorithms=TEST_ALGORITHMS)
     yield platform
     await platform.close()
-    # Jobs of agents the test killed are not anyone's children any more: end them here.
+    # Stopped agents leave their jobs running, for the next agent to adopt: end them here.
     for node in platform.nodes:
-        kill_leftovers(tmp_path / "agents" / node)
+        end_recorded_jobs(tmp_path / "agents" / node, node, "the test ended")
     # Shown by pytest only when the test failed.
     print(platform.dump_logs())

@@ -21,7 +21,6 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-import agent.agent as agent_module
 from agent.agent import NodeAgent
 from agent.workspace import BACKEND_VARIABLE, PLAIN
 from client.api import TrainyardClient, TrainyardError
@@ -187,9 +186,12 @@ LINES = 30_000
 
 
 def chatty(flag: Path, done: Path) -> str:
-    """A job that waits for `flag`, then writes LINES lines (about 2 MB) and leaves `done` behind."""
+    """A job that waits for `flag`, then writes LINES lines (about 2 MB) over a second or so and leaves `done`
+    behind."""
     return (f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)\n"
-            f"for i in range({LINES}):\n    print(f'line {{i}} ' + 'x' * 60)\nopen({str(done)!r}, 'w').close()\n")
+            f"for i in range({LINES}):\n    print(f'line {{i}} ' + 'x' * 60)\n"
+            f"    if i % 1000 == 999:\n        time.sleep(0.03)\n"
+            f"open({str(done)!r}, 'w').close()\n")
 
 
 @pytest_asyncio.fixture(loop_scope="session")
@@ -209,8 +211,8 @@ async def agent_on_own_nats(own_nats: Nats, tmp_path: Path,
     await nc.close()
 
 
-async def run_through_an_outage(own_nats: Nats, nc: Client, home: Path) -> tuple[list[str], ProcessExited]:
-    """Start the chatty job, take NATS away while it writes, and read back what reached JetStream."""
+async def start_chatty(nc: Client, home: Path) -> tuple[Path, Path]:
+    """Start the chatty job on node-a; it writes once `flag` exists, and leaves `done` when it has."""
     flag, done = home / "go", home / "done"
     launch = NodeLaunch(rank=0, node="node-a", address="127.0.0.1", argv=[sys.executable, "-c", chatty(flag, done)],
                         env={}, mounts=[])
@@ -218,53 +220,64 @@ async def run_through_an_outage(own_nats: Nats, nc: Client, home: Path) -> tuple
                           reply_type=ProcessAccepted | CommandError, signer=LAUNCHER)
     assert accepted == ProcessAccepted(already_known=False)
     await asyncio.sleep(1)
+    return flag, done
 
-    own_nats.kill()
-    flag.touch()
-    async with asyncio.timeout(60):  # the job is not held up by a log nobody can take
+
+async def until_done(done: Path) -> None:
+    async with asyncio.timeout(60):
         while not done.exists():
             await asyncio.sleep(0.1)
-    await asyncio.sleep(1)
-    own_nats.start()
 
+
+async def shipped(nc: Client) -> tuple[list[str], list[ProcessExited]]:
+    """Once the job's exit was reported: its lines in the log stream, and its exit reports."""
     js = nc.jetstream()
     async with asyncio.timeout(60):
         while True:
-            reports = [decode_any(m.data, ProcessReport) async for m in
-                       read_subject(js, subjects.AGENT_REPORTS_STREAM, subjects.agent_report("node-a"))]
-            exits = [r for r in reports if isinstance(r, ProcessExited)]
+            exits = [r async for m in read_subject(js, subjects.AGENT_REPORTS_STREAM, subjects.agent_report("node-a"))
+                     if isinstance(r := decode_any(m.data, ProcessReport), ProcessExited)]
             if exits:
                 break
             await asyncio.sleep(0.5)
     lines = [line async for m in read_subject(js, subjects.LOGS_STREAM, subjects.job_logs(JOB, 0))
              for line in decode_any(m.data, LogChunk).lines]
-    return lines, exits[0]
+    return lines, exits
 
 
 async def test_a_job_writes_on_through_a_nats_outage_and_its_log_and_exit_arrive_after(
         own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
     _, nc = agent_on_own_nats
+    flag, done = await start_chatty(nc, tmp_path)
 
-    lines, exited = await run_through_an_outage(own_nats, nc, tmp_path)
+    own_nats.kill()
+    flag.touch()
+    await until_done(done)  # the job is not held up by a log nobody can take
+    await asyncio.sleep(1)
+    own_nats.start()
+    lines, exits = await shipped(nc)
 
-    assert exited.exit_code == 0
+    assert [e.exit_code for e in exits] == [0]
     assert lines == [f"line {i} " + "x" * 60 for i in range(LINES)]
 
 
-async def test_output_beyond_the_agents_buffer_is_dropped_oldest_first_and_said_so(
-        own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch) -> None:
-    _, nc = agent_on_own_nats
-    monkeypatch.setattr(agent_module, "LOG_BUFFER_CHARACTERS", 200_000)
+async def test_a_job_outlives_its_agent_and_the_next_agent_ships_its_log_once_and_reports_its_exit(
+        own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
+    first, nc = agent_on_own_nats
+    flag, done = await start_chatty(nc, tmp_path)
 
-    lines, exited = await run_through_an_outage(own_nats, nc, tmp_path)
+    flag.touch()
+    await asyncio.sleep(0.3)  # the job is writing, and some of it is shipped
+    await first.close()  # an agent stopped for an upgrade, in the middle of a shipment
+    assert not done.exists()
+    await until_done(done)  # the job writes on without its agent
+    second = await start_agent(own_nats.url, "node-a", tmp_path)  # adopts it
+    try:
+        lines, exits = await shipped(nc)
+    finally:
+        await second.close()
 
-    assert exited.exit_code == 0
-    notes = [line for line in lines if line.startswith("[trainyard]")]
-    assert len(notes) >= 1 and "lines of output were dropped here" in notes[0]
-    kept = [line for line in lines if not line.startswith("[trainyard]")]
-    assert kept[-1] == f"line {LINES - 1} " + "x" * 60  # the end, where the job says how it ended
-    assert len(kept) < LINES
+    assert [e.exit_code for e in exits] == [0]
+    assert lines == [f"line {i} " + "x" * 60 for i in range(LINES)]  # every line once, in order
 
 
 # --- a service through a PostgreSQL outage ------------------------------------------------------------------

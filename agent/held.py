@@ -1,0 +1,236 @@
+"""A node's command as the agent sees it through its holder (agent/holder.py): started, or adopted from
+an agent that ran before; its output read from the rank's `output.log` and shipped from where the last
+shipment stopped, whichever agent made it.
+
+`shipped.json` in the rank's folder holds the number of the next log chunk and the byte offset where it
+starts; while a chunk is on its way, also where it ends. An agent that dies with a chunk on its way
+leaves that record, and the next one ships exactly those bytes again under the same number: JetStream
+drops the repeat by its message id when the first one had arrived (within the stream's duplicate
+window).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.holder import EXIT_NAME, OUTPUT_NAME, PID_NAME, SPEC_NAME, write_atomically
+from agent.process import Record, read_records
+from agent.signals import Attempt, attempt_processes, send
+
+HOLDER = Path(__file__).with_name("holder.py")
+CURSOR_NAME = "shipped.json"
+POLL_SECONDS = 0.1
+HOLDER_START_SECONDS = 30.0  # a loaded host may be slow to start a Python
+# A longer output line is shipped in pieces of this size, so that no line holds up the others and a
+# log chunk of them stays well within one NATS message.
+MAX_LINE_BYTES = 16 * 1024
+CHUNK_LINES = 200
+CHUNK_BYTES = 128 * 1024  # a chunk's text, however escaped, stays one NATS message
+
+
+class HolderFailed(OSError):
+    """The holder could not be started, or ended without saying how the command did."""
+
+
+class HeldProcess:
+    """The command of one rank, run by its holder; `pid` is the command's process group."""
+
+    def __init__(self, folder: Path, pid: int | None = None, holder_pid: int | None = None) -> None:
+        self.folder = folder
+        self.pid = pid or 0
+        self.holder_pid = holder_pid or 0
+        self._holder: asyncio.subprocess.Process | None = None  # only when this agent started it
+
+    @classmethod
+    async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path) -> HeldProcess:
+        """Start the holder and wait until the command runs (`pid` set) or could not start (`pid` 0)."""
+        spec = folder / SPEC_NAME
+        fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the job's secrets are in it
+        with os.fdopen(fd, "w") as out:
+            json.dump({"argv": argv, "env": env, "cwd": str(cwd)}, out)
+        held = cls(folder)
+        held._holder = await asyncio.create_subprocess_exec(
+            sys.executable, "-I", "-S", str(HOLDER), str(folder), env={}, cwd=folder, start_new_session=True,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
+        held.holder_pid = held._holder.pid
+        deadline = asyncio.get_running_loop().time() + HOLDER_START_SECONDS
+        while not (pid := _read_pid(folder)) and not (folder / EXIT_NAME).exists():
+            if held._holder.returncode is not None or asyncio.get_running_loop().time() > deadline:
+                raise HolderFailed(f"the process holder did not start the command (exit {held._holder.returncode})")
+            await asyncio.sleep(0.005)
+        held.pid = pid or 0
+        return held
+
+    @property
+    def started(self) -> bool:
+        return self.pid > 0
+
+    @property
+    def running(self) -> bool:
+        return self.started and not (self.folder / EXIT_NAME).exists()
+
+    def exit(self) -> tuple[int, datetime] | None:
+        """The command's exit code and time, once its holder recorded them."""
+        try:
+            record = json.loads((self.folder / EXIT_NAME).read_text())
+            return int(record["exit_code"]), datetime.fromisoformat(record["exited_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+
+    async def wait(self) -> int:
+        code, _ = await self.wait_exit()
+        return code
+
+    async def wait_exit(self) -> tuple[int, datetime]:
+        """The exit the holder records; a holder gone without one (killed) ends the command and counts as
+        a kill (137)."""
+        while (found := self.exit()) is None:
+            if not self._holder_alive():
+                await asyncio.sleep(POLL_SECONDS)  # it may have written the exit as it ended
+                if (found := self.exit()) is not None:
+                    return found
+                self.signal(signal.SIGKILL)  # unwatched, it would run on without anyone to report it
+                write_atomically(self.folder / EXIT_NAME, json.dumps(
+                    {"exit_code": 137, "started": self.started, "exited_at": datetime.now(UTC).isoformat()}))
+                continue
+            await asyncio.sleep(POLL_SECONDS)
+        if self._holder is not None:
+            await self._holder.wait()  # reaped: no zombie left behind
+        return found
+
+    def _holder_alive(self) -> bool:
+        if self._holder is not None:
+            return self._holder.returncode is None
+        # The holder an agent before started: that pid, still running this folder's holder (not a pid the
+        # system gave to something else since, after a reboot).
+        return _alive(self.holder_pid) and str(self.folder).encode() in _command_line(self.holder_pid)
+
+    def signal(self, sig: signal.Signals) -> None:
+        """Send `sig` to every member of the command's group (none left: nothing happens)."""
+        if self.pid > 0:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(self.pid, sig)
+
+
+def _read_pid(folder: Path) -> int | None:
+    try:
+        return int((folder / PID_NAME).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _alive(pid: int) -> bool:
+    """True while `pid` runs (a zombie waiting for its parent counts as gone)."""
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _command_line(pid: int) -> bytes:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return b""
+
+
+def append_note(folder: Path, text: str) -> None:
+    """A line of the agent's own in the rank's output (`[trainyard] …`), shipped with the rest."""
+    with (folder / OUTPUT_NAME).open("ab") as output:
+        output.write(f"[trainyard] {text}\n".encode())
+
+
+class OutputTail:
+    """The part of a rank's output.log not shipped yet, taken a chunk at a time, in order."""
+
+    def __init__(self, folder: Path) -> None:
+        self.output = folder / OUTPUT_NAME
+        self.cursor = folder / CURSOR_NAME
+        self.seq, self.offset, self.end = 0, 0, None
+        with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
+            record = json.loads(self.cursor.read_text())
+            self.seq, self.offset, self.end = int(record["seq"]), int(record["offset"]), record.get("end")
+
+    def take(self, *, final: bool) -> tuple[int, list[str]] | None:
+        """The next chunk (its number and lines), recorded as on its way; None when no whole line waits.
+
+        `final`: the command ended, so a last line without its newline is taken as it is.
+        """
+        if self.end is not None:  # on its way when the agent before stopped: the same bytes again
+            lines, _ = split_lines(self._read(self.end - self.offset), final=True)
+            return self.seq, lines
+        window = CHUNK_BYTES + CHUNK_LINES  # a chunk's bytes and newlines, or a line's pieces
+        data = self._read(window)
+        lines, used = split_lines(data, final=final and len(data) < window)  # a last line only at the end
+        if not lines:
+            return None
+        self.end = self.offset + used
+        self._save()
+        return self.seq, lines
+
+    def shipped(self) -> None:
+        assert self.end is not None
+        self.seq, self.offset, self.end = self.seq + 1, self.end, None
+        self._save()
+
+    def _read(self, size: int) -> bytes:
+        try:
+            with self.output.open("rb") as output:
+                output.seek(self.offset)
+                return output.read(size)
+        except OSError:
+            return b""
+
+    def _save(self) -> None:
+        write_atomically(self.cursor, json.dumps({"seq": self.seq, "offset": self.offset, "end": self.end}))
+
+
+def split_lines(data: bytes, *, final: bool) -> tuple[list[str], int]:
+    """Whole lines from the start of `data` that fit one chunk, and how many bytes they took.
+
+    A line longer than MAX_LINE_BYTES comes in pieces of that size; a last line without its newline
+    only when `final`.
+    """
+    lines: list[str] = []
+    start = size = 0
+    while start < len(data) and len(lines) < CHUNK_LINES:
+        end = data.find(b"\n", start, start + MAX_LINE_BYTES + 1)
+        if end != -1:
+            piece, after = data[start:end], end + 1
+        elif len(data) - start >= MAX_LINE_BYTES:
+            piece, after = data[start:start + MAX_LINE_BYTES], start + MAX_LINE_BYTES
+        elif final:
+            piece, after = data[start:], len(data)
+        else:
+            break
+        if lines and size + len(piece) > CHUNK_BYTES:
+            break
+        lines.append(piece.decode("utf-8", errors="replace"))
+        size += len(piece)
+        start = after
+    return lines, start
+
+
+def end_recorded_jobs(root: Path, node: str, reason: str) -> list[Record]:
+    """Kill every running node recorded under the agent folder `root` and the rest of its attempt's
+    processes on `node`, each rank's output saying `reason`. For shutting a host's platform down
+    (`python -m agent --end-jobs`); the next agent there reports the exits its holders recorded."""
+    ended = []
+    for folder, record in read_records(root):
+        held = HeldProcess(folder, record.pid, record.holder)
+        if not held.running:
+            continue
+        append_note(folder, reason)
+        held.signal(signal.SIGKILL)
+        # Workers in sessions of their own (torchrun's) are out of the group's reach.
+        send(attempt_processes(Attempt(record.job_id, record.attempt, node, record.task), {record.pid}), signal.SIGKILL)
+        ended.append(record)
+    return ended

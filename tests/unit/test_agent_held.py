@@ -1,0 +1,140 @@
+"""A node's command under its holder (agent/holder.py, agent/held.py): it runs on without the agent
+that started it, another agent adopts it, and its output is shipped once, in order, whichever agent
+ships it."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import sys
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from agent.held import (
+    CHUNK_LINES,
+    MAX_LINE_BYTES,
+    HeldProcess,
+    OutputTail,
+    end_recorded_jobs,
+    split_lines,
+)
+from agent.holder import EXIT_NAME, OUTPUT_NAME
+from agent.process import Record, read_records, write_record
+
+on_loop = pytest.mark.asyncio(loop_scope="session")
+
+
+def shipped_lines(folder: Path, *, final: bool) -> list[str]:
+    tail, lines = OutputTail(folder), []
+    while (taken := tail.take(final=final)) is not None:
+        lines += taken[1]
+        tail.shipped()
+    return lines
+
+
+# --- output, a chunk at a time --------------------------------------------------------------------------
+
+
+def test_a_line_without_its_newline_waits_for_the_rest_unless_the_process_ended() -> None:
+    assert split_lines(b"one\ntwo\nthr", final=False) == (["one", "two"], 8)
+    assert split_lines(b"one\ntwo\nthr", final=True) == (["one", "two", "thr"], 11)
+    assert split_lines(b"thr", final=False) == ([], 0)
+
+
+def test_a_long_line_comes_in_pieces_and_a_chunk_holds_at_most_its_lines() -> None:
+    long = b"x" * (MAX_LINE_BYTES * 2 + 5)
+    lines, used = split_lines(long + b"\n", final=False)
+    assert [len(line) for line in lines] == [MAX_LINE_BYTES, MAX_LINE_BYTES, 5] and used == len(long) + 1
+    many = b"".join(b"%d\n" % i for i in range(CHUNK_LINES + 50))
+    assert len(split_lines(many, final=True)[0]) == CHUNK_LINES
+
+
+@given(st.lists(st.text(alphabet="abc é\t", max_size=40), max_size=600), st.booleans())
+def test_every_line_is_taken_once_and_in_order(lines: list[str], newline_at_end: bool) -> None:
+    data = "\n".join(lines).encode() + (b"\n" if newline_at_end and lines else b"")
+    taken, offset = [], 0
+    while chunk := split_lines(data[offset:], final=True)[0]:
+        taken += chunk
+        offset += split_lines(data[offset:], final=True)[1]
+    expected = data.decode().split("\n")
+    assert taken == (expected[:-1] if expected[-1] == "" else expected)
+
+
+def test_a_chunk_on_its_way_when_the_agent_stopped_is_shipped_again_as_it_was(tmp_path: Path) -> None:
+    (tmp_path / OUTPUT_NAME).write_bytes(b"a\nb\n")
+    first = OutputTail(tmp_path)
+    assert first.take(final=False) == (0, ["a", "b"])  # on its way when the agent died
+    with (tmp_path / OUTPUT_NAME).open("ab") as output:
+        output.write(b"c\n")
+
+    second = OutputTail(tmp_path)  # the next agent
+    assert second.take(final=False) == (0, ["a", "b"])  # the same number and lines: JetStream drops a repeat
+    second.shipped()
+    assert second.take(final=False) == (1, ["c"])
+    second.shipped()
+    assert OutputTail(tmp_path).take(final=True) is None
+
+
+# --- the holder ------------------------------------------------------------------------------------------
+
+
+async def held(folder: Path, script: str) -> HeldProcess:
+    folder.mkdir(parents=True, exist_ok=True)
+    return await HeldProcess.start(folder, [sys.executable, "-c", script], {"PATH": os.environ["PATH"]}, folder)
+
+
+@on_loop
+async def test_the_holder_records_the_output_and_the_exit(tmp_path: Path) -> None:
+    process = await held(tmp_path, "print('hello'); raise SystemExit(3)")
+    assert process.started
+    code, _ = await process.wait_exit()
+    assert code == 3
+    assert shipped_lines(tmp_path, final=True) == ["hello"]
+
+
+@on_loop
+async def test_a_command_that_cannot_start_exits_127_and_says_why(tmp_path: Path) -> None:
+    process = await HeldProcess.start(tmp_path, ["/no/such/program"], {}, tmp_path)
+    assert not process.started
+    assert (await process.wait_exit())[0] == 127
+    assert shipped_lines(tmp_path, final=True)[0].startswith("[trainyard] cannot start '/no/such/program'")
+
+
+@on_loop
+async def test_another_agent_adopts_the_command_and_sees_its_exit(tmp_path: Path) -> None:
+    started = await held(tmp_path, "import time; time.sleep(0.5); print('late')")
+    adopted = HeldProcess(tmp_path, started.pid, started.holder_pid)  # what a restarted agent makes of the record
+    assert adopted.running
+    assert (await adopted.wait_exit())[0] == 0
+    assert shipped_lines(tmp_path, final=True) == ["late"]
+    await started.wait_exit()  # reaps the holder
+
+
+@on_loop
+async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_path: Path) -> None:
+    process = await held(tmp_path, "import time; time.sleep(60)")
+    adopted = HeldProcess(tmp_path, process.pid, process.holder_pid)
+    os.kill(process.holder_pid, signal.SIGKILL)
+    assert (await adopted.wait_exit())[0] == 137
+    await asyncio.sleep(0.2)
+    assert not Path(f"/proc/{process.pid}").exists() or "Z" in Path(f"/proc/{process.pid}/stat").read_text()
+    assert json.loads((tmp_path / EXIT_NAME).read_text())["exit_code"] == 137
+
+
+@on_loop
+async def test_ending_the_jobs_of_a_node_kills_what_is_recorded_and_says_why(tmp_path: Path) -> None:
+    folder = tmp_path / "jobs" / "job-1" / "1" / "task-0" / "rank-0"
+    process = await held(folder, "import time; time.sleep(60)")
+    write_record(folder, Record(job_id="job-1", attempt=1, rank=0, pid=process.pid, holder=process.holder_pid))
+    assert [r.pid for _, r in read_records(tmp_path)] == [process.pid]
+
+    ended = end_recorded_jobs(tmp_path, "node-a", "the node's platform was shut down")
+
+    assert [r.job_id for r in ended] == ["job-1"]
+    assert (await process.wait_exit())[0] == 137
+    assert shipped_lines(folder, final=True) == ["[trainyard] the node's platform was shut down"]
