@@ -3,7 +3,13 @@
 The event table is the outbox. The relay reads events past its published position, publishes each
 with `Nats-Msg-Id` = the event id and waits for JetStream's acknowledgement before moving the
 position on. After a crash it publishes again from the last recorded position; JetStream's
-duplicate window drops the repeats. A session advisory lock keeps one relay active per store.
+duplicate window drops the repeats (and followers pass over repeats it no longer remembers). A
+session advisory lock keeps one relay active per store.
+
+JetStream may lose what it was given (the stream deleted and made anew, its store lost): at start,
+and every HISTORY_CHECK_SECONDS, the relay looks at the newest of its service's events the stream
+still has, and publishes again from there when that is behind what it recorded as published. So a
+service that follows this one rebuilds the same view on its next start, whatever happened to NATS.
 """
 
 from __future__ import annotations
@@ -11,14 +17,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import msgspec
 from nats.js import JetStreamContext
+from nats.js.errors import NotFoundError
 
-from libs.contracts.codec import encode
-from libs.contracts.subjects import event_subject
+from libs.contracts.codec import decode, encode
+from libs.contracts.events import EventEnvelope
+from libs.contracts.subjects import EVENTS_STREAM, event_subject, events_of_service
 from libs.eventstore.store import EventStore
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
+HISTORY_CHECK_SECONDS = 30.0
 
 
 class OutboxRelay:
@@ -37,9 +47,13 @@ class OutboxRelay:
         try:
             await conn.execute("SELECT pg_advisory_lock($1)", self.store.lock_key + 2)
             await conn.add_listener(self.store.notify_channel, self._on_notify)
+            checked = -HISTORY_CHECK_SECONDS
             while True:
                 self._wake.clear()
                 try:
+                    if asyncio.get_running_loop().time() - checked >= HISTORY_CHECK_SECONDS:
+                        await self.rewind_if_history_lost()
+                        checked = asyncio.get_running_loop().time()
                     while await self.publish_pending() == self.batch:
                         pass
                 except asyncio.CancelledError:
@@ -60,6 +74,27 @@ class OutboxRelay:
 
     def _on_notify(self, *_: object) -> None:
         self._wake.set()
+
+    async def rewind_if_history_lost(self) -> int:
+        """Publish again from the newest of this store's events the stream still has, when that is behind
+        the recorded position (the stream lost events); returns the position published from."""
+        schema = self.store.schema
+        recorded = int(await self.store.pool.fetchval(f"SELECT published_position FROM {schema}.relay"))
+        if not recorded:
+            return recorded
+        try:
+            newest = await self.js.get_last_msg(EVENTS_STREAM, events_of_service(self.store.service))
+            kept = decode(newest.data or b"", EventEnvelope).position
+        except NotFoundError:
+            kept = 0
+        except msgspec.DecodeError:  # not an envelope of ours: what it says cannot be trusted
+            kept = 0
+        if kept >= recorded:
+            return recorded
+        log.warning("relay.history_lost", store=self.store.service, published=recorded, still_in_stream=kept)
+        await self.store.pool.execute(f"UPDATE {schema}.relay SET published_position = $1", kept)
+        self.published_position = kept
+        return kept
 
     async def publish_pending(self) -> int:
         """Publish one batch of unpublished events; return how many were published."""

@@ -57,10 +57,17 @@ class NewEvent:
 
 @dataclass(frozen=True)
 class Tracking:
-    """`consumer` has processed its upstream message at `position` (e.g. a JetStream sequence)."""
+    """`consumer` has processed its upstream message at `position` (e.g. a JetStream sequence).
+
+    `upstream`: for a message from one other service's log, its position there. Unlike a stream
+    sequence it stays true when the stream is made anew and the upstream's relay publishes it all
+    again; `by_upstream` then says to tell what was processed by it rather than by `position`.
+    """
 
     consumer: str
     position: int
+    upstream: int | None = None
+    by_upstream: bool = False
 
 
 def _schema_sql(schema: str) -> str:
@@ -82,6 +89,7 @@ def _schema_sql(schema: str) -> str:
         consumer text   PRIMARY KEY,
         position bigint NOT NULL
     );
+    ALTER TABLE {schema}.tracking ADD COLUMN IF NOT EXISTS upstream bigint;
     CREATE TABLE IF NOT EXISTS {schema}.relay (
         id                 integer PRIMARY KEY DEFAULT 1 CHECK (id = 1),
         published_position bigint  NOT NULL DEFAULT 0
@@ -188,16 +196,18 @@ class EventStore:
                             "another instance acts now; nothing was written")
 
     async def _track(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], tracking: Tracking) -> None:
-        done = await conn.fetchval(
-            f"SELECT position FROM {self.schema}.tracking WHERE consumer = $1 FOR UPDATE",
+        done = await conn.fetchrow(
+            f"SELECT position, upstream FROM {self.schema}.tracking WHERE consumer = $1 FOR UPDATE",
             tracking.consumer,
         )
-        if done is not None and tracking.position <= done:
+        if done is not None and (tracking.upstream <= done["upstream"]
+                                 if tracking.by_upstream and tracking.upstream is not None
+                                 and done["upstream"] is not None else tracking.position <= done["position"]):
             raise AlreadyProcessed(f"{tracking.consumer} already processed {tracking.position}")
         await conn.execute(
-            f"""INSERT INTO {self.schema}.tracking (consumer, position) VALUES ($1, $2)
-                ON CONFLICT (consumer) DO UPDATE SET position = EXCLUDED.position""",
-            tracking.consumer, tracking.position,
+            f"""INSERT INTO {self.schema}.tracking (consumer, position, upstream) VALUES ($1, $2, $3)
+                ON CONFLICT (consumer) DO UPDATE SET position = EXCLUDED.position, upstream = EXCLUDED.upstream""",
+            tracking.consumer, tracking.position, tracking.upstream,
         )
 
     async def record_tracking(self, tracking: Tracking) -> None:
@@ -206,6 +216,19 @@ class EventStore:
             await self._fence(conn)
             with contextlib.suppress(AlreadyProcessed):
                 await self._track(conn, tracking)
+
+    async def tracked(self, consumer: str) -> tuple[int, int | None]:
+        """The stream sequence and the upstream position `consumer` recorded last ((0, None): none)."""
+        row = await self.pool.fetchrow(
+            f"SELECT position, upstream FROM {self.schema}.tracking WHERE consumer = $1", consumer)
+        return (0, None) if row is None else (int(row["position"]), row["upstream"])
+
+    async def forget_tracked_sequence(self, consumer: str) -> None:
+        """The stream `consumer` reads was made anew: its recorded sequence means nothing there any more
+        (the upstream position, if any, still holds)."""
+        async with self.pool.acquire() as conn, conn.transaction():
+            await self._fence(conn)
+            await conn.execute(f"UPDATE {self.schema}.tracking SET position = 0 WHERE consumer = $1", consumer)
 
     async def tracked_position(self, consumer: str) -> int:
         value = await self.pool.fetchval(

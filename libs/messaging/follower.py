@@ -7,6 +7,12 @@ as a *reaction* when its stream sequence is past the position the service has re
 reaction appends its events together with that position (see `EventStore.append(tracking=...)`), so
 a restart never reacts twice and never skips one.
 
+A follower of one service's events also records the upstream log's position of what it reacted to,
+which outlives the stream: when the stream was made anew (JetStream lost it; the upstream's relay then
+publishes its log again, libs/eventstore/relay.py), the recorded sequence no longer names the same
+message, and the follower goes by the upstream position instead. Where there is none (agent reports),
+it reacts to the new stream's messages from its start: those reactions hold to what they decide on.
+
 A message that cannot be applied is *set aside*, never retried for ever (one poisoned message must
 not stop every later one): the follower records an `UpstreamMessageSetAside` with its tracking
 position, folds nothing of it and goes on. That happens when
@@ -36,6 +42,7 @@ import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy
+from nats.js.errors import NotFoundError
 
 from libs.contracts.codec import decode_any
 from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageSetAside, set_aside_id
@@ -146,14 +153,22 @@ class StreamFollower:
         self.record_set_aside = record_set_aside or self._append_set_aside
         self.caught_up = asyncio.Event()
         self.tracked = 0
+        # Set when the stream was made anew: the upstream position reacted to last before; a message is new
+        # when its position is past it (one-service followers).
+        self.anew_upstream: int | None = None
         self._sub: object | None = None
         # The upstream log's positions seen, with their event ids (the latest REMEMBERED_ENVELOPES).
         self._seen: OrderedDict[int, str] = OrderedDict()
 
     async def start(self) -> None:
-        if self.reactions:
-            self.tracked = await self.store.tracked_position(self.consumer)
         await wait_for_streams(self.js, [self.stream])  # another service may own it and not be up yet
+        if self.reactions:
+            self.tracked, upstream = await self.store.tracked(self.consumer)
+            if self.tracked and not await self._still_holds(self.tracked, upstream):
+                log.warning("follower.stream_made_anew", consumer=self.consumer, stream=self.stream,
+                            tracked=self.tracked, upstream=upstream)
+                await self.store.forget_tracked_sequence(self.consumer)
+                self.tracked, self.anew_upstream = 0, upstream
         sub = await self.js.subscribe(self.subject, stream=self.stream, ordered_consumer=True,
                                       deliver_policy=DeliverPolicy.ALL, cb=self._on_message)
         self._sub = sub
@@ -167,16 +182,43 @@ class StreamFollower:
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
 
+    async def _still_holds(self, sequence: int, upstream: int | None) -> bool:
+        """Whether the stream still has, at `sequence`, the message the tracking was recorded for."""
+        try:
+            msg = await self.js.get_msg(self.stream, sequence)
+        except NotFoundError:  # the stream is younger than the tracking
+            return False
+        if upstream is None:
+            return True  # nothing to tell it by
+        try:
+            return bool(decode_any(msg.data or b"", EventEnvelope).position == upstream)
+        except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
+            return False
+
+    def _tracking(self, sequence: int, decoded: Any) -> Tracking | None:
+        """The position to record with a reaction to this message; None: it was reacted to before."""
+        if not self.reactions:
+            return None
+        upstream = decoded.position if self.source is not None and isinstance(decoded, EventEnvelope) else None
+        if upstream is not None and self.anew_upstream is not None:
+            new = upstream > self.anew_upstream
+            return Tracking(self.consumer, sequence, upstream, by_upstream=True) if new else None
+        return Tracking(self.consumer, sequence, upstream) if sequence > self.tracked else None
+
     async def _on_message(self, msg: Msg) -> None:
         sequence = msg.metadata.sequence.stream
-        tracking = Tracking(self.consumer, sequence) if self.reactions and sequence > self.tracked else None
+        tracking: Tracking | None = None
         try:
-            decoded = self._unless_repeated(self._accepted(msg))
-            await self._apply(decoded, msg, tracking)
+            decoded = self._accepted(msg)
+            tracking = self._tracking(sequence, decoded)
+            await self._apply(self._unless_repeated(decoded), msg, tracking)
         except _SetAside as refused:
+            tracking = self._tracking(sequence, None)
             await self._set_aside(msg, claims(msg.data), refused, tracking)
         if tracking is not None:
-            self.tracked = sequence
+            self.tracked = max(self.tracked, sequence)
+            if tracking.by_upstream and tracking.upstream is not None:
+                self.anew_upstream = tracking.upstream
         if not msg.metadata.num_pending:
             self.caught_up.set()
 

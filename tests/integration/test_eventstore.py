@@ -14,6 +14,7 @@ from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, NodeRecovered
 from libs.eventstore import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, OutboxRelay, Tracking
+from libs.messaging.connection import ensure_streams
 from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -151,3 +152,20 @@ async def test_relay_restart_republishes_without_duplicates(store: EventStore, n
     assert len(envelopes) == 5
     subjects_seen = {type(e.event).name() for e in envelopes}
     assert subjects_seen == {"JobStopped"}
+
+
+async def test_a_relay_publishes_its_events_again_after_the_stream_lost_them(store: EventStore, nc: Client) -> None:
+    """The events stream deleted and made anew (a lost JetStream store): the relay sees it no longer has
+    the service's newest event and publishes the whole log again, so a follower rebuilds everything."""
+    for i in range(5):
+        await store.append([stopped(f"job-h{i}")], expected_versions={("job", f"job-h{i}"): 0})
+    relay = OutboxRelay(store, nc.jetstream())
+    assert await relay.publish_pending() == 5
+    assert await relay.rewind_if_history_lost() == 5  # the stream has them: nothing to do
+
+    js = nc.jetstream()
+    await js.delete_stream(subjects.EVENTS_STREAM)
+    await ensure_streams(js)
+    assert await relay.rewind_if_history_lost() == 0
+    assert await relay.publish_pending() == 5
+    assert [e.aggregate_id for e in await published(nc)] == [f"job-h{i}" for i in range(5)]

@@ -6,6 +6,7 @@ import asyncio
 import uuid
 from datetime import UTC, datetime
 
+import msgspec
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
@@ -15,6 +16,7 @@ from libs.contracts import subjects
 from libs.contracts.codec import encode
 from libs.contracts.events import EventEnvelope, JobStopped, NodeRecovered
 from libs.eventstore import EventStore, NewEvent, Tracking
+from libs.messaging.connection import ensure_streams
 from libs.messaging.follower import StreamFollower
 from tests.support.stores import StoreFactory
 
@@ -147,3 +149,40 @@ async def test_an_envelope_the_relay_published_again_is_applied_once(nc: Client,
 
     assert recorder.folded == ["a", "b", "c"]
     assert await store.tracked_position("scheduler-events") == 5
+
+
+async def test_after_the_stream_was_made_anew_only_what_is_new_upstream_is_reacted_to(
+        nc: Client, store: EventStore) -> None:
+    """JetStream lost the stream; the upstream's relay publishes its whole log again, behind other
+    services' messages: the stream sequences changed, the upstream positions did not."""
+    history = [EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type="job",
+                             aggregate_id=f"a{i}",
+                             version=1, position=i + 1, recorded_at=datetime.now(UTC),
+                             event=JobStopped(job_id=f"a{i}", by="bob")) for i in range(5)]
+    new = msgspec.structs.replace(history[0], event_id=str(uuid.uuid4()), aggregate_id="b0", position=6,
+                                  event=JobStopped(job_id="b0", by="bob"))
+
+    async def publish(envelopes: list[EventEnvelope]) -> None:
+        for envelope in envelopes:
+            await nc.jetstream().publish(subjects.event_subject("scheduler", "job", envelope.aggregate_id,
+                                                                "JobStopped"), encode(envelope))
+
+    await publish(history)
+    follower = await follow(nc, store, Recorder(store), expected=5)
+    await follower.stop()
+
+    js = nc.jetstream()
+    await js.delete_stream(subjects.EVENTS_STREAM)
+    await ensure_streams(js)
+    for i in range(3):  # another service's relay was first
+        envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="node",
+                                 aggregate_id=f"n{i}", version=1, position=i + 1, recorded_at=datetime.now(UTC),
+                                 event=NodeRecovered(node_name=f"n{i}"))
+        await js.publish(subjects.event_subject("monitor", "node", f"n{i}", "NodeRecovered"), encode(envelope))
+    await publish([*history, new])
+    again = Recorder(store)
+    follower = await follow(nc, store, again, expected=6)
+    await follower.stop()
+
+    assert again.folded == [f"a{i}" for i in range(5)] + ["b0"]  # the view is whole again
+    assert [e.aggregate_id async for e in store.read_all()] == [f"a{i}" for i in range(5)] + ["b0"]  # each once
