@@ -96,6 +96,8 @@ class HeldProcess:
                 await asyncio.sleep(POLL_SECONDS)  # it may have written the exit as it ended
                 if (found := self.exit()) is not None:
                     return found
+                if not self.folder.exists():  # the node was reported and its folder removed meanwhile
+                    return 137, datetime.now(UTC)
                 self.signal(signal.SIGKILL)  # unwatched, it would run on without anyone to report it
                 write_atomically(self.folder / EXIT_NAME, json.dumps(
                     {"exit_code": 137, "started": self.started, "exited_at": datetime.now(UTC).isoformat()}))

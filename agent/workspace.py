@@ -23,8 +23,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from agent.checkpoints import prepare_checkpoints
 from agent.sandbox import WORKSPACE, Bind, Hidden, SandboxSpec, bwrap_argv
 from libs.contracts.events import NodeLaunch
+from libs.storage import CHECKPOINT_TARGET
 
 PLAIN = "plain"
 BWRAP = "bwrap"
@@ -82,7 +84,9 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
     sources = []
     for mount in launch.mounts:
         source = storage / mount.source
-        if not source.exists():
+        if mount.target == CHECKPOINT_TARGET and not mount.read_only:
+            prepare_checkpoints(source)  # this attempt's own folder, starting from the last one's
+        elif not source.exists():
             if mount.read_only:
                 raise WorkspaceError(f"{mount.source} does not exist in shared storage ({storage})")
             source.mkdir(parents=True, exist_ok=True)

@@ -167,7 +167,8 @@ def _durable_puller(stream: str, durable: str) -> list[str]:
 
 
 def _message_getter(stream: str) -> list[str]:
-    """`js.get_msg`: the scheduler's pages of a job's logs and usage samples."""
+    """`js.get_msg`: the scheduler's pages of a job's logs and usage samples; a relay's and a follower's
+    look at the stream they write and read, to tell whether JetStream lost history."""
     return [f"{API}.STREAM.MSG.GET.{stream}"]
 
 
@@ -181,14 +182,15 @@ MONITOR_LOGS_CONSUMER = "monitor-logs"
 def service_permissions(service: str) -> Permissions:
     if service not in SERVICES:
         raise RoleError(f"unknown service {service!r}; one of {', '.join(SERVICES)}")
-    publish = [subjects.events_of_service(service), *_owned(service), *_ordered_reader(subjects.EVENTS_STREAM)]
+    publish = [subjects.events_of_service(service), *_owned(service), *_ordered_reader(subjects.EVENTS_STREAM),
+               *_message_getter(subjects.EVENTS_STREAM)]
     answers: tuple[str, ...] = ()
     if service == "scheduler":
         answers = answered_by_scheduler()
         publish += [*_message_getter(subjects.LOGS_STREAM), *_message_getter(subjects.USAGE_STREAM)]
     elif service == "launcher":
         publish += [subjects.agent_start("*"), subjects.agent_stop("*"),
-                    *_ordered_reader(subjects.AGENT_REPORTS_STREAM)]
+                    *_ordered_reader(subjects.AGENT_REPORTS_STREAM), *_message_getter(subjects.AGENT_REPORTS_STREAM)]
     elif service == "monitor":
         answers = ANSWERED_BY_MONITOR
         publish += [subjects.agent_precheck("*"), subjects.agent_release("*"), subjects.agent_open_session("*"),

@@ -40,14 +40,17 @@ class StorageRef:
 CHECKPOINT_TARGET = CHECKPOINT_DIR.removeprefix("/workspace/")
 
 
-def checkpoint_mount(job_id: str) -> Mount:
-    """J12: the job's checkpoint folder, shared by all its nodes and attempts."""
-    return Mount(source=f"checkpoints/{job_id}", target=CHECKPOINT_TARGET, read_only=False)
+def checkpoint_mount(job_id: str, attempt: int) -> Mount:
+    """J12: the checkpoint folder of one attempt of the job, shared by its nodes. The agent starts it as a
+    copy of the newest earlier attempt's (agent/checkpoints.py), so that a process of an old attempt
+    never writes into the folder a new attempt resumes from."""
+    return Mount(source=f"checkpoints/{job_id}/attempt-{attempt}", target=CHECKPOINT_TARGET, read_only=False)
 
 
-def workspace_layout(spec: JobSpec, *, task_index: int | None = None, job_id: str | None = None) -> list[StorageRef]:
+def workspace_layout(spec: JobSpec, *, task_index: int | None = None, job_id: str | None = None,
+                     attempt: int = 1) -> list[StorageRef]:
     """L1: every mount of one node's /workspace (for task `task_index` of a batch job); with `job_id`,
-    also the checkpoint folder of a checkpoint-resume job."""
+    also the checkpoint folder of a checkpoint-resume job's `attempt`."""
     refs: list[StorageRef] = []
     algorithm: AlgorithmRef | None = spec.algorithm
     algorithm_field = "algorithm"
@@ -82,12 +85,13 @@ def workspace_layout(spec: JobSpec, *, task_index: int | None = None, job_id: st
         refs.append(StorageRef(f"volumes[{i}]", Mount(source=f"volumes/{volume.name}", target=f"volume/{volume.name}",
                                                       read_only=False), False))
     if job_id is not None and spec.checkpoint_resume is not None:
-        refs.append(StorageRef("checkpoint_resume", checkpoint_mount(job_id), False))
+        refs.append(StorageRef("checkpoint_resume", checkpoint_mount(job_id, attempt), False))
     return refs
 
 
-def workspace_mounts(spec: JobSpec, *, task_index: int | None = None, job_id: str | None = None) -> list[Mount]:
-    return [ref.mount for ref in workspace_layout(spec, task_index=task_index, job_id=job_id)]
+def workspace_mounts(spec: JobSpec, *, task_index: int | None = None, job_id: str | None = None,
+                     attempt: int = 1) -> list[Mount]:
+    return [ref.mount for ref in workspace_layout(spec, task_index=task_index, job_id=job_id, attempt=attempt)]
 
 
 def job_storage(spec: JobSpec) -> list[StorageRef]:

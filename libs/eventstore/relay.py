@@ -50,10 +50,15 @@ class OutboxRelay:
             checked = -HISTORY_CHECK_SECONDS
             while True:
                 self._wake.clear()
-                try:
-                    if asyncio.get_running_loop().time() - checked >= HISTORY_CHECK_SECONDS:
+                if asyncio.get_running_loop().time() - checked >= HISTORY_CHECK_SECONDS:
+                    checked = asyncio.get_running_loop().time()
+                    try:
                         await self.rewind_if_history_lost()
-                        checked = asyncio.get_running_loop().time()
+                    except asyncio.CancelledError:
+                        raise
+                    except Exception as exc:  # NATS away: publishing waits for it anyway; look again later
+                        log.warning("relay.history_unchecked", store=self.store.service, error=repr(exc))
+                try:
                     while await self.publish_pending() == self.batch:
                         pass
                 except asyncio.CancelledError:

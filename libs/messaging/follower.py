@@ -188,6 +188,9 @@ class StreamFollower:
             msg = await self.js.get_msg(self.stream, sequence)
         except NotFoundError:  # the stream is younger than the tracking
             return False
+        except Exception as exc:  # cannot tell now (NATS slow or away): go on as recorded
+            log.warning("follower.stream_unchecked", consumer=self.consumer, stream=self.stream, error=repr(exc))
+            return True
         if upstream is None:
             return True  # nothing to tell it by
         try:

@@ -89,20 +89,21 @@ def checkpoint_env(resumes: int) -> dict[str, str]:
 
 
 def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *, master_port: int,
-                job_id: str | None = None, resumes: int = 0) -> list[NodeLaunch]:
+                job_id: str | None = None, attempt: int = 1, resumes: int = 0) -> list[NodeLaunch]:
     """Every node's launch: for a regular job one per rank; for a batch job (J3) one per rank and
     task, the tasks to run one after another on the same nodes. A checkpoint-resume job (J12) also
-    gets its checkpoint folder, which needs its `job_id`, and `resumes`, its resumes so far."""
+    gets its checkpoint folder, which needs its `job_id` and `attempt`, and `resumes`, its resumes so far."""
     if spec.checkpoint_resume is not None and job_id is None:
         raise ValueError("a checkpoint-resume job's launch needs its job id (for its checkpoint folder)")
     if spec.type == "batch":
         return [launch for index, task in enumerate(spec.tasks)
                 for launch in _plan_command(spec, task.command, flavor, placement, master_port, task=index,
-                                            mounts=workspace_mounts(spec, task_index=index, job_id=job_id),
+                                            mounts=workspace_mounts(spec, task_index=index, job_id=job_id,
+                                                                    attempt=attempt),
                                             resumes=resumes)]
     assert spec.command is not None
     return _plan_command(spec, spec.command, flavor, placement, master_port, task=0,
-                         mounts=workspace_mounts(spec, job_id=job_id), resumes=resumes)
+                         mounts=workspace_mounts(spec, job_id=job_id, attempt=attempt), resumes=resumes)
 
 
 def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[Placement], master_port: int, *,

@@ -58,7 +58,7 @@ def _plan(state: LauncherState, cluster: ClusterConfig, job_id: str, admission: 
                             reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
     base_port = state.free_ports(len(admission.placement))
     nodes = plan_launch(spec, flavor, admission.placement, master_port=base_port, job_id=job_id,
-                        resumes=state.resumes(job_id))
+                        attempt=admission.attempt, resumes=state.resumes(job_id))
     return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes, base_port=base_port)
 
 

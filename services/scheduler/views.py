@@ -74,7 +74,8 @@ def dev_env(job: Job) -> DevEnvSpec:
     """O4: a development environment that looks like one node of the job (rank 0, first task)."""
     spec = job.spec
     task = 0 if spec.type == "batch" else None
-    mounts = [ref.mount for ref in workspace_layout(spec, task_index=task, job_id=job.job_id)]
+    mounts = [ref.mount for ref in workspace_layout(spec, task_index=task, job_id=job.job_id,
+                                                    attempt=max(job.attempt, 1))]
     command = spec.command if spec.type == "regular" else spec.tasks[0].command
     flavor = job.flavor or spec.flavors[0]
     return DevEnvSpec(name=f"{spec.name}-dev", project=spec.project, source_job_id=job.job_id, image=spec.image,

@@ -267,7 +267,8 @@ async def test_the_next_attempt_is_told_how_often_the_job_resumed(site: Site) ->
     plan = site.recorded(LaunchPlanned)[-1]
     [launch] = plan.nodes
     assert (plan.attempt, launch.env["TRAINYARD_RESUME_COUNT"], launch.keep_workspace) == (2, "1", True)
-    assert any(m.source == f"checkpoints/{JOB}" and m.target == "checkpoints" and not m.read_only
+    # The new attempt's own checkpoint folder: the old attempt's processes cannot write into it.
+    assert any(m.source == f"checkpoints/{JOB}/attempt-2" and m.target == "checkpoints" and not m.read_only
                for m in launch.mounts)
 
 

@@ -378,13 +378,15 @@ def resumable(**extra: Any) -> JobSpec:
 
 
 def test_a_checkpoint_job_is_told_its_signal_folder_and_resumes_on_every_node() -> None:
-    launches = plan_launch(resumable(), GPU4, servers(2), master_port=2222, job_id="job-00000000000a", resumes=2)
+    launches = plan_launch(resumable(), GPU4, servers(2), master_port=2222, job_id="job-00000000000a", attempt=3,
+                           resumes=2)
     for launch in launches:
         assert {k: v for k, v in launch.env.items() if k.startswith("TRAINYARD_")} == {
             "TRAINYARD_CHECKPOINT_SIGNAL": "SIGUSR1", "TRAINYARD_CHECKPOINT_DIR": "/workspace/checkpoints",
             "TRAINYARD_RESUME_COUNT": "2"}
         assert launch.env["RANK"] == str(launch.rank)  # the mode's variables are still there
-        assert Mount(source="checkpoints/job-00000000000a", target="checkpoints", read_only=False) in launch.mounts
+        assert Mount(source="checkpoints/job-00000000000a/attempt-3", target="checkpoints",
+                     read_only=False) in launch.mounts
 
 
 def test_a_checkpoint_job_cannot_be_planned_without_its_id() -> None:

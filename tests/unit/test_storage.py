@@ -62,8 +62,8 @@ def test_batch_tasks_each_need_their_algorithm(tmp_path: Path) -> None:
 
 def test_a_checkpoint_job_gets_its_own_writable_checkpoint_folder(tmp_path: Path) -> None:
     spec = msgspec.structs.replace(BASE, pool="p", checkpoint_resume=CheckpointResume())
-    mounts = workspace_mounts(spec, job_id="job-00000000000a")
-    assert Mount(source="checkpoints/job-00000000000a", target="checkpoints", read_only=False) in mounts
+    mounts = workspace_mounts(spec, job_id="job-00000000000a", attempt=2)
+    assert Mount(source="checkpoints/job-00000000000a/attempt-2", target="checkpoints", read_only=False) in mounts
     assert not any(m.target == "checkpoints" for m in workspace_mounts(BASE, job_id="job-00000000000a"))
     # Created on first use: a submit never waits for it.
     root = make(tmp_path, "algorithms/algo")
