@@ -168,6 +168,11 @@ class TrainyardClient:
     def connect(cls, nats_url: str | None = None, *, token: str | None = None) -> _ClientContext:
         return _ClientContext(nats_url, token)
 
+    @property
+    def closed(self) -> bool:
+        """The connection gave up (NATS was away longer than its few reconnects): open a new client."""
+        return bool(self.nc.is_closed)
+
     async def close(self) -> None:
         with contextlib.suppress(Exception):
             await self.nc.drain()

@@ -12,6 +12,7 @@ import contextlib
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import AsyncIterator, Awaitable
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
@@ -25,6 +26,7 @@ from libs.devstack.stack import (
     REPO_ROOT,
     SERVICES,
     ProcessSet,
+    end_agent_jobs,
     provision_auth,
     seed_storage,
     stack_env,
@@ -56,6 +58,9 @@ class StackClient(Protocol):
 
     async def close(self) -> None: ...
 
+    @property
+    def closed(self) -> bool: ...
+
 
 ClientT = TypeVar("ClientT", bound=StackClient)
 OpenedClientT = TypeVar("OpenedClientT", bound=StackClient, covariant=True)
@@ -77,10 +82,11 @@ class Stack(Generic[ClientT]):
         into shared storage beside the examples."""
         self.home = home
         self.nats_process: subprocess.Popen[bytes] | None = None
+        self.nats_port = 0
         if nats_url is None:
-            port = free_port()
-            self.nats_process = start_nats(home / "nats", port, provision_nats_logins(home))
-            nats_url = f"nats://127.0.0.1:{port}"
+            self.nats_port = free_port()
+            self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home))
+            nats_url = f"nats://127.0.0.1:{self.nats_port}"
         self.cluster = cluster
         self.nodes = [node.name for node in ClusterConfig.load(cluster).nodes] or list(NODES)
         self.storage = home / "storage"
@@ -132,9 +138,19 @@ class Stack(Generic[ClientT]):
     def resume(self, name: str) -> None:
         self.processes.send(name, signal.SIGCONT)
 
+    def restart_nats(self, down_seconds: float = 0.0) -> None:
+        """kill -9 the stack's own NATS server, then start it again on the same port, store and logins."""
+        assert self.nats_process is not None, "the stack was given a NATS server: it is not the stack's to kill"
+        self.nats_process.kill()
+        self.nats_process.wait(timeout=10)
+        time.sleep(down_seconds)
+        self.nats_process = start_nats(self.home / "nats", self.nats_port, provision_nats_logins(self.home))
+
     async def api(self, timeout: float = 30) -> ClientT:
         """The stack's client, opened on first use: retried while NATS refuses the login, as it does until
         a service answering its auth callout runs."""
+        if self.client is not None and self.client.closed:  # NATS was away longer than it reconnects
+            self.client = None
         if self.client is None:
             deadline = asyncio.get_running_loop().time() + timeout
             while self.client is None:
@@ -189,6 +205,7 @@ class Stack(Generic[ClientT]):
         if self.client is not None:
             await self.client.close()
         self.processes.stop_all()
+        end_agent_jobs(self.nodes, self.home / "agents")  # a stopped agent leaves them running
         if self.nats_process is not None:
             self.nats_process.terminate()
             self.nats_process.wait(timeout=10)

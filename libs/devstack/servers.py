@@ -134,10 +134,11 @@ def start_postgres(data_dir: Path, port: int) -> None:
                           f"{log.read_text()[-2000:] if log.exists() else ''}")
 
 
-def stop_postgres(data_dir: Path) -> None:
+def stop_postgres(data_dir: Path, mode: str = "fast") -> None:
+    """`pg_ctl stop -m <mode>`: `fast` ends sessions cleanly; `immediate` is a crash, recovered at the next start."""
     cluster = data_dir / "pgdata"
     if (cluster / "postmaster.pid").exists():
-        subprocess.run(_as_server_user([str(postgres_bin_dir() / "pg_ctl"), "-D", str(cluster), "-m", "fast",
+        subprocess.run(_as_server_user([str(postgres_bin_dir() / "pg_ctl"), "-D", str(cluster), "-m", mode,
                                         "-w", "stop"]),
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 from nats.aio.client import Client
-from nats.errors import NoRespondersError
+from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
 from libs.auth import AuthError, bearer_headers, identity_from_headers
@@ -199,4 +199,6 @@ async def call(nc: Client, subject: str, request: msgspec.Struct, *, timeout: fl
         raise ServiceUnavailable(f"nothing answers on {subject}") from None
     except NatsTimeout:
         raise ServiceUnavailable(f"no answer on {subject} within {timeout:g}s") from None
+    except ConnectionClosedError:  # a client's connection gives up after a few reconnects
+        raise ServiceUnavailable(f"the connection to NATS is closed; nothing was sent on {subject}") from None
     return decode_any(msg.data, reply_type)

@@ -9,7 +9,6 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agent.held import end_recorded_jobs
 from client.api import TrainyardClient
 from libs.devstack.harness import CLUSTER
 from tests.support.mailbox import Mailbox
@@ -38,9 +37,6 @@ async def stack(tmp_path: Path, database_url: str, mailbox: Mailbox,
     platform = Stack(tmp_path, None, database_url, connect=TrainyardClient.open,
                      cluster=marker.args[0] if marker else CLUSTER, smtp_url=mailbox.url, algorithms=TEST_ALGORITHMS)
     yield platform
-    await platform.close()
-    # Stopped agents leave their jobs running, for the next agent to adopt: end them here.
-    for node in platform.nodes:
-        end_recorded_jobs(tmp_path / "agents" / node, node, "the test ended")
+    await platform.close()  # and the jobs its stopped agents left running
     # Shown by pytest only when the test failed.
     print(platform.dump_logs())
