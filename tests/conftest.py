@@ -14,6 +14,7 @@ import pytest
 import pytest_asyncio
 from nats.js.errors import NotFoundError, ServerError
 
+from agent.held import end_recorded_jobs
 from libs.contracts import subjects
 from libs.devstack.provision import Servers, provide_servers
 from libs.devstack.servers import create_database
@@ -69,3 +70,15 @@ async def nats_url(servers: Servers) -> str:
             await asyncio.sleep(0.1)
     await nc.close()
     return servers.nats_url
+
+
+@pytest.fixture(autouse=True)
+def _jobs_left_running_are_ended(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A stopped agent leaves its jobs running for the next one to adopt: after a test, end what the agents
+    under its folder left (as `make down` does), so that no job of one test outlives it."""
+    home = request.getfixturevalue("tmp_path") if "tmp_path" in request.fixturenames else None
+    yield
+    if home is not None:
+        for root in [*home.glob("agents/*"), *home.glob("*/agents/*")]:
+            if (root / "jobs").is_dir():
+                end_recorded_jobs(root, root.name, "the test ended")
