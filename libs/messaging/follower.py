@@ -126,6 +126,10 @@ class _SetAside(Exception):
         self.reason = reason
 
 
+# An ordered consumer lives in the server's memory: a restarted NATS server has lost it, and the client
+# makes it anew only after two missed heartbeats (nats-py's default heartbeat, 5 s, stalled every follower
+# for ~10 s after a NATS restart).
+HEARTBEAT_SECONDS = 1.0
 # How many of the latest envelopes' ids a follower remembers to recognise one published again: the
 # relay publishes again at most one batch after a crash, far fewer than this.
 REMEMBERED_ENVELOPES = 10_000
@@ -170,6 +174,7 @@ class StreamFollower:
                 await self.store.forget_tracked_sequence(self.consumer)
                 self.tracked, self.anew_upstream = 0, upstream
         sub = await self.js.subscribe(self.subject, stream=self.stream, ordered_consumer=True,
+                                      idle_heartbeat=HEARTBEAT_SECONDS,
                                       deliver_policy=DeliverPolicy.ALL, cb=self._on_message)
         self._sub = sub
         # Nothing matched the filter yet (the consumer sequence counts matching deliveries only; the
