@@ -16,6 +16,7 @@ import msgspec
 
 from agent.agent import NodeAgent
 from agent.held import end_recorded_jobs
+from agent.ports import PortBook, PortRangeError
 from agent.resources import describe_host, parse_accelerators
 from libs.auth import AuthError, node_token_control_keys
 from libs.contracts.cluster import AgentConfig, ClusterConfig
@@ -110,8 +111,13 @@ async def started(args: argparse.Namespace) -> RunningAgent:
     settings = Settings()
     info = describe_host(_config(args))
     token = node_credential(info.name)
+    try:
+        ports = PortBook.from_environment()
+    except PortRangeError as exc:
+        raise SystemExit(str(exc)) from None
     agent = NodeAgent(info, nats_url=settings.nats_url, root=args.root.resolve() / args.name,
-                      storage=settings.storage_root, node_token=token, control=control_of(token, info.name))
+                      storage=settings.storage_root, node_token=token, control=control_of(token, info.name),
+                      ports=ports)
     await agent.start()  # a refused registration raises SystemExit with the monitor's reason
     return RunningAgent(agent)
 

@@ -52,6 +52,7 @@ from agent.kept import (
     remove_node_root,
     write_environment,
 )
+from agent.ports import PortBook
 from agent.process import ProcessGroup, Record, read_records, remove_record, write_record
 from agent.requests import Later, Responder
 from agent.sessions import Session
@@ -68,6 +69,7 @@ from libs.contracts.agent import (
     LogChunk,
     NodeAccepted,
     OpenSession,
+    PortsReserved,
     PrecheckNode,
     PrecheckReport,
     ProcessAccepted,
@@ -76,6 +78,7 @@ from libs.contracts.agent import (
     RegisterNode,
     Released,
     ReleaseWorkspaces,
+    ReservePorts,
     SessionOpened,
     StartProcess,
     Stopped,
@@ -126,7 +129,8 @@ class RunningNode:
 
 class NodeAgent:
     def __init__(self, info: NodeInfo, *, nats_url: str, root: Path, storage: Path, control: ControlVerifier,
-                 health_probe_seconds: float | None = None, node_token: str | None = None) -> None:
+                 health_probe_seconds: float | None = None, node_token: str | None = None,
+                 ports: PortBook | None = None) -> None:
         """`node_token`: the node credential sent with registration and heartbeats (`python -m agent` requires
         one; without it the monitor refuses the node). It is never passed to jobs. `control` checks that
         requests come from the launcher and the monitor (its keys come with the node credential)."""
@@ -142,6 +146,8 @@ class NodeAgent:
         # (other jobs' files and kept environments).
         self.hidden_paths = [*Settings().hidden_paths, root]
         self.health: list[ComponentHealth] = []  # the latest probe, sent with every heartbeat
+        # Rendezvous ports chosen here for the launcher (ReservePorts).
+        self.ports = ports if ports is not None else PortBook.from_environment()
         self.sessions: dict[str, Session] = {}
         self.nodes: dict[tuple[str, int, int, int], RunningNode] = {}  # (job, attempt, task, rank)
         self.backend = PLAIN  # how workspaces are made (SPEC L1): chosen at start
@@ -168,6 +174,7 @@ class NodeAgent:
         await self._adopt()  # before any request: a stop must find the jobs the agent before started
         requests, name = Responder(self.nc, self.info.name), self.info.name
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
+        await requests.serve(subjects.agent_ports(name), ReservePorts, self._on_ports, launcher)
         await requests.serve(subjects.agent_start(name), StartProcess, self._on_start, launcher)
         await requests.serve(subjects.agent_stop(name), StopProcesses, self._on_stop, launcher)
         await requests.serve(subjects.agent_exec(name), ExecInJob, self._on_exec, self._from_the_job)
@@ -213,6 +220,7 @@ class NodeAgent:
             log.info("agent.jobs_left_running", node=self.info.name, processes=len(running))
         with contextlib.suppress(Exception):
             await self.nc.drain()
+        self.ports.close()  # the next agent holds again the ports of the jobs it adopts
 
     async def _adopt(self) -> None:
         """Take over the nodes the agent before started: they ran on under their holders meanwhile."""
@@ -226,6 +234,8 @@ class NodeAgent:
             if environment is not None:
                 node.workspace, node.env = environment.workspace, environment.env
             held = HeldProcess(folder, record.pid, record.holder)
+            if record.port and held.running:
+                self.ports.hold((record.job_id, record.attempt), [record.port], time.monotonic())
             log.info("agent.adopted", job_id=record.job_id, attempt=record.attempt, task=record.task,
                      rank=record.rank, node=self.info.name, pid=record.pid, running=held.running)
             self.nodes[key] = node
@@ -271,6 +281,7 @@ class NodeAgent:
             running = [f"{n.job_id}/{n.attempt}/{n.task}/{n.rank}" for n in self.nodes.values()
                        if n.runner and not n.runner.done()]
             beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running, health=self.health)
+            self.ports.release_unused(time.monotonic(), self._live_attempts())
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat),
                                       headers=bearer_headers(self.node_token))
@@ -305,6 +316,21 @@ class NodeAgent:
 
     # --- requests from the launcher ---------------------------------------------------------------
 
+    def _live_attempts(self) -> set[tuple[str, int]]:
+        return {(n.job_id, n.attempt) for n in self.nodes.values() if n.runner is not None and not n.runner.done()}
+
+    async def _on_ports(self, request: ReservePorts) -> PortsReserved | CommandError:
+        ports = self.ports.reserve((request.job_id, request.attempt), request.count, time.monotonic(),
+                                   self._live_attempts())
+        if ports is None:
+            return CommandError(code="unavailable",
+                                message=f"{self.info.name} has fewer than {request.count} free ports in "
+                                        f"{self.ports.low}-{self.ports.high}",
+                                hint="widen TRAINYARD_JOB_PORTS on the node, or end what holds its ports")
+        log.info("agent.ports_reserved", job_id=request.job_id, attempt=request.attempt, node=self.info.name,
+                 ports=ports)
+        return PortsReserved(ports=ports)
+
     async def _on_start(self, request: StartProcess) -> ProcessAccepted | CommandError:
         if not SAFE_ID.match(request.job_id):  # it names the node's folder
             return CommandError(code="invalid-request", message=f"{request.job_id!r} is not a job id")
@@ -315,6 +341,8 @@ class NodeAgent:
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
                                task=request.launch.task, trace=current_trace_headers(), job_token=request.job_token)
             self.nodes[key] = node
+            if request.launch.port:  # reserved here before, unless this agent restarted since
+                self.ports.hold((request.job_id, request.attempt), [request.launch.port], time.monotonic())
             node.runner = asyncio.create_task(self._run(node, request))
         return ProcessAccepted(already_known=known)
 
@@ -485,7 +513,7 @@ class NodeAgent:
         if held.started:
             write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                                       pid=held.pid, holder=held.holder_pid, keep=node.keep, job_token=node.job_token,
-                                      trace=node.trace))
+                                      trace=node.trace, port=launch.port))
             log.info("agent.process_started", job_id=node.job_id, attempt=node.attempt, task=node.task,
                      rank=node.rank, node=self.info.name, pid=held.pid, argv=argv, backend=workspace.backend)
         await self._follow(node, held, root)

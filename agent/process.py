@@ -116,6 +116,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     keep: bool = False
     job_token: str | None = None
     trace: dict[str, str] = {}
+    port: int = 0  # the rendezvous port the node listens on (NodeLaunch.port), held again on adoption
 
 
 def write_record(directory: Path, record: Record) -> None:

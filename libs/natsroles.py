@@ -189,7 +189,7 @@ def service_permissions(service: str) -> Permissions:
         answers = answered_by_scheduler()
         publish += [*_message_getter(subjects.LOGS_STREAM), *_message_getter(subjects.USAGE_STREAM)]
     elif service == "launcher":
-        publish += [subjects.agent_start("*"), subjects.agent_stop("*"),
+        publish += [subjects.agent_ports("*"), subjects.agent_start("*"), subjects.agent_stop("*"),
                     *_ordered_reader(subjects.AGENT_REPORTS_STREAM), *_message_getter(subjects.AGENT_REPORTS_STREAM)]
     elif service == "monitor":
         answers = ANSWERED_BY_MONITOR

@@ -249,7 +249,7 @@ def event_details(envelope: EventEnvelope) -> str:
     fields = msgspec.structs.asdict(envelope.event)
     parts = []
     for key, value in fields.items():
-        if key in skip or value in (None, [], {}):
+        if key in skip or value in (None, [], {}) or (key == "base_port" and not value):
             continue
         if key == "placement":
             value = ", ".join(f"{p.rank}@{p.node}" for p in value)
@@ -259,6 +259,8 @@ def event_details(envelope: EventEnvelope) -> str:
             value = "; ".join(node_check_text(check) for check in value)
         elif isinstance(value, list) and all(isinstance(item, str) for item in value):
             value = ", ".join(value)
+        elif key == "ports" and isinstance(value, dict):  # rank: port
+            value = ", ".join(f"{rank}:{port}" for rank, port in sorted(value.items()))
         elif isinstance(value, datetime):
             value = local_time(value)
         elif isinstance(value, float):

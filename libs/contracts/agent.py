@@ -8,9 +8,10 @@ them durably (an agent never touches PostgreSQL).
 from __future__ import annotations
 
 from datetime import datetime
+from typing import Annotated
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.events import NodeLaunch
@@ -58,6 +59,25 @@ class StartProcess(_AgentMessage, frozen=True, tag="StartProcess.v1"):
 
 class ProcessAccepted(_AgentMessage, frozen=True, tag="ProcessAccepted.v1"):
     already_known: bool
+
+
+# Bounds a request for rendezvous ports: more ranks than this on one node is no placement of ours.
+MAX_PORTS_PER_REQUEST = 256
+
+
+class ReservePorts(_AgentMessage, frozen=True, tag="ReservePorts.v1"):
+    """Choose `count` ports free on this node for a job attempt's rendezvous (L1, L3, L4) and hold them for
+    it: ports no process listens on and no other reservation on the host holds. Idempotent per
+    (job_id, attempt): asked again, the agent answers the same ports. They are held while the attempt has
+    processes on the node, or for a while after the answer when it has none yet."""
+
+    job_id: str
+    attempt: int
+    count: Annotated[int, Meta(ge=1, le=MAX_PORTS_PER_REQUEST)]
+
+
+class PortsReserved(_AgentMessage, frozen=True, tag="PortsReserved.v1"):
+    ports: list[Annotated[int, Meta(ge=1, le=65535)]]
 
 
 class StopProcesses(_AgentMessage, frozen=True, tag="StopProcesses.v1"):
@@ -214,4 +234,4 @@ class UsageSample(Struct, frozen=True, kw_only=True):
 
 
 ProcessReport = ProcessStarted | ProcessExited
-AgentReply = NodeAccepted | ProcessAccepted | Stopped | PrecheckReport | Released | SessionOpened
+AgentReply = NodeAccepted | ProcessAccepted | PortsReserved | Stopped | PrecheckReport | Released | SessionOpened

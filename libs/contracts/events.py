@@ -249,6 +249,9 @@ class NodeLaunch(Struct, frozen=True, kw_only=True):
     task: int = 0  # J3: which task of a batch job (0 for a regular job)
     # J15: keep the workspace after the process ends (debug terminal) until the monitor releases it.
     keep_workspace: bool = False
+    # The port this rank listens on for the job's rendezvous (the master port, a TF task's port), chosen on
+    # its node (ReservePorts); 0: none.
+    port: int = 0
 
 
 class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
@@ -258,7 +261,9 @@ class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
     attempt: int
     mode: str
     nodes: list[NodeLaunch]
-    # Ports base_port .. base_port + ranks - 1 are this launch's (master port, TF task ports).
+    # The rendezvous port each listening rank got on its node (rank -> port; see NodeLaunch.port). Launches
+    # planned before ports were chosen on the nodes held base_port .. base_port + ranks - 1 instead.
+    ports: dict[int, int] = msgspec.field(default_factory=dict)
     base_port: int = 0
 
 

@@ -30,6 +30,7 @@ from libs.contracts.agent import (
     LogChunk,
     ProcessReport,
     RegisterNode,
+    ReservePorts,
     StartProcess,
     StopProcesses,
 )
@@ -67,10 +68,10 @@ GROUPS: tuple[Group, ...] = (
           description="Every reply: the expected type, or Error.v1 (CommandError).",
           types=(Reply,)),
     Group(filename="agent.schema.json", title="Trainyard node agent protocol",
-          description="Registration, heartbeats, start/stop requests and their replies, process reports and "
-                      "log chunks exchanged between node agents and the services.",
-          types=(RegisterNode, AnnounceNodes, Heartbeat, StartProcess, StopProcesses, AgentReply, ProcessReport,
-                 LogChunk)),
+          description="Registration, heartbeats, port, start and stop requests and their replies, process reports "
+                      "and log chunks exchanged between node agents and the services.",
+          types=(RegisterNode, AnnounceNodes, Heartbeat, ReservePorts, StartProcess, StopProcesses, AgentReply,
+                 ProcessReport, LogChunk)),
 )
 
 

@@ -97,6 +97,11 @@ def agent_stop(node: str) -> str:
     return f"trainyard.agent.{node}.stop"
 
 
+def agent_ports(node: str) -> str:
+    """Rendezvous ports chosen on the node (ReservePorts), asked by the launcher before it plans a launch."""
+    return f"trainyard.agent.{node}.ports"
+
+
 def agent_exec(node: str) -> str:
     return f"trainyard.agent.{node}.exec"
 

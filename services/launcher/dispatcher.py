@@ -1,4 +1,9 @@
-"""Talking to the node agents: starts and stops sent until the agents confirm.
+"""Talking to the node agents: rendezvous ports asked, starts and stops sent until the agents confirm.
+
+An admitted attempt whose mode listens for a rendezvous (PyTorch's master, TensorFlow's tasks) is planned
+once its nodes chose the ports (ReservePorts): a port free on the node, never a fixed one. A node that has
+not answered within PORTS_WAIT_SECONDS (an older agent, or one that went away) gets the launcher's own
+choice instead, so no job waits on it for ever.
 
 What the launcher decided is recorded first; the dispatcher then sends what the launches need, outside
 the service lock, and re-sends what stays unconfirmed. Agents treat a repeated start of the same
@@ -21,18 +26,21 @@ from typing import cast
 
 from libs.auth import issue_job_token
 from libs.contracts import subjects
-from libs.contracts.agent import AgentReply, StartProcess, StopProcesses
+from libs.contracts.agent import AgentReply, PortsReserved, ReservePorts, StartProcess, StopProcesses
+from libs.contracts.cluster import ClusterConfig
 from libs.contracts.messages import CommandError
 from libs.controlsign import ControlSigner
 from libs.eventsourced import EventSourcedService
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, tracer
-from services.launcher.rules import fenced, give_up_node, stopped
-from services.launcher.state import Launch, LauncherState, Unit
+from services.launcher.rules import fenced, give_up_node, needs_ports, plan_admission, stopped
+from services.launcher.state import Admitted, Launch, LauncherState, Unit
 from services.launcher.stopping import reply_timeout, stop_request
 
 RESEND_SECONDS = 5.0
+PORTS_RESEND_SECONDS = 1.0
+PORTS_WAIT_SECONDS = 10.0
 SendKey = tuple[str, int, object, str]  # (what, attempt, rank or node, job id)
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.launcher")
@@ -45,9 +53,10 @@ class AgentRefused(Exception):
 class Dispatcher:
     """Sends the starts and stops the launches of `state` need; records through `service`."""
 
-    def __init__(self, service: EventSourcedService, state: LauncherState) -> None:
+    def __init__(self, service: EventSourcedService, state: LauncherState, cluster: ClusterConfig) -> None:
         self.service = service
         self.state = state
+        self.cluster = cluster
         # The secret issues job tokens; the key derived from it signs every request to an agent.
         self.secret = service.rt.settings.require_auth_secret()
         self.signer = ControlSigner.of(self.secret, "launcher")
@@ -57,12 +66,16 @@ class Dispatcher:
         self._in_flight: set[SendKey] = set()
         self._stop_confirmed: dict[tuple[str, int], set[str]] = {}
         self._unanswered_since: dict[tuple[str, int, str], float] = {}
+        # Per unplanned (job, attempt): the ports each node chose, and when the launcher first wanted them.
+        self._chosen: dict[tuple[str, int], dict[str, list[int]]] = {}
+        self._wanted_since: dict[tuple[str, int], float] = {}
 
     async def dispatch_once(self) -> None:
         """Record what the agents' answers settled, then send what is due."""
         async with self.service.lock:
             await self._give_up_lost_nodes()
             await self._record_finished_stops()
+            await self._plan_admitted()
             work = self._due_work()
         await asyncio.gather(*work)
 
@@ -85,6 +98,23 @@ class Dispatcher:
                 with span_tracer.start_as_current_span("launcher stopped", context=context_from_headers(launch.trace)):
                     await self.service.record(changes)
 
+    async def _plan_admitted(self) -> None:
+        """Plan each admitted attempt whose nodes chose their ports, or waited long enough for them."""
+        now = time.monotonic()
+        for job_id, admitted in list(self.state.unplanned.items()):
+            key = (job_id, admitted.event.attempt)
+            wanted, chosen = needs_ports(self.state, self.cluster, job_id), self._chosen.get(key, {})
+            silent = sorted(set(wanted) - set(chosen))
+            if silent and now - self._wanted_since.setdefault(key, now) < PORTS_WAIT_SECONDS:
+                continue
+            if silent:
+                log.warning("launch.ports_not_chosen", job_id=job_id, attempt=key[1], nodes=silent,
+                            waited_seconds=PORTS_WAIT_SECONDS)
+            with span_tracer.start_as_current_span("launcher plan", context=context_from_headers(admitted.trace)):
+                await self.service.record(plan_admission(self.state, self.cluster, job_id, chosen))
+            self._chosen.pop(key, None)
+            self._wanted_since.pop(key, None)
+
     async def _give_up_node(self, launch: Launch, node: str, reason: str) -> None:
         """Record the node's running processes lost and count it as stopped (the caller holds the lock)."""
         changes = give_up_node(launch, node, reason)
@@ -100,6 +130,13 @@ class Dispatcher:
     def _due_work(self) -> list[asyncio.Future[None]]:
         now = time.monotonic()
         work: list[asyncio.Future[None]] = []
+        for job_id, admitted in self.state.unplanned.items():
+            attempt = admitted.event.attempt
+            chosen = self._chosen.get((job_id, attempt), {})
+            for node, count in needs_ports(self.state, self.cluster, job_id).items():
+                ports_key: SendKey = ("ports", attempt, node, job_id)
+                if node not in chosen and self._due(ports_key, now, PORTS_RESEND_SECONDS):
+                    work.append(self._send(ports_key, self._reserve(admitted, node, count)))
         for launch in self.state.active():
             if self.state.stop_wanted(launch):
                 confirmed = self._confirmed(launch)
@@ -124,9 +161,9 @@ class Dispatcher:
                 work.append(self._send(key, self._fence(job_id, attempt, node)))
         return work
 
-    def _due(self, key: SendKey, now: float) -> bool:
+    def _due(self, key: SendKey, now: float, every: float = RESEND_SECONDS) -> bool:
         # Never twice at once: a stop may take a job's whole graceful shutdown time to be answered.
-        if key in self._in_flight or now - self._sent.get(key, -RESEND_SECONDS) < RESEND_SECONDS:
+        if key in self._in_flight or now - self._sent.get(key, -every) < every:
             return False
         self._sent[key] = now
         return True
@@ -145,7 +182,8 @@ class Dispatcher:
 
     # --- the calls (outside the lock) -----------------------------------------------------------------
 
-    async def _ask(self, subject: str, request: StartProcess | StopProcesses, *, timeout: float) -> AgentReply:
+    async def _ask(self, subject: str, request: ReservePorts | StartProcess | StopProcesses, *,
+                   timeout: float) -> AgentReply:
         """Send a request to an agent; an agent that could not do it answers a CommandError, which counts
         as no answer: the request is sent again, and a stop never answered leads to giving up the node."""
         reply = await call(self.service.rt.nc, subject, request, timeout=timeout, reply_type=AgentReply | CommandError,
@@ -158,6 +196,22 @@ class Dispatcher:
         """The job attempt's own token, for its processes' remote shell: the same for all its nodes."""
         return issue_job_token(self.secret, launch.job_id, launch.attempt, [n.node for n in launch.nodes],
                                issued_at=int(launch.planned_at.timestamp()))
+
+    async def _reserve(self, admitted: Admitted, node: str, count: int) -> None:
+        """Ask `node` to choose `count` rendezvous ports for the attempt; the answer is kept for its plan."""
+        job_id, attempt = admitted.event.job_id, admitted.event.attempt
+        request = ReservePorts(job_id=job_id, attempt=attempt, count=count)
+        try:
+            with span_tracer.start_as_current_span("launcher ports", context=context_from_headers(admitted.trace)):
+                reply = await self._ask(subjects.agent_ports(node), request, timeout=2.0)
+        except (ServiceUnavailable, AgentRefused) as exc:
+            log.warning(_failure(exc), job_id=job_id, node=node, error=str(exc))
+            return
+        if not isinstance(reply, PortsReserved) or len(set(reply.ports)) != count:
+            log.warning("launch.ports_answer_unusable", job_id=job_id, node=node, reply=str(reply)[:200])
+            return
+        self._chosen.setdefault((job_id, attempt), {})[node] = list(reply.ports)
+        self.service.wake.set()
 
     async def _start(self, launch: Launch, unit: Unit) -> None:
         node = launch.node_of(unit)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 
 from libs.contracts.cluster import Flavor
 from libs.contracts.events import Mount, NodeLaunch, Placement, Role
@@ -44,14 +45,33 @@ def hostfile_mpich(placement: list[Placement]) -> str:
     return "".join(f"{p.node}:{p.slots}\n" for p in placement)
 
 
-def tf_config(placement: list[Placement], rank: int, port: int) -> str:
+def listening_ranks(spec: JobSpec, placement: list[Placement]) -> list[int]:
+    """The ranks that listen on a rendezvous port of their own node: PyTorch's and DeepSpeed's master
+    (MASTER_PORT), every TensorFlow task (TF_CONFIG). mpirun chooses its own ports; a single node needs none."""
+    if spec.mode in ("pytorch", "pytorch-deepspeed"):
+        return [placement[0].rank]
+    if spec.mode == "tensorflow":
+        return [place.rank for place in placement]
+    return []
+
+
+def ports_wanted(spec: JobSpec, placement: list[Placement]) -> dict[str, int]:
+    """How many rendezvous ports each node of the placement must choose."""
+    wanted: dict[str, int] = {}
+    for place in placement:
+        if place.rank in listening_ranks(spec, placement):
+            wanted[place.node] = wanted.get(place.node, 0) + 1
+    return wanted
+
+
+def tf_config(placement: list[Placement], rank: int, ports: Mapping[int, int]) -> str:
     """L3: the cluster (workers, and parameter servers when there are any) and this node's task.
 
-    Every task listens on its own port (`port` + rank), so tasks sharing a host never collide.
+    Every task listens on the port its node chose for it (`ports`, by rank).
     """
     hosts: dict[str, list[str]] = {"ps": [], "worker": []}
     for place in placement:
-        hosts[place.role].append(f"{place.address}:{port + place.rank}")
+        hosts[place.role].append(f"{place.address}:{ports[place.rank]}")
     cluster = {role: hosts[role] for role in ("ps", "worker") if hosts[role]}
     me = placement[rank]
     index = sum(1 for p in placement[:rank] if p.role == me.role)
@@ -88,26 +108,30 @@ def checkpoint_env(resumes: int) -> dict[str, str]:
             RESUME_COUNT_VARIABLE: str(resumes)}
 
 
-def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *, master_port: int,
+def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *, ports: Mapping[int, int],
                 job_id: str | None = None, attempt: int = 1, resumes: int = 0) -> list[NodeLaunch]:
     """Every node's launch: for a regular job one per rank; for a batch job (J3) one per rank and
-    task, the tasks to run one after another on the same nodes. A checkpoint-resume job (J12) also
-    gets its checkpoint folder, which needs its `job_id` and `attempt`, and `resumes`, its resumes so far."""
+    task, the tasks to run one after another on the same nodes (sharing the ranks' `ports`, one for each
+    of `listening_ranks`). A checkpoint-resume job (J12) also gets its checkpoint folder, which needs its
+    `job_id` and `attempt`, and `resumes`, its resumes so far."""
     if spec.checkpoint_resume is not None and job_id is None:
         raise ValueError("a checkpoint-resume job's launch needs its job id (for its checkpoint folder)")
+    missing = [rank for rank in listening_ranks(spec, placement) if rank not in ports]
+    if missing:
+        raise ValueError(f"ranks {missing} listen for the rendezvous and need a port")
     if spec.type == "batch":
         return [launch for index, task in enumerate(spec.tasks)
-                for launch in _plan_command(spec, task.command, flavor, placement, master_port, task=index,
+                for launch in _plan_command(spec, task.command, flavor, placement, ports, task=index,
                                             mounts=workspace_mounts(spec, task_index=index, job_id=job_id,
                                                                     attempt=attempt),
                                             resumes=resumes)]
     assert spec.command is not None
-    return _plan_command(spec, spec.command, flavor, placement, master_port, task=0,
+    return _plan_command(spec, spec.command, flavor, placement, ports, task=0,
                          mounts=workspace_mounts(spec, job_id=job_id, attempt=attempt), resumes=resumes)
 
 
-def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[Placement], master_port: int, *,
-                  task: int, mounts: list[Mount], resumes: int) -> list[NodeLaunch]:
+def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[Placement], ports: Mapping[int, int],
+                  *, task: int, mounts: list[Mount], resumes: int) -> list[NodeLaunch]:
     # A backslash-newline continues the line, as in the platform document's multi-line examples.
     command = re.sub(r"\\\r?\n", "", command)
     argv = shlex.split(command)
@@ -115,6 +139,7 @@ def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[P
     master = placement[0]
     # J15: an abnormal end leaves the environment for the debug terminal.
     keep_workspace = spec.debug_terminal is not None and spec.debug_terminal.enabled
+    listening = listening_ranks(spec, placement)
     launches: list[NodeLaunch] = []
     for place in placement:
         env = dict(spec.env)
@@ -124,6 +149,7 @@ def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[P
         node_argv = argv
         role: Role = place.role
         if spec.mode in ("pytorch", "pytorch-deepspeed"):
+            master_port = ports[master.rank]
             env.update(MASTER_ADDR=master.address, MASTER_PORT=str(master_port), WORLD_SIZE=str(nodes),
                        RANK=str(place.rank), SLOTS=str(flavor.slots))
             if spec.mode == "pytorch":
@@ -144,9 +170,10 @@ def _plan_command(spec: JobSpec, command: str, flavor: Flavor, placement: list[P
                 # The master's mpirun starts the processes of every node; the others hold their node.
                 node_argv, role = list(STANDBY), "standby"
         elif spec.mode == "tensorflow":
-            env["TF_CONFIG"] = tf_config(placement, place.rank, master_port)
+            env["TF_CONFIG"] = tf_config(placement, place.rank, ports)
         node_argv = with_lifecycle(spec, node_argv)
         launches.append(NodeLaunch(rank=place.rank, node=place.node, address=place.address, argv=node_argv,
                                    env=env, mounts=mounts, files=files, master=place.rank == 0, role=role,
-                                   task=task, keep_workspace=keep_workspace))
+                                   task=task, keep_workspace=keep_workspace,
+                                   port=ports[place.rank] if place.rank in listening else 0))
     return launches

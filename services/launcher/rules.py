@@ -1,7 +1,8 @@
 """The launcher's decisions, as pure functions of its state and a message: they return the events to
 record and never talk to anyone (the dispatcher does, service.py records).
 
-- `plan_admission`: a JobAdmitted becomes the LaunchPlanned of the new attempt (L1–L7, J3, J12).
+- `plan_admission`: an admitted attempt becomes its LaunchPlanned (L1–L7, J3, J12), with the rendezvous
+  ports its nodes chose (`needs_ports` says which nodes to ask first).
 - `record_report`: an agent's process report becomes process events and, when it settles the
   attempt, its outcome.
 - `give_up_node` and `stopped`: what the dispatcher's confirmations (or their absence) settle.
@@ -9,11 +10,12 @@ record and never talk to anyone (the dispatcher does, service.py records).
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+
 from libs.contracts.agent import ProcessExited, ProcessStarted
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import (
     Event,
-    EventEnvelope,
     JobAdmitted,
     LaunchFailed,
     LaunchPlanned,
@@ -23,9 +25,11 @@ from libs.contracts.events import (
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
+    Placement,
 )
+from libs.contracts.jobspec import JobSpec
 from libs.eventstore import NewEvent
-from services.launcher.planner import plan_launch
+from services.launcher.planner import listening_ranks, plan_launch, ports_wanted
 from services.launcher.state import Launch, LauncherState
 
 LAUNCH = "launch"  # the launcher's aggregate: one per job (id = job id)
@@ -35,31 +39,57 @@ def launch_events(job_id: str, events: list[Event]) -> list[NewEvent]:
     return [NewEvent(LAUNCH, job_id, event) for event in events]
 
 
-# --- scheduler events -----------------------------------------------------------------------------------
+# --- admissions --------------------------------------------------------------------------------------
 
 
-def plan_admission(state: LauncherState, cluster: ClusterConfig, envelope: EventEnvelope) -> list[NewEvent]:
-    """A new attempt the scheduler admitted gets its launch plan (an attempt planned already, none)."""
-    admission = envelope.event
-    if not isinstance(admission, JobAdmitted):
+def plan_admission(state: LauncherState, cluster: ClusterConfig, job_id: str,
+                   chosen: Mapping[str, Sequence[int]]) -> list[NewEvent]:
+    """The launch plan of the job's admitted attempt not yet planned (none when there is none), with the
+    rendezvous ports its nodes `chosen` (node -> ports, in rank order); the launcher's own choice for a node
+    missing there."""
+    admitted = state.unplanned.get(job_id)
+    if admitted is None:
         return []
-    job_id = envelope.aggregate_id
-    launch = state.launches.get(job_id)
-    if launch is not None and launch.attempt >= admission.attempt:
-        return []
-    return launch_events(job_id, [_plan(state, cluster, job_id, admission)])
+    return launch_events(job_id, [_plan(state, cluster, job_id, admitted.event, chosen)])
 
 
-def _plan(state: LauncherState, cluster: ClusterConfig, job_id: str, admission: JobAdmitted) -> Event:
+def _plan(state: LauncherState, cluster: ClusterConfig, job_id: str, admission: JobAdmitted,
+          chosen: Mapping[str, Sequence[int]]) -> Event:
     spec = state.spec(job_id)
     flavor = cluster.flavor(admission.flavor)
     if spec is None or flavor is None:
         return LaunchFailed(job_id=job_id, attempt=admission.attempt,
                             reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
-    base_port = state.free_ports(len(admission.placement))
-    nodes = plan_launch(spec, flavor, admission.placement, master_port=base_port, job_id=job_id,
+    ports = _rank_ports(state, spec, admission.placement, chosen)
+    nodes = plan_launch(spec, flavor, admission.placement, ports=ports, job_id=job_id,
                         attempt=admission.attempt, resumes=state.resumes(job_id))
-    return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes, base_port=base_port)
+    return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes, ports=ports)
+
+
+def _rank_ports(state: LauncherState, spec: JobSpec, placement: list[Placement],
+                chosen: Mapping[str, Sequence[int]]) -> dict[int, int]:
+    """Each listening rank's port: its node's choice in rank order, or the launcher's for a node that chose
+    too few."""
+    ranks = listening_ranks(spec, placement)
+    nodes = {place.rank: place.node for place in placement}
+    wanted = ports_wanted(spec, placement)
+    offered = {node: list(ports) for node, ports in chosen.items() if len(ports) >= wanted.get(node, 0)}
+    fallback = iter(state.fallback_ports(sum(count for node, count in wanted.items() if node not in offered)))
+    ports: dict[int, int] = {}
+    for rank in ranks:
+        node = nodes[rank]
+        ports[rank] = offered[node].pop(0) if node in offered else next(fallback)
+    return ports
+
+
+def needs_ports(state: LauncherState, cluster: ClusterConfig, job_id: str) -> dict[str, int]:
+    """The nodes to ask for rendezvous ports before the job's unplanned attempt is planned, and how many
+    each: none when the job's mode needs none, or when its plan cannot be made or would only be stopped."""
+    admitted = state.unplanned.get(job_id)
+    spec = state.spec(job_id)
+    if admitted is None or spec is None or cluster.flavor(admitted.event.flavor) is None or job_id in state.ending:
+        return {}
+    return ports_wanted(spec, admitted.event.placement)
 
 
 # --- agent reports --------------------------------------------------------------------------------------

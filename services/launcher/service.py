@@ -21,7 +21,7 @@ from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.launcher.dispatcher import Dispatcher
-from services.launcher.rules import plan_admission, record_report
+from services.launcher.rules import record_report
 from services.launcher.state import LauncherState
 
 log = get_logger(__name__)
@@ -34,7 +34,7 @@ class Launcher(EventSourcedService):
         super().__init__(runtime)
         self.cluster = cluster
         self.state = LauncherState()
-        self.dispatcher = Dispatcher(self, self.state)
+        self.dispatcher = Dispatcher(self, self.state, cluster)
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -48,13 +48,14 @@ class Launcher(EventSourcedService):
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("launch.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
 
-    # --- rules: what the scheduler's events and the agents' reports make it record --------------------
+    # --- rules: what the agents' reports make it record (admissions are planned by the dispatcher, once
+    # their nodes chose the rendezvous ports) -------------------------------------------------------
 
     def upstreams(self) -> Sequence[Upstream]:
         return [
             Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
                      consumer="scheduler-events", message_type=EventEnvelope, fold=self.state.apply_scheduler,
-                     react=partial(plan_admission, self.state, self.cluster), span="launcher plan"),
+                     reactions=False),
             Upstream(stream=subjects.AGENT_REPORTS_STREAM, subject=subjects.AGENT_REPORTS_ALL,
                      consumer="agent-reports", message_type=ProcessReport,
                      react=partial(record_report, self.state), span="launcher report"),

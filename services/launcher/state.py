@@ -40,7 +40,9 @@ from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import AdminSettings
 from libs.lifecycle import JobLifecycle
 
-FIRST_MASTER_PORT = 29500
+# Where the launcher's own choice of rendezvous ports starts, for a node that did not choose them (an agent
+# older than ReservePorts, or one that stays silent).
+FIRST_FALLBACK_PORT = 29500
 
 
 Unit = tuple[int, int]
@@ -59,12 +61,8 @@ class Launch:
     lost: set[Unit] = field(default_factory=set)  # on nodes that stopped answering
     outcome: str | None = None  # succeeded | failed | stopped
     trace: dict[str, str] = field(default_factory=dict)  # the job's trace, continued by every call
-    base_port: int = 0
+    ports: dict[int, int] = field(default_factory=dict)  # rank -> its rendezvous port (LaunchPlanned.ports)
     planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))  # issue time of the job's token
-
-    def ports(self) -> range:
-        """One port per rank, as `free_ports` reserved them (a batch job's tasks share them in turn)."""
-        return range(self.base_port, self.base_port + len({n.rank for n in self.nodes}))
 
     def running(self) -> list[Unit]:
         return [unit for unit in self.started if unit not in self.exited and unit not in self.lost]
@@ -101,6 +99,14 @@ class Launch:
         return next(n for n in self.nodes if (n.task, n.rank) == unit)
 
 
+@dataclass(frozen=True)
+class Admitted:
+    """An attempt the scheduler admitted, and the job's trace its plan continues."""
+
+    event: JobAdmitted
+    trace: dict[str, str]
+
+
 # The scheduler's events after which the launcher ends a job's current attempt: a stop requested, past
 # its duration limit, moved to a new placement, resuming after a fault, restarting, failed elsewhere,
 # finished.
@@ -121,6 +127,10 @@ class LauncherState:
     # (job, attempt, node) whose processes were given up (NodeProcessLost) and not yet seen stopped: the
     # node is asked to stop them until it answers, whenever it comes back (LostProcessesStopped).
     fences: set[tuple[str, int, str]] = field(default_factory=set)
+    # Per job, the newest attempt the launcher planned (or failed to plan), and the admission of a newer one
+    # it has yet to plan: its nodes are asked for rendezvous ports first (see dispatcher.py).
+    planned: dict[str, int] = field(default_factory=dict)
+    unplanned: dict[str, Admitted] = field(default_factory=dict)
 
     # --- folds ----------------------------------------------------------------------------------------
 
@@ -130,9 +140,11 @@ class LauncherState:
         if isinstance(event, LaunchPlanned):
             self.launches[envelope.aggregate_id] = Launch(job_id=event.job_id, attempt=event.attempt,
                                                           nodes=list(event.nodes), trace=envelope.trace,
-                                                          base_port=event.base_port,
-                                                          planned_at=envelope.recorded_at)
-            return
+                                                          ports=_ports_of(event), planned_at=envelope.recorded_at)
+        if isinstance(event, LaunchPlanned | LaunchFailed):
+            self._planned(envelope.aggregate_id, event.attempt)
+            if isinstance(event, LaunchPlanned):
+                return
         if isinstance(event, NodeProcessLost):  # kept apart from the launch: a next attempt replaces it
             self.fences.add((event.job_id, event.attempt, event.node))
         elif isinstance(event, LostProcessesStopped):
@@ -161,6 +173,8 @@ class LauncherState:
             return
         job_id, event = envelope.aggregate_id, envelope.event
         if isinstance(event, JobAdmitted):
+            if event.attempt > self.planned.get(job_id, 0):
+                self.unplanned[job_id] = Admitted(event, envelope.trace)
             self.ending.discard(job_id)
             self.renewing.pop(job_id, None)
             self.lost_nodes.pop(job_id, None)
@@ -212,10 +226,28 @@ class LauncherState:
         return [launch for launch in self.launches.values()
                 if launch.outcome is None or launch.running() or self.reports_stop(launch)]
 
-    def free_ports(self, count: int) -> int:
-        """The lowest base port of `count` consecutive ports no active launch holds."""
-        used = {port for launch in self.active() for port in launch.ports()}
-        base = FIRST_MASTER_PORT
-        while any(port in used for port in range(base, base + count)):
-            base += 1
-        return base
+    def _planned(self, job_id: str, attempt: int) -> None:
+        self.planned[job_id] = max(attempt, self.planned.get(job_id, 0))
+        admission = self.unplanned.get(job_id)
+        if admission is not None and admission.event.attempt <= attempt:
+            del self.unplanned[job_id]
+
+    def fallback_ports(self, count: int) -> list[int]:
+        """The launcher's own choice for a node that chose no ports: the lowest ones no active launch holds
+        on any node."""
+        used = {port for launch in self.active() for port in launch.ports.values()}
+        chosen: list[int] = []
+        port = FIRST_FALLBACK_PORT
+        while len(chosen) < count:
+            if port not in used:
+                chosen.append(port)
+            port += 1
+        return chosen
+
+
+def _ports_of(planned: LaunchPlanned) -> dict[int, int]:
+    """Each listening rank's port; a launch planned before ports were chosen on nodes held one per rank from
+    its base port."""
+    if planned.ports or not planned.base_port:
+        return dict(planned.ports)
+    return {rank: planned.base_port + rank for rank in {n.rank for n in planned.nodes}}

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import shutil
+import socket
 import subprocess
 import sys
 
 import msgspec
 import pytest
 
+from libs.contracts.events import LaunchPlanned
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, LifecycleScripts, OutputRef, decode_spec
 from libs.devstack.stack import REPO_ROOT
 from tests.support.specs import sleeper
@@ -24,9 +27,14 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     await stack.up()
     spec = decode_spec((REPO_ROOT / "examples" / "pytorch-ddp.yaml").read_bytes(), yaml=True)
     command = spec.command.replace("--steps 40", "--steps 20") if spec.command else None
-    accepted = await (await stack.api()).submit(msgspec.structs.replace(spec, command=command))
-
-    job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+    with contextlib.ExitStack() as held:
+        # Something else on the node listens on 29500, the port rendezvous traditionally uses.
+        with contextlib.suppress(OSError):  # or it does already
+            taken = held.enter_context(socket.socket())
+            taken.bind(("0.0.0.0", 29500))
+            taken.listen()
+        accepted = await (await stack.api()).submit(msgspec.structs.replace(spec, command=command))
+        job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
     assert job.status == "succeeded", job.reason
     assert {p.node for p in job.placement} == {"node-a", "node-b"}
     lines = await stack.logs(accepted.job_id)
@@ -36,8 +44,11 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     assert "[0] rank 0 read 128 of 256 samples from points.csv" in lines
     assert "[1] rank 1 read 128 of 256 samples from points.csv" in lines
     assert (stack.storage / "outputs" / "pytorch-ddp-demo" / "checkpoint.pt").stat().st_size > 0
-    history = [type(e.event).name() for e in await (await stack.api()).events(accepted.job_id)]
+    events = await (await stack.api()).events(accepted.job_id)
+    history = [type(e.event).name() for e in events]
     assert history[:4] == ["JobSubmitted", "JobPredicted", "JobAdmitted", "LaunchPlanned"]
+    [plan] = [e.event for e in events if isinstance(e.event, LaunchPlanned)]
+    assert plan.ports[0] != 29500  # the master's node chose a port free there
     assert history[-2:] == ["LaunchSucceeded", "JobSucceeded"]
 
     # One trace follows the job from the scheduler through the launcher to both agents and back.
@@ -185,11 +196,14 @@ async def test_tensorflow_parameter_servers_get_tf_config_and_stop_when_the_work
                 break
             await asyncio.sleep(0.2)
     # Every node's output is shipped before its exit is reported, so all probes are in the log now.
-    ports = {p.rank: p for p in job.placement}
+    places = {p.rank: p for p in job.placement}
     configs = [json.loads(probe_output(await stack.logs(accepted.job_id, rank))["TF_CONFIG"]) for rank in range(3)]
-    base = int(configs[0]["cluster"]["worker"][0].rsplit(":", 1)[1])
-    cluster = {"ps": [f"{ports[2].address}:{base + 2}"],
-               "worker": [f"{ports[0].address}:{base}", f"{ports[1].address}:{base + 1}"]}
+    # Each task listens on a port its own node chose, as the launch plan records.
+    [plan] = [e.event for e in await api.events(accepted.job_id) if isinstance(e.event, LaunchPlanned)]
+    ports = plan.ports
+    assert len(set(ports.values())) == 3
+    cluster = {"ps": [f"{places[2].address}:{ports[2]}"],
+               "worker": [f"{places[0].address}:{ports[0]}", f"{places[1].address}:{ports[1]}"]}
     assert configs == [
         {"cluster": cluster, "task": {"type": "worker", "index": 0}, "environment": "cloud"},
         {"cluster": cluster, "task": {"type": "worker", "index": 1}, "environment": "cloud"},

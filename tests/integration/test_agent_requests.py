@@ -6,6 +6,7 @@ monitor's side (registration) is a stub.
 from __future__ import annotations
 
 import asyncio
+import socket
 import sys
 import time
 from collections.abc import AsyncIterator, Callable
@@ -24,10 +25,12 @@ from libs.contracts import subjects
 from libs.contracts.agent import (
     ExecExited,
     ExecInJob,
+    PortsReserved,
     PrecheckNode,
     ProcessAccepted,
     ProcessExited,
     ProcessStarted,
+    ReservePorts,
     StartProcess,
     Stopped,
     StopProcesses,
@@ -225,6 +228,26 @@ async def test_a_signed_request_replayed_or_altered_is_refused(node: Node) -> No
     assert isinstance(replayed, CommandError) and "replay" in replayed.message
     assert not node.agent.stopped_attempts
     assert await node.ask(subjects.agent_stop, stop, stop_headers) == Stopped(stopped=1)
+
+
+async def test_the_node_chooses_ports_nothing_holds_and_answers_the_same_for_the_same_attempt(node: Node) -> None:
+    request = encode(ReservePorts(job_id=JOB, attempt=1, count=2))
+    chosen = await node.ask(subjects.agent_ports, request)
+    assert isinstance(chosen, PortsReserved) and len(set(chosen.ports)) == 2, chosen
+    for port in chosen.ports:
+        with socket.socket() as job:  # free for the job to listen on
+            job.bind(("0.0.0.0", port))
+    assert await node.ask(subjects.agent_ports, request) == chosen
+    other = await node.ask(subjects.agent_ports, encode(ReservePorts(job_id=JOB, attempt=2, count=1)))
+    assert isinstance(other, PortsReserved) and not set(other.ports) & set(chosen.ports)
+
+
+async def test_ports_asked_by_anyone_but_the_launcher_are_refused(node: Node) -> None:
+    request = encode(ReservePorts(job_id=JOB, attempt=1, count=1))
+    refused = await node.ask(subjects.agent_ports, request, MONITOR.headers(subjects.agent_ports(node.name), request,
+                                                                            time.time()))
+    assert isinstance(refused, CommandError) and refused.code == "unauthenticated", refused
+    assert node.agent.ports.reservations == {}
 
 
 async def test_an_exec_without_the_attempts_token_runs_nothing(node: Node) -> None:

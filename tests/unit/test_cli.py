@@ -23,6 +23,7 @@ from libs.contracts.events import (
     JobPrecheckFailed,
     JobPredicted,
     JobResuming,
+    LaunchPlanned,
     PerformanceDegraded,
     PrecheckCompleted,
 )
@@ -472,6 +473,15 @@ def test_events_show_prechecks_resumes_and_kept_environments(fake: FakeClient) -
     assert "exclude_nodes=node-c, node-d" in result.output
     assert "ratio=0.6635 threshold=0.7" in result.output
     assert f"nodes=node-a until={cli._time(datetime(2026, 11, 21, 18, 0, tzinfo=UTC))}" in result.output
+
+
+def test_events_show_the_ports_a_launch_listens_on(fake: FakeClient) -> None:
+    fake.answers["history"] = [envelope_of(LaunchPlanned(job_id="job-r", attempt=1, mode="tensorflow", nodes=[],
+                                                         ports={1: 30212, 0: 30211}))]
+    result = invoke("events", "job-r")
+    assert result.exit_code == 0, result.output
+    assert "attempt=1 mode=tensorflow ports=0:30211, 1:30212" in result.output
+    assert "base_port" not in result.output
 
 
 # --- show and nodes: faults, resumes, kept environments ------------------------------------------------------

@@ -12,11 +12,13 @@ import pytest
 
 from libs.contracts import subjects
 from libs.contracts.agent import (
+    MAX_PORTS_PER_REQUEST,
     AgentReply,
     Heartbeat,
     LogChunk,
     NodeAccepted,
     OpenSession,
+    PortsReserved,
     PrecheckNode,
     PrecheckReport,
     ProcessAccepted,
@@ -26,6 +28,7 @@ from libs.contracts.agent import (
     RegisterNode,
     Released,
     ReleaseWorkspaces,
+    ReservePorts,
     SessionControl,
     SessionExited,
     SessionOpened,
@@ -466,10 +469,12 @@ HEALTH_SAMPLES: list[Any] = [
     SessionOpened(session_id="3f2a", pid=77),
     SessionControl(columns=120, rows=40),
     SessionExited(exit_code=0),
+    ReservePorts(job_id="job-000000000001", attempt=2, count=1),
+    PortsReserved(ports=[30211]),
 ]
 AgentMessage = (RegisterNode | NodeAccepted | Heartbeat | StartProcess | ProcessAccepted | StopProcesses | Stopped
                 | ProcessStarted | ProcessExited | PrecheckNode | PrecheckReport | ReleaseWorkspaces | Released
-                | OpenSession | SessionOpened | SessionControl | SessionExited)
+                | OpenSession | SessionOpened | SessionControl | SessionExited | ReservePorts | PortsReserved)
 
 
 @pytest.mark.parametrize("message", AGENT_SAMPLES + HEALTH_SAMPLES, ids=lambda m: type(m).__name__)
@@ -488,6 +493,17 @@ def test_process_reports_decode_as_process_report(report: Any) -> None:
                          ids=lambda m: type(m).__name__)
 def test_agent_replies_decode_as_agent_reply(reply: Any) -> None:
     assert decode_any(encode(reply), AgentReply) == reply
+
+
+def test_ports_reserved_is_an_agent_reply() -> None:
+    assert decode_any(encode(PortsReserved(ports=[30211, 30212])), AgentReply) == PortsReserved(ports=[30211, 30212])
+
+
+@pytest.mark.parametrize("count", [0, -1, MAX_PORTS_PER_REQUEST + 1])
+def test_a_port_request_asks_for_at_least_one_port_and_a_bounded_number(count: int) -> None:
+    body = f'{{"type": "ReservePorts.v1", "job_id": "job-000000000001", "attempt": 1, "count": {count}}}'.encode()
+    with pytest.raises(msgspec.ValidationError, match="count"):
+        decode_any(body, AgentMessage)
 
 
 def test_a_process_report_is_not_an_agent_reply() -> None:

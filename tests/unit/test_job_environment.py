@@ -45,7 +45,7 @@ def planned_env(mode: str, **extra: Any) -> dict[str, str]:
     spec = JobSpec(name="train", mode=mode, nodes=2, flavors=["cpu-8"], algorithm=AlgorithmRef(name="code"),  # type: ignore[arg-type]
                    command="python /workspace/algorithm/train.py", output=OutputRef(name="out"), **extra)
     placement = [Placement(rank=i, node=f"server{i + 1}", address=f"10.0.0.{i + 1}", slots=1) for i in range(2)]
-    return dict(plan_launch(spec, CPU, placement, master_port=29500)[1].env)
+    return dict(plan_launch(spec, CPU, placement, ports={0: 29500, 1: 29501})[1].env)
 
 
 def environment(plan_env: dict[str, str]) -> dict[str, str]:

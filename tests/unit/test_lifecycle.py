@@ -53,8 +53,8 @@ def test_the_planner_wraps_the_command_only_when_scripts_are_set() -> None:
                    command="python3 train.py --lr 0.1", output=OutputRef(name="o"))
     place = [Placement(rank=0, node="n1", address="10.0.0.1", slots=1)]
     flavor = Flavor(name="cpu-1", cpus=1, memory_mib=1024)
-    assert plan_launch(spec, flavor, place, master_port=29500)[0].argv == ["python3", "train.py", "--lr", "0.1"]
+    assert plan_launch(spec, flavor, place, ports={})[0].argv == ["python3", "train.py", "--lr", "0.1"]
     wrapped = msgspec.structs.replace(spec, lifecycle=LifecycleScripts(after_end="python3 upload.py"))
-    assert plan_launch(wrapped, flavor, place, master_port=29500)[0].argv == [
+    assert plan_launch(wrapped, flavor, place, ports={})[0].argv == [
         "python3", "-m", "agent.lifecycle", "--after-end", "python3 upload.py", "--",
         "python3", "train.py", "--lr", "0.1"]

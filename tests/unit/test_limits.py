@@ -115,8 +115,9 @@ def test_the_launch_of_any_accepted_spec_fits_one_event(mode: str) -> None:
                 msgspec.structs.replace(spec(), mode=mode, nodes=max_nodes(mode))):
         placement = [Placement(rank=i, node=f"server-node-{i:04}", address=f"10.100.{i // 250}.{i % 250 + 1}",
                                slots=8) for i in range(job.nodes)]
-        launches = plan_launch(job, GPU4, placement, master_port=29500, job_id="job-0123456789ab")
-        event = LaunchPlanned(job_id="job-0123456789ab", attempt=1, mode=mode, nodes=launches)
+        ports = {place.rank: 29500 + place.rank for place in placement}
+        launches = plan_launch(job, GPU4, placement, ports=ports, job_id="job-0123456789ab")
+        event = LaunchPlanned(job_id="job-0123456789ab", attempt=1, mode=mode, nodes=launches, ports=ports)
         assert len(msgspec.json.encode(event)) < MAX_EVENT_BYTES
 
 

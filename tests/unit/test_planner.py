@@ -52,7 +52,13 @@ def servers(count: int, slots: int = 4) -> list[Placement]:
 
 def plan(spec: JobSpec, flavor: Flavor = GPU4, placement: list[Placement] | None = None,
          port: int = 2222) -> list[NodeLaunch]:
-    return plan_launch(spec, flavor, placement if placement is not None else servers(spec.nodes), master_port=port)
+    placement = placement if placement is not None else servers(spec.nodes)
+    return plan_launch(spec, flavor, placement, ports=each_rank(placement, port))
+
+
+def each_rank(placement: list[Placement], first: int = 2222) -> dict[int, int]:
+    """A port for every rank, counting from `first` (the planner takes those of the ranks that listen)."""
+    return {place.rank: first + place.rank for place in placement}
 
 
 # --- L4: PyTorch ---------------------------------------------------------------------------------------
@@ -216,7 +222,7 @@ def test_tensorflow_allreduce_tf_config_on_every_node() -> None:
 
 
 def test_tf_config_helper_has_no_parameter_servers_in_allreduce() -> None:
-    config = json.loads(tf_config(servers(2), 1, 5000))
+    config = json.loads(tf_config(servers(2), 1, {0: 5000, 1: 5001}))
     assert "ps" not in config["cluster"]
     assert config["task"] == {"type": "worker", "index": 1}
 
@@ -274,7 +280,7 @@ def test_a_batch_job_plans_every_task_on_every_node_with_its_own_command_and_wor
     spec = JobSpec(name="sweep", type="batch", mode="pytorch", nodes=2, flavors=["gpu-4"], output=OutputRef(name="o"),
                    tasks=[BatchTask(algorithm=AlgorithmRef(name="a"), command="python3 a.py --lr 0.1"),
                           BatchTask(algorithm=AlgorithmRef(name="b"), command="torchrun b.py")])
-    launches = plan_launch(spec, GPU4, servers(2), master_port=2222)
+    launches = plan_launch(spec, GPU4, servers(2), ports=each_rank(servers(2)))
     assert [(launch.task, launch.rank) for launch in launches] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     first, second = launches[0], launches[2]
     assert first.argv[:3] == ["python3", "-m", "torch.distributed.launch"]
@@ -378,8 +384,8 @@ def resumable(**extra: Any) -> JobSpec:
 
 
 def test_a_checkpoint_job_is_told_its_signal_folder_and_resumes_on_every_node() -> None:
-    launches = plan_launch(resumable(), GPU4, servers(2), master_port=2222, job_id="job-00000000000a", attempt=3,
-                           resumes=2)
+    launches = plan_launch(resumable(), GPU4, servers(2), ports=each_rank(servers(2)), job_id="job-00000000000a",
+                           attempt=3, resumes=2)
     for launch in launches:
         assert {k: v for k, v in launch.env.items() if k.startswith("TRAINYARD_")} == {
             "TRAINYARD_CHECKPOINT_SIGNAL": "SIGUSR1", "TRAINYARD_CHECKPOINT_DIR": "/workspace/checkpoints",
@@ -395,7 +401,7 @@ def test_a_checkpoint_job_cannot_be_planned_without_its_id() -> None:
 
 
 def test_other_jobs_get_no_checkpoint_variables_or_folder() -> None:
-    launches = plan_launch(job("pytorch"), GPU4, servers(2), master_port=2222, job_id="job-00000000000a")
+    launches = plan_launch(job("pytorch"), GPU4, servers(2), ports=each_rank(servers(2)), job_id="job-00000000000a")
     assert not any(k.startswith("TRAINYARD_") for launch in launches for k in launch.env)
     assert not any(m.target == "checkpoints" for launch in launches for m in launch.mounts)
 
