@@ -45,7 +45,15 @@ def _read_config(args: argparse.Namespace) -> AgentConfig:
                 return node
         raise SystemExit(f"node {args.name!r} is not in {args.config}; add it under nodes:")
     return AgentConfig(name=args.name, address=args.address, cpus=args.cpus, memory_mib=args.memory_mib,
-                       accelerators=[parse_accelerators(a) for a in args.accelerators], pools=args.pool)
+                       accelerators=[parse_accelerators(a) for a in args.accelerators], pools=args.pool,
+                       labels=dict(args.label))
+
+
+def _label(text: str) -> tuple[str, str]:
+    key, equals, value = text.partition("=")
+    if not key or not equals:
+        raise argparse.ArgumentTypeError(f"{text!r} is not KEY=VALUE")
+    return key, value
 
 
 def _arguments() -> argparse.Namespace:
@@ -58,6 +66,8 @@ def _arguments() -> argparse.Namespace:
     parser.add_argument("--accelerators", action="append", default=[], metavar="BOARD:COUNT[:DRIVER]",
                         help="present simulated accelerator boards")
     parser.add_argument("--pool", action="append", default=[], help="dedicated resource pool")
+    parser.add_argument("--label", action="append", default=[], metavar="KEY=VALUE", type=_label,
+                        help="a label of the node (the autoscaler names its instances' nodes so)")
     parser.add_argument("--root", type=Path, default=Path(".trainyard/agents"),
                         help="where job workspaces are created (a folder per node is made inside)")
     parser.add_argument("--end-jobs", action="store_true",

@@ -4,7 +4,8 @@ The agent runs with the platform's settings in its environment: DATABASE_URL, NA
 signing secret (TRAINYARD_AUTH_SECRET or …_FILE), token files and every other TRAINYARD_* setting.
 None of them reaches a job. A job gets, later entries winning:
 
-1. from the agent's environment, only what any process needs (`BASIC_VARIABLES`, LC_*);
+1. from the agent's environment, only what any process needs (`BASIC_VARIABLES`, LC_*) and the boards
+   the node lets jobs see (CUDA_VISIBLE_DEVICES);
 2. the plan's env (the spec's env, checkpoint variables, the mode's variables);
 3. PATH: the agent's interpreter directory first, then the agent's PATH;
 4. NATS_URL (without user or password) and the job's own token (TRAINYARD_JOB_TOKEN: exec on its own
@@ -26,6 +27,8 @@ from urllib.parse import urlsplit, urlunsplit
 BASIC_VARIABLES = frozenset({
     "HOME", "USER", "LOGNAME", "SHELL", "LANG", "LANGUAGE", "TZ", "TERM", "LD_LIBRARY_PATH",
     "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "PYTHONIOENCODING",
+    # Which boards the node lets jobs see: none on a CPU-only instance (A4).
+    "CUDA_VISIBLE_DEVICES",
 })
 BASIC_PREFIXES = ("LC_",)
 # The plan's variable that points OpenMPI at a remote shell; Trainyard's is `python3 -m agent.rsh`.

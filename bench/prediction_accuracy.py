@@ -27,7 +27,7 @@ from datetime import datetime, timedelta
 from bench.scheduling import FLAVORS, START, build_nodes, p95, random_spec
 from libs.contracts.cluster import Resources
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
-from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, holdings, schedule
+from libs.placement import NodeCapacity, QueuedJob, RunningJob, holdings, schedule
 from services.scheduler.prediction import Forecast, forecast
 from services.scheduler.runtime_model import RuntimeModel, expected_runtimes
 

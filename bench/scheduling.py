@@ -28,7 +28,7 @@ import msgspec
 from libs.contracts.cluster import Accelerators, ClusterConfig, Flavor, NodeInfo, Resources
 from libs.contracts.events import Event, EventEnvelope, JobAdmitted, JobSubmitted, NodeRegistered
 from libs.contracts.jobspec import PRIORITY_RANK, CheckpointResume, Elastic, JobSpec, Priority
-from services.scheduler.placement import (
+from libs.placement import (
     Capacity,
     NodeCapacity,
     QueuedJob,

@@ -18,6 +18,8 @@ def _float(name: str, default: float) -> float:
 HIDDEN_PATHS_VARIABLE = "TRAINYARD_HIDDEN_PATHS"
 # The node agent's credential (libs.auth.issue_node_token): a file (preferred) or the token itself.
 NODE_TOKEN_FILE_VARIABLE = "TRAINYARD_NODE_TOKEN_FILE"
+# Where the autoscaler's local provider keeps its instances (services/autoscaler/providers/local.py).
+LOCAL_INSTANCES_VARIABLE = "TRAINYARD_LOCAL_INSTANCES"
 NODE_TOKEN_VARIABLE = "TRAINYARD_NODE_TOKEN"
 
 

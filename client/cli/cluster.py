@@ -14,6 +14,7 @@ from client.cli.render import (
     FLAVOR_COLUMNS,
     NODE_COLUMNS,
     RESOURCE_COLUMNS,
+    SCALED_COLUMNS,
     alert_line,
     alert_row,
     demand_row,
@@ -21,6 +22,7 @@ from client.cli.render import (
     identity_rows,
     node_cells,
     resource_row,
+    scaled_cells,
 )
 from client.cli.runner import connected
 
@@ -46,7 +48,7 @@ async def nodes(client: TrainyardClient, as_json: JsonOption = False) -> None:
 @commands.command()
 @connected
 async def queue(client: TrainyardClient, as_json: JsonOption = False) -> None:
-    """Show demand as the autoscaler sees it: queued jobs per flavor."""
+    """Show demand as the autoscaler sees it: queued jobs per flavor, and the instances it started."""
     status = await client.queue_status()
     if as_json:
         print_json(status)
@@ -54,6 +56,8 @@ async def queue(client: TrainyardClient, as_json: JsonOption = False) -> None:
     say(f"queued jobs: {status.queued_jobs}   running jobs: {status.running_jobs}")
     for flavor, count in status.queued_by_flavor.items():
         say(f"  {flavor}: {count} queued")
+    if status.instances:
+        print_table(SCALED_COLUMNS, [scaled_cells(instance) for instance in status.instances])
 
 
 def asked_flavors(flavors: list[str] | None) -> list[str]:

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from libs.contracts.agent import UsageSample
     from libs.contracts.events import EventEnvelope
     from libs.contracts.identity import Identity
-    from libs.contracts.messages import InstanceView, JobDetails, JobSummary, JobView, NodeView
+    from libs.contracts.messages import InstanceView, JobDetails, JobSummary, JobView, NodeView, ScaledInstance
     from libs.contracts.scheduling import (
         AdminSettings,
         BoardDemand,
@@ -36,7 +36,7 @@ Styled = str | tuple[str, str]
 
 STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "failed": "red",
                 "stopped": "magenta", "expired": "magenta"}
-NODE_STATUS_STYLE = {"ready": "green", "lost": "red", "unhealthy": "yellow"}
+NODE_STATUS_STYLE = {"ready": "green", "lost": "red", "unhealthy": "yellow", "draining": "cyan"}
 
 
 def status_cell(status: str) -> tuple[str, str]:
@@ -315,6 +315,15 @@ def node_cells(view: NodeView) -> list[Styled]:
     cells: list[Styled] = [*node_row(view)]
     cells[1] = (view.status, NODE_STATUS_STYLE.get(view.status, ""))
     return cells
+
+
+SCALED_COLUMNS = ("INSTANCE", "TYPE", "PROVIDER", "STATE", "SINCE", "BUSY", "FOR JOBS")
+
+
+def scaled_cells(instance: ScaledInstance) -> list[Styled]:
+    """One instance the autoscaler started: on its way (requested, booting) with its age, ready or draining."""
+    return [instance.name, instance.instance_type, instance.provider, instance.state, local_time(instance.since),
+            "yes" if instance.busy else "no", ", ".join(instance.jobs) or "-"]
 
 
 RESOURCE_COLUMNS = ("NODE", "STATUS", "OS / KERNEL", "MEMORY (GiB)", "CPUS", "ACCELERATORS", "DRIVER", "FLAVORS",

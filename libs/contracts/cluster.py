@@ -1,9 +1,10 @@
-"""Nodes and flavors: what a compute host offers and what one node of a job asks for."""
+"""Nodes and flavors: what a compute host offers and what one node of a job asks for; and the instance
+types the autoscaler may start (SPEC A2, A4, A5, A7)."""
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import msgspec
 from msgspec import Meta, Struct
@@ -106,11 +107,73 @@ class AgentConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     labels: dict[str, str] = msgspec.field(default_factory=dict)
 
 
+Provider = Literal["local", "aws-ec2"]
+
+
+class Ec2Settings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How an `aws-ec2` instance is launched (run_instances)."""
+
+    image_id: Annotated[str, Meta(min_length=1)]  # the AMI
+    instance_type: Annotated[str, Meta(min_length=1)]  # e.g. g5.xlarge
+    region: str = "us-east-1"
+    subnet_id: str | None = None
+    security_group_ids: list[str] = msgspec.field(default_factory=list)
+    key_name: str | None = None
+    tags: dict[str, str] = msgspec.field(default_factory=dict)
+    spot: bool = False
+    # Another endpoint than AWS's own (a moto server in tests, a private endpoint).
+    endpoint_url: str | None = None
+
+
+class InstanceNode(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """What an instance offers once its agent registers."""
+
+    cpus: Annotated[float, Meta(gt=0)]
+    memory_mib: Annotated[int, Meta(gt=0)]
+    accelerators: list[Accelerators] = msgspec.field(default_factory=list)
+    pools: list[ResourceName] = msgspec.field(default_factory=list)  # the dedicated pools it joins (and serves)
+    labels: dict[str, str] = msgspec.field(default_factory=dict)
+
+    @property
+    def resources(self) -> Resources:
+        return Resources(cpus=self.cpus, memory_mib=self.memory_mib,
+                         accelerators=sum(group.count for group in self.accelerators))
+
+
+class InstanceType(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """One kind of instance: which provider starts it, the node it becomes, the flavors whose queues it serves,
+    how many of it may run, how long one may idle before it is released, and how it boots (an init script
+    before the agent, a container image for the agent or none, CPU-only forcing)."""
+
+    name: NodeName  # instances are named `<type>-<suffix>`, a node name too
+    provider: Provider
+    node: InstanceNode
+    flavors: list[ResourceName] = msgspec.field(default_factory=list)  # the queues it serves
+    max_instances: Annotated[int, Meta(ge=0)] = 1
+    idle_seconds: Annotated[float, Meta(ge=0)] = 300.0
+    init_script: str | None = None  # run before the agent starts (a shell script)
+    image: str | None = None  # a container image to run the agent in; None: on the host itself
+    cpu_only: bool = False  # A4: CUDA_VISIBLE_DEVICES=none for the agent and its jobs
+    aws: Ec2Settings | None = None
+
+
+class AutoscalerConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    max_instances: Annotated[int, Meta(ge=0)] = 10  # A7: of all types together
+    # An instance whose agent has not registered by then is terminated, and the reason recorded.
+    boot_timeout_seconds: Annotated[float, Meta(gt=0)] = 600.0
+    instance_types: list[InstanceType] = msgspec.field(default_factory=list)
+
+    def instance_type(self, name: str) -> InstanceType | None:
+        return next((t for t in self.instance_types if t.name == name), None)
+
+
 class ClusterConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
-    """The flavors a deployment offers and, for a local stack, the agents it runs."""
+    """The flavors a deployment offers, for a local stack the agents it runs, and what the autoscaler may
+    start."""
 
     flavors: list[Flavor]
     nodes: list[AgentConfig] = msgspec.field(default_factory=list)
+    autoscaler: AutoscalerConfig = msgspec.field(default_factory=AutoscalerConfig)
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterConfig:

@@ -223,6 +223,17 @@ class StorageAccessSet(_Event, frozen=True, tag="StorageAccessSet.v1"):
     by: str
 
 
+# --- scheduler: aggregate "drain" (id = node name) --------------------------------------------------
+
+
+class NodeDrained(_Event, frozen=True, tag="NodeDrained.v1"):
+    """A3: the scheduler places nothing more on the autoscaler's draining instance `node`. Every admission
+    to it comes before this event in the scheduler's log: whoever has read up to here knows all of them."""
+
+    node_name: str
+    instance: str
+
+
 # --- launcher: aggregate "launch" (id = job id) ---------------------------------------------------
 
 
@@ -346,6 +357,14 @@ class NodeRecovered(_Event, frozen=True, tag="NodeRecovered.v1"):
     node_name: str
 
 
+class NodeRetired(_Event, frozen=True, tag="NodeRetired.v1"):
+    """The node's instance was ended on purpose (the autoscaler released it): it is gone from the cluster,
+    not lost; no alert. Its agent, should it speak again, registers anew."""
+
+    node_name: str
+    reason: str
+
+
 class NodeUnhealthy(_Event, frozen=True, tag="NodeUnhealthy.v1"):
     """M2: a component of the node is faulty (probed or marked); the node is unschedulable and the
     checkpoint-resume jobs on it are moved. Recorded again when the list of problems changes."""
@@ -433,6 +452,67 @@ class AlertMailed(_Event, frozen=True, tag="AlertMailed.v1"):
     recipients: list[str]
 
 
+# --- autoscaler: aggregate "instance" (id = the instance's name, which is also its node's) ---------------
+
+
+class InstanceRequested(_Event, frozen=True, tag="InstanceRequested.v1"):
+    """A1: the autoscaler asks its provider for an instance of `instance_type`, for the waiting `jobs` it
+    lets start. Recorded before the provider is asked: the instance counts as on its way from here on."""
+
+    instance: str
+    instance_type: str
+    provider: str
+    jobs: list[str] = msgspec.field(default_factory=list)
+
+
+class InstanceLaunched(_Event, frozen=True, tag="InstanceLaunched.v1"):
+    """The provider started it: `provider_id` is its id there (an EC2 instance id, a local process)."""
+
+    instance: str
+    provider_id: str
+
+
+class InstanceReady(_Event, frozen=True, tag="InstanceReady.v1"):
+    """Its agent registered as `node` with the resources its type promises."""
+
+    instance: str
+    node: str
+
+
+class InstanceDraining(_Event, frozen=True, tag="InstanceDraining.v1"):
+    """A3: idle since `idle_since` past its type's idle time: the scheduler places nothing more on it."""
+
+    instance: str
+    node: str
+    idle_since: datetime
+
+
+class InstanceKept(_Event, frozen=True, tag="InstanceKept.v1"):
+    """A drain called off: a job holds the node after all."""
+
+    instance: str
+    node: str
+    reason: str
+
+
+class InstanceReleased(_Event, frozen=True, tag="InstanceReleased.v1"):
+    """The provider was asked to end it (idle, its boot timed out, or unknown to the provider any more)."""
+
+    instance: str
+    reason: str
+
+
+class ProvisionFailed(_Event, frozen=True, tag="ProvisionFailed.v1"):
+    """The provider could not start it. `capacity`: the provider had none of that type (or no quota), so the
+    type waits until `retry_after` and the next type serving the same flavors is tried."""
+
+    instance: str
+    instance_type: str
+    reason: str
+    capacity: bool = False
+    retry_after: datetime | None = None
+
+
 # --- every service: aggregate "upstream" (id = `set_aside_id(consumer, sequence)`) -------------------
 
 SetAsideCause = Literal["undecodable", "inconsistent", "conflict", "failed"]
@@ -466,21 +546,24 @@ JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | Job
             | JobRescaling | JobPrechecking | JobPrecheckFailed | JobResuming | JobRequeued | JobRestarting)
 LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LostProcessesStopped
                | LaunchSucceeded | LaunchFailed | LaunchStopped)
-NodeEvent = NodeRegistered | NodeLost | NodeRecovered | NodeUnhealthy | NodeHealthy | ComponentMarked
+NodeEvent = NodeRegistered | NodeLost | NodeRecovered | NodeRetired | NodeUnhealthy | NodeHealthy | ComponentMarked
 MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
 AlertEvent = AlertRaised | AlertMailed
-Event = (JobEvent | SettingsChanged | StorageAccessSet | LaunchEvent | NodeEvent | MonitorJobEvent | AlertEvent
-         | UpstreamMessageSetAside)
+InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
+                 | InstanceReleased | ProvisionFailed)
+Event = (JobEvent | SettingsChanged | StorageAccessSet | NodeDrained | LaunchEvent | NodeEvent | MonitorJobEvent
+         | AlertEvent | InstanceEvent | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
     JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
-    JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet,
+    JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet, NodeDrained,
     LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LostProcessesStopped, LaunchSucceeded,
     LaunchFailed, LaunchStopped,
-    NodeRegistered, NodeLost, NodeRecovered, NodeUnhealthy, NodeHealthy, ComponentMarked,
+    NodeRegistered, NodeLost, NodeRecovered, NodeRetired, NodeUnhealthy, NodeHealthy, ComponentMarked,
     PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
-    AlertRaised, AlertMailed, UpstreamMessageSetAside,
+    AlertRaised, AlertMailed, InstanceRequested, InstanceLaunched, InstanceReady, InstanceDraining, InstanceKept,
+    InstanceReleased, ProvisionFailed, UpstreamMessageSetAside,
 )
 
 

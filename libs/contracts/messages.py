@@ -336,7 +336,7 @@ class JobDetails(_Reply, frozen=True, tag="JobDetails.v1"):
 
 class NodeView(Struct, frozen=True, kw_only=True):
     info: NodeInfo
-    status: Literal["ready", "lost", "unhealthy"]
+    status: Literal["ready", "lost", "unhealthy", "draining"]  # draining: the autoscaler is releasing it (A3)
     used: Resources
     jobs: list[str] = msgspec.field(default_factory=list)
     problems: list[str] = msgspec.field(default_factory=list)  # M2: why it is unhealthy
@@ -462,12 +462,30 @@ class TerminalOpened(_Reply, frozen=True, tag="TerminalOpened.v1"):
     attempt: int
 
 
+ScaledInstanceState = Literal["requested", "booting", "ready", "draining"]
+
+
+class ScaledInstance(Struct, frozen=True, kw_only=True):
+    """One instance the autoscaler started and has not released (A6)."""
+
+    name: str
+    instance_type: str
+    provider: str
+    state: ScaledInstanceState  # requested: the provider not heard back yet; booting: its agent not registered yet
+    since: datetime  # when it was asked for
+    jobs: list[str]  # the waiting jobs it was asked for
+    busy: bool = False  # a job holds its node now
+    provider_id: str | None = None
+
+
 class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
-    """The autoscaler's view of demand: queued jobs and the nodes they ask for, per flavor."""
+    """The autoscaler's view of demand: queued jobs and the nodes they ask for, per flavor; and its
+    instances."""
 
     queued_jobs: int
     queued_by_flavor: dict[str, int]
     running_jobs: int
+    instances: list[ScaledInstance] = msgspec.field(default_factory=list)
 
 
 Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob

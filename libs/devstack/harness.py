@@ -26,7 +26,7 @@ from libs.devstack.stack import (
     REPO_ROOT,
     SERVICES,
     ProcessSet,
-    end_agent_jobs,
+    end_platform,
     provision_auth,
     seed_storage,
     stack_env,
@@ -88,7 +88,9 @@ class Stack(Generic[ClientT]):
             self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home))
             nats_url = f"nats://127.0.0.1:{self.nats_port}"
         self.cluster = cluster
-        self.nodes = [node.name for node in ClusterConfig.load(cluster).nodes] or list(NODES)
+        config = ClusterConfig.load(cluster)
+        # A cluster the autoscaler grows may start without a node.
+        self.nodes = [node.name for node in config.nodes] or ([] if config.autoscaler.instance_types else list(NODES))
         self.storage = home / "storage"
         seed_storage(self.storage)
         for algorithm in algorithms.iterdir() if algorithms else ():
@@ -205,7 +207,7 @@ class Stack(Generic[ClientT]):
         if self.client is not None:
             await self.client.close()
         self.processes.stop_all()
-        end_agent_jobs(self.nodes, self.home / "agents")  # a stopped agent leaves them running
+        end_platform(self.nodes, self.home)  # a stopped agent leaves its jobs running
         if self.nats_process is not None:
             self.nats_process.terminate()
             self.nats_process.wait(timeout=10)

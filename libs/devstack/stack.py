@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.devstack.natslogins import nats_login_env
+from libs.settings import LOCAL_INSTANCES_VARIABLE
 
 SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,16 @@ def service_argv(name: str) -> list[str]:
 
 def agent_argv(node: str, cluster: Path, root: Path) -> list[str]:
     return [sys.executable, "-m", "agent", "--name", node, "--config", str(cluster), "--root", str(root)]
+
+
+def end_platform(nodes: Iterable[str], home: Path) -> None:
+    """What a stack that went down leaves: the jobs its agents left running, and the instances its autoscaler
+    started on this machine (agents of their own, with their jobs)."""
+    end_agent_jobs(nodes, home / "agents")
+    instances = home / "instances"
+    if instances.is_dir() and any(instances.iterdir()):
+        subprocess.run([sys.executable, "-m", "services.autoscaler.providers.local", "--end-all", str(instances)],
+                       cwd=REPO_ROOT, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, timeout=300, check=False)
 
 
 def end_agent_jobs(nodes: Iterable[str], root: Path) -> None:
@@ -107,8 +118,10 @@ class ProcessSet:
 
 def stack_env(*, nats_url: str, database_url: str, storage: Path, cluster: Path,
               extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every process's variables; the autoscaler's local instances live beside the shared storage."""
     return {"NATS_URL": nats_url, "DATABASE_URL": database_url, "TRAINYARD_STORAGE": str(storage),
-            "TRAINYARD_CLUSTER": str(cluster), "PYTHONUNBUFFERED": "1", **(extra or {})}
+            "TRAINYARD_CLUSTER": str(cluster), LOCAL_INSTANCES_VARIABLE: str(storage.parent / "instances"),
+            "PYTHONUNBUFFERED": "1", **(extra or {})}
 
 
 def provision_auth(home: Path, *, user: str | None = None, email: str | None = None) -> dict[str, str]:

@@ -30,7 +30,7 @@ from libs.contracts.cluster import ClusterConfig
 from libs.devstack.stack import (
     SERVICES,
     ProcessSet,
-    end_agent_jobs,
+    end_platform,
     home_dir,
     read_stack_env,
     start_agent,
@@ -235,7 +235,7 @@ def main() -> None:
     nodes = [node.name for node in ClusterConfig.load(args.cluster).nodes]
     # Stopped agents leave their jobs running for the next one; a stack that goes down ends them.
     supervise(home / "run", platform_programs(processes, args.cluster, home / "agents", args.replicas),
-              after_stop=lambda: end_agent_jobs(nodes, home / "agents"))
+              after_stop=lambda: end_platform(nodes, home))
 
 
 if __name__ == "__main__":

@@ -1,15 +1,29 @@
-"""The autoscaler service: follows the job queue and reports demand (A1, A6).
+"""The autoscaler service (SPEC A1–A7): asks providers for instances when waiting jobs need them.
 
-Provisioning instances comes with the cloud and local providers; what stands now is the demand
-view it will act on, rebuilt by replaying the scheduler's events on every start and answered on request.
+It follows the scheduler's job events (the queue) and the monitor's node events (what is registered), and
+records every decision as an event of its own before acting on it: `InstanceRequested` (with the jobs it
+is for) before the provider is asked, `InstanceLaunched` or `ProvisionFailed` with the provider's answer,
+`InstanceReady` when the instance's agent registers with what its type promises, `InstanceReleased` when
+it is ended. A restarted autoscaler rebuilds all of it from its log; providers start instances
+idempotently by name, so an instance asked for just before a crash is never started twice.
+
+Decisions are made on events: every fold wakes the scale loop, so a job that queues is looked at within a
+second; provider calls run in tasks of their own and never hold up the loop.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping, Sequence
+import secrets
+from collections.abc import Coroutine, Mapping, Sequence
+from contextlib import suppress
+from datetime import UTC, datetime
+from typing import Any, Self
 
+from libs.auth import issue_node_token
 from libs.contracts import subjects
+from libs.contracts.autoscaling import check_autoscaler
+from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.messages import GetQueueStatus, QueueStatus
@@ -17,45 +31,176 @@ from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.messaging.rpc import register_authenticated
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
-from services.autoscaler.state import DemandState
+from services.autoscaler.providers import NoCapacity, Provider, ProvisionError
+from services.autoscaler.providers.local import LocalProvider
+from services.autoscaler.rules import (
+    drained,
+    drains,
+    launch_failed,
+    launched,
+    overdue,
+    registered,
+    released,
+    requested,
+)
+from services.autoscaler.scaling import scale_up
+from services.autoscaler.state import AutoscalerState, Instance
 
-REPORT_SECONDS = 30.0
 log = get_logger(__name__)
+NAMES_PER_DECISION = 64  # at most this many instances are asked for in one decision
 
 
 class Autoscaler(EventSourcedService):
     name = "autoscaler"
 
-    def __init__(self, runtime: ServiceRuntime) -> None:
+    def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig,
+                 providers: Mapping[str, Provider] | None = None) -> None:
         super().__init__(runtime)
-        self.demand = DemandState()
+        self.cluster = cluster
+        self.config = cluster.autoscaler
+        self.state = AutoscalerState()
+        self.providers: Mapping[str, Provider] = providers if providers is not None else {"local": LocalProvider()}
+        self.secret = runtime.settings.require_auth_secret()  # signs its instances' node credentials
+        self._busy: set[str] = set()  # instances a provider call is under way for
+        self._calls: set[asyncio.Task[None]] = set()
+        self._told_unservable: set[str] = set()
+
+    @classmethod
+    def create(cls, runtime: ServiceRuntime) -> Self:
+        cluster = ClusterConfig.load(runtime.settings.cluster_config)
+        check_autoscaler(cluster.autoscaler, cluster.flavors)  # a config that cannot work stops the start
+        return cls(runtime, cluster)
 
     # --- state, upstreams, handlers, loops -------------------------------------------------------------
 
     def fold(self, envelope: EventEnvelope) -> None:
-        """It records no events of its own yet."""
+        self.state.apply(envelope)
 
     def upstreams(self) -> Sequence[Upstream]:
-        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
-                         consumer="scheduler-events", message_type=EventEnvelope, fold=self.demand.apply,
-                         reactions=False)]
+        return [
+            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
+                     consumer="scheduler-events", message_type=EventEnvelope, fold=self.state.apply_scheduler,
+                     reactions=False),
+            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("monitor"),
+                     consumer="monitor-events", message_type=EventEnvelope, fold=self.state.apply_monitor,
+                     react=lambda envelope: registered(self.state, self.cluster, envelope),
+                     span="autoscaler instance ready"),
+        ]
 
     def handlers(self) -> None:
         register_authenticated(self.rt.broker, self.name, subjects.QUEUE_STATUS, GetQueueStatus, self.status,
                                secret=self.rt.settings.require_auth_secret())
 
     def loops(self) -> Mapping[str, Loop]:
-        return {"report": self.report_loop}
+        return {"scale": self.scale_loop}
 
-    # --- handlers and loops ---------------------------------------------------------------------------
+    # --- handlers -------------------------------------------------------------------------------------
 
     async def status(self, _: GetQueueStatus, __: Identity) -> QueueStatus:
-        return QueueStatus(queued_jobs=len(self.demand.queued), queued_by_flavor=self.demand.queued_by_flavor(),
-                           running_jobs=len(self.demand.running))
+        return QueueStatus(queued_jobs=len(self.state.queued), queued_by_flavor=self.state.queued_by_flavor(),
+                           running_jobs=len(self.state.running), instances=self.state.instance_views())
 
-    async def report_loop(self) -> None:
+    # --- the scale loop -------------------------------------------------------------------------------
+
+    async def scale_loop(self) -> None:
+        """Once every upstream is replayed: decide after every fold, and at least every second."""
         await self.caught_up()
+        await self.reconcile()
         while True:
-            log.info("autoscaler.queue_depth", queued=len(self.demand.queued),
-                     by_flavor=self.demand.queued_by_flavor(), running=len(self.demand.running))
-            await asyncio.sleep(REPORT_SECONDS)
+            await self.scale_once(datetime.now(UTC))
+            with suppress(TimeoutError):
+                await asyncio.wait_for(self.wake.wait(), 1.0)
+            self.wake.clear()
+
+    async def scale_once(self, now: datetime) -> None:
+        """Ask for the instances waiting jobs need, then make the provider calls that are due."""
+        async with self.lock:
+            decided = scale_up(self.state.demand(self.cluster), self.config, on_the_way=self.state.on_the_way(),
+                               alive=self.state.alive_per_type(), cooling=self.state.cooling(now),
+                               suffixes=[secrets.token_hex(3) for _ in range(NAMES_PER_DECISION)], now=now)
+            for job_id in set(decided.unservable) - self._told_unservable:
+                log.warning("autoscaler.job_unservable", job_id=job_id,
+                            reason="no instance type serves its flavors, pool or nodes")
+            self._told_unservable.update(decided.unservable)
+            for request in decided.requests:
+                log.info("autoscaler.instance_requested", instance=request.instance,
+                         instance_type=request.instance_type, jobs=request.jobs)
+            await self.record(requested(decided, self.config))
+            await self.record(drains(self.state, self.config, now))
+            kept, idle = drained(self.state)
+            await self.record(kept)
+            launches = [i for i in self.state.to_launch() if i.name not in self._busy]
+            late = [i for i in overdue(self.state, self.config, now) if i.name not in self._busy]
+            idle = [i for i in idle if i.name not in self._busy]
+        for instance in launches:
+            self._call(instance, self._launch(instance))
+        for instance in late:
+            self._call(instance, self._release(instance, f"its agent did not register within "
+                                                         f"{self.config.boot_timeout_seconds:g}s"))
+        for instance in idle:
+            kind = self.config.instance_type(instance.instance_type)
+            self._call(instance, self._release(instance, f"idle for {kind.idle_seconds:g}s" if kind else "idle"))
+
+    def _call(self, instance: Instance, call: Coroutine[Any, Any, None]) -> None:
+        self._busy.add(instance.name)
+
+        async def calling() -> None:
+            try:
+                await call
+            finally:
+                self._busy.discard(instance.name)
+                self.wake.set()
+
+        task = asyncio.create_task(calling())
+        self._calls.add(task)
+        task.add_done_callback(self._calls.discard)
+
+    def _provider(self, instance: Instance) -> Provider | None:
+        return self.providers.get(instance.provider)
+
+    async def _launch(self, instance: Instance) -> None:
+        kind, provider = self.config.instance_type(instance.instance_type), self._provider(instance)
+        if kind is None or provider is None:
+            changes = launch_failed(self.state, instance.name, f"no provider {instance.provider} or type "
+                                                               f"{instance.instance_type} in the config now",
+                                    capacity=False, now=datetime.now(UTC))
+        else:
+            try:
+                provider_id = await provider.launch(instance.name, kind, issue_node_token(self.secret, instance.name))
+            except ProvisionError as exc:
+                log.warning("autoscaler.provision_failed", instance=instance.name, error=str(exc),
+                            capacity=isinstance(exc, NoCapacity))
+                changes = launch_failed(self.state, instance.name, str(exc), capacity=isinstance(exc, NoCapacity),
+                                        now=datetime.now(UTC))
+            else:
+                changes = launched(self.state, instance.name, provider_id)
+        async with self.lock:
+            await self.record(changes)
+
+    async def _release(self, instance: Instance, reason: str) -> None:
+        provider = self._provider(instance)
+        if provider is not None:
+            await provider.terminate(instance.name)
+        log.info("autoscaler.instance_released", instance=instance.name, reason=reason)
+        async with self.lock:
+            await self.record(released(self.state, instance.name, reason))
+
+    async def reconcile(self) -> None:
+        """At start, the providers' own lists against the log: an instance the log does not know (or knows
+        ended) is terminated; a launched one the provider no longer has is recorded released."""
+        for name, provider in self.providers.items():
+            try:
+                running = await provider.running()
+            except ProvisionError as exc:
+                log.warning("autoscaler.provider_unreachable", provider=name, error=str(exc))
+                continue
+            for instance_name in running:
+                known = self.state.instances.get(instance_name)
+                if known is None or not known.alive:
+                    log.warning("autoscaler.unknown_instance_ended", instance=instance_name, provider=name)
+                    await provider.terminate(instance_name)
+            gone = [i for i in self.state.instances.values()
+                    if i.provider == name and i.alive and i.provider_id is not None and i.name not in running]
+            async with self.lock:
+                for instance in gone:
+                    await self.record(released(self.state, instance.name, f"{name} no longer runs it"))

@@ -1,25 +1,187 @@
-"""The autoscaler's view of demand: which jobs wait, for which flavors, and which run.
+"""The autoscaler's state: its instances (its own events), and the demand it reads from the others' logs.
 
-It is the shared job-lifecycle fold (libs.lifecycle) read for demand: a job placed and being
-pre-checked holds its nodes and asks for no new ones (M1); one requeued after a failed pre-check or a
-fault (J12) waits again.
+Jobs come from the shared job-lifecycle fold of the scheduler's events (libs.lifecycle): a job placed and
+being pre-checked holds its nodes and asks for no new ones (M1); one requeued after a failed pre-check or
+a fault (J12) waits again. Nodes come from the shared fold of the monitor's node events (libs.nodes).
 """
 
 from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass, field
+from datetime import datetime
 
-from libs.contracts.events import EventEnvelope
+from libs.contracts.cluster import ClusterConfig, Resources
+from libs.contracts.events import (
+    EventEnvelope,
+    InstanceDraining,
+    InstanceKept,
+    InstanceLaunched,
+    InstanceReady,
+    InstanceReleased,
+    InstanceRequested,
+    JobPrechecking,
+    NodeDrained,
+    ProvisionFailed,
+)
+from libs.contracts.jobspec import PRIORITY_RANK
+from libs.contracts.messages import ScaledInstance
 from libs.lifecycle import JobLifecycle
+from libs.nodes import NodeState, fold_node_event
+from libs.placement import NodeCapacity, QueuedJob, RunningJob
+from libs.placement import holdings as placement_holdings
+from services.autoscaler.scaling import Demand
 
 
 @dataclass
-class DemandState:
+class Instance:
+    name: str  # also its node's name
+    instance_type: str
+    provider: str
+    jobs: list[str]
+    requested_at: datetime
+    provider_id: str | None = None
+    ready_at: datetime | None = None
+    draining_since: datetime | None = None
+    drained: bool = False  # the scheduler acknowledged the drain (NodeDrained): it places nothing more there
+    ended: str | None = None  # why it is gone: released, or it could not be started
+    ended_at: datetime | None = None
+
+    @property
+    def on_the_way(self) -> bool:
+        """Asked for, its agent not registered yet."""
+        return self.ended is None and self.ready_at is None
+
+    @property
+    def alive(self) -> bool:
+        return self.ended is None
+
+
+@dataclass
+class Cooldown:
+    """A type the provider had no capacity for: not asked for again before `until`."""
+
+    failures: int
+    until: datetime
+
+
+@dataclass
+class AutoscalerState:
     lifecycle: JobLifecycle = field(default_factory=JobLifecycle)
+    nodes: dict[str, NodeState] = field(default_factory=dict)
+    instances: dict[str, Instance] = field(default_factory=dict)
+    cooldowns: dict[str, Cooldown] = field(default_factory=dict)
+    # Per node, when a job last started or stopped holding it (by the scheduler's clock): idle since then.
+    last_held: dict[str, datetime] = field(default_factory=dict)
+    # Jobs being pre-checked, and the nodes they hold meanwhile (M1).
+    prechecking: dict[str, list[str]] = field(default_factory=dict)
+
+    # --- folds ----------------------------------------------------------------------------------------
 
     def apply(self, envelope: EventEnvelope) -> None:
-        self.lifecycle.apply(envelope)
+        """Fold one of the autoscaler's own events."""
+        event, at = envelope.event, envelope.recorded_at
+        if isinstance(event, InstanceRequested):
+            self.instances[event.instance] = Instance(name=event.instance, instance_type=event.instance_type,
+                                                      provider=event.provider, jobs=list(event.jobs),
+                                                      requested_at=at)
+            return
+        instance = self.instances.get(getattr(event, "instance", ""))
+        if instance is None:
+            return
+        if isinstance(event, InstanceLaunched):
+            instance.provider_id = event.provider_id
+            self.cooldowns.pop(instance.instance_type, None)  # the provider has capacity again
+        elif isinstance(event, InstanceReady):
+            instance.ready_at = at
+        elif isinstance(event, InstanceDraining):
+            instance.draining_since, instance.drained = at, False
+        elif isinstance(event, InstanceKept):
+            instance.draining_since, instance.drained = None, False
+        elif isinstance(event, InstanceReleased | ProvisionFailed):
+            instance.ended, instance.ended_at = event.reason, at
+            if isinstance(event, ProvisionFailed) and event.capacity and event.retry_after is not None:
+                failures = self.cooldowns[event.instance_type].failures + 1 \
+                    if event.instance_type in self.cooldowns else 1
+                self.cooldowns[event.instance_type] = Cooldown(failures=failures, until=event.retry_after)
+
+    def apply_scheduler(self, envelope: EventEnvelope) -> None:
+        event = envelope.event
+        if isinstance(event, NodeDrained):
+            instance = self.instances.get(event.instance)
+            if instance is not None and instance.draining_since is not None:
+                instance.drained = True
+            return
+        before = self.lifecycle.jobs.get(envelope.aggregate_id)
+        held_before = set(before.nodes) if before is not None and before.status == "running" else set()
+        held_before |= set(self.prechecking.get(envelope.aggregate_id, []))
+        job = self.lifecycle.apply(envelope)
+        if job is None:
+            return
+        if isinstance(event, JobPrechecking):
+            self.prechecking[job.job_id] = [p.node for p in event.placement]
+        elif job.status != "queued" or not job.held:
+            self.prechecking.pop(job.job_id, None)
+        held = set(job.nodes) if job.status == "running" else set()
+        held |= set(self.prechecking.get(job.job_id, []))
+        for node in held ^ held_before:
+            self.last_held[node] = envelope.recorded_at
+
+    def apply_monitor(self, envelope: EventEnvelope) -> None:
+        fold_node_event(self.nodes, envelope.event)
+
+    # --- instances ------------------------------------------------------------------------------------
+
+    def on_the_way(self) -> dict[str, str]:
+        return {i.name: i.instance_type for i in self.instances.values() if i.on_the_way}
+
+    def alive_per_type(self) -> dict[str, int]:
+        return dict(Counter(i.instance_type for i in self.instances.values() if i.alive))
+
+    def cooling(self, now: datetime) -> set[str]:
+        return {kind for kind, cooldown in self.cooldowns.items() if cooldown.until > now}
+
+    def busy_nodes(self) -> set[str]:
+        """Nodes a running job, or one being pre-checked, holds."""
+        running = {node for job in self.lifecycle.jobs.values() if job.status == "running" for node in job.nodes}
+        return running | {node for nodes in self.prechecking.values() for node in nodes}
+
+    def idle_since(self, instance: Instance) -> datetime | None:
+        """Since when no job holds a ready instance's node; None while one does (or before it is ready)."""
+        if instance.ready_at is None or instance.name in self.busy_nodes():
+            return None
+        last = self.last_held.get(instance.name)
+        return max(instance.ready_at, last) if last is not None else instance.ready_at
+
+    def to_launch(self) -> list[Instance]:
+        """Requested, and not known started nor failed: the provider is asked (again: asking is idempotent)."""
+        return [i for i in self.instances.values() if i.provider_id is None and i.ended is None]
+
+    # --- demand ---------------------------------------------------------------------------------------
+
+    def demand(self, cluster: ClusterConfig) -> Demand:
+        """The waiting jobs in start order (S1: priority, then first come first served), the nodes that take
+        work with what is free on them, and what running jobs hold."""
+        flavors = {flavor.name: flavor for flavor in cluster.flavors}
+        jobs = list(self.lifecycle.jobs.values())
+        queue = [QueuedJob(j.job_id, j.spec) for j in sorted((j for j in jobs if j.waiting and not j.deleted),
+                                                           key=lambda j: PRIORITY_RANK[j.spec.priority])]
+        running: list[RunningJob] = []
+        used: dict[str, Resources] = {}
+        for job in jobs:
+            flavor = flavors.get(job.flavor or "")
+            if job.status != "running" or flavor is None:
+                continue
+            running.append(RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=list(job.placement),
+                                      ends_at=None))
+            for node, held in placement_holdings(job.placement, flavor).items():
+                used[node] = used.get(node, Resources()) + held
+        gone = {i.name for i in self.instances.values() if not i.alive or i.draining_since is not None}
+        nodes = [NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
+                 for name, n in self.nodes.items() if n.schedulable and name not in gone]
+        return Demand(queue=queue, nodes=nodes, running=running, flavors=flavors)
+
+    # --- the queue status (A6) ------------------------------------------------------------------------
 
     @property
     def queued(self) -> dict[str, list[str]]:
@@ -29,6 +191,14 @@ class DemandState:
     @property
     def running(self) -> set[str]:
         return {j.job_id for j in self.lifecycle.jobs.values() if j.status == "running" and not j.deleted}
+
+    def instance_views(self) -> list[ScaledInstance]:
+        busy = self.busy_nodes()
+        return [ScaledInstance(name=i.name, instance_type=i.instance_type, provider=i.provider, since=i.requested_at,
+                               state="draining" if i.draining_since else "ready" if i.ready_at
+                               else "booting" if i.provider_id else "requested",
+                               jobs=list(i.jobs), busy=i.name in busy, provider_id=i.provider_id)
+                for i in self.instances.values() if i.alive]
 
     def queued_by_flavor(self) -> dict[str, int]:
         """Queued jobs per flavor they could use (a job with two flavors counts for both)."""

@@ -22,6 +22,7 @@ from libs.contracts.events import (
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
+    InstanceReleased,
     JobExpired,
     JobFailed,
     JobPrechecking,
@@ -33,6 +34,7 @@ from libs.contracts.events import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    NodeRetired,
     NodeUnhealthy,
     PerformanceDegraded,
     PrecheckCompleted,
@@ -245,6 +247,15 @@ def mailed(alert: AlertRaised, unmailed: Mapping[str, object]) -> Outcome:
 
 
 # --- every service's set-aside upstream messages -------------------------------------------------------
+
+
+def retired(envelope: EventEnvelope, known: Mapping[str, MonitoredNode]) -> Outcome:
+    """A node whose instance the autoscaler released is gone on purpose: retired, never counted lost."""
+    event = envelope.event
+    if not isinstance(event, InstanceReleased) or event.instance not in known:
+        return Outcome()
+    return Outcome(events=[NewEvent("node", event.instance, NodeRetired(
+        node_name=event.instance, reason=f"released by the autoscaler: {event.reason}"))])
 
 
 def set_aside(envelope: EventEnvelope, operators: Sequence[str]) -> Outcome:

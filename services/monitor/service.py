@@ -121,7 +121,11 @@ class Monitor(EventSourcedService):
         return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
                          consumer=SCHEDULER_CONSUMER, message_type=EventEnvelope, handle=self.on_scheduler_event),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.SET_ASIDE_ALL, consumer=SET_ASIDE_CONSUMER,
-                         message_type=EventEnvelope, react=self.alert_set_aside, span="monitor alert set-aside")]
+                         message_type=EventEnvelope, react=self.alert_set_aside, span="monitor alert set-aside"),
+                Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("autoscaler"),
+                         consumer="autoscaler-events", message_type=EventEnvelope,
+                         react=lambda envelope: decisions.retired(envelope, self.state.nodes).changes,
+                         span="monitor retire node")]
 
     def alert_set_aside(self, envelope: EventEnvelope) -> list[NewEvent]:
         return decisions.set_aside(envelope, self.operators).changes

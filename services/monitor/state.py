@@ -25,6 +25,7 @@ from libs.contracts.events import (
     NodeLost,
     NodeRecovered,
     NodeRegistered,
+    NodeRetired,
     NodeUnhealthy,
     PerformanceDegraded,
     PrecheckCompleted,
@@ -88,6 +89,9 @@ class MonitorState:
                 node.marks, node.problems = previous.marks, previous.problems
                 node.last_seen, node.probed = previous.last_seen, previous.probed
             self.nodes[event.node.name] = node
+            return
+        if isinstance(event, NodeRetired):
+            self.nodes.pop(envelope.aggregate_id, None)  # no heartbeat is awaited from it any more
             return
         found = self.nodes.get(envelope.aggregate_id)
         if found is None:

@@ -11,9 +11,9 @@ from datetime import datetime, timedelta
 
 from libs.contracts.events import JobAdmitted, JobExpiring, JobFailed, JobPrechecking, JobRescaling
 from libs.eventstore import NewEvent
+from libs.placement import Admission, Decision, Growth, may_grow, schedule
 from libs.settings import Settings
 from services.scheduler.names import job_change
-from services.scheduler.placement import Admission, Decision, Growth, may_grow, schedule
 from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
 from services.scheduler.state import Job, SchedulerState
 

@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import FlavorWait, NodeShortage, WhyReport
-from services.scheduler.placement import (
+from libs.placement import (
     Decision,
     NodeCapacity,
     QueuedJob,

@@ -6,7 +6,7 @@ registrations of shared storage's resources (J2) each to a single aggregate.
 
 from __future__ import annotations
 
-from libs.contracts.events import Event, JobEvent
+from libs.contracts.events import Event, JobEvent, NodeDrained
 from libs.eventstore import NewEvent
 
 SERVICE = "scheduler"
@@ -18,6 +18,13 @@ STORAGE = ("storage", "catalog")
 def job_change(event: JobEvent) -> NewEvent:
     """`event` recorded to its job's aggregate."""
     return NewEvent(JOB, event.job_id, event)
+
+
+DRAIN = "drain"  # the drains the scheduler acknowledged: one aggregate per node (A3)
+
+
+def drain_change(event: NodeDrained) -> NewEvent:
+    return NewEvent(DRAIN, event.node_name, event)
 
 
 def settings_change(event: Event) -> NewEvent:

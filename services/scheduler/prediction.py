@@ -31,7 +31,7 @@ from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, Resources
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
-from services.scheduler.placement import (
+from libs.placement import (
     Admission,
     Capacity,
     Choice,

@@ -59,7 +59,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
-from services.scheduler.placement import Cycle, NodeCapacity, QueuedJob, RunningJob
+from libs.placement import Cycle, NodeCapacity, QueuedJob, RunningJob
 from services.scheduler.prediction import (
     NEW_JOB,
     Expected,

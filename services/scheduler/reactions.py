@@ -1,4 +1,5 @@
-"""What the scheduler records in answer to the launcher's and the monitor's events (pure rules).
+"""What the scheduler records in answer to the launcher's, the monitor's and the autoscaler's events (pure
+rules).
 
 Each rule takes the state, with the upstream event already folded in, and returns the events to
 record; the base records them with the upstream message's tracking position, so each answer is
@@ -9,6 +10,7 @@ from __future__ import annotations
 
 from libs.contracts.events import (
     EventEnvelope,
+    InstanceDraining,
     JobAdmitted,
     JobEvent,
     JobExpired,
@@ -23,6 +25,7 @@ from libs.contracts.events import (
     LaunchFailed,
     LaunchStopped,
     LaunchSucceeded,
+    NodeDrained,
     NodeLost,
     NodeUnhealthy,
     PerformanceDegraded,
@@ -30,13 +33,22 @@ from libs.contracts.events import (
     PrecheckCompleted,
 )
 from libs.eventstore import NewEvent
-from services.scheduler.names import job_change
+from services.scheduler.names import drain_change, job_change
 from services.scheduler.state import Job, SchedulerState
 
 
 def react(state: SchedulerState, envelope: EventEnvelope) -> list[NewEvent]:
-    """What the scheduler records in answer to a launcher or monitor event (folded into `state` already)."""
+    """What the scheduler records in answer to a launcher, monitor or autoscaler event (folded into `state`
+    already)."""
+    if isinstance(envelope.event, InstanceDraining):
+        return drained(state, envelope.event)
     return [job_change(event) for event in _answer(state, envelope)]
+
+
+def drained(state: SchedulerState, draining: InstanceDraining) -> list[NewEvent]:
+    """A3: the fold made the node unschedulable; saying so in the scheduler's own log puts every admission to
+    it before this answer, so the autoscaler, having read up to it, knows whether the node is idle."""
+    return [drain_change(NodeDrained(node_name=draining.node, instance=draining.instance))]
 
 
 def _answer(state: SchedulerState, envelope: EventEnvelope) -> list[JobEvent]:

@@ -34,7 +34,7 @@ from functools import cached_property
 from typing import Protocol
 
 from libs.contracts.jobspec import JobSpec
-from services.scheduler.placement import QueuedJob, RunningJob
+from libs.placement import QueuedJob, RunningJob
 from services.scheduler.prediction import Expected
 
 Group = tuple[str, ...]

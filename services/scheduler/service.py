@@ -44,7 +44,7 @@ from services.scheduler.state import SchedulerState
 
 log = get_logger(__name__)
 span_tracer = tracer(f"trainyard.{SERVICE}")
-UPSTREAMS = ("monitor", "launcher")
+UPSTREAMS = ("monitor", "launcher", "autoscaler")
 
 
 def utc_now() -> datetime:

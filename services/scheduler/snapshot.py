@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 from libs.contracts.cluster import Flavor, Resources
-from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob
+from libs.placement import NodeCapacity, QueuedJob, RunningJob
 from services.scheduler.prediction_cache import JobFacts, PlanInputs
 from services.scheduler.state import SchedulerState
 

@@ -13,9 +13,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
-from typing import Literal
 
-from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
+from libs.contracts.cluster import ClusterConfig, Flavor, Resources
 from libs.contracts.events import (
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
@@ -40,14 +39,9 @@ from libs.contracts.events import (
     JobSucceeded,
     LaunchFailed,
     LaunchPlanned,
-    NodeHealthy,
-    NodeLost,
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
-    NodeRecovered,
-    NodeRegistered,
-    NodeUnhealthy,
     Placement,
     SettingsChanged,
     StorageAccessSet,
@@ -55,8 +49,9 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_duration
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
+from libs.nodes import NodeState, fold_node_event
+from libs.placement import holdings as placement_holdings
 from services.scheduler.names import SERVICE
-from services.scheduler.placement import holdings as placement_holdings
 
 
 @dataclass
@@ -164,22 +159,6 @@ def _ended_at(job: Job, recorded: datetime) -> datetime:
 
 
 @dataclass
-class NodeState:
-    info: NodeInfo
-    lost: bool = False
-    unhealthy: bool = False  # M2: a faulty component; unschedulable like a lost node
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def schedulable(self) -> bool:
-        return not self.lost and not self.unhealthy
-
-    @property
-    def status(self) -> Literal["ready", "lost", "unhealthy"]:
-        return "lost" if self.lost else "unhealthy" if self.unhealthy else "ready"
-
-
-@dataclass
 class SchedulerState:
     cluster: ClusterConfig
     jobs: dict[str, Job] = field(default_factory=dict)
@@ -192,24 +171,7 @@ class SchedulerState:
     def apply(self, envelope: EventEnvelope) -> None:
         event = envelope.event
         at = envelope.recorded_at
-        if isinstance(event, NodeRegistered):
-            # Health changes only by the monitor's NodeUnhealthy/NodeHealthy, not by registering again.
-            known = self.nodes.get(event.node.name)
-            self.nodes[event.node.name] = NodeState(info=event.node, unhealthy=known.unhealthy if known else False,
-                                                    problems=list(known.problems) if known else [])
-            return
-        if isinstance(event, NodeUnhealthy | NodeHealthy):
-            if (node := self.nodes.get(event.node_name)) is not None:
-                node.unhealthy = isinstance(event, NodeUnhealthy)
-                node.problems = list(event.problems) if isinstance(event, NodeUnhealthy) else []
-            return
-        if isinstance(event, NodeLost):
-            if event.node_name in self.nodes:
-                self.nodes[event.node_name].lost = True
-            return
-        if isinstance(event, NodeRecovered):
-            if event.node_name in self.nodes:
-                self.nodes[event.node_name].lost = False
+        if fold_node_event(self.nodes, event):
             return
         if isinstance(event, SettingsChanged):
             self.settings = event.settings

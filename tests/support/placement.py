@@ -12,7 +12,7 @@ from typing import Any
 from libs.contracts.cluster import Accelerators, Flavor, NodeInfo, Resources
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import CheckpointResume, Elastic, JobSpec
-from services.scheduler.placement import (
+from libs.placement import (
     Admission,
     Decision,
     NodeCapacity,

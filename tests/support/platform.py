@@ -11,6 +11,8 @@ from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo
 from libs.contracts.events import (
     Event,
     EventEnvelope,
+    InstanceDraining,
+    InstanceKept,
     JobAdmitted,
     JobPrechecking,
     JobSubmitted,
@@ -20,6 +22,7 @@ from libs.contracts.events import (
     NodeHealthy,
     NodeLost,
     NodeRegistered,
+    NodeRetired,
     NodeUnhealthy,
     PerformanceDegraded,
     PrecheckCompleted,
@@ -58,7 +61,7 @@ def check(node: str, *problems: str) -> NodeCheck:
 
 
 class Platform:
-    """A scheduler, and the monitor's and launcher's events as its followers deliver them."""
+    """A scheduler, and the monitor's, launcher's and autoscaler's events as its followers deliver them."""
 
     def __init__(self) -> None:
         self.log = EventLog()
@@ -78,7 +81,7 @@ class Platform:
         info = NodeInfo(name=name, address=f"addr-{name}", cpus=cpus, memory_mib=65536, pools=list(pools))
         await self.deliver(self.log.record("monitor", "node", name, NodeRegistered(node=info)))
 
-    async def node_event(self, event: NodeLost | NodeUnhealthy | NodeHealthy) -> None:
+    async def node_event(self, event: NodeLost | NodeUnhealthy | NodeHealthy | NodeRetired) -> None:
         await self.deliver(self.log.record("monitor", "node", event.node_name, event))
 
     async def lose(self, name: str) -> None:
@@ -86,6 +89,9 @@ class Platform:
 
     async def monitor(self, event: PrecheckCompleted | PerformanceDegraded) -> None:
         await self.deliver(self.log.record("monitor", "job", event.job_id, event))
+
+    async def autoscaler(self, event: InstanceDraining | InstanceKept) -> None:
+        await self.deliver(self.log.record("autoscaler", "instance", event.instance, event))
 
     async def launcher(self, event: LaunchSucceeded | LaunchFailed | LaunchStopped) -> None:
         await self.deliver(self.log.record("launcher", "launch", event.job_id, event))

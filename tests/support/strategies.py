@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 
 from libs.contracts.cluster import Flavor, Resources
 from libs.contracts.jobspec import CheckpointResume, Elastic, JobSpec
-from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, holdings, place_gang
+from libs.placement import NodeCapacity, QueuedJob, RunningJob, holdings, place_gang
 from tests.support.placement import NOW, info
 
 BOARDS = ["A100", "MLU370"]

@@ -9,7 +9,7 @@ from datetime import datetime, timedelta
 
 from libs.contracts.cluster import Flavor
 from libs.contracts.jobspec import PRIORITY_RANK
-from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob
+from libs.placement import NodeCapacity, QueuedJob, RunningJob
 from tests.support.placement import (
     CPU4,
     FLAVORS,

@@ -31,7 +31,17 @@ from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
 from libs.contracts.jobspec import CheckpointResume, FaultRestart, JobSpec
-from libs.contracts.messages import CommandError, Done, FlavorList, JobAccepted, JobDetails, JobView, NodeView
+from libs.contracts.messages import (
+    CommandError,
+    Done,
+    FlavorList,
+    JobAccepted,
+    JobDetails,
+    JobView,
+    NodeView,
+    QueueStatus,
+    ScaledInstance,
+)
 from libs.contracts.scheduling import (
     BoardDemand,
     BoardUsage,
@@ -282,6 +292,21 @@ def test_no_answer_names_the_service_that_does_not_answer(fake: FakeClient, subj
     assert f"the {service} does not answer ({subject}): `make status` shows whether it runs" in result.stderr
     assert f"{service}.log" in result.stderr
     assert "make up" not in result.stderr
+
+
+def test_queue_lists_the_autoscalers_instances(fake: FakeClient) -> None:
+    fake.answers["queue_status"] = QueueStatus(queued_jobs=1, queued_by_flavor={"cpu-1": 1}, running_jobs=1, instances=[
+        ScaledInstance(name="small-3f2a9c", instance_type="small", provider="local", state="booting", since=NOW,
+                       jobs=["job-q"], provider_id="local-4242"),
+        ScaledInstance(name="small-77aa01", instance_type="small", provider="local", state="ready", since=NOW,
+                       jobs=["job-p"], busy=True)])
+    result = invoke("queue")
+    assert result.exit_code == 0, result.output
+    rows = [line.split() for line in result.output.splitlines()]
+    assert ["cpu-1:", "1", "queued"] in rows
+    since = cli._time(NOW).split()
+    assert ["small-3f2a9c", "small", "local", "booting", *since, "no", "job-q"] in rows
+    assert ["small-77aa01", "small", "local", "ready", *since, "yes", "job-p"] in rows
 
 
 def test_no_answer_behind_another_error_still_names_the_service() -> None:

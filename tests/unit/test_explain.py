@@ -8,8 +8,8 @@ import pytest
 
 from libs.contracts.cluster import Resources
 from libs.contracts.scheduling import FlavorWait, NodeShortage
+from libs.placement import NodeCapacity, RunningJob
 from services.scheduler.explain import explain
-from services.scheduler.placement import NodeCapacity, RunningJob
 from tests.support.placement import (
     FLAVORS,
     GPU4,

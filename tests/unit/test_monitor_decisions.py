@@ -9,11 +9,13 @@ from libs.contracts.events import (
     DebugEnvironmentKept,
     Event,
     EventEnvelope,
+    InstanceReleased,
     JobAdmitted,
     JobFailed,
     JobSubmitted,
     NodeLost,
     NodeRecovered,
+    NodeRetired,
     NodeUnhealthy,
     Placement,
 )
@@ -22,7 +24,7 @@ from libs.contracts.jobspec import AlgorithmRef, DebugTerminal, JobSpec, OutputR
 from libs.contracts.messages import MarkComponent
 from libs.lifecycle import JobLifecycle
 from services.monitor import decisions
-from services.monitor.state import MonitoredNode
+from services.monitor.state import MonitoredNode, MonitorState
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
 SPEC = JobSpec(name="debug-me", flavors=["cpu-2"], algorithm=AlgorithmRef(name="a"), command="python3 t.py",
@@ -78,3 +80,18 @@ def test_a_failed_debug_job_keeps_its_last_placement_and_releases_the_nodes_of_e
     assert (kept.attempt, kept.nodes, kept.until) == (2, ["n2"], NOW + timedelta(hours=1))
     assert outcome.alerts == []
     assert [(r.job_id, r.nodes) for r in outcome.releases] == [(job_id, ["n1"])]
+
+
+def test_a_node_whose_instance_the_autoscaler_released_is_retired_without_an_alert_and_not_patrolled() -> None:
+    released = EventEnvelope(event_id="a1", service="autoscaler", aggregate_type="instance", aggregate_id="node-a",
+                             version=3, position=9, recorded_at=NOW,
+                             event=InstanceReleased(instance="node-a", reason="idle for 60s"))
+    state = MonitorState(nodes={"node-a": MonitoredNode(info=INFO, last_seen=100.0)})
+    outcome = decisions.retired(released, state.nodes)
+    [change] = outcome.events
+    assert change.event == NodeRetired(node_name="node-a", reason="released by the autoscaler: idle for 60s")
+    assert outcome.alerts == []
+    state.apply(EventEnvelope(event_id="m1", service="monitor", aggregate_type="node", aggregate_id="node-a",
+                              version=2, position=10, recorded_at=NOW, event=change.event), now=200.0)
+    assert state.overdue(now=1000.0, lost_after=10.0) == []
+    assert decisions.retired(released, state.nodes).events == []  # a node it does not know: nothing

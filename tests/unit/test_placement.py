@@ -12,7 +12,7 @@ import pytest
 from libs.contracts.cluster import Flavor, Resources
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import JobSpec
-from services.scheduler.placement import (
+from libs.placement import (
     Decision,
     NodeCapacity,
     QueuedJob,

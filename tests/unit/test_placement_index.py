@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.contracts.events import Placement, Role
 from libs.contracts.jobspec import JobSpec
-from services.scheduler.placement import Capacity, Cluster, eligible, parameter_server_count, place, role_flavor
+from libs.placement import Capacity, Cluster, eligible, parameter_server_count, place, role_flavor
 from tests.support.placement import info
 from tests.support.strategies import BOARDS, SETTINGS, flavor_sets, job_specs
 

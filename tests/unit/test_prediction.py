@@ -14,7 +14,7 @@ from libs.contracts.cluster import Resources
 from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, JobSucceeded
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
-from services.scheduler.placement import NodeCapacity, QueuedJob, RunningJob, eligible, holdings, schedule
+from libs.placement import NodeCapacity, QueuedJob, RunningJob, eligible, holdings, schedule
 from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction import (
     Expected,

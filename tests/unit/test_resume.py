@@ -27,7 +27,7 @@ from libs.contracts.events import (
     PrecheckCompleted,
 )
 from libs.contracts.jobspec import CheckpointResume, Elastic, PerformanceDetection
-from services.autoscaler.state import DemandState
+from services.autoscaler.state import AutoscalerState
 from services.scheduler.names import job_change
 from services.scheduler.views import node_views
 from tests.support.platform import JOB, OTHER, Platform, check, job_spec, plain_spec
@@ -328,17 +328,17 @@ async def test_replaying_the_log_rebuilds_the_same_state(platform: Platform) -> 
 async def test_the_autoscaler_sees_a_moved_job_as_demand_again(platform: Platform) -> None:
     await platform.node("n1")
     await platform.submit(JOB, job_spec())
-    demand = DemandState()
+    demand = AutoscalerState()
     await platform.cycle()  # pre-checking: its nodes are held, it asks for none
     for envelope in platform.log.envelopes:
-        demand.apply(envelope)
+        demand.apply_scheduler(envelope)
     assert (demand.queued, demand.running) == ({}, set())
     seen = len(platform.log.envelopes)
     await platform.monitor(PrecheckCompleted(job_id=JOB, attempt=1, passed=True, nodes=[check("n1")]))
     await platform.lose("n1")
     await platform.launcher(LaunchStopped(job_id=JOB, attempt=1))
     for envelope in platform.log.envelopes[seen:]:
-        demand.apply(envelope)
+        demand.apply_scheduler(envelope)
     assert (demand.queued_by_flavor(), demand.running) == ({"cpu-4": 1}, set())
 
 

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from libs.contracts.cluster import ClusterConfig, Flavor, Resources
 from libs.contracts.events import EventEnvelope, JobAdmitted, JobSubmitted, JobSucceeded, NodeRegistered
-from services.scheduler.placement import (
+from libs.placement import (
     Admission,
     Decision,
     NodeCapacity,

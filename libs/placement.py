@@ -7,7 +7,8 @@ earliest time its gang fits, from the duration limits of running jobs), and a la
 only if it cannot delay that reservation (backfill). Jobs that fit on no node even of an empty
 cluster are reported and never block anyone. Last, shrunken elastic jobs are grown on what is left.
 
-Nothing here reads a clock or does I/O: `now` is a parameter, so a decision can be replayed.
+Nothing here reads a clock or does I/O: `now` is a parameter, so a decision can be replayed. The
+scheduler decides with it; the autoscaler asks it what instances would let waiting jobs start.
 """
 
 from __future__ import annotations

@@ -1,0 +1,87 @@
+"""The autoscaler on the real stack with its local provider (SPEC A1, A4, A5): a pool without a node grows
+instances for the jobs that wait, each a real node agent that registers with its own node credential."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+
+from libs.contracts.autoscaling import INSTANCE_LABEL
+from libs.contracts.events import AlertRaised
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.contracts.messages import QueueStatus
+from libs.messaging.rpc import ServiceUnavailable
+from tests.support.stack import Stack
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
+
+AUTOSCALED = Path(__file__).parent / "cluster-autoscaled.yaml"
+
+
+async def instances_until(stack: Stack, done: Callable[[QueueStatus], bool], timeout: float = 90) -> QueueStatus:
+    """The autoscaler's status once `done` holds (asked again while a restarted autoscaler starts)."""
+    api = await stack.api()
+    async with asyncio.timeout(timeout):
+        while True:
+            with contextlib.suppress(ServiceUnavailable):
+                status = await api.queue_status()
+                if done(status):
+                    return status
+            await asyncio.sleep(0.3)
+
+
+@pytest.mark.cluster(AUTOSCALED)
+async def test_a_gang_job_on_an_empty_pool_gets_two_instances_and_runs_on_them(stack: Stack) -> None:
+    api = await stack.up()
+    assert await api.nodes() == []
+    spec = JobSpec(name="grown", mode="pytorch", nodes=2, flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"),
+                   command="bash -c 'echo rank $RANK of $WORLD_SIZE; echo cuda=$CUDA_VISIBLE_DEVICES'",
+                   output=OutputRef(name="grown"))
+    accepted = await api.submit(spec)
+
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+    assert job.status == "succeeded", job.reason
+    status = await api.queue_status()
+    assert [(i.instance_type, i.jobs) for i in status.instances] == [("small", [accepted.job_id])] * 2
+    names = {i.name for i in status.instances}
+    assert {p.node for p in job.placement} == names  # the job ran on the two instances, one rank each
+    nodes = {node.info.name: node.info for node in await api.nodes()}
+    assert set(nodes) == names
+    assert all(nodes[name].labels[INSTANCE_LABEL] == name and nodes[name].labels["size"] == "small"
+               for name in names)
+    lines = await stack.logs(accepted.job_id)
+    assert "[0] cuda=none" in lines and "[1] cuda=none" in lines  # a CPU-only type (A4)
+    for name in names:  # the type's init script ran on each before its agent started
+        assert (stack.home / "instances" / name / "prepared").read_text() == "prepared by the init script\n"
+
+    # Idle for the type's 5 s, they are drained, then released; their nodes retire without a lost-node alert.
+    await instances_until(stack, lambda status: not status.instances)
+    async with asyncio.timeout(30):
+        while await api.nodes():
+            await asyncio.sleep(0.3)
+    assert not (stack.home / "instances").exists() or not any((stack.home / "instances").iterdir())
+    kinds = [envelope.event.kind async for envelope in api.alerts() if isinstance(envelope.event, AlertRaised)]
+    assert "node-lost" not in kinds
+
+
+@pytest.mark.cluster(AUTOSCALED)
+async def test_an_autoscaler_killed_while_its_instances_boot_starts_none_twice(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="grown", mode="pytorch", nodes=2, flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"),
+                   command="bash -c 'echo rank $RANK'", output=OutputRef(name="grown"))
+    accepted = await api.submit(spec)
+    booting = await instances_until(stack, lambda status: len(status.instances) == 2)
+    stack.crash("autoscaler")  # kill -9, the instances asked for and maybe being started
+    await asyncio.sleep(0.5)
+    stack.start("autoscaler")
+
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+    assert job.status == "succeeded", job.reason
+    status = await instances_until(stack, lambda status: True)  # the restarted autoscaler answers
+    assert {i.name for i in status.instances} == {i.name for i in booting.instances}
+    assert sorted(p.name for p in (stack.home / "instances").iterdir()) == sorted(i.name for i in booting.instances)
+    assert len(await api.nodes()) == 2
