@@ -123,6 +123,8 @@ class Ec2Settings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True)
     spot: bool = False
     # Another endpoint than AWS's own (a moto server in tests, a private endpoint).
     endpoint_url: str | None = None
+    # The NATS address the instance's agent reaches (default: the autoscaler's own NATS_URL).
+    nats_url: str | None = None
 
 
 class InstanceNode(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
@@ -159,6 +161,8 @@ class InstanceType(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 
 class AutoscalerConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_instances: Annotated[int, Meta(ge=0)] = 10  # A7: of all types together
+    # Tags this deployment's cloud instances, so several deployments may share an account.
+    cluster: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]{1,64}$")] = "trainyard"
     # An instance whose agent has not registered by then is terminated, and the reason recorded.
     boot_timeout_seconds: Annotated[float, Meta(gt=0)] = 600.0
     instance_types: list[InstanceType] = msgspec.field(default_factory=list)

@@ -32,6 +32,7 @@ from libs.messaging.rpc import register_authenticated
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.autoscaler.providers import NoCapacity, Provider, ProvisionError
+from services.autoscaler.providers.ec2 import Ec2Provider
 from services.autoscaler.providers.local import LocalProvider
 from services.autoscaler.rules import (
     drained,
@@ -59,7 +60,10 @@ class Autoscaler(EventSourcedService):
         self.cluster = cluster
         self.config = cluster.autoscaler
         self.state = AutoscalerState()
-        self.providers: Mapping[str, Provider] = providers if providers is not None else {"local": LocalProvider()}
+        self.providers: Mapping[str, Provider] = providers if providers is not None else {
+            "local": LocalProvider(),
+            "aws-ec2": Ec2Provider(self.config.instance_types, cluster=self.config.cluster,
+                                   nats_url=runtime.settings.nats_url)}
         self.secret = runtime.settings.require_auth_secret()  # signs its instances' node credentials
         self._busy: set[str] = set()  # instances a provider call is under way for
         self._calls: set[asyncio.Task[None]] = set()

@@ -14,6 +14,7 @@ from libs.contracts.cluster import (
     Accelerators,
     AutoscalerConfig,
     ClusterConfig,
+    Ec2Settings,
     Flavor,
     InstanceNode,
     InstanceType,
@@ -36,6 +37,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from services.autoscaler.providers import ProvisionError
+from services.autoscaler.providers.ec2 import boot_script
 from services.autoscaler.providers.local import LocalProvider, agent_command, agent_environment
 from services.autoscaler.rules import drained, drains, launch_failed, overdue, registered
 from services.autoscaler.state import AutoscalerState
@@ -195,3 +197,19 @@ def test_a_drained_instance_still_idle_is_released_and_one_a_job_took_first_is_k
     assert isinstance(kept.event, InstanceKept) and released == []
     taken.apply(envelope(kept.event, position=5))
     assert drained(taken) == ([], [])  # not released until drained again once idle
+
+
+def test_an_ec2_boot_writes_the_credential_runs_the_init_script_then_the_agent_in_the_types_image() -> None:
+    kind = msgspec.structs.replace(GPU, provider="aws-ec2", cpu_only=False, image="trainyard/agent:1.4",
+                                   init_script="apt-get install -y nvidia-driver-535",
+                                   aws=Ec2Settings(image_id="ami-1", instance_type="g5.xlarge"))
+    script = boot_script("gpu-1a2b3c", kind, "the-node-token", "nats://10.0.0.5:4222")
+    lines = script.splitlines()
+    token, init, run = (next(i for i, line in enumerate(lines) if marker in line)
+                        for marker in ("the-node-token", "apt-get install", "docker run"))
+    assert token < init < run == len(lines) - 1
+    assert "--network host" in lines[run] and "trainyard/agent:1.4 python3 -m agent --name gpu-1a2b3c" in lines[run]
+    assert "export NATS_URL=nats://10.0.0.5:4222" in lines
+    cpu_only = msgspec.structs.replace(kind, image=None, cpu_only=True,
+                                       node=msgspec.structs.replace(kind.node, accelerators=[]))
+    assert "export CUDA_VISIBLE_DEVICES=none" in boot_script("cpu-1", cpu_only, "t", "nats://n:4222").splitlines()
