@@ -495,11 +495,16 @@ class InstanceKept(_Event, frozen=True, tag="InstanceKept.v1"):
     reason: str
 
 
+ReleaseCause = Literal["idle", "boot-timeout", "gone"]
+
+
 class InstanceReleased(_Event, frozen=True, tag="InstanceReleased.v1"):
-    """The provider was asked to end it (idle, its boot timed out, or unknown to the provider any more)."""
+    """The provider was asked to end it: `idle` (A3), `boot-timeout` (its agent never registered), or `gone`
+    (the provider no longer runs it)."""
 
     instance: str
     reason: str
+    cause: ReleaseCause = "idle"
 
 
 class ProvisionFailed(_Event, frozen=True, tag="ProvisionFailed.v1"):
@@ -511,6 +516,7 @@ class ProvisionFailed(_Event, frozen=True, tag="ProvisionFailed.v1"):
     reason: str
     capacity: bool = False
     retry_after: datetime | None = None
+    failures: int = 1  # the type's failures in a row, this one included (a start ends the streak)
 
 
 # --- every service: aggregate "upstream" (id = `set_aside_id(consumer, sequence)`) -------------------

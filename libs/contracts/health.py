@@ -62,4 +62,4 @@ PERFORMANCE_LINE = re.compile(
 )
 
 AlertKind = Literal["node-unhealthy", "node-lost", "job-resuming", "resume-limit", "performance",
-                    "precheck-failed", "message-set-aside"]
+                    "precheck-failed", "message-set-aside", "instance-boot-timeout", "provisioning-failing"]

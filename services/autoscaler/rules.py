@@ -20,6 +20,7 @@ from libs.contracts.events import (
     InstanceRequested,
     NodeRegistered,
     ProvisionFailed,
+    ReleaseCause,
 )
 from libs.eventstore import NewEvent
 from services.autoscaler.scaling import ScaleUp
@@ -63,14 +64,15 @@ def launch_failed(state: AutoscalerState, name: str, reason: str, *, capacity: b
         failures = state.cooldowns[instance.instance_type].failures if instance.instance_type in state.cooldowns else 0
         retry_after = now + min(FIRST_COOLDOWN * 2 ** failures, LONGEST_COOLDOWN)
     return instance_events(name, ProvisionFailed(instance=name, instance_type=instance.instance_type, reason=reason,
-                                                 capacity=capacity, retry_after=retry_after))
+                                                 capacity=capacity, retry_after=retry_after,
+                                                 failures=state.failures.get(instance.instance_type, 0) + 1))
 
 
-def released(state: AutoscalerState, name: str, reason: str) -> list[NewEvent]:
+def released(state: AutoscalerState, name: str, reason: str, cause: ReleaseCause) -> list[NewEvent]:
     instance = state.instances.get(name)
     if instance is None or not instance.alive:
         return []
-    return instance_events(name, InstanceReleased(instance=name, reason=reason))
+    return instance_events(name, InstanceReleased(instance=name, reason=reason, cause=cause))
 
 
 def overdue(state: AutoscalerState, config: AutoscalerConfig, now: datetime) -> list[Instance]:

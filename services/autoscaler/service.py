@@ -15,20 +15,22 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+import time
 from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import suppress
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
 from libs.auth import issue_node_token
 from libs.contracts import subjects
 from libs.contracts.autoscaling import check_autoscaler
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.events import EventEnvelope
+from libs.contracts.events import EventEnvelope, ReleaseCause
 from libs.contracts.identity import Identity
 from libs.contracts.messages import GetQueueStatus, QueueStatus
 from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.messaging.rpc import register_authenticated
+from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.autoscaler.providers import NoCapacity, Provider, ProvisionError
@@ -49,6 +51,10 @@ from services.autoscaler.state import AutoscalerState, Instance
 
 log = get_logger(__name__)
 NAMES_PER_DECISION = 64  # at most this many instances are asked for in one decision
+# How often the log is compared with the providers' own lists (an instance may vanish: spot, by hand), and
+# how long a new instance has before its absence there counts (a provider's list may lag behind).
+RECONCILE_SECONDS = 60.0
+LISTING_GRACE = timedelta(minutes=2)
 
 
 class Autoscaler(EventSourcedService):
@@ -110,8 +116,12 @@ class Autoscaler(EventSourcedService):
         """Once every upstream is replayed: decide after every fold, and at least every second."""
         await self.caught_up()
         await self.reconcile()
+        reconciled = time.monotonic()
         while True:
             await self.scale_once(datetime.now(UTC))
+            if time.monotonic() - reconciled >= RECONCILE_SECONDS:
+                reconciled = time.monotonic()
+                self._spawn(self._reconcile_weathering())
             with suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), 1.0)
             self.wake.clear()
@@ -140,10 +150,11 @@ class Autoscaler(EventSourcedService):
             self._call(instance, self._launch(instance))
         for instance in late:
             self._call(instance, self._release(instance, f"its agent did not register within "
-                                                         f"{self.config.boot_timeout_seconds:g}s"))
+                                                         f"{self.config.boot_timeout_seconds:g}s", "boot-timeout"))
         for instance in idle:
             kind = self.config.instance_type(instance.instance_type)
-            self._call(instance, self._release(instance, f"idle for {kind.idle_seconds:g}s" if kind else "idle"))
+            self._call(instance, self._release(instance, f"idle for {kind.idle_seconds:g}s" if kind else "idle",
+                                               "idle"))
 
     def _call(self, instance: Instance, call: Coroutine[Any, Any, None]) -> None:
         self._busy.add(instance.name)
@@ -155,9 +166,18 @@ class Autoscaler(EventSourcedService):
                 self._busy.discard(instance.name)
                 self.wake.set()
 
-        task = asyncio.create_task(calling())
+        self._spawn(calling())
+
+    def _spawn(self, call: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.create_task(call)
         self._calls.add(task)
         task.add_done_callback(self._calls.discard)
+
+    async def _reconcile_weathering(self) -> None:
+        try:
+            await self.reconcile()
+        except OUTAGES as exc:  # the next round tries again
+            log.warning("autoscaler.reconcile_postponed", error=str(exc))
 
     def _provider(self, instance: Instance) -> Provider | None:
         return self.providers.get(instance.provider)
@@ -181,13 +201,17 @@ class Autoscaler(EventSourcedService):
         async with self.lock:
             await self.record(changes)
 
-    async def _release(self, instance: Instance, reason: str) -> None:
+    async def _release(self, instance: Instance, reason: str, cause: ReleaseCause) -> None:
         provider = self._provider(instance)
         if provider is not None:
-            await provider.terminate(instance.name)
+            try:
+                await provider.terminate(instance.name)
+            except ProvisionError as exc:  # asked again on a later round
+                log.warning("autoscaler.release_failed", instance=instance.name, error=str(exc))
+                return
         log.info("autoscaler.instance_released", instance=instance.name, reason=reason)
         async with self.lock:
-            await self.record(released(self.state, instance.name, reason))
+            await self.record(released(self.state, instance.name, reason, cause))
 
     async def reconcile(self) -> None:
         """At start, the providers' own lists against the log: an instance the log does not know (or knows
@@ -200,11 +224,14 @@ class Autoscaler(EventSourcedService):
                 continue
             for instance_name in running:
                 known = self.state.instances.get(instance_name)
-                if known is None or not known.alive:
+                if (known is None or not known.alive) and instance_name not in self._busy:
                     log.warning("autoscaler.unknown_instance_ended", instance=instance_name, provider=name)
-                    await provider.terminate(instance_name)
+                    with suppress(ProvisionError):  # ended at the next reconciliation
+                        await provider.terminate(instance_name)
+            settled = datetime.now(UTC) - LISTING_GRACE
             gone = [i for i in self.state.instances.values()
-                    if i.provider == name and i.alive and i.provider_id is not None and i.name not in running]
+                    if i.provider == name and i.alive and i.provider_id is not None and i.name not in running
+                    and i.name not in self._busy and i.requested_at < settled]
             async with self.lock:
                 for instance in gone:
-                    await self.record(released(self.state, instance.name, f"{name} no longer runs it"))
+                    await self.record(released(self.state, instance.name, f"{name} no longer runs it", "gone"))

@@ -71,6 +71,7 @@ class AutoscalerState:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     instances: dict[str, Instance] = field(default_factory=dict)
     cooldowns: dict[str, Cooldown] = field(default_factory=dict)
+    failures: dict[str, int] = field(default_factory=dict)  # per type, provisioning failures in a row
     # Per node, when a job last started or stopped holding it (by the scheduler's clock): idle since then.
     last_held: dict[str, datetime] = field(default_factory=dict)
     # Jobs being pre-checked, and the nodes they hold meanwhile (M1).
@@ -92,6 +93,7 @@ class AutoscalerState:
         if isinstance(event, InstanceLaunched):
             instance.provider_id = event.provider_id
             self.cooldowns.pop(instance.instance_type, None)  # the provider has capacity again
+            self.failures.pop(instance.instance_type, None)
         elif isinstance(event, InstanceReady):
             instance.ready_at = at
         elif isinstance(event, InstanceDraining):
@@ -100,6 +102,8 @@ class AutoscalerState:
             instance.draining_since, instance.drained = None, False
         elif isinstance(event, InstanceReleased | ProvisionFailed):
             instance.ended, instance.ended_at = event.reason, at
+            if isinstance(event, ProvisionFailed):
+                self.failures[event.instance_type] = event.failures
             if isinstance(event, ProvisionFailed) and event.capacity and event.retry_after is not None:
                 failures = self.cooldowns[event.instance_type].failures + 1 \
                     if event.instance_type in self.cooldowns else 1

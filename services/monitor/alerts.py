@@ -15,7 +15,15 @@ import msgspec
 
 from libs.access import allowed
 from libs.contracts.codec import encode
-from libs.contracts.events import AlertRaised, EventEnvelope, JobFailed, JobResuming, UpstreamMessageSetAside
+from libs.contracts.events import (
+    AlertRaised,
+    EventEnvelope,
+    InstanceReleased,
+    JobFailed,
+    JobResuming,
+    ProvisionFailed,
+    UpstreamMessageSetAside,
+)
 from libs.contracts.health import NodeCheck
 from libs.contracts.identity import Identity
 from libs.contracts.messages import MAX_ALERT_PAGE_BYTES, AlertPage, ListAlerts
@@ -50,6 +58,26 @@ def job_failed_id(job_id: str) -> str:
 
 def set_aside_id(service: str, consumer: str, sequence: int) -> str:
     return f"message-set-aside-{service}-{consumer}-{sequence}"
+
+
+def instance_boot_timeout(event: InstanceReleased, operators: Sequence[str]) -> AlertRaised:
+    return AlertRaised(
+        alert_id=f"instance-boot-timeout-{event.instance}", kind="instance-boot-timeout",
+        title=f"Instance {event.instance} never joined the cluster",
+        message=f"The autoscaler ended instance {event.instance}: {event.reason}. Check the instance type's "
+                "image, init script and network: its agent must reach NATS with its node credential.",
+        recipients=recipients(None, operators), node=event.instance)
+
+
+def provisioning_failing(event: ProvisionFailed, operators: Sequence[str]) -> AlertRaised:
+    return AlertRaised(
+        alert_id=f"provisioning-failing-{event.instance_type}-{event.failures}", kind="provisioning-failing",
+        title=f"Instances of type {event.instance_type} cannot be started",
+        message=f"The last {event.failures} attempts to start an instance of type {event.instance_type} failed; "
+                f"the last one: {event.reason}."
+                + (" The provider has no capacity or quota for it: other types serving the same flavors are tried."
+                   if event.capacity else ""),
+        recipients=recipients(None, operators))
 
 
 def recipients(creator_email: str | None, operators: Iterable[str]) -> list[str]:

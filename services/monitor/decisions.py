@@ -38,6 +38,7 @@ from libs.contracts.events import (
     NodeUnhealthy,
     PerformanceDegraded,
     PrecheckCompleted,
+    ProvisionFailed,
     UpstreamMessageSetAside,
 )
 from libs.contracts.health import NodeCheck
@@ -249,10 +250,33 @@ def mailed(alert: AlertRaised, unmailed: Mapping[str, object]) -> Outcome:
 # --- every service's set-aside upstream messages -------------------------------------------------------
 
 
-def retired(envelope: EventEnvelope, known: Mapping[str, MonitoredNode]) -> Outcome:
-    """A node whose instance the autoscaler released is gone on purpose: retired, never counted lost."""
+# A type's provisioning failures in a row that raise an alert: the third, then every tenth.
+FAILING_AFTER = 3
+FAILING_EVERY = 10
+
+
+def autoscaler_event(envelope: EventEnvelope, known: Mapping[str, MonitoredNode], jobs: JobLifecycle,
+                     operators: Sequence[str]) -> Outcome:
+    """The monitor's answer to the autoscaler's events: a released instance's node retired; an alert for an
+    instance that never joined, and for a type that keeps failing to start."""
     event = envelope.event
-    if not isinstance(event, InstanceReleased) or event.instance not in known:
+    if isinstance(event, ProvisionFailed):
+        failing = event.failures == FAILING_AFTER or (event.failures > FAILING_AFTER
+                                                      and event.failures % FAILING_EVERY == 0)
+        return Outcome(alerts=[alerts.provisioning_failing(event, operators)] if failing else [])
+    outcome = retired(envelope, known, jobs)
+    if isinstance(event, InstanceReleased) and event.cause == "boot-timeout":
+        outcome.alerts.append(alerts.instance_boot_timeout(event, operators))
+    return outcome
+
+
+def retired(envelope: EventEnvelope, known: Mapping[str, MonitoredNode], jobs: JobLifecycle) -> Outcome:
+    """A node whose instance the autoscaler released is gone on purpose: retired, never counted lost. One a job
+    still runs on (its instance vanished under it) is left to the patrol, which counts it lost so that the
+    job is resumed or failed as on any lost node."""
+    event = envelope.event
+    node = known.get(event.instance) if isinstance(event, InstanceReleased) else None
+    if not isinstance(event, InstanceReleased) or node is None or (jobs.running_on(node.name) and not node.lost):
         return Outcome()
     return Outcome(events=[NewEvent("node", event.instance, NodeRetired(
         node_name=event.instance, reason=f"released by the autoscaler: {event.reason}"))])

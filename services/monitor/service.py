@@ -124,8 +124,9 @@ class Monitor(EventSourcedService):
                          message_type=EventEnvelope, react=self.alert_set_aside, span="monitor alert set-aside"),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("autoscaler"),
                          consumer="autoscaler-events", message_type=EventEnvelope,
-                         react=lambda envelope: decisions.retired(envelope, self.state.nodes).changes,
-                         span="monitor retire node")]
+                         react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
+                                                                           self.operators).changes,
+                         span="monitor autoscaler event")]
 
     def alert_set_aside(self, envelope: EventEnvelope) -> list[NewEvent]:
         return decisions.set_aside(envelope, self.operators).changes

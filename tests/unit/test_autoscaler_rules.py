@@ -92,6 +92,7 @@ def test_a_type_without_capacity_waits_longer_after_each_failure_and_no_longer_t
         state.apply(envelope(InstanceRequested(instance=name, instance_type="gpu", provider="local"), position=attempt))
         [failed] = launch_failed(state, name, "InsufficientInstanceCapacity", capacity=True, now=AT)
         assert isinstance(failed.event, ProvisionFailed) and failed.event.retry_after is not None
+        assert failed.event.failures == attempt + 1  # in a row: the monitor alerts on a streak
         waits.append(failed.event.retry_after - AT)
         state.apply(envelope(failed.event, position=100 + attempt))
     assert waits[:4] == [timedelta(seconds=30), timedelta(seconds=60), timedelta(seconds=120), timedelta(seconds=240)]

@@ -18,6 +18,7 @@ from libs.contracts.events import (
     NodeRetired,
     NodeUnhealthy,
     Placement,
+    ProvisionFailed,
 )
 from libs.contracts.health import ComponentHealth
 from libs.contracts.jobspec import AlgorithmRef, DebugTerminal, JobSpec, OutputRef
@@ -87,11 +88,43 @@ def test_a_node_whose_instance_the_autoscaler_released_is_retired_without_an_ale
                              version=3, position=9, recorded_at=NOW,
                              event=InstanceReleased(instance="node-a", reason="idle for 60s"))
     state = MonitorState(nodes={"node-a": MonitoredNode(info=INFO, last_seen=100.0)})
-    outcome = decisions.retired(released, state.nodes)
+    outcome = decisions.retired(released, state.nodes, JobLifecycle())
     [change] = outcome.events
     assert change.event == NodeRetired(node_name="node-a", reason="released by the autoscaler: idle for 60s")
     assert outcome.alerts == []
     state.apply(EventEnvelope(event_id="m1", service="monitor", aggregate_type="node", aggregate_id="node-a",
                               version=2, position=10, recorded_at=NOW, event=change.event), now=200.0)
     assert state.overdue(now=1000.0, lost_after=10.0) == []
-    assert decisions.retired(released, state.nodes).events == []  # a node it does not know: nothing
+    assert decisions.retired(released, state.nodes, JobLifecycle()).events == []  # a node it does not know
+
+
+def test_a_released_instance_a_job_still_runs_on_is_left_to_be_counted_lost() -> None:
+    released = EventEnvelope(event_id="a1", service="autoscaler", aggregate_type="instance", aggregate_id="node-a",
+                             version=3, position=9, recorded_at=NOW,
+                             event=InstanceReleased(instance="node-a", reason="aws-ec2 no longer runs it"))
+    jobs = JobLifecycle()
+    jobs.apply(envelope("job-1", 1, JobSubmitted(job_id="job-1", spec=SPEC, creator="alice")))
+    jobs.apply(envelope("job-1", 2, JobAdmitted(job_id="job-1", attempt=1, flavor="cpu-2", placement=placed("node-a"))))
+    assert decisions.retired(released, {"node-a": MonitoredNode(info=INFO)}, jobs).events == []
+    assert len(decisions.retired(released, {"node-a": MonitoredNode(info=INFO, lost=True)}, jobs).events) == 1
+
+
+def test_an_instance_that_never_joined_and_a_type_that_keeps_failing_raise_alerts_once() -> None:
+    timed_out = EventEnvelope(event_id="a1", service="autoscaler", aggregate_type="instance", aggregate_id="gpu-1",
+                              version=3, position=9, recorded_at=NOW,
+                              event=InstanceReleased(instance="gpu-1", reason="its agent did not register within 600s",
+                                                     cause="boot-timeout"))
+    [alert] = decisions.autoscaler_event(timed_out, {}, JobLifecycle(), ["ops@example.com"]).alerts
+    assert (alert.kind, alert.alert_id, alert.node, alert.recipients) == (
+        "instance-boot-timeout", "instance-boot-timeout-gpu-1", "gpu-1", ["ops@example.com"])
+
+    def failed(failures: int) -> EventEnvelope:
+        return EventEnvelope(event_id=f"f{failures}", service="autoscaler", aggregate_type="instance",
+                             aggregate_id=f"gpu-{failures}", version=1, position=failures, recorded_at=NOW,
+                             event=ProvisionFailed(instance=f"gpu-{failures}", instance_type="gpu", capacity=True,
+                                                   reason="InsufficientInstanceCapacity", failures=failures))
+
+    raised = [n for n in range(1, 31) if decisions.autoscaler_event(failed(n), {}, JobLifecycle(), []).alerts]
+    assert raised == [3, 10, 20, 30]
+    [alert] = decisions.autoscaler_event(failed(3), {}, JobLifecycle(), []).alerts
+    assert alert.kind == "provisioning-failing" and "no capacity" in alert.message
