@@ -30,6 +30,7 @@ from libs.contracts.jobspec import Access, JobSpec, Priority
 from libs.contracts.messages import (
     TERMINAL_STATUSES,
     AlertPage,
+    AutoscalerLog,
     ChangeDuration,
     ChangePriority,
     ChangeSettings,
@@ -40,6 +41,7 @@ from libs.contracts.messages import (
     Done,
     ExplainJob,
     FlavorList,
+    GetAutoscalerLog,
     GetDevEnv,
     GetJob,
     GetJobHistory,
@@ -428,6 +430,22 @@ class TrainyardClient:
             except ServiceUnavailable as exc:
                 raise ServiceUnavailable(f"the monitor answers alerts, and it did not: {exc}") from None
             for envelope in page.alerts:
+                yield envelope
+            after = page.next_after
+            if page.more:
+                continue
+            if not follow:
+                return
+            await asyncio.sleep(poll_seconds)
+
+    async def autoscaler_log(self, *, follow: bool = False, poll_seconds: float = 1.0) -> AsyncIterator[EventEnvelope]:
+        """A6: the autoscaler's own log, oldest first (InstanceRequested, InstanceReady, ...); with `follow`, then
+        each new entry as it is recorded, until the caller stops."""
+        after = 0
+        while True:
+            page: AutoscalerLog = await self._call(subjects.AUTOSCALER_LOG, GetAutoscalerLog(after=after),
+                                                   AutoscalerLog)
+            for envelope in page.entries:
                 yield envelope
             after = page.next_after
             if page.more:

@@ -45,7 +45,7 @@ STREAM_OWNERS: Mapping[str, str] = {
 # The request subjects each service answers (core NATS request/reply, faststream queue groups).
 ANSWERED_BY_MONITOR = (subjects.REGISTER_NODE, subjects.HEARTBEAT_ALL, subjects.MARK_COMPONENT,
                        subjects.OPEN_TERMINAL, subjects.LIST_ALERTS)
-ANSWERED_BY_AUTOSCALER = (subjects.QUEUE_STATUS,)
+ANSWERED_BY_AUTOSCALER = (subjects.QUEUE_STATUS, subjects.AUTOSCALER_LOG)
 # The server asks here who a connection is (libs/natsauth.py); these services hold the issuer key and
 # answer in one queue group, so people and agents can log in while either of them runs.
 AUTH_CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"

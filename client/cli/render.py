@@ -20,7 +20,15 @@ if TYPE_CHECKING:
     from libs.contracts.agent import UsageSample
     from libs.contracts.events import EventEnvelope
     from libs.contracts.identity import Identity
-    from libs.contracts.messages import InstanceView, JobDetails, JobSummary, JobView, NodeView, ScaledInstance
+    from libs.contracts.messages import (
+        InstanceView,
+        JobDetails,
+        JobSummary,
+        JobView,
+        NodeView,
+        QueueStatus,
+        ScaledInstance,
+    )
     from libs.contracts.scheduling import (
         AdminSettings,
         BoardDemand,
@@ -289,9 +297,10 @@ def alert_row(envelope: EventEnvelope) -> list[str]:
     return [local_time(envelope.recorded_at), alert.kind, alert.job_id or "-", alert.node or "-", alert.title]
 
 
-def alert_line(cells: Sequence[str]) -> str:
-    return "  ".join([*(cell.ljust(width) for cell, width in zip(cells, ALERT_WIDTHS, strict=False)),
-                      *cells[len(ALERT_WIDTHS):]])
+def alert_line(cells: Sequence[str], widths: Sequence[int] = ALERT_WIDTHS) -> str:
+    """One row as a line of fixed-width columns (the last one as wide as it is), for output that follows."""
+    return "  ".join([*(cell.ljust(width) for cell, width in zip(cells, widths, strict=False)),
+                      *cells[len(widths):]])
 
 
 # --- nodes, resources and flavors ------------------------------------------------------------------------------
@@ -324,6 +333,34 @@ def scaled_cells(instance: ScaledInstance) -> list[Styled]:
     """One instance the autoscaler started: on its way (requested, booting) with its age, ready or draining."""
     return [instance.name, instance.instance_type, instance.provider, instance.state, local_time(instance.since),
             "yes" if instance.busy else "no", ", ".join(instance.jobs) or "-"]
+
+
+AUTOSCALER_LOG_COLUMNS = ("TIME", "EVENT", "INSTANCE", "DETAILS")
+AUTOSCALER_LOG_WIDTHS = (19, 17, 24)
+
+
+def autoscaler_log_row(envelope: EventEnvelope) -> list[str]:
+    """One entry of the autoscaler's log: what happened to which instance, and the rest of the event."""
+    details = event_details(envelope).split(" ")
+    instance = next((part.split("=", 1)[1] for part in details if part.startswith("instance=")), "-")
+    return [local_time(envelope.recorded_at), type(envelope.event).name(), instance,
+            " ".join(part for part in details if not part.startswith("instance=")) or "-"]
+
+
+def autoscaler_summary(status: QueueStatus, now: datetime) -> list[str]:
+    """A6, as the seed's dashboard has it: idle and busy instances, those on their way with their age, the
+    queues, and the types cooling down."""
+    ready = [i for i in status.instances if i.state == "ready"]
+    coming = [i for i in status.instances if i.state in ("requested", "booting")]
+    lines = [f"instances: {sum(1 for i in ready if not i.busy)} idle, {sum(1 for i in ready if i.busy)} busy, "
+             f"{len(coming)} on their way, {sum(1 for i in status.instances if i.state == 'draining')} draining",
+             f"jobs: {status.queued_jobs} queued, {status.running_jobs} running"]
+    lines += [f"  {flavor}: {count} queued" for flavor, count in status.queued_by_flavor.items()]
+    lines += [f"  on its way: {i.name} ({i.instance_type}, {i.state}) for {(now - i.since).total_seconds():.0f}s"
+              for i in coming]
+    lines += [f"cooling down: {c.instance_type} until {local_time(c.until)} after {c.failures} failure(s)"
+              for c in status.cooldowns]
+    return lines
 
 
 RESOURCE_COLUMNS = ("NODE", "STATUS", "OS / KERNEL", "MEMORY (GiB)", "CPUS", "ACCELERATORS", "DRIVER", "FLAVORS",

@@ -251,6 +251,17 @@ class GetQueueStatus(_Request, frozen=True, tag="GetQueueStatus.v1"):
     pass
 
 
+MAX_AUTOSCALER_LOG_PAGE = 1000
+
+
+class GetAutoscalerLog(_Request, frozen=True, tag="GetAutoscalerLog.v1"):
+    """A6: the autoscaler's own log (its instance events), oldest first, after position `after` in it (0: from
+    its first kept entry). Asking again with the reply's `next_after` goes on where the page ended."""
+
+    after: Annotated[int, Meta(ge=0)] = 0
+    limit: Annotated[int, Meta(ge=1, le=MAX_AUTOSCALER_LOG_PAGE)] = 200
+
+
 # --- replies ---------------------------------------------------------------------------------------
 
 
@@ -478,6 +489,22 @@ class ScaledInstance(Struct, frozen=True, kw_only=True):
     provider_id: str | None = None
 
 
+class TypeCooldown(Struct, frozen=True, kw_only=True):
+    """An instance type the provider had no capacity for: not asked for again before `until`."""
+
+    instance_type: str
+    until: datetime
+    failures: int
+
+
+class AutoscalerLog(_Reply, frozen=True, tag="AutoscalerLog.v1"):
+    """A page of the autoscaler's log: its events, oldest first; `more`: further entries are there already."""
+
+    entries: list[EventEnvelope]
+    next_after: int
+    more: bool = False
+
+
 class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     """The autoscaler's view of demand: queued jobs and the nodes they ask for, per flavor; and its
     instances."""
@@ -486,12 +513,13 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     queued_by_flavor: dict[str, int]
     running_jobs: int
     instances: list[ScaledInstance] = msgspec.field(default_factory=list)
+    cooldowns: list[TypeCooldown] = msgspec.field(default_factory=list)
 
 
 Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
            | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
-           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts)
+           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts | GetAutoscalerLog)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
-         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage)
+         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage | AutoscalerLog)

@@ -76,6 +76,7 @@ OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"
 # people read them with ListAlerts (LIST_ALERTS).
 ALERTS_ALL = "trainyard.events.monitor.alert.>"
 QUEUE_STATUS = "trainyard.query.autoscaler.status"
+AUTOSCALER_LOG = "trainyard.query.autoscaler.log"
 
 # Node agents.
 REGISTER_NODE = "trainyard.nodes.register"

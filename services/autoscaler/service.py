@@ -16,18 +16,21 @@ from __future__ import annotations
 import asyncio
 import secrets
 import time
+from collections import deque
 from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
+import msgspec
+
 from libs.auth import issue_node_token
 from libs.contracts import subjects
 from libs.contracts.autoscaling import check_autoscaler
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.events import EventEnvelope, ReleaseCause
+from libs.contracts.events import EventEnvelope, InstanceRequested, ReleaseCause
 from libs.contracts.identity import Identity
-from libs.contracts.messages import GetQueueStatus, QueueStatus
+from libs.contracts.messages import AutoscalerLog, GetAutoscalerLog, GetQueueStatus, QueueStatus, TypeCooldown
 from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.messaging.rpc import register_authenticated
 from libs.outages import OUTAGES
@@ -51,6 +54,7 @@ from services.autoscaler.state import AutoscalerState, Instance
 
 log = get_logger(__name__)
 NAMES_PER_DECISION = 64  # at most this many instances are asked for in one decision
+HISTORY = 10_000  # entries of its own log kept for `trainyard autoscaler log`
 # How often the log is compared with the providers' own lists (an instance may vanish: spot, by hand), and
 # how long a new instance has before its absence there counts (a provider's list may lag behind).
 RECONCILE_SECONDS = 60.0
@@ -74,6 +78,7 @@ class Autoscaler(EventSourcedService):
         self._busy: set[str] = set()  # instances a provider call is under way for
         self._calls: set[asyncio.Task[None]] = set()
         self._told_unservable: set[str] = set()
+        self.history: deque[EventEnvelope] = deque(maxlen=HISTORY)  # its own log, newest last (A6)
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -85,6 +90,7 @@ class Autoscaler(EventSourcedService):
 
     def fold(self, envelope: EventEnvelope) -> None:
         self.state.apply(envelope)
+        self.history.append(envelope)
 
     def upstreams(self) -> Sequence[Upstream]:
         return [
@@ -98,17 +104,36 @@ class Autoscaler(EventSourcedService):
         ]
 
     def handlers(self) -> None:
-        register_authenticated(self.rt.broker, self.name, subjects.QUEUE_STATUS, GetQueueStatus, self.status,
-                               secret=self.rt.settings.require_auth_secret())
+        for subject, request, handler in ((subjects.QUEUE_STATUS, GetQueueStatus, self.status),
+                                          (subjects.AUTOSCALER_LOG, GetAutoscalerLog, self.log_page)):
+            register_authenticated(self.rt.broker, self.name, subject, request, handler, secret=self.secret)
 
     def loops(self) -> Mapping[str, Loop]:
         return {"scale": self.scale_loop}
 
     # --- handlers -------------------------------------------------------------------------------------
 
-    async def status(self, _: GetQueueStatus, __: Identity) -> QueueStatus:
+    async def status(self, _: GetQueueStatus, identity: Identity) -> QueueStatus:
+        shown = self.state.viewable_jobs(identity)
+        instances = [msgspec.structs.replace(i, jobs=[j for j in i.jobs if j in shown])
+                     for i in self.state.instance_views()]
+        now = datetime.now(UTC)
+        cooldowns = [TypeCooldown(instance_type=kind, until=c.until, failures=c.failures)
+                     for kind, c in sorted(self.state.cooldowns.items()) if c.until > now]
         return QueueStatus(queued_jobs=len(self.state.queued), queued_by_flavor=self.state.queued_by_flavor(),
-                           running_jobs=len(self.state.running), instances=self.state.instance_views())
+                           running_jobs=len(self.state.running), instances=instances, cooldowns=cooldowns)
+
+    async def log_page(self, request: GetAutoscalerLog, identity: Identity) -> AutoscalerLog:
+        """A6: its own log, oldest first; the jobs an instance was asked for only as far as the caller may see
+        them (J2)."""
+        newer = [e for e in self.history if e.position > request.after]
+        page = newer[:request.limit]
+        shown = self.state.viewable_jobs(identity)
+        entries = [msgspec.structs.replace(e, event=msgspec.structs.replace(
+            e.event, jobs=[j for j in e.event.jobs if j in shown])) if isinstance(e.event, InstanceRequested) else e
+            for e in page]
+        return AutoscalerLog(entries=entries, next_after=page[-1].position if page else request.after,
+                             more=len(newer) > len(page))
 
     # --- the scale loop -------------------------------------------------------------------------------
 

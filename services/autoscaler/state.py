@@ -11,6 +11,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from datetime import datetime
 
+from libs.access import allowed
 from libs.contracts.cluster import ClusterConfig, Resources
 from libs.contracts.events import (
     EventEnvelope,
@@ -24,6 +25,7 @@ from libs.contracts.events import (
     NodeDrained,
     ProvisionFailed,
 )
+from libs.contracts.identity import Identity
 from libs.contracts.jobspec import PRIORITY_RANK
 from libs.contracts.messages import ScaledInstance
 from libs.lifecycle import JobLifecycle
@@ -195,6 +197,14 @@ class AutoscalerState:
     @property
     def running(self) -> set[str]:
         return {j.job_id for j in self.lifecycle.jobs.values() if j.status == "running" and not j.deleted}
+
+    def viewable_jobs(self, identity: Identity) -> set[str]:
+        """The jobs `identity` may see (J2: the scheduler's rule), of those an instance was asked for."""
+        asked = {job for instance in self.instances.values() for job in instance.jobs}
+        jobs = self.lifecycle.jobs
+        return {job_id for job_id in asked if (job := jobs.get(job_id)) is not None and not job.deleted
+                and allowed(identity, job.spec, job.creator, "view",
+                            sharing_enabled=self.lifecycle.settings.sharing_enabled)}
 
     def instance_views(self) -> list[ScaledInstance]:
         busy = self.busy_nodes()

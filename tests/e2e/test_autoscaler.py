@@ -66,6 +66,11 @@ async def test_a_gang_job_on_an_empty_pool_gets_two_instances_and_runs_on_them(s
     assert not (stack.home / "instances").exists() or not any((stack.home / "instances").iterdir())
     kinds = [envelope.event.kind async for envelope in api.alerts() if isinstance(envelope.event, AlertRaised)]
     assert "node-lost" not in kinds
+    # The autoscaler's own log tells the whole story of both instances (A6).
+    story = [type(envelope.event).name() async for envelope in api.autoscaler_log()]
+    assert sorted(set(story)) == sorted({"InstanceRequested", "InstanceLaunched", "InstanceReady", "InstanceDraining",
+                                         "InstanceReleased"})
+    assert all(story.count(name) == 2 for name in set(story))
 
 
 @pytest.mark.cluster(AUTOSCALED)

@@ -4,7 +4,9 @@ stand-in client, so what they print is checked without NATS."""
 
 from __future__ import annotations
 
+import re
 import stat
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -20,6 +22,8 @@ from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.contracts.events import (
     DebugEnvironmentKept,
     EventEnvelope,
+    InstanceReady,
+    InstanceRequested,
     JobPrecheckFailed,
     JobPredicted,
     JobResuming,
@@ -41,6 +45,7 @@ from libs.contracts.messages import (
     NodeView,
     QueueStatus,
     ScaledInstance,
+    TypeCooldown,
 )
 from libs.contracts.scheduling import (
     BoardDemand,
@@ -307,6 +312,45 @@ def test_queue_lists_the_autoscalers_instances(fake: FakeClient) -> None:
     since = cli._time(NOW).split()
     assert ["small-3f2a9c", "small", "local", "booting", *since, "no", "job-q"] in rows
     assert ["small-77aa01", "small", "local", "ready", *since, "yes", "job-p"] in rows
+
+
+def test_the_autoscaler_overview_counts_idle_busy_and_coming_instances_and_cooldowns(fake: FakeClient) -> None:
+    fake.answers["queue_status"] = QueueStatus(
+        queued_jobs=2, queued_by_flavor={"gpu-1": 2}, running_jobs=1,
+        instances=[ScaledInstance(name="gpu-aa", instance_type="gpu", provider="aws-ec2", state="ready", since=NOW,
+                                  jobs=[], busy=True),
+                   ScaledInstance(name="gpu-bb", instance_type="gpu", provider="aws-ec2", state="ready", since=NOW,
+                                  jobs=[]),
+                   ScaledInstance(name="gpu-cc", instance_type="gpu", provider="aws-ec2", state="booting",
+                                  since=datetime.now(UTC) - timedelta(seconds=42), jobs=["job-q"])],
+        cooldowns=[TypeCooldown(instance_type="gpu-spot", until=NOW, failures=2)])
+    result = invoke("autoscaler")
+    assert result.exit_code == 0, result.output
+    assert "instances: 1 idle, 1 busy, 1 on their way, 0 draining" in result.output
+    assert "gpu-1: 2 queued" in result.output
+    assert re.search(r"on its way: gpu-cc \(gpu, booting\) for 4[23]s", result.output)
+    assert f"cooling down: gpu-spot until {cli._time(NOW)} after 2 failure(s)" in result.output
+
+
+def test_the_autoscaler_log_lists_its_events(fake: FakeClient) -> None:
+    entries = [EventEnvelope(event_id="a1", service="autoscaler", aggregate_type="instance", aggregate_id="gpu-cc",
+                             version=1, position=1, recorded_at=NOW,
+                             event=InstanceRequested(instance="gpu-cc", instance_type="gpu", provider="aws-ec2",
+                                                     jobs=["job-q"])),
+               EventEnvelope(event_id="a2", service="autoscaler", aggregate_type="instance", aggregate_id="gpu-cc",
+                             version=2, position=2, recorded_at=NOW,
+                             event=InstanceReady(instance="gpu-cc", node="gpu-cc"))]
+
+    async def log(*, follow: bool = False) -> AsyncIterator[EventEnvelope]:
+        for entry in entries:
+            yield entry
+
+    fake.autoscaler_log = log  # type: ignore[attr-defined]
+    result = invoke("autoscaler", "log")
+    assert result.exit_code == 0, result.output
+    rows = [line.split()[2:] for line in result.output.splitlines()]  # after the date and time
+    assert ["InstanceRequested", "gpu-cc", "instance_type=gpu", "provider=aws-ec2", "jobs=job-q"] in rows
+    assert ["InstanceReady", "gpu-cc", "node=gpu-cc"] in rows
 
 
 def test_no_answer_behind_another_error_still_names_the_service() -> None:
