@@ -508,8 +508,8 @@ class InstanceReleased(_Event, frozen=True, tag="InstanceReleased.v1"):
 
 
 class ProvisionFailed(_Event, frozen=True, tag="ProvisionFailed.v1"):
-    """The provider could not start it. `capacity`: the provider had none of that type (or no quota), so the
-    type waits until `retry_after` and the next type serving the same flavors is tried."""
+    """The provider could not start it; `capacity`: it had none of that type (or no quota). The type waits until
+    `retry_after` (longer after each failure in a row), and the next type serving the same flavors is tried."""
 
     instance: str
     instance_type: str

@@ -490,7 +490,7 @@ class ScaledInstance(Struct, frozen=True, kw_only=True):
 
 
 class TypeCooldown(Struct, frozen=True, kw_only=True):
-    """An instance type the provider had no capacity for: not asked for again before `until`."""
+    """An instance type whose instances could not be started: not asked for again before `until`."""
 
     instance_type: str
     until: datetime

@@ -27,8 +27,8 @@ from services.autoscaler.scaling import ScaleUp
 from services.autoscaler.state import AutoscalerState, Instance
 
 INSTANCE = "instance"  # the autoscaler's aggregate: one per instance (id = its name)
-# A4 (ClearML leaves a type that failed to be tried again every poll): a type the provider has no capacity
-# for waits 30 s, then twice as long after each further failure, at most 10 minutes.
+# ClearML tries a type that failed again every poll: here a type whose instance could not be started waits
+# 30 s, then twice as long after each further failure in a row, at most 10 minutes.
 FIRST_COOLDOWN = timedelta(seconds=30)
 LONGEST_COOLDOWN = timedelta(minutes=10)
 
@@ -55,14 +55,13 @@ def launched(state: AutoscalerState, name: str, provider_id: str) -> list[NewEve
 
 
 def launch_failed(state: AutoscalerState, name: str, reason: str, *, capacity: bool, now: datetime) -> list[NewEvent]:
-    """The provider could not start it; for want of capacity the type cools down, longer after each failure."""
+    """The provider could not start it: the type cools down, longer after each failure in a row, so a type
+    without capacity, or one whose instances cannot boot, is not asked for again and again."""
     instance = state.instances.get(name)
     if instance is None or not instance.alive or instance.provider_id is not None:
         return []
-    retry_after = None
-    if capacity:
-        failures = state.cooldowns[instance.instance_type].failures if instance.instance_type in state.cooldowns else 0
-        retry_after = now + min(FIRST_COOLDOWN * 2 ** failures, LONGEST_COOLDOWN)
+    failures = state.failures.get(instance.instance_type, 0)
+    retry_after = now + min(FIRST_COOLDOWN * 2 ** failures, LONGEST_COOLDOWN)
     return instance_events(name, ProvisionFailed(instance=name, instance_type=instance.instance_type, reason=reason,
                                                  capacity=capacity, retry_after=retry_after,
                                                  failures=state.failures.get(instance.instance_type, 0) + 1))

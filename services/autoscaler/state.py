@@ -61,7 +61,7 @@ class Instance:
 
 @dataclass
 class Cooldown:
-    """A type the provider had no capacity for: not asked for again before `until`."""
+    """A type whose instances could not be started (no capacity, a failing boot): not asked for before `until`."""
 
     failures: int
     until: datetime
@@ -106,10 +106,8 @@ class AutoscalerState:
             instance.ended, instance.ended_at = event.reason, at
             if isinstance(event, ProvisionFailed):
                 self.failures[event.instance_type] = event.failures
-            if isinstance(event, ProvisionFailed) and event.capacity and event.retry_after is not None:
-                failures = self.cooldowns[event.instance_type].failures + 1 \
-                    if event.instance_type in self.cooldowns else 1
-                self.cooldowns[event.instance_type] = Cooldown(failures=failures, until=event.retry_after)
+            if isinstance(event, ProvisionFailed) and event.retry_after is not None:
+                self.cooldowns[event.instance_type] = Cooldown(failures=event.failures, until=event.retry_after)
 
     def apply_scheduler(self, envelope: EventEnvelope) -> None:
         event = envelope.event

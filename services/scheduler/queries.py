@@ -125,6 +125,8 @@ class JobQueries:
                 if job.reason:  # why it came back to the queue, or why its last pre-check failed
                     back = f"It is back in the queue: {job.reason}."
                     report = msgspec.structs.replace(report, summary=[*report.summary, back])
+                if news := self.state.provisioning.news.get(job.job_id):  # what the autoscaler did for it
+                    report = msgspec.structs.replace(report, summary=[*report.summary, news])
                 return hide_jobs(WhyReply(report=report), self.state, identity)
             return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[status_sentence(job)]))
 

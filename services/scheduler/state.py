@@ -19,6 +19,12 @@ from libs.contracts.events import (
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
+    InstanceDraining,
+    InstanceKept,
+    InstanceLaunched,
+    InstanceReady,
+    InstanceReleased,
+    InstanceRequested,
     JobAdmitted,
     JobDeleted,
     JobDurationChanged,
@@ -43,6 +49,7 @@ from libs.contracts.events import (
     NodeProcessLost,
     NodeProcessStarted,
     Placement,
+    ProvisionFailed,
     SettingsChanged,
     StorageAccessSet,
 )
@@ -159,12 +166,43 @@ def _ended_at(job: Job, recorded: datetime) -> datetime:
 
 
 @dataclass
+class Provisioning:
+    """What the autoscaler did for queued jobs, as `why` tells it (A1, A4): the instances asked for each, and
+    the latest news of them."""
+
+    instances: dict[str, list[str]] = field(default_factory=dict)  # instance -> the jobs it was asked for
+    news: dict[str, str] = field(default_factory=dict)  # job -> the latest sentence about its instances
+
+    def apply(self, envelope: EventEnvelope) -> bool:
+        event, at = envelope.event, envelope.recorded_at
+        if isinstance(event, InstanceRequested):
+            self.instances[event.instance] = list(event.jobs)
+            sentence = (f"The autoscaler asked {event.provider} for instance {event.instance} ({event.instance_type}) "
+                        f"for it at {at:%H:%M:%S} UTC.")
+        elif isinstance(event, InstanceReady):
+            sentence = f"Its instance {event.instance} joined the cluster at {at:%H:%M:%S} UTC."
+        elif isinstance(event, ProvisionFailed):
+            sentence = f"Its instance {event.instance} ({event.instance_type}) could not be started: {event.reason}."
+            if event.retry_after is not None:
+                sentence += (f" No {event.instance_type} is asked for before {event.retry_after:%H:%M:%S} UTC; "
+                             "other types serving its flavors are tried meanwhile.")
+        elif isinstance(event, InstanceReleased) and event.cause == "boot-timeout":
+            sentence = f"Its instance {event.instance} never joined the cluster: {event.reason}."
+        else:
+            return isinstance(event, InstanceLaunched | InstanceReleased | InstanceDraining | InstanceKept)
+        for job_id in self.instances.get(event.instance, []):
+            self.news[job_id] = sentence
+        return True
+
+
+@dataclass
 class SchedulerState:
     cluster: ClusterConfig
     jobs: dict[str, Job] = field(default_factory=dict)
     nodes: dict[str, NodeState] = field(default_factory=dict)
     settings: AdminSettings = field(default_factory=AdminSettings)
     storage: dict[tuple[str, str], StoredAccess] = field(default_factory=dict)  # J2: (kind, name) -> owner
+    provisioning: Provisioning = field(default_factory=Provisioning)  # A1: instances asked for queued jobs
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -172,6 +210,8 @@ class SchedulerState:
         event = envelope.event
         at = envelope.recorded_at
         if fold_node_event(self.nodes, event):
+            return
+        if self.provisioning.apply(envelope):
             return
         if isinstance(event, SettingsChanged):
             self.settings = event.settings

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from libs.contracts.autoscaling import INSTANCE_LABEL
-from libs.contracts.events import AlertRaised
+from libs.contracts.events import AlertRaised, ProvisionFailed
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.contracts.messages import QueueStatus
 from libs.messaging.rpc import ServiceUnavailable
@@ -20,6 +20,7 @@ from tests.support.stack import Stack
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 
 AUTOSCALED = Path(__file__).parent / "cluster-autoscaled.yaml"
+BROKEN = Path(__file__).parent / "cluster-autoscaled-broken.yaml"
 
 
 async def instances_until(stack: Stack, done: Callable[[QueueStatus], bool], timeout: float = 90) -> QueueStatus:
@@ -90,3 +91,18 @@ async def test_an_autoscaler_killed_while_its_instances_boot_starts_none_twice(s
     assert {i.name for i in status.instances} == {i.name for i in booting.instances}
     assert sorted(p.name for p in (stack.home / "instances").iterdir()) == sorted(i.name for i in booting.instances)
     assert len(await api.nodes()) == 2
+
+
+@pytest.mark.cluster(BROKEN)
+async def test_a_type_that_cannot_boot_cools_down_and_why_tells_the_waiting_job(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="waits", flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"), command="true",
+                   output=OutputRef(name="waits"))
+    accepted = await api.submit(spec)
+    status = await instances_until(stack, lambda status: bool(status.cooldowns))
+    assert [c.instance_type for c in status.cooldowns] == ["broken"] and status.instances == []
+    report = await api.why(accepted.job_id)
+    assert any("could not be started: the init script exited with code 4" in line and "No broken is asked for before"
+               in line for line in report.summary), report.summary
+    failures = [e.event async for e in api.autoscaler_log() if isinstance(e.event, ProvisionFailed)]
+    assert len(failures) == 1  # one try, then the type waits: no instance is started again and again

@@ -103,10 +103,10 @@ def test_a_type_without_capacity_waits_longer_after_each_failure_and_no_longer_t
     assert state.cooling(AT) == set()  # the provider had capacity again
 
 
-def test_other_failures_do_not_cool_the_type_down() -> None:
+def test_a_type_whose_instances_cannot_boot_cools_down_too() -> None:
     state = state_with(ASKED)
     [failed] = launch_failed(state, "gpu-1a2b3c", "the init script exited with code 1", capacity=False, now=AT)
-    assert isinstance(failed.event, ProvisionFailed) and failed.event.retry_after is None
+    assert isinstance(failed.event, ProvisionFailed) and failed.event.retry_after == AT + timedelta(seconds=30)
 
 
 def test_an_instance_whose_agent_never_registers_is_overdue_after_the_boot_timeout() -> None:
