@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from libs.contracts.autoscaling import INSTANCE_LABEL
-from libs.contracts.events import AlertRaised, ProvisionFailed
+from libs.contracts.events import AlertRaised, InstanceRequested, ProvisionFailed
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.contracts.messages import QueueStatus
 from libs.messaging.rpc import ServiceUnavailable
@@ -21,6 +21,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 
 AUTOSCALED = Path(__file__).parent / "cluster-autoscaled.yaml"
 BROKEN = Path(__file__).parent / "cluster-autoscaled-broken.yaml"
+BURST = Path(__file__).parent / "cluster-autoscaled-burst.yaml"
 
 
 async def instances_until(stack: Stack, done: Callable[[QueueStatus], bool], timeout: float = 90) -> QueueStatus:
@@ -106,3 +107,17 @@ async def test_a_type_that_cannot_boot_cools_down_and_why_tells_the_waiting_job(
                in line for line in report.summary), report.summary
     failures = [e.event async for e in api.autoscaler_log() if isinstance(e.event, ProvisionFailed)]
     assert len(failures) == 1  # one try, then the type waits: no instance is started again and again
+
+
+@pytest.mark.cluster(BURST)
+async def test_a_burst_of_fifty_jobs_gets_the_instances_a_placement_needs_and_no_more(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="burst", flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"), command="sleep 2",
+                   output=OutputRef(name="burst"))
+    accepted = await asyncio.gather(*(api.submit(spec) for _ in range(50)))
+    for job in accepted:
+        assert (await stack.wait_until(job.job_id, "ended", timeout=180)).status == "succeeded"
+    requested = [e.event async for e in api.autoscaler_log() if isinstance(e.event, InstanceRequested)]
+    assert len(requested) == 7  # 50 single-CPU jobs on 8-CPU instances; ClearML would count 50 tasks
+    # Each was asked for the jobs that waited when it was; jobs that came later took room on those coming.
+    assert {j for r in requested for j in r.jobs} <= {a.job_id for a in accepted}
