@@ -49,7 +49,7 @@ from services.autoscaler.rules import (
     released,
     requested,
 )
-from services.autoscaler.scaling import scale_up
+from services.autoscaler.scaling import Nominations, scale_up
 from services.autoscaler.state import AutoscalerState, Instance
 
 log = get_logger(__name__)
@@ -78,6 +78,7 @@ class Autoscaler(EventSourcedService):
         self._busy: set[str] = set()  # instances a provider call is under way for
         self._calls: set[asyncio.Task[None]] = set()
         self._told_unservable: set[str] = set()
+        self._nominations: Nominations = {}  # the last decision's packing (in memory; the log has who asked what)
         self.history: deque[EventEnvelope] = deque(maxlen=HISTORY)  # its own log, newest last (A6)
 
     @classmethod
@@ -155,8 +156,11 @@ class Autoscaler(EventSourcedService):
         """Ask for the instances waiting jobs need, then make the provider calls that are due."""
         async with self.lock:
             decided = scale_up(self.state.demand(self.cluster), self.config, on_the_way=self.state.on_the_way(),
-                               alive=self.state.alive_per_type(), cooling=self.state.cooling(now),
+                               promised=self.state.promised(), nominated=self._nominations,
+                               alive=self.state.alive_per_type(),
+                               cooling=self.state.cooling(now),
                                suffixes=[secrets.token_hex(3) for _ in range(NAMES_PER_DECISION)], now=now)
+            self._nominations = decided.nominations  # where this decision packed the waiting jobs
             for job_id in set(decided.unservable) - self._told_unservable:
                 log.warning("autoscaler.job_unservable", job_id=job_id,
                             reason="no instance type serves its flavors, pool or nodes")

@@ -139,6 +139,10 @@ class AutoscalerState:
     def on_the_way(self) -> dict[str, str]:
         return {i.name: i.instance_type for i in self.instances.values() if i.on_the_way}
 
+    def promised(self) -> dict[str, list[str]]:
+        """The jobs each instance on its way was asked for."""
+        return {i.name: list(i.jobs) for i in self.instances.values() if i.on_the_way}
+
     def alive_per_type(self) -> dict[str, int]:
         return dict(Counter(i.instance_type for i in self.instances.values() if i.alive))
 

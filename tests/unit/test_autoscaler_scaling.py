@@ -19,8 +19,8 @@ from libs.contracts.cluster import (
     Resources,
 )
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.placement import NodeCapacity, QueuedJob, schedule
-from services.autoscaler.scaling import Demand, instance_node, scale_up
+from libs.placement import NodeCapacity, QueuedJob
+from services.autoscaler.scaling import Demand, scale_up
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 CPU1 = Flavor(name="cpu-1", cpus=1, memory_mib=1024)
@@ -118,35 +118,36 @@ jobs = st.lists(st.tuples(st.sampled_from(["cpu-1", "cpu-4", "gpu-1"]), st.integ
 
 @settings(max_examples=150, deadline=None)
 @given(jobs, st.integers(0, 12), st.integers(0, 3))
-def test_every_request_lets_a_job_start_and_the_limits_hold(shapes: list[tuple[str, int]], max_instances: int,
+def test_no_instance_is_asked_for_twice_and_the_limits_hold(shapes: list[tuple[str, int]], max_instances: int,
                                                             coming: int) -> None:
-    """Whatever waits: no more instances than the limits allow; each asked-for instance hosts a job in the
-    placement of the cluster with every requested instance added; and asking again with the requested
-    instances on their way asks only for instances that let more jobs start."""
+    """Whatever waits: no more instances than the limits allow, each asked for jobs it would hold, and a
+    decision made again with them on their way asks for nothing more."""
     queue = [job(f"j{i}", flavor, nodes) for i, (flavor, nodes) in enumerate(shapes)]
     config = msgspec.structs.replace(CONFIG, max_instances=max_instances)
     on_the_way = {f"cpu-small-c{i}": "cpu-small" for i in range(coming)}
-    alive = {"cpu-small": coming}
-    decided = scale_up(demand(*queue), config, on_the_way=on_the_way, alive=alive, cooling=(), suffixes=SUFFIXES,
-                       now=NOW)
+    decided = scale_up(demand(*queue), config, on_the_way=on_the_way, alive={"cpu-small": coming}, cooling=(),
+                       suffixes=SUFFIXES, now=NOW)
 
     per_type = {kind.name: sum(1 for r in decided.requests if r.instance_type == kind.name)
                 for kind in CONFIG.instance_types}
     assert per_type["cpu-small"] + coming <= SMALL.max_instances and per_type["gpu"] <= GPU.max_instances
     assert len(decided.requests) + coming <= max(max_instances, coming)
+    assert all(r.jobs for r in decided.requests)
 
-    names = {r.instance: r.instance_type for r in decided.requests}
-    nodes = [NodeCapacity(info=instance_node(kind, name), free=kind.node.resources)
-             for name, type_name in {**on_the_way, **names}.items()
-             if (kind := CONFIG.instance_type(type_name)) is not None]
-    placed = schedule(queue, nodes, dict(FLAVORS), now=NOW)
-    for name in names:
-        assert any(p.node == name for a in placed.admissions for p in a.placement)
-
-    again = scale_up(demand(*queue), config, on_the_way={**on_the_way, **names},
+    again = scale_up(demand(*queue), config, on_the_way={**on_the_way, **{r.instance: r.instance_type
+                                                                          for r in decided.requests}},
+                     promised={r.instance: r.jobs for r in decided.requests}, nominated=decided.nominations,
                      alive={"cpu-small": coming + per_type["cpu-small"], "gpu": per_type["gpu"]}, cooling=(),
-                     suffixes=SUFFIXES[len(names):], now=NOW)
-    if again.requests:  # only for jobs still blocked: more start than before
-        more = [NodeCapacity(info=instance_node(kind, r.instance), free=kind.node.resources) for r in again.requests
-                if (kind := CONFIG.instance_type(r.instance_type)) is not None]
-        assert len(schedule(queue, nodes + more, dict(FLAVORS), now=NOW).admissions) > len(placed.admissions)
+                     suffixes=SUFFIXES[len(decided.requests):], now=NOW)
+    assert again.requests == []
+
+
+@settings(max_examples=100, deadline=None)
+@given(jobs)
+def test_without_limits_every_waiting_job_gets_room(shapes: list[tuple[str, int]]) -> None:
+    """With room in the limits, the instances asked for hold every job a type can serve, all at once."""
+    queue = [job(f"j{i}", flavor, nodes) for i, (flavor, nodes) in enumerate(shapes)]
+    roomy = AutoscalerConfig(max_instances=100, instance_types=[msgspec.structs.replace(SMALL, max_instances=50),
+                                                                msgspec.structs.replace(GPU, max_instances=50)])
+    decided = scale_up(demand(*queue), roomy, on_the_way={}, alive={}, cooling=(), suffixes=SUFFIXES, now=NOW)
+    assert sorted({j for r in decided.requests for j in r.jobs}) == sorted(q.job_id for q in queue)
