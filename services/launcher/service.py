@@ -48,8 +48,7 @@ class Launcher(EventSourcedService):
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("launch.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
 
-    # --- rules: what the agents' reports make it record (admissions are planned by the dispatcher, once
-    # their nodes chose the rendezvous ports) -------------------------------------------------------
+    # --- rules: the agents' reports (admissions are planned by the dispatcher, once ports are chosen) -----
 
     def upstreams(self) -> Sequence[Upstream]:
         return [

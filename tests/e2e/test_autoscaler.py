@@ -6,12 +6,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 
 import pytest
 
 from libs.contracts.autoscaling import INSTANCE_LABEL
-from libs.contracts.events import AlertRaised, InstanceRequested, ProvisionFailed
+from libs.contracts.events import AlertRaised, InstanceReleased, InstanceRequested, JobAdmitted, ProvisionFailed
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.contracts.messages import QueueStatus
 from libs.messaging.rpc import ServiceUnavailable
@@ -121,3 +122,31 @@ async def test_a_burst_of_fifty_jobs_gets_the_instances_a_placement_needs_and_no
     assert len(requested) == 7  # 50 single-CPU jobs on 8-CPU instances; ClearML would count 50 tasks
     # Each was asked for the jobs that waited when it was; jobs that came later took room on those coming.
     assert {j for r in requested for j in r.jobs} <= {a.job_id for a in accepted}
+
+
+@pytest.mark.cluster(AUTOSCALED)
+async def test_jobs_submitted_while_idle_instances_are_released_never_land_on_a_released_one(stack: Stack) -> None:
+    api = await stack.up()
+    spec = JobSpec(name="racer", flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"), command="true",
+                   output=OutputRef(name="racer"))
+    first = await api.submit(spec)
+    assert (await stack.wait_until(first.job_id, "ended", timeout=120)).status == "succeeded"
+    # The instance idles 5 s, then is drained and released: submit jobs all around that moment.
+    await asyncio.sleep(4.0)
+    racers = []
+    for _ in range(15):
+        racers.append(await api.submit(spec))
+        await asyncio.sleep(0.25)
+    released: dict[str, datetime] = {}
+    for racer in racers:
+        job = await stack.wait_until(racer.job_id, "ended", timeout=120)
+        assert job.status == "succeeded", job.reason  # none was placed on an instance being ended
+    async for envelope in api.autoscaler_log():
+        if isinstance(envelope.event, InstanceReleased):
+            released[envelope.event.instance] = envelope.recorded_at
+    for racer in racers:
+        admitted = [e for e in await api.events(racer.job_id) if isinstance(e.event, JobAdmitted)]
+        for envelope in admitted:
+            assert isinstance(envelope.event, JobAdmitted)
+            for place in envelope.event.placement:
+                assert place.node not in released or envelope.recorded_at < released[place.node]
