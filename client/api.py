@@ -423,29 +423,30 @@ class TrainyardClient:
         """M7: every alert raised so far that this user may see, oldest first, as envelopes whose `event`
         is an AlertRaised; with `follow`, then each new one as it is raised, until the caller stops.
         The monitor answers (ListAlerts) from its own log: people never read the event stream themselves."""
-        after = 0
-        while True:
-            try:
-                page: AlertPage = await self._call(subjects.LIST_ALERTS, ListAlerts(after=after), AlertPage)
-            except ServiceUnavailable as exc:
-                raise ServiceUnavailable(f"the monitor answers alerts, and it did not: {exc}") from None
-            for envelope in page.alerts:
+        try:
+            async for envelope in self._envelope_pages(subjects.LIST_ALERTS, lambda after: ListAlerts(after=after),
+                                                       AlertPage, follow=follow, poll_seconds=poll_seconds):
                 yield envelope
-            after = page.next_after
-            if page.more:
-                continue
-            if not follow:
-                return
-            await asyncio.sleep(poll_seconds)
+        except ServiceUnavailable as exc:
+            raise ServiceUnavailable(f"the monitor answers alerts, and it did not: {exc}") from None
 
     async def autoscaler_log(self, *, follow: bool = False, poll_seconds: float = 1.0) -> AsyncIterator[EventEnvelope]:
         """A6: the autoscaler's own log, oldest first (InstanceRequested, InstanceReady, ...); with `follow`, then
         each new entry as it is recorded, until the caller stops."""
+        async for envelope in self._envelope_pages(subjects.AUTOSCALER_LOG,
+                                                   lambda after: GetAutoscalerLog(after=after), AutoscalerLog,
+                                                   follow=follow, poll_seconds=poll_seconds):
+            yield envelope
+
+    async def _envelope_pages(self, subject: str, request: Callable[[int], Any],
+                              page_type: type[AlertPage | AutoscalerLog], *, follow: bool,
+                              poll_seconds: float) -> AsyncIterator[EventEnvelope]:
+        """The envelopes of a service's own log, page after page from position 0 (`request(after)` asks for the
+        next); with `follow`, then polled for new ones until the caller stops."""
         after = 0
         while True:
-            page: AutoscalerLog = await self._call(subjects.AUTOSCALER_LOG, GetAutoscalerLog(after=after),
-                                                   AutoscalerLog)
-            for envelope in page.entries:
+            page: AlertPage | AutoscalerLog = await self._call(subject, request(after), page_type)
+            for envelope in page.alerts if isinstance(page, AlertPage) else page.entries:
                 yield envelope
             after = page.next_after
             if page.more:

@@ -60,11 +60,12 @@ def launch_failed(state: AutoscalerState, name: str, reason: str, *, capacity: b
     instance = state.instances.get(name)
     if instance is None or not instance.alive or instance.provider_id is not None:
         return []
-    failures = state.failures.get(instance.instance_type, 0)
+    cooldown = state.cooldowns.get(instance.instance_type)
+    failures = cooldown.failures if cooldown is not None else 0
     retry_after = now + min(FIRST_COOLDOWN * 2 ** failures, LONGEST_COOLDOWN)
     return instance_events(name, ProvisionFailed(instance=name, instance_type=instance.instance_type, reason=reason,
                                                  capacity=capacity, retry_after=retry_after,
-                                                 failures=state.failures.get(instance.instance_type, 0) + 1))
+                                                 failures=failures + 1))
 
 
 def released(state: AutoscalerState, name: str, reason: str, cause: ReleaseCause) -> list[NewEvent]:
@@ -84,9 +85,10 @@ def drains(state: AutoscalerState, config: AutoscalerConfig, now: datetime) -> l
     """A3: a ready instance no job has held for its type's idle time is drained first: the scheduler places
     nothing more on it and says so (NodeDrained); only then is it released, if still idle."""
     changes: list[NewEvent] = []
+    busy = state.busy_nodes()
     for instance in state.instances.values():
         kind = config.instance_type(instance.instance_type)
-        since = state.idle_since(instance)
+        since = state.idle_since(instance, busy)
         if instance.alive and instance.draining_since is None and kind is not None and since is not None \
                 and now - since >= timedelta(seconds=kind.idle_seconds):
             changes += instance_events(instance.name, InstanceDraining(instance=instance.name, node=instance.name,

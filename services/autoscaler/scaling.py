@@ -1,10 +1,10 @@
 """The autoscaler's scale-up as a pure function (SPEC A1, A2, A7): which instances let waiting jobs start.
 
 It asks the scheduler's own placement (libs.placement) rather than counting jobs against idle machines.
-First the scheduler's decision on the cluster as it is plus the instances already on their way says which
-waiting jobs start; what they leave free is the room the others may use. Then each job still waiting, in
-start order, is placed at its full size — all its ranks at once, by the same placement and eligibility
-rules — on that room, and where it does not fit, on hypothetical instances of a type that serves it,
+First the scheduler's decision on the registered nodes says which waiting jobs start now; what they leave
+free, plus the instances already on their way, is the room the others may use. Then each job still
+waiting, in start order, is placed at its full size — all its ranks at once, by the same placement and
+eligibility rules — on that room, and where it does not fit, on hypothetical instances of a type that serves it,
 added one at a time: of the types that can take it, the one that would hold the most of the waiting jobs
 per new instance wins, then the one needing fewer, then the first in the config. What is added for one
 job is room for the next, so a burst of small jobs shares instances and a gang job gets all its nodes in
@@ -24,7 +24,9 @@ from datetime import datetime
 
 from libs.contracts.autoscaling import INSTANCE_LABEL, INSTANCE_TYPE_LABEL
 from libs.contracts.cluster import AutoscalerConfig, Flavor, InstanceType, NodeInfo, Resources
+from libs.contracts.events import Placement
 from libs.placement import (
+    Admission,
     Capacity,
     Decision,
     NodeCapacity,
@@ -105,7 +107,8 @@ def scale_up(demand: Demand, config: AutoscalerConfig, *, on_the_way: Mapping[st
     coming = [_empty(instance_node(kind, name)) for name, type_name in on_the_way.items()
               if (kind := config.instance_type(type_name)) is not None]
     decision = schedule(demand.queue, list(demand.nodes), dict(demand.flavors), running=demand.running, now=now)
-    blocked = [job for job in demand.queue if _blocked(job, decision)]
+    admitted = {a.job_id: a for a in decision.admissions}
+    blocked = [job for job in demand.queue if _blocked(job, admitted.get(job.job_id))]
     unservable = [job.job_id for job in blocked
                   if not any(could_serve(kind, job, demand.flavors) for kind in config.instance_types)]
     room = _Room.left_by(decision, [*demand.nodes, *coming], demand.flavors)
@@ -128,10 +131,13 @@ def scale_up(demand: Demand, config: AutoscalerConfig, *, on_the_way: Mapping[st
     return ScaleUp(requests=requests, unservable=unservable, nominations=room.held)
 
 
-def _blocked(job: QueuedJob, decision: Decision) -> bool:
-    """The job does not start at its full size on what the decision had."""
-    admitted = next((a for a in decision.admissions if a.job_id == job.job_id), None)
-    return admitted is None or sum(1 for p in admitted.placement if p.role == "worker") < job.spec.nodes
+def _blocked(job: QueuedJob, admitted: Admission | None) -> bool:
+    """The job does not start now at its full size."""
+    return admitted is None or _workers(admitted.placement) < job.spec.nodes
+
+
+def _workers(placement: Sequence[Placement]) -> int:
+    return sum(1 for p in placement if p.role == "worker")
 
 
 @dataclass
@@ -145,14 +151,17 @@ class _Room:
 
     @classmethod
     def left_by(cls, decision: Decision, nodes: Sequence[NodeCapacity], flavors: Mapping[str, Flavor]) -> _Room:
-        room = {n.info.name: n for n in nodes}
+        room = cls({n.info.name: n for n in nodes})
         for admission in decision.admissions:
             flavor = flavors.get(admission.flavor)
             if flavor is not None:
                 for name, held in holdings(admission.placement, flavor).items():
-                    if name in room:
-                        room[name] = NodeCapacity(info=room[name].info, free=room[name].free - held)
-        return cls(room)
+                    room._less(name, held)
+        return room
+
+    def _less(self, node: str, amount: Resources) -> None:
+        if node in self.nodes:
+            self.nodes[node] = NodeCapacity(info=self.nodes[node].info, free=self.nodes[node].free - amount)
 
     def copy(self) -> _Room:
         return _Room(dict(self.nodes), {name: list(jobs) for name, jobs in self.jobs_on.items()},
@@ -168,7 +177,7 @@ class _Room:
 
     def _take(self, job_id: str, held: Mapping[str, Resources]) -> None:
         for node, amount in held.items():
-            self.nodes[node] = NodeCapacity(info=self.nodes[node].info, free=self.nodes[node].free - amount)
+            self._less(node, amount)
             self.jobs_on.setdefault(node, []).append(job_id)
         self.held[job_id] = dict(held)
 
@@ -187,7 +196,7 @@ class _Room:
         if choice is None:
             return None
         name, placement = choice
-        if sum(1 for p in placement if p.role == "worker") < job.spec.nodes:
+        if _workers(placement) < job.spec.nodes:
             return None  # an elastic job placed smaller: the autoscaler asks for its full size
         self._take(job.job_id, holdings(placement, flavors[name]))
         return name

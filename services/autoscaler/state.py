@@ -8,6 +8,7 @@ a fault (J12) waits again. Nodes come from the shared fold of the monitor's node
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -72,8 +73,8 @@ class AutoscalerState:
     lifecycle: JobLifecycle = field(default_factory=JobLifecycle)
     nodes: dict[str, NodeState] = field(default_factory=dict)
     instances: dict[str, Instance] = field(default_factory=dict)
+    # Per type whose instance could not start: its failures in a row and until when it waits (a start ends it).
     cooldowns: dict[str, Cooldown] = field(default_factory=dict)
-    failures: dict[str, int] = field(default_factory=dict)  # per type, provisioning failures in a row
     # Per node, when a job last started or stopped holding it (by the scheduler's clock): idle since then.
     last_held: dict[str, datetime] = field(default_factory=dict)
     # Jobs being pre-checked, and the nodes they hold meanwhile (M1).
@@ -95,7 +96,6 @@ class AutoscalerState:
         if isinstance(event, InstanceLaunched):
             instance.provider_id = event.provider_id
             self.cooldowns.pop(instance.instance_type, None)  # the provider has capacity again
-            self.failures.pop(instance.instance_type, None)
         elif isinstance(event, InstanceReady):
             instance.ready_at = at
         elif isinstance(event, InstanceDraining):
@@ -104,8 +104,6 @@ class AutoscalerState:
             instance.draining_since, instance.drained = None, False
         elif isinstance(event, InstanceReleased | ProvisionFailed):
             instance.ended, instance.ended_at = event.reason, at
-            if isinstance(event, ProvisionFailed):
-                self.failures[event.instance_type] = event.failures
             if isinstance(event, ProvisionFailed) and event.retry_after is not None:
                 self.cooldowns[event.instance_type] = Cooldown(failures=event.failures, until=event.retry_after)
 
@@ -154,9 +152,10 @@ class AutoscalerState:
         running = {node for job in self.lifecycle.jobs.values() if job.status == "running" for node in job.nodes}
         return running | {node for nodes in self.prechecking.values() for node in nodes}
 
-    def idle_since(self, instance: Instance) -> datetime | None:
-        """Since when no job holds a ready instance's node; None while one does (or before it is ready)."""
-        if instance.ready_at is None or instance.name in self.busy_nodes():
+    def idle_since(self, instance: Instance, busy: Collection[str]) -> datetime | None:
+        """Since when no job holds a ready instance's node (none of `busy`, `busy_nodes()`); None while one does
+        (or before it is ready)."""
+        if instance.ready_at is None or instance.name in busy:
             return None
         last = self.last_held.get(instance.name)
         return max(instance.ready_at, last) if last is not None else instance.ready_at

@@ -57,9 +57,10 @@ def listening_ranks(spec: JobSpec, placement: list[Placement]) -> list[int]:
 
 def ports_wanted(spec: JobSpec, placement: list[Placement]) -> dict[str, int]:
     """How many rendezvous ports each node of the placement must choose."""
+    listening = set(listening_ranks(spec, placement))
     wanted: dict[str, int] = {}
     for place in placement:
-        if place.rank in listening_ranks(spec, placement):
+        if place.rank in listening:
             wanted[place.node] = wanted.get(place.node, 0) + 1
     return wanted
 
