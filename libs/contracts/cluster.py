@@ -165,6 +165,11 @@ class AutoscalerConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
     cluster: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]{1,64}$")] = "trainyard"
     # An instance whose agent has not registered by then is terminated, and the reason recorded.
     boot_timeout_seconds: Annotated[float, Meta(gt=0)] = 600.0
+    # How often the log is compared with each provider's own list of instances (one may vanish: a spot
+    # interruption, an end by hand), and how long a new instance's absence from that list is forgiven (a
+    # provider's list may lag behind its launches).
+    reconcile_seconds: Annotated[float, Meta(gt=0)] = 60.0
+    listing_grace_seconds: Annotated[float, Meta(ge=0)] = 120.0
     instance_types: list[InstanceType] = msgspec.field(default_factory=list)
 
     def instance_type(self, name: str) -> InstanceType | None:

@@ -14,7 +14,7 @@ from typing import Literal
 import msgspec
 from msgspec import Struct
 
-from libs.contracts.cluster import NodeInfo
+from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.health import AlertKind, NodeCheck
 from libs.contracts.jobspec import JobSpec, Priority
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
@@ -519,6 +519,19 @@ class ProvisionFailed(_Event, frozen=True, tag="ProvisionFailed.v1"):
     failures: int = 1  # the type's failures in a row, this one included (a start ends the streak)
 
 
+# --- autoscaler: aggregate "packing" (id = "queue") ------------------------------------------------------
+
+
+class WaitingJobsPacked(_Event, frozen=True, tag="WaitingJobsPacked.v1"):
+    """A1: where a decision packed the waiting jobs whose packing changed since the decision before: job ->
+    node (an instance on its way included) -> what it would hold there; `unpacked`: waiting jobs packed
+    before and no longer. The next decision, a restarted autoscaler's included, packs them the same way
+    first, so it sees the room this one left and asks for nothing twice."""
+
+    packed: dict[str, dict[str, Resources]] = msgspec.field(default_factory=dict)
+    unpacked: list[str] = msgspec.field(default_factory=list)
+
+
 # --- every service: aggregate "upstream" (id = `set_aside_id(consumer, sequence)`) -------------------
 
 SetAsideCause = Literal["undecodable", "inconsistent", "conflict", "failed"]
@@ -558,7 +571,7 @@ AlertEvent = AlertRaised | AlertMailed
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
                  | InstanceReleased | ProvisionFailed)
 Event = (JobEvent | SettingsChanged | StorageAccessSet | NodeDrained | LaunchEvent | NodeEvent | MonitorJobEvent
-         | AlertEvent | InstanceEvent | UpstreamMessageSetAside)
+         | AlertEvent | InstanceEvent | WaitingJobsPacked | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
@@ -569,7 +582,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     NodeRegistered, NodeLost, NodeRecovered, NodeRetired, NodeUnhealthy, NodeHealthy, ComponentMarked,
     PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
     AlertRaised, AlertMailed, InstanceRequested, InstanceLaunched, InstanceReady, InstanceDraining, InstanceKept,
-    InstanceReleased, ProvisionFailed, UpstreamMessageSetAside,
+    InstanceReleased, ProvisionFailed, WaitingJobsPacked, UpstreamMessageSetAside,
 )
 
 

@@ -21,12 +21,16 @@ from libs.contracts.events import (
     NodeRegistered,
     ProvisionFailed,
     ReleaseCause,
+    WaitingJobsPacked,
 )
 from libs.eventstore import NewEvent
 from services.autoscaler.scaling import ScaleUp
 from services.autoscaler.state import AutoscalerState, Instance
 
 INSTANCE = "instance"  # the autoscaler's aggregate: one per instance (id = its name)
+PACKING, QUEUE = "packing", "queue"  # where the waiting jobs are packed: one aggregate for the whole queue
+# Jobs per WaitingJobsPacked event, which keeps a burst of thousands of jobs within an event's size limit.
+PACKED_PER_EVENT = 1_000
 # ClearML tries a type that failed again every poll: here a type whose instance could not be started waits
 # 30 s, then twice as long after each further failure in a row, at most 10 minutes.
 FIRST_COOLDOWN = timedelta(seconds=30)
@@ -44,6 +48,20 @@ def requested(decided: ScaleUp, config: AutoscalerConfig) -> list[NewEvent]:
         if kind is not None:
             changes += instance_events(request.instance, InstanceRequested(
                 instance=request.instance, instance_type=kind.name, provider=kind.provider, jobs=request.jobs))
+    return changes
+
+
+def packing(state: AutoscalerState, decided: ScaleUp) -> list[NewEvent]:
+    """What changed in where the waiting jobs are packed, so a restarted autoscaler packs them as this one did
+    (and does not ask again for room it already asked for)."""
+    packed = {job: held for job, held in decided.nominations.items() if state.packing.get(job) != held}
+    unpacked = [job for job in decided.waiting if job in state.packing and job not in decided.nominations]
+    jobs = list(packed)
+    changes = [NewEvent(PACKING, QUEUE, WaitingJobsPacked(
+        packed={job: packed[job] for job in jobs[start:start + PACKED_PER_EVENT]},
+        unpacked=unpacked if start == 0 else [])) for start in range(0, len(jobs), PACKED_PER_EVENT)]
+    if not changes and unpacked:
+        changes.append(NewEvent(PACKING, QUEUE, WaitingJobsPacked(unpacked=unpacked)))
     return changes
 
 

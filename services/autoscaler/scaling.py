@@ -66,6 +66,7 @@ class ScaleUp:
     # Where each waiting job was packed (job -> node -> what it holds there): the next decision, given them,
     # packs those jobs the same way first, so it sees the room this one left and asks for nothing twice.
     nominations: dict[str, dict[str, Resources]] = field(default_factory=dict)
+    waiting: list[str] = field(default_factory=list)  # the jobs that do not start now and some type serves
 
 
 def instance_node(kind: InstanceType, name: str, address: str = "") -> NodeInfo:
@@ -128,7 +129,8 @@ def scale_up(demand: Demand, config: AutoscalerConfig, *, on_the_way: Mapping[st
             search.add_for(job, rest[index:], room)
     requests = [Request(instance=name, instance_type=kind, jobs=room.jobs_on.get(name, []))
                 for name, kind in search.added.items() if room.jobs_on.get(name)]
-    return ScaleUp(requests=requests, unservable=unservable, nominations=room.held)
+    return ScaleUp(requests=requests, unservable=unservable, nominations=room.held,
+                   waiting=[job.job_id for job in waiting])
 
 
 def _blocked(job: QueuedJob, admitted: Admission | None) -> bool:

@@ -28,7 +28,7 @@ from libs.auth import issue_node_token
 from libs.contracts import subjects
 from libs.contracts.autoscaling import check_autoscaler
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.events import EventEnvelope, InstanceRequested, ReleaseCause
+from libs.contracts.events import EventEnvelope, InstanceRequested, ReleaseCause, WaitingJobsPacked
 from libs.contracts.identity import Identity
 from libs.contracts.messages import AutoscalerLog, GetAutoscalerLog, GetQueueStatus, QueueStatus, TypeCooldown
 from libs.eventsourced import EventSourcedService, Loop, Upstream
@@ -45,20 +45,17 @@ from services.autoscaler.rules import (
     launch_failed,
     launched,
     overdue,
+    packing,
     registered,
     released,
     requested,
 )
-from services.autoscaler.scaling import Nominations, scale_up
+from services.autoscaler.scaling import scale_up
 from services.autoscaler.state import AutoscalerState, Instance
 
 log = get_logger(__name__)
 NAMES_PER_DECISION = 64  # at most this many instances are asked for in one decision
 HISTORY = 10_000  # entries of its own log kept for `trainyard autoscaler log`
-# How often the log is compared with the providers' own lists (an instance may vanish: spot, by hand), and
-# how long a new instance has before its absence there counts (a provider's list may lag behind).
-RECONCILE_SECONDS = 60.0
-LISTING_GRACE = timedelta(minutes=2)
 
 
 class Autoscaler(EventSourcedService):
@@ -78,7 +75,6 @@ class Autoscaler(EventSourcedService):
         self._busy: set[str] = set()  # instances a provider call is under way for
         self._calls: set[asyncio.Task[None]] = set()
         self._told_unservable: set[str] = set()
-        self._nominations: Nominations = {}  # the last decision's packing (in memory; the log has who asked what)
         self.history: deque[EventEnvelope] = deque(maxlen=HISTORY)  # its own log, newest last (A6)
 
     @classmethod
@@ -91,7 +87,8 @@ class Autoscaler(EventSourcedService):
 
     def fold(self, envelope: EventEnvelope) -> None:
         self.state.apply(envelope)
-        self.history.append(envelope)
+        if not isinstance(envelope.event, WaitingJobsPacked):  # its log is its instances' story
+            self.history.append(envelope)
 
     def upstreams(self) -> Sequence[Upstream]:
         return [
@@ -145,7 +142,7 @@ class Autoscaler(EventSourcedService):
         reconciled = time.monotonic()
         while True:
             await self.scale_once(datetime.now(UTC))
-            if time.monotonic() - reconciled >= RECONCILE_SECONDS:
+            if time.monotonic() - reconciled >= self.config.reconcile_seconds:
                 reconciled = time.monotonic()
                 self._spawn(self._reconcile_weathering())
             with suppress(TimeoutError):
@@ -156,11 +153,10 @@ class Autoscaler(EventSourcedService):
         """Ask for the instances waiting jobs need, then make the provider calls that are due."""
         async with self.lock:
             decided = scale_up(self.state.demand(self.cluster), self.config, on_the_way=self.state.on_the_way(),
-                               promised=self.state.promised(), nominated=self._nominations,
+                               promised=self.state.promised(), nominated=self.state.packing,
                                alive=self.state.alive_per_type(),
                                cooling=self.state.cooling(now),
                                suffixes=[secrets.token_hex(3) for _ in range(NAMES_PER_DECISION)], now=now)
-            self._nominations = decided.nominations  # where this decision packed the waiting jobs
             for job_id in set(decided.unservable) - self._told_unservable:
                 log.warning("autoscaler.job_unservable", job_id=job_id,
                             reason="no instance type serves its flavors, pool or nodes")
@@ -168,7 +164,8 @@ class Autoscaler(EventSourcedService):
             for request in decided.requests:
                 log.info("autoscaler.instance_requested", instance=request.instance,
                          instance_type=request.instance_type, jobs=request.jobs)
-            await self.record(requested(decided, self.config))
+            # The instances and where the waiting jobs go on them, in one append: a restart packs as before.
+            await self.record(requested(decided, self.config) + packing(self.state, decided))
             await self.record(drains(self.state, self.config, now))
             kept, idle = drained(self.state)
             await self.record(kept)
@@ -257,7 +254,7 @@ class Autoscaler(EventSourcedService):
                     log.warning("autoscaler.unknown_instance_ended", instance=instance_name, provider=name)
                     with suppress(ProvisionError):  # ended at the next reconciliation
                         await provider.terminate(instance_name)
-            settled = datetime.now(UTC) - LISTING_GRACE
+            settled = datetime.now(UTC) - timedelta(seconds=self.config.listing_grace_seconds)
             gone = [i for i in self.state.instances.values()
                     if i.provider == name and i.alive and i.provider_id is not None and i.name not in running
                     and i.name not in self._busy and i.requested_at < settled]

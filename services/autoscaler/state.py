@@ -25,6 +25,7 @@ from libs.contracts.events import (
     JobPrechecking,
     NodeDrained,
     ProvisionFailed,
+    WaitingJobsPacked,
 )
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import PRIORITY_RANK
@@ -79,12 +80,20 @@ class AutoscalerState:
     last_held: dict[str, datetime] = field(default_factory=dict)
     # Jobs being pre-checked, and the nodes they hold meanwhile (M1).
     prechecking: dict[str, list[str]] = field(default_factory=dict)
+    # Where the last decision packed each waiting job (job -> node -> what it holds there): the next one packs
+    # it there first. Kept in the log (WaitingJobsPacked), so a restart packs as before.
+    packing: dict[str, dict[str, Resources]] = field(default_factory=dict)
 
     # --- folds ----------------------------------------------------------------------------------------
 
     def apply(self, envelope: EventEnvelope) -> None:
         """Fold one of the autoscaler's own events."""
         event, at = envelope.event, envelope.recorded_at
+        if isinstance(event, WaitingJobsPacked):
+            for job_id in event.unpacked:
+                self.packing.pop(job_id, None)
+            self.packing.update({job_id: held for job_id, held in event.packed.items() if self._may_wait(job_id)})
+            return
         if isinstance(event, InstanceRequested):
             self.instances[event.instance] = Instance(name=event.instance, instance_type=event.instance_type,
                                                       provider=event.provider, jobs=list(event.jobs),
@@ -120,6 +129,8 @@ class AutoscalerState:
         job = self.lifecycle.apply(envelope)
         if job is None:
             return
+        if not self._may_wait(job.job_id):
+            self.packing.pop(job.job_id, None)  # started or ended: its packing is done with
         if isinstance(event, JobPrechecking):
             self.prechecking[job.job_id] = [p.node for p in event.placement]
         elif job.status != "queued" or not job.held:
@@ -131,6 +142,11 @@ class AutoscalerState:
 
     def apply_monitor(self, envelope: EventEnvelope) -> None:
         fold_node_event(self.nodes, envelope.event)
+
+    def _may_wait(self, job_id: str) -> bool:
+        """Waiting, or not known yet (the logs are replayed side by side: a packing may come before its job)."""
+        job = self.lifecycle.jobs.get(job_id)
+        return job is None or (job.waiting and not job.deleted)
 
     # --- instances ------------------------------------------------------------------------------------
 

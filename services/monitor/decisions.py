@@ -153,10 +153,14 @@ def lost_event(node: MonitoredNode, now: float, wall_now: datetime) -> NodeLost:
 
 
 def lost(node: MonitoredNode, version: int, now: float, wall_now: datetime, jobs: JobLifecycle,
-         operators: Sequence[str]) -> Outcome:
-    """The patrol found the node silent past its time (`now` monotonic, `wall_now` the same instant in UTC)."""
-    return node_changes(node.name, version, [lost_event(node, now, wall_now)], was_healthy=not node.problems,
-                        jobs=jobs, operators=operators)
+         operators: Sequence[str], *, released: str | None = None) -> Outcome:
+    """The patrol found the node silent past its time (`now` monotonic, `wall_now` the same instant in UTC).
+    `released`: why the autoscaler released its instance while a job ran there (a spot interruption): lost,
+    so the job is resumed or failed as on any lost node, then retired, for that machine never comes back."""
+    events: list[NodeEvent] = [lost_event(node, now, wall_now)]
+    if released is not None:
+        events.append(NodeRetired(node_name=node.name, reason=f"released by the autoscaler: {released}"))
+    return node_changes(node.name, version, events, was_healthy=not node.problems, jobs=jobs, operators=operators)
 
 
 # --- the scheduler's jobs (M1, M7, J15) --------------------------------------------------------------

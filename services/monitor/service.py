@@ -123,7 +123,7 @@ class Monitor(EventSourcedService):
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.SET_ASIDE_ALL, consumer=SET_ASIDE_CONSUMER,
                          message_type=EventEnvelope, react=self.alert_set_aside, span="monitor alert set-aside"),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("autoscaler"),
-                         consumer="autoscaler-events", message_type=EventEnvelope,
+                         consumer="autoscaler-events", message_type=EventEnvelope, fold=self.state.apply_autoscaler,
                          react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
                                                                            self.operators).changes,
                          span="monitor autoscaler event")]
@@ -297,7 +297,8 @@ class Monitor(EventSourcedService):
                 now = time.monotonic()
                 for node in self.state.overdue(now, self.lost_after, self.rt.hearing_since):
                     await self.carry_out(decisions.lost(node, self.version("node", node.name), now, datetime.now(UTC),
-                                                        self.jobs, self.operators))
+                                                        self.jobs, self.operators,
+                                                        released=self.state.released.get(node.name)))
 
     # --- the scheduler's events: pre-checks, moves, ends ---------------------------------------------
 

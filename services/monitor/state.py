@@ -21,6 +21,8 @@ from libs.contracts.events import (
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
+    InstanceReleased,
+    InstanceRequested,
     NodeHealthy,
     NodeLost,
     NodeRecovered,
@@ -71,6 +73,9 @@ class MonitorState:
     incidents: dict[RankKey, int] = field(default_factory=dict)  # performance incidents recorded
     kept: dict[str, KeptEnvironment] = field(default_factory=dict)
     unmailed: dict[str, PendingMail] = field(default_factory=dict)
+    # Instances the autoscaler released (instance, i.e. node -> why) whose node is not retired yet: one a job
+    # ran on when its instance vanished is retired once it is counted lost.
+    released: dict[str, str] = field(default_factory=dict)
 
     def apply(self, envelope: EventEnvelope, now: float) -> None:
         if envelope.aggregate_type == "node":
@@ -92,6 +97,7 @@ class MonitorState:
             return
         if isinstance(event, NodeRetired):
             self.nodes.pop(envelope.aggregate_id, None)  # no heartbeat is awaited from it any more
+            self.released.pop(envelope.aggregate_id, None)
             return
         found = self.nodes.get(envelope.aggregate_id)
         if found is None:
@@ -110,6 +116,14 @@ class MonitorState:
                 found.marks[event.component] = event
             else:
                 found.marks.pop(event.component, None)
+
+    def apply_autoscaler(self, envelope: EventEnvelope) -> None:
+        """Fold the autoscaler's events: which instances it released."""
+        event = envelope.event
+        if isinstance(event, InstanceReleased) and event.instance in self.nodes:
+            self.released[event.instance] = event.reason
+        elif isinstance(event, InstanceRequested):  # a name is never reused; a request starts its story anew
+            self.released.pop(event.instance, None)
 
     def _apply_job(self, envelope: EventEnvelope) -> None:
         event = envelope.event

@@ -5,18 +5,13 @@ played: the user data the provider sent runs here, and a real node agent registe
 from __future__ import annotations
 
 import asyncio
-import base64
 import os
-import socket
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
-import boto3
 import msgspec
 import pytest
 from botocore.stub import Stubber
-from moto.server import ThreadedMotoServer
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
@@ -26,36 +21,23 @@ from libs.contracts.agent import NodeAccepted, RegisterNode
 from libs.contracts.autoscaling import INSTANCE_LABEL
 from libs.contracts.cluster import Accelerators, Ec2Settings, InstanceNode, InstanceType
 from libs.contracts.codec import decode_any, encode
-from libs.devstack.stack import REPO_ROOT
 from services.autoscaler.providers import NoCapacity, ProvisionError
 from services.autoscaler.providers.ec2 import CLUSTER_TAG, INSTANCE_ID_LABEL, INSTANCE_TAG, Ec2Provider
+from tests.support.ec2 import an_image, boot_environment, ec2_client, moto_server, user_data
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 SECRET = "ec2-provider-tests-" * 3
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port: int = probe.getsockname()[1]
-        return port
-
-
 @pytest.fixture(scope="module")
 def moto_url() -> Iterator[str]:
-    os.environ.setdefault("AWS_ACCESS_KEY_ID", "testing")
-    os.environ.setdefault("AWS_SECRET_ACCESS_KEY", "testing")
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=free_port(), verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    yield f"http://{host}:{port}"
-    server.stop()
+    with moto_server() as url:
+        yield url
 
 
 def gpu_type(moto_url: str, **changes: object) -> InstanceType:
-    image = boto3.client("ec2", region_name="eu-west-1", endpoint_url=moto_url).describe_images(
-        Owners=["amazon"])["Images"][0]["ImageId"]
+    image = an_image(moto_url)
     kind = InstanceType(
         name="gpu", provider="aws-ec2", flavors=["gpu-1"], init_script='echo "init ran" > "$TRAINYARD_ETC/init-ran"',
         node=InstanceNode(cpus=4, memory_mib=8192, accelerators=[Accelerators(board="a100", count=1)],
@@ -71,7 +53,7 @@ async def test_an_instance_is_started_with_its_types_settings_and_found_and_ende
     instance_id = await provider.launch("gpu-0a0b0c", kind, "node-token")
     assert await provider.launch("gpu-0a0b0c", kind, "node-token") == instance_id  # asked again: the same one
 
-    client = boto3.client("ec2", region_name="eu-west-1", endpoint_url=moto_url)
+    client = ec2_client(moto_url)
     described = client.describe_instances(InstanceIds=[instance_id])["Reservations"][0]["Instances"][0]
     tags = {tag["Key"]: tag["Value"] for tag in described["Tags"]}
     assert tags[INSTANCE_TAG] == "gpu-0a0b0c" and tags[CLUSTER_TAG] == "tests-a"
@@ -111,9 +93,7 @@ async def test_the_played_boot_of_an_instance_runs_its_init_script_and_its_agent
     provider = Ec2Provider([kind], cluster="tests-d", nats_url=nats_url)
     instance = "gpu-2a2b2c"
     instance_id = await provider.launch(instance, kind, issue_node_token(SECRET, instance))
-    client = boto3.client("ec2", region_name="eu-west-1", endpoint_url=moto_url)
-    user_data = client.describe_instance_attribute(InstanceId=instance_id, Attribute="userData")
-    script = base64.b64decode(user_data["UserData"]["Value"]).decode()
+    script = user_data(moto_url, instance_id)
 
     registered: asyncio.Future[RegisterNode] = asyncio.get_running_loop().create_future()
 
@@ -125,9 +105,7 @@ async def test_the_played_boot_of_an_instance_runs_its_init_script_and_its_agent
 
     registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
     # The boot as the instance would run it, with its files in the test's folder and this interpreter.
-    env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "PYTHONPATH": str(REPO_ROOT),
-           "TRAINYARD_ETC": str(tmp_path / "etc"), "TRAINYARD_AGENT_ROOT": str(tmp_path / "agents"),
-           "TRAINYARD_PYTHON": sys.executable, "TRAINYARD_INSTANCE_ID": instance_id, "TRAINYARD_ADDRESS": "127.0.0.1",
+    env = {**boot_environment(tmp_path, instance_id, {"PATH": os.environ["PATH"]}),
            "TRAINYARD_WORKSPACE_BACKEND": "plain", "TRAINYARD_STORAGE": str(tmp_path / "storage")}
     boot = await asyncio.create_subprocess_exec("bash", "-c", script, env=env, cwd=tmp_path,
                                                 stdin=asyncio.subprocess.DEVNULL, start_new_session=True)

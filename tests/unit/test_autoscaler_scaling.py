@@ -18,9 +18,14 @@ from libs.contracts.cluster import (
     NodeInfo,
     Resources,
 )
+from libs.contracts.events import EventEnvelope, WaitingJobsPacked
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.eventstore import NewEvent
+from libs.eventstore.store import MAX_EVENT_BYTES
 from libs.placement import NodeCapacity, QueuedJob
+from services.autoscaler.rules import packing, requested
 from services.autoscaler.scaling import Demand, scale_up
+from services.autoscaler.state import AutoscalerState
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 CPU1 = Flavor(name="cpu-1", cpus=1, memory_mib=1024)
@@ -121,7 +126,8 @@ jobs = st.lists(st.tuples(st.sampled_from(["cpu-1", "cpu-4", "gpu-1"]), st.integ
 def test_no_instance_is_asked_for_twice_and_the_limits_hold(shapes: list[tuple[str, int]], max_instances: int,
                                                             coming: int) -> None:
     """Whatever waits: no more instances than the limits allow, each asked for jobs it would hold, and a
-    decision made again with them on their way asks for nothing more."""
+    decision made again with them on their way asks for none of those jobs again (only, when the limits held
+    the first back, for a job it could not make room for, that the instances on their way now let in)."""
     queue = [job(f"j{i}", flavor, nodes) for i, (flavor, nodes) in enumerate(shapes)]
     config = msgspec.structs.replace(CONFIG, max_instances=max_instances)
     on_the_way = {f"cpu-small-c{i}": "cpu-small" for i in range(coming)}
@@ -139,7 +145,9 @@ def test_no_instance_is_asked_for_twice_and_the_limits_hold(shapes: list[tuple[s
                      promised={r.instance: r.jobs for r in decided.requests}, nominated=decided.nominations,
                      alive={"cpu-small": coming + per_type["cpu-small"], "gpu": per_type["gpu"]}, cooling=(),
                      suffixes=SUFFIXES[len(decided.requests):], now=NOW)
-    assert again.requests == []
+    assert not {j for r in again.requests for j in r.jobs} & set(decided.nominations)
+    if len(queue) == len(decided.nominations) + len(decided.unservable):
+        assert again.requests == []
 
 
 @settings(max_examples=100, deadline=None)
@@ -151,3 +159,53 @@ def test_without_limits_every_waiting_job_gets_room(shapes: list[tuple[str, int]
                                                                 msgspec.structs.replace(GPU, max_instances=50)])
     decided = scale_up(demand(*queue), roomy, on_the_way={}, alive={}, cooling=(), suffixes=SUFFIXES, now=NOW)
     assert sorted({j for r in decided.requests for j in r.jobs}) == sorted(q.job_id for q in queue)
+
+
+def _replayed(state: AutoscalerState, changes: list[NewEvent], log: list[EventEnvelope]) -> None:
+    """Fold `changes` as the autoscaler records them, keeping them in `log` as stored (encoded, decoded)."""
+    for change in changes:
+        stored = msgspec.json.decode(msgspec.json.encode(EventEnvelope(
+            event_id=f"e{len(log)}", service="autoscaler", aggregate_type=change.aggregate_type,
+            aggregate_id=change.aggregate_id, version=len(log) + 1, position=len(log) + 1, recorded_at=NOW,
+            event=change.event)), type=EventEnvelope)
+        log.append(stored)
+        state.apply(stored)
+
+
+@settings(max_examples=150, deadline=None)
+@given(st.lists(jobs.filter(bool), min_size=1, max_size=4))
+def test_a_restarted_autoscaler_packs_as_before_and_asks_for_nothing_more(batches: list[list[tuple[str, int]]]) -> None:
+    """Jobs arrive in batches, a decision after each; the autoscaler is then started again from its log. It
+    packs the waiting jobs where the one before did, so it asks for no instance the one before would not."""
+    state, log, queue = AutoscalerState(), list[EventEnvelope](), list[QueuedJob]()
+    used = 0
+    for batch in batches:
+        queue += [job(f"j{len(queue) + i}", flavor, nodes) for i, (flavor, nodes) in enumerate(batch)]
+        decided = scale_up(demand(*queue), CONFIG, on_the_way=state.on_the_way(), promised=state.promised(),
+                           nominated=state.packing, alive=state.alive_per_type(), cooling=(),
+                           suffixes=SUFFIXES[used:], now=NOW)
+        used += len(decided.requests)
+        _replayed(state, requested(decided, CONFIG) + packing(state, decided), log)
+
+    restarted = AutoscalerState()
+    for envelope in log:
+        restarted.apply(envelope)
+    assert restarted.packing == state.packing
+    continued, again = (scale_up(demand(*queue), CONFIG, on_the_way=s.on_the_way(), promised=s.promised(),
+                                 nominated=s.packing, alive=s.alive_per_type(), cooling=(),
+                                 suffixes=SUFFIXES[used:], now=NOW) for s in (state, restarted))
+    assert again == continued
+    assert packing(restarted, again) == packing(state, continued)
+    if len(queue) == len(continued.nominations) + len(continued.unservable):  # none held back by the limits
+        assert again.requests == [] and packing(restarted, again) == []
+
+
+def test_a_burst_of_thousands_is_packed_in_events_within_the_size_limit() -> None:
+    state = AutoscalerState()
+    burst = [job(f"j{i:05d}") for i in range(2_500)]
+    roomy = AutoscalerConfig(max_instances=1_000, instance_types=[msgspec.structs.replace(SMALL, max_instances=1_000)])
+    decided = scale_up(demand(*burst), roomy, on_the_way={}, alive={}, cooling=(),
+                       suffixes=[f"{i:06x}" for i in range(1_000)], now=NOW)
+    changes = packing(state, decided)
+    assert [len(c.event.packed) for c in changes if isinstance(c.event, WaitingJobsPacked)] == [1_000, 1_000, 500]
+    assert all(len(msgspec.json.encode(c.event)) < MAX_EVENT_BYTES for c in changes)

@@ -96,6 +96,7 @@ from libs.contracts.events import (
     SettingsChanged,
     StorageAccessSet,
     UpstreamMessageSetAside,
+    WaitingJobsPacked,
     set_aside_id,
 )
 from libs.contracts.health import PERFORMANCE_LINE, ComponentHealth, NodeCheck
@@ -244,6 +245,9 @@ EVENT_SAMPLES: list[Any] = [
     InstanceReleased(instance="gpu-small-3f2a9c", reason="idle for 300s"),
     ProvisionFailed(instance="gpu-small-3f2a9d", instance_type="gpu-small", reason="InsufficientInstanceCapacity",
                     capacity=True, retry_after=AT),
+    WaitingJobsPacked(packed={"job-000000000001": {"gpu-small-3f2a9c": Resources(cpus=2.0, memory_mib=4096,
+                                                                                  accelerators=1)}},
+                      unpacked=["job-000000000002"]),
     UpstreamMessageSetAside(consumer="monitor-events", stream="TRAINYARD_EVENTS", sequence=7,
                             subject="trainyard.events.monitor.job.job-000000000001.JobSucceeded",
                             cause="inconsistent", reason="claims service scheduler", claimed_service="scheduler",

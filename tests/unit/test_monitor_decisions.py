@@ -109,6 +109,27 @@ def test_a_released_instance_a_job_still_runs_on_is_left_to_be_counted_lost() ->
     assert len(decisions.retired(released, {"node-a": MonitoredNode(info=INFO, lost=True)}, jobs).events) == 1
 
 
+def test_a_vanished_instance_a_job_ran_on_is_counted_lost_then_retired_by_the_patrol() -> None:
+    """A spot interruption: the autoscaler released the instance while a job ran there. The patrol counts the
+    node lost (the job resumes for that reason, and people are told) and retires it in the same append."""
+    state = MonitorState(nodes={"node-a": MonitoredNode(info=INFO, last_seen=100.0)})
+    state.apply_autoscaler(EventEnvelope(event_id="a1", service="autoscaler", aggregate_type="instance",
+                                         aggregate_id="node-a", version=3, position=9, recorded_at=NOW,
+                                         event=InstanceReleased(instance="node-a", reason="aws-ec2 no longer runs it",
+                                                                cause="gone")))
+    [silent] = state.overdue(now=130.0, lost_after=10.0)
+    outcome = decisions.lost(silent, 2, 130.0, NOW, JobLifecycle(), [], released=state.released.get("node-a"))
+    assert [type(c.event) for c in outcome.events] == [NodeLost, NodeRetired]
+    assert [a.alert_id for a in outcome.alerts] == ["node-lost-node-a-3"]
+    for version, change in enumerate(outcome.events, start=3):
+        state.apply(EventEnvelope(event_id=f"m{version}", service="monitor", aggregate_type="node",
+                                  aggregate_id="node-a", version=version, position=10 + version, recorded_at=NOW,
+                                  event=change.event), now=130.0)
+    assert state.nodes == {} and state.released == {}
+    # A node whose instance was not released is only counted lost.
+    assert [type(c.event) for c in decisions.lost(silent, 2, 130.0, NOW, JobLifecycle(), []).events] == [NodeLost]
+
+
 def test_an_instance_that_never_joined_and_a_type_that_keeps_failing_raise_alerts_once() -> None:
     timed_out = EventEnvelope(event_id="a1", service="autoscaler", aggregate_type="instance", aggregate_id="gpu-1",
                               version=3, position=9, recorded_at=NOW,
