@@ -34,10 +34,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
+from agent.datacache import DatasetCache, StagingError
 from agent.health import probe, resource_checks
 from agent.held import HeldProcess, HolderFailed, OutputTail, append_note
 from agent.holder import OUTPUT_NAME
@@ -53,7 +55,17 @@ from agent.kept import (
     write_environment,
 )
 from agent.ports import PortBook
-from agent.process import ProcessGroup, Record, read_records, remove_record, write_record
+from agent.preparation import DataPreparation, holder_of
+from agent.process import (
+    ProcessGroup,
+    Record,
+    read_pending,
+    read_records,
+    remove_pending,
+    remove_record,
+    write_pending,
+    write_record,
+)
 from agent.requests import Later, Responder
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
@@ -86,7 +98,9 @@ from libs.contracts.agent import (
     UsageSample,
 )
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.codec import encode
+from libs.contracts.codec import decode, encode
+from libs.contracts.datacache import CacheReport, StagedDataset
+from libs.contracts.events import Mount
 from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
 from libs.controlsign import ControlRole, ControlVerifier
@@ -102,6 +116,13 @@ LOG_FLUSH_SECONDS = 0.2  # how often a node's output file is read for lines to s
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 # How long closing the agent waits for its debug sessions to report their end.
 SESSION_CLOSE_SECONDS = 5.0
+
+
+class PendingStart(msgspec.Struct, frozen=True, kw_only=True):
+    """A start accepted and not begun yet, as kept on disk (agent/process.py write_pending)."""
+
+    request: StartProcess
+    trace: dict[str, str] = msgspec.field(default_factory=dict)
 
 
 @dataclass
@@ -125,6 +146,11 @@ class RunningNode:
     keep: bool = False
     # The job attempt's token from the launcher: only a request carrying it may run a command in this node.
     job_token: str | None = None
+    staged: list[StagedDataset] = field(default_factory=list)  # J14: its data preparation
+
+    @property
+    def holder(self) -> str:
+        return holder_of(self.job_id, self.attempt, self.task, self.rank)
 
 
 class NodeAgent:
@@ -148,6 +174,9 @@ class NodeAgent:
         self.health: list[ComponentHealth] = []  # the latest probe, sent with every heartbeat
         # Rendezvous ports chosen here for the launcher (ReservePorts).
         self.ports = ports if ports is not None else PortBook.from_environment()
+        # J14, D1, D2: datasets copied to this node's disk before a job's command, kept and reused.
+        self.data = DataPreparation(DatasetCache.from_environment(root, storage), info.name)
+        self.disk_pressure: str | None = None  # D1: why the node takes no new work, sent with heartbeats
         self.sessions: dict[str, Session] = {}
         self.nodes: dict[tuple[str, int, int, int], RunningNode] = {}  # (job, attempt, task, rank)
         self.backend = PLAIN  # how workspaces are made (SPEC L1): chosen at start
@@ -171,7 +200,9 @@ class NodeAgent:
         login = NatsLogin.for_token(self.node_token)
         self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}", login)
         self.js = self.nc.jetstream()
+        await asyncio.to_thread(self.data.cache.open)  # partial copies a crash left are removed
         await self._adopt()  # before any request: a stop must find the jobs the agent before started
+        self.data.cache.unpin_all_but({node.holder for node in self.nodes.values()})
         requests, name = Responder(self.nc, self.info.name), self.info.name
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(subjects.agent_ports(name), ReservePorts, self._on_ports, launcher)
@@ -187,6 +218,8 @@ class NodeAgent:
         await self.nc.subscribe(subjects.ANNOUNCE_NODES, cb=self._on_announce)
         self._tasks.append(asyncio.create_task(self._heartbeats()))
         self._tasks.append(asyncio.create_task(self._probe_periodically()))
+        self._tasks.append(asyncio.create_task(self.data.housekeeping(self._on_disk_pressure)))
+        self._tasks.append(asyncio.create_task(self.data.reporting(self._publish_cache)))
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
 
     def _signed_by(self, role: ControlRole) -> Callable[[Msg, object], str | None]:
@@ -221,6 +254,7 @@ class NodeAgent:
         with contextlib.suppress(Exception):
             await self.nc.drain()
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
+        self.data.cache.close()
 
     async def _adopt(self) -> None:
         """Take over the nodes the agent before started: they ran on under their holders meanwhile."""
@@ -240,6 +274,19 @@ class NodeAgent:
                      rank=record.rank, node=self.info.name, pid=record.pid, running=held.running)
             self.nodes[key] = node
             node.runner = asyncio.create_task(self._follow(node, held, folder))
+        # Starts accepted before and not begun (their data was being staged): begun again, from the staging.
+        for folder, data in await asyncio.to_thread(read_pending, self.root):
+            try:
+                pending = decode(data, PendingStart)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                log.warning("agent.pending_start_unreadable", folder=str(folder))
+                continue
+            request = pending.request
+            node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
+                               task=request.launch.task, trace=dict(pending.trace), job_token=request.job_token)
+            log.info("agent.start_resumed", job_id=node.job_id, attempt=node.attempt, task=node.task,
+                     rank=node.rank, node=self.info.name)
+            self._begin(node, request)
 
     # --- registration and heartbeats --------------------------------------------------------------
 
@@ -274,18 +321,31 @@ class NodeAgent:
                 log.error("agent.registration_refused", node=self.info.name, error=reply.message, hint=reply.hint)
                 return
             self.heartbeat_seconds = reply.heartbeat_seconds
+            if reply.cache != self.data.cache.policy:
+                self.data.cache.policy = reply.cache
+                self.data.wake.set()
             return
 
     async def _heartbeats(self) -> None:
         while True:
             running = [f"{n.job_id}/{n.attempt}/{n.task}/{n.rank}" for n in self.nodes.values()
                        if n.runner and not n.runner.done()]
-            beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running, health=self.health)
+            beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running, health=self.health,
+                             disk_pressure=self.disk_pressure)
             self.ports.release_unused(time.monotonic(), self._live_attempts())
             with contextlib.suppress(Exception):
                 await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat),
                                       headers=bearer_headers(self.node_token))
             await asyncio.sleep(self.heartbeat_seconds)
+
+    def _on_disk_pressure(self, reason: str | None) -> None:
+        if reason != self.disk_pressure and (reason is None) != (self.disk_pressure is None):
+            log.warning("agent.disk_pressure", node=self.info.name, reason=reason) if reason else \
+                log.info("agent.disk_relieved", node=self.info.name)
+        self.disk_pressure = reason
+
+    async def _publish_cache(self, report: CacheReport, msg_id: str) -> None:
+        await self._publish(subjects.agent_cache(self.info.name), encode(report), msg_id)
 
     # --- health (M1, M2) --------------------------------------------------------------------------
 
@@ -340,10 +400,11 @@ class NodeAgent:
             # The node's reports continue the trace of this request.
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
                                task=request.launch.task, trace=current_trace_headers(), job_token=request.job_token)
-            self.nodes[key] = node
-            if request.launch.port:  # reserved here before, unless this agent restarted since
-                self.ports.hold((request.job_id, request.attempt), [request.launch.port], time.monotonic())
-            node.runner = asyncio.create_task(self._run(node, request))
+            self.nodes[key] = node  # before any wait: a repeated request finds it known
+            if any(mount.stage for mount in request.launch.mounts):  # staging takes a while: outlive a crash
+                root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
+                await asyncio.to_thread(write_pending, root, encode(PendingStart(request=request, trace=node.trace)))
+            self._begin(node, request)
         return ProcessAccepted(already_known=known)
 
     async def _on_stop(self, request: StopProcesses) -> Later:
@@ -481,12 +542,26 @@ class NodeAgent:
 
     # --- running one node of a job ----------------------------------------------------------------
 
+    def _begin(self, node: RunningNode, request: StartProcess) -> None:
+        self.nodes[(node.job_id, node.attempt, node.task, node.rank)] = node
+        if request.launch.port:  # reserved here before, unless this agent restarted since
+            self.ports.hold((request.job_id, request.attempt), [request.launch.port], time.monotonic())
+        node.runner = asyncio.create_task(self._run(node, request))
+
     async def _run(self, node: RunningNode, request: StartProcess) -> None:
         launch = request.launch
         root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
+        staged: dict[str, Path] = {}
+        if any(mount.stage for mount in launch.mounts):
+            prepared = await self._prepare_data(node, root, launch.mounts)
+            if prepared is None:
+                return
+            staged = prepared
         try:
-            workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths)
+            workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths,
+                                               staged=staged)
         except (WorkspaceError, OSError) as exc:
+            self.data.release(node.holder)
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return
@@ -506,10 +581,12 @@ class NodeAgent:
         try:
             held = await HeldProcess.start(root, command, env, workspace.cwd)
         except (HolderFailed, OSError) as exc:
+            self.data.release(node.holder)
             await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:
                 await self._discard(node, root)
             return
+        remove_pending(root)  # started, or known never to
         if held.started:
             write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                                       pid=held.pid, holder=held.holder_pid, keep=node.keep, job_token=node.job_token,
@@ -518,9 +595,34 @@ class NodeAgent:
                      rank=node.rank, node=self.info.name, pid=held.pid, argv=argv, backend=workspace.backend)
         await self._follow(node, held, root)
 
+    async def _prepare_data(self, node: RunningNode, root: Path, mounts: list[Mount]) -> dict[str, Path] | None:
+        """J14: the node's datasets staged into the cache, the lines saying so shipped as they come; None when
+        the command is not to start (the staging failed, or the attempt was stopped meanwhile)."""
+        node.output = OutputTail(root)
+        shipper = asyncio.create_task(self._ship_continuously(node))
+        try:
+            local, node.staged = await self.data.prepare(mounts, node.holder, root)
+            reason = ("stopped during data preparation" if (node.job_id, node.attempt) in self.stopped_attempts
+                      else None)
+        except StagingError as exc:
+            local, reason = {}, f"data preparation failed on node {self.info.name}: {exc}"
+        finally:
+            shipper.cancel()  # a chunk cut short is taken again, under the same number, by the next shipper
+            with contextlib.suppress(asyncio.CancelledError):
+                await shipper
+        if reason is None:
+            return local
+        log.warning("agent.data_preparation_failed", job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+                    node=self.info.name, reason=reason)
+        self.data.release(node.holder)
+        await self._not_started(node, root, reason)
+        await self._discard(node, root)
+        return None
+
     async def _not_started(self, node: RunningNode, root: Path, reason: str) -> None:
         """The node's command never ran: its output says why, and it exits 127 without a start."""
         root.mkdir(parents=True, exist_ok=True)
+        remove_pending(root)
         append_note(root, reason)
         node.output, node.output_done = OutputTail(root), True
         await self._ship_continuously(node)
@@ -533,7 +635,7 @@ class NodeAgent:
         # Whether or not NATS takes the reports and the log right now: a job never waits on its agent.
         started = asyncio.create_task(self._report(
             ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                           node=self.info.name, pid=held.pid,
+                           node=self.info.name, pid=held.pid, staged=node.staged,
                            backend=node.workspace.backend if node.workspace else self.backend), "started", node)
             if held.started else asyncio.sleep(0))
         shipper = asyncio.create_task(self._ship_continuously(node))
@@ -551,6 +653,7 @@ class NodeAgent:
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=code, exited_at=exited_at), "exited", node)
         remove_record(root)  # reported: nothing left to adopt
+        self.data.release(node.holder)
         if not node.keep:
             await self._discard(node, root)
 

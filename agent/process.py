@@ -141,3 +141,27 @@ def read_records(root: Path) -> list[tuple[Path, Record]]:
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
             continue
     return found
+
+
+PENDING_NAME = "start.json"
+
+
+def write_pending(directory: Path, request: bytes) -> None:
+    """Remember a start accepted and not begun yet (its data being staged): a later agent begins it again.
+    Only the agent's user may read it, as the record: the attempt's job token is in it."""
+    directory.mkdir(parents=True, exist_ok=True)
+    partial = directory / f".{PENDING_NAME}.tmp"
+    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(request)
+    partial.replace(directory / PENDING_NAME)
+
+
+def remove_pending(directory: Path) -> None:
+    (directory / PENDING_NAME).unlink(missing_ok=True)
+
+
+def read_pending(root: Path) -> list[tuple[Path, bytes]]:
+    """Every start accepted under `root` whose process never started (no record beside it)."""
+    return [(path.parent, path.read_bytes()) for path in sorted(root.glob(f"jobs/*/*/task-*/rank-*/{PENDING_NAME}"))
+            if not (path.parent / RECORD_NAME).exists()]

@@ -77,13 +77,15 @@ class Workspace:
 
 
 def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str = PLAIN,
-                    hidden: Sequence[Path] = ()) -> tuple[Workspace, dict[str, Path]]:
+                    hidden: Sequence[Path] = (), staged: Mapping[str, Path] | None = None,
+                    ) -> tuple[Workspace, dict[str, Path]]:
     """Prepare one node's workspace; returns it and where each generated file was written. Under bwrap,
-    the `hidden` host paths (the platform's secrets and state) are not visible to the job."""
+    the `hidden` host paths (the platform's secrets and state) are not visible to the job. `staged`: the
+    local copies of datasets (by their source), mounted instead of shared storage (J14)."""
     storage = storage.absolute()
     sources = []
     for mount in launch.mounts:
-        source = storage / mount.source
+        source = (staged or {}).get(mount.source) or storage / mount.source
         if mount.target == CHECKPOINT_TARGET and not mount.read_only:
             prepare_checkpoints(source)  # this attempt's own folder, starting from the last one's
         elif not source.exists():

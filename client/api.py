@@ -31,6 +31,7 @@ from libs.contracts.messages import (
     TERMINAL_STATUSES,
     AlertPage,
     AutoscalerLog,
+    CacheListing,
     ChangeDuration,
     ChangePriority,
     ChangeSettings,
@@ -60,12 +61,14 @@ from libs.contracts.messages import (
     JobUsage,
     JobView,
     ListAlerts,
+    ListCache,
     ListFlavors,
     ListJobs,
     ListNodes,
     ListStorageAccess,
     LogPage,
     MarkComponent,
+    NodeCache,
     NodeList,
     NodeView,
     OpenTerminal,
@@ -258,14 +261,24 @@ class TrainyardClient:
 
     async def change_settings(self, *, urgent_cap: int | None = None, sharing_enabled: bool | None = None,
                               max_resumes_cap: int | None = None, max_graceful_shutdown_seconds: int | None = None,
-                              debug_retention: str | None = None) -> AdminSettings:
+                              debug_retention: str | None = None, cache_retention: str | None = None,
+                              cache_high_percent: float | None = None, cache_low_percent: float | None = None,
+                              disk_high_percent: float | None = None,
+                              disk_low_percent: float | None = None) -> AdminSettings:
         """Administrators only: change the given settings (None keeps one) and return all of them."""
         request = ChangeSettings(urgent_cap=urgent_cap, sharing_enabled=sharing_enabled,
                                  max_resumes_cap=max_resumes_cap,
                                  max_graceful_shutdown_seconds=max_graceful_shutdown_seconds,
-                                 debug_retention=debug_retention)
+                                 debug_retention=debug_retention, cache_retention=cache_retention,
+                                 cache_high_percent=cache_high_percent, cache_low_percent=cache_low_percent,
+                                 disk_high_percent=disk_high_percent, disk_low_percent=disk_low_percent)
         reply: SettingsView = await self._call(subjects.CHANGE_SETTINGS, request, SettingsView)
         return reply.settings
+
+    async def cache(self, node: str | None = None) -> list[NodeCache]:
+        """D1, D2: the dataset caches of every node (or of `node`), as their agents last reported them."""
+        reply: CacheListing = await self._call(subjects.LIST_CACHE, ListCache(node=node), CacheListing)
+        return reply.nodes
 
     async def mark_component(self, node: str, component: str, *, faulty: bool = True, reason: str = "") -> Done:
         """M2 drills, administrators only: mark a node's component (`board:0`, `nic:eth0`,

@@ -40,11 +40,12 @@ STREAM_OWNERS: Mapping[str, str] = {
     subjects.USAGE_STREAM: "scheduler",
     subjects.AGENT_REPORTS_STREAM: "launcher",
     subjects.LOGS_STREAM: "monitor",
+    subjects.CACHE_REPORTS_STREAM: "monitor",
 }
 
 # The request subjects each service answers (core NATS request/reply, faststream queue groups).
 ANSWERED_BY_MONITOR = (subjects.REGISTER_NODE, subjects.HEARTBEAT_ALL, subjects.MARK_COMPONENT,
-                       subjects.OPEN_TERMINAL, subjects.LIST_ALERTS)
+                       subjects.OPEN_TERMINAL, subjects.LIST_ALERTS, subjects.LIST_CACHE)
 ANSWERED_BY_AUTOSCALER = (subjects.QUEUE_STATUS, subjects.AUTOSCALER_LOG)
 # The server asks here who a connection is (libs/natsauth.py); these services hold the issuer key and
 # answer in one queue group, so people and agents can log in while either of them runs.
@@ -195,7 +196,8 @@ def service_permissions(service: str) -> Permissions:
         answers = ANSWERED_BY_MONITOR
         publish += [subjects.agent_precheck("*"), subjects.agent_release("*"), subjects.agent_open_session("*"),
                     subjects.ANNOUNCE_NODES,
-                    *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER)]
+                    *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER),
+                    *_ordered_reader(subjects.CACHE_REPORTS_STREAM), *_message_getter(subjects.CACHE_REPORTS_STREAM)]
     else:
         answers = ANSWERED_BY_AUTOSCALER
     if service in CALLOUT_SERVICES:
@@ -208,7 +210,7 @@ def service_permissions(service: str) -> Permissions:
 def agent_permissions(node: str) -> Permissions:
     user = agent_user(node)
     publish = [
-        subjects.REGISTER_NODE, subjects.heartbeat(node), subjects.agent_report(node),
+        subjects.REGISTER_NODE, subjects.heartbeat(node), subjects.agent_report(node), subjects.agent_cache(node),
         subjects.LOGS_ALL,  # chunks name a job, not a node: any job's logs
         f"$KV.{subjects.USAGE_BUCKET}.>",  # likewise any job's usage samples
         f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
@@ -233,7 +235,7 @@ def user_permissions(user: str) -> Permissions:
         subscribe_allow=(subjects.session("*", own, "*", "out"), subjects.session("*", own, "*", "exit"),
                          f"{inbox_prefix(own)}.>"),
         publish_deny=("$JS.>", "$KV.>"),
-        subscribe_deny=(subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL),
+        subscribe_deny=(subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL, subjects.CACHE_REPORTS_ALL),
     )
 
 

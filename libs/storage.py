@@ -13,6 +13,9 @@ the like for many). A job's /workspace is made of mounts of that tree:
     volumes/<name>                        -> /workspace/volume/<name> (writable)
     checkpoints/<job id>                  -> /workspace/checkpoints  (writable; checkpoint-resume jobs)
 
+With data preparation (J14), datasets and annotation datasets are staged: each node copies them into its
+dataset cache before the command starts and mounts the local copies (agent/datacache.py).
+
 A checkpoint-resume job (J12) saves its checkpoints in `checkpoints/<job id>`: the folder belongs to
 the job, not to an attempt, so every attempt after a move reads what the last one saved. Like outputs
 and volumes it is created on first use.
@@ -64,13 +67,13 @@ def workspace_layout(spec: JobSpec, *, task_index: int | None = None, job_id: st
         source = f"datasets/{dataset.name}" + (f"/{dataset.version}" if dataset.version else "")
         target = (f"dataset/private/{dataset.name}" if dataset.source == "private"
                   else f"dataset/favorite/{dataset.name}/{dataset.version}")
-        refs.append(StorageRef(f"datasets[{i}]", Mount(source=source, target=target, read_only=dataset.read_only),
-                               True))
+        refs.append(StorageRef(f"datasets[{i}]", Mount(source=source, target=target, read_only=dataset.read_only,
+                                                       stage=spec.data_preparation), True))
     for i, annotation in enumerate(spec.annotation_datasets):
         refs.append(StorageRef(f"annotation_datasets[{i}]",
                                Mount(source=f"annotations/{annotation.name}/{annotation.version}",
                                      target=f"anno_dataset/{annotation.name}/annotation",
-                                     read_only=annotation.read_only), True))
+                                     read_only=annotation.read_only, stage=spec.data_preparation), True))
     for i, model in enumerate(spec.models):
         source = f"models/{model.name}" + (f"/{model.version}" if model.version else "")
         target = (f"model/favorite/{model.name}/{model.version}" if model.source == "favorite"

@@ -65,15 +65,30 @@ async def admin_settings(
         debug_retention: Annotated[str | None, typer.Option(callback=refusing(retention),
                                                             help="How long a failed job's environment is kept "
                                                             "(J15), e.g. 4h.")] = None,
+        cache_retention: Annotated[str | None, typer.Option(callback=refusing(retention),
+                                                            help="How long a node keeps a cached dataset no job "
+                                                            "uses (D1), e.g. 7d.")] = None,
+        cache_high: Annotated[float | None, typer.Option(min=0.1, max=100, help="Percent of a node's disk its "
+                                                         "dataset cache may hold; above it the least recently "
+                                                         "used entries go (D1).")] = None,
+        cache_low: Annotated[float | None, typer.Option(min=0, max=100, help="Percent of the disk a cache is cut "
+                                                        "down to once above --cache-high.")] = None,
+        disk_high: Annotated[float | None, typer.Option(min=0.1, max=100, help="Percent full above which a node "
+                                                        "takes no new work (D1).")] = None,
+        disk_low: Annotated[float | None, typer.Option(min=0, max=100, help="Percent full at or below which such "
+                                                       "a node takes work again.")] = None,
         as_json: JsonOption = False) -> None:
     """Show the platform settings; with options, change them (administrators only)."""
     sharing_enabled = sharing_switch(sharing)
-    changes = (urgent_cap, sharing_enabled, max_resumes_cap, max_graceful_shutdown_seconds, debug_retention)
+    changes = (urgent_cap, sharing_enabled, max_resumes_cap, max_graceful_shutdown_seconds, debug_retention,
+               cache_retention, cache_high, cache_low, disk_high, disk_low)
     changing = any(value is not None for value in changes)
     if changing:
         settings = await client.change_settings(
             urgent_cap=urgent_cap, sharing_enabled=sharing_enabled, max_resumes_cap=max_resumes_cap,
-            max_graceful_shutdown_seconds=max_graceful_shutdown_seconds, debug_retention=debug_retention)
+            max_graceful_shutdown_seconds=max_graceful_shutdown_seconds, debug_retention=debug_retention,
+            cache_retention=cache_retention, cache_high_percent=cache_high, cache_low_percent=cache_low,
+            disk_high_percent=disk_high, disk_low_percent=disk_low)
     else:
         settings = await client.settings()
     if as_json:

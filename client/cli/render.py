@@ -25,6 +25,7 @@ if TYPE_CHECKING:
         JobDetails,
         JobSummary,
         JobView,
+        NodeCache,
         NodeView,
         QueueStatus,
         ScaledInstance,
@@ -44,7 +45,7 @@ Styled = str | tuple[str, str]
 
 STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "failed": "red",
                 "stopped": "magenta", "expired": "magenta"}
-NODE_STATUS_STYLE = {"ready": "green", "lost": "red", "unhealthy": "yellow", "draining": "cyan"}
+NODE_STATUS_STYLE = {"ready": "green", "lost": "red", "unhealthy": "yellow", "draining": "cyan", "disk-full": "magenta"}
 
 
 def status_cell(status: str) -> tuple[str, str]:
@@ -411,9 +412,33 @@ def settings_rows(settings: AdminSettings) -> list[tuple[str, str]]:
             ("sharing", "on" if settings.sharing_enabled else "off (every job's access for others is none)"),
             ("max resumes cap", str(settings.max_resumes_cap)),
             ("max graceful shutdown", f"{settings.max_graceful_shutdown_seconds} s"),
-            ("debug retention", settings.debug_retention)]
+            ("debug retention", settings.debug_retention),
+            ("dataset cache", f"unused entries kept {settings.cache_retention}; at most "
+                              f"{settings.cache_high_percent:g}% of a node's disk, cut to "
+                              f"{settings.cache_low_percent:g}% when above"),
+            ("disk pressure", f"no new work above {settings.disk_high_percent:g}% full, again at or below "
+                              f"{settings.disk_low_percent:g}%")]
 
 
 def identity_rows(identity: Identity) -> list[tuple[str, str]]:
     return [("user", identity.user), ("projects", ", ".join(identity.projects) or "-"),
             ("administrator", "yes" if identity.admin else "no"), ("email", identity.email or "-")]
+
+
+# --- dataset caches (D1, D2) ------------------------------------------------------------------------------
+
+CACHE_COLUMNS = ("NODE", "DATASET", "KEY", "SIZE (MiB)", "FILES", "COPIED", "LAST USE", "USED BY")
+
+
+def cache_summary(cache: NodeCache) -> str:
+    held = sum(entry.bytes for entry in cache.entries)
+    disk = (f", disk {100 * cache.used_bytes / cache.disk_bytes:.0f}% full of {cache.disk_bytes / 2**30:.0f} GiB"
+            if cache.disk_bytes else "")
+    return (f"{cache.node}: {len(cache.entries)} entr{'y' if len(cache.entries) == 1 else 'ies'}, "
+            f"{held / 2**20:.1f} MiB{disk} (reported {local_time(cache.reported_at)})")
+
+
+def cache_rows(cache: NodeCache) -> list[tuple[str, ...]]:
+    return [(cache.node, entry.source, entry.key[:12], f"{entry.bytes / 2**20:.1f}", str(entry.files),
+             local_time(entry.staged_at), local_time(entry.last_used),
+             ", ".join(pin.split("/")[0] for pin in dict.fromkeys(entry.pins)) or "-") for entry in cache.entries]

@@ -14,6 +14,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from libs.contracts.cluster import NodeInfo
+from libs.contracts.datacache import CachePolicy, StagedDataset
 from libs.contracts.events import NodeLaunch
 from libs.contracts.health import ComponentHealth
 
@@ -34,6 +35,7 @@ class AnnounceNodes(_AgentMessage, frozen=True, tag="AnnounceNodes.v1"):
 
 class NodeAccepted(_AgentMessage, frozen=True, tag="NodeAccepted.v1"):
     heartbeat_seconds: float
+    cache: CachePolicy = msgspec.field(default_factory=CachePolicy)  # D1, D2: how it keeps its dataset cache
 
 
 class Heartbeat(_AgentMessage, frozen=True, tag="Heartbeat.v1"):
@@ -42,6 +44,8 @@ class Heartbeat(_AgentMessage, frozen=True, tag="Heartbeat.v1"):
     running: list[str] = msgspec.field(default_factory=list)
     # M2: what the agent's probes found (NICs, boards, runtime environment); empty from old agents.
     health: list[ComponentHealth] = msgspec.field(default_factory=list)
+    # D1: why the node's disk is under pressure (it takes no new work), after its cache evicted what it could.
+    disk_pressure: Annotated[str, Meta(max_length=500)] | None = None
 
 
 class StartProcess(_AgentMessage, frozen=True, tag="StartProcess.v1"):
@@ -188,6 +192,7 @@ class ProcessStarted(_AgentMessage, frozen=True, tag="ProcessStarted.v1"):
     # How the node's /workspace was made: "bwrap" (a mount namespace) or "plain" (directories).
     backend: str = "plain"
     task: int = 0  # J3: which task of a batch job
+    staged: list[StagedDataset] = msgspec.field(default_factory=list)  # J14: its data preparation
 
 
 class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Struct
 
 from libs.contracts.cluster import NodeInfo, Resources
+from libs.contracts.datacache import CacheEntry, CacheEviction, StagedDataset
 from libs.contracts.health import AlertKind, NodeCheck
 from libs.contracts.jobspec import JobSpec, Priority
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
@@ -243,6 +244,8 @@ class Mount(Struct, frozen=True, kw_only=True):
     source: str
     target: str
     read_only: bool
+    # J14: copied into the node's dataset cache before the command starts, and read there (read-only).
+    stage: bool = False
 
 
 class NodeLaunch(Struct, frozen=True, kw_only=True):
@@ -286,6 +289,14 @@ class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):
     pid: int
     backend: str = "plain"  # the workspace backend the agent used (L1)
     task: int = 0
+    # J14: the datasets the node read from its cache, copied first unless they were there (a hit). The
+    # time spent copying is not counted against the job's duration limit.
+    staged: list[StagedDataset] = msgspec.field(default_factory=list)
+
+    @property
+    def staging_seconds(self) -> float:
+        """How long the node's data preparation took (its datasets were copied side by side)."""
+        return max((dataset.seconds for dataset in self.staged), default=0.0)
 
 
 class NodeProcessExited(_Event, frozen=True, tag="NodeProcessExited.v1"):
@@ -377,6 +388,19 @@ class NodeHealthy(_Event, frozen=True, tag="NodeHealthy.v1"):
     node_name: str
 
 
+class NodeDiskPressure(_Event, frozen=True, tag="NodeDiskPressure.v1"):
+    """D1: the node's disk is fuller than the platform allows, after its dataset cache evicted what it could:
+    it takes no new work (its running jobs go on) until its agent reports the disk at or below the low
+    threshold."""
+
+    node_name: str
+    reason: str
+
+
+class NodeDiskRelieved(_Event, frozen=True, tag="NodeDiskRelieved.v1"):
+    node_name: str
+
+
 class ComponentMarked(_Event, frozen=True, tag="ComponentMarked.v1"):
     """An administrator marked a component faulty (or cleared the mark), e.g. for a drill."""
 
@@ -450,6 +474,24 @@ class AlertRaised(_Event, frozen=True, tag="AlertRaised.v1"):
 class AlertMailed(_Event, frozen=True, tag="AlertMailed.v1"):
     alert_id: str
     recipients: list[str]
+
+
+# --- monitor: aggregate "cache" (id = node name) ----------------------------------------------------
+
+
+class DatasetCached(_Event, frozen=True, tag="DatasetCached.v1"):
+    """D1, D2: a node's agent copied a dataset into its cache (data preparation, or a preload)."""
+
+    node: str
+    entry: CacheEntry
+
+
+class DatasetEvicted(_Event, frozen=True, tag="DatasetEvicted.v1"):
+    """D1: a node's agent removed a cache entry: unused past the retention time, the cache above its high
+    watermark, the disk under pressure, or the copy found unreadable."""
+
+    node: str
+    eviction: CacheEviction
 
 
 # --- autoscaler: aggregate "instance" (id = the instance's name, which is also its node's) ---------------
@@ -565,13 +607,15 @@ JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | Job
             | JobRescaling | JobPrechecking | JobPrecheckFailed | JobResuming | JobRequeued | JobRestarting)
 LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LostProcessesStopped
                | LaunchSucceeded | LaunchFailed | LaunchStopped)
-NodeEvent = NodeRegistered | NodeLost | NodeRecovered | NodeRetired | NodeUnhealthy | NodeHealthy | ComponentMarked
+NodeEvent = (NodeRegistered | NodeLost | NodeRecovered | NodeRetired | NodeUnhealthy | NodeHealthy | ComponentMarked
+             | NodeDiskPressure | NodeDiskRelieved)
 MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
 AlertEvent = AlertRaised | AlertMailed
+CacheEvent = DatasetCached | DatasetEvicted
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
                  | InstanceReleased | ProvisionFailed)
 Event = (JobEvent | SettingsChanged | StorageAccessSet | NodeDrained | LaunchEvent | NodeEvent | MonitorJobEvent
-         | AlertEvent | InstanceEvent | WaitingJobsPacked | UpstreamMessageSetAside)
+         | AlertEvent | CacheEvent | InstanceEvent | WaitingJobsPacked | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
@@ -580,8 +624,10 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LostProcessesStopped, LaunchSucceeded,
     LaunchFailed, LaunchStopped,
     NodeRegistered, NodeLost, NodeRecovered, NodeRetired, NodeUnhealthy, NodeHealthy, ComponentMarked,
+    NodeDiskPressure, NodeDiskRelieved,
     PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
-    AlertRaised, AlertMailed, InstanceRequested, InstanceLaunched, InstanceReady, InstanceDraining, InstanceKept,
+    AlertRaised, AlertMailed, DatasetCached, DatasetEvicted, InstanceRequested, InstanceLaunched, InstanceReady,
+    InstanceDraining, InstanceKept,
     InstanceReleased, ProvisionFailed, WaitingJobsPacked, UpstreamMessageSetAside,
 )
 

@@ -16,6 +16,7 @@ from msgspec import Meta, Struct
 
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.cluster import NodeInfo, Resources
+from libs.contracts.datacache import CacheEntry
 from libs.contracts.events import EventEnvelope, Mount, Placement
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import Access, FieldError, JobSpec, Priority, ResourceName
@@ -168,6 +169,11 @@ class ChangeSettings(_Request, frozen=True, tag="ChangeSettings.v1"):
     max_resumes_cap: int | None = None
     max_graceful_shutdown_seconds: int | None = None
     debug_retention: str | None = None
+    cache_retention: str | None = None
+    cache_high_percent: Annotated[float, Meta(gt=0, le=100)] | None = None
+    cache_low_percent: Annotated[float, Meta(ge=0, le=100)] | None = None
+    disk_high_percent: Annotated[float, Meta(gt=0, le=100)] | None = None
+    disk_low_percent: Annotated[float, Meta(ge=0, le=100)] | None = None
 
 
 class SetStorageAccess(_Request, frozen=True, tag="SetStorageAccess.v1"):
@@ -252,6 +258,12 @@ class GetQueueStatus(_Request, frozen=True, tag="GetQueueStatus.v1"):
 
 
 MAX_AUTOSCALER_LOG_PAGE = 1000
+
+
+class ListCache(_Request, frozen=True, tag="ListCache.v1"):
+    """D1, D2: the dataset caches of every node, or of `node`."""
+
+    node: str | None = None
 
 
 class GetAutoscalerLog(_Request, frozen=True, tag="GetAutoscalerLog.v1"):
@@ -347,7 +359,8 @@ class JobDetails(_Reply, frozen=True, tag="JobDetails.v1"):
 
 class NodeView(Struct, frozen=True, kw_only=True):
     info: NodeInfo
-    status: Literal["ready", "lost", "unhealthy", "draining"]  # draining: the autoscaler is releasing it (A3)
+    # draining: the autoscaler is releasing it (A3); disk-full: its disk is under pressure (D1), see `problems`
+    status: Literal["ready", "lost", "unhealthy", "draining", "disk-full"]
     used: Resources
     jobs: list[str] = msgspec.field(default_factory=list)
     problems: list[str] = msgspec.field(default_factory=list)  # M2: why it is unhealthy
@@ -497,6 +510,20 @@ class TypeCooldown(Struct, frozen=True, kw_only=True):
     failures: int
 
 
+class NodeCache(Struct, frozen=True, kw_only=True):
+    """One node's dataset cache as its agent last reported it."""
+
+    node: str
+    reported_at: datetime
+    entries: list[CacheEntry]
+    disk_bytes: int = 0
+    used_bytes: int = 0
+
+
+class CacheListing(_Reply, frozen=True, tag="CacheListing.v1"):
+    nodes: list[NodeCache]
+
+
 class AutoscalerLog(_Reply, frozen=True, tag="AutoscalerLog.v1"):
     """A page of the autoscaler's log: its events, oldest first; `more`: further entries are there already."""
 
@@ -519,7 +546,9 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
 Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
            | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
-           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts | GetAutoscalerLog)
+           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts | GetAutoscalerLog
+           | ListCache)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
-         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage | AutoscalerLog)
+         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage | AutoscalerLog
+         | CacheListing)

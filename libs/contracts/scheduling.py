@@ -83,6 +83,15 @@ class AdminSettings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     max_resumes_cap: NonNegative = 10  # J12
     max_graceful_shutdown_seconds: NonNegative = 600  # J12
     debug_retention: str = "4h"  # J15
+    # D1, D2: nodes' dataset caches: an unused entry is kept this long; above `cache_high_percent` of its
+    # disk a cache evicts its least recently used entries down to `cache_low_percent`.
+    cache_retention: str = "7d"
+    cache_high_percent: Annotated[float, Meta(gt=0, le=100)] = 50.0
+    cache_low_percent: Annotated[float, Meta(ge=0, le=100)] = 40.0
+    # D1: a node whose disk is fuller than this takes no new work (after its cache made what room it can),
+    # and takes work again only at or below the low threshold.
+    disk_high_percent: Annotated[float, Meta(gt=0, le=100)] = 90.0
+    disk_low_percent: Annotated[float, Meta(ge=0, le=100)] = 85.0
 
 
 StoredKind = Literal["algorithm", "dataset", "annotation-dataset", "model", "volume", "output"]

@@ -11,6 +11,7 @@ from __future__ import annotations
 # JetStream streams.
 EVENTS_STREAM = "TRAINYARD_EVENTS"
 AGENT_REPORTS_STREAM = "TRAINYARD_AGENT_REPORTS"
+CACHE_REPORTS_STREAM = "TRAINYARD_CACHE_REPORTS"
 LOGS_STREAM = "TRAINYARD_LOGS"
 
 # Public domain events: trainyard.events.<service>.<aggregate>.<aggregate id>.<EventName>.
@@ -75,6 +76,8 @@ OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"
 # M7: alerts as published (one AlertRaised per incident, then AlertMailed once mailed), for services;
 # people read them with ListAlerts (LIST_ALERTS).
 ALERTS_ALL = "trainyard.events.monitor.alert.>"
+# D1, D2: nodes' dataset caches, as their agents report them to the monitor.
+LIST_CACHE = "trainyard.query.cache"
 QUEUE_STATUS = "trainyard.query.autoscaler.status"
 AUTOSCALER_LOG = "trainyard.query.autoscaler.log"
 
@@ -130,6 +133,14 @@ AGENT_REPORTS_ALL = "trainyard.agent-reports.>"
 
 def agent_report(node: str) -> str:
     return f"trainyard.agent-reports.{node}"
+
+
+# D1, D2: each node's dataset cache, reported whole by its agent whenever it changes (CacheReport).
+CACHE_REPORTS_ALL = "trainyard.agent-cache.>"
+
+
+def agent_cache(node: str) -> str:
+    return f"trainyard.agent-cache.{node}"
 
 
 LOGS_ALL = "trainyard.logs.>"

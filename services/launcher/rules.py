@@ -109,7 +109,8 @@ def _report_events(state: LauncherState, launch: Launch, report: ProcessStarted 
         if unit in launch.started or unit in launch.exited:
             return []
         return [NodeProcessStarted(job_id=launch.job_id, attempt=launch.attempt, task=report.task, rank=report.rank,
-                                   node=report.node, pid=report.pid, backend=report.backend)]
+                                   node=report.node, pid=report.pid, backend=report.backend,
+                                   staged=list(report.staged))]
     if unit in launch.exited:
         return []
     events: list[Event] = [NodeProcessExited(job_id=launch.job_id, attempt=launch.attempt, task=report.task,

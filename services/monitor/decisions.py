@@ -15,12 +15,16 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from libs.contracts.cluster import NodeInfo
+from libs.contracts.datacache import CacheEntry, CacheEviction, CachePolicy, CacheReport
 from libs.contracts.events import (
     AlertMailed,
     AlertRaised,
     ComponentMarked,
+    DatasetCached,
+    DatasetEvicted,
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
+    Event,
     EventEnvelope,
     InstanceReleased,
     JobExpired,
@@ -29,6 +33,8 @@ from libs.contracts.events import (
     JobResuming,
     JobStopped,
     JobSucceeded,
+    NodeDiskPressure,
+    NodeDiskRelieved,
     NodeEvent,
     NodeHealthy,
     NodeLost,
@@ -122,11 +128,32 @@ def registration(info: NodeInfo, known: MonitoredNode | None) -> Outcome:
     return Outcome()
 
 
-def heartbeat(node: MonitoredNode, version: int, jobs: JobLifecycle, operators: Sequence[str]) -> Outcome:
-    """After a heartbeat (its probe already in `node.probed`): back if it was lost, and any change of health."""
+def heartbeat(node: MonitoredNode, version: int, jobs: JobLifecycle, operators: Sequence[str],
+              disk_pressure: str | None = None) -> Outcome:
+    """After a heartbeat (its probe already in `node.probed`): back if it was lost, any change of health, and
+    its disk coming under pressure or out of it (D1: the agent decides, with its thresholds' hysteresis)."""
     events: list[NodeEvent] = [NodeRecovered(node_name=node.name)] if node.lost else []
     events += health_events(node, node.marks)
+    if disk_pressure is not None and node.disk_pressure is None:
+        events.append(NodeDiskPressure(node_name=node.name, reason=disk_pressure))
+    elif disk_pressure is None and node.disk_pressure is not None:
+        events.append(NodeDiskRelieved(node_name=node.name))
     return node_changes(node.name, version, events, was_healthy=not node.problems, jobs=jobs, operators=operators)
+
+
+def cache_report(report: CacheReport, recorded: Mapping[str, CacheEntry]) -> Outcome:
+    """D1, D2: what a node's cache report changes in the log: entries new to it are cached; entries it no
+    longer holds are evicted, for the reason the agent gave (or found unreadable, when it gave none)."""
+    held = {entry.key: entry for entry in report.entries}
+    events: list[Event] = [DatasetCached(node=report.node, entry=entry) for key, entry in held.items()
+                           if key not in recorded]
+    told = {eviction.key: eviction for eviction in report.evicted}
+    for key, entry in recorded.items():
+        if key not in held:
+            eviction = told.get(key) or CacheEviction(key=key, source=entry.source, bytes=entry.bytes,
+                                                      cause="unreadable", evicted_at=report.sent_at)
+            events.append(DatasetEvicted(node=report.node, eviction=eviction))
+    return Outcome(events=[NewEvent("cache", report.node, event) for event in events])
 
 
 def mark(node: MonitoredNode, request: MarkComponent, by: str, version: int, jobs: JobLifecycle,
@@ -291,3 +318,10 @@ def set_aside(envelope: EventEnvelope, operators: Sequence[str]) -> Outcome:
     if not isinstance(envelope.event, UpstreamMessageSetAside):
         return Outcome()
     return Outcome(alerts=[alerts.message_set_aside(envelope.service, envelope.event, operators)])
+
+
+def cache_policy(settings: AdminSettings) -> CachePolicy:
+    """D1, D2: how every node keeps its dataset cache, from the administrator's settings."""
+    return CachePolicy(retention_seconds=parse_duration(settings.cache_retention),
+                       high_percent=settings.cache_high_percent, low_percent=settings.cache_low_percent,
+                       disk_high_percent=settings.disk_high_percent, disk_low_percent=settings.disk_low_percent)

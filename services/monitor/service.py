@@ -37,6 +37,7 @@ from libs.contracts import subjects
 from libs.contracts.agent import AnnounceNodes, Heartbeat, NodeAccepted, RegisterNode
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import decode, encode
+from libs.contracts.datacache import CacheReport
 from libs.contracts.events import (
     AlertRaised,
     DebugEnvironmentKept,
@@ -44,14 +45,17 @@ from libs.contracts.events import (
     JobPrechecking,
     PerformanceDegraded,
     PrecheckCompleted,
+    SettingsChanged,
 )
 from libs.contracts.health import COMPONENT_PATTERN
 from libs.contracts.identity import Identity
 from libs.contracts.messages import (
     AlertPage,
+    CacheListing,
     CommandError,
     Done,
     ListAlerts,
+    ListCache,
     MarkComponent,
     OpenTerminal,
     TerminalOpened,
@@ -64,7 +68,7 @@ from libs.messaging.rpc import register_authenticated, register_with_headers
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
-from services.monitor import alerts, decisions, precheck, terminal
+from services.monitor import alerts, caches, decisions, precheck, terminal
 from services.monitor.decisions import Outcome
 from services.monitor.logfeed import follow_logs
 from services.monitor.mailer import Mailer
@@ -91,6 +95,7 @@ class Monitor(EventSourcedService):
         self.secret = runtime.settings.require_auth_secret()
         self.signer = ControlSigner.of(self.secret, "monitor")  # its requests to agents (libs/controlsign.py)
         self.state = MonitorState()
+        self.reports: dict[str, CacheReport] = {}  # D1, D2: each node's latest cache report (its live view)
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
         self.refused_beats_logged: dict[str, float] = {}  # node -> when its ignored heartbeat was last logged
@@ -126,7 +131,9 @@ class Monitor(EventSourcedService):
                          consumer="autoscaler-events", message_type=EventEnvelope, fold=self.state.apply_autoscaler,
                          react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
                                                                            self.operators).changes,
-                         span="monitor autoscaler event")]
+                         span="monitor autoscaler event"),
+                Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
+                         consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report)]
 
     def alert_set_aside(self, envelope: EventEnvelope) -> list[NewEvent]:
         return decisions.set_aside(envelope, self.operators).changes
@@ -140,6 +147,8 @@ class Monitor(EventSourcedService):
         register_authenticated(broker, self.name, subjects.OPEN_TERMINAL, OpenTerminal, self.open_terminal,
                                secret=self.secret)
         register_authenticated(broker, self.name, subjects.LIST_ALERTS, ListAlerts, self.list_alerts,
+                               secret=self.secret)
+        register_authenticated(broker, self.name, subjects.LIST_CACHE, ListCache, self.list_cache,
                                secret=self.secret)
 
     def loops(self) -> Mapping[str, Loop]:
@@ -230,7 +239,8 @@ class Monitor(EventSourcedService):
         async with self.lock:
             await self.carry_out(decisions.registration(info, self.state.nodes.get(info.name)))
             self.state.nodes[info.name].last_seen = time.monotonic()
-        return NodeAccepted(heartbeat_seconds=self.heartbeat_seconds)
+        return NodeAccepted(heartbeat_seconds=self.heartbeat_seconds,
+                            cache=decisions.cache_policy(self.jobs.settings))
 
     async def on_heartbeat(self, msg: NatsMessage) -> None:
         try:
@@ -248,7 +258,8 @@ class Monitor(EventSourcedService):
                 return
             node.last_seen = time.monotonic()
             node.probed = list(beat.health)
-            await self.carry_out(decisions.heartbeat(node, self.version("node", node.name), self.jobs, self.operators))
+            await self.carry_out(decisions.heartbeat(node, self.version("node", node.name), self.jobs, self.operators,
+                                                     disk_pressure=beat.disk_pressure))
 
     async def _ask_unknown(self, node: str) -> None:
         """A heartbeat of a node this monitor does not know (its log lost it): ask it, at most every
@@ -307,9 +318,12 @@ class Monitor(EventSourcedService):
         the agents, outside the lock."""
         event = envelope.event
         async with self.lock:
+            policy = decisions.cache_policy(self.jobs.settings)
             self.follow(envelope)
             if tracking is None:
                 return False
+            if isinstance(event, SettingsChanged) and decisions.cache_policy(event.settings) != policy:
+                await self.announce([])  # the agents register again, and get the new cache policy (D1)
             if not isinstance(event, JobPrechecking):
                 with self._tracer.start_as_current_span(f"monitor react {type(event).name()}",
                                                         context=context_from_headers(envelope.trace)):
@@ -345,6 +359,26 @@ class Monitor(EventSourcedService):
                         await self.carry_out(outcome)
 
     # --- alerts, for people (M7) ------------------------------------------------------------------------
+
+    # --- the nodes' dataset caches (D1, D2) -----------------------------------------------------------------
+
+    async def on_cache_report(self, report: CacheReport, msg: Msg, tracking: Tracking | None) -> bool:
+        """Keep a node's latest report; record what it changed (cached, evicted) once, with its position."""
+        if msg.subject != subjects.agent_cache(report.node):  # NATS lets a node publish only its own subject
+            log.warning("cache.report_ignored", subject=msg.subject, node=report.node)
+            return False
+        async with self.lock:
+            self.reports[report.node] = report
+            if tracking is None:
+                return False
+            return await self.carry_out(decisions.cache_report(report, self.state.cached.get(report.node, {})),
+                                        tracking)
+
+    async def list_cache(self, request: ListCache, _: Identity) -> CacheListing | CommandError:
+        if request.node is not None and request.node not in self.state.nodes and request.node not in self.reports:
+            return CommandError(code="not-found", message=f"no such node: {request.node}",
+                                hint="`trainyard nodes` lists the nodes")
+        return caches.listing(self.reports, self.state.nodes, request.node)
 
     async def list_alerts(self, request: ListAlerts, identity: Identity) -> AlertPage:
         """M7: a page of the alerts this user may see, read from the monitor's own log (one more than

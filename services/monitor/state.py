@@ -14,15 +14,20 @@ from dataclasses import dataclass, field
 from datetime import datetime
 
 from libs.contracts.cluster import NodeInfo
+from libs.contracts.datacache import CacheEntry
 from libs.contracts.events import (
     AlertMailed,
     AlertRaised,
     ComponentMarked,
+    DatasetCached,
+    DatasetEvicted,
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
     InstanceReleased,
     InstanceRequested,
+    NodeDiskPressure,
+    NodeDiskRelieved,
     NodeHealthy,
     NodeLost,
     NodeRecovered,
@@ -44,6 +49,7 @@ class MonitoredNode:
     problems: list[str] = field(default_factory=list)  # as last recorded; empty when healthy
     last_seen: float = 0.0  # monotonic seconds; not part of the event log
     probed: list[ComponentHealth] | None = None  # the latest heartbeat's probe; None until one arrives
+    disk_pressure: str | None = None  # D1: as last recorded; its disk takes no new work
 
     @property
     def name(self) -> str:
@@ -76,6 +82,8 @@ class MonitorState:
     # Instances the autoscaler released (instance, i.e. node -> why) whose node is not retired yet: one a job
     # ran on when its instance vanished is retired once it is counted lost.
     released: dict[str, str] = field(default_factory=dict)
+    # D1, D2: each node's dataset cache as recorded (DatasetCached, DatasetEvicted), by entry key.
+    cached: dict[str, dict[str, CacheEntry]] = field(default_factory=dict)
 
     def apply(self, envelope: EventEnvelope, now: float) -> None:
         if envelope.aggregate_type == "node":
@@ -84,6 +92,10 @@ class MonitorState:
             self._apply_job(envelope)
         elif envelope.aggregate_type == "alert":
             self._apply_alert(envelope)
+        elif isinstance(envelope.event, DatasetCached):
+            self.cached.setdefault(envelope.event.node, {})[envelope.event.entry.key] = envelope.event.entry
+        elif isinstance(envelope.event, DatasetEvicted):
+            self.cached.get(envelope.event.node, {}).pop(envelope.event.eviction.key, None)
 
     def _apply_node(self, envelope: EventEnvelope, now: float) -> None:
         event = envelope.event
@@ -111,6 +123,8 @@ class MonitorState:
             found.problems = list(event.problems)
         elif isinstance(event, NodeHealthy):
             found.problems = []
+        elif isinstance(event, NodeDiskPressure | NodeDiskRelieved):
+            found.disk_pressure = event.reason if isinstance(event, NodeDiskPressure) else None
         elif isinstance(event, ComponentMarked):
             if event.faulty:
                 found.marks[event.component] = event

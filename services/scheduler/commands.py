@@ -252,16 +252,23 @@ class JobCommands:
         if not identity.admin:
             return CommandError(code="forbidden", message="only administrators change platform settings")
         changes = {k: v for k, v in msgspec.structs.asdict(request).items() if v is not None}
-        if (retention := changes.get("debug_retention")) is not None:
-            try:
-                parse_duration(retention)
-            except ValueError as exc:
-                return CommandError(code="invalid-request", message=f"debug_retention: {exc}")
+        for name in ("debug_retention", "cache_retention"):
+            if (retention := changes.get(name)) is not None:
+                try:
+                    parse_duration(retention)
+                except ValueError as exc:
+                    return CommandError(code="invalid-request", message=f"{name}: {exc}")
         negative = [k for k, v in changes.items() if isinstance(v, int) and not isinstance(v, bool) and v < 0]
         if negative:
             return CommandError(code="invalid-request", message=f"must not be negative: {', '.join(negative)}")
         async with self.s.lock:
             settings = msgspec.structs.replace(self.state.settings, **changes)
+            for kind in ("cache", "disk"):
+                low, high = getattr(settings, f"{kind}_low_percent"), getattr(settings, f"{kind}_high_percent")
+                if low > high:
+                    return CommandError(code="invalid-request",
+                                        message=f"{kind}_low_percent ({low:g}) is above {kind}_high_percent ({high:g})",
+                                        hint="the low threshold must be at or below the high one")
             if settings != self.state.settings:
                 await self.s.record([settings_change(SettingsChanged(settings=settings, by=identity.user))])
         return SettingsView(settings=self.state.settings)

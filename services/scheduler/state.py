@@ -120,6 +120,8 @@ class Job:
     kept_until: datetime | None = None  # J15: its environments are kept for the debug terminal
     running_since: datetime | None = None  # J16: since when its running time counts (None: queued)
     ran_before: timedelta = timedelta()  # J16: what it ran before it went back to the queue
+    # J14: per attempt, how long its nodes' data preparation took (the longest node): not counted by J16.
+    staging_seconds: dict[int, float] = field(default_factory=dict)
     # J12: a checkpoint-resume job's failed attempt, and when it failed: a node fault reported soon
     # after explains it (the job resumes); otherwise it fails once the fault would have been seen.
     unexplained_failure: tuple[LaunchFailed, datetime] | None = None
@@ -145,11 +147,13 @@ class Job:
     @property
     def ends_at(self) -> datetime | None:
         """When a running job passes its duration limit (J16); None without a limit. The limit counts
-        from its first start; time spent back in the queue after a move (J12) does not count."""
+        from its first start; time spent back in the queue after a move (J12), and in data preparation (J14),
+        does not count."""
         seconds = self.duration_seconds
         if self.running_since is None or seconds is None:
             return None
-        return self.running_since + timedelta(seconds=seconds) - self.ran_before
+        staging = timedelta(seconds=sum(self.staging_seconds.values()))
+        return self.running_since + timedelta(seconds=seconds) - self.ran_before + staging
 
     def sort_key(self) -> tuple[int, int]:
         """S1: very urgent before urgent before normal; first come first served within a level."""
@@ -316,6 +320,9 @@ class SchedulerState:
             # A batch job's ranks start once per task: the instance shows the task running now.
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
             instance.pid, instance.exit_code = event.pid, None
+            if event.staged:
+                job.staging_seconds[event.attempt] = max(job.staging_seconds.get(event.attempt, 0.0),
+                                                         event.staging_seconds)
         elif isinstance(event, NodeProcessExited):
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
             instance.exit_code = event.exit_code

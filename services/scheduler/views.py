@@ -92,7 +92,7 @@ def node_views(state: SchedulerState) -> list[NodeView]:
         for node_name in state.holdings(job):
             holders.setdefault(node_name, []).append(job.job_id)
     return [NodeView(info=n.info, status=n.status, used=used.get(name, Resources()),
-                     jobs=holders.get(name, []), problems=list(n.problems))
+                     jobs=holders.get(name, []), problems=n.reasons)
             for name, n in sorted(state.nodes.items())]
 
 

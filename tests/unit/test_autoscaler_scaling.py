@@ -196,7 +196,7 @@ def test_a_restarted_autoscaler_packs_as_before_and_asks_for_nothing_more(batche
                                  suffixes=SUFFIXES[used:], now=NOW) for s in (state, restarted))
     assert again == continued
     assert packing(restarted, again) == packing(state, continued)
-    if len(queue) == len(continued.nominations) + len(continued.unservable):  # none held back by the limits
+    if len(queue) == len(decided.nominations) + len(decided.unservable):  # the last held none back (limits)
         assert again.requests == [] and packing(restarted, again) == []
 
 

@@ -19,6 +19,7 @@ from client.api import CreationUnanswered, NoAnswer, TrainyardError
 from client.cli.runner import unavailable_hint
 from libs.auth import verify_token
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
+from libs.contracts.datacache import CacheEntry
 from libs.contracts.events import (
     DebugEnvironmentKept,
     EventEnvelope,
@@ -42,6 +43,7 @@ from libs.contracts.messages import (
     JobAccepted,
     JobDetails,
     JobView,
+    NodeCache,
     NodeView,
     QueueStatus,
     ScaledInstance,
@@ -713,3 +715,23 @@ def test_storage_access_registers_and_lists_as_a_table(fake: FakeClient) -> None
 def test_storage_list_says_unregistered_storage_is_open(fake: FakeClient) -> None:
     fake.answers["storage_access"] = []
     assert "open to everyone" in invoke("storage", "list").output
+
+
+def test_cache_lists_each_nodes_entries_with_size_last_use_and_the_jobs_using_them(fake: FakeClient) -> None:
+    entry = CacheEntry(key="0123456789abcdef01234567", source="datasets/imgs/v1", bytes=3 * 2**20, files=12,
+                       staged_at=NOW, last_used=NOW, pins=["job-0123456789ab/1/0/0", "job-0123456789ab/1/0/1"])
+    fake.answers["cache"] = [NodeCache(node="node-a", reported_at=NOW, entries=[entry], disk_bytes=100 * 2**30,
+                                       used_bytes=42 * 2**30)]
+    result = invoke("cache", "--node", "node-a")
+    assert result.exit_code == 0, result.output
+    assert fake.calls[-1] == ("cache", ("node-a",), {})
+    assert "node-a: 1 entry, 3.0 MiB, disk 42% full of 100 GiB" in result.output
+    rows = [line.split() for line in result.output.splitlines()]
+    assert any(row[:5] == ["node-a", "datasets/imgs/v1", "0123456789ab", "3.0", "12"] and row[-1] == "job-0123456789ab"
+               for row in rows), result.output
+
+
+def test_cache_says_so_when_no_node_reported_one(fake: FakeClient) -> None:
+    fake.answers["cache"] = []
+    result = invoke("cache")
+    assert result.exit_code == 0 and "no node has reported a dataset cache yet" in result.output

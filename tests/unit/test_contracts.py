@@ -39,11 +39,20 @@ from libs.contracts.agent import (
 )
 from libs.contracts.cluster import Accelerators, NodeInfo, Resources
 from libs.contracts.codec import decode, decode_any, encode
+from libs.contracts.datacache import (
+    CacheEntry,
+    CacheEviction,
+    CachePolicy,
+    CacheReport,
+    StagedDataset,
+)
 from libs.contracts.events import (
     EVENT_TYPES,
     AlertMailed,
     AlertRaised,
     ComponentMarked,
+    DatasetCached,
+    DatasetEvicted,
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     Event,
@@ -78,6 +87,8 @@ from libs.contracts.events import (
     LaunchSucceeded,
     LostProcessesStopped,
     Mount,
+    NodeDiskPressure,
+    NodeDiskRelieved,
     NodeDrained,
     NodeHealthy,
     NodeLaunch,
@@ -116,6 +127,7 @@ from libs.contracts.messages import (
     MAX_LOG_PAGE_CHUNKS,
     AlertPage,
     AutoscalerLog,
+    CacheListing,
     ChangeDuration,
     ChangePriority,
     ChangeSettings,
@@ -140,12 +152,14 @@ from libs.contracts.messages import (
     JobUsage,
     JobView,
     ListAlerts,
+    ListCache,
     ListFlavors,
     ListJobs,
     ListNodes,
     ListStorageAccess,
     LogPage,
     MarkComponent,
+    NodeCache,
     NodeList,
     NodeView,
     OpenTerminal,
@@ -167,6 +181,8 @@ from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction, Sto
 from libs.contracts.strict import decode_strict
 
 AT = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
+CACHE_ENTRY = CacheEntry(key="0123456789abcdef01234567", source="datasets/imgs/v1", bytes=2048, files=2, staged_at=AT,
+                         last_used=AT, pins=["job-000000000001/1/0/0"])
 
 SPEC = JobSpec(
     name="bert", mode="pytorch", nodes=2, flavors=["gpu-4", "gpu-8"], pool="team-a",
@@ -192,7 +208,9 @@ EVENT_SAMPLES: list[Any] = [
     JobStopped(job_id="job-000000000001", by="bob", reason="maintenance"),
     JobDeleted(job_id="job-000000000001", by="alice"),
     LaunchPlanned(job_id="job-000000000001", attempt=1, mode="pytorch", nodes=[LAUNCH]),
-    NodeProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=4242),
+    NodeProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=4242, staged=[
+        StagedDataset(source="datasets/imgs/v1", key="0123456789abcdef01234567", bytes=2048, files=2, hit=False,
+                      seconds=1.5)]),
     NodeProcessExited(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", exit_code=137),
     NodeProcessLost(job_id="job-000000000001", attempt=1, rank=1, node="gpu-node-2", reason="no answer for 60s"),
     LostProcessesStopped(job_id="job-000000000001", attempt=1, node="gpu-node-2"),
@@ -224,6 +242,8 @@ EVENT_SAMPLES: list[Any] = [
                   exit_code=3),
     NodeUnhealthy(node_name="gpu-node-2", problems=["board:0 faulty (marked by root)"]),
     NodeHealthy(node_name="gpu-node-2"),
+    NodeDiskPressure(node_name="gpu-node-2", reason="local disk 93% full (above 90%); takes work again at 85%"),
+    NodeDiskRelieved(node_name="gpu-node-2"),
     ComponentMarked(node_name="gpu-node-2", component="board:0", faulty=True, by="root", reason="drill"),
     PrecheckCompleted(job_id="job-000000000001", attempt=2, passed=False, nodes=[NodeCheck(
         node="gpu-node-2", passed=False, checks=[ComponentHealth(kind="board", name="0", healthy=False)])]),
@@ -245,6 +265,9 @@ EVENT_SAMPLES: list[Any] = [
     InstanceReleased(instance="gpu-small-3f2a9c", reason="idle for 300s"),
     ProvisionFailed(instance="gpu-small-3f2a9d", instance_type="gpu-small", reason="InsufficientInstanceCapacity",
                     capacity=True, retry_after=AT),
+    DatasetCached(node="gpu-node-1", entry=CACHE_ENTRY),
+    DatasetEvicted(node="gpu-node-1", eviction=CacheEviction(key="0123456789abcdef01234567", source="datasets/imgs/v1",
+                                                             bytes=2048, cause="watermark", evicted_at=AT)),
     WaitingJobsPacked(packed={"job-000000000001": {"gpu-small-3f2a9c": Resources(cpus=2.0, memory_mib=4096,
                                                                                   accelerators=1)}},
                       unpacked=["job-000000000002"]),
@@ -349,6 +372,8 @@ REQUEST_SAMPLES: list[Any] = [
     ListNodes(),
     ListAlerts(after=3, limit=50),
     GetAutoscalerLog(after=12, limit=100),
+    ListCache(node="gpu-node-1"),
+    ListCache(),
     GetQueueStatus(),
     ChangePriority(job_id="job-000000000001", priority="urgent"),
     ChangeDuration(job_id="job-000000000001", duration=None),
@@ -455,6 +480,8 @@ REPLY_SAMPLES: list[Any] = [
                                          aggregate_id="gpu-3f2a9c", version=1, position=3, recorded_at=AT,
                                          event=InstanceReady(instance="gpu-3f2a9c", node="gpu-3f2a9c"))],
                   next_after=3, more=False),
+    CacheListing(nodes=[NodeCache(node="gpu-node-1", reported_at=AT, entries=[CACHE_ENTRY], disk_bytes=10**12,
+                                  used_bytes=10**11)]),
     TerminalOpened(session_id="3f2a", node="gpu-node-1", rank=0, attempt=1),
     StorageAccessList(entries=[StoredAccess(kind="output", name="out", owner="alice", project="default")]),
     LogPage(chunks=[LogChunk(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", seq=3,
@@ -530,6 +557,24 @@ def test_process_reports_decode_as_process_report(report: Any) -> None:
                          ids=lambda m: type(m).__name__)
 def test_agent_replies_decode_as_agent_reply(reply: Any) -> None:
     assert decode_any(encode(reply), AgentReply) == reply
+
+
+def test_a_registration_hands_the_agent_its_cache_policy_and_defaults_to_the_spec() -> None:
+    accepted = NodeAccepted(heartbeat_seconds=2.5, cache=CachePolicy(retention_seconds=3600.0, high_percent=80.0,
+                                                                       low_percent=60.0))
+    assert decode_any(encode(accepted), AgentReply) == accepted
+    default = decode_any(b'{"type": "NodeAccepted.v1", "heartbeat_seconds": 1.0}', AgentReply)
+    assert isinstance(default, NodeAccepted) and default.cache.retention_seconds == 7 * 86400  # D1: 7 days
+
+
+def test_a_cache_report_round_trips_and_its_keys_are_checked() -> None:
+    report = CacheReport(node="gpu-node-1", sent_at=AT, entries=[CACHE_ENTRY], disk_bytes=10**12, used_bytes=10**9,
+                         evicted=[CacheEviction(key="0123456789abcdef01234568", source="datasets/old", bytes=1,
+                                                cause="retention", evicted_at=AT)])
+    assert decode(encode(report), CacheReport) == report
+    forged = msgspec.structs.replace(report, entries=[msgspec.structs.replace(CACHE_ENTRY, key="../../etc")])
+    with pytest.raises(msgspec.ValidationError, match="key"):
+        decode(encode(forged), CacheReport)
 
 
 def test_ports_reserved_is_an_agent_reply() -> None:

@@ -5,7 +5,10 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from libs.contracts.cluster import NodeInfo
+from libs.contracts.datacache import CacheEntry, CacheEviction, CacheReport
 from libs.contracts.events import (
+    DatasetCached,
+    DatasetEvicted,
     DebugEnvironmentKept,
     Event,
     EventEnvelope,
@@ -13,6 +16,8 @@ from libs.contracts.events import (
     JobAdmitted,
     JobFailed,
     JobSubmitted,
+    NodeDiskPressure,
+    NodeDiskRelieved,
     NodeLost,
     NodeRecovered,
     NodeRetired,
@@ -149,3 +154,38 @@ def test_an_instance_that_never_joined_and_a_type_that_keeps_failing_raise_alert
     assert raised == [3, 10, 20, 30]
     [alert] = decisions.autoscaler_event(failed(3), {}, JobLifecycle(), []).alerts
     assert alert.kind == "provisioning-failing" and "no capacity" in alert.message
+
+
+def test_a_cache_report_records_new_entries_and_the_ones_gone_with_their_cause() -> None:
+    def entry(key: str, source: str) -> CacheEntry:
+        return CacheEntry(key=key, source=source, bytes=10, files=1, staged_at=NOW, last_used=NOW)
+
+    kept, evicted, vanished, new = (entry(f"{i:024x}", f"datasets/d{i}") for i in range(4))
+    report = CacheReport(node="node-a", sent_at=NOW, entries=[kept, new], evicted=[CacheEviction(
+        key=evicted.key, source=evicted.source, bytes=10, cause="watermark", evicted_at=NOW)])
+    outcome = decisions.cache_report(report, {e.key: e for e in (kept, evicted, vanished)})
+    assert [(c.aggregate_type, c.aggregate_id) for c in outcome.events] == [("cache", "node-a")] * 3
+    events = [c.event for c in outcome.events]
+    assert [e.entry.key for e in events if isinstance(e, DatasetCached)] == [new.key]
+    assert sorted((e.eviction.key, e.eviction.cause) for e in events if isinstance(e, DatasetEvicted)) == [
+        (evicted.key, "watermark"), (vanished.key, "unreadable")]
+    # The same report again changes nothing: a redelivery records nothing twice.
+    state = MonitorState()
+    for version, change in enumerate(outcome.events, start=1):
+        state.apply(EventEnvelope(event_id=f"c{version}", service="monitor", aggregate_type="cache",
+                                  aggregate_id="node-a", version=version, position=version, recorded_at=NOW,
+                                  event=change.event), now=0.0)
+    state.cached["node-a"].update({kept.key: kept})
+    assert decisions.cache_report(report, state.cached["node-a"]).events == []
+
+
+def test_a_disk_under_pressure_is_recorded_once_and_relieved_once() -> None:
+    node = MonitoredNode(info=INFO, probed=[])
+    reason = "local disk 93% full (above 90%); takes work again at or below 85%"
+    [pressure] = decisions.heartbeat(node, 1, JobLifecycle(), [], disk_pressure=reason).events
+    assert pressure.event == NodeDiskPressure(node_name="node-a", reason=reason)
+    node.disk_pressure = reason
+    assert decisions.heartbeat(node, 2, JobLifecycle(), [], disk_pressure=reason).events == []
+    [relieved] = decisions.heartbeat(node, 2, JobLifecycle(), []).events
+    assert relieved.event == NodeDiskRelieved(node_name="node-a")
+    assert decisions.heartbeat(node, 2, JobLifecycle(), [], disk_pressure=reason).alerts == []  # no alert: no fault

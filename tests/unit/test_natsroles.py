@@ -73,7 +73,7 @@ def test_a_service_publishes_its_own_events_only() -> None:
 
 def test_only_a_streams_owner_manages_it() -> None:
     assert set(STREAM_OWNERS) == {subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM,
-                                  subjects.USAGE_STREAM}
+                                  subjects.USAGE_STREAM, subjects.CACHE_REPORTS_STREAM}
     everyone = roles(["node-a"], ["alice"])
     for stream, owner in STREAM_OWNERS.items():
         for name, permissions in everyone.items():
@@ -84,10 +84,11 @@ def test_only_a_streams_owner_manages_it() -> None:
 
 def test_an_agent_speaks_for_its_own_node_only() -> None:
     agent = agent_permissions("node-a")
-    for own in (subjects.agent_report("node-a"), subjects.heartbeat("node-a"), subjects.REGISTER_NODE,
+    for own in (subjects.agent_report("node-a"), subjects.agent_cache("node-a"), subjects.heartbeat("node-a"),
+                subjects.REGISTER_NODE,
                 subjects.session("node-a", "user-alice", "s1", "out"), subjects.job_logs("job-000000000001", 0)):
         assert may_publish(agent, own), own
-    for other in (subjects.agent_report("node-b"), subjects.heartbeat("node-b"),
+    for other in (subjects.agent_report("node-b"), subjects.agent_cache("node-b"), subjects.heartbeat("node-b"),
                   subjects.session("node-b", "user-alice", "s1", "out"),
                   subjects.agent_exec("node-b"), subjects.agent_start("node-b"), subjects.SUBMIT_JOB):
         assert not may_publish(agent, other), other

@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 
 from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
+from libs.contracts.datacache import StagedDataset
 from libs.contracts.events import (
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
@@ -31,6 +32,8 @@ from libs.contracts.events import (
     JobSucceeded,
     LaunchFailed,
     LaunchPlanned,
+    NodeDiskPressure,
+    NodeDiskRelieved,
     NodeHealthy,
     NodeLaunch,
     NodeLost,
@@ -514,3 +517,28 @@ def test_a_kept_environment_shows_until_it_is_released(log: Log) -> None:
     assert log.state.view(log.state.jobs["a"]).kept_until == until
     log.apply(DebugEnvironmentReleased(job_id="a", attempt=1), service="monitor")
     assert log.state.view(log.state.jobs["a"]).kept_until is None
+
+
+def test_data_preparation_does_not_count_toward_the_duration_limit(log: Log) -> None:
+    """J14: the longest node's staging of an attempt is added to its deadline, once per attempt."""
+    log.submit("a", nodes=2, duration="1h")
+    log.admit("a", ["n1", "n2"])
+    job = log.state.jobs["a"]
+    deadline = job.ends_at
+    assert deadline is not None
+    for rank, (node, seconds) in enumerate((("n1", 90.0), ("n2", 30.0))):
+        log.apply(NodeProcessStarted(job_id="a", attempt=1, rank=rank, node=node, pid=100 + rank, staged=[
+            StagedDataset(source="datasets/imgs", key="0123456789abcdef01234567", bytes=1, files=1, hit=False,
+                          seconds=seconds)]), service="launcher")
+    assert job.ends_at == deadline + timedelta(seconds=90)
+    log.apply(NodeProcessStarted(job_id="a", attempt=1, rank=0, node="n1", pid=100, staged=[
+        StagedDataset(source="datasets/imgs", key="0123456789abcdef01234567", bytes=1, files=1, hit=False,
+                      seconds=90.0)]), service="launcher")  # the same report again
+    assert job.ends_at == deadline + timedelta(seconds=90)
+    # The node blocked by a full disk takes nothing new; its reason shows with its problems.
+    log.register("n3")
+    log.apply(NodeDiskPressure(node_name="n3", reason="local disk 95% full"), service="monitor")
+    blocked = log.state.nodes["n3"]
+    assert (blocked.schedulable, blocked.status, blocked.reasons) == (False, "disk-full", ["local disk 95% full"])
+    log.apply(NodeDiskRelieved(node_name="n3"), service="monitor")
+    assert (blocked.schedulable, blocked.status, blocked.reasons) == (True, "ready", [])

@@ -1,0 +1,364 @@
+"""A node's dataset cache on its local disk (SPEC J14, D1, D2): copies made once, verified, reused.
+
+    <cache>/entries/<key>/data/…      a dataset folder as it was copied (read-only files)
+    <cache>/entries/<key>/entry.json  what it is: source, size, files, checksum, when copied
+    <cache>/entries/<key>/used        touched at every use: its modification time is the last use
+    <cache>/pins/<key>/<holder>       one file per rank using it; an entry with pins is never removed
+    <cache>/partial/<key>-<random>/   copies being made; an entry exists only once renamed into entries/
+    <cache>/locks/<key>.lock          held while an entry is fetched: one fetch per entry per node, also
+                                      between agents sharing a cache folder
+
+A copy is made file by file by a bounded pool of workers shared by every job on the node, so a job's
+datasets and the files of a large one are copied side by side (D2). Each file is hashed as it is read
+from shared storage and again as written, and its size is checked against the listing; the folder is
+listed again once done, and a dataset that changed meanwhile is not kept. Only then is the copy renamed
+into place, in one step: a crash mid-copy leaves a partial folder, which is removed at the next start and
+never used. What the cache keeps is decided by agent/cachepolicy.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import fcntl
+import hashlib
+import json
+import os
+import secrets
+import shutil
+import stat
+import threading
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+
+from agent.cachepolicy import Held, SourceFile, cache_key, evictions, under_pressure
+from libs.contracts.datacache import (
+    MAX_CACHE_ENTRIES_REPORTED,
+    CacheEntry,
+    CacheEviction,
+    CachePolicy,
+    EvictionCause,
+    StagedDataset,
+)
+from libs.telemetry.logs import get_logger
+
+log = get_logger(__name__)
+CHUNK = 1024 * 1024
+DEFAULT_WORKERS = 4
+WORKERS_VARIABLE = "TRAINYARD_STAGE_WORKERS"
+# At most this many MiB a second read from shared storage for staging, all copies together (unset: no limit),
+# so that staging does not starve the jobs reading shared storage directly.
+RATE_VARIABLE = "TRAINYARD_STAGE_MIB_PER_SECOND"
+CACHE_VARIABLE = "TRAINYARD_DATA_CACHE"
+
+
+class StagingError(Exception):
+    """A dataset could not be copied; the message names it and why."""
+
+
+class Throttle:
+    """Shares a rate among the copying threads: each chunk waits for its turn (bytes per second)."""
+
+    def __init__(self, bytes_per_second: float | None) -> None:
+        self.rate = bytes_per_second
+        self._next = time.monotonic()
+        self._lock = threading.Lock()
+
+    def take(self, count: int) -> None:
+        if not self.rate:
+            return
+        with self._lock:
+            now = time.monotonic()
+            start = max(now, self._next)
+            self._next = start + count / self.rate
+        time.sleep(max(0.0, start - now))
+
+
+UNLIMITED = Throttle(None)
+
+
+@dataclass
+class Progress:
+    """How far one dataset's copy is (updated from the copying threads)."""
+
+    source: str
+    total_bytes: int
+    total_files: int
+    started: float = field(default_factory=time.monotonic)
+    done_bytes: int = 0
+    finished: float | None = None
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+
+    def add(self, count: int) -> None:
+        with self._lock:
+            self.done_bytes += count
+
+    def line(self) -> str:
+        elapsed = max((self.finished or time.monotonic()) - self.started, 1e-6)
+        rate = self.done_bytes / elapsed / 2**20
+        return (f"data preparation: {self.source} {self.done_bytes / 2**20:.1f}/{self.total_bytes / 2**20:.1f} MiB "
+                f"({rate:.1f} MiB/s)")
+
+
+def list_source(folder: Path) -> list[SourceFile]:
+    """Every file under a dataset folder (links followed as a job would read them)."""
+    if not folder.is_dir():
+        raise StagingError(f"{folder} is not a folder in shared storage")
+    files = []
+    for path in sorted(folder.rglob("*")):
+        if path.is_file():
+            info = path.stat()
+            files.append(SourceFile(path=str(path.relative_to(folder)), size=info.st_size, mtime_ns=info.st_mtime_ns))
+    return files
+
+
+def copy_verified(source: Path, target: Path, size: int, progress: Progress, throttle: Throttle = UNLIMITED) -> str:
+    """Copy one file, hashing what is read and, once on disk, what was written; its digest."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    read = hashlib.sha256()
+    with source.open("rb") as src, target.open("wb") as dst:
+        while chunk := src.read(CHUNK):
+            throttle.take(len(chunk))
+            read.update(chunk)
+            dst.write(chunk)
+            progress.add(len(chunk))
+        dst.flush()
+        os.fsync(dst.fileno())
+    written = hashlib.sha256()
+    with target.open("rb") as check:
+        while chunk := check.read(CHUNK):
+            written.update(chunk)
+    if target.stat().st_size != size:
+        raise StagingError(f"{source} changed while it was copied ({size} bytes listed, "
+                           f"{target.stat().st_size} copied)")
+    if written.digest() != read.digest():
+        raise StagingError(f"the copy of {source} does not read back as written")
+    return read.hexdigest()
+
+
+def _read_only(folder: Path) -> None:
+    for path in folder.rglob("*"):
+        path.chmod(0o555 if path.is_dir() else 0o444)
+
+
+def _remove(folder: Path) -> None:
+    """Remove a folder of read-only files (and read-only folders)."""
+    if not folder.exists():
+        return
+    for path in folder.rglob("*"):
+        if path.is_dir() and not path.is_symlink():
+            with contextlib.suppress(OSError):
+                path.chmod(stat.S_IRWXU)
+    folder.chmod(stat.S_IRWXU)
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _locked(path: Path) -> Iterator[None]:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+@dataclass
+class _Fetch:
+    progress: Progress
+    task: asyncio.Task[tuple[CacheEntry, bool]]
+
+
+class DatasetCache:
+    def __init__(self, root: Path, storage: Path, *, workers: int = DEFAULT_WORKERS,
+                 mib_per_second: float | None = None) -> None:
+        self.root, self.storage = root, storage
+        self.entries_dir, self.partial_dir = root / "entries", root / "partial"
+        self.pins_dir, self.locks_dir = root / "pins", root / "locks"
+        self.policy = CachePolicy()
+        self.pressured = False  # the disk is under pressure (D1): the node takes no new work
+        self.changed = asyncio.Event()  # something a report shows changed
+        self.evicted: list[CacheEviction] = []  # since the last report
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
+        self._throttle = Throttle(mib_per_second * 2**20 if mib_per_second else None)
+        self._fetching: dict[str, _Fetch] = {}  # copies under way, by key
+
+    @classmethod
+    def from_environment(cls, agent_root: Path, storage: Path) -> DatasetCache:
+        root = Path(os.environ.get(CACHE_VARIABLE) or agent_root / "dataset-cache")
+        rate = os.environ.get(RATE_VARIABLE)
+        return cls(root, storage, workers=int(os.environ.get(WORKERS_VARIABLE, DEFAULT_WORKERS)),
+                   mib_per_second=float(rate) if rate else None)
+
+    def open(self) -> None:
+        """At start: partial copies a crash left are removed, never used."""
+        for folder in (self.entries_dir, self.partial_dir, self.pins_dir, self.locks_dir):
+            folder.mkdir(parents=True, exist_ok=True)
+        for partial in self.partial_dir.iterdir():
+            with contextlib.suppress(OSError):
+                _remove(partial)
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    # --- staging --------------------------------------------------------------------------------------
+
+    async def stage(self, source: str, on_copy: Callable[[Progress], None],
+                    holder: str) -> tuple[Path, StagedDataset]:
+        """The local copy of dataset folder `source` (relative to shared storage), pinned for `holder`, made now
+        unless the cache has it. A copy is made once per node, by a task of its own that no caller's end
+        cancels; every caller waiting for it gets its progress through `on_copy`."""
+        started = time.monotonic()
+        listing = await asyncio.to_thread(list_source, self.storage / source)
+        key = cache_key(source, listing)
+        await asyncio.to_thread(self.pin, key, holder)  # before it is looked for: no eviction takes it after
+        entry = await asyncio.to_thread(self._entry, key)
+        copied = False
+        if entry is None:
+            fetch = self._fetching.get(key)
+            if fetch is None:
+                progress = Progress(source=source, total_bytes=sum(f.size for f in listing), total_files=len(listing))
+                fetch = self._fetching[key] = _Fetch(progress, asyncio.create_task(
+                    self._fetch(source, key, listing, progress)))
+                fetch.task.add_done_callback(lambda _: self._fetching.pop(key, None))
+                copied = True
+            on_copy(fetch.progress)
+            made, fresh = await asyncio.shield(fetch.task)
+            entry, copied = made, copied and fresh
+        await asyncio.to_thread(self._touch, key)
+        staged = StagedDataset(source=source, key=key, bytes=entry.bytes, files=entry.files, hit=not copied,
+                               seconds=round(time.monotonic() - started, 3))
+        return self.entries_dir / key / "data", staged
+
+    async def _fetch(self, source: str, key: str, listing: list[SourceFile],
+                     progress: Progress) -> tuple[CacheEntry, bool]:
+        """Copy under the entry's lock; the entry, and whether it was copied now (not by another agent sharing
+        the cache meanwhile)."""
+        loop = asyncio.get_running_loop()
+        lock = self.locks_dir / f"{key}.lock"
+        held = contextlib.ExitStack()
+        await asyncio.to_thread(held.enter_context, _locked(lock))
+        try:
+            made = await asyncio.to_thread(self._entry, key)
+            if made is not None:
+                return made, False
+            partial = self.partial_dir / f"{key}-{secrets.token_hex(4)}"
+            partial.mkdir(parents=True)
+            try:
+                digests = await asyncio.gather(*(
+                    loop.run_in_executor(self._pool, copy_verified, self.storage / source / f.path,
+                                         partial / "data" / f.path, f.size, progress, self._throttle)
+                    for f in listing))
+                progress.finished = time.monotonic()
+                if await asyncio.to_thread(list_source, self.storage / source) != listing:
+                    raise StagingError(f"{source} changed in shared storage while it was copied")
+                return await asyncio.to_thread(self._commit, key, source, listing, digests, partial), True
+            except BaseException:
+                await asyncio.to_thread(_remove, partial)
+                raise
+        except OSError as exc:
+            raise StagingError(f"cannot copy {source} into the cache at {self.root}: {exc}") from exc
+        finally:
+            await asyncio.to_thread(held.close)
+
+    def _commit(self, key: str, source: str, listing: list[SourceFile], digests: list[str],
+                partial: Path) -> CacheEntry:
+        checksum = hashlib.sha256("".join(digests).encode()).hexdigest()
+        now = datetime.now(UTC)
+        entry = CacheEntry(key=key, source=source, bytes=sum(f.size for f in listing), files=len(listing),
+                           staged_at=now, last_used=now)
+        (partial / "data").mkdir(exist_ok=True)  # an empty dataset is a folder too
+        (partial / "entry.json").write_text(json.dumps({"key": key, "source": source, "bytes": entry.bytes,
+                                                        "files": entry.files, "sha256": checksum,
+                                                        "staged_at": now.isoformat()}))
+        (partial / "used").touch()
+        _read_only(partial / "data")
+        os.rename(partial, self.entries_dir / key)  # atomic: the entry exists whole or not at all
+        self.changed.set()
+        log.info("cache.staged", key=key, source=source, bytes=entry.bytes, files=entry.files)
+        return entry
+
+    def _entry(self, key: str) -> CacheEntry | None:
+        folder = self.entries_dir / key
+        try:
+            found = json.loads((folder / "entry.json").read_text())
+            used = datetime.fromtimestamp((folder / "used").stat().st_mtime, UTC)
+            pins = sorted(p.name for p in (self.pins_dir / key).iterdir()) if (self.pins_dir / key).is_dir() else []
+            return CacheEntry(key=key, source=found["source"], bytes=found["bytes"], files=found["files"],
+                              staged_at=datetime.fromisoformat(found["staged_at"]), last_used=used,
+                              pins=[pin.replace("_", "/") for pin in pins])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def _touch(self, key: str) -> None:
+        with contextlib.suppress(OSError):
+            os.utime(self.entries_dir / key / "used")
+        self.changed.set()
+
+    # --- pins -----------------------------------------------------------------------------------------
+
+    def pin(self, key: str, holder: str) -> None:
+        """`holder` (<job>/<attempt>/<task>/<rank>) uses the entry: it is not removed until unpinned."""
+        folder = self.pins_dir / key
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / holder.replace("/", "_")).touch()
+        self.changed.set()
+
+    def unpin(self, holder: str) -> None:
+        """`holder` uses no entry any more."""
+        name = holder.replace("/", "_")
+        for pin in self.pins_dir.glob(f"*/{name}"):
+            with contextlib.suppress(OSError):
+                pin.unlink()
+            self.changed.set()
+
+    def unpin_all_but(self, holders: set[str]) -> None:
+        """At start: pins of ranks that no longer run here are gone (a crashed agent's)."""
+        for pin in self.pins_dir.glob("*/*"):
+            if pin.name.replace("_", "/") not in holders:
+                with contextlib.suppress(OSError):
+                    pin.unlink()
+
+    # --- inventory, eviction, pressure ----------------------------------------------------------------
+
+    def entries(self) -> list[CacheEntry]:
+        found = [entry for folder in sorted(self.entries_dir.iterdir()) if (entry := self._entry(folder.name))]
+        return sorted(found, key=lambda e: e.last_used, reverse=True)[:MAX_CACHE_ENTRIES_REPORTED]
+
+    def disk(self) -> tuple[int, int]:
+        """The size of the disk the cache is on, and what is used there."""
+        usage = shutil.disk_usage(self.root)
+        return usage.total, usage.used
+
+    def housekeep(self, now: datetime) -> bool:
+        """Evict what the policy says (blocking: run it in a thread); whether the disk is still under pressure."""
+        entries = self.entries()
+        total, used = self.disk()
+        held = [Held(key=e.key, bytes=e.bytes, last_used=e.last_used, pinned=bool(e.pins)) for e in entries]
+        by_key = {e.key: e for e in entries}
+        for key, cause in evictions(held, self.policy, disk_bytes=total, disk_used_bytes=used, now=now):
+            if key not in self._fetching:
+                self._evict(by_key[key], cause, now)
+        total, used = self.disk()
+        self.pressured = under_pressure(used, total, self.policy, was=self.pressured)
+        return self.pressured
+
+    def _evict(self, entry: CacheEntry, cause: EvictionCause, now: datetime) -> None:
+        with _locked(self.locks_dir / f"{entry.key}.lock"):
+            if (self.pins_dir / entry.key).is_dir() and any((self.pins_dir / entry.key).iterdir()):
+                return  # pinned since it was listed
+            doomed = self.partial_dir / f"{entry.key}-evicted-{secrets.token_hex(4)}"
+            try:
+                os.rename(self.entries_dir / entry.key, doomed)  # gone for every reader at once
+            except OSError:
+                return
+        _remove(doomed)
+        self.evicted.append(CacheEviction(key=entry.key, source=entry.source, bytes=entry.bytes, cause=cause,
+                                          evicted_at=now))
+        self.changed.set()
+        log.info("cache.evicted", key=entry.key, source=entry.source, bytes=entry.bytes, cause=cause)

@@ -1,0 +1,84 @@
+"""A node's dataset cache (SPEC J14, D1, D2): the copies data preparation makes on a node's local disk.
+
+A job with `data_preparation` has each of its nodes copy its read-only datasets (and annotation datasets)
+from shared storage into the node's cache before its command starts, and reads them there. An entry is
+one dataset folder as it was when copied: its key names the folder and a fingerprint of its content (every
+file's path, size and modification time), so a change in shared storage is a new entry. The agent owns its
+cache (it lives on its disk) and reports it to the monitor, which records what was cached and evicted as
+events and answers `trainyard cache`.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Annotated, Literal
+
+import msgspec
+from msgspec import Meta, Struct
+
+MAX_CACHE_ENTRIES_REPORTED = 5_000  # a report stays well under NATS's payload limit
+CACHE_KEY_PATTERN = r"^[0-9a-f]{24}$"
+CacheKey = Annotated[str, Meta(pattern=CACHE_KEY_PATTERN)]
+EvictionCause = Literal["retention", "watermark", "disk-pressure", "unreadable"]
+
+
+class CachePolicy(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """How nodes keep their caches (administrator settings, handed to each agent as it registers).
+
+    An entry no job pins is removed `retention_seconds` after its last use; when the cache holds more than
+    `high_percent` of its disk, the least recently used unpinned entries are removed until it holds at most
+    `low_percent`. A disk fuller than `disk_high_percent` (whatever fills it) has unpinned entries evicted
+    down to `disk_low_percent`; if that is not enough the node takes no new work until the disk is at or
+    below `disk_low_percent` again."""
+
+    retention_seconds: Annotated[float, Meta(gt=0)] = 7 * 86400.0
+    high_percent: Annotated[float, Meta(gt=0, le=100)] = 50.0
+    low_percent: Annotated[float, Meta(ge=0, le=100)] = 40.0
+    disk_high_percent: Annotated[float, Meta(gt=0, le=100)] = 90.0
+    disk_low_percent: Annotated[float, Meta(ge=0, le=100)] = 85.0
+
+
+class StagedDataset(Struct, frozen=True, kw_only=True):
+    """One dataset a node of a job read from its cache: `hit` when the copy was there already (or being made
+    for another job), else copied for this one in `seconds`."""
+
+    source: str  # its folder in shared storage, e.g. datasets/imgs/v1
+    key: CacheKey
+    bytes: Annotated[int, Meta(ge=0)]
+    files: Annotated[int, Meta(ge=0)]
+    hit: bool
+    seconds: Annotated[float, Meta(ge=0)] = 0.0
+
+
+class CacheEntry(Struct, frozen=True, kw_only=True):
+    """One entry of a node's cache, as its agent reports it."""
+
+    key: CacheKey
+    source: str
+    bytes: Annotated[int, Meta(ge=0)]
+    files: Annotated[int, Meta(ge=0)]
+    staged_at: datetime
+    last_used: datetime
+    pins: list[str] = msgspec.field(default_factory=list)  # who uses it now: <job>/<attempt>/<task>/<rank>
+
+
+class CacheEviction(Struct, frozen=True, kw_only=True):
+    key: CacheKey
+    source: str
+    bytes: Annotated[int, Meta(ge=0)]
+    cause: EvictionCause
+    evicted_at: datetime
+
+
+class CacheReport(Struct, frozen=True, kw_only=True, tag_field="type", tag="CacheReport.v1"):
+    """A node's whole cache now, and what it evicted since its last report (published on `agent_cache(node)`
+    whenever the cache changes). `disk_bytes`: the size of the disk it lives on; `used_bytes`: what is used
+    there in all."""
+
+    node: str
+    sent_at: datetime
+    entries: Annotated[list[CacheEntry], Meta(max_length=MAX_CACHE_ENTRIES_REPORTED)]
+    evicted: Annotated[list[CacheEviction], Meta(max_length=MAX_CACHE_ENTRIES_REPORTED)] = msgspec.field(
+        default_factory=list)
+    disk_bytes: Annotated[int, Meta(ge=0)] = 0
+    used_bytes: Annotated[int, Meta(ge=0)] = 0

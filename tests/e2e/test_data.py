@@ -1,0 +1,146 @@
+"""Data preparation and the nodes' dataset caches on the real stack (SPEC J14, D1, D2): datasets copied side by
+side before the command, read there, reused by the next job, copied again once changed; a disk under
+pressure takes no new work until it is relieved."""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+from collections.abc import Callable
+
+import pytest
+
+from libs.contracts.events import NodeProcessStarted
+from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
+from libs.contracts.messages import NodeCache, NodeView
+from tests.support.stack import Stack
+
+pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
+
+# Reads both datasets; then where alpha really is (a link under the plain backend, a bind mount under bwrap).
+READ = ('bash -c \'for d in alpha beta; do cat "$TRAINYARD_WORKSPACE/dataset/private/$d/"part-* | sha256sum; done; '
+        '{ readlink -f "$TRAINYARD_WORKSPACE/dataset/private/alpha"; cat /proc/self/mountinfo; } '
+        '| grep -o "dataset-cache/entries/[0-9a-f]*" | sort -u\'')
+
+
+def reader(name: str) -> JobSpec:
+    return JobSpec(name=name, flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"), command=READ,
+                   datasets=[DatasetRef(name="alpha"), DatasetRef(name="beta")], data_preparation=True,
+                   node_names=["node-a"], output=OutputRef(name=name))
+
+
+def seed(stack: Stack, name: str, parts: int = 4, size: int = 3_000_000) -> None:
+    folder = stack.storage / "datasets" / name
+    folder.mkdir(parents=True, exist_ok=True)
+    for part in range(parts):
+        (folder / f"part-{part}").write_bytes(os.urandom(size))
+
+
+async def staged(stack: Stack, job_id: str) -> dict[str, bool]:
+    """Per dataset, whether the job's node found it in its cache (from the job's events)."""
+    events = [e.event for e in await (await stack.api()).events(job_id) if isinstance(e.event, NodeProcessStarted)]
+    return {dataset.source: dataset.hit for event in events for dataset in event.staged}
+
+
+async def ran(stack: Stack, spec: JobSpec) -> tuple[str, list[str]]:
+    accepted = await (await stack.api()).submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+    assert job.status == "succeeded", job.reason
+    return accepted.job_id, await stack.logs(accepted.job_id)
+
+
+async def cache_until(stack: Stack, done: Callable[[NodeCache], bool], node: str = "node-a") -> NodeCache:
+    api = await stack.api()
+    async with asyncio.timeout(30):
+        while True:
+            found = await api.cache(node)
+            if found and done(found[0]):
+                return found[0]
+            await asyncio.sleep(0.3)
+
+
+async def test_datasets_are_staged_side_by_side_reused_and_copied_again_once_changed(stack: Stack) -> None:
+    seed(stack, "alpha")
+    seed(stack, "beta")
+    await stack.up()
+
+    first, lines = await ran(stack, reader("first"))
+    notes = [line.removeprefix("[0] [trainyard] data preparation: ") for line in lines if "data preparation:" in line]
+    begun = [i for i, note in enumerate(notes) if note.startswith("copying ")]
+    ready = [i for i, note in enumerate(notes) if " ready: " in note]
+    assert len(begun) == 2 and len(ready) == 2 and max(begun) < min(ready), notes  # both copies under way at once
+    assert await staged(stack, first) == {"datasets/alpha": False, "datasets/beta": False}
+    digests = [line for line in lines if line.endswith("  -")]
+    assert len(digests) == 2  # the job read both datasets through /workspace/dataset/private/...
+    assert any("dataset-cache/entries/" in line for line in lines)  # ... which are the node's local copies
+
+    second, lines = await ran(stack, reader("second"))
+    assert await staged(stack, second) == {"datasets/alpha": True, "datasets/beta": True}
+    assert not any("data preparation: copying" in line for line in lines)
+    assert [line for line in lines if line.endswith("  -")] == digests
+
+    seed(stack, "alpha", parts=1, size=1000)  # part-0 rewritten in shared storage
+    third, lines = await ran(stack, reader("third"))
+    assert await staged(stack, third) == {"datasets/alpha": False, "datasets/beta": True}
+    alpha, beta = (line for line in lines if line.endswith("  -"))
+    assert alpha != digests[0] and beta == digests[1]
+
+    # The cache as node-a reported it: both copies of alpha and one of beta, none in use any more.
+    cache = await cache_until(stack, lambda c: len(c.entries) == 3 and not any(e.pins for e in c.entries))
+    assert sorted(e.source for e in cache.entries) == ["datasets/alpha", "datasets/alpha", "datasets/beta"]
+    assert all(e.bytes > 0 and e.files >= 4 for e in cache.entries)
+
+
+async def node_until(stack: Stack, name: str, done: Callable[[NodeView], bool]) -> NodeView:
+    api = await stack.api()
+    async with asyncio.timeout(30):
+        while True:
+            node = next(n for n in await api.nodes() if n.info.name == name)
+            if done(node):
+                return node
+            await asyncio.sleep(0.3)
+
+
+async def test_a_disk_under_pressure_takes_no_new_work_until_relieved(stack: Stack) -> None:
+    api = await stack.up()
+    # Any disk is "full" at a threshold of a tenth of a percent: node-a's agent reports the pressure.
+    await api.change_settings(disk_high_percent=0.1, disk_low_percent=0.05)
+    full = await node_until(stack, "node-a", lambda n: n.status == "disk-full")
+    assert any("local disk" in problem and "takes work again at or below 0.05%" in problem for problem in full.problems)
+    accepted = await api.submit(JobSpec(name="waits", flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"),
+                                        command="true", node_names=["node-a"], output=OutputRef(name="waits")))
+    await asyncio.sleep(2)
+    assert (await api.get_job(accepted.job_id)).job.status == "queued"
+
+    await api.change_settings(disk_high_percent=100, disk_low_percent=99.9)
+    await node_until(stack, "node-a", lambda n: n.status == "ready")
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=60)
+    assert job.status == "succeeded", job.reason
+
+
+async def test_an_agent_killed_mid_copy_begins_again_and_no_partial_copy_is_used(
+        stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TRAINYARD_STAGE_MIB_PER_SECOND", "8")  # the agents' setting: a copy of some seconds
+    seed(stack, "alpha", parts=4, size=6_000_000)
+    seed(stack, "beta", parts=1, size=1000)
+    expected = hashlib.sha256(b"".join((stack.storage / "datasets" / "alpha" / f"part-{i}").read_bytes()
+                                       for i in range(4))).hexdigest()
+    api = await stack.up()
+    accepted = await api.submit(reader("interrupted"))
+    async with asyncio.timeout(60):  # the copy of alpha is under way
+        while not any("datasets/alpha" in line and "MiB/s" in line for line in await stack.logs(accepted.job_id)):
+            await asyncio.sleep(0.2)
+
+    stack.crash("agent-node-a")  # kill -9 mid-copy: a partial copy is left on the node's disk
+    cache = stack.home / "agents" / "node-a" / "dataset-cache"
+    assert any((cache / "partial").iterdir())
+    stack.start("agent-node-a")
+
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+    assert job.status == "succeeded", job.reason
+    lines = await stack.logs(accepted.job_id)
+    assert sum("data preparation: copying datasets/alpha" in line for line in lines) == 2  # begun again
+    assert f"[0] {expected}  -" in lines  # the job read the whole dataset
+    assert list((cache / "partial").iterdir()) == []
+    assert len(list((cache / "entries").iterdir())) == 2  # one entry each, none half made
