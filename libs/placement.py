@@ -43,6 +43,9 @@ class QueuedJob:
     spec: JobSpec
     duration_seconds: int | None = None  # its current duration limit (J16/S11); None = no limit
     excluded_nodes: frozenset[str] = NO_NODES  # nodes it was moved away from (M6): never placed there
+    # D1 locality: bytes of its datasets each node's cache holds; of nodes a rank could equally go to (the
+    # same room left), the one holding more comes first.
+    prefer: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -285,30 +288,34 @@ class Capacity:
 
 
 def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
-          exclude: frozenset[str] = NO_NODES) -> list[Placement] | None:
+          exclude: frozenset[str] = NO_NODES, prefer: Mapping[str, int] | None = None) -> list[Placement] | None:
     """Place `workers` workers of `flavor` and the job's parameter servers on `capacity`, all or none,
     never on a node of `exclude`.
 
     Each rank goes to the eligible node holding the fewest ranks of this job so far, then with the
-    most free CPU left (ties by name), which spreads a job across hosts when it can and packs it when
-    it must. `capacity` itself is not changed.
+    most free CPU left, then memory, which spreads a job across hosts when it can and packs it when it
+    must. Ties go to the node holding the most of the job's data in its cache (`prefer`, bytes per node;
+    D1 locality), then by name: locality never outweighs room. It is not used for a job with parameter
+    servers. `capacity` itself is not changed.
     """
+    local = {name: size for name, size in (prefer or {}).items() if size > 0} if not parameter_server_count(spec) \
+        else {}
     worker_roles: list[Role] = ["worker"] * workers
     server_roles: list[Role] = ["ps"] * parameter_server_count(spec)
     roles = worker_roles + server_roles
     indexes = {role: capacity._index(spec, role_flavor(role, flavor), exclude) for role in dict.fromkeys(roles)}
-    if workers and len(indexes["worker"].nodes) >= workers and (not server_roles
-                                                               or len(indexes["ps"].nodes) >= len(roles)):
+    if not local and workers and len(indexes["worker"].nodes) >= workers and (
+            not server_roles or len(indexes["ps"].nodes) >= len(roles)):
         return _spread(capacity, indexes, worker_roles, server_roles, flavor)
     free = capacity.free
     # One heap of candidate nodes per role, ordered by the rule above. A node's key only grows as
     # ranks land on it, so an outdated entry is simply re-queued with its current key when it surfaces.
-    heaps: dict[Role, list[tuple[int, float, int, str]]] = {}
+    heaps: dict[Role, list[tuple[int, float, int, int, str]]] = {}
     for role, index in indexes.items():
         nodes = index.nodes
         if not nodes:
             return None
-        heaps[role] = [(0, -free[name].cpus, -free[name].memory_mib, name) for name in nodes]
+        heaps[role] = [(0, -free[name].cpus, -free[name].memory_mib, -local.get(name, 0), name) for name in nodes]
         heapq.heapify(heaps[role])
     infos = capacity.cluster.infos
     left: dict[str, Resources] = {}  # free after the ranks placed so far, for the nodes used
@@ -320,11 +327,11 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
         heap = heaps[role]
         while heap:
             entry = heapq.heappop(heap)
-            name = entry[3]
+            name = entry[4]
             room = left.get(name, free[name])
             if not need.fits_in(room):
                 continue  # room only shrinks while this job is placed
-            current = (ranks_on.get(name, 0), -room.cpus, -room.memory_mib, name)
+            current = (ranks_on.get(name, 0), -room.cpus, -room.memory_mib, -local.get(name, 0), name)
             if current == entry:
                 break
             heapq.heappush(heap, current)
@@ -332,7 +339,7 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
             return None
         room = left[name] = room - need
         ranks_on[name] = ranks_on.get(name, 0) + 1
-        heapq.heappush(heap, (ranks_on[name], -room.cpus, -room.memory_mib, name))
+        heapq.heappush(heap, (ranks_on[name], -room.cpus, -room.memory_mib, -local.get(name, 0), name))
         placement.append(Placement(rank=rank, node=name, address=infos[name].address, slots=rank_flavor.slots,
                                    role=role))
     return placement
@@ -366,7 +373,7 @@ Choice = tuple[str, list[Placement]]  # a flavor name and a placement
 
 
 def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor],
-           exclude: frozenset[str] = NO_NODES) -> Choice | None:
+           exclude: frozenset[str] = NO_NODES, prefer: Mapping[str, int] | None = None) -> Choice | None:
     """The job's first workable (flavor, placement): every flavor at the full node count first, then
     (elastic jobs) every flavor at each smaller count. Flavors are equivalent (J9) but node counts
     are not: a shrunken job runs slower and must be restarted to grow, so size comes first."""
@@ -375,7 +382,7 @@ def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor],
             flavor = flavors.get(name)
             if flavor is None:
                 continue
-            placement = place(capacity, spec, flavor, count, exclude)
+            placement = place(capacity, spec, flavor, count, exclude, prefer)
             if placement is not None:
                 return name, placement
     return None
@@ -483,7 +490,7 @@ class Cycle:
     def _try(self, job: QueuedJob, shape: Shape, capacity: Capacity, failed: set[Shape]) -> Choice | None:
         if shape in failed:
             return None
-        choice = choose(capacity, job.spec, self.flavors, job.excluded_nodes)
+        choice = choose(capacity, job.spec, self.flavors, job.excluded_nodes, job.prefer)
         if choice is None:
             failed.add(shape)
         return choice

@@ -31,7 +31,7 @@ def queued_jobs(state: SchedulerState, now: datetime) -> list[QueuedJob]:
     # The decision logic reads priority from the spec: give it the current one (S3).
     return [QueuedJob(j.job_id, j.spec if j.spec.priority == j.priority
                       else msgspec.structs.replace(j.spec, priority=j.priority), j.duration_seconds,
-                      state.avoided_nodes(j, now, RECHECK_AFTER))
+                      state.avoided_nodes(j, now, RECHECK_AFTER), prefer=state.data_on_nodes(j.spec))
             for j in state.queue()]
 
 

@@ -16,6 +16,8 @@ from datetime import datetime, timedelta
 
 from libs.contracts.cluster import ClusterConfig, Flavor, Resources
 from libs.contracts.events import (
+    DatasetCached,
+    DatasetEvicted,
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
@@ -58,6 +60,7 @@ from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, 
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 from libs.nodes import NodeState, fold_node_event
 from libs.placement import holdings as placement_holdings
+from libs.storage import workspace_mounts
 from services.scheduler.names import SERVICE
 
 
@@ -207,6 +210,8 @@ class SchedulerState:
     settings: AdminSettings = field(default_factory=AdminSettings)
     storage: dict[tuple[str, str], StoredAccess] = field(default_factory=dict)  # J2: (kind, name) -> owner
     provisioning: Provisioning = field(default_factory=Provisioning)  # A1: instances asked for queued jobs
+    # D1 locality: what each node's dataset cache holds (node -> entry key -> (source, bytes)).
+    cached: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict)
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -216,6 +221,12 @@ class SchedulerState:
         if fold_node_event(self.nodes, event):
             return
         if self.provisioning.apply(envelope):
+            return
+        if isinstance(event, DatasetCached):
+            self.cached.setdefault(event.node, {})[event.entry.key] = (event.entry.source, event.entry.bytes)
+            return
+        if isinstance(event, DatasetEvicted):
+            self.cached.get(event.node, {}).pop(event.eviction.key, None)
             return
         if isinstance(event, SettingsChanged):
             self.settings = event.settings
@@ -334,6 +345,22 @@ class SchedulerState:
             job.unexplained_failure = (event, envelope.recorded_at)
 
     # --- queries ---------------------------------------------------------------------------------
+
+    def data_on_nodes(self, spec: JobSpec) -> dict[str, int]:
+        """D1 locality: per node, the bytes of the datasets `spec` stages that its cache holds (a dataset
+        cached in several versions counts once, by its largest copy)."""
+        if not spec.data_preparation:
+            return {}
+        sources = {mount.source for mount in workspace_mounts(spec) if mount.stage}
+        found: dict[str, int] = {}
+        for node, entries in self.cached.items():
+            largest: dict[str, int] = {}
+            for source, size in entries.values():
+                if source in sources:
+                    largest[source] = max(largest.get(source, 0), size)
+            if largest:
+                found[node] = sum(largest.values())
+        return found
 
     def flavor(self, name: str) -> Flavor | None:
         return self.cluster.flavor(name)

@@ -8,6 +8,8 @@ from collections import Counter
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from libs.contracts.cluster import Flavor, Resources
 from libs.contracts.events import Placement
@@ -400,3 +402,41 @@ def test_a_growing_job_never_lands_on_an_excluded_node() -> None:
     nodes.append(node("c", cpus=4, pools=["p"]))
     (growth,) = cycle([], nodes, running=[running]).growths
     assert sorted(p.node for p in growth.placement) == ["a", "c"]
+
+
+# --- D1 locality: ties among equally roomy nodes go to those holding the job's data ----------------------
+
+
+def test_among_equally_roomy_nodes_a_job_goes_where_its_data_is_cached() -> None:
+    nodes = [node("a"), node("b"), node("c"), node("d")]
+    two = QueuedJob("j", spec(2), prefer={"c": 5_000, "d": 9_000})
+    assert sorted(hosts(admitted_one(cycle([two], nodes)))) == ["c", "d"]
+    one = QueuedJob("k", spec(1), prefer={"b": 1})
+    assert hosts(admitted_one(cycle([one], nodes))) == ["b"]
+
+
+def test_locality_never_outweighs_room() -> None:
+    roomy_without_data = [node("a", cpus=16), node("b", cpus=8)]
+    job = QueuedJob("j", spec(1), prefer={"b": 10**12})
+    assert hosts(admitted_one(cycle([job], roomy_without_data))) == ["a"]
+
+
+def admitted_one(decision: Decision) -> Any:
+    [admission] = decision.admissions
+    return admission
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([4, 8, 16]), st.integers(0, 3)), min_size=1, max_size=8),
+       st.lists(st.integers(1, 3), min_size=1, max_size=6), st.data())
+def test_locality_changes_where_jobs_go_never_which_start_or_how_roomy_their_nodes_are(
+        shapes: list[tuple[int, int]], sizes: list[int], data: st.DataObject) -> None:
+    nodes = [node(f"n{i}", cpus=cpus) for i, (cpus, _) in enumerate(shapes)]
+    cached = {f"n{i}": weight * 1000 for i, (_, weight) in enumerate(shapes) if weight}
+    plain = [QueuedJob(f"j{i}", spec(size)) for i, size in enumerate(sizes)]
+    local = [QueuedJob(job.job_id, job.spec, prefer=data.draw(st.sampled_from([cached, {}]))) for job in plain]
+    without, with_data = cycle(plain, nodes), cycle(local, nodes)
+    assert admitted(with_data) == admitted(without)
+    room = {n.info.name: n.free.cpus for n in nodes}
+    for before, after in zip(without.admissions, with_data.admissions, strict=True):
+        assert sorted(room[h] for h in hosts(before)) == sorted(room[h] for h in hosts(after))

@@ -8,8 +8,10 @@ from typing import Any
 import pytest
 
 from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo, Resources
-from libs.contracts.datacache import StagedDataset
+from libs.contracts.datacache import CacheEntry, CacheEviction, StagedDataset
 from libs.contracts.events import (
+    DatasetCached,
+    DatasetEvicted,
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
@@ -45,7 +47,7 @@ from libs.contracts.events import (
     Placement,
     SettingsChanged,
 )
-from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
+from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, DatasetRef, JobSpec, OutputRef
 from libs.contracts.scheduling import AdminSettings
 from services.scheduler.names import job_change
 from services.scheduler.state import SchedulerState
@@ -542,3 +544,26 @@ def test_data_preparation_does_not_count_toward_the_duration_limit(log: Log) -> 
     assert (blocked.schedulable, blocked.status, blocked.reasons) == (False, "disk-full", ["local disk 95% full"])
     log.apply(NodeDiskRelieved(node_name="n3"), service="monitor")
     assert (blocked.schedulable, blocked.status, blocked.reasons) == (True, "ready", [])
+
+
+def test_the_data_a_nodes_cache_holds_for_a_job_counts_each_dataset_once(log: Log) -> None:
+    spec = JobSpec(name="prep", flavors=["cpu-4"], algorithm=AlgorithmRef(name="code"), command="python3 t.py",
+                   output=OutputRef(name="out"), data_preparation=True,
+                   datasets=[DatasetRef(name="imgs", source="favorite", version="v2"), DatasetRef(name="labels")])
+
+    def cached(node: str, key: str, source: str, size: int) -> None:
+        log.apply(DatasetCached(node=node, entry=CacheEntry(key=key, source=source, bytes=size, files=1,
+                                                            staged_at=T0, last_used=T0)),
+                  service="monitor", aggregate_id=node)
+
+    cached("n1", "a" * 24, "datasets/imgs/v2", 700)
+    cached("n1", "b" * 24, "datasets/imgs/v2", 900)  # the same dataset copied again after a change
+    cached("n1", "c" * 24, "datasets/labels", 50)
+    cached("n2", "d" * 24, "datasets/other", 10**9)  # not this job's
+    assert log.state.data_on_nodes(spec) == {"n1": 950}
+    log.apply(DatasetEvicted(node="n1", eviction=CacheEviction(key="b" * 24, source="datasets/imgs/v2", bytes=900,
+                                                               cause="watermark", evicted_at=T0)),
+              service="monitor", aggregate_id="n1")
+    assert log.state.data_on_nodes(spec) == {"n1": 750}
+    assert log.state.data_on_nodes(JobSpec(name="plain", flavors=["cpu-4"], algorithm=AlgorithmRef(name="c"),
+                                           command="true", datasets=spec.datasets)) == {}
