@@ -92,6 +92,8 @@ from libs.contracts.agent import (
     ReleaseWorkspaces,
     ReservePorts,
     SessionOpened,
+    StageAccepted,
+    StageDataset,
     StartProcess,
     Stopped,
     StopProcesses,
@@ -211,6 +213,7 @@ class NodeAgent:
         await requests.serve(subjects.agent_exec(name), ExecInJob, self._on_exec, self._from_the_job)
         await requests.serve(subjects.agent_precheck(name), PrecheckNode, self._on_precheck, monitor)
         await requests.serve(subjects.agent_release(name), ReleaseWorkspaces, self._on_release, monitor)
+        await requests.serve(subjects.agent_stage(name), StageDataset, self._on_stage, monitor)
         await requests.serve(subjects.agent_open_session(name), OpenSession, self._on_open_session, monitor)
         self.health = await self._probe()
         await self._register()
@@ -337,6 +340,12 @@ class NodeAgent:
                 await self.nc.publish(subjects.heartbeat(self.info.name), encode(beat),
                                       headers=bearer_headers(self.node_token))
             await asyncio.sleep(self.heartbeat_seconds)
+
+    async def _on_stage(self, request: StageDataset) -> StageAccepted:
+        """D2: a preload: the dataset is copied in the background; the cache reports show how far it is."""
+        log.info("agent.preload", node=self.info.name, source=request.source, preload_id=request.preload_id)
+        self.data.preload(request)
+        return StageAccepted()
 
     def _on_disk_pressure(self, reason: str | None) -> None:
         if reason != self.disk_pressure and (reason is None) != (self.disk_pressure is None):

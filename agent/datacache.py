@@ -29,6 +29,7 @@ import shutil
 import stat
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -41,8 +42,10 @@ from libs.contracts.datacache import (
     CacheEntry,
     CacheEviction,
     CachePolicy,
+    CopyUnderWay,
     EvictionCause,
     StagedDataset,
+    StagingFailed,
 )
 from libs.telemetry.logs import get_logger
 
@@ -54,6 +57,7 @@ WORKERS_VARIABLE = "TRAINYARD_STAGE_WORKERS"
 # so that staging does not starve the jobs reading shared storage directly.
 RATE_VARIABLE = "TRAINYARD_STAGE_MIB_PER_SECOND"
 CACHE_VARIABLE = "TRAINYARD_DATA_CACHE"
+FAILURES_KEPT = 20
 
 
 class StagingError(Exception):
@@ -89,6 +93,7 @@ class Progress:
     total_bytes: int
     total_files: int
     started: float = field(default_factory=time.monotonic)
+    started_at: datetime = field(default_factory=lambda: datetime.now(UTC))
     done_bytes: int = 0
     finished: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -184,6 +189,7 @@ class DatasetCache:
         self.pressured = False  # the disk is under pressure (D1): the node takes no new work
         self.changed = asyncio.Event()  # something a report shows changed
         self.evicted: list[CacheEviction] = []  # since the last report
+        self.failures: deque[StagingFailed] = deque(maxlen=FAILURES_KEPT)  # preloads that failed, newest last
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")
         self._throttle = Throttle(mib_per_second * 2**20 if mib_per_second else None)
         self._fetching: dict[str, _Fetch] = {}  # copies under way, by key
@@ -298,6 +304,16 @@ class DatasetCache:
     def _touch(self, key: str) -> None:
         with contextlib.suppress(OSError):
             os.utime(self.entries_dir / key / "used")
+        self.changed.set()
+
+    def copying(self) -> list[CopyUnderWay]:
+        """The copies under way, and how far each is."""
+        return [CopyUnderWay(source=fetch.progress.source, key=key, done_bytes=fetch.progress.done_bytes,
+                             total_bytes=fetch.progress.total_bytes, started_at=fetch.progress.started_at)
+                for key, fetch in self._fetching.items()]
+
+    def failed(self, source: str, reason: str) -> None:
+        self.failures.append(StagingFailed(source=source, reason=reason, failed_at=datetime.now(UTC)))
         self.changed.set()
 
     # --- pins -----------------------------------------------------------------------------------------

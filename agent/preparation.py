@@ -20,8 +20,9 @@ from collections.abc import Awaitable, Callable, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.datacache import DatasetCache, Progress
+from agent.datacache import DatasetCache, Progress, StagingError
 from agent.held import append_note
+from libs.contracts.agent import StageDataset
 from libs.contracts.datacache import CacheReport, StagedDataset
 from libs.contracts.events import Mount
 from libs.telemetry.logs import get_logger
@@ -42,6 +43,7 @@ class DataPreparation:
         self.cache = cache
         self.node = node
         self.wake = asyncio.Event()  # housekeeping is due now (a job ended, the policy changed)
+        self._preloads: set[asyncio.Task[None]] = set()
 
     async def prepare(self, mounts: Sequence[Mount], holder: str,
                       folder: Path) -> tuple[dict[str, Path], list[StagedDataset]]:
@@ -74,6 +76,24 @@ class DataPreparation:
                 if progress.finished is None:
                     say(progress.line())
 
+    def preload(self, request: StageDataset) -> None:
+        """D2: copy a dataset into the cache in the background, for no job in particular (unpinned once made)."""
+        task = asyncio.create_task(self._preload(request))
+        self._preloads.add(task)
+        task.add_done_callback(self._preloads.discard)
+
+    async def _preload(self, request: StageDataset) -> None:
+        holder = f"preload-{request.preload_id}"
+        try:
+            _, staged = await self.cache.stage(request.source, lambda _: None, holder)
+            log.info("cache.preloaded", node=self.node, source=request.source, hit=staged.hit,
+                     seconds=staged.seconds)
+        except StagingError as exc:
+            log.warning("cache.preload_failed", node=self.node, source=request.source, error=str(exc))
+            self.cache.failed(request.source, str(exc))
+        finally:
+            self.release(holder)
+
     def release(self, holder: str) -> None:
         """The rank ended: its copies may be evicted again (by the policy's next round)."""
         self.cache.unpin(holder)
@@ -98,16 +118,22 @@ class DataPreparation:
                 f"at or below {policy.disk_low_percent:g}%")
 
     async def reporting(self, publish: Publish) -> None:
-        """Publish the whole cache whenever it changed; the evictions it carries are then forgotten."""
+        """Publish the whole cache whenever it changed, and every `PROGRESS_SECONDS` while copies are under
+        way (so their progress shows); the evictions a report carries are then forgotten."""
         while True:
-            await self.cache.changed.wait()
-            await asyncio.sleep(REPORT_SETTLE_SECONDS)
+            if self.cache.copying():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self.cache.changed.wait(), PROGRESS_SECONDS)
+            else:
+                await self.cache.changed.wait()
+                await asyncio.sleep(REPORT_SETTLE_SECONDS)
             self.cache.changed.clear()
             evicted = list(self.cache.evicted)
             entries = await asyncio.to_thread(self.cache.entries)
             total, used = await asyncio.to_thread(self.cache.disk)
             report = CacheReport(node=self.node, sent_at=datetime.now(UTC), entries=entries, evicted=evicted,
-                                 disk_bytes=total, used_bytes=used)
+                                 disk_bytes=total, used_bytes=used, copying=self.cache.copying(),
+                                 failures=list(self.cache.failures))
             await publish(report, f"{self.node}.cache.{time.time_ns()}")
             del self.cache.evicted[:len(evicted)]
 

@@ -13,13 +13,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import secrets
 from collections.abc import AsyncIterator, Callable, Sequence
+from datetime import datetime
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
 from nats.aio.client import Client
 
+from client.preload import NodePreload, preload_states
 from client.terminal import DebugSession, command_line, open_session
 from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
@@ -74,6 +77,8 @@ from libs.contracts.messages import (
     OpenTerminal,
     PredictionReply,
     PredictJob,
+    PreloadAccepted,
+    PreloadDataset,
     QueueStatus,
     ResourceList,
     SearchJobs,
@@ -279,6 +284,28 @@ class TrainyardClient:
         """D1, D2: the dataset caches of every node (or of `node`), as their agents last reported them."""
         reply: CacheListing = await self._call(subjects.LIST_CACHE, ListCache(node=node), CacheListing)
         return reply.nodes
+
+    async def preload(self, name: str, version: str | None = None, *, nodes: Sequence[str] = (),
+                      flavor: str | None = None, preload_id: str | None = None) -> PreloadAccepted:
+        """D2: copy dataset `name` (at `version`) into the caches of `nodes`, or of every node a rank of
+        `flavor` fits on; `preload_progress` follows it."""
+        request = PreloadDataset(preload_id=preload_id or f"preload-{secrets.token_hex(6)}", name=name,
+                                 version=version, nodes=list(nodes), flavor=flavor)
+        reply: PreloadAccepted = await self._call(subjects.PRELOAD_DATASET, request, PreloadAccepted)
+        return reply
+
+    async def preload_progress(self, accepted: PreloadAccepted, since: datetime, *,
+                               poll_seconds: float = 0.5) -> AsyncIterator[list[NodePreload]]:
+        """How the preload is getting on, node by node, as it changes, until every node is done or failed."""
+        last: list[NodePreload] | None = None
+        while True:
+            states = preload_states(await self.cache(), accepted.nodes, accepted.source, since)
+            if states != last:
+                yield states
+                last = states
+            if all(state.settled for state in states):
+                return
+            await asyncio.sleep(poll_seconds)
 
     async def mark_component(self, node: str, component: str, *, faulty: bool = True, reason: str = "") -> Done:
         """M2 drills, administrators only: mark a node's component (`board:0`, `nic:eth0`,

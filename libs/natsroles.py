@@ -195,6 +195,7 @@ def service_permissions(service: str) -> Permissions:
     elif service == "monitor":
         answers = ANSWERED_BY_MONITOR
         publish += [subjects.agent_precheck("*"), subjects.agent_release("*"), subjects.agent_open_session("*"),
+                    subjects.agent_stage("*"),
                     subjects.ANNOUNCE_NODES,
                     *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER),
                     *_ordered_reader(subjects.CACHE_REPORTS_STREAM), *_message_getter(subjects.CACHE_REPORTS_STREAM)]

@@ -1,28 +1,40 @@
-"""`trainyard cache` (D1, D2): what each node keeps of the datasets data preparation copied there."""
+"""`trainyard cache` (D1, D2): what each node keeps of the datasets data preparation copied there; `trainyard
+cache preload` copies a dataset there ahead of the jobs that read it."""
 
 from __future__ import annotations
 
+import sys
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
-from client.cli.output import print_json, print_table, say
-from client.cli.params import JsonOption
+from client.cli.output import fail, print_json, print_table, say, stdout
+from client.cli.params import JsonOption, refusing
 from client.cli.render import CACHE_COLUMNS, cache_rows, cache_summary
-from client.cli.runner import connected
+from client.cli.runner import connected, with_client
 
 if TYPE_CHECKING:
     from client.api import TrainyardClient
+    from client.preload import NodePreload
 
 commands = typer.Typer()
+cache_commands = typer.Typer(help="The nodes' dataset caches (D1, D2): list them, or preload a dataset.")
+commands.add_typer(cache_commands, name="cache")
+CLOCK_SLACK = timedelta(seconds=2)  # the nodes' clocks against this one's
 
 
-@commands.command()
-@connected
-async def cache(client: TrainyardClient,
-                node: Annotated[str | None, typer.Option("--node", "-n", help="Only this node's cache.")] = None,
-                as_json: JsonOption = False) -> None:
+@cache_commands.callback(invoke_without_command=True)
+def cache(context: typer.Context,
+          node: Annotated[str | None, typer.Option("--node", "-n", help="Only this node's cache.")] = None,
+          as_json: JsonOption = False) -> None:
     """The nodes' dataset caches: each entry's dataset, size, last use and the jobs using it now."""
+    if context.invoked_subcommand is None:
+        with_client(lambda client: _list(client, node, as_json))
+
+
+async def _list(client: TrainyardClient, node: str | None, as_json: bool) -> None:
     caches = await client.cache(node)
     if as_json:
         print_json(caches)
@@ -34,3 +46,55 @@ async def cache(client: TrainyardClient,
         say(cache_summary(found), style="bold")
     if rows := [row for found in caches for row in cache_rows(found)]:
         print_table(CACHE_COLUMNS, rows)
+
+
+def dataset_and_version(text: str) -> tuple[str, str | None]:
+    name, _, version = text.partition(":")
+    if not name or (":" in text and not version):
+        raise typer.BadParameter(f"{text!r} is not DATASET or DATASET:VERSION")
+    return name, version or None
+
+
+@cache_commands.command("preload")
+@connected
+async def preload(client: TrainyardClient,
+                  dataset: Annotated[str, typer.Argument(metavar="DATASET[:VERSION]", help="The dataset to copy.",
+                                                         callback=refusing(dataset_and_version))],
+                  nodes: Annotated[list[str] | None, typer.Option("--node", "-n", help="A node to copy it to "
+                                                                  "(repeatable).")] = None,
+                  flavor: Annotated[str | None, typer.Option("--flavor", "-f", help="Every node that takes work "
+                                                             "and holds a rank of this flavor.")] = None,
+                  wait: Annotated[bool, typer.Option(help="Show each node's progress until all are done.")] = True,
+                  as_json: JsonOption = False) -> None:
+    """Copy a dataset into the caches of chosen nodes ahead of the jobs that read it (D2)."""
+    name, version = dataset_and_version(dataset)
+    since = datetime.now(UTC) - CLOCK_SLACK
+    accepted = await client.preload(name, version, nodes=nodes or [], flavor=flavor)
+    if as_json:
+        print_json(accepted)
+    else:
+        say(f"preloading {accepted.source} on {', '.join(accepted.nodes)}")
+    if not wait:
+        return
+    states: list[NodePreload] = []
+    if sys.stdout.isatty() and not as_json:
+        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                      console=stdout()) as bars:
+            tasks: dict[str, TaskID] = {node: bars.add_task(node, total=None) for node in accepted.nodes}
+            async for states in client.preload_progress(accepted, since):
+                for state in states:
+                    bars.update(tasks[state.node], description=f"{state.node} {state.state}",
+                                completed=state.done_bytes, total=state.total_bytes or None)
+    else:
+        async for states in client.preload_progress(accepted, since):
+            for state in states:
+                if not as_json:
+                    say(f"{state.node}: {state.state}" + (f" {state.done_bytes / 2**20:.1f}/"
+                                                          f"{state.total_bytes / 2**20:.1f} MiB"
+                                                          if state.total_bytes else ""))
+    failed = [state for state in states if state.state == "failed"]
+    if failed:
+        raise fail("; ".join(f"{state.node}: {state.reason}" for state in failed),
+                   hint="`trainyard cache --node NODE` shows what the node holds")
+    if not as_json:
+        say(f"{accepted.source} is in the cache of {', '.join(accepted.nodes)}")

@@ -130,6 +130,12 @@ def _hide_client_parameter(run: Callable[..., None], command: Callable[..., Any]
         parameters=[parameter.replace(annotation=run.__annotations__[parameter.name]) for parameter in parameters])
 
 
+def with_client(action: Callable[[TrainyardClient], Coroutine[Any, Any, None]]) -> None:
+    """Run `action` with a connected client, as a command made by `connected` runs (for a command group's
+    own callback, which typer calls with its context)."""
+    _run_with_client(action)
+
+
 def _run_with_client(action: Callable[[TrainyardClient], Coroutine[Any, Any, None]]) -> None:
     import asyncio
 

@@ -14,7 +14,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.datacache import CachePolicy, StagedDataset
+from libs.contracts.datacache import STAGE_SOURCE, CachePolicy, StagedDataset
 from libs.contracts.events import NodeLaunch
 from libs.contracts.health import ComponentHealth
 
@@ -110,6 +110,19 @@ class PrecheckNode(_AgentMessage, frozen=True, tag="PrecheckNode.v1"):
 class PrecheckReport(_AgentMessage, frozen=True, tag="PrecheckReport.v1"):
     node: str
     checks: list[ComponentHealth]
+
+
+class StageDataset(_AgentMessage, frozen=True, tag="StageDataset.v1"):
+    """D2, signed by the monitor: copy `source` (a dataset folder of shared storage) into the node's cache, as
+    the preload `preload_id` asks. Answered at once (`StageAccepted`); the copy shows in the node's cache
+    reports, as under way, then as an entry or a failure."""
+
+    preload_id: str
+    source: Annotated[str, Meta(pattern=STAGE_SOURCE)]
+
+
+class StageAccepted(_AgentMessage, frozen=True, tag="StageAccepted.v1"):
+    pass
 
 
 class ReleaseWorkspaces(_AgentMessage, frozen=True, tag="ReleaseWorkspaces.v1"):
@@ -239,4 +252,5 @@ class UsageSample(Struct, frozen=True, kw_only=True):
 
 
 ProcessReport = ProcessStarted | ProcessExited
-AgentReply = NodeAccepted | ProcessAccepted | PortsReserved | Stopped | PrecheckReport | Released | SessionOpened
+AgentReply = (NodeAccepted | ProcessAccepted | PortsReserved | Stopped | PrecheckReport | Released | SessionOpened
+              | StageAccepted)

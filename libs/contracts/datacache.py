@@ -70,6 +70,24 @@ class CacheEviction(Struct, frozen=True, kw_only=True):
     evicted_at: datetime
 
 
+class CopyUnderWay(Struct, frozen=True, kw_only=True):
+    """A copy being made into the cache: how far it is."""
+
+    source: str
+    key: CacheKey
+    done_bytes: Annotated[int, Meta(ge=0)]
+    total_bytes: Annotated[int, Meta(ge=0)]
+    started_at: datetime
+
+
+class StagingFailed(Struct, frozen=True, kw_only=True):
+    """A copy that could not be made (a preload's: a job's failure is told in its own log)."""
+
+    source: str
+    reason: Annotated[str, Meta(max_length=1000)]
+    failed_at: datetime
+
+
 class CacheReport(Struct, frozen=True, kw_only=True, tag_field="type", tag="CacheReport.v1"):
     """A node's whole cache now, and what it evicted since its last report (published on `agent_cache(node)`
     whenever the cache changes). `disk_bytes`: the size of the disk it lives on; `used_bytes`: what is used
@@ -82,3 +100,9 @@ class CacheReport(Struct, frozen=True, kw_only=True, tag_field="type", tag="Cach
         default_factory=list)
     disk_bytes: Annotated[int, Meta(ge=0)] = 0
     used_bytes: Annotated[int, Meta(ge=0)] = 0
+    copying: Annotated[list[CopyUnderWay], Meta(max_length=MAX_CACHE_ENTRIES_REPORTED)] = msgspec.field(
+        default_factory=list)
+    failures: Annotated[list[StagingFailed], Meta(max_length=100)] = msgspec.field(default_factory=list)
+
+
+STAGE_SOURCE = r"^(datasets|annotations)/[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,127})?$"

@@ -224,6 +224,19 @@ class StorageAccessSet(_Event, frozen=True, tag="StorageAccessSet.v1"):
     by: str
 
 
+# --- scheduler: aggregate "preload" (id = the preload's id) -------------------------------------------
+
+
+class DatasetPreloadRequested(_Event, frozen=True, tag="DatasetPreloadRequested.v1"):
+    """D2: `source` (a dataset folder of shared storage) is to be copied into the caches of `nodes` ahead of
+    the jobs that read it; the monitor asks their agents."""
+
+    preload_id: str
+    source: str
+    nodes: list[str]
+    by: str
+
+
 # --- scheduler: aggregate "drain" (id = node name) --------------------------------------------------
 
 
@@ -614,13 +627,15 @@ AlertEvent = AlertRaised | AlertMailed
 CacheEvent = DatasetCached | DatasetEvicted
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
                  | InstanceReleased | ProvisionFailed)
-Event = (JobEvent | SettingsChanged | StorageAccessSet | NodeDrained | LaunchEvent | NodeEvent | MonitorJobEvent
-         | AlertEvent | CacheEvent | InstanceEvent | WaitingJobsPacked | UpstreamMessageSetAside)
+Event = (JobEvent | SettingsChanged | StorageAccessSet | DatasetPreloadRequested | NodeDrained | LaunchEvent
+         | NodeEvent | MonitorJobEvent | AlertEvent | CacheEvent | InstanceEvent | WaitingJobsPacked
+         | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
     JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
-    JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet, NodeDrained,
+    JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet,
+    DatasetPreloadRequested, NodeDrained,
     LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LostProcessesStopped, LaunchSucceeded,
     LaunchFailed, LaunchStopped,
     NodeRegistered, NodeLost, NodeRecovered, NodeRetired, NodeUnhealthy, NodeHealthy, ComponentMarked,

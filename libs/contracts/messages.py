@@ -16,10 +16,10 @@ from msgspec import Meta, Struct
 
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.cluster import NodeInfo, Resources
-from libs.contracts.datacache import CacheEntry
+from libs.contracts.datacache import CacheEntry, CopyUnderWay, StagingFailed
 from libs.contracts.events import EventEnvelope, Mount, Placement
 from libs.contracts.identity import Identity
-from libs.contracts.jobspec import Access, FieldError, JobSpec, Priority, ResourceName
+from libs.contracts.jobspec import Access, FieldError, JobSpec, NodeName, Priority, ResourceName
 from libs.contracts.scheduling import (
     AdminSettings,
     BoardDemand,
@@ -258,6 +258,21 @@ class GetQueueStatus(_Request, frozen=True, tag="GetQueueStatus.v1"):
 
 
 MAX_AUTOSCALER_LOG_PAGE = 1000
+
+
+PRELOAD_ID = r"^preload-[0-9a-f]{12}$"
+
+
+class PreloadDataset(_Request, frozen=True, tag="PreloadDataset.v1"):
+    """D2: copy dataset `name` (at `version`) into the caches of `nodes`, or of every node that can take a
+    rank of `flavor`, ahead of the jobs that read it. `preload_id` (chosen by the client) makes a repeated
+    request the same preload."""
+
+    preload_id: Annotated[str, Meta(pattern=PRELOAD_ID)]
+    name: ResourceName
+    version: ResourceName | None = None
+    nodes: Annotated[list[NodeName], Meta(max_length=1000)] = msgspec.field(default_factory=list)
+    flavor: ResourceName | None = None
 
 
 class ListCache(_Request, frozen=True, tag="ListCache.v1"):
@@ -510,14 +525,25 @@ class TypeCooldown(Struct, frozen=True, kw_only=True):
     failures: int
 
 
+class PreloadAccepted(_Reply, frozen=True, tag="PreloadAccepted.v1"):
+    """The preload is recorded: each of `nodes` is asked to copy `source`; `trainyard cache` shows it."""
+
+    preload_id: str
+    source: str
+    nodes: list[str]
+
+
 class NodeCache(Struct, frozen=True, kw_only=True):
-    """One node's dataset cache as its agent last reported it."""
+    """One node's dataset cache as its agent last reported it: its entries, the copies under way and the
+    preloads that failed lately."""
 
     node: str
     reported_at: datetime
     entries: list[CacheEntry]
     disk_bytes: int = 0
     used_bytes: int = 0
+    copying: list[CopyUnderWay] = msgspec.field(default_factory=list)
+    failures: list[StagingFailed] = msgspec.field(default_factory=list)
 
 
 class CacheListing(_Reply, frozen=True, tag="CacheListing.v1"):
@@ -547,8 +573,8 @@ Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration |
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
            | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
            | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts | GetAutoscalerLog
-           | ListCache)
+           | ListCache | PreloadDataset)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
          | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage | AutoscalerLog
-         | CacheListing)
+         | CacheListing | PreloadAccepted)

@@ -78,6 +78,7 @@ OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"
 ALERTS_ALL = "trainyard.events.monitor.alert.>"
 # D1, D2: nodes' dataset caches, as their agents report them to the monitor.
 LIST_CACHE = "trainyard.query.cache"
+PRELOAD_DATASET = "trainyard.cmd.cache.preload"  # answered by the scheduler, carried out by the monitor
 QUEUE_STATUS = "trainyard.query.autoscaler.status"
 AUTOSCALER_LOG = "trainyard.query.autoscaler.log"
 
@@ -112,6 +113,11 @@ def agent_exec(node: str) -> str:
 
 def agent_precheck(node: str) -> str:
     return f"trainyard.agent.{node}.precheck"
+
+
+def agent_stage(node: str) -> str:
+    """D2: the monitor asks a node to copy a dataset into its cache (a preload)."""
+    return f"trainyard.agent.{node}.stage"
 
 
 def agent_release(node: str) -> str:

@@ -1,19 +1,51 @@
-"""`trainyard cache` (SPEC D1, D2): each node's dataset cache, as its agent last reported it.
+"""The nodes' dataset caches (SPEC D1, D2): `trainyard cache`, and preloads carried out.
 
-Reports come whole, so the latest one per node is the view; a node retired since is left out.
+Reports come whole, so the latest one per node is the view; a node retired since is left out. A preload
+the scheduler recorded is carried out by asking each of its nodes' agents to copy the dataset (signed by
+the monitor); the copies then show in the nodes' reports.
 """
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 
+import nats.errors
+from nats.aio.client import Client
+
+from libs.contracts import subjects
+from libs.contracts.agent import StageAccepted, StageDataset
 from libs.contracts.datacache import CacheReport
-from libs.contracts.messages import CacheListing, NodeCache
+from libs.contracts.events import DatasetPreloadRequested
+from libs.contracts.messages import CacheListing, CommandError, NodeCache
+from libs.controlsign import ControlSigner
+from libs.messaging.rpc import ServiceUnavailable, call
+from libs.telemetry.logs import get_logger
 from services.monitor.state import MonitoredNode
+
+log = get_logger(__name__)
+AGENT_TIMEOUT_SECONDS = 10.0
 
 
 def listing(reports: Mapping[str, CacheReport], nodes: Mapping[str, MonitoredNode],
             node: str | None = None) -> CacheListing:
     shown = [report for name, report in sorted(reports.items()) if name in nodes and node in (None, name)]
     return CacheListing(nodes=[NodeCache(node=r.node, reported_at=r.sent_at, entries=list(r.entries),
-                                         disk_bytes=r.disk_bytes, used_bytes=r.used_bytes) for r in shown])
+                                         disk_bytes=r.disk_bytes, used_bytes=r.used_bytes, copying=list(r.copying),
+                                         failures=list(r.failures)) for r in shown])
+
+
+async def preload(nc: Client, signer: ControlSigner, event: DatasetPreloadRequested) -> None:
+    """Ask each node of the preload to copy its dataset; a node that does not take it is logged (its cache
+    report never shows the copy, which `trainyard cache preload` tells the user)."""
+    async def one(node: str) -> None:
+        try:
+            reply = await call(nc, subjects.agent_stage(node), StageDataset(preload_id=event.preload_id,
+                                                                            source=event.source),
+                               timeout=AGENT_TIMEOUT_SECONDS, reply_type=StageAccepted | CommandError, signer=signer)
+        except (ServiceUnavailable, OSError, nats.errors.Error) as exc:  # NATS away: the node is left out
+            log.warning("cache.preload_unanswered", node=node, source=event.source, error=str(exc))
+            return
+        if isinstance(reply, CommandError):
+            log.warning("cache.preload_refused", node=node, source=event.source, error=reply.message)
+    await asyncio.gather(*(one(node) for node in event.nodes))

@@ -40,6 +40,7 @@ from libs.contracts.codec import decode, encode
 from libs.contracts.datacache import CacheReport
 from libs.contracts.events import (
     AlertRaised,
+    DatasetPreloadRequested,
     DebugEnvironmentKept,
     EventEnvelope,
     JobPrechecking,
@@ -96,6 +97,7 @@ class Monitor(EventSourcedService):
         self.signer = ControlSigner.of(self.secret, "monitor")  # its requests to agents (libs/controlsign.py)
         self.state = MonitorState()
         self.reports: dict[str, CacheReport] = {}  # D1, D2: each node's latest cache report (its live view)
+        self.preloading: set[asyncio.Task[None]] = set()  # D2: preloads being handed to agents
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
         self.refused_beats_logged: dict[str, float] = {}  # node -> when its ignored heartbeat was last logged
@@ -324,6 +326,11 @@ class Monitor(EventSourcedService):
                 return False
             if isinstance(event, SettingsChanged) and decisions.cache_policy(event.settings) != policy:
                 await self.announce([])  # the agents register again, and get the new cache policy (D1)
+            if isinstance(event, DatasetPreloadRequested):  # D2: each node's agent copies it, in the background
+                task = asyncio.create_task(caches.preload(self.rt.nc, self.signer, event))
+                self.preloading.add(task)
+                task.add_done_callback(self.preloading.discard)
+                return False
             if not isinstance(event, JobPrechecking):
                 with self._tracer.start_as_current_span(f"monitor react {type(event).name()}",
                                                         context=context_from_headers(envelope.trace)):

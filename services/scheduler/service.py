@@ -36,6 +36,7 @@ from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE
 from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
+from services.scheduler.preloads import PreloadCommands
 from services.scheduler.queries import JobQueries
 from services.scheduler.reactions import react
 from services.scheduler.read_model import JobSearchProjection
@@ -107,7 +108,9 @@ class Scheduler(EventSourcedService):
         commands = JobCommands(self, storage_root=self.rt.settings.storage_root)
         queries = JobQueries(self, store=self.rt.store, js=self.rt.js)
         logs = JobLogs(self, nc=self.rt.nc, js=self.rt.js)
-        register_all_authenticated(self.rt.broker, self.name, [*commands.routes(), *queries.routes(), *logs.routes()],
+        preloads = PreloadCommands(self, storage_root=self.rt.settings.storage_root)
+        register_all_authenticated(self.rt.broker, self.name,
+                                   [*commands.routes(), *queries.routes(), *logs.routes(), *preloads.routes()],
                                    secret=self.secret)
 
     async def predict(self, spec: JobSpec) -> Prediction:

@@ -18,6 +18,7 @@ from libs.contracts.cluster import ClusterConfig, Flavor, Resources
 from libs.contracts.events import (
     DatasetCached,
     DatasetEvicted,
+    DatasetPreloadRequested,
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
@@ -212,6 +213,7 @@ class SchedulerState:
     provisioning: Provisioning = field(default_factory=Provisioning)  # A1: instances asked for queued jobs
     # D1 locality: what each node's dataset cache holds (node -> entry key -> (source, bytes)).
     cached: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict)
+    preloads: dict[str, DatasetPreloadRequested] = field(default_factory=dict)  # D2, by preload id
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -230,6 +232,9 @@ class SchedulerState:
             return
         if isinstance(event, SettingsChanged):
             self.settings = event.settings
+            return
+        if isinstance(event, DatasetPreloadRequested):
+            self.preloads[event.preload_id] = event
             return
         if isinstance(event, StorageAccessSet):
             self.storage[(event.entry.kind, event.entry.name)] = event.entry

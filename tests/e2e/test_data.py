@@ -8,9 +8,11 @@ import asyncio
 import hashlib
 import os
 from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from client.api import TrainyardError
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
 from libs.contracts.messages import NodeCache, NodeView
@@ -144,3 +146,25 @@ async def test_an_agent_killed_mid_copy_begins_again_and_no_partial_copy_is_used
     assert f"[0] {expected}  -" in lines  # the job read the whole dataset
     assert list((cache / "partial").iterdir()) == []
     assert len(list((cache / "entries").iterdir())) == 2  # one entry each, none half made
+
+
+async def test_a_preloaded_dataset_is_found_in_the_cache_by_the_first_job_and_a_missing_one_is_refused(
+        stack: Stack) -> None:
+    seed(stack, "alpha")
+    seed(stack, "beta")
+    api = await stack.up()
+    since = datetime.now(UTC) - timedelta(seconds=2)
+    accepted = await api.preload("alpha", nodes=["node-a"])
+    assert (accepted.source, accepted.nodes) == ("datasets/alpha", ["node-a"])
+    progress = [states async for states in api.preload_progress(accepted, since)]
+    assert [(s.node, s.state) for s in progress[-1]] == [("node-a", "done")]
+    again = await api.preload("alpha", nodes=["node-a"], preload_id=accepted.preload_id)
+    assert again == accepted  # a repeated request is the same preload
+
+    job_id, _ = await ran(stack, reader("warm"))
+    assert await staged(stack, job_id) == {"datasets/alpha": True, "datasets/beta": False}
+
+    with pytest.raises(TrainyardError, match="datasets/nowhere does not exist in shared storage"):
+        await api.preload("nowhere", nodes=["node-a"])
+    with pytest.raises(TrainyardError, match="no such node: node-z"):
+        await api.preload("alpha", nodes=["node-z"])

@@ -11,15 +11,17 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 from typer.testing import CliRunner
 
 from client import cli
 from client.api import CreationUnanswered, NoAnswer, TrainyardError
 from client.cli.runner import unavailable_hint
+from client.preload import NodePreload, preload_states
 from libs.auth import verify_token
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
-from libs.contracts.datacache import CacheEntry
+from libs.contracts.datacache import CacheEntry, CopyUnderWay, StagingFailed
 from libs.contracts.events import (
     DebugEnvironmentKept,
     EventEnvelope,
@@ -45,6 +47,7 @@ from libs.contracts.messages import (
     JobView,
     NodeCache,
     NodeView,
+    PreloadAccepted,
     QueueStatus,
     ScaledInstance,
     TypeCooldown,
@@ -735,3 +738,42 @@ def test_cache_says_so_when_no_node_reported_one(fake: FakeClient) -> None:
     fake.answers["cache"] = []
     result = invoke("cache")
     assert result.exit_code == 0 and "no node has reported a dataset cache yet" in result.output
+
+
+def test_cache_preload_shows_each_nodes_progress_until_done_and_fails_with_the_reason(fake: FakeClient) -> None:
+    accepted = PreloadAccepted(preload_id="preload-0123456789ab", source="datasets/imgs/v1", nodes=["node-a", "node-b"])
+    fake.answers["preload"] = accepted
+
+    async def progress(given: PreloadAccepted, since: datetime) -> AsyncIterator[list[NodePreload]]:
+        assert given == accepted and since <= datetime.now(UTC)
+        yield [NodePreload("node-a", "copying", 2 * 2**20, 4 * 2**20), NodePreload("node-b", "waiting")]
+        yield [NodePreload("node-a", "done", 4 * 2**20, 4 * 2**20),
+               NodePreload("node-b", "failed", reason="datasets/imgs/v1 changed in shared storage while it was copied")]
+
+    fake.preload_progress = progress  # type: ignore[attr-defined]
+    result = invoke("cache", "preload", "imgs:v1", "--node", "node-a", "--node", "node-b")
+    assert fake.calls[0] == ("preload", ("imgs", "v1"), {"nodes": ["node-a", "node-b"], "flavor": None})
+    assert "node-a: copying 2.0/4.0 MiB" in result.output and "node-a: done 4.0/4.0 MiB" in result.output
+    assert result.exit_code == 1
+    assert "node-b: datasets/imgs/v1 changed in shared storage while it was copied" in result.output
+
+
+def test_cache_preload_refuses_a_malformed_dataset_before_connecting(fake: FakeClient) -> None:
+    result = invoke("cache", "preload", "imgs:", "--node", "node-a")
+    words = " ".join(result.output.replace("│", " ").split())
+    assert result.exit_code == 2 and "'imgs:' is not DATASET or DATASET:VERSION" in words
+    assert fake.calls == []
+
+
+def test_preload_states_read_each_node_from_its_latest_report() -> None:
+    since = NOW - timedelta(seconds=1)
+    old = CacheEntry(key="0" * 24, source="datasets/imgs", bytes=9, files=1, staged_at=NOW - timedelta(days=1),
+                     last_used=NOW - timedelta(days=1))
+    caches = [NodeCache(node="a", reported_at=NOW, entries=[msgspec.structs.replace(old, last_used=NOW)]),
+              NodeCache(node="b", reported_at=NOW, entries=[old], copying=[CopyUnderWay(
+                  source="datasets/imgs", key="1" * 24, done_bytes=3, total_bytes=9, started_at=NOW)]),
+              NodeCache(node="c", reported_at=NOW, entries=[old], failures=[
+                  StagingFailed(source="datasets/imgs", reason="disk full", failed_at=NOW)])]
+    states = preload_states(caches, ["a", "b", "c", "d"], "datasets/imgs", since)
+    assert [(s.node, s.state, s.done_bytes, s.reason) for s in states] == [
+        ("a", "done", 9, ""), ("b", "copying", 3, ""), ("c", "failed", 0, "disk full"), ("d", "waiting", 0, "")]

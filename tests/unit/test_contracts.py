@@ -32,6 +32,8 @@ from libs.contracts.agent import (
     SessionControl,
     SessionExited,
     SessionOpened,
+    StageAccepted,
+    StageDataset,
     StartProcess,
     Stopped,
     StopProcesses,
@@ -44,7 +46,9 @@ from libs.contracts.datacache import (
     CacheEviction,
     CachePolicy,
     CacheReport,
+    CopyUnderWay,
     StagedDataset,
+    StagingFailed,
 )
 from libs.contracts.events import (
     EVENT_TYPES,
@@ -53,6 +57,7 @@ from libs.contracts.events import (
     ComponentMarked,
     DatasetCached,
     DatasetEvicted,
+    DatasetPreloadRequested,
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     Event,
@@ -164,6 +169,8 @@ from libs.contracts.messages import (
     NodeView,
     OpenTerminal,
     PredictJob,
+    PreloadAccepted,
+    PreloadDataset,
     QueueStatus,
     Reply,
     Request,
@@ -255,6 +262,8 @@ EVENT_SAMPLES: list[Any] = [
                 message="ratio 0.91 above 0.8", recipients=["alice@example.com"], job_id="job-000000000001"),
     AlertMailed(alert_id="performance-job-000000000001-1", recipients=["alice@example.com"]),
     NodeDrained(node_name="gpu-small-3f2a9c", instance="gpu-small-3f2a9c"),
+    DatasetPreloadRequested(preload_id="preload-0123456789ab", source="datasets/imgs/v1", nodes=["gpu-node-1"],
+                            by="alice"),
     NodeRetired(node_name="gpu-small-3f2a9c", reason="released by the autoscaler: idle for 300s"),
     InstanceRequested(instance="gpu-small-3f2a9c", instance_type="gpu-small", provider="aws-ec2",
                       jobs=["job-000000000001"]),
@@ -373,6 +382,8 @@ REQUEST_SAMPLES: list[Any] = [
     ListAlerts(after=3, limit=50),
     GetAutoscalerLog(after=12, limit=100),
     ListCache(node="gpu-node-1"),
+    PreloadDataset(preload_id="preload-0123456789ab", name="imgs", version="v1", nodes=["gpu-node-1"]),
+    PreloadDataset(preload_id="preload-0123456789ab", name="imgs", flavor="gpu-4"),
     ListCache(),
     GetQueueStatus(),
     ChangePriority(job_id="job-000000000001", priority="urgent"),
@@ -481,7 +492,11 @@ REPLY_SAMPLES: list[Any] = [
                                          event=InstanceReady(instance="gpu-3f2a9c", node="gpu-3f2a9c"))],
                   next_after=3, more=False),
     CacheListing(nodes=[NodeCache(node="gpu-node-1", reported_at=AT, entries=[CACHE_ENTRY], disk_bytes=10**12,
-                                  used_bytes=10**11)]),
+                                  used_bytes=10**11, copying=[CopyUnderWay(
+                                      source="datasets/b", key="0123456789abcdef01234568", done_bytes=5,
+                                      total_bytes=10, started_at=AT)],
+                                  failures=[StagingFailed(source="datasets/c", reason="gone", failed_at=AT)])]),
+    PreloadAccepted(preload_id="preload-0123456789ab", source="datasets/imgs/v1", nodes=["gpu-node-1"]),
     TerminalOpened(session_id="3f2a", node="gpu-node-1", rank=0, attempt=1),
     StorageAccessList(entries=[StoredAccess(kind="output", name="out", owner="alice", project="default")]),
     LogPage(chunks=[LogChunk(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", seq=3,
@@ -535,10 +550,13 @@ HEALTH_SAMPLES: list[Any] = [
     SessionExited(exit_code=0),
     ReservePorts(job_id="job-000000000001", attempt=2, count=1),
     PortsReserved(ports=[30211]),
+    StageDataset(preload_id="preload-0123456789ab", source="datasets/imgs/v1"),
+    StageAccepted(),
 ]
 AgentMessage = (RegisterNode | NodeAccepted | Heartbeat | StartProcess | ProcessAccepted | StopProcesses | Stopped
                 | ProcessStarted | ProcessExited | PrecheckNode | PrecheckReport | ReleaseWorkspaces | Released
-                | OpenSession | SessionOpened | SessionControl | SessionExited | ReservePorts | PortsReserved)
+                | OpenSession | SessionOpened | SessionControl | SessionExited | ReservePorts | PortsReserved
+                | StageDataset | StageAccepted)
 
 
 @pytest.mark.parametrize("message", AGENT_SAMPLES + HEALTH_SAMPLES, ids=lambda m: type(m).__name__)
@@ -575,6 +593,14 @@ def test_a_cache_report_round_trips_and_its_keys_are_checked() -> None:
     forged = msgspec.structs.replace(report, entries=[msgspec.structs.replace(CACHE_ENTRY, key="../../etc")])
     with pytest.raises(msgspec.ValidationError, match="key"):
         decode(encode(forged), CacheReport)
+
+
+@pytest.mark.parametrize("source", ["../etc", "datasets/../../etc", "/datasets/a", "models/m", "datasets/a/b/c",
+                                    "datasets/.hidden"])
+def test_a_preload_copies_only_a_dataset_folder_of_shared_storage(source: str) -> None:
+    body = encode({"type": "StageDataset.v1", "preload_id": "preload-0123456789ab", "source": source})
+    with pytest.raises(msgspec.ValidationError, match="source"):
+        decode_any(body, AgentMessage)
 
 
 def test_ports_reserved_is_an_agent_reply() -> None:
