@@ -28,7 +28,8 @@ class Prediction(Struct, frozen=True, kw_only=True):
 
     starts_now: bool
     flavor: str | None = None  # the flavor it starts with now, or is expected to start with
-    nodes: list[str] = msgspec.field(default_factory=list)  # one entry per rank
+    # One entry per rank: where it starts now, or where it is planned to start when it waits.
+    nodes: list[str] = msgspec.field(default_factory=list)
     node_count: int = 0  # an elastic job may start on fewer nodes than it asks for
     position: int | None = None  # 1-based place in the queue when it queues
     jobs_ahead: int = 0

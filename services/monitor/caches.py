@@ -2,7 +2,9 @@
 
 Reports come whole, so the latest one per node is the view; a node retired since is left out. A preload
 the scheduler recorded is carried out by asking each of its nodes' agents to copy the dataset (signed by
-the monitor); the copies then show in the nodes' reports.
+the monitor); the copies then show in the nodes' reports. A job with data preparation that has to wait is
+warmed up the same way: its datasets are copied onto the nodes it is predicted to start on, so it starts
+with them in the cache.
 """
 
 from __future__ import annotations
@@ -16,10 +18,12 @@ from nats.aio.client import Client
 from libs.contracts import subjects
 from libs.contracts.agent import StageAccepted, StageDataset
 from libs.contracts.datacache import CacheReport
-from libs.contracts.events import DatasetPreloadRequested
+from libs.contracts.events import JobPredicted
+from libs.contracts.jobspec import JobSpec
 from libs.contracts.messages import CacheListing, CommandError, NodeCache
 from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
+from libs.storage import workspace_mounts
 from libs.telemetry.logs import get_logger
 from services.monitor.state import MonitoredNode
 
@@ -35,17 +39,26 @@ def listing(reports: Mapping[str, CacheReport], nodes: Mapping[str, MonitoredNod
                                          failures=list(r.failures)) for r in shown])
 
 
-async def preload(nc: Client, signer: ControlSigner, event: DatasetPreloadRequested) -> None:
-    """Ask each node of the preload to copy its dataset; a node that does not take it is logged (its cache
-    report never shows the copy, which `trainyard cache preload` tells the user)."""
-    async def one(node: str) -> None:
+def warm_ups(event: JobPredicted, spec: JobSpec | None) -> list[tuple[str, str]]:
+    """D1: (node, dataset folder) to copy for a job predicted to wait: its staged datasets, onto the nodes
+    it is predicted to start on."""
+    if spec is None or not spec.data_preparation or event.prediction.starts_now:
+        return []
+    sources = list(dict.fromkeys(mount.source for mount in workspace_mounts(spec) if mount.stage))
+    return [(node, source) for node in dict.fromkeys(event.prediction.nodes) for source in sources]
+
+
+async def stage_on(nc: Client, signer: ControlSigner, preload_id: str, copies: list[tuple[str, str]]) -> None:
+    """Ask each node's agent to copy its dataset; a node that does not take it is logged (its cache report
+    never shows the copy, which `trainyard cache preload` tells the user)."""
+    async def one(node: str, source: str) -> None:
         try:
-            reply = await call(nc, subjects.agent_stage(node), StageDataset(preload_id=event.preload_id,
-                                                                            source=event.source),
+            reply = await call(nc, subjects.agent_stage(node), StageDataset(preload_id=preload_id, source=source),
                                timeout=AGENT_TIMEOUT_SECONDS, reply_type=StageAccepted | CommandError, signer=signer)
         except (ServiceUnavailable, OSError, nats.errors.Error) as exc:  # NATS away: the node is left out
-            log.warning("cache.preload_unanswered", node=node, source=event.source, error=str(exc))
+            log.warning("cache.preload_unanswered", node=node, source=source, preload_id=preload_id, error=str(exc))
             return
         if isinstance(reply, CommandError):
-            log.warning("cache.preload_refused", node=node, source=event.source, error=reply.message)
-    await asyncio.gather(*(one(node) for node in event.nodes))
+            log.warning("cache.preload_refused", node=node, source=source, preload_id=preload_id,
+                        error=reply.message)
+    await asyncio.gather(*(one(node, source) for node, source in copies))

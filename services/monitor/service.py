@@ -44,12 +44,14 @@ from libs.contracts.events import (
     DebugEnvironmentKept,
     EventEnvelope,
     JobPrechecking,
+    JobPredicted,
     PerformanceDegraded,
     PrecheckCompleted,
     SettingsChanged,
 )
 from libs.contracts.health import COMPONENT_PATTERN
 from libs.contracts.identity import Identity
+from libs.contracts.jobspec import JobSpec
 from libs.contracts.messages import (
     AlertPage,
     CacheListing,
@@ -327,9 +329,10 @@ class Monitor(EventSourcedService):
             if isinstance(event, SettingsChanged) and decisions.cache_policy(event.settings) != policy:
                 await self.announce([])  # the agents register again, and get the new cache policy (D1)
             if isinstance(event, DatasetPreloadRequested):  # D2: each node's agent copies it, in the background
-                task = asyncio.create_task(caches.preload(self.rt.nc, self.signer, event))
-                self.preloading.add(task)
-                task.add_done_callback(self.preloading.discard)
+                self._stage_on(event.preload_id, [(node, event.source) for node in event.nodes])
+                return False
+            if isinstance(event, JobPredicted) and (warm := caches.warm_ups(event, self._spec(event.job_id))):
+                self._stage_on(event.job_id, warm)  # D1: a job that waits starts with its data in the cache
                 return False
             if not isinstance(event, JobPrechecking):
                 with self._tracer.start_as_current_span(f"monitor react {type(event).name()}",
@@ -380,6 +383,15 @@ class Monitor(EventSourcedService):
                 return False
             return await self.carry_out(decisions.cache_report(report, self.state.cached.get(report.node, {})),
                                         tracking)
+
+    def _stage_on(self, preload_id: str, copies: list[tuple[str, str]]) -> None:
+        task = asyncio.create_task(caches.stage_on(self.rt.nc, self.signer, preload_id, copies))
+        self.preloading.add(task)
+        task.add_done_callback(self.preloading.discard)
+
+    def _spec(self, job_id: str) -> JobSpec | None:
+        job = self.jobs.jobs.get(job_id)
+        return job.spec if job is not None else None
 
     async def list_cache(self, request: ListCache, _: Identity) -> CacheListing | CommandError:
         if request.node is not None and request.node not in self.state.nodes and request.node not in self.reports:

@@ -530,9 +530,10 @@ def waits(spec: JobSpec, now: datetime, jobs_ahead: int, latest: Plan, likely: P
     workers = sum(1 for p in plan.placement if p.role == "worker")
 
     def answer(reason: str, start: datetime | None = None) -> Forecast:
-        return Forecast(Prediction(starts_now=False, flavor=plan.flavor, node_count=workers, position=jobs_ahead + 1,
-                                   jobs_ahead=jobs_ahead, estimated_start=start, predicted_at=now, reason=reason,
-                                   latest_start=latest.start),
+        # The nodes it is planned to start on (D1: its datasets are copied there while it waits).
+        return Forecast(Prediction(starts_now=False, flavor=plan.flavor, nodes=[p.node for p in plan.placement],
+                                   node_count=workers, position=jobs_ahead + 1, jobs_ahead=jobs_ahead,
+                                   estimated_start=start, predicted_at=now, reason=reason, latest_start=latest.start),
                         latest.start)
 
     if latest.unplaceable:

@@ -9,6 +9,7 @@ import hashlib
 import os
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import pytest
 
@@ -168,3 +169,27 @@ async def test_a_preloaded_dataset_is_found_in_the_cache_by_the_first_job_and_a_
         await api.preload("nowhere", nodes=["node-a"])
     with pytest.raises(TrainyardError, match="no such node: node-z"):
         await api.preload("alpha", nodes=["node-z"])
+
+
+@pytest.mark.cluster(Path(__file__).parent / "cluster-data.yaml")
+async def test_a_job_that_waits_has_its_datasets_copied_to_its_predicted_node_meanwhile(stack: Stack) -> None:
+    seed(stack, "alpha")
+    seed(stack, "beta")
+    api = await stack.up()
+    # The blocker's duration limit lets the prediction plan where the waiting job starts (S6).
+    blocker = await api.submit(JobSpec(name="blocker", flavors=["cpu-2"], algorithm=AlgorithmRef(name="env-probe"),
+                                       command="sleep 600", duration="10m", node_names=["node-a"],
+                                       output=OutputRef(name="blocker")))
+    await stack.wait_until(blocker.job_id, "running")
+    waiting = await api.submit(reader("waits"))
+    assert (await api.get_job(waiting.job_id)).job.status == "queued"
+
+    # While it waits for node-a, node-a's cache gets both its datasets.
+    cache = await cache_until(stack, lambda c: {"datasets/alpha", "datasets/beta"} <= {e.source for e in c.entries})
+    assert not any(e.pins for e in cache.entries)  # copied for no job: nothing holds them
+    assert (await api.get_job(waiting.job_id)).job.status == "queued"
+
+    await api.stop([blocker.job_id])
+    job = await stack.wait_until(waiting.job_id, "ended", timeout=120)
+    assert job.status == "succeeded", job.reason
+    assert await staged(stack, waiting.job_id) == {"datasets/alpha": True, "datasets/beta": True}

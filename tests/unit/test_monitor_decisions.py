@@ -15,6 +15,7 @@ from libs.contracts.events import (
     InstanceReleased,
     JobAdmitted,
     JobFailed,
+    JobPredicted,
     JobSubmitted,
     NodeDiskPressure,
     NodeDiskRelieved,
@@ -26,10 +27,11 @@ from libs.contracts.events import (
     ProvisionFailed,
 )
 from libs.contracts.health import ComponentHealth
-from libs.contracts.jobspec import AlgorithmRef, DebugTerminal, JobSpec, OutputRef
+from libs.contracts.jobspec import AlgorithmRef, DatasetRef, DebugTerminal, JobSpec, OutputRef
 from libs.contracts.messages import MarkComponent
+from libs.contracts.scheduling import Prediction
 from libs.lifecycle import JobLifecycle
-from services.monitor import decisions
+from services.monitor import caches, decisions
 from services.monitor.state import MonitoredNode, MonitorState
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)
@@ -189,3 +191,18 @@ def test_a_disk_under_pressure_is_recorded_once_and_relieved_once() -> None:
     [relieved] = decisions.heartbeat(node, 2, JobLifecycle(), []).events
     assert relieved.event == NodeDiskRelieved(node_name="node-a")
     assert decisions.heartbeat(node, 2, JobLifecycle(), [], disk_pressure=reason).alerts == []  # no alert: no fault
+
+
+def test_a_job_that_waits_has_its_staged_datasets_copied_to_its_predicted_nodes_only() -> None:
+    prep = JobSpec(name="prep", flavors=["cpu-2"], algorithm=AlgorithmRef(name="a"), command="python3 t.py",
+                   output=OutputRef(name="o"), data_preparation=True,
+                   datasets=[DatasetRef(name="imgs", source="favorite", version="v1"), DatasetRef(name="labels")])
+
+    def predicted(starts_now: bool, nodes: list[str]) -> JobPredicted:
+        return JobPredicted(job_id="job-1", prediction=Prediction(starts_now=starts_now, nodes=nodes, predicted_at=NOW))
+
+    assert caches.warm_ups(predicted(False, ["n1", "n2", "n1"]), prep) == [
+        ("n1", "datasets/imgs/v1"), ("n1", "datasets/labels"), ("n2", "datasets/imgs/v1"), ("n2", "datasets/labels")]
+    assert caches.warm_ups(predicted(True, ["n1"]), prep) == []  # it starts now: its own staging copies them
+    assert caches.warm_ups(predicted(False, ["n1"]), SPEC) == []  # no data preparation
+    assert caches.warm_ups(predicted(False, ["n1"]), None) == []
