@@ -8,7 +8,6 @@ from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
 from client.cli.output import fail, print_json, print_table, say, stdout
 from client.cli.params import JsonOption, refusing
@@ -78,6 +77,8 @@ async def preload(client: TrainyardClient,
         return
     states: list[NodePreload] = []
     if sys.stdout.isatty() and not as_json:
+        from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
+
         with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                       console=stdout()) as bars:
             tasks: dict[str, TaskID] = {node: bars.add_task(node, total=None) for node in accepted.nodes}

@@ -18,11 +18,13 @@ from client.cli.render import (
     INSTANCE_COLUMNS,
     JOB_COLUMNS,
     SEARCH_COLUMNS,
+    STAGING_COLUMNS,
     event_row,
     instance_row,
     job_detail_rows,
     job_rows,
     search_cells,
+    staging_rows,
     status_cell,
 )
 from client.cli.runner import connected
@@ -136,6 +138,12 @@ async def show(client: TrainyardClient, job_id: JobIdArgument, as_json: JsonOpti
     if details.job.instances:
         print_table(INSTANCE_COLUMNS, [instance_row(inst, usage.get(inst.rank)) for inst in details.job.instances],
                     title="instances")
+    preparing = {inst.node for inst in details.job.instances if inst.state == "pending"}
+    if details.spec.data_preparation and details.job.status == "running" and preparing:
+        # J14: its nodes still copying its datasets, and how far they are.
+        caches = [cache for cache in await client.cache() if cache.node in preparing]
+        if rows := staging_rows(caches, details.spec):
+            print_table(STAGING_COLUMNS, rows, title="data preparation")
 
 
 @commands.command()

@@ -15,11 +15,13 @@ import msgspec
 from libs.contracts.events import AlertRaised, LaunchPlanned
 from libs.contracts.health import NodeCheck
 from libs.contracts.scheduling import Prediction
+from libs.storage import workspace_mounts
 
 if TYPE_CHECKING:
     from libs.contracts.agent import UsageSample
     from libs.contracts.events import EventEnvelope
     from libs.contracts.identity import Identity
+    from libs.contracts.jobspec import JobSpec
     from libs.contracts.messages import (
         InstanceView,
         JobDetails,
@@ -442,3 +444,20 @@ def cache_rows(cache: NodeCache) -> list[tuple[str, ...]]:
     return [(cache.node, entry.source, entry.key[:12], f"{entry.bytes / 2**20:.1f}", str(entry.files),
              local_time(entry.staged_at), local_time(entry.last_used),
              ", ".join(pin.split("/")[0] for pin in dict.fromkeys(entry.pins)) or "-") for entry in cache.entries]
+
+
+STAGING_COLUMNS = ("NODE", "DATASET", "COPIED (MiB)", "OF (MiB)", "RATE (MiB/s)")
+
+
+def staging_rows(caches: Sequence[NodeCache], spec: JobSpec) -> list[tuple[str, ...]]:
+    """J14: the copies of the job's datasets under way on its nodes."""
+    sources = {mount.source for mount in workspace_mounts(spec) if mount.stage}
+    now = datetime.now(UTC)
+    rows: list[tuple[str, ...]] = []
+    for cache in caches:
+        for copy in cache.copying:
+            if copy.source in sources:
+                seconds = max((now - copy.started_at).total_seconds(), 1e-3)
+                rows.append((cache.node, copy.source, f"{copy.done_bytes / 2**20:.1f}",
+                             f"{copy.total_bytes / 2**20:.1f}", f"{copy.done_bytes / 2**20 / seconds:.1f}"))
+    return rows

@@ -37,11 +37,12 @@ from libs.contracts.events import (
 from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
-from libs.contracts.jobspec import CheckpointResume, FaultRestart, JobSpec
+from libs.contracts.jobspec import CheckpointResume, DatasetRef, FaultRestart, JobSpec
 from libs.contracts.messages import (
     CommandError,
     Done,
     FlavorList,
+    InstanceView,
     JobAccepted,
     JobDetails,
     JobView,
@@ -777,3 +778,22 @@ def test_preload_states_read_each_node_from_its_latest_report() -> None:
     states = preload_states(caches, ["a", "b", "c", "d"], "datasets/imgs", since)
     assert [(s.node, s.state, s.done_bytes, s.reason) for s in states] == [
         ("a", "done", 9, ""), ("b", "copying", 3, ""), ("c", "failed", 0, "disk full"), ("d", "waiting", 0, "")]
+
+
+def test_show_tells_how_far_a_starting_jobs_nodes_are_in_copying_its_datasets(fake: FakeClient) -> None:
+    job = JobView(job_id="job-r", name="resnet", project="vision", creator="alice", status="running",
+                  priority="normal", mode="pytorch", nodes=1, flavors=["cpu-1"], submitted_at=NOW,
+                  instances=[InstanceView(rank=0, node="node-a", master=True, state="pending")])
+    spec = JobSpec(name="resnet", data_preparation=True, datasets=[DatasetRef(name="imgs")])
+    fake.answers["get_job"] = JobDetails(job=job, spec=spec)
+    fake.answers["usage"] = []
+    copying = CopyUnderWay(source="datasets/imgs", key="1" * 24, done_bytes=3 * 2**20, total_bytes=12 * 2**20,
+                           started_at=datetime.now(UTC) - timedelta(seconds=1))
+    other = msgspec.structs.replace(copying, source="datasets/someone-elses")
+    fake.answers["cache"] = [NodeCache(node="node-a", reported_at=NOW, entries=[], copying=[copying, other]),
+                             NodeCache(node="node-b", reported_at=NOW, entries=[], copying=[copying])]
+    result = invoke("show", "job-r")
+    assert result.exit_code == 0, result.output
+    assert "data preparation" in result.output
+    staging = [line.split() for line in result.output.splitlines() if "datasets/" in line]
+    assert [row[:4] for row in staging] == [["node-a", "datasets/imgs", "3.0", "12.0"]]
