@@ -43,8 +43,8 @@ class QueuedJob:
     spec: JobSpec
     duration_seconds: int | None = None  # its current duration limit (J16/S11); None = no limit
     excluded_nodes: frozenset[str] = NO_NODES  # nodes it was moved away from (M6): never placed there
-    # D1 locality: bytes of its datasets each node's cache holds; of nodes a rank could equally go to (the
-    # same room left), the one holding more comes first.
+    # D1 locality: bytes of its datasets each node's cache holds; of the nodes a rank fits on, those holding
+    # more come first (where the job goes, never whether it starts: the queue's order and reservations stand).
     prefer: Mapping[str, int] = field(default_factory=dict)
 
 
@@ -292,11 +292,12 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
     """Place `workers` workers of `flavor` and the job's parameter servers on `capacity`, all or none,
     never on a node of `exclude`.
 
-    Each rank goes to the eligible node holding the fewest ranks of this job so far, then with the
-    most free CPU left, then memory, which spreads a job across hosts when it can and packs it when it
-    must. Ties go to the node holding the most of the job's data in its cache (`prefer`, bytes per node;
-    D1 locality), then by name: locality never outweighs room. It is not used for a job with parameter
-    servers. `capacity` itself is not changed.
+    Each rank goes to the eligible node holding the fewest ranks of this job so far, then holding the
+    most of the job's data in its cache (`prefer`, bytes per node; D1 locality), then with the most free
+    CPU left, then memory (ties by name), which spreads a job across hosts when it can and packs it when it
+    must. Ranks all alike take a node each fits on whatever the order, so locality changes where they go,
+    never whether they all fit; it is not used for a job with parameter servers, whose ranks are not alike.
+    `capacity` itself is not changed.
     """
     local = {name: size for name, size in (prefer or {}).items() if size > 0} if not parameter_server_count(spec) \
         else {}
@@ -310,12 +311,12 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
     free = capacity.free
     # One heap of candidate nodes per role, ordered by the rule above. A node's key only grows as
     # ranks land on it, so an outdated entry is simply re-queued with its current key when it surfaces.
-    heaps: dict[Role, list[tuple[int, float, int, int, str]]] = {}
+    heaps: dict[Role, list[tuple[int, int, float, int, str]]] = {}
     for role, index in indexes.items():
         nodes = index.nodes
         if not nodes:
             return None
-        heaps[role] = [(0, -free[name].cpus, -free[name].memory_mib, -local.get(name, 0), name) for name in nodes]
+        heaps[role] = [(0, -local.get(name, 0), -free[name].cpus, -free[name].memory_mib, name) for name in nodes]
         heapq.heapify(heaps[role])
     infos = capacity.cluster.infos
     left: dict[str, Resources] = {}  # free after the ranks placed so far, for the nodes used
@@ -331,7 +332,7 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
             room = left.get(name, free[name])
             if not need.fits_in(room):
                 continue  # room only shrinks while this job is placed
-            current = (ranks_on.get(name, 0), -room.cpus, -room.memory_mib, -local.get(name, 0), name)
+            current = (ranks_on.get(name, 0), -local.get(name, 0), -room.cpus, -room.memory_mib, name)
             if current == entry:
                 break
             heapq.heappush(heap, current)
@@ -339,7 +340,7 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
             return None
         room = left[name] = room - need
         ranks_on[name] = ranks_on.get(name, 0) + 1
-        heapq.heappush(heap, (ranks_on[name], -room.cpus, -room.memory_mib, -local.get(name, 0), name))
+        heapq.heappush(heap, (ranks_on[name], -local.get(name, 0), -room.cpus, -room.memory_mib, name))
         placement.append(Placement(rank=rank, node=name, address=infos[name].address, slots=rank_flavor.slots,
                                    role=role))
     return placement
