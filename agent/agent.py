@@ -609,12 +609,14 @@ class NodeAgent:
         the command is not to start (the staging failed, or the attempt was stopped meanwhile)."""
         node.output = OutputTail(root)
         shipper = asyncio.create_task(self._ship_continuously(node))
+        node_fault = False
         try:
             local, node.staged = await self.data.prepare(mounts, node.holder, root)
             reason = ("stopped during data preparation" if (node.job_id, node.attempt) in self.stopped_attempts
                       else None)
         except StagingError as exc:
             local, reason = {}, f"data preparation failed on node {self.info.name}: {exc}"
+            node_fault = exc.node_fault
         finally:
             shipper.cancel()  # a chunk cut short is taken again, under the same number, by the next shipper
             with contextlib.suppress(asyncio.CancelledError):
@@ -624,19 +626,21 @@ class NodeAgent:
         log.warning("agent.data_preparation_failed", job_id=node.job_id, attempt=node.attempt, rank=node.rank,
                     node=self.info.name, reason=reason)
         self.data.release(node.holder)
-        await self._not_started(node, root, reason)
+        await self._not_started(node, root, reason, node_fault=node_fault)
         await self._discard(node, root)
         return None
 
-    async def _not_started(self, node: RunningNode, root: Path, reason: str) -> None:
-        """The node's command never ran: its output says why, and it exits 127 without a start."""
+    async def _not_started(self, node: RunningNode, root: Path, reason: str, *, node_fault: bool = False) -> None:
+        """The node's command never ran: its output says why, and it exits 127 without a start (saying the
+        node is at fault, when it is, so that the job is tried elsewhere)."""
         root.mkdir(parents=True, exist_ok=True)
         remove_pending(root)
         append_note(root, reason)
         node.output, node.output_done = OutputTail(root), True
         await self._ship_continuously(node)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                                         node=self.info.name, exit_code=127), "exited", node)
+                                         node=self.info.name, exit_code=127,
+                                         node_fault=reason[:1000] if node_fault else None), "exited", node)
 
     async def _follow(self, node: RunningNode, held: HeldProcess, root: Path) -> None:
         """Ship the node's output and report its start and exit, whichever agent started it."""

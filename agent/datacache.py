@@ -63,6 +63,14 @@ FAILURES_KEPT = 20
 class StagingError(Exception):
     """A dataset could not be copied; the message names it and why."""
 
+    node_fault = False  # the node is at fault (its disk), not the dataset: another node may do
+
+
+class NodeStagingError(StagingError):
+    """The node's own disk failed the copy (full, read-only, unreadable back): another node may do."""
+
+    node_fault = True
+
 
 class Throttle:
     """Shares a rate among the copying threads: each chunk waits for its turn (bytes per second)."""
@@ -122,26 +130,51 @@ def list_source(folder: Path) -> list[SourceFile]:
 
 
 def copy_verified(source: Path, target: Path, size: int, progress: Progress, throttle: Throttle = UNLIMITED) -> str:
-    """Copy one file, hashing what is read and, once on disk, what was written; its digest."""
-    target.parent.mkdir(parents=True, exist_ok=True)
+    """Copy one file, hashing what is read and, once on disk, what was written; its digest. What fails on
+    the node's side (writing, reading back) is a NodeStagingError; on shared storage's, a StagingError."""
     read = hashlib.sha256()
-    with source.open("rb") as src, target.open("wb") as dst:
-        while chunk := src.read(CHUNK):
-            throttle.take(len(chunk))
-            read.update(chunk)
-            dst.write(chunk)
-            progress.add(len(chunk))
-        dst.flush()
-        os.fsync(dst.fileno())
+    try:
+        src = source.open("rb")
+    except OSError as exc:
+        raise StagingError(f"cannot read {source}: {exc.strerror or exc}") from exc
+    with src:
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            dst = target.open("wb")
+        except OSError as exc:
+            raise NodeStagingError(f"cannot write {target}: {exc.strerror or exc}") from exc
+        with dst:
+            while True:
+                try:
+                    chunk = src.read(CHUNK)
+                except OSError as exc:
+                    raise StagingError(f"cannot read {source}: {exc.strerror or exc}") from exc
+                if not chunk:
+                    break
+                throttle.take(len(chunk))
+                read.update(chunk)
+                try:
+                    dst.write(chunk)
+                except OSError as exc:
+                    raise NodeStagingError(f"cannot write {target}: {exc.strerror or exc}") from exc
+                progress.add(len(chunk))
+            try:
+                dst.flush()
+                os.fsync(dst.fileno())
+            except OSError as exc:
+                raise NodeStagingError(f"cannot write {target}: {exc.strerror or exc}") from exc
     written = hashlib.sha256()
-    with target.open("rb") as check:
-        while chunk := check.read(CHUNK):
-            written.update(chunk)
-    if target.stat().st_size != size:
-        raise StagingError(f"{source} changed while it was copied ({size} bytes listed, "
-                           f"{target.stat().st_size} copied)")
+    try:
+        with target.open("rb") as check:
+            while chunk := check.read(CHUNK):
+                written.update(chunk)
+        copied = target.stat().st_size
+    except OSError as exc:
+        raise NodeStagingError(f"cannot read back {target}: {exc.strerror or exc}") from exc
+    if copied != size:
+        raise StagingError(f"{source} changed while it was copied ({size} bytes listed, {copied} copied)")
     if written.digest() != read.digest():
-        raise StagingError(f"the copy of {source} does not read back as written")
+        raise NodeStagingError(f"the copy of {source} does not read back as written")
     return read.hexdigest()
 
 
@@ -202,12 +235,16 @@ class DatasetCache:
                    mib_per_second=float(rate) if rate else None)
 
     def open(self) -> None:
-        """At start: partial copies a crash left are removed, never used."""
-        for folder in (self.entries_dir, self.partial_dir, self.pins_dir, self.locks_dir):
-            folder.mkdir(parents=True, exist_ok=True)
-        for partial in self.partial_dir.iterdir():
-            with contextlib.suppress(OSError):
-                _remove(partial)
+        """At start: partial copies a crash left are removed, never used. A cache that cannot be made is
+        said and left: jobs without data preparation still run, and a staging there fails as the node's."""
+        try:
+            for folder in (self.entries_dir, self.partial_dir, self.pins_dir, self.locks_dir):
+                folder.mkdir(parents=True, exist_ok=True)
+            for partial in self.partial_dir.iterdir():
+                with contextlib.suppress(OSError):
+                    _remove(partial)
+        except OSError as exc:
+            log.error("cache.unusable", root=str(self.root), error=str(exc))
 
     def close(self) -> None:
         self._pool.shutdown(wait=False, cancel_futures=True)
@@ -220,9 +257,15 @@ class DatasetCache:
         unless the cache has it. A copy is made once per node, by a task of its own that no caller's end
         cancels; every caller waiting for it gets its progress through `on_copy`."""
         started = time.monotonic()
-        listing = await asyncio.to_thread(list_source, self.storage / source)
+        try:
+            listing = await asyncio.to_thread(list_source, self.storage / source)
+        except OSError as exc:
+            raise StagingError(f"cannot list {source} in shared storage: {exc.strerror or exc}") from exc
         key = cache_key(source, listing)
-        await asyncio.to_thread(self.pin, key, holder)  # before it is looked for: no eviction takes it after
+        try:  # pinned before it is looked for: no eviction takes it after
+            await asyncio.to_thread(self.pin, key, holder)
+        except OSError as exc:
+            raise NodeStagingError(f"cannot write the cache at {self.root}: {exc.strerror or exc}") from exc
         entry = await asyncio.to_thread(self._entry, key)
         copied = False
         if entry is None:
@@ -248,27 +291,38 @@ class DatasetCache:
         loop = asyncio.get_running_loop()
         lock = self.locks_dir / f"{key}.lock"
         held = contextlib.ExitStack()
-        await asyncio.to_thread(held.enter_context, _locked(lock))
         try:
+            await asyncio.to_thread(held.enter_context, _locked(lock))
             made = await asyncio.to_thread(self._entry, key)
             if made is not None:
                 return made, False
             partial = self.partial_dir / f"{key}-{secrets.token_hex(4)}"
-            partial.mkdir(parents=True)
             try:
-                digests = await asyncio.gather(*(
+                partial.mkdir(parents=True)
+            except OSError as exc:
+                raise NodeStagingError(f"cannot write the cache at {self.root}: {exc.strerror or exc}") from exc
+            try:
+                # Every copy ends before a failure is raised: none writes into a folder being removed.
+                results = await asyncio.gather(*(
                     loop.run_in_executor(self._pool, copy_verified, self.storage / source / f.path,
                                          partial / "data" / f.path, f.size, progress, self._throttle)
-                    for f in listing))
+                    for f in listing), return_exceptions=True)
+                if failed := next((r for r in results if isinstance(r, BaseException)), None):
+                    raise failed
+                digests = [r for r in results if isinstance(r, str)]
                 progress.finished = time.monotonic()
-                if await asyncio.to_thread(list_source, self.storage / source) != listing:
+                try:
+                    relisted = await asyncio.to_thread(list_source, self.storage / source)
+                except OSError as exc:
+                    raise StagingError(f"cannot list {source} in shared storage: {exc.strerror or exc}") from exc
+                if relisted != listing:
                     raise StagingError(f"{source} changed in shared storage while it was copied")
                 return await asyncio.to_thread(self._commit, key, source, listing, digests, partial), True
             except BaseException:
                 await asyncio.to_thread(_remove, partial)
                 raise
-        except OSError as exc:
-            raise StagingError(f"cannot copy {source} into the cache at {self.root}: {exc}") from exc
+        except OSError as exc:  # the cache's own folders (its lock, renaming into place): the node's disk
+            raise NodeStagingError(f"cannot copy {source} into the cache at {self.root}: {exc}") from exc
         finally:
             await asyncio.to_thread(held.close)
 

@@ -215,6 +215,9 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
     node: str
     exit_code: int
     task: int = 0  # J3: which task of a batch job
+    # Why the command never started, when the node is at fault (J14: its data could not be prepared on
+    # its disk); the job is then tried on other nodes.
+    node_fault: Annotated[str, Meta(max_length=1000)] | None = None
     # When the process ended, by the node's clock: the report may reach the launcher much later (NATS or
     # the launcher away). None from older agents.
     exited_at: datetime | None = None

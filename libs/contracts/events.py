@@ -152,6 +152,9 @@ class JobResuming(_Event, frozen=True, tag="JobResuming.v1"):
     lost_nodes: list[str] = msgspec.field(default_factory=list)
     exclude_nodes: list[str] = msgspec.field(default_factory=list)
     fault_nodes: list[str] = msgspec.field(default_factory=list)
+    # J14: the attempt failed before its command started, for a fault of a node (its data could not be
+    # prepared there): the job, of any kind, waits for other nodes, and it does not count as a resume.
+    before_start: bool = False
 
 
 class JobRequeued(_Event, frozen=True, tag="JobRequeued.v1"):
@@ -353,6 +356,9 @@ class LaunchFailed(_Event, frozen=True, tag="LaunchFailed.v1"):
     attempt: int
     reason: str
     exit_code: int | None = None
+    # Nodes where a rank could not start for a fault of the node itself (J14: its data could not be
+    # prepared there, e.g. a full disk), not of the job: the scheduler tries the job on other nodes.
+    fault_nodes: list[str] = msgspec.field(default_factory=list)
 
 
 class LaunchStopped(_Event, frozen=True, tag="LaunchStopped.v1"):

@@ -124,6 +124,11 @@ def _report_events(state: LauncherState, launch: Launch, report: ProcessStarted 
         return events  # a finished task's parameter server or standby, stopped on purpose
     if report.exit_code != 0:
         task = f"task {report.task + 1}: " if len(launch.tasks()) > 1 else ""
+        if report.node_fault is not None:  # it never started, for a fault of its node (J14)
+            events.append(LaunchFailed(job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,
+                                       reason=f"{task}rank {report.rank} could not start: {report.node_fault}",
+                                       fault_nodes=[report.node]))
+            return events
         events.append(LaunchFailed(
             job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,
             reason=f"{task}rank {report.rank} on {report.node} exited with code {report.exit_code}"))

@@ -118,11 +118,14 @@ def node_lost(node: str, version: int, reason: str, jobs: Sequence[JobRecord],
 def job_resuming(job: JobRecord, event: JobResuming, settings: AdminSettings,
                  operators: Sequence[str]) -> AlertRaised:
     nodes = sorted({*event.lost_nodes, *event.exclude_nodes, *event.fault_nodes})
+    message = (f"Job {_job_label(job)} could not start there and waits for other nodes: {event.reason}."
+               if event.before_start else
+               f"Job {_job_label(job)} is saving a checkpoint and will resume on healthy nodes: {event.reason}. "
+               f"This is resume {job.resumes + 1} of at most {job.max_resumes(settings)}.")
     return AlertRaised(
         alert_id=job_resuming_id(job.job_id, event.attempt), kind="job-resuming",
         title=f"Job {_job_label(job)} is being moved",
-        message=(f"Job {_job_label(job)} is saving a checkpoint and will resume on healthy nodes: {event.reason}. "
-                 f"This is resume {job.resumes + 1} of at most {job.max_resumes(settings)}."),
+        message=message,
         recipients=recipients(job.creator_email, operators), job_id=job.job_id,
         node=nodes[0] if len(nodes) == 1 else None)
 

@@ -8,6 +8,7 @@ recorded exactly once.
 
 from __future__ import annotations
 
+from libs.contracts.cluster import Resources
 from libs.contracts.events import (
     EventEnvelope,
     InstanceDraining,
@@ -33,6 +34,7 @@ from libs.contracts.events import (
     PrecheckCompleted,
 )
 from libs.eventstore import NewEvent
+from libs.placement import Capacity, NodeCapacity, choose
 from services.scheduler.names import drain_change, job_change
 from services.scheduler.state import Job, SchedulerState
 
@@ -129,6 +131,8 @@ def slow_node(state: SchedulerState, event: PerformanceDegraded) -> list[JobEven
 def launch_failed(state: SchedulerState, job: Job, event: LaunchFailed) -> list[JobEvent]:
     if job.resuming is not None:
         return []  # the attempt is being stopped after a fault anyway: its stop decides what follows
+    if event.fault_nodes and job.stop_requested_by is None and not job.expiring:
+        return not_started_there(state, job, event)
     if job.spec.checkpoint_resume is not None and job.stop_requested_by is None and not job.expiring:
         # When a node dies, its peers' collectives fail at once, before its heartbeats are missed: a
         # fault seen on one of the job's nodes now, or within the settle time, explains the failure.
@@ -149,12 +153,28 @@ def launch_failed(state: SchedulerState, job: Job, event: LaunchFailed) -> list[
                           reason=event.reason, exit_code=event.exit_code)]
 
 
+def not_started_there(state: SchedulerState, job: Job, event: LaunchFailed) -> list[JobEvent]:
+    """J14: a rank could not start for a fault of its node (its data could not be prepared there). The job,
+    whatever its kind, is tried on other nodes if some could serve it, without counting a resume; else it
+    fails, saying why."""
+    avoid = frozenset({*job.excluded_nodes, *event.fault_nodes})
+    usable = [NodeCapacity(info=n.info, free=Resources.of_node(n.info)) for n in state.nodes.values() if not n.lost]
+    flavors = {flavor.name: flavor for flavor in state.cluster.flavors}
+    if choose(Capacity.of(usable), job.spec, flavors, avoid) is None:
+        return [JobFailed(job_id=job.job_id, reason=f"{event.reason}; no other node could serve it",
+                          exit_code=event.exit_code)]
+    return [JobResuming(job_id=job.job_id, attempt=job.attempt, reason=event.reason, before_start=True,
+                        exclude_nodes=list(event.fault_nodes), fault_nodes=list(event.fault_nodes))]
+
+
 def launch_stopped(state: SchedulerState, job: Job) -> list[JobEvent]:
     """The attempt is down; why it was stopped decides what the job does next."""
     if job.stop_requested_by is not None:
         return [JobStopped(job_id=job.job_id, by=job.stop_requested_by)]
     if job.expiring:
         return [JobExpired(job_id=job.job_id, reason=f"ran past its duration limit of {job.duration}")]
+    if job.resuming is not None and job.resuming.before_start:  # it never ran: not a resume
+        return [JobRequeued(job_id=job.job_id, attempt=job.attempt, reason=job.resuming.reason, resumes=job.resumes)]
     if job.resuming is not None:
         resumes, limit = job.resumes, state.max_resumes(job) or 0
         if resumes >= limit:

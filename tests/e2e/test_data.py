@@ -11,12 +11,14 @@ from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import msgspec
 import pytest
 
 from client.api import TrainyardError
-from libs.contracts.events import NodeProcessStarted
+from libs.contracts.events import JobResuming, NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
 from libs.contracts.messages import NodeCache, NodeView
+from libs.devstack.stack import agent_argv, provision_node_token
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
@@ -193,3 +195,29 @@ async def test_a_job_that_waits_has_its_datasets_copied_to_its_predicted_node_me
     job = await stack.wait_until(waiting.job_id, "ended", timeout=120)
     assert job.status == "succeeded", job.reason
     assert await staged(stack, waiting.job_id) == {"datasets/alpha": True, "datasets/beta": True}
+
+
+@pytest.mark.cluster(Path(__file__).parent / "cluster-data-uneven.yaml")
+async def test_a_node_that_cannot_hold_the_copy_sends_the_job_to_another_node(stack: Stack) -> None:
+    seed(stack, "alpha")
+    seed(stack, "beta")
+    await stack.up()
+    # node-a's cache is where a file stands: nothing can be written there, as on a broken or full disk.
+    blocked = stack.home / "blocked"
+    blocked.write_text("not a folder")
+    stack.crash("agent-node-a")
+    secret = Path(stack.processes.env["TRAINYARD_AUTH_SECRET_FILE"])
+    stack.processes.start("agent-node-a", agent_argv("node-a", stack.cluster, stack.home / "agents"),
+                          env={**provision_node_token(stack.processes.home, "node-a", secret),
+                               "TRAINYARD_DATA_CACHE": str(blocked / "cache")})
+    api = await stack.api()
+    spec = msgspec.structs.replace(reader("moved"), node_names=[])
+
+    accepted = await api.submit(spec)
+    job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
+    assert job.status == "succeeded", job.reason
+    assert {p.node for p in job.placement} == {"node-b"} and job.resumes == 0
+    events = [e.event for e in await api.events(accepted.job_id)]
+    [moved] = [e for e in events if isinstance(e, JobResuming)]
+    assert moved.before_start and moved.exclude_nodes == ["node-a"]
+    assert "data preparation failed on node node-a: cannot write the cache" in moved.reason

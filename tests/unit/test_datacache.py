@@ -216,3 +216,21 @@ def test_a_rate_limit_is_shared_by_every_copying_thread() -> None:
     for thread in threads:
         thread.join()
     assert time.monotonic() - started >= 0.39  # the fifth MiB waits for the four before it
+
+
+async def test_a_cache_the_node_cannot_write_is_the_nodes_fault_and_a_missing_dataset_is_not(tmp_path: Path) -> None:
+    blocked = tmp_path / "not-a-folder"
+    blocked.write_text("a file where the cache should be")
+    storage = tmp_path / "storage"
+    source = dataset(storage, "imgs", {"a.txt": b"data"})
+    broken = DatasetCache(blocked / "cache", storage)
+    broken.open()  # says so, and the agent goes on
+    with pytest.raises(StagingError) as failed:
+        await broken.stage(source, lambda _: None, HOLDER)
+    assert failed.value.node_fault and "cannot write the cache" in str(failed.value)
+
+    healthy = DatasetCache(tmp_path / "cache", storage)
+    healthy.open()
+    with pytest.raises(StagingError) as missing:
+        await healthy.stage("datasets/gone", lambda _: None, HOLDER)
+    assert not missing.value.node_fault

@@ -13,6 +13,7 @@ import asyncio
 import jwt
 import pytest
 
+from libs.contracts.agent import ProcessExited
 from libs.contracts.events import (
     JobFailed,
     JobRequeued,
@@ -202,3 +203,12 @@ async def test_every_node_of_an_attempt_gets_one_job_token_also_from_a_restarted
     planned = next(e for e in site.log.envelopes if isinstance(e.event, LaunchPlanned))
     assert (claims["job"], claims["attempt"], claims["nodes"]) == (JOB, 1, ["n1", "n2"])
     assert claims["iat"] == int(planned.recorded_at.timestamp())  # issued when planned: the log's clock
+
+
+async def test_a_rank_that_could_not_start_for_its_nodes_fault_names_the_node_in_the_failure(site: Site) -> None:
+    await site.run(plain_spec(nodes=2), ["n1", "n2"])
+    await site.report(ProcessExited(job_id=JOB, attempt=1, rank=1, node="n2", exit_code=127,
+                                    node_fault="data preparation failed on node n2: cannot write /c: disk full"))
+    [failed] = site.recorded(LaunchFailed)
+    assert failed.fault_nodes == ["n2"]
+    assert failed.reason == "rank 1 could not start: data preparation failed on node n2: cannot write /c: disk full"
