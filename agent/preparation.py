@@ -83,7 +83,7 @@ class DataPreparation:
         task.add_done_callback(self._preloads.discard)
 
     async def _preload(self, request: StageDataset) -> None:
-        holder = f"preload-{request.preload_id}"
+        holder = request.preload_id  # a preload's id, or the job a warm-up is for: what `trainyard cache` shows
         try:
             _, staged = await self.cache.stage(request.source, lambda _: None, holder)
             log.info("cache.preloaded", node=self.node, source=request.source, hit=staged.hit,

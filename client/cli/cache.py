@@ -59,8 +59,8 @@ def dataset_and_version(text: str) -> tuple[str, str | None]:
 async def preload(client: TrainyardClient,
                   dataset: Annotated[str, typer.Argument(metavar="DATASET[:VERSION]", help="The dataset to copy.",
                                                          callback=refusing(dataset_and_version))],
-                  nodes: Annotated[list[str] | None, typer.Option("--node", "-n", help="A node to copy it to "
-                                                                  "(repeatable).")] = None,
+                  nodes: Annotated[list[str] | None, typer.Option("--node", "--nodes", "-n",
+                                                                  help="A node to copy it to (repeatable).")] = None,
                   flavor: Annotated[str | None, typer.Option("--flavor", "-f", help="Every node that takes work "
                                                              "and holds a rank of this flavor.")] = None,
                   wait: Annotated[bool, typer.Option(help="Show each node's progress until all are done.")] = True,

@@ -752,7 +752,7 @@ def test_cache_preload_shows_each_nodes_progress_until_done_and_fails_with_the_r
                NodePreload("node-b", "failed", reason="datasets/imgs/v1 changed in shared storage while it was copied")]
 
     fake.preload_progress = progress  # type: ignore[attr-defined]
-    result = invoke("cache", "preload", "imgs:v1", "--node", "node-a", "--node", "node-b")
+    result = invoke("cache", "preload", "imgs:v1", "--node", "node-a", "--nodes", "node-b")
     assert fake.calls[0] == ("preload", ("imgs", "v1"), {"nodes": ["node-a", "node-b"], "flavor": None})
     assert "node-a: copying 2.0/4.0 MiB" in result.output and "node-a: done 4.0/4.0 MiB" in result.output
     assert result.exit_code == 1
