@@ -223,6 +223,7 @@ class NodeAgent:
         self._tasks.append(asyncio.create_task(self._probe_periodically()))
         self._tasks.append(asyncio.create_task(self.data.housekeeping(self._on_disk_pressure)))
         self._tasks.append(asyncio.create_task(self.data.reporting(self._publish_cache)))
+        self.data.cache.changed.set()  # a first report: `trainyard cache` lists every node, its disk too
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
 
     def _signed_by(self, role: ControlRole) -> Callable[[Msg, object], str | None]:
