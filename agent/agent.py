@@ -67,10 +67,20 @@ from agent.process import (
     write_record,
 )
 from agent.requests import Later, Responder
+from agent.runs import RunRelay, socket_path
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
-from agent.workspace import PLAIN, PLAIN_WARNING, Workspace, WorkspaceError, build_workspace, choose_backend
+from agent.workspace import (
+    BWRAP,
+    PLAIN,
+    PLAIN_WARNING,
+    RUN_FOLDER,
+    Workspace,
+    WorkspaceError,
+    build_workspace,
+    choose_backend,
+)
 from libs.auth import AuthError, bearer_headers, bearer_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -105,6 +115,7 @@ from libs.contracts.datacache import CacheReport, StagedDataset
 from libs.contracts.events import Mount
 from libs.contracts.health import ComponentHealth
 from libs.contracts.messages import CommandError
+from libs.contracts.runs import RUN_SOCKET_VARIABLE, MetricBatch
 from libs.controlsign import ControlRole, ControlVerifier
 from libs.messaging.connection import NatsLogin, connect
 from libs.messaging.rpc import ServiceUnavailable, call, decode_request
@@ -149,6 +160,7 @@ class RunningNode:
     # The job attempt's token from the launcher: only a request carrying it may run a command in this node.
     job_token: str | None = None
     staged: list[StagedDataset] = field(default_factory=list)  # J14: its data preparation
+    relay: RunRelay | None = None  # R1: where its processes log their metrics
 
     @property
     def holder(self) -> str:
@@ -277,6 +289,10 @@ class NodeAgent:
             log.info("agent.adopted", job_id=record.job_id, attempt=record.attempt, task=record.task,
                      rank=record.rank, node=self.info.name, pid=record.pid, running=held.running)
             self.nodes[key] = node
+            if held.running:  # its processes log on into the same socket, made again
+                node.relay = self._relay(node, folder)
+                with contextlib.suppress(OSError):
+                    await node.relay.start()
             node.runner = asyncio.create_task(self._follow(node, held, folder))
         # Starts accepted before and not begun (their data was being staged): begun again, from the staging.
         for folder, data in await asyncio.to_thread(read_pending, self.root):
@@ -347,6 +363,13 @@ class NodeAgent:
         log.info("agent.preload", node=self.info.name, source=request.source, preload_id=request.preload_id)
         self.data.preload(request)
         return StageAccepted()
+
+    def _relay(self, node: RunningNode, root: Path) -> RunRelay:
+        """R1: the socket the rank's processes log their metrics to, relayed to JetStream."""
+        async def publish(batch: MetricBatch, msg_id: str) -> None:
+            await self._publish(subjects.job_metrics(batch.job_id), encode(batch), msg_id)
+        return RunRelay(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank, node=self.info.name,
+                        path=socket_path(root), publish=publish)
 
     def _on_disk_pressure(self, reason: str | None) -> None:
         if reason != self.disk_pressure and (reason is None) != (self.disk_pressure is None):
@@ -567,11 +590,14 @@ class NodeAgent:
             if prepared is None:
                 return
             staged = prepared
+        relay = node.relay = self._relay(node, root)
         try:
+            await relay.start()
             workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths,
-                                               staged=staged)
+                                               staged=staged, run_folder=relay.path.parent)
         except (WorkspaceError, OSError) as exc:
             self.data.release(node.holder)
+            await relay.close()
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return
@@ -579,7 +605,8 @@ class NodeAgent:
             os.environ, {k: workspace.translate(v, files) for k, v in launch.env.items()},
             {"TRAINYARD_JOB_ID": node.job_id, "TRAINYARD_ATTEMPT": str(node.attempt),
              "TRAINYARD_TASK": str(node.task), "TRAINYARD_RANK": str(node.rank), "TRAINYARD_NODE": self.info.name,
-             "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend},
+             "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend,
+             RUN_SOCKET_VARIABLE: f"{RUN_FOLDER}/{relay.path.name}" if workspace.backend == BWRAP else str(relay.path)},
             python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
@@ -592,6 +619,7 @@ class NodeAgent:
             held = await HeldProcess.start(root, command, env, workspace.cwd)
         except (HolderFailed, OSError) as exc:
             self.data.release(node.holder)
+            await relay.close()
             await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:
                 await self._discard(node, root)
@@ -668,6 +696,8 @@ class NodeAgent:
                                          node=self.info.name, exit_code=code, exited_at=exited_at), "exited", node)
         remove_record(root)  # reported: nothing left to adopt
         self.data.release(node.holder)
+        if node.relay is not None:  # what the process logged last is published
+            await node.relay.close()
         if not node.keep:
             await self._discard(node, root)
 

@@ -29,6 +29,7 @@ from libs.contracts.events import NodeLaunch
 from libs.storage import CHECKPOINT_TARGET
 
 PLAIN = "plain"
+RUN_FOLDER = "/run/trainyard"  # where a bubblewrapped job finds its run socket (agent/runs.py)
 BWRAP = "bwrap"
 BACKEND_VARIABLE = "TRAINYARD_WORKSPACE_BACKEND"
 # The skeleton every node gets, even when the job mounts nothing there.
@@ -78,10 +79,11 @@ class Workspace:
 
 def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str = PLAIN,
                     hidden: Sequence[Path] = (), staged: Mapping[str, Path] | None = None,
-                    ) -> tuple[Workspace, dict[str, Path]]:
+                    run_folder: Path | None = None) -> tuple[Workspace, dict[str, Path]]:
     """Prepare one node's workspace; returns it and where each generated file was written. Under bwrap,
     the `hidden` host paths (the platform's secrets and state) are not visible to the job. `staged`: the
-    local copies of datasets (by their source), mounted instead of shared storage (J14)."""
+    local copies of datasets (by their source), mounted instead of shared storage (J14). `run_folder`: the
+    folder of the rank's run socket (R1), shown as /run/trainyard under bwrap."""
     storage = storage.absolute()
     sources = []
     for mount in launch.mounts:
@@ -107,6 +109,8 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
         binds = [Bind(source=source, target=f"{WORKSPACE}/{mount.target}", read_only=mount.read_only)
                  for mount, source in zip(launch.mounts, sources, strict=True)]
         binds += [Bind(source=path, target=name, read_only=True) for name, path in files.items()]
+        if run_folder is not None:
+            binds.append(Bind(source=run_folder, target=RUN_FOLDER, read_only=False))
         sandbox = SandboxSpec(binds=binds, dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=tmp,
                               keep=agent_paths(), cwd=f"{WORKSPACE}/algorithm", hidden=hidden_entries(hidden))
         return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files

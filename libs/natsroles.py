@@ -41,6 +41,7 @@ STREAM_OWNERS: Mapping[str, str] = {
     subjects.AGENT_REPORTS_STREAM: "launcher",
     subjects.LOGS_STREAM: "monitor",
     subjects.CACHE_REPORTS_STREAM: "monitor",
+    subjects.METRICS_STREAM: "monitor",
 }
 
 # The request subjects each service answers (core NATS request/reply, faststream queue groups).
@@ -213,6 +214,7 @@ def agent_permissions(node: str) -> Permissions:
     publish = [
         subjects.REGISTER_NODE, subjects.heartbeat(node), subjects.agent_report(node), subjects.agent_cache(node),
         subjects.LOGS_ALL,  # chunks name a job, not a node: any job's logs
+        subjects.METRICS_ALL,  # likewise any job's metrics
         f"$KV.{subjects.USAGE_BUCKET}.>",  # likewise any job's usage samples
         f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
         subjects.session(node, "*", "*", "out"), subjects.session(node, "*", "*", "exit"),
@@ -236,7 +238,8 @@ def user_permissions(user: str) -> Permissions:
         subscribe_allow=(subjects.session("*", own, "*", "out"), subjects.session("*", own, "*", "exit"),
                          f"{inbox_prefix(own)}.>"),
         publish_deny=("$JS.>", "$KV.>"),
-        subscribe_deny=(subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL, subjects.CACHE_REPORTS_ALL),
+        subscribe_deny=(subjects.EVENTS_ALL, subjects.LOGS_ALL, subjects.AGENT_REPORTS_ALL, subjects.CACHE_REPORTS_ALL,
+                        subjects.METRICS_ALL),
     )
 
 

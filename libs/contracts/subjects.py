@@ -150,6 +150,13 @@ def agent_cache(node: str) -> str:
 
 
 LOGS_ALL = "trainyard.logs.>"
+# R1, R2: the metrics a job's processes log into its run, as their nodes' agents publish them (MetricBatch).
+METRICS_STREAM = "TRAINYARD_METRICS"
+METRICS_ALL = "trainyard.metrics.>"
+
+
+def job_metrics(job_id: str) -> str:
+    return f"trainyard.metrics.{job_id}"
 
 # Key-value bucket with each running node's latest resource usage (key: <job>.<attempt>.<rank>).
 USAGE_BUCKET = "trainyard-usage"

@@ -48,6 +48,9 @@ STREAMS: tuple[StreamConfig, ...] = (
     # D1, D2: nodes' whole-cache reports; the monitor needs only the latest of each node, and a few more.
     StreamConfig(name=subjects.CACHE_REPORTS_STREAM, subjects=[subjects.CACHE_REPORTS_ALL], storage=StorageType.FILE,
                  duplicate_window=120.0, max_msgs_per_subject=20, max_age=30 * DAY, discard=DiscardPolicy.OLD),
+    # R2: every job's run, kept as its logs are.
+    StreamConfig(name=subjects.METRICS_STREAM, subjects=[subjects.METRICS_ALL], storage=StorageType.FILE,
+                 duplicate_window=120.0, max_age=30 * DAY, max_bytes=16 * 1024**3, discard=DiscardPolicy.OLD),
     StreamConfig(name=subjects.LOGS_STREAM, subjects=[subjects.LOGS_ALL], storage=StorageType.FILE,
                  duplicate_window=120.0, max_age=7 * DAY, max_bytes=8 * 1024**3, discard=DiscardPolicy.OLD),
 )

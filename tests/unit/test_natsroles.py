@@ -73,7 +73,7 @@ def test_a_service_publishes_its_own_events_only() -> None:
 
 def test_only_a_streams_owner_manages_it() -> None:
     assert set(STREAM_OWNERS) == {subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM,
-                                  subjects.USAGE_STREAM, subjects.CACHE_REPORTS_STREAM}
+                                  subjects.USAGE_STREAM, subjects.CACHE_REPORTS_STREAM, subjects.METRICS_STREAM}
     everyone = roles(["node-a"], ["alice"])
     for stream, owner in STREAM_OWNERS.items():
         for name, permissions in everyone.items():

@@ -1,0 +1,129 @@
+"""Logging metrics from a job (SPEC R1): `trainyard.run` in the job's processes, the agent's relay of their
+lines to JetStream. Every point is published once, in each process's order, named by who logged it;
+nothing is lost when the agent restarts, and a malformed line changes nothing."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+from pathlib import Path
+
+import pytest
+
+from agent.runs import RunRelay, socket_path
+from libs.contracts.runs import MAX_POINTS_PER_BATCH, MetricBatch
+from trainyard.run import Run
+
+
+class Published:
+    def __init__(self) -> None:
+        self.batches: list[tuple[MetricBatch, str]] = []
+
+    async def __call__(self, batch: MetricBatch, msg_id: str) -> None:
+        self.batches.append((batch, msg_id))
+
+    def points(self) -> list[tuple[str, int, str, float, int | None]]:
+        return [(b.process, p.seq, p.name, p.value, p.step) for b, _ in self.batches for p in b.points]
+
+
+def relay_for(folder: Path, published: Published) -> RunRelay:
+    return RunRelay(job_id="job-0123456789ab", attempt=2, task=0, rank=1, node="node-a", path=socket_path(folder),
+                    publish=published)
+
+
+async def flushed(run: Run, relay: RunRelay, timeout: float = 10.0) -> None:
+    async with asyncio.timeout(timeout):
+        while not await asyncio.to_thread(run.flush, 0.05):
+            await relay.flush()
+
+
+async def test_a_processs_points_are_published_once_in_order_and_named_by_who_logged_them(tmp_path: Path) -> None:
+    published = Published()
+    relay = relay_for(tmp_path, published)
+    await relay.start()
+    run = Run(path=str(relay.path), process="trainer")
+    run.log({"loss": 0.5, "acc": 0.25}, step=1)
+    run.log({"loss": 0.4}, step=2)
+    run.log({"loss": float("nan")}, step=3)  # not a number: not stored
+    run.config({"lr": 0.001, "optimizer": "adam"})
+    run.summary({"best": 0.4})
+    await flushed(run, relay)
+    run.close()
+    await relay.close()
+
+    assert published.points() == [("trainer", 1, "loss", 0.5, 1), ("trainer", 1, "acc", 0.25, 1),
+                                   ("trainer", 2, "loss", 0.4, 2)]
+    batch, msg_id = published.batches[0]
+    assert (batch.job_id, batch.attempt, batch.task, batch.rank, batch.node) == ("job-0123456789ab", 2, 0, 1, "node-a")
+    assert msg_id.startswith("job-0123456789ab.2.0.1.trainer.1-")
+    assert {k: v for b, _ in published.batches for k, v in b.config.items()} == {"lr": 0.001, "optimizer": "adam"}
+    assert {k: v for b, _ in published.batches for k, v in b.summary.items()} == {"best": 0.4}
+
+
+async def test_a_line_sent_again_is_taken_once_and_a_malformed_one_changes_nothing(tmp_path: Path) -> None:
+    published = Published()
+    relay = relay_for(tmp_path, published)
+    await relay.start()
+    line = json.dumps({"type": "log", "process": "p", "seq": 1, "at": "2026-11-25T12:00:00Z", "values": {"x": 1}})
+    forged = json.dumps({"type": "log", "process": "../../etc", "seq": 2, "at": "2026-11-25T12:00:00Z",
+                         "values": {"x": 2}})
+
+    def send() -> bytes:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as client:
+            client.connect(str(relay.path))
+            client.sendall(f"{line}\n{line}\nnot json\n{forged}\n".encode())
+            client.settimeout(10)
+            return client.recv(4096)  # the acknowledgement
+
+    ack = await asyncio.gather(asyncio.to_thread(send), relay.flush())
+    await relay.close()
+    assert published.points() == [("p", 1, "x", 1.0, None)]
+    assert json.loads(ack[0].splitlines()[0]) == {"type": "ack", "process": "p", "seq": 1}
+    assert relay.refused == 2
+
+
+async def test_nothing_is_lost_or_doubled_when_the_agent_restarts_under_a_logging_process(tmp_path: Path) -> None:
+    published = Published()
+    relay = relay_for(tmp_path, published)
+    await relay.start()
+    run = Run(path=str(relay.path), process="trainer")
+    for step in range(50):
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+    await flushed(run, relay)
+    await relay.close()  # the agent goes away; the job logs on
+    for step in range(50, 120):
+        run.log({"loss": 1.0 / (step + 1)}, step=step)
+    assert not run.flush(timeout=0.3)
+    again = relay_for(tmp_path, published)  # the next agent, on the same socket
+    await again.start()
+    await flushed(run, again)
+    run.close()
+    await again.close()
+    assert [step for _, _, _, _, step in published.points()] == list(range(120))
+    assert run.dropped == 0
+
+
+def test_a_bad_name_or_step_is_refused_in_the_job_and_outside_trainyard_logging_does_nothing() -> None:
+    outside = Run(path=None, process="solo")
+    outside.path = None
+    with pytest.raises(ValueError, match="not a metric name"):
+        outside.log({"bad name": 1.0})
+    with pytest.raises(ValueError, match="step"):
+        outside.log({"loss": 1.0}, step=-1)
+    outside.log({"loss": 1.0}, step=1)  # no socket: nothing to send to, and nothing fails
+    assert outside.flush(timeout=0.1)
+
+
+async def test_a_batch_holds_at_most_the_limit_of_points(tmp_path: Path) -> None:
+    published = Published()
+    relay = relay_for(tmp_path, published)
+    await relay.start()
+    run = Run(path=str(relay.path), process="wide")
+    for step in range(10):
+        run.log({f"m{i}": float(i) for i in range(300)}, step=step)  # two lines each: 256 and 44 values
+    await flushed(run, relay)
+    run.close()
+    await relay.close()
+    assert len(published.points()) == 3000
+    assert all(len(batch.points) <= MAX_POINTS_PER_BATCH for batch, _ in published.batches)
