@@ -67,7 +67,7 @@ from agent.process import (
     write_record,
 )
 from agent.requests import Later, Responder
-from agent.runs import RunRelay, socket_path
+from agent.runs import RunRelay, remove_run_folder, socket_path
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent
@@ -563,6 +563,7 @@ class NodeAgent:
             if directory in in_use:
                 continue
             await self._end_sessions([s for s in self.sessions.values() if s.directory == directory])
+            remove_run_folder(directory)
             try:
                 await asyncio.to_thread(remove_node_root, self.root, directory)
             except (RemovalRefused, OSError) as exc:
@@ -705,6 +706,7 @@ class NodeAgent:
         """Remove a node's folder (never what its links point to), ending the sessions still in it."""
         node.workspace = None  # no new session finds it
         await self._end_sessions([s for s in self.sessions.values() if s.directory == root])
+        remove_run_folder(root)
         try:
             await asyncio.to_thread(remove_node_root, self.root, root)
         except OSError as exc:  # a folder left behind costs disk, not the job

@@ -42,6 +42,13 @@ SANDBOX_SOCKET = "/run/trainyard/run.sock"  # where a bubblewrapped job finds it
 Publish = Callable[[MetricBatch, str], Awaitable[None]]  # a batch and its message id
 
 
+def remove_run_folder(rank_folder: Path) -> None:
+    """The rank's socket folder, once its environment is gone."""
+    with contextlib.suppress(OSError):
+        socket_path(rank_folder).unlink(missing_ok=True)
+        socket_path(rank_folder).parent.rmdir()
+
+
 def socket_path(rank_folder: Path) -> Path:
     """Where a rank's socket is made: short, as a Unix socket's path must be (108 bytes at most), in a folder
     of the rank's own, which a bubblewrapped job sees as /run/trainyard (so that the socket an agent makes
@@ -93,8 +100,7 @@ class RunRelay:
             for connection in writer.connections:
                 connection.close()
         with contextlib.suppress(OSError):
-            self.path.unlink()
-            self.path.parent.rmdir()
+            self.path.unlink()  # its folder stays while the rank's environment is kept (debug sessions bind it)
 
     async def _serve(self, reader: asyncio.StreamReader, connection: asyncio.StreamWriter) -> None:
         processes: set[str] = set()

@@ -53,6 +53,8 @@ from libs.contracts.messages import (
     GetJobUsage,
     GetQueueStatus,
     GetResources,
+    GetRun,
+    GetSeries,
     GetSettings,
     IdentityView,
     JobAccepted,
@@ -81,8 +83,11 @@ from libs.contracts.messages import (
     PreloadDataset,
     QueueStatus,
     ResourceList,
+    RunView,
     SearchJobs,
     SearchResults,
+    SeriesPage,
+    SeriesPoint,
     SetStorageAccess,
     SettingsView,
     StopJobs,
@@ -279,6 +284,24 @@ class TrainyardClient:
                                  disk_high_percent=disk_high_percent, disk_low_percent=disk_low_percent)
         reply: SettingsView = await self._call(subjects.CHANGE_SETTINGS, request, SettingsView)
         return reply.settings
+
+    async def run(self, job_id: str) -> RunView:
+        """R2: the job's run: each series with its last, least and greatest values; its configuration and
+        summary."""
+        reply: RunView = await self._call(subjects.GET_RUN, GetRun(job_id=job_id), RunView)
+        return reply
+
+    async def series(self, job_id: str, name: str, rank: int | None = 0) -> AsyncIterator[SeriesPoint]:
+        """R2: every point of series `name` of the job's run, of `rank` (None: every rank), in logged order."""
+        after = 0
+        while True:
+            page: SeriesPage = await self._call(subjects.GET_SERIES, GetSeries(job_id=job_id, name=name, rank=rank,
+                                                                               after=after), SeriesPage)
+            for point in page.points:
+                yield point
+            if not page.more:
+                return
+            after = page.next_after
 
     async def cache(self, node: str | None = None) -> list[NodeCache]:
         """D1, D2: the dataset caches of every node (or of `node`), as their agents last reported them."""

@@ -46,7 +46,8 @@ STREAM_OWNERS: Mapping[str, str] = {
 
 # The request subjects each service answers (core NATS request/reply, faststream queue groups).
 ANSWERED_BY_MONITOR = (subjects.REGISTER_NODE, subjects.HEARTBEAT_ALL, subjects.MARK_COMPONENT,
-                       subjects.OPEN_TERMINAL, subjects.LIST_ALERTS, subjects.LIST_CACHE)
+                       subjects.OPEN_TERMINAL, subjects.LIST_ALERTS, subjects.LIST_CACHE, subjects.GET_RUN,
+                       subjects.GET_SERIES)
 ANSWERED_BY_AUTOSCALER = (subjects.QUEUE_STATUS, subjects.AUTOSCALER_LOG)
 # The server asks here who a connection is (libs/natsauth.py); these services hold the issuer key and
 # answer in one queue group, so people and agents can log in while either of them runs.
@@ -199,7 +200,8 @@ def service_permissions(service: str) -> Permissions:
                     subjects.agent_stage("*"),
                     subjects.ANNOUNCE_NODES,
                     *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER),
-                    *_ordered_reader(subjects.CACHE_REPORTS_STREAM), *_message_getter(subjects.CACHE_REPORTS_STREAM)]
+                    *_ordered_reader(subjects.CACHE_REPORTS_STREAM), *_message_getter(subjects.CACHE_REPORTS_STREAM),
+                    *_ordered_reader(subjects.METRICS_STREAM), *_message_getter(subjects.METRICS_STREAM)]
     else:
         answers = ANSWERED_BY_AUTOSCALER
     if service in CALLOUT_SERVICES:

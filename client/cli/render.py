@@ -31,6 +31,8 @@ if TYPE_CHECKING:
         NodeView,
         QueueStatus,
         ScaledInstance,
+        SeriesPoint,
+        SeriesView,
     )
     from libs.contracts.scheduling import (
         AdminSettings,
@@ -461,3 +463,38 @@ def staging_rows(caches: Sequence[NodeCache], spec: JobSpec) -> list[tuple[str, 
                 rows.append((cache.node, copy.source, f"{copy.done_bytes / 2**20:.1f}",
                              f"{copy.total_bytes / 2**20:.1f}", f"{copy.done_bytes / 2**20 / seconds:.1f}"))
     return rows
+
+
+# --- runs (R2) ------------------------------------------------------------------------------------------
+
+SERIES_COLUMNS = ("SERIES", "TASK", "RANK", "COUNT", "LAST", "MIN", "MAX", "LAST STEP")
+VALUE_COLUMNS = ("STEP", "RANK", "VALUE", "LOGGED")
+
+
+def _number(value: float) -> str:
+    return f"{value:.6g}"
+
+
+def series_rows(series: Sequence[SeriesView], *, all_ranks: bool) -> list[tuple[str, ...]]:
+    """Rank 0's series (every rank's with `all_ranks`), and per name and task logged by several ranks a row
+    across them: the mean of their last values, the least and the greatest of all."""
+    rows: list[tuple[str, ...]] = []
+    groups: dict[tuple[str, int], list[SeriesView]] = {}
+    for s in series:
+        groups.setdefault((s.name, s.task), []).append(s)
+    for (name, task), members in groups.items():
+        for s in members:
+            if all_ranks or s.rank == 0:
+                rows.append((name, str(task), str(s.rank), str(s.count), _number(s.last), _number(s.least),
+                             _number(s.greatest), "-" if s.last_step is None else str(s.last_step)))
+        if len(members) > 1:
+            mean = sum(s.last for s in members) / len(members)
+            rows.append((name, str(task), f"all {len(members)}", str(sum(s.count for s in members)),
+                         f"{_number(mean)} (mean)", _number(min(s.least for s in members)),
+                         _number(max(s.greatest for s in members)), "-"))
+    return rows
+
+
+def value_row(point: SeriesPoint) -> tuple[str, ...]:
+    return ("-" if point.step is None else str(point.step), str(point.rank), _number(point.value),
+            local_time(point.at))

@@ -275,6 +275,28 @@ class PreloadDataset(_Request, frozen=True, tag="PreloadDataset.v1"):
     flavor: ResourceName | None = None
 
 
+class GetRun(_Request, frozen=True, tag="GetRun.v1"):
+    """R2: a job's run: its series (each name per task and rank) with their last, least and greatest
+    values, its configuration and summary."""
+
+    job_id: str
+
+
+MAX_SERIES_PAGE = 20_000  # points in one page of a series: well under NATS's default max payload
+
+
+class GetSeries(_Request, frozen=True, tag="GetSeries.v1"):
+    """R2: the points of series `name` of a job's run, of one `rank` (None: every rank), in the order they
+    were logged, after position `after` in the run's stream (0: from the first); asking again with the
+    reply's `next_after` goes on."""
+
+    job_id: str
+    name: Annotated[str, Meta(max_length=128)]
+    rank: Annotated[int, Meta(ge=0)] | None = None
+    after: Annotated[int, Meta(ge=0)] = 0
+    limit: Annotated[int, Meta(ge=1, le=MAX_SERIES_PAGE)] = 5000
+
+
 class ListCache(_Request, frozen=True, tag="ListCache.v1"):
     """D1, D2: the dataset caches of every node, or of `node`."""
 
@@ -525,6 +547,42 @@ class TypeCooldown(Struct, frozen=True, kw_only=True):
     failures: int
 
 
+class SeriesView(Struct, frozen=True, kw_only=True):
+    """One series of a run: a name logged by one rank of one task."""
+
+    name: str
+    task: int
+    rank: int
+    count: int
+    last: float
+    least: float
+    greatest: float
+    last_step: int | None = None
+    last_at: datetime | None = None
+
+
+class RunView(_Reply, frozen=True, tag="RunView.v1"):
+    job_id: str
+    series: list[SeriesView]
+    config: dict[str, Any] = msgspec.field(default_factory=dict)
+    summary: dict[str, Any] = msgspec.field(default_factory=dict)
+
+
+class SeriesPoint(Struct, frozen=True, kw_only=True, array_like=True):
+    rank: int
+    step: int | None
+    value: float
+    at: datetime
+    task: int = 0
+    attempt: int = 1
+
+
+class SeriesPage(_Reply, frozen=True, tag="SeriesPage.v1"):
+    points: list[SeriesPoint]
+    next_after: int
+    more: bool = False
+
+
 class PreloadAccepted(_Reply, frozen=True, tag="PreloadAccepted.v1"):
     """The preload is recorded: each of `nodes` is asked to copy `source`; `trainyard cache` shows it."""
 
@@ -573,8 +631,8 @@ Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration |
            | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
            | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
            | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts | GetAutoscalerLog
-           | ListCache | PreloadDataset)
+           | ListCache | PreloadDataset | GetRun | GetSeries)
 Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
          | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
          | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage | AutoscalerLog
-         | CacheListing | PreloadAccepted)
+         | CacheListing | PreloadAccepted | RunView | SeriesPage)

@@ -78,7 +78,10 @@ OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"
 ALERTS_ALL = "trainyard.events.monitor.alert.>"
 # D1, D2: nodes' dataset caches, as their agents report them to the monitor.
 LIST_CACHE = "trainyard.query.cache"
-PRELOAD_DATASET = "trainyard.cmd.cache.preload"  # answered by the scheduler, carried out by the monitor
+PRELOAD_DATASET = "trainyard.cmd.cache.preload"
+# R2: a job's run, answered by the monitor, which owns runs.
+GET_RUN = "trainyard.query.runs.get"
+GET_SERIES = "trainyard.query.runs.series"  # answered by the scheduler, carried out by the monitor
 QUEUE_STATUS = "trainyard.query.autoscaler.status"
 AUTOSCALER_LOG = "trainyard.query.autoscaler.log"
 

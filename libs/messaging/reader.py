@@ -8,8 +8,18 @@ from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy
+from nats.js.api import DeliverPolicy, RawStreamMsg
 from nats.js.client import JetStreamContext
+from nats.js.errors import NotFoundError
+
+
+async def next_stored(js: JetStreamContext, stream: str, subject: str, after: int) -> RawStreamMsg | None:
+    """The first message on `subject` (wildcards allowed) stored after sequence `after`, or None. The server
+    finds it through its subject index: no consumer is made, and no other subject's message is handed over."""
+    try:
+        return await js.get_msg(stream, seq=after + 1, subject=subject, next=True)
+    except NotFoundError:  # nothing (more) on the subject
+        return None
 
 
 async def read_subject(js: JetStreamContext, stream: str, subject: str, *,

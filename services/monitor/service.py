@@ -57,6 +57,8 @@ from libs.contracts.messages import (
     CacheListing,
     CommandError,
     Done,
+    GetRun,
+    GetSeries,
     ListAlerts,
     ListCache,
     MarkComponent,
@@ -77,6 +79,7 @@ from services.monitor.logfeed import follow_logs
 from services.monitor.mailer import Mailer
 from services.monitor.performance import Incident, PerformanceDetector
 from services.monitor.retention import Retention
+from services.monitor.runs import RunReader
 from services.monitor.state import KeptEnvironment, MonitorState
 
 SCHEDULER_CONSUMER = "scheduler-events"  # tracking row in the monitor's schema
@@ -154,6 +157,9 @@ class Monitor(EventSourcedService):
                                secret=self.secret)
         register_authenticated(broker, self.name, subjects.LIST_CACHE, ListCache, self.list_cache,
                                secret=self.secret)
+        runs = RunReader(self.rt.js, self.jobs)  # R2: every job's run, read from the metrics stream
+        register_authenticated(broker, self.name, subjects.GET_RUN, GetRun, runs.run, secret=self.secret)
+        register_authenticated(broker, self.name, subjects.GET_SERIES, GetSeries, runs.series, secret=self.secret)
 
     def loops(self) -> Mapping[str, Loop]:
         return {"patrol": self.patrol, "mailer": self.mailer.run, "retention": self.retention.run,

@@ -15,13 +15,14 @@ from nats.errors import NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 from nats.js.api import RawStreamMsg
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError, ServiceUnavailableError
+from nats.js.errors import ServiceUnavailableError
 
 from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.codec import decode, encode
 from libs.contracts.identity import Identity
 from libs.contracts.messages import CommandError, GetJobLogs, GetJobUsage, JobUsage, LogPage
+from libs.messaging.reader import next_stored
 from libs.messaging.rpc import AuthenticatedHandler
 from libs.telemetry.logs import get_logger
 from services.scheduler.access import access_error
@@ -33,14 +34,6 @@ log = get_logger(__name__)
 REPLY_OVERHEAD = 4096
 # A day of one job's usage keys (attempts x ranks); more would be a runaway restart loop.
 MAX_USAGE_KEYS = 10_000
-
-
-async def next_stored(js: JetStreamContext, stream: str, subject: str, after: int) -> RawStreamMsg | None:
-    """The first message on `subject` (wildcards allowed) stored after sequence `after`, or None."""
-    try:
-        return await js.get_msg(stream, seq=after + 1, subject=subject, next=True)
-    except NotFoundError:  # nothing (more) on the subject
-        return None
 
 
 def unavailable(what: str, exc: Exception) -> CommandError:

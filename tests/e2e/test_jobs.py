@@ -44,6 +44,12 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     assert "[0] rank 0 read 128 of 256 samples from points.csv" in lines
     assert "[1] rank 1 read 128 of 256 samples from points.csv" in lines
     assert (stack.storage / "outputs" / "pytorch-ddp-demo" / "checkpoint.pt").stat().st_size > 0
+    # R1, R2: both ranks logged their loss into the job's one run, each step once.
+    api = await stack.api()
+    run = await api.run(accepted.job_id)
+    assert [(s.name, s.rank, s.count, s.last_step) for s in run.series] == [("loss", 0, 20, 20), ("loss", 1, 20, 20)]
+    assert run.config == {"lr": 0.1, "steps": 20, "world": 2} and set(run.summary) == {"weight", "bias"}
+    assert [p.step for p in [p async for p in api.series(accepted.job_id, "loss", rank=1)]] == list(range(1, 21))
     events = await (await stack.api()).events(accepted.job_id)
     history = [type(e.event).name() for e in events]
     assert history[:4] == ["JobSubmitted", "JobPredicted", "JobAdmitted", "LaunchPlanned"]

@@ -149,6 +149,8 @@ from libs.contracts.messages import (
     GetJobUsage,
     GetQueueStatus,
     GetResources,
+    GetRun,
+    GetSeries,
     GetSettings,
     InstanceView,
     JobAccepted,
@@ -174,8 +176,12 @@ from libs.contracts.messages import (
     QueueStatus,
     Reply,
     Request,
+    RunView,
     ScaledInstance,
     SearchJobs,
+    SeriesPage,
+    SeriesPoint,
+    SeriesView,
     SetStorageAccess,
     StopJobs,
     StorageAccessList,
@@ -184,6 +190,7 @@ from libs.contracts.messages import (
     TypeCooldown,
     WhoAmI,
 )
+from libs.contracts.runs import MetricBatch, MetricPoint
 from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction, StoredAccess
 from libs.contracts.strict import decode_strict
 
@@ -382,6 +389,8 @@ REQUEST_SAMPLES: list[Any] = [
     ListAlerts(after=3, limit=50),
     GetAutoscalerLog(after=12, limit=100),
     ListCache(node="gpu-node-1"),
+    GetRun(job_id="job-000000000001"),
+    GetSeries(job_id="job-000000000001", name="loss", rank=0, after=12, limit=100),
     PreloadDataset(preload_id="preload-0123456789ab", name="imgs", version="v1", nodes=["gpu-node-1"]),
     PreloadDataset(preload_id="preload-0123456789ab", name="imgs", flavor="gpu-4"),
     ListCache(),
@@ -497,6 +506,10 @@ REPLY_SAMPLES: list[Any] = [
                                       total_bytes=10, started_at=AT)],
                                   failures=[StagingFailed(source="datasets/c", reason="gone", failed_at=AT)])]),
     PreloadAccepted(preload_id="preload-0123456789ab", source="datasets/imgs/v1", nodes=["gpu-node-1"]),
+    RunView(job_id="job-000000000001", series=[SeriesView(name="loss", task=0, rank=0, count=2, last=0.5, least=0.5,
+                                                          greatest=0.9, last_step=2, last_at=AT)],
+            config={"lr": 0.1, "optimizer": "adam"}, summary={"best": 0.5}),
+    SeriesPage(points=[SeriesPoint(rank=0, step=2, value=0.5, at=AT)], next_after=7, more=True),
     TerminalOpened(session_id="3f2a", node="gpu-node-1", rank=0, attempt=1),
     StorageAccessList(entries=[StoredAccess(kind="output", name="out", owner="alice", project="default")]),
     LogPage(chunks=[LogChunk(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", seq=3,
@@ -601,6 +614,17 @@ def test_a_preload_copies_only_a_dataset_folder_of_shared_storage(source: str) -
     body = encode({"type": "StageDataset.v1", "preload_id": "preload-0123456789ab", "source": source})
     with pytest.raises(msgspec.ValidationError, match="source"):
         decode_any(body, AgentMessage)
+
+
+def test_a_metric_batch_round_trips_and_names_and_labels_are_checked() -> None:
+    batch = MetricBatch(job_id="job-000000000001", attempt=1, task=0, rank=1, node="gpu-node-1", process="pid-42",
+                        points=[MetricPoint(seq=1, name="eval/acc", value=0.5, at=AT, step=3)],
+                        config={"lr": 0.1}, summary={"best": 0.9})
+    assert decode(encode(batch), MetricBatch) == batch
+    for field, forged in (("process", "../x"), ("points", [[1, "bad name", 1.0, AT.isoformat(), None]])):
+        raw = {**msgspec.to_builtins(batch), field: forged}
+        with pytest.raises(msgspec.ValidationError, match="process" if field == "process" else "points"):
+            decode(msgspec.json.encode(raw), MetricBatch)
 
 
 def test_ports_reserved_is_an_agent_reply() -> None:

@@ -7,12 +7,15 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
 from agent.runs import RunRelay, socket_path
-from libs.contracts.runs import MAX_POINTS_PER_BATCH, MetricBatch
+from client.cli.render import series_rows
+from libs.contracts.runs import MAX_POINTS_PER_BATCH, MetricBatch, MetricPoint
+from services.monitor.runs import ProcessKey, RunIndex, page_points
 from trainyard.run import Run
 
 
@@ -127,3 +130,43 @@ async def test_a_batch_holds_at_most_the_limit_of_points(tmp_path: Path) -> None
     await relay.close()
     assert len(published.points()) == 3000
     assert all(len(batch.points) <= MAX_POINTS_PER_BATCH for batch, _ in published.batches)
+
+
+# --- the run as the monitor reads it (R2) ---------------------------------------------------------------------
+
+
+def batch(rank: int, process: str, points: list[tuple[int, str, float, int]], attempt: int = 1,
+          config: dict[str, float] | None = None) -> MetricBatch:
+    at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    return MetricBatch(job_id="job-0123456789ab", attempt=attempt, task=0, rank=rank, node="node-a", process=process,
+                       points=[MetricPoint(seq=seq, name=name, value=value, at=at, step=step)
+                               for seq, name, value, step in points], config=dict(config or {}))
+
+
+def test_a_run_takes_each_point_once_and_keeps_each_series_per_rank() -> None:
+    index = RunIndex()
+    index.fold(batch(0, "pid-1", [(1, "loss", 0.9, 0), (2, "loss", 0.5, 1)], config={"lr": 0.1}))
+    index.fold(batch(0, "pid-1", [(2, "loss", 0.5, 1), (3, "loss", 0.7, 2)]))  # line 2 sent again
+    index.fold(batch(1, "pid-7", [(1, "loss", 0.8, 0)]))
+    index.fold(batch(0, "pid-9", [(1, "loss", 0.4, 3)], attempt=2))  # a restarted attempt goes on
+    view = index.view("job-0123456789ab")
+    rank0, rank1 = view.series
+    assert (rank0.rank, rank0.count, rank0.last, rank0.least, rank0.greatest, rank0.last_step) == (0, 4, 0.4, 0.4,
+                                                                                                   0.9, 3)
+    assert (rank1.rank, rank1.count, rank1.last) == (1, 1, 0.8)
+    assert view.config == {"lr": 0.1}
+    taken: dict[ProcessKey, int] = {}
+    values = [p.value for b in (batch(0, "pid-1", [(1, "loss", 0.9, 0), (2, "acc", 0.1, 0)]),
+                                batch(0, "pid-1", [(1, "loss", 0.9, 0)]), batch(1, "pid-7", [(1, "loss", 0.8, 0)]))
+              for p in page_points(b, taken, "loss", 0)]
+    assert values == [0.9]
+
+
+def test_the_series_table_shows_rank_0_and_the_figures_across_ranks() -> None:
+    index = RunIndex()
+    for rank, last in ((0, 0.2), (1, 0.4)):
+        index.fold(batch(rank, f"pid-{rank}", [(1, "loss", 1.0, 0), (2, "loss", last, 1)]))
+    rows = series_rows(index.view("job-0123456789ab").series, all_ranks=False)
+    assert rows == [("loss", "0", "0", "2", "0.2", "0.2", "1", "1"),
+                    ("loss", "0", "all 2", "4", "0.3 (mean)", "0.2", "1", "-")]
+    assert len(series_rows(index.view("job-0123456789ab").series, all_ranks=True)) == 3

@@ -16,6 +16,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from trainyard import run  # the job's run: every rank logs into it (docs/runs.md)
+
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -38,6 +40,8 @@ def main() -> None:
         points = torch.cat([x, 3 * x + 2], dim=1)
     model = nn.parallel.DistributedDataParallel(nn.Linear(1, 1))
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    if rank == 0:
+        run.config({"lr": 0.1, "steps": args.steps, "world": world})
     for step in range(1, args.steps + 1):
         batch = points[torch.randint(len(points), (64,))]
         x, y = batch[:, :1], batch[:, 1:]
@@ -45,6 +49,7 @@ def main() -> None:
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
+        run.log({"loss": loss.item()}, step=step)
         if step % 10 == 0 or step == args.steps:
             print(f"rank {rank} step {step} loss {loss.item():.4f}", flush=True)
         time.sleep(0.05)
@@ -55,6 +60,7 @@ def main() -> None:
         torch.save({"step": args.steps, "model": model.module.state_dict()}, checkpoint)
         weight, bias = model.module.weight.item(), model.module.bias.item()
         print(f"rank 0 saved {checkpoint.name}: weight {weight:.3f} bias {bias:.3f}", flush=True)
+        run.summary({"weight": weight, "bias": bias})
     dist.barrier()
     dist.destroy_process_group()
 

@@ -1,0 +1,173 @@
+"""Runs (SPEC R1, R2): the monitor answers for every job's run, read from the metrics its nodes' agents
+publish.
+
+`TRAINYARD_METRICS` is the store: the monitor keeps no copy of the points, and reads a job's batches on
+demand, through the stream's index of the job's own subject, folding them into each series' count, last,
+least and greatest values (a series is a name logged by one rank of one task) and the run's configuration
+and summary. A point is taken once: each process numbers its lines, and a line published again (after an
+agent restart) is dropped by its number.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+
+import msgspec
+import nats.errors
+from nats.js.client import JetStreamContext
+
+from libs.access import allowed
+from libs.contracts import subjects
+from libs.contracts.codec import decode
+from libs.contracts.identity import Identity
+from libs.contracts.messages import (
+    CommandError,
+    GetRun,
+    GetSeries,
+    RunView,
+    SeriesPage,
+    SeriesPoint,
+    SeriesView,
+)
+from libs.contracts.runs import MetricBatch, MetricPoint
+from libs.lifecycle import JobLifecycle
+from libs.messaging.reader import next_stored
+
+ProcessKey = tuple[int, int, int, str]  # attempt, task, rank, process
+SeriesKey = tuple[str, int, int]  # name, task, rank
+
+
+@dataclass
+class SeriesStats:
+    count: int
+    last: float
+    least: float
+    greatest: float
+    last_step: int | None
+    last_at: datetime
+
+    def add(self, point: MetricPoint) -> None:
+        self.count += 1
+        self.last, self.last_step, self.last_at = point.value, point.step, point.at
+        self.least, self.greatest = min(self.least, point.value), max(self.greatest, point.value)
+
+
+@dataclass
+class RunRecord:
+    series: dict[SeriesKey, SeriesStats] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    summary: dict[str, Any] = field(default_factory=dict)
+    taken: dict[ProcessKey, int] = field(default_factory=dict)  # each process's last line taken
+
+
+def fresh(taken: dict[ProcessKey, int], batch: MetricBatch) -> list[MetricPoint]:
+    """The batch's points not taken before (by their line numbers), and note them taken."""
+    key = (batch.attempt, batch.task, batch.rank, batch.process)
+    last = taken.get(key, 0)
+    points = [point for point in batch.points if point.seq > last]
+    seqs = [point.seq for point in batch.points]
+    if seqs:
+        taken[key] = max(last, *seqs)
+    return points
+
+
+@dataclass
+class RunIndex:
+    runs: dict[str, RunRecord] = field(default_factory=dict)
+
+    def fold(self, batch: MetricBatch) -> None:
+        run = self.runs.setdefault(batch.job_id, RunRecord())
+        for point in fresh(run.taken, batch):
+            stats = run.series.get((point.name, batch.task, batch.rank))
+            if stats is None:
+                run.series[(point.name, batch.task, batch.rank)] = SeriesStats(
+                    count=1, last=point.value, least=point.value, greatest=point.value, last_step=point.step,
+                    last_at=point.at)
+            else:
+                stats.add(point)
+        run.config.update(batch.config)  # the same values again, when sent again
+        run.summary.update(batch.summary)
+
+    def view(self, job_id: str) -> RunView:
+        run = self.runs.get(job_id, RunRecord())
+        series = [SeriesView(name=name, task=task, rank=rank, count=s.count, last=s.last, least=s.least,
+                             greatest=s.greatest, last_step=s.last_step, last_at=s.last_at)
+                  for (name, task, rank), s in sorted(run.series.items())]
+        return RunView(job_id=job_id, series=series, config=dict(run.config), summary=dict(run.summary))
+
+
+def page_points(batch: MetricBatch, taken: dict[ProcessKey, int], name: str, rank: int | None) -> list[SeriesPoint]:
+    """The points of series `name` (of `rank`, or every rank) in a batch read from the stream, once each."""
+    if rank is not None and batch.rank != rank:
+        return []
+    return [SeriesPoint(rank=batch.rank, step=point.step, value=point.value, at=point.at, task=batch.task,
+                        attempt=batch.attempt)
+            for point in fresh(taken, batch) if point.name == name]
+
+
+class RunReader:
+    """Reads a job's run from the metrics stream for those who may view the job (J2)."""
+
+    def __init__(self, js: JetStreamContext, jobs: JobLifecycle) -> None:
+        self.js = js
+        self.jobs = jobs
+
+    def refusal(self, job_id: str, identity: Identity) -> CommandError | None:
+        job = self.jobs.jobs.get(job_id)
+        if job is None or job.deleted:
+            return CommandError(code="not-found", message=f"no such job: {job_id}",
+                                hint="`trainyard list` shows your jobs")
+        if not allowed(identity, job.spec, job.creator, "view", sharing_enabled=self.jobs.settings.sharing_enabled):
+            return CommandError(code="forbidden", message=f"you may not view job {job_id}",
+                                hint="ask its creator to share it with your project")
+        return None
+
+    async def batches(self, job_id: str, after: int = 0) -> AsyncIterator[tuple[int, MetricBatch]]:
+        """The job's batches from stream position `after` on, with their positions."""
+        subject = subjects.job_metrics(job_id)
+        while (msg := await next_stored(self.js, subjects.METRICS_STREAM, subject, after)) is not None:
+            after = msg.seq or after + 1
+            if msg.subject != subject:
+                continue
+            try:
+                batch = decode(msg.data or b"", MetricBatch)
+            except (msgspec.DecodeError, msgspec.ValidationError):
+                continue  # not what an agent publishes: nothing of it is shown
+            if batch.job_id == job_id:
+                yield after, batch
+
+    async def run(self, request: GetRun, identity: Identity) -> RunView | CommandError:
+        if refusal := self.refusal(request.job_id, identity):
+            return refusal
+        index = RunIndex()
+        try:
+            async for _, batch in self.batches(request.job_id):
+                index.fold(batch)
+        except (nats.errors.Error, OSError) as exc:
+            return unavailable(exc)
+        return index.view(request.job_id)
+
+    async def series(self, request: GetSeries, identity: Identity) -> SeriesPage | CommandError:
+        if refusal := self.refusal(request.job_id, identity):
+            return refusal
+        points: list[SeriesPoint] = []
+        taken: dict[ProcessKey, int] = {}
+        position, more = request.after, False
+        try:
+            async for at, batch in self.batches(request.job_id, request.after):
+                if len(points) >= request.limit:
+                    more = True
+                    break
+                points += page_points(batch, taken, request.name, request.rank)
+                position = at
+        except (nats.errors.Error, OSError) as exc:
+            return unavailable(exc)
+        return SeriesPage(points=points, next_after=position, more=more)
+
+
+def unavailable(exc: Exception) -> CommandError:
+    return CommandError(code="unavailable", message=f"the metrics stream did not answer ({type(exc).__name__})",
+                        hint="JetStream may be restarting; try again")
