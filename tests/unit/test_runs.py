@@ -7,16 +7,23 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 
-from agent.runs import RunRelay, socket_path
+from agent.runs import RunRelay, remove_run_folder, socket_path
 from client.cli.render import series_rows
 from libs.contracts.runs import MAX_POINTS_PER_BATCH, MetricBatch, MetricPoint
 from services.monitor.runs import ProcessKey, RunIndex, page_points
 from trainyard.run import Run
+
+
+@pytest.fixture(autouse=True)
+def run_folder(tmp_path: Path) -> Iterator[None]:
+    yield
+    remove_run_folder(tmp_path)  # as the agent does once a rank's environment is gone
 
 
 class Published:
