@@ -348,8 +348,7 @@ class NodeAgent:
 
     async def _heartbeats(self) -> None:
         while True:
-            running = [f"{n.job_id}/{n.attempt}/{n.task}/{n.rank}" for n in self.nodes.values()
-                       if n.runner and not n.runner.done()]
+            running = [n.holder for n in self.nodes.values() if n.runner and not n.runner.done()]
             beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running, health=self.health,
                              disk_pressure=self.disk_pressure)
             self.ports.release_unused(time.monotonic(), self._live_attempts())
@@ -372,9 +371,10 @@ class NodeAgent:
                         path=socket_path(root), publish=publish)
 
     def _on_disk_pressure(self, reason: str | None) -> None:
-        if reason != self.disk_pressure and (reason is None) != (self.disk_pressure is None):
-            log.warning("agent.disk_pressure", node=self.info.name, reason=reason) if reason else \
-                log.info("agent.disk_relieved", node=self.info.name)
+        if reason is not None and self.disk_pressure is None:
+            log.warning("agent.disk_pressure", node=self.info.name, reason=reason)
+        elif reason is None and self.disk_pressure is not None:
+            log.info("agent.disk_relieved", node=self.info.name)
         self.disk_pressure = reason
 
     async def _publish_cache(self, report: CacheReport, msg_id: str) -> None:
@@ -597,8 +597,6 @@ class NodeAgent:
             workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths,
                                                staged=staged, run_folder=relay.path.parent)
         except (WorkspaceError, OSError) as exc:
-            self.data.release(node.holder)
-            await relay.close()
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return
@@ -619,8 +617,6 @@ class NodeAgent:
         try:
             held = await HeldProcess.start(root, command, env, workspace.cwd)
         except (HolderFailed, OSError) as exc:
-            self.data.release(node.holder)
-            await relay.close()
             await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:
                 await self._discard(node, root)
@@ -655,14 +651,16 @@ class NodeAgent:
             return local
         log.warning("agent.data_preparation_failed", job_id=node.job_id, attempt=node.attempt, rank=node.rank,
                     node=self.info.name, reason=reason)
-        self.data.release(node.holder)
         await self._not_started(node, root, reason, node_fault=node_fault)
         await self._discard(node, root)
         return None
 
     async def _not_started(self, node: RunningNode, root: Path, reason: str, *, node_fault: bool = False) -> None:
         """The node's command never ran: its output says why, and it exits 127 without a start (saying the
-        node is at fault, when it is, so that the job is tried elsewhere)."""
+        node is at fault, when it is, so that the job is tried elsewhere). Its copies and socket go with it."""
+        self.data.release(node.holder)
+        if node.relay is not None:
+            await node.relay.close()
         root.mkdir(parents=True, exist_ok=True)
         remove_pending(root)
         append_note(root, reason)

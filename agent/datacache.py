@@ -34,11 +34,11 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 from agent.cachepolicy import Held, SourceFile, cache_key, evictions, under_pressure
 from libs.contracts.datacache import (
-    MAX_CACHE_ENTRIES_REPORTED,
     CacheEntry,
     CacheEviction,
     CachePolicy,
@@ -93,6 +93,15 @@ class Throttle:
 UNLIMITED = Throttle(None)
 
 
+@contextlib.contextmanager
+def _failing_as(error: type[StagingError], what: str) -> Iterator[None]:
+    """An OSError inside is `error` ("<what>: <why>"): the dataset's fault or the node's."""
+    try:
+        yield
+    except OSError as exc:
+        raise error(f"{what}: {exc.strerror or exc}") from exc
+
+
 @dataclass
 class Progress:
     """How far one dataset's copy is (updated from the copying threads)."""
@@ -132,45 +141,35 @@ def list_source(folder: Path) -> list[SourceFile]:
 def copy_verified(source: Path, target: Path, size: int, progress: Progress, throttle: Throttle = UNLIMITED) -> str:
     """Copy one file, hashing what is read and, once on disk, what was written; its digest. What fails on
     the node's side (writing, reading back) is a NodeStagingError; on shared storage's, a StagingError."""
+    reading = partial(_failing_as, StagingError, f"cannot read {source}")  # a context each time: they are single-use
+    writing = partial(_failing_as, NodeStagingError, f"cannot write {target}")
     read = hashlib.sha256()
-    try:
+    with reading():
         src = source.open("rb")
-    except OSError as exc:
-        raise StagingError(f"cannot read {source}: {exc.strerror or exc}") from exc
     with src:
-        try:
+        with writing():
             target.parent.mkdir(parents=True, exist_ok=True)
             dst = target.open("wb")
-        except OSError as exc:
-            raise NodeStagingError(f"cannot write {target}: {exc.strerror or exc}") from exc
         with dst:
             while True:
-                try:
+                with reading():
                     chunk = src.read(CHUNK)
-                except OSError as exc:
-                    raise StagingError(f"cannot read {source}: {exc.strerror or exc}") from exc
                 if not chunk:
                     break
                 throttle.take(len(chunk))
                 read.update(chunk)
-                try:
+                with writing():
                     dst.write(chunk)
-                except OSError as exc:
-                    raise NodeStagingError(f"cannot write {target}: {exc.strerror or exc}") from exc
                 progress.add(len(chunk))
-            try:
+            with writing():
                 dst.flush()
                 os.fsync(dst.fileno())
-            except OSError as exc:
-                raise NodeStagingError(f"cannot write {target}: {exc.strerror or exc}") from exc
     written = hashlib.sha256()
-    try:
+    with _failing_as(NodeStagingError, f"cannot read back {target}"):
         with target.open("rb") as check:
             while chunk := check.read(CHUNK):
                 written.update(chunk)
         copied = target.stat().st_size
-    except OSError as exc:
-        raise NodeStagingError(f"cannot read back {target}: {exc.strerror or exc}") from exc
     if copied != size:
         raise StagingError(f"{source} changed while it was copied ({size} bytes listed, {copied} copied)")
     if written.digest() != read.digest():
@@ -204,6 +203,15 @@ def _locked(path: Path) -> Iterator[None]:
             yield
         finally:
             fcntl.flock(handle, fcntl.LOCK_UN)
+
+
+def _pin_name(holder: str) -> str:
+    """A pin's file name: its holder (<job>/<attempt>/<task>/<rank>, or a preload's id) without slashes."""
+    return holder.replace("/", "_")
+
+
+def _holder(pin_name: str) -> str:
+    return pin_name.replace("_", "/")
 
 
 @dataclass
@@ -257,15 +265,10 @@ class DatasetCache:
         unless the cache has it. A copy is made once per node, by a task of its own that no caller's end
         cancels; every caller waiting for it gets its progress through `on_copy`."""
         started = time.monotonic()
-        try:
-            listing = await asyncio.to_thread(list_source, self.storage / source)
-        except OSError as exc:
-            raise StagingError(f"cannot list {source} in shared storage: {exc.strerror or exc}") from exc
+        listing = await self._listing(source)
         key = cache_key(source, listing)
-        try:  # pinned before it is looked for: no eviction takes it after
+        with self._writing_the_cache():  # pinned before it is looked for: no eviction takes it after
             await asyncio.to_thread(self.pin, key, holder)
-        except OSError as exc:
-            raise NodeStagingError(f"cannot write the cache at {self.root}: {exc.strerror or exc}") from exc
         entry = await asyncio.to_thread(self._entry, key)
         copied = False
         if entry is None:
@@ -297,10 +300,8 @@ class DatasetCache:
             if made is not None:
                 return made, False
             partial = self.partial_dir / f"{key}-{secrets.token_hex(4)}"
-            try:
+            with self._writing_the_cache():
                 partial.mkdir(parents=True)
-            except OSError as exc:
-                raise NodeStagingError(f"cannot write the cache at {self.root}: {exc.strerror or exc}") from exc
             try:
                 # Every copy ends before a failure is raised: none writes into a folder being removed.
                 results = await asyncio.gather(*(
@@ -311,11 +312,7 @@ class DatasetCache:
                     raise failed
                 digests = [r for r in results if isinstance(r, str)]
                 progress.finished = time.monotonic()
-                try:
-                    relisted = await asyncio.to_thread(list_source, self.storage / source)
-                except OSError as exc:
-                    raise StagingError(f"cannot list {source} in shared storage: {exc.strerror or exc}") from exc
-                if relisted != listing:
+                if await self._listing(source) != listing:
                     raise StagingError(f"{source} changed in shared storage while it was copied")
                 return await asyncio.to_thread(self._commit, key, source, listing, digests, partial), True
             except BaseException:
@@ -325,6 +322,13 @@ class DatasetCache:
             raise NodeStagingError(f"cannot copy {source} into the cache at {self.root}: {exc}") from exc
         finally:
             await asyncio.to_thread(held.close)
+
+    async def _listing(self, source: str) -> list[SourceFile]:
+        with _failing_as(StagingError, f"cannot list {source} in shared storage"):
+            return await asyncio.to_thread(list_source, self.storage / source)
+
+    def _writing_the_cache(self) -> contextlib.AbstractContextManager[None]:
+        return _failing_as(NodeStagingError, f"cannot write the cache at {self.root}")
 
     def _commit(self, key: str, source: str, listing: list[SourceFile], digests: list[str],
                 partial: Path) -> CacheEntry:
@@ -351,7 +355,7 @@ class DatasetCache:
             pins = sorted(p.name for p in (self.pins_dir / key).iterdir()) if (self.pins_dir / key).is_dir() else []
             return CacheEntry(key=key, source=found["source"], bytes=found["bytes"], files=found["files"],
                               staged_at=datetime.fromisoformat(found["staged_at"]), last_used=used,
-                              pins=[pin.replace("_", "/") for pin in pins])
+                              pins=[_holder(pin) for pin in pins])
         except (OSError, ValueError, KeyError):
             return None
 
@@ -376,13 +380,12 @@ class DatasetCache:
         """`holder` (<job>/<attempt>/<task>/<rank>) uses the entry: it is not removed until unpinned."""
         folder = self.pins_dir / key
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / holder.replace("/", "_")).touch()
+        (folder / _pin_name(holder)).touch()
         self.changed.set()
 
     def unpin(self, holder: str) -> None:
         """`holder` uses no entry any more."""
-        name = holder.replace("/", "_")
-        for pin in self.pins_dir.glob(f"*/{name}"):
+        for pin in self.pins_dir.glob(f"*/{_pin_name(holder)}"):
             with contextlib.suppress(OSError):
                 pin.unlink()
             self.changed.set()
@@ -390,15 +393,16 @@ class DatasetCache:
     def unpin_all_but(self, holders: set[str]) -> None:
         """At start: pins of ranks that no longer run here are gone (a crashed agent's)."""
         for pin in self.pins_dir.glob("*/*"):
-            if pin.name.replace("_", "/") not in holders:
+            if _holder(pin.name) not in holders:
                 with contextlib.suppress(OSError):
                     pin.unlink()
 
     # --- inventory, eviction, pressure ----------------------------------------------------------------
 
     def entries(self) -> list[CacheEntry]:
+        """Every entry, the most recently used first."""
         found = [entry for folder in sorted(self.entries_dir.iterdir()) if (entry := self._entry(folder.name))]
-        return sorted(found, key=lambda e: e.last_used, reverse=True)[:MAX_CACHE_ENTRIES_REPORTED]
+        return sorted(found, key=lambda e: e.last_used, reverse=True)
 
     def disk(self) -> tuple[int, int]:
         """The size of the disk the cache is on, and what is used there."""

@@ -23,7 +23,7 @@ from pathlib import Path
 from agent.datacache import DatasetCache, Progress, StagingError
 from agent.held import append_note
 from libs.contracts.agent import StageDataset
-from libs.contracts.datacache import CacheReport, StagedDataset
+from libs.contracts.datacache import MAX_CACHE_ENTRIES_REPORTED, CacheReport, StagedDataset
 from libs.contracts.events import Mount
 from libs.telemetry.logs import get_logger
 
@@ -128,8 +128,10 @@ class DataPreparation:
                 await self.cache.changed.wait()
                 await asyncio.sleep(REPORT_SETTLE_SECONDS)
             self.cache.changed.clear()
-            evicted = list(self.cache.evicted)
-            entries = await asyncio.to_thread(self.cache.entries)
+            evicted = self.cache.evicted[:MAX_CACHE_ENTRIES_REPORTED]  # the rest go with the next report
+            if len(self.cache.evicted) > len(evicted):
+                self.cache.changed.set()
+            entries = (await asyncio.to_thread(self.cache.entries))[:MAX_CACHE_ENTRIES_REPORTED]
             total, used = await asyncio.to_thread(self.cache.disk)
             report = CacheReport(node=self.node, sent_at=datetime.now(UTC), entries=entries, evicted=evicted,
                                  disk_bytes=total, used_bytes=used, copying=self.cache.copying(),

@@ -119,13 +119,18 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     port: int = 0  # the rendezvous port the node listens on (NodeLaunch.port), held again on adoption
 
 
-def write_record(directory: Path, record: Record) -> None:
-    """Remember a running node, so that a later agent can find and adopt it."""
-    partial = directory / f".{RECORD_NAME}.tmp"
+def _write_private(path: Path, data: bytes) -> None:
+    """Write a file only the agent's user may read (a job token is in it), whole or not at all."""
+    partial = path.with_name(f".{path.name}.tmp")
     fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "wb") as out:
-        out.write(msgspec.json.encode(record))
-    partial.replace(directory / RECORD_NAME)
+        out.write(data)
+    partial.replace(path)
+
+
+def write_record(directory: Path, record: Record) -> None:
+    """Remember a running node, so that a later agent can find and adopt it."""
+    _write_private(directory / RECORD_NAME, msgspec.json.encode(record))
 
 
 def remove_record(directory: Path) -> None:
@@ -150,11 +155,7 @@ def write_pending(directory: Path, request: bytes) -> None:
     """Remember a start accepted and not begun yet (its data being staged): a later agent begins it again.
     Only the agent's user may read it, as the record: the attempt's job token is in it."""
     directory.mkdir(parents=True, exist_ok=True)
-    partial = directory / f".{PENDING_NAME}.tmp"
-    fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(request)
-    partial.replace(directory / PENDING_NAME)
+    _write_private(directory / PENDING_NAME, request)
 
 
 def remove_pending(directory: Path) -> None:

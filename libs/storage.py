@@ -97,6 +97,12 @@ def workspace_mounts(spec: JobSpec, *, task_index: int | None = None, job_id: st
     return [ref.mount for ref in workspace_layout(spec, task_index=task_index, job_id=job_id, attempt=attempt)]
 
 
+def staged_sources(spec: JobSpec) -> list[str]:
+    """J14: the folders of shared storage the job's nodes copy into their caches before it starts (none
+    without data preparation)."""
+    return list(dict.fromkeys(mount.source for mount in workspace_mounts(spec) if mount.stage))
+
+
 def job_storage(spec: JobSpec) -> list[StorageRef]:
     """What the job mounts on any of its nodes, each spec field once (a batch job's shared fields as
     its first task mounts them)."""

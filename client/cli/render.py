@@ -15,7 +15,7 @@ import msgspec
 from libs.contracts.events import AlertRaised, LaunchPlanned
 from libs.contracts.health import NodeCheck
 from libs.contracts.scheduling import Prediction
-from libs.storage import workspace_mounts
+from libs.storage import staged_sources
 
 if TYPE_CHECKING:
     from libs.contracts.agent import UsageSample
@@ -453,7 +453,7 @@ STAGING_COLUMNS = ("NODE", "DATASET", "COPIED (MiB)", "OF (MiB)", "RATE (MiB/s)"
 
 def staging_rows(caches: Sequence[NodeCache], spec: JobSpec) -> list[tuple[str, ...]]:
     """J14: the copies of the job's datasets under way on its nodes."""
-    sources = {mount.source for mount in workspace_mounts(spec) if mount.stage}
+    sources = set(staged_sources(spec))
     now = datetime.now(UTC)
     rows: list[tuple[str, ...]] = []
     for cache in caches:

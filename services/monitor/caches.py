@@ -23,7 +23,7 @@ from libs.contracts.jobspec import JobSpec
 from libs.contracts.messages import CacheListing, CommandError, NodeCache
 from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
-from libs.storage import workspace_mounts
+from libs.storage import staged_sources
 from libs.telemetry.logs import get_logger
 from services.monitor.state import MonitoredNode
 
@@ -44,7 +44,7 @@ def warm_ups(event: JobPredicted, spec: JobSpec | None) -> list[tuple[str, str]]
     it is predicted to start on."""
     if spec is None or not spec.data_preparation or event.prediction.starts_now:
         return []
-    sources = list(dict.fromkeys(mount.source for mount in workspace_mounts(spec) if mount.stage))
+    sources = staged_sources(spec)
     return [(node, source) for node in dict.fromkeys(event.prediction.nodes) for source in sources]
 
 

@@ -328,11 +328,12 @@ class Monitor(EventSourcedService):
         the agents, outside the lock."""
         event = envelope.event
         async with self.lock:
-            policy = decisions.cache_policy(self.jobs.settings)
+            settings = self.jobs.settings  # as before this event
             self.follow(envelope)
             if tracking is None:
                 return False
-            if isinstance(event, SettingsChanged) and decisions.cache_policy(event.settings) != policy:
+            if isinstance(event, SettingsChanged) and decisions.cache_policy(event.settings) != decisions.cache_policy(
+                    settings):
                 await self.announce([])  # the agents register again, and get the new cache policy (D1)
             if isinstance(event, DatasetPreloadRequested):  # D2: each node's agent copies it, in the background
                 self._stage_on(event.preload_id, [(node, event.source) for node in event.nodes])

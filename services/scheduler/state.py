@@ -61,7 +61,7 @@ from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, 
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 from libs.nodes import NodeState, fold_node_event
 from libs.placement import holdings as placement_holdings
-from libs.storage import workspace_mounts
+from libs.storage import staged_sources
 from services.scheduler.names import SERVICE
 
 
@@ -356,7 +356,7 @@ class SchedulerState:
         cached in several versions counts once, by its largest copy)."""
         if not spec.data_preparation:
             return {}
-        sources = {mount.source for mount in workspace_mounts(spec) if mount.stage}
+        sources = set(staged_sources(spec))
         found: dict[str, int] = {}
         for node, entries in self.cached.items():
             largest: dict[str, int] = {}

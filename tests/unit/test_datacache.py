@@ -18,7 +18,8 @@ from hypothesis import strategies as st
 from agent import datacache
 from agent.cachepolicy import Held, SourceFile, cache_key, evictions, under_pressure
 from agent.datacache import DatasetCache, Progress, StagingError
-from libs.contracts.datacache import CachePolicy
+from agent.preparation import DataPreparation
+from libs.contracts.datacache import MAX_CACHE_ENTRIES_REPORTED, CacheEviction, CachePolicy, CacheReport
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 HOLDER = "job-000000000001/1/0/0"
@@ -234,3 +235,22 @@ async def test_a_cache_the_node_cannot_write_is_the_nodes_fault_and_a_missing_da
     with pytest.raises(StagingError) as missing:
         await healthy.stage("datasets/gone", lambda _: None, HOLDER)
     assert not missing.value.node_fault
+
+
+async def test_evictions_beyond_a_reports_bound_go_with_the_next_report(cache: DatasetCache) -> None:
+    gone = [CacheEviction(key=f"{i:024x}", source="datasets/old", bytes=1, cause="retention", evicted_at=NOW)
+            for i in range(MAX_CACHE_ENTRIES_REPORTED + 7)]
+    cache.evicted.extend(gone)
+    cache.changed.set()
+    reports: list[CacheReport] = []
+
+    async def publish(report: CacheReport, _: str) -> None:
+        reports.append(report)
+
+    reporting = asyncio.create_task(DataPreparation(cache, "node-a").reporting(publish))
+    async with asyncio.timeout(10):
+        while len(reports) < 2:
+            await asyncio.sleep(0.05)
+    reporting.cancel()
+    assert [len(r.evicted) for r in reports] == [MAX_CACHE_ENTRIES_REPORTED, 7]
+    assert [e for r in reports for e in r.evicted] == gone and cache.evicted == []

@@ -37,9 +37,12 @@ class Published:
         return [(b.process, p.seq, p.name, p.value, p.step) for b, _ in self.batches for p in b.points]
 
 
-def relay_for(folder: Path, published: Published) -> RunRelay:
-    return RunRelay(job_id="job-0123456789ab", attempt=2, task=0, rank=1, node="node-a", path=socket_path(folder),
-                    publish=published)
+async def started_relay(folder: Path, published: Published) -> RunRelay:
+    """A rank's relay, listening (again, for a folder that had one: as the next agent does)."""
+    relay = RunRelay(job_id="job-0123456789ab", attempt=2, task=0, rank=1, node="node-a", path=socket_path(folder),
+                     publish=published)
+    await relay.start()
+    return relay
 
 
 async def flushed(run: Run, relay: RunRelay, timeout: float = 10.0) -> None:
@@ -50,8 +53,7 @@ async def flushed(run: Run, relay: RunRelay, timeout: float = 10.0) -> None:
 
 async def test_a_processs_points_are_published_once_in_order_and_named_by_who_logged_them(tmp_path: Path) -> None:
     published = Published()
-    relay = relay_for(tmp_path, published)
-    await relay.start()
+    relay = await started_relay(tmp_path, published)
     run = Run(path=str(relay.path), process="trainer")
     run.log({"loss": 0.5, "acc": 0.25}, step=1)
     run.log({"loss": 0.4}, step=2)
@@ -73,8 +75,7 @@ async def test_a_processs_points_are_published_once_in_order_and_named_by_who_lo
 
 async def test_a_line_sent_again_is_taken_once_and_a_malformed_one_changes_nothing(tmp_path: Path) -> None:
     published = Published()
-    relay = relay_for(tmp_path, published)
-    await relay.start()
+    relay = await started_relay(tmp_path, published)
     line = json.dumps({"type": "log", "process": "p", "seq": 1, "at": "2026-11-25T12:00:00Z", "values": {"x": 1}})
     forged = json.dumps({"type": "log", "process": "../../etc", "seq": 2, "at": "2026-11-25T12:00:00Z",
                          "values": {"x": 2}})
@@ -95,8 +96,7 @@ async def test_a_line_sent_again_is_taken_once_and_a_malformed_one_changes_nothi
 
 async def test_nothing_is_lost_or_doubled_when_the_agent_restarts_under_a_logging_process(tmp_path: Path) -> None:
     published = Published()
-    relay = relay_for(tmp_path, published)
-    await relay.start()
+    relay = await started_relay(tmp_path, published)
     run = Run(path=str(relay.path), process="trainer")
     for step in range(50):
         run.log({"loss": 1.0 / (step + 1)}, step=step)
@@ -105,8 +105,7 @@ async def test_nothing_is_lost_or_doubled_when_the_agent_restarts_under_a_loggin
     for step in range(50, 120):
         run.log({"loss": 1.0 / (step + 1)}, step=step)
     assert not run.flush(timeout=0.3)
-    again = relay_for(tmp_path, published)  # the next agent, on the same socket
-    await again.start()
+    again = await started_relay(tmp_path, published)  # the next agent, on the same socket
     await flushed(run, again)
     run.close()
     await again.close()
@@ -127,8 +126,7 @@ def test_a_bad_name_or_step_is_refused_in_the_job_and_outside_trainyard_logging_
 
 async def test_a_batch_holds_at_most_the_limit_of_points(tmp_path: Path) -> None:
     published = Published()
-    relay = relay_for(tmp_path, published)
-    await relay.start()
+    relay = await started_relay(tmp_path, published)
     run = Run(path=str(relay.path), process="wide")
     for step in range(10):
         run.log({f"m{i}": float(i) for i in range(300)}, step=step)  # two lines each: 256 and 44 values
