@@ -18,6 +18,10 @@ OUTAGES: tuple[type[BaseException], ...] = (
     asyncpg.exceptions.OperatorInterventionError,  # CannotConnectNowError, AdminShutdownError
     asyncpg.exceptions.InsufficientResourcesError,  # TooManyConnectionsError, disk full
     asyncpg.exceptions.TransactionRollbackError,  # serialization failure, deadlock: try again
+    # A pooled connection the server dropped in the middle of an operation can be handed out again before
+    # the pool notices; asyncpg then refuses the next operation with "cannot switch to state ...; another
+    # operation is in progress". Seen when PostgreSQL is killed under a running scheduler.
+    asyncpg.exceptions.InternalClientError,
     nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError, nats.errors.ConnectionReconnectingError,
     nats.errors.NoServersError, nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError,
     nats.errors.NoRespondersError, nats.errors.FlushTimeoutError,
