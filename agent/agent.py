@@ -634,7 +634,9 @@ class NodeAgent:
         """J14: the node's datasets staged into the cache, the lines saying so shipped as they come; None when
         the command is not to start (the staging failed, or the attempt was stopped meanwhile)."""
         node.output = OutputTail(root)
-        shipper = asyncio.create_task(self._ship_continuously(node))
+        # Stopped by asking, not by cancelling: nats-py swallows a cancellation that lands inside a publish.
+        shipped = asyncio.Event()
+        shipper = asyncio.create_task(self._ship_continuously(node, stop=shipped))
         node_fault = False
         try:
             local, node.staged = await self.data.prepare(mounts, node.holder, root)
@@ -644,9 +646,8 @@ class NodeAgent:
             local, reason = {}, f"data preparation failed on node {self.info.name}: {exc}"
             node_fault = exc.node_fault
         finally:
-            shipper.cancel()  # a chunk cut short is taken again, under the same number, by the next shipper
-            with contextlib.suppress(asyncio.CancelledError):
-                await shipper
+            shipped.set()
+            await shipper  # what is on its way is shipped; the rest goes with the next shipper
         if reason is None:
             return local
         log.warning("agent.data_preparation_failed", job_id=node.job_id, attempt=node.attempt, rank=node.rank,
@@ -728,12 +729,13 @@ class NodeAgent:
                 await kv.put(key, encode(sample))
             await asyncio.sleep(USAGE_SECONDS)
 
-    async def _ship_continuously(self, node: RunningNode) -> None:
+    async def _ship_continuously(self, node: RunningNode, stop: asyncio.Event | None = None) -> None:
         """Ship the node's output file as it grows, a chunk at a time, in order; once the process ended,
         what is left (a last line without its newline too), then stop. The file is the buffer: the process
-        writes on while a shipment waits for NATS, and a later agent ships what this one could not."""
+        writes on while a shipment waits for NATS, and a later agent ships what this one could not. With
+        `stop`: once it is set, end after the chunk on its way (the next shipper takes the rest)."""
         assert node.output is not None
-        while True:
+        while not (stop is not None and stop.is_set()):
             final = node.output_done  # read before the file: nothing is written after the exit is known
             taken = await asyncio.to_thread(node.output.take, final=final)
             if taken is None:
