@@ -70,7 +70,7 @@ from agent.requests import Later, Responder
 from agent.runs import RunRelay, remove_run_folder, socket_path
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
-from agent.usage import GroupSampler, accelerator_percent
+from agent.usage import GroupSampler, accelerator_percent, system_values
 from agent.workspace import (
     BWRAP,
     PLAIN,
@@ -725,6 +725,8 @@ class NodeAgent:
             sample = UsageSample(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
                                  cpu_percent=cpu, memory_mib=memory_mib, processes=processes,
                                  sampled_at=datetime.now(UTC), accelerator_percent=boards)
+            if node.relay is not None:  # R1: the rank's system series in its run
+                node.relay.system(system_values(sample), sample.sampled_at)
             with contextlib.suppress(Exception):  # usage is best effort; the job goes on without it
                 await kv.put(key, encode(sample))
             await asyncio.sleep(USAGE_SECONDS)

@@ -18,6 +18,7 @@ import hashlib
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from datetime import datetime
 from pathlib import Path
 
 import msgspec
@@ -39,6 +40,7 @@ from libs.telemetry.logs import get_logger
 log = get_logger(__name__)
 FLUSH_SECONDS = 0.5
 SANDBOX_SOCKET = "/run/trainyard/run.sock"  # where a bubblewrapped job finds it
+SYSTEM_PROCESS = "system"  # the label of the agent's own samples of the rank (a job's process is pid-<n>)
 Publish = Callable[[MetricBatch, str], Awaitable[None]]  # a batch and its message id
 
 
@@ -133,6 +135,17 @@ class RunRelay:
                 self._writers[process].connections.discard(connection)
             connection.close()
 
+    def system(self, values: dict[str, float], at: datetime) -> None:
+        """R1: the rank's system metrics (its CPU, memory, accelerators, as the agent samples them), as the
+        run's `system/…` series of this rank. Numbered by their time in milliseconds, so that the samples of
+        an agent started again follow those of the one before instead of being taken for them."""
+        writer = self._writers.setdefault(SYSTEM_PROCESS, _Writer())
+        seq = int(at.timestamp() * 1000)
+        if seq > writer.taken:
+            writer.taken = seq
+            writer.lines.append(LoggedLine(process=SYSTEM_PROCESS, seq=seq, at=at,
+                                           values={f"system/{name}": value for name, value in values.items()}))
+
     def _refuse(self, why: str) -> None:
         self.refused += 1
         if self.refused in (1, 10, 100) or self.refused % 1000 == 0:
@@ -163,14 +176,17 @@ class RunRelay:
         points: list[MetricPoint] = []
         config: dict[str, Scalar] = {}
         summary: dict[str, Scalar] = {}
+        finished_at: datetime | None = None
         for line in lines:
             if isinstance(line, LoggedLine):
                 points += [MetricPoint(seq=line.seq, name=name, value=value, at=line.at, step=line.step)
                            for name, value in line.values.items()]
             elif isinstance(line, SetLine):
                 (config if line.what == "config" else summary).update(line.values)
+            else:
+                finished_at = line.at
         return MetricBatch(job_id=self.job_id, attempt=self.attempt, task=self.task, rank=self.rank, node=self.node,
-                           process=process, points=points, config=config, summary=summary)
+                           process=process, points=points, config=config, summary=summary, finished_at=finished_at)
 
 
 def _fitting(lines: list[RunLine]) -> int:

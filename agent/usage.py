@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 import psutil
 
+from libs.contracts.agent import UsageSample
+
 
 @dataclass
 class GroupSampler:
@@ -47,3 +49,12 @@ def accelerator_percent() -> float | None:
     except (OSError, subprocess.SubprocessError, ValueError):
         return None
     return sum(values) / len(values) if values else None
+
+
+def system_values(sample: UsageSample) -> dict[str, float]:
+    """A usage sample as the run's system series of its rank (R1)."""
+    values = {"cpu_percent": sample.cpu_percent, "memory_mib": float(sample.memory_mib),
+              "processes": float(sample.processes)}
+    if sample.accelerator_percent is not None:
+        values["accelerator_percent"] = sample.accelerator_percent
+    return values

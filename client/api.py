@@ -291,17 +291,31 @@ class TrainyardClient:
         reply: RunView = await self._call(subjects.GET_RUN, GetRun(job_id=job_id), RunView)
         return reply
 
-    async def series(self, job_id: str, name: str, rank: int | None = 0) -> AsyncIterator[SeriesPoint]:
-        """R2: every point of series `name` of the job's run, of `rank` (None: every rank), in logged order."""
+    async def series(self, job_id: str, name: str, rank: int | None = 0, *, follow: bool = False,
+                     poll_seconds: float = 1.0) -> AsyncIterator[SeriesPoint]:
+        """R2: every point of series `name` of the job's run, of `rank` (None: every rank), in logged order;
+        with `follow`, then the points logged after, as they come, until the job has ended and its last
+        points are read. A point its agent published twice (after a restart) comes once."""
         after = 0
+        taken: dict[tuple[int, int, int, str], int] = {}  # each process's last line number yielded
         while True:
             page: SeriesPage = await self._call(subjects.GET_SERIES, GetSeries(job_id=job_id, name=name, rank=rank,
                                                                                after=after), SeriesPage)
             for point in page.points:
+                key = (point.attempt, point.task, point.rank, point.process)
+                if point.seq and point.seq <= taken.get(key, 0):
+                    continue
+                taken[key] = point.seq
                 yield point
-            if not page.more:
-                return
             after = page.next_after
+            if page.more:
+                continue
+            if not follow:
+                return
+            if (await self.get_job(job_id)).job.status in TERMINAL_STATUSES:
+                follow = False  # one more page: what was logged before the end
+                continue
+            await asyncio.sleep(poll_seconds)
 
     async def cache(self, node: str | None = None) -> list[NodeCache]:
         """D1, D2: the dataset caches of every node (or of `node`), as their agents last reported them."""

@@ -4,6 +4,7 @@
     run.log({"loss": 0.31, "acc": 0.90}, step=120)
     run.config({"lr": 3e-4, "batch": 256})
     run.summary({"best_acc": 0.93})
+    run.finish()  # optional: this process logs no more (the run goes on until rank 0 ends)
 
 Any process of the job may log: each rank, each worker process it forks, a helper. Points go to the
 node's agent over the local socket named by TRAINYARD_RUN_SOCKET, from a thread of their own: `log` never
@@ -36,6 +37,7 @@ MAX_VALUES_PER_LINE = 256  # as libs/contracts/runs.py takes them
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}$")
 LABEL = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 RETRY_SECONDS = 0.5
+DROPPED_SERIES = "trainyard/dropped_lines"  # a process's count of dropped lines, logged once it reconnects
 
 
 class Run:
@@ -53,6 +55,7 @@ class Run:
             raise ValueError(f"{self.process!r} is not a process label: letters, digits, _ . - (at most 64)")
         self.path = self._path or os.environ.get(SOCKET_VARIABLE)
         self.dropped = 0  # lines dropped while the agent was away longer than MAX_PENDING lines
+        self._dropped_reported = 0
         self._lock = threading.Lock()
         self._pending: deque[tuple[int, bytes]] = deque()
         self._seq = 0
@@ -103,6 +106,12 @@ class Run:
             time.sleep(0.02)
         return False
 
+    def finish(self, timeout: float = 10.0) -> bool:
+        """This process logs no more: its end is recorded, then it stops sending. The run goes on: only its
+        primary (rank 0's end, or the job's) finishes it, whichever process calls this."""
+        self._send({"type": "end", "at": _now()})
+        return self.close(timeout)
+
     def close(self, timeout: float = 10.0) -> bool:
         """Flush, then stop sending (what is logged after is dropped); whether everything was taken."""
         taken = self.flush(timeout)
@@ -114,7 +123,7 @@ class Run:
 
     # --- sending ----------------------------------------------------------------------------------------
 
-    def _send(self, line: dict[str, object]) -> None:
+    def _send(self, line: dict[str, object], trim: bool = True) -> None:
         if os.getpid() != self._pid:  # forked: this process logs as itself
             self._reset()
         if not self.path or self._closed:
@@ -123,7 +132,7 @@ class Run:
             self._seq += 1
             line.update(process=self.process, seq=self._seq)
             self._pending.append((self._seq, (json.dumps(line, separators=(",", ":")) + "\n").encode()))
-            while len(self._pending) > MAX_PENDING:
+            while trim and len(self._pending) > MAX_PENDING:
                 self._pending.popleft()
                 self.dropped += 1
             if self._thread is None:
@@ -147,6 +156,10 @@ class Run:
                 with self._lock:
                     sent = self._acked  # everything not acknowledged is sent again
                 buffered = b""
+                if self.dropped > self._dropped_reported:  # the run shows what this process lost
+                    self._dropped_reported = self.dropped
+                    self._send({"type": "log", "values": {DROPPED_SERIES: float(self.dropped)}, "step": None,
+                                "at": _now()}, trim=False)  # not at the cost of another line
             with self._lock:
                 lines = [(seq, data) for seq, data in self._pending if seq > sent]
             try:

@@ -30,6 +30,7 @@ if TYPE_CHECKING:
         NodeCache,
         NodeView,
         QueueStatus,
+        RunView,
         ScaledInstance,
         SeriesPoint,
         SeriesView,
@@ -498,3 +499,31 @@ def series_rows(series: Sequence[SeriesView], *, all_ranks: bool) -> list[tuple[
 def value_row(point: SeriesPoint) -> tuple[str, ...]:
     return ("-" if point.step is None else str(point.step), str(point.rank), _number(point.value),
             local_time(point.at))
+
+
+def value_line(row: Sequence[str]) -> str:
+    """A row of VALUE_COLUMNS in fixed columns, for values printed as they come (`--follow`)."""
+    step, rank, value, logged = row
+    return f"{step:>10}  {rank:>4}  {value:>12}  {logged}"
+
+
+def run_life_lines(view: RunView) -> list[str]:
+    """R1: where the run stands (waiting, running, finished and by what), its attempts, and the ranks
+    that ended badly."""
+    if view.state == "waiting":
+        return ["run: waiting for the job's first process"]
+    attempts = f" (attempts {', '.join(map(str, view.attempts))})" if len(view.attempts) > 1 else ""
+    lines = [f"run: running since {local_time(view.began_at)}{attempts}" if view.state == "running" else
+             f"run: finished {local_time(view.finished_at)}: {view.finished_by}{attempts}"]
+    if view.processes:
+        finished = sum(1 for p in view.processes if p.finished_at is not None)
+        count = len(view.processes)
+        lines.append(f"  {count} process{'' if count == 1 else 'es'} logged into it"
+                     + (f", {finished} of them finished their logging" if finished else ""))
+    for end in view.ended:
+        if end.exit_code != 0:
+            how = "was lost with its node" if end.exit_code is None else f"exited with {end.exit_code}"
+            task = f"task {end.task} " if end.task else ""
+            lines.append(f"  {task}rank {end.rank} of attempt {end.attempt} on {end.node} {how} at "
+                         f"{local_time(end.ended_at)}")
+    return lines

@@ -473,6 +473,48 @@ class DebugEnvironmentReleased(_Event, frozen=True, tag="DebugEnvironmentRelease
     attempt: int
 
 
+# --- monitor: aggregate "run" (id = job id): the life of the job's one run (R1) ----------------------
+
+
+class RunBegan(_Event, frozen=True, tag="RunBegan.v1"):
+    """R1: the job's first process started: its run begins (once per job)."""
+
+    job_id: str
+    attempt: int
+    began_at: datetime
+
+
+class RunContinued(_Event, frozen=True, tag="RunContinued.v1"):
+    """R1: a later attempt (a resume, a restart) started: it logs into the same run, which is open again if
+    an earlier primary's end had finished it."""
+
+    job_id: str
+    attempt: int
+
+
+class RunProcessEnded(_Event, frozen=True, tag="RunProcessEnded.v1"):
+    """R1: one rank's process group of an attempt ended (`exit_code`), or was given up on with its node
+    (None). A worker's end is only this: it never finishes the run."""
+
+    job_id: str
+    attempt: int
+    task: int
+    rank: int
+    node: str
+    exit_code: int | None
+    ended_at: datetime
+
+
+class RunFinished(_Event, frozen=True, tag="RunFinished.v1"):
+    """R1: the run is finished, by its primary: rank 0 of every task ended well in one attempt, or the job
+    ended (`by` says which)."""
+
+    job_id: str
+    attempt: int
+    by: str
+    finished_at: datetime
+
+
 # --- monitor: aggregate "alert" (id = alert id, one per incident) ----------------------------------
 
 
@@ -629,12 +671,13 @@ LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProc
 NodeEvent = (NodeRegistered | NodeLost | NodeRecovered | NodeRetired | NodeUnhealthy | NodeHealthy | ComponentMarked
              | NodeDiskPressure | NodeDiskRelieved)
 MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
+RunEvent = RunBegan | RunContinued | RunProcessEnded | RunFinished
 AlertEvent = AlertRaised | AlertMailed
 CacheEvent = DatasetCached | DatasetEvicted
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
                  | InstanceReleased | ProvisionFailed)
 Event = (JobEvent | SettingsChanged | StorageAccessSet | DatasetPreloadRequested | NodeDrained | LaunchEvent
-         | NodeEvent | MonitorJobEvent | AlertEvent | CacheEvent | InstanceEvent | WaitingJobsPacked
+         | NodeEvent | MonitorJobEvent | RunEvent | AlertEvent | CacheEvent | InstanceEvent | WaitingJobsPacked
          | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
@@ -647,6 +690,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     NodeRegistered, NodeLost, NodeRecovered, NodeRetired, NodeUnhealthy, NodeHealthy, ComponentMarked,
     NodeDiskPressure, NodeDiskRelieved,
     PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
+    RunBegan, RunContinued, RunProcessEnded, RunFinished,
     AlertRaised, AlertMailed, DatasetCached, DatasetEvicted, InstanceRequested, InstanceLaunched, InstanceReady,
     InstanceDraining, InstanceKept,
     InstanceReleased, ProvisionFailed, WaitingJobsPacked, UpstreamMessageSetAside,

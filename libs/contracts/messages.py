@@ -561,20 +561,62 @@ class SeriesView(Struct, frozen=True, kw_only=True):
     last_at: datetime | None = None
 
 
+class RankEnd(Struct, frozen=True, kw_only=True):
+    """R1: one rank's process group of an attempt ended (`exit_code` None: given up on with its node)."""
+
+    attempt: int
+    task: int
+    rank: int
+    node: str
+    exit_code: int | None
+    ended_at: datetime
+
+
+class ProcessView(Struct, frozen=True, kw_only=True):
+    """R1: one process that logged into a run (`process`: its label), and when it finished its logging
+    (`run.finish()`), if it did."""
+
+    attempt: int
+    task: int
+    rank: int
+    node: str
+    process: str
+    points: int
+    finished_at: datetime | None = None
+
+
+RunState = Literal["waiting", "running", "finished"]
+
+
 class RunView(_Reply, frozen=True, tag="RunView.v1"):
+    """R1, R2: a job's run: its life (it began with the job's first process, each later attempt continued
+    it, its primary finished it), the ranks that ended, and what its processes logged."""
+
     job_id: str
     series: list[SeriesView]
     config: dict[str, Any] = msgspec.field(default_factory=dict)
     summary: dict[str, Any] = msgspec.field(default_factory=dict)
+    state: RunState = "waiting"
+    began_at: datetime | None = None
+    attempts: list[int] = msgspec.field(default_factory=list)
+    finished_at: datetime | None = None
+    finished_by: str | None = None
+    ended: list[RankEnd] = msgspec.field(default_factory=list)
+    processes: list[ProcessView] = msgspec.field(default_factory=list)
 
 
 class SeriesPoint(Struct, frozen=True, kw_only=True, array_like=True):
+    """One value of a series, with who logged it: `process` and its line number `seq` name the point, so a
+    reader paging through a series takes a point the agent published twice (after a restart) once."""
+
     rank: int
     step: int | None
     value: float
     at: datetime
     task: int = 0
     attempt: int = 1
+    process: str = ""
+    seq: int = 0
 
 
 class SeriesPage(_Reply, frozen=True, tag="SeriesPage.v1"):

@@ -50,6 +50,7 @@ class MetricBatch(Struct, frozen=True, kw_only=True, tag_field="type", tag="Metr
     points: Annotated[list[MetricPoint], Meta(max_length=MAX_POINTS_PER_BATCH)] = msgspec.field(default_factory=list)
     config: Annotated[dict[MetricName, Scalar], Meta(max_length=256)] = msgspec.field(default_factory=dict)
     summary: Annotated[dict[MetricName, Scalar], Meta(max_length=256)] = msgspec.field(default_factory=dict)
+    finished_at: datetime | None = None  # the process finished its logging (`run.finish()`) with this batch
 
 
 # --- the lines between the job's processes and their node's agent ------------------------------------------
@@ -74,6 +75,15 @@ class SetLine(Struct, frozen=True, kw_only=True, tag_field="type", tag="set"):
     values: Annotated[dict[MetricName, Scalar], Meta(max_length=MAX_VALUES_PER_LINE)]
 
 
+class EndLine(Struct, frozen=True, kw_only=True, tag_field="type", tag="end"):
+    """From the job: `run.finish()`: this process logs no more. Only this process's end: the run goes on
+    until its primary finishes it."""
+
+    process: ProcessLabel
+    seq: Annotated[int, Meta(ge=1)]
+    at: datetime
+
+
 class AckLine(Struct, frozen=True, kw_only=True, tag_field="type", tag="ack"):
     """To the job: every line of `process` up to `seq` is published (kept by JetStream)."""
 
@@ -81,4 +91,4 @@ class AckLine(Struct, frozen=True, kw_only=True, tag_field="type", tag="ack"):
     seq: int
 
 
-RunLine = LoggedLine | SetLine
+RunLine = LoggedLine | SetLine | EndLine

@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import DeliverPolicy, RawStreamMsg
+from nats.js.api import ConsumerConfig, DeliverPolicy, RawStreamMsg
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
 
@@ -22,19 +22,23 @@ async def next_stored(js: JetStreamContext, stream: str, subject: str, after: in
         return None
 
 
-async def read_subject(js: JetStreamContext, stream: str, subject: str, *,
-                       follow: Awaitable[Any] | None = None) -> AsyncIterator[Msg]:
-    """Messages on `subject` from the start of `stream`; stop at its end, or when `follow` completes.
+async def read_subject(js: JetStreamContext, stream: str, subject: str, *, after: int = 0,
+                       follow: Awaitable[Any] | None = None) -> AsyncGenerator[Msg, None]:
+    """Messages on `subject` of `stream` stored after sequence `after` (0: from the start); stop at its end,
+    or when `follow` completes.
 
-    An ordered consumer is ephemeral and flow-controlled: nothing is left behind on the server.
+    An ordered consumer is ephemeral and flow-controlled: nothing is left behind on the server, and the
+    server pushes the messages without a round trip each, as `next_stored` takes. Close the iterator (or
+    read it to its end) to remove the consumer at once.
     """
     queue: asyncio.Queue[Msg] = asyncio.Queue()
 
     async def on_message(msg: Msg) -> None:
         await queue.put(msg)
 
-    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, deliver_policy=DeliverPolicy.ALL,
-                             cb=on_message)
+    start = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1) if after else None
+    sub = await js.subscribe(subject, stream=stream, ordered_consumer=True, config=start,
+                             deliver_policy=None if after else DeliverPolicy.ALL, cb=on_message)
     stopper = asyncio.ensure_future(follow) if follow is not None else None
     try:
         info = await sub.consumer_info()

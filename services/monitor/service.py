@@ -10,6 +10,8 @@
   when a rank's hardware / e2e time crosses the job's threshold (see `performance`).
 - M7 alerts: one AlertRaised per incident, mailed by `mailer`; also one per upstream message any
   service set aside (it follows every service's UpstreamMessageSetAside records, its own included).
+- R1, R2 runs: the life of each job's run follows the launcher's process events and the scheduler's job
+  ends (`runlife`); its series are read on demand from the metrics stream (`runs`).
 - J15 debug terminals: environments of failed or expired jobs are kept for their retention and
   then released (`retention`); OpenTerminal opens a session in one (`terminal`).
 
@@ -73,7 +75,7 @@ from libs.messaging.rpc import register_authenticated, register_with_headers
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
-from services.monitor import alerts, caches, decisions, precheck, terminal
+from services.monitor import alerts, caches, decisions, precheck, runlife, terminal
 from services.monitor.decisions import Outcome
 from services.monitor.logfeed import follow_logs
 from services.monitor.mailer import Mailer
@@ -88,6 +90,7 @@ SCHEDULER_CONSUMER = "scheduler-events"  # tracking row in the monitor's schema
 UNCREDENTIALED_LOG_SECONDS = 60.0
 UNKNOWN_NODE_ASK_SECONDS = 10.0  # how often a node heard but unknown is asked to register
 LOGS_CONSUMER = "monitor-logs"  # durable JetStream consumer on TRAINYARD_LOGS
+LAUNCHER_CONSUMER = "launcher-events"  # R1: the launcher's process events, for the runs' lives
 SET_ASIDE_CONSUMER = "set-aside-events"  # every service's UpstreamMessageSetAside, its own included
 log = get_logger(__name__)
 
@@ -139,8 +142,21 @@ class Monitor(EventSourcedService):
                          react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
                                                                            self.operators).changes,
                          span="monitor autoscaler event"),
+                Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("launcher"),
+                         consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
+                         span="monitor run"),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
                          consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report)]
+
+    def run_reaction(self, envelope: EventEnvelope) -> list[NewEvent]:
+        """R1: a launcher event's answer for the job's run (it begins, goes on, a rank ends, it finishes)."""
+        return runlife.on_process_event(envelope, self.state.runs.get(envelope.aggregate_id),
+                                        self._tasks(envelope.aggregate_id))
+
+    def _tasks(self, job_id: str) -> int:
+        """How many tasks the job has: its rank 0s make its run's primary (1 unless it is a batch job)."""
+        job = self.jobs.jobs.get(job_id)
+        return max(1, len(job.spec.tasks)) if job is not None else 1
 
     def alert_set_aside(self, envelope: EventEnvelope) -> list[NewEvent]:
         return decisions.set_aside(envelope, self.operators).changes
@@ -157,7 +173,7 @@ class Monitor(EventSourcedService):
                                secret=self.secret)
         register_authenticated(broker, self.name, subjects.LIST_CACHE, ListCache, self.list_cache,
                                secret=self.secret)
-        runs = RunReader(self.rt.js, self.jobs)  # R2: every job's run, read from the metrics stream
+        runs = RunReader(self.rt.js, self.jobs, self.state.runs)  # R2: every job's run, read from the metrics stream
         register_authenticated(broker, self.name, subjects.GET_RUN, GetRun, runs.run, secret=self.secret)
         register_authenticated(broker, self.name, subjects.GET_SERIES, GetSeries, runs.series, secret=self.secret)
 
@@ -345,8 +361,10 @@ class Monitor(EventSourcedService):
                 with self._tracer.start_as_current_span(f"monitor react {type(event).name()}",
                                                         context=context_from_headers(envelope.trace)):
                     job = self.jobs.jobs.get(envelope.aggregate_id)
-                    return await self.carry_out(decisions.reaction(envelope, job, self.jobs.settings, self.operators),
-                                                tracking)
+                    outcome = decisions.reaction(envelope, job, self.jobs.settings, self.operators)
+                    outcome.events += runlife.on_job_event(envelope, self.state.runs.get(envelope.aggregate_id),
+                                                           self._tasks(envelope.aggregate_id))
+                    return await self.carry_out(outcome, tracking)
             if (event.job_id, event.attempt) in self.state.prechecked:
                 return False
             plan = precheck.plan(event, self.cluster.flavor(event.flavor), self.state.nodes)

@@ -1,11 +1,11 @@
-"""The monitor's own state, folded from its log: nodes, per-job records and alerts.
+"""The monitor's own state, folded from its log: nodes, per-job records, runs and alerts.
 
 Nodes: registration, lost or not, the administrator's component marks and the problems last
 recorded (empty when healthy); when each was last heard from and its latest probe are kept in
 memory only. Jobs (aggregate "job"): pre-checks done, performance incidents recorded, environments
-kept for the debug terminal. Alerts (aggregate "alert"): which still await their mail. The version of
-every aggregate (and so whether an alert was raised) is kept by the service base
-(`libs.eventsourced`).
+kept for the debug terminal. Runs (aggregate "run"): the life of each job's run (`runlife`). Alerts
+(aggregate "alert"): which still await their mail. The version of every aggregate (and so whether an
+alert was raised) is kept by the service base (`libs.eventsourced`).
 """
 
 from __future__ import annotations
@@ -38,7 +38,9 @@ from libs.contracts.events import (
     PrecheckCompleted,
 )
 from libs.contracts.health import ComponentHealth
+from services.monitor import runlife
 from services.monitor.performance import RankKey
+from services.monitor.runlife import RunLife
 
 
 @dataclass
@@ -84,6 +86,7 @@ class MonitorState:
     released: dict[str, str] = field(default_factory=dict)
     # D1, D2: each node's dataset cache as recorded (DatasetCached, DatasetEvicted), by entry key.
     cached: dict[str, dict[str, CacheEntry]] = field(default_factory=dict)
+    runs: dict[str, RunLife] = field(default_factory=dict)  # R1: each job's run, once it began
 
     def apply(self, envelope: EventEnvelope, now: float) -> None:
         if envelope.aggregate_type == "node":
@@ -92,6 +95,8 @@ class MonitorState:
             self._apply_job(envelope)
         elif envelope.aggregate_type == "alert":
             self._apply_alert(envelope)
+        elif envelope.aggregate_type == "run":
+            runlife.fold(self.runs, envelope)
         elif isinstance(envelope.event, DatasetCached):
             self.cached.setdefault(envelope.event.node, {})[envelope.event.entry.key] = envelope.event.entry
         elif isinstance(envelope.event, DatasetEvicted):

@@ -144,7 +144,8 @@ class JobQueries:
         own = await self.store.read_aggregate(JOB, request.job_id)
         published = [decode(m.data, EventEnvelope) async for m in read_subject(
             self.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
-        others = [e for e in published if e.service != SERVICE]
+        # The life of the job's run (the monitor's aggregate "run") is told by `trainyard metrics`, not here.
+        others = [e for e in published if e.service != SERVICE and e.aggregate_type != "run"]
         history = JobHistory(events=sorted(own + others, key=lambda e: e.recorded_at))
         return hide_jobs(history, self.state, identity)
 

@@ -17,6 +17,7 @@ import pytest
 from libs.contracts.events import LaunchPlanned
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, LifecycleScripts, OutputRef, decode_spec
 from libs.devstack.stack import REPO_ROOT
+from tests.support.runs import finished_run
 from tests.support.specs import sleeper
 from tests.support.stack import Stack, process_alive
 
@@ -46,8 +47,13 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     assert (stack.storage / "outputs" / "pytorch-ddp-demo" / "checkpoint.pt").stat().st_size > 0
     # R1, R2: both ranks logged their loss into the job's one run, each step once.
     api = await stack.api()
-    run = await api.run(accepted.job_id)
-    assert [(s.name, s.rank, s.count, s.last_step) for s in run.series] == [("loss", 0, 20, 20), ("loss", 1, 20, 20)]
+    run = await finished_run(api, accepted.job_id)
+    assert [(s.name, s.rank, s.count, s.last_step) for s in run.series if s.name == "loss"] == [
+        ("loss", 0, 20, 20), ("loss", 1, 20, 20)]
+    # The agents' samples of each rank joined the run as its system series.
+    assert {(s.name, s.rank) for s in run.series if s.name == "system/memory_mib"} == {("system/memory_mib", 0),
+                                                                                       ("system/memory_mib", 1)}
+    assert (run.state, run.finished_by, run.attempts) == ("finished", "rank 0 ended", [1])
     assert run.config == {"lr": 0.1, "steps": 20, "world": 2} and set(run.summary) == {"weight", "bias"}
     assert [p.step for p in [p async for p in api.series(accepted.job_id, "loss", rank=1)]] == list(range(1, 21))
     events = await (await stack.api()).events(accepted.job_id)

@@ -7,8 +7,9 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import sys
 from collections.abc import Iterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -175,3 +176,65 @@ def test_the_series_table_shows_rank_0_and_the_figures_across_ranks() -> None:
     assert rows == [("loss", "0", "0", "2", "0.2", "0.2", "1", "1"),
                     ("loss", "0", "all 2", "4", "0.3 (mean)", "0.2", "1", "-")]
     assert len(series_rows(index.view("job-0123456789ab").series, all_ranks=True)) == 3
+
+
+async def test_the_agent_s_samples_of_a_rank_are_its_system_series_and_go_on_after_an_agent_restart(
+        tmp_path: Path) -> None:
+    published = Published()
+    relay = await started_relay(tmp_path, published)
+    t0 = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    relay.system({"cpu_percent": 180.0, "memory_mib": 2048.0}, t0)
+    relay.system({"cpu_percent": 190.0, "memory_mib": 2050.0}, t0)  # the same sample again: taken once
+    await relay.close()
+    again = await started_relay(tmp_path, published)  # the next agent samples on
+    again.system({"cpu_percent": 120.0, "memory_mib": 2100.0}, t0 + timedelta(seconds=2))
+    await again.close()
+
+    index = RunIndex()
+    for batch, _ in published.batches:
+        assert batch.process == "system"
+        index.fold(batch)
+    view = index.view("job-0123456789ab")
+    cpu = next(s for s in view.series if s.name == "system/cpu_percent")
+    assert (cpu.rank, cpu.count, cpu.last, cpu.greatest) == (1, 2, 120.0, 180.0)
+
+
+async def test_a_process_that_finishes_records_its_own_end_and_logs_no_more(tmp_path: Path) -> None:
+    published = Published()
+    relay = await started_relay(tmp_path, published)
+    worker = Run(path=str(relay.path), process="worker")
+    worker.log({"loss": 0.5}, step=1)
+    finishing = asyncio.create_task(asyncio.to_thread(worker.finish, 10.0))
+    async with asyncio.timeout(10):
+        while not finishing.done():
+            await relay.flush()
+            await asyncio.sleep(0.02)
+    assert finishing.result()  # everything it logged was taken
+    worker.log({"loss": 0.1}, step=2)  # after its finish: not sent
+    await relay.close()
+
+    index = RunIndex()
+    for batch, _ in published.batches:
+        index.fold(batch)
+    view = index.view("job-0123456789ab")
+    [process] = view.processes
+    assert (process.process, process.rank, process.points) == ("worker", 1, 1)
+    assert process.finished_at is not None
+    assert [s.count for s in view.series] == [1]
+
+
+async def test_lines_dropped_while_the_agent_was_away_are_counted_into_the_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules["trainyard.run"], "MAX_PENDING", 5)  # `trainyard.run` names the object too
+    run = Run(path=str(socket_path(tmp_path)), process="trainer")  # no agent listens yet
+    for step in range(20):
+        run.log({"loss": float(step)}, step=step)
+    assert run.dropped == 15
+    published = Published()
+    relay = await started_relay(tmp_path, published)  # the agent comes
+    await flushed(run, relay)
+    run.close()
+    await relay.close()
+    points = published.points()
+    assert [step for _, _, name, _, step in points if name == "loss"] == list(range(15, 20))  # the newest kept
+    assert [value for _, _, name, value, _ in points if name == "trainyard/dropped_lines"] == [15.0]
