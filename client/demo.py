@@ -41,6 +41,7 @@ async def _demo(nats_url: str, spec_path: Path, storage: Path) -> bool:
         accepted = await client.submit(spec)
         console.print(f"submitted [bold]{accepted.job_id}[/] ({escape(spec.name)}) from {spec_path.name}")
         job = await follow_job(client, accepted.job_id)
+        run = await client.run(accepted.job_id)
     if job.status != "succeeded":
         console.print(f"[red]{job.job_id} {job.status}[/]: {escape(job.reason or '')}")
         return False
@@ -49,8 +50,12 @@ async def _demo(nats_url: str, spec_path: Path, storage: Path) -> bool:
     for path in sorted(outputs.rglob("*")):
         if path.is_file():
             console.print(f"  {path.relative_to(outputs)}  ({path.stat().st_size} bytes)")
-    console.print("the stack stays up; try .venv/bin/trainyard list | show JOB | logs JOB | events JOB, "
-                  "and `make down` to stop it")
+    for series in run.series:
+        if series.rank == 0 and not series.name.startswith("system/"):
+            console.print(f"  it logged {escape(series.name)}: {series.count} values, the last {series.last:.4g} "
+                          f"(least {series.least:.4g}, greatest {series.greatest:.4g})")
+    console.print("the stack stays up; try .venv/bin/trainyard list | show JOB | logs JOB | events JOB | "
+                  "metrics JOB loss --plot, and `make down` to stop it")
     return True
 
 

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from client.cli import admin, autoscaler, cache, cluster, execute, jobs, metrics, scheduling, storage
+from client.cli import admin, autoscaler, cache, cluster, execute, jobs, metrics, scheduling, storage, tensorboard
 from client.cli.jobs import follow_job
 from client.cli.overrides import OverrideError, parse_set_options, read_overrides_file
 from client.cli.render import clock_time, local_time, prediction_sentence, relative_time, resource_row, why_lines
@@ -36,6 +36,7 @@ app.add_typer(execute.commands)
 app.add_typer(autoscaler.commands)
 app.add_typer(cache.commands)
 app.add_typer(metrics.commands)
+app.add_typer(tensorboard.commands)
 app.add_typer(admin.commands, name="admin")
 app.add_typer(storage.commands, name="storage")
 
