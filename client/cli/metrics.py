@@ -63,10 +63,10 @@ async def metrics(client: TrainyardClient, job_id: JobIdArgument,
             print_json_line(point)
     elif as_csv:
         out = csv.writer(sys.stdout)
-        out.writerow(["step", "rank", "task", "attempt", "value", "at"])
+        out.writerow(["step", "rank", "task", "attempt", "value", "at", "node", "process"])
         async for point in points:
             out.writerow([point.step if point.step is not None else "", point.rank, point.task, point.attempt,
-                          point.value, point.at.isoformat()])
+                          point.value, point.at.isoformat(), point.node, point.process])
     elif follow:
         say(value_line(VALUE_COLUMNS), style="bold")
         async for point in points:

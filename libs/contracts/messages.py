@@ -606,8 +606,9 @@ class RunView(_Reply, frozen=True, tag="RunView.v1"):
 
 
 class SeriesPoint(Struct, frozen=True, kw_only=True, array_like=True):
-    """One value of a series, with who logged it: `process` and its line number `seq` name the point, so a
-    reader paging through a series takes a point the agent published twice (after a restart) once."""
+    """One value of a series, with who logged it (the task, rank, attempt, process and node): `process` and its
+    line number `seq` name the point, so a reader paging through a series takes a point the agent published
+    twice (after a restart) once."""
 
     rank: int
     step: int | None
@@ -617,6 +618,7 @@ class SeriesPoint(Struct, frozen=True, kw_only=True, array_like=True):
     attempt: int = 1
     process: str = ""
     seq: int = 0
+    node: str = ""
 
 
 class SeriesPage(_Reply, frozen=True, tag="SeriesPage.v1"):

@@ -124,7 +124,7 @@ def page_points(batch: MetricBatch, taken: dict[ProcessKey, int], name: str, ran
     if rank is not None and batch.rank != rank:
         return []
     return [SeriesPoint(rank=batch.rank, step=point.step, value=point.value, at=point.at, task=batch.task,
-                        attempt=batch.attempt, process=batch.process, seq=point.seq)
+                        attempt=batch.attempt, process=batch.process, seq=point.seq, node=batch.node)
             for point in fresh(taken, batch) if point.name == name]
 
 

@@ -65,7 +65,7 @@ async def test_a_series_is_read_in_pages_that_follow_on_each_point_once(nc: Clie
     assert len(pages) > 3 and all(len(p.points) <= 800 for p in pages)  # a page ends on a batch's end
     # Every point of rank 0 once and in order; the batch published again adds 50 new points past 3,000.
     assert [p.seq for p in points] == list(range(1, 3051))
-    assert {(p.rank, p.process, p.attempt) for p in points} == {(0, "pid-7", 1)}
+    assert {(p.rank, p.process, p.attempt, p.node) for p in points} == {(0, "pid-7", 1, "n0")}
 
     view = await runs.run(GetRun(job_id=job_id), ALICE)
     assert isinstance(view, RunView) and view.state == "waiting"
