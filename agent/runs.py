@@ -23,7 +23,7 @@ from pathlib import Path
 
 import msgspec
 
-from libs.contracts.codec import encode
+from libs.contracts.codec import decode_any, encode
 from libs.contracts.runs import (
     MAX_POINTS_PER_BATCH,
     MAX_RUN_LINE_BYTES,
@@ -76,6 +76,7 @@ class RunRelay:
         self.publish = publish
         self.refused = 0  # lines that were not what `trainyard.run` sends
         self._writers: dict[str, _Writer] = {}
+        self._waiting = 0  # lines taken since the last flush began
         self._server: asyncio.Server | None = None
         self._flusher: asyncio.Task[None] | None = None
         self._lock = asyncio.Lock()
@@ -116,7 +117,7 @@ class RunRelay:
                 except asyncio.IncompleteReadError:
                     break
                 try:
-                    line = msgspec.json.decode(raw, type=RunLine)
+                    line: RunLine = decode_any(raw, RunLine)  # a decoder made once: the relay's hottest line
                 except (msgspec.DecodeError, msgspec.ValidationError) as exc:
                     self._refuse(str(exc))
                     continue
@@ -126,7 +127,8 @@ class RunRelay:
                 if line.seq > writer.taken:  # a line sent again is taken once
                     writer.taken = line.seq
                     writer.lines.append(line)
-                    if sum(len(w.lines) for w in self._writers.values()) >= MAX_POINTS_PER_BATCH:
+                    self._waiting += 1
+                    if self._waiting >= MAX_POINTS_PER_BATCH:
                         # Published before more is read: while JetStream is away the job's own buffer fills,
                         # not the agent's memory.
                         await self.flush()
@@ -160,6 +162,7 @@ class RunRelay:
     async def flush(self) -> None:
         """Publish each process's lines taken so far, then acknowledge them to it."""
         async with self._lock:
+            self._waiting = 0  # what arrives while this publishes counts towards the next flush
             for process, writer in self._writers.items():
                 while writer.lines:
                     taken = _fitting(writer.lines)

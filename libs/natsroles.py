@@ -169,6 +169,12 @@ def _durable_puller(stream: str, durable: str) -> list[str]:
             f"{API}.CONSUMER.MSG.NEXT.{stream}.{durable}", f"$JS.ACK.{stream}.{durable}.>"]
 
 
+def _pulled_reader(stream: str) -> list[str]:
+    """`reader.read_pulled`: ephemeral pull consumers, fetched from, deleted once read."""
+    return [f"{API}.STREAM.INFO.{stream}", f"{API}.CONSUMER.CREATE.{stream}.>", f"{API}.CONSUMER.INFO.{stream}.*",
+            f"{API}.CONSUMER.MSG.NEXT.{stream}.*", f"{API}.CONSUMER.DELETE.{stream}.*"]
+
+
 def _message_getter(stream: str) -> list[str]:
     """`js.get_msg`: the scheduler's pages of a job's logs and usage samples; a relay's and a follower's
     look at the stream they write and read, to tell whether JetStream lost history."""
@@ -201,7 +207,7 @@ def service_permissions(service: str) -> Permissions:
                     subjects.ANNOUNCE_NODES,
                     *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER),
                     *_ordered_reader(subjects.CACHE_REPORTS_STREAM), *_message_getter(subjects.CACHE_REPORTS_STREAM),
-                    *_ordered_reader(subjects.METRICS_STREAM), *_message_getter(subjects.METRICS_STREAM)]
+                    *_pulled_reader(subjects.METRICS_STREAM)]
     else:
         answers = ANSWERED_BY_AUTOSCALER
     if service in CALLOUT_SERVICES:

@@ -37,7 +37,8 @@ MAX_VALUES_PER_LINE = 256  # as libs/contracts/runs.py takes them
 NAME = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}$")
 LABEL = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 RETRY_SECONDS = 0.5
-DROPPED_SERIES = "trainyard/dropped_lines"  # a process's count of dropped lines, logged once it reconnects
+SEND_LINES = 2_000  # lines written to the agent at once
+DROPPED_SERIES = "trainyard/dropped_lines"  # a process's count of dropped lines, logged as it grows
 
 
 class Run:
@@ -54,10 +55,13 @@ class Run:
         if not LABEL.match(self.process):
             raise ValueError(f"{self.process!r} is not a process label: letters, digits, _ . - (at most 64)")
         self.path = self._path or os.environ.get(SOCKET_VARIABLE)
-        self.dropped = 0  # lines dropped while the agent was away longer than MAX_PENDING lines
+        self.dropped = 0  # lines never sent: over MAX_PENDING waited for the agent (away, or slower than the job)
         self._dropped_reported = 0
+        self._reported_at = -1.0
+        self._reports: set[int] = set()  # the line numbers of those counts, while not acknowledged
         self._lock = threading.Lock()
-        self._pending: deque[tuple[int, bytes]] = deque()
+        self._unsent: deque[tuple[int, bytes]] = deque()  # logged, not sent on the current connection
+        self._inflight: deque[tuple[int, bytes]] = deque()  # sent, not acknowledged yet: sent again if lost
         self._seq = 0
         self._acked = 0
         self._wake = threading.Event()
@@ -96,15 +100,23 @@ class Run:
             self._send({"type": "set", "what": what, "values": dict(items[start:start + MAX_VALUES_PER_LINE])})
 
     def flush(self, timeout: float = 10.0) -> bool:
-        """Wait until the agent has every line logged so far; whether it has."""
+        """Wait until the agent has taken every line kept so far; whether it has every line logged (none was
+        dropped)."""
         deadline = time.monotonic() + timeout
+        self._report_dropped(now=True)
         while time.monotonic() < deadline:
             with self._lock:
-                if self._acked >= self._seq:
-                    return True
+                if not self._unsent and not self._inflight:
+                    return self.dropped == 0
             self._wake.set()
             time.sleep(0.02)
         return False
+
+    @property
+    def waiting(self) -> int:
+        """Lines logged and kept that the agent has not taken yet."""
+        with self._lock:
+            return len(self._unsent) + len(self._inflight)
 
     def finish(self, timeout: float = 10.0) -> bool:
         """This process logs no more: its end is recorded, then it stops sending. The run goes on: only its
@@ -124,6 +136,7 @@ class Run:
     # --- sending ----------------------------------------------------------------------------------------
 
     def _send(self, line: dict[str, object], trim: bool = True) -> None:
+        """Queue a line; `trim=False`: a count of dropped lines, which is not counted dropped itself."""
         if os.getpid() != self._pid:  # forked: this process logs as itself
             self._reset()
         if not self.path or self._closed:
@@ -131,10 +144,15 @@ class Run:
         with self._lock:
             self._seq += 1
             line.update(process=self.process, seq=self._seq)
-            self._pending.append((self._seq, (json.dumps(line, separators=(",", ":")) + "\n").encode()))
-            while trim and len(self._pending) > MAX_PENDING:
-                self._pending.popleft()
-                self.dropped += 1
+            self._unsent.append((self._seq, (json.dumps(line, separators=(",", ":")) + "\n").encode()))
+            if not trim:
+                self._reports.add(self._seq)
+            while trim and len(self._unsent) > MAX_PENDING:  # the oldest never sent goes: training never waits
+                seq, _ = self._unsent.popleft()
+                if seq in self._reports:  # a count of dropped lines is not one of the job's
+                    self._reports.discard(seq)
+                else:
+                    self.dropped += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._send_forever, name="trainyard-run", daemon=True)
                 self._thread.start()
@@ -142,31 +160,23 @@ class Run:
 
     def _send_forever(self) -> None:
         connection: socket.socket | None = None
-        sent = 0
         buffered = b""
         while not self._closed:
             if connection is None:
-                try:
-                    connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                    connection.connect(self.path or "")
-                except OSError:
-                    connection = None
+                connection = self._connect()
+                buffered = b""
+                if connection is None:
                     time.sleep(RETRY_SECONDS)
                     continue
-                with self._lock:
-                    sent = self._acked  # everything not acknowledged is sent again
-                buffered = b""
-                if self.dropped > self._dropped_reported:  # the run shows what this process lost
-                    self._dropped_reported = self.dropped
-                    self._send({"type": "log", "values": {DROPPED_SERIES: float(self.dropped)}, "step": None,
-                                "at": _now()}, trim=False)  # not at the cost of another line
-            with self._lock:
-                lines = [(seq, data) for seq, data in self._pending if seq > sent]
+            self._report_dropped()
+            with self._lock:  # the next lines, taken off the queue: `log` never waits on a scan of it
+                room = MAX_PENDING - len(self._inflight)  # sent and unacknowledged lines stay bounded too
+                lines = [self._unsent.popleft() for _ in range(min(room, SEND_LINES, len(self._unsent)))]
+                self._inflight.extend(lines)
             try:
                 if lines:
                     connection.sendall(b"".join(data for _, data in lines))
-                    sent = lines[-1][0]
-                readable, _, _ = select.select([connection], [], [], 0.1)
+                readable, _, _ = select.select([connection], [], [], 0.1 if not lines else 0)
                 if readable:
                     data = connection.recv(65536)
                     if not data:
@@ -182,6 +192,30 @@ class Run:
         if connection is not None:
             connection.close()
 
+    def _connect(self) -> socket.socket | None:
+        """A connection to the agent, with every line not acknowledged queued to be sent again first, and the
+        count of lines dropped so far queued after them (for the run to show what this process lost)."""
+        connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            connection.connect(self.path or "")
+        except OSError:
+            connection.close()
+            return None
+        with self._lock:
+            self._unsent.extendleft(reversed(self._inflight))
+            self._inflight.clear()
+        self._report_dropped()
+        return connection
+
+    def _report_dropped(self, now: bool = False) -> None:
+        """Log the count of lines dropped, when it grew (at most once a second, unless `now`), for the run to
+        show what this process lost."""
+        at = time.monotonic()
+        if self.dropped > self._dropped_reported and (now or at - self._reported_at >= 1.0):
+            self._dropped_reported, self._reported_at = self.dropped, at
+            self._send({"type": "log", "values": {DROPPED_SERIES: float(self.dropped)}, "step": None, "at": _now()},
+                       trim=False)  # not at the cost of another line
+
     def _take_acks(self, data: bytes) -> bytes:
         *complete, rest = data.split(b"\n")
         for raw in complete:
@@ -192,8 +226,8 @@ class Run:
             if ack.get("type") == "ack" and ack.get("process") == self.process:
                 with self._lock:
                     self._acked = max(self._acked, int(ack["seq"]))
-                    while self._pending and self._pending[0][0] <= self._acked:
-                        self._pending.popleft()
+                    while self._inflight and self._inflight[0][0] <= self._acked:
+                        self._reports.discard(self._inflight.popleft()[0])
         return rest
 
 
@@ -218,7 +252,7 @@ run = Run()
 
 def _flush_at_exit() -> None:
     if run.path and run._thread is not None and not run.flush(timeout=5.0):
-        print(f"trainyard.run: {run._seq - run._acked} line(s) not taken by the agent", file=sys.stderr)
+        print(f"trainyard.run: {run.waiting} line(s) not taken by the agent, {run.dropped} dropped", file=sys.stderr)
 
 
 atexit.register(_flush_at_exit)

@@ -282,19 +282,21 @@ class GetRun(_Request, frozen=True, tag="GetRun.v1"):
     job_id: str
 
 
-MAX_SERIES_PAGE = 20_000  # points in one page of a series: well under NATS's default max payload
+# Points in one page of a series: a page of points with the longest process labels and node names stays under
+# NATS's default max payload (1 MiB), as tests/unit/test_run_charts.py checks.
+MAX_SERIES_PAGE = 4_000
 
 
 class GetSeries(_Request, frozen=True, tag="GetSeries.v1"):
     """R2: the points of series `name` of a job's run, of one `rank` (None: every rank), in the order they
-    were logged, after position `after` in the run's stream (0: from the first); asking again with the
-    reply's `next_after` goes on."""
+    were logged, after position `after` in the run's stream (0: from the first), at most `limit` (or one
+    agent's batch, when that holds more); asking again with the reply's `next_after` goes on."""
 
     job_id: str
     name: Annotated[str, Meta(max_length=128)]
     rank: Annotated[int, Meta(ge=0)] | None = None
     after: Annotated[int, Meta(ge=0)] = 0
-    limit: Annotated[int, Meta(ge=1, le=MAX_SERIES_PAGE)] = 5000
+    limit: Annotated[int, Meta(ge=1, le=MAX_SERIES_PAGE)] = MAX_SERIES_PAGE
 
 
 class ListCache(_Request, frozen=True, tag="ListCache.v1"):

@@ -8,9 +8,12 @@ from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
 from nats.aio.msg import Msg
-from nats.js.api import ConsumerConfig, DeliverPolicy, RawStreamMsg
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError
+
+PULLED_IDLE_SECONDS = 30.0
+FETCH_SECONDS = 5.0
 
 
 async def next_stored(js: JetStreamContext, stream: str, subject: str, after: int) -> RawStreamMsg | None:
@@ -20,6 +23,34 @@ async def next_stored(js: JetStreamContext, stream: str, subject: str, after: in
         return await js.get_msg(stream, seq=after + 1, subject=subject, next=True)
     except NotFoundError:  # nothing (more) on the subject
         return None
+
+
+async def read_pulled(js: JetStreamContext, stream: str, subject: str, *, after: int = 0,
+                      batch: int = 16) -> AsyncGenerator[Msg, None]:
+    """Messages on `subject` of `stream` stored after sequence `after` (0: from the start), up to those there
+    when it began, fetched `batch` at a time by an ephemeral pull consumer.
+
+    Only what is fetched is sent: a reader that stops early (a page of a series) costs what it read, where
+    an ordered consumer's server pushes on ahead. The consumer is deleted when the iterator is closed.
+    """
+    start = (ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1) if after
+             else ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    start.ack_policy, start.mem_storage, start.num_replicas = AckPolicy.NONE, True, 1
+    start.inactive_threshold = PULLED_IDLE_SECONDS  # removed by the server if this reader vanishes
+    sub = await js.pull_subscribe(subject, stream=stream, config=start)
+    info = await sub.consumer_info()
+    try:
+        left = info.num_pending or 0
+        while left > 0:
+            msgs = await sub.fetch(batch=min(batch, left), timeout=FETCH_SECONDS)
+            left -= len(msgs)
+            for msg in msgs:
+                yield msg
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await js.delete_consumer(stream, info.name)
 
 
 async def read_subject(js: JetStreamContext, stream: str, subject: str, *, after: int = 0,

@@ -2,7 +2,7 @@
 publish.
 
 `TRAINYARD_METRICS` is the store: the monitor keeps no copy of the points, and reads a job's batches on
-demand, through the stream's index of the job's own subject, folding them into each series' count, last,
+demand, with a pull consumer on the job's own subject, folding them into each series' count, last,
 least and greatest values (a series is a name logged by one rank of one task) and the run's configuration
 and summary. A point is taken once: each process numbers its lines, and a line published again (after an
 agent restart) is dropped by its number.
@@ -36,7 +36,7 @@ from libs.contracts.messages import (
 )
 from libs.contracts.runs import MetricBatch, MetricPoint
 from libs.lifecycle import JobLifecycle
-from libs.messaging.reader import read_subject
+from libs.messaging.reader import read_pulled
 from services.monitor.runlife import RunLife
 
 ProcessKey = tuple[int, int, int, str]  # attempt, task, rank, process
@@ -147,10 +147,11 @@ class RunReader:
         return None
 
     async def batches(self, job_id: str, after: int = 0) -> AsyncIterator[tuple[int, MetricBatch]]:
-        """The job's batches from stream position `after` on, with their positions: pushed by an ordered
-        consumer on the job's subject, which a million points (a thousand batches) take no round trip each."""
+        """The job's batches from stream position `after` on, with their positions: fetched a few at a time by
+        a pull consumer on the job's subject, so that a page costs the batches it holds, not one round trip
+        each."""
         subject = subjects.job_metrics(job_id)
-        async with contextlib.aclosing(read_subject(self.js, subjects.METRICS_STREAM, subject, after=after)) as msgs:
+        async with contextlib.aclosing(read_pulled(self.js, subjects.METRICS_STREAM, subject, after=after)) as msgs:
             async for msg in msgs:
                 if msg.subject != subject:
                     continue
@@ -180,10 +181,11 @@ class RunReader:
         position, more = request.after, False
         try:
             async for at, batch in self.batches(request.job_id, request.after):
-                if len(points) >= request.limit:
+                found = page_points(batch, taken, request.name, request.rank)
+                if points and len(points) + len(found) > request.limit:  # the next page begins with this batch
                     more = True
                     break
-                points += page_points(batch, taken, request.name, request.rank)
+                points += found
                 position = at
         except (nats.errors.Error, OSError) as exc:
             return unavailable(exc)

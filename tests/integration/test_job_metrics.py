@@ -62,7 +62,11 @@ async def test_every_point_a_ranks_processes_log_reaches_jetstream_once_named_by
     points = [(b.process, p.name, p.step, p.value) for b in batches for p in b.points]
     losses = [step for process, name, step, _ in points if name == "loss"]
     assert losses == list(range(200))  # each once, in order
-    assert [(process, name) for process, name, _, _ in points if name != "loss"] == [("evaluator", "val_acc")]
+    assert [(process, name) for process, name, _, _ in points if name != "loss" and process != "system"] == [
+        ("evaluator", "val_acc")]
+    # The agent's samples of the rank are its system series, under a label of their own.
+    assert {name for process, name, _, _ in points if process == "system"} >= {"system/cpu_percent",
+                                                                               "system/memory_mib"}
     [trainer] = {process for process, name, _, _ in points if name == "loss"}
     assert trainer.startswith("pid-")  # a process not labelled is named by its pid
     assert all((b.job_id, b.attempt, b.rank, b.node) == (JOB, 1, 0, node.name) for b in batches)

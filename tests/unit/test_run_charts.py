@@ -8,7 +8,8 @@ from pathlib import Path
 
 from client.cli.render import run_life_lines
 from client.plots import lines_of, png_chart, terminal_chart, thinned
-from libs.contracts.messages import ProcessView, RankEnd, RunView, SeriesPoint
+from libs.contracts.codec import encode
+from libs.contracts.messages import MAX_SERIES_PAGE, ProcessView, RankEnd, RunView, SeriesPage, SeriesPoint
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -65,3 +66,10 @@ def test_the_run_s_life_says_who_finished_it_and_which_ranks_ended_badly() -> No
     assert len(ends) == 2  # the ranks that ended well are not listed
     assert "rank 1 of attempt 1 on n2 exited with -9" in ends[0]
     assert "rank 0 of attempt 1 on n1 was lost with its node" in ends[1]
+
+
+def test_a_full_page_of_a_series_fits_in_one_nats_message() -> None:
+    longest = SeriesPoint(rank=4095, step=2**62, value=-1.2345678901234567e-300, at=AT.replace(microsecond=999_999),
+                          task=4095, attempt=99, process="p" * 64, seq=2**62, node="n" * 63)
+    page = SeriesPage(points=[longest] * MAX_SERIES_PAGE, next_after=2**62, more=True)
+    assert len(encode(page)) < 1024 * 1024  # NATS's default max payload

@@ -47,8 +47,9 @@ async def started_relay(folder: Path, published: Published) -> RunRelay:
 
 
 async def flushed(run: Run, relay: RunRelay, timeout: float = 10.0) -> None:
+    """Until the agent took every line the process kept."""
     async with asyncio.timeout(timeout):
-        while not await asyncio.to_thread(run.flush, 0.05):
+        while not await asyncio.to_thread(run.flush, 0.05) and run.waiting:
             await relay.flush()
 
 
@@ -229,12 +230,37 @@ async def test_lines_dropped_while_the_agent_was_away_are_counted_into_the_run(
     run = Run(path=str(socket_path(tmp_path)), process="trainer")  # no agent listens yet
     for step in range(20):
         run.log({"loss": float(step)}, step=step)
-    assert run.dropped == 15
+    assert run.dropped == 15 and run.waiting == 5
     published = Published()
     relay = await started_relay(tmp_path, published)  # the agent comes
     await flushed(run, relay)
-    run.close()
+    assert not run.close()  # not every line logged was taken
     await relay.close()
     points = published.points()
     assert [step for _, _, name, _, step in points if name == "loss"] == list(range(15, 20))  # the newest kept
     assert [value for _, _, name, value, _ in points if name == "trainyard/dropped_lines"] == [15.0]
+
+
+async def test_a_process_logging_faster_than_its_agent_relays_drops_only_what_it_never_sent_and_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(sys.modules["trainyard.run"], "MAX_PENDING", 300)
+
+    class Slow(Published):
+        async def __call__(self, batch: MetricBatch, msg_id: str) -> None:
+            await asyncio.sleep(0.05)  # JetStream far slower than the job logs
+            await super().__call__(batch, msg_id)
+
+    published = Slow()
+    relay = await started_relay(tmp_path, published)
+    run = Run(path=str(relay.path), process="trainer")
+    for step in range(20_000):
+        run.log({"loss": float(step)}, step=step)
+    await flushed(run, relay, timeout=60)
+    assert not run.close() and run.dropped > 0
+    await relay.close()
+    points = published.points()
+    steps = [step for _, _, name, _, step in points if name == "loss" and step is not None]
+    assert steps == sorted(set(steps)) and steps[-1] == 19_999  # in order, once each, the newest kept
+    assert len(steps) == 20_000 - run.dropped  # what was not stored is exactly what was counted dropped
+    reported = [value for _, _, name, value, _ in points if name == "trainyard/dropped_lines"]
+    assert reported and reported == sorted(reported) and reported[-1] <= run.dropped
