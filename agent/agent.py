@@ -366,7 +366,7 @@ class NodeAgent:
     def _relay(self, node: RunningNode, root: Path) -> RunRelay:
         """R1: the socket the rank's processes log their metrics to, relayed to JetStream."""
         async def publish(batch: MetricBatch, msg_id: str) -> None:
-            await self._publish(subjects.job_metrics(batch.job_id), encode(batch), msg_id)
+            await self._publish(subjects.job_metrics(batch.job_id, self.info.name), encode(batch), msg_id)
         return RunRelay(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank, node=self.info.name,
                         path=socket_path(root), publish=publish)
 

@@ -64,6 +64,7 @@ from services.monitor.runs import RunReader
 
 ROOT = Path(__file__).resolve().parent.parent
 CREATOR = Identity(user="bench")
+NODE = "node-bench"  # the node whose agent the benchmark plays
 ONE_PROCESS_JOB, RANKS_JOB, READ_JOB = "job-be0c00000001", "job-be0c00000002", "job-be0c00000003"
 SERIES = "loss"
 
@@ -151,14 +152,15 @@ class Agent:
     last_stored: float = 0.0  # when JetStream acknowledged the last batch
 
     async def publish(self, batch: MetricBatch, msg_id: str) -> None:
-        await self.js.publish(subjects.job_metrics(batch.job_id), encode(batch), headers={"Nats-Msg-Id": msg_id})
+        await self.js.publish(subjects.job_metrics(batch.job_id, batch.node), encode(batch),
+                              headers={"Nats-Msg-Id": msg_id})
         self.batches += 1
         self.points += len(batch.points)
         self.last_stored = time.time()
 
     async def relay(self, job_id: str, rank: int) -> RunRelay:
         rank_folder = self.folder / f"{job_id}-{rank}"
-        relay = RunRelay(job_id=job_id, attempt=1, task=0, rank=rank, node="node-bench",
+        relay = RunRelay(job_id=job_id, attempt=1, task=0, rank=rank, node=NODE,
                          path=socket_path(rank_folder), publish=self.publish)
         await relay.start()
         self.relays.append((relay, rank_folder))
@@ -214,7 +216,7 @@ class Rank:
 async def stored_points(js: JetStreamContext, job_id: str) -> dict[tuple[int, str], list[int]]:
     """Every point's line number in the job's stored batches, by rank and process, as stored (repeats kept)."""
     found: dict[tuple[int, str], list[int]] = {}
-    subject = subjects.job_metrics(job_id)
+    subject = subjects.metrics_of_job(job_id)
     after = 0
     while True:
         try:
@@ -247,6 +249,7 @@ def lifecycle_with(*job_ids: str) -> JobLifecycle:
         jobs.apply(EventEnvelope(event_id=f"bench-{number}", service="scheduler", aggregate_type="job",
                                  aggregate_id=job_id, version=1, position=number, recorded_at=datetime.now(UTC),
                                  event=JobSubmitted(job_id=job_id, spec=spec, creator=CREATOR.user)))
+        jobs.jobs[job_id].nodes_used[NODE] = None  # the node the relays publish as
     return jobs
 
 
@@ -360,7 +363,7 @@ async def store_series(agent: Agent, points: int) -> float:
     began = time.perf_counter()
     for first in range(1, points + 1, MAX_POINTS_PER_BATCH):
         last = min(points, first + MAX_POINTS_PER_BATCH - 1)
-        batch = MetricBatch(job_id=READ_JOB, attempt=1, task=0, rank=0, node="node-bench", process="main",
+        batch = MetricBatch(job_id=READ_JOB, attempt=1, task=0, rank=0, node=NODE, process="main",
                             points=[MetricPoint(seq=seq, name=SERIES, value=1.0 / seq,
                                                 at=at + timedelta(milliseconds=seq), step=seq - 1)
                                     for seq in range(first, last + 1)])

@@ -222,7 +222,7 @@ def agent_permissions(node: str) -> Permissions:
     publish = [
         subjects.REGISTER_NODE, subjects.heartbeat(node), subjects.agent_report(node), subjects.agent_cache(node),
         subjects.LOGS_ALL,  # chunks name a job, not a node: any job's logs
-        subjects.METRICS_ALL,  # likewise any job's metrics
+        subjects.agent_metrics(node),  # any job's metrics, as its own node's (R1)
         f"$KV.{subjects.USAGE_BUCKET}.>",  # likewise any job's usage samples
         f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
         subjects.session(node, "*", "*", "out"), subjects.session(node, "*", "*", "exit"),

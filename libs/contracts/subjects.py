@@ -158,8 +158,17 @@ METRICS_STREAM = "TRAINYARD_METRICS"
 METRICS_ALL = "trainyard.metrics.>"
 
 
-def job_metrics(job_id: str) -> str:
-    return f"trainyard.metrics.{job_id}"
+def job_metrics(job_id: str, node: str) -> str:
+    """What `node`'s agent publishes of the job's run: NATS lets an agent publish only its own node's."""
+    return f"trainyard.metrics.{job_id}.{node}"
+
+
+def metrics_of_job(job_id: str) -> str:
+    return f"trainyard.metrics.{job_id}.*"
+
+
+def agent_metrics(node: str) -> str:
+    return f"trainyard.metrics.*.{node}"
 
 # Key-value bucket with each running node's latest resource usage (key: <job>.<attempt>.<rank>).
 USAGE_BUCKET = "trainyard-usage"

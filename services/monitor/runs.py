@@ -147,19 +147,21 @@ class RunReader:
         return None
 
     async def batches(self, job_id: str, after: int = 0) -> AsyncIterator[tuple[int, MetricBatch]]:
-        """The job's batches from stream position `after` on, with their positions: fetched a few at a time by
-        a pull consumer on the job's subject, so that a page costs the batches it holds, not one round trip
-        each."""
-        subject = subjects.job_metrics(job_id)
+        """The job's batches from stream position `after` on, with their positions, as the agents of its nodes
+        published them: fetched a few at a time by a pull consumer on the job's subjects, so that a page costs
+        the batches it holds, not one round trip each."""
+        job = self.jobs.jobs.get(job_id)
+        ran_on = job.nodes_used if job is not None else {}
+        subject = subjects.metrics_of_job(job_id)
         async with contextlib.aclosing(read_pulled(self.js, subjects.METRICS_STREAM, subject, after=after)) as msgs:
             async for msg in msgs:
-                if msg.subject != subject:
-                    continue
                 try:
                     batch = decode(msg.data or b"", MetricBatch)
                 except (msgspec.DecodeError, msgspec.ValidationError):
                     continue  # not what an agent publishes: nothing of it is shown
-                if batch.job_id == job_id:
+                # Taken from the agent of a node the job ran on, which NATS let publish only as itself.
+                if batch.job_id == job_id and batch.node in ran_on and msg.subject == subjects.job_metrics(
+                        job_id, batch.node):
                     yield msg.metadata.sequence.stream, batch
 
     async def run(self, request: GetRun, identity: Identity) -> RunView | CommandError:

@@ -51,7 +51,7 @@ async def test_every_point_a_ranks_processes_log_reaches_jetstream_once_named_by
     async def collect(msg: Msg) -> None:
         batches.append(decode(msg.data, MetricBatch))
 
-    subscription = await nc.subscribe(subjects.job_metrics(JOB), cb=collect)
+    subscription = await nc.subscribe(subjects.job_metrics(JOB, node.name), cb=collect)
     try:
         code = await node.run(NodeLaunch(rank=0, node=node.name, address="127.0.0.1",
                                          argv=[sys.executable, "-c", TRAINING], env={}, mounts=[]))

@@ -177,6 +177,12 @@ async def test_an_agent_reports_for_its_own_node_only(connect: ConnectAs) -> Non
     with pytest.raises(Exception):  # noqa: B017
         await js.publish(subjects.agent_report("node-b"), b"{}", timeout=1)
     assert await agent.refused("publish", subjects.agent_report("node-b"))
+    # A job's metrics, as its own node's only (R1).
+    metrics = await js.publish(subjects.job_metrics("job-000000000002", "node-a"), b"{}", timeout=2)
+    assert metrics.stream == subjects.METRICS_STREAM
+    with pytest.raises(Exception):  # noqa: B017
+        await js.publish(subjects.job_metrics("job-000000000002", "node-b"), b"{}", timeout=1)
+    assert await agent.refused("publish", subjects.job_metrics("job-000000000002", "node-b"))
     # Logs and usage samples are allowed (for any job: they name jobs, not nodes).
     assert (await js.publish(subjects.job_logs("job-000000000002", 0), b"{}", timeout=2)).stream == subjects.LOGS_STREAM
     kv = await js.key_value(subjects.USAGE_BUCKET)

@@ -31,14 +31,16 @@ def batch(job_id: str, rank: int, first: int, count: int) -> MetricBatch:
                                for seq in range(first, first + count)])
 
 
-async def publish(nc: Client, job_id: str, batch: MetricBatch, msg_id: str) -> None:
-    await nc.jetstream().publish(subjects.job_metrics(job_id), encode(batch), headers={"Nats-Msg-Id": msg_id})
+async def publish(nc: Client, job_id: str, batch: MetricBatch, msg_id: str, node: str | None = None) -> None:
+    subject = subjects.job_metrics(job_id, node or batch.node)
+    await nc.jetstream().publish(subject, encode(batch), headers={"Nats-Msg-Id": msg_id})
 
 
 def reader(nc: Client, job_id: str) -> RunReader:
     jobs = JobLifecycle()
     spec = msgspec.structs.replace(sleeper("logger"), project="vision", access="none")
-    jobs.jobs[job_id] = JobRecord(job_id=job_id, spec=spec, creator="alice", creator_email=None)
+    jobs.jobs[job_id] = JobRecord(job_id=job_id, spec=spec, creator="alice", creator_email=None,
+                                  nodes_used={"n0": None, "n1": None})  # where it was placed
     return RunReader(nc.jetstream(), jobs, {})
 
 
@@ -50,6 +52,11 @@ async def test_a_series_is_read_in_pages_that_follow_on_each_point_once(nc: Clie
             await publish(nc, job_id, batch(job_id, rank, first, 100), f"{job_id}.{rank}.{first}")
     await publish(nc, job_id, batch(job_id, 0, 2951, 100), f"{job_id}.0.again")  # after an agent restart
     await publish(nc, other, batch(other, 0, 1, 100), f"{other}.0.1")
+    # What no agent of the job's nodes published: the agent of a node it never ran on, and one that names
+    # another node than its own subject (NATS lets each agent publish only its own node's subject).
+    stranger = msgspec.structs.replace(batch(job_id, 0, 1, 100), node="n9", process="forger")
+    await publish(nc, job_id, stranger, f"{job_id}.forged.1")
+    await publish(nc, job_id, batch(job_id, 1, 5001, 100), f"{job_id}.forged.2", node="n0")
 
     runs = reader(nc, job_id)
     pages: list[SeriesPage] = []
