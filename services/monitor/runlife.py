@@ -96,7 +96,8 @@ def on_process_event(envelope: EventEnvelope, life: RunLife | None, tasks: int) 
     ended = RunProcessEnded(job_id=event.job_id, attempt=event.attempt, task=event.task, rank=event.rank,
                             node=event.node, exit_code=exit_code, ended_at=ended_at)
     changes = [_run_event(ended)]
-    if life.finished is None and event.attempt == life.attempt and _primaries_done(life, ended, tasks):
+    if (event.rank == 0 and life.finished is None and event.attempt == life.attempt
+            and _primaries_done(life, ended, tasks)):  # only a primary's end finishes it
         changes.append(_run_event(RunFinished(job_id=event.job_id, attempt=event.attempt, by=_primary_end(tasks),
                                                finished_at=ended_at)))
     return changes

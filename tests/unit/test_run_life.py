@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from libs.contracts.events import (
@@ -148,6 +148,7 @@ steps = st.lists(st.tuples(st.sampled_from(["start", "exit", "lost"]), st.intege
                            st.sampled_from([0, 1, -9])), max_size=30)
 
 
+@example([("start", 1, 0, 0), ("exit", 2, 0, 0), ("start", 2, 0, 0), ("exit", 2, 1, 0)])  # ends heard out of order
 @given(steps)
 def test_every_event_is_decided_once_and_only_a_primary_or_the_job_finishes_the_run(plan: list[Step]) -> None:
     runs = Runs()
