@@ -30,6 +30,13 @@ from libs.telemetry.tracing import configure_tracing
 log = get_logger(__name__)
 
 
+async def keep_session(_: asyncpg.Connection) -> None:
+    """A connection back in the pool keeps its session as it is. asyncpg would send a reset (UNLISTEN,
+    RESET ALL, advisory unlocks) on every release, a round trip per query; the services set nothing on a
+    pooled session, and the relay undoes its LISTEN and advisory lock itself. asyncpg still rolls back an
+    open transaction and forgets the listeners on its own."""
+
+
 class ServiceRuntime:
     """Connections and background tasks of one service process."""
 
@@ -52,7 +59,8 @@ class ServiceRuntime:
     async def start(self) -> None:
         configure_logging(self.name)
         configure_tracing(self.name)
-        self.pool = await asyncpg.create_pool(self.settings.database_url, min_size=2, max_size=8)
+        self.pool = await asyncpg.create_pool(self.settings.database_url, min_size=2, max_size=8,
+                                              reset=keep_session)
         self.store = EventStore(self.pool, self.name)
         await self.store.migrate()
         # One instance acts at a time: a standby waits here, answering nothing, until the lease is its own.

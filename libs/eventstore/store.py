@@ -17,7 +17,7 @@ import uuid
 import zlib
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 
 import asyncpg
 import msgspec
@@ -42,6 +42,11 @@ class AlreadyProcessed(Exception):
 MAX_EVENT_BYTES = 896 * 1024
 
 
+# What an envelope adds to its event, its trace and its names when published: its keys, an event id, the
+# largest position and version, a full timestamp (about 200 bytes), with room to spare.
+ENVELOPE_BYTES = 512
+
+
 class EventTooLarge(ValueError):
     """An event would be too large to publish; nothing was written."""
 
@@ -53,6 +58,7 @@ class NewEvent:
     aggregate_type: str
     aggregate_id: str
     event: Event
+    trace: dict[str, str] | None = None  # the trace it continues, when not the append's
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,62 @@ def _schema_sql(schema: str) -> str:
         published_position bigint  NOT NULL DEFAULT 0
     );
     INSERT INTO {schema}.relay (id) VALUES (1) ON CONFLICT DO NOTHING;
-    """ + leadership_sql(schema)
+    """ + leadership_sql(schema) + _append_sql(schema)
+
+
+# Raised by the append function (below) and told apart by their SQLSTATE.
+LEASE_LOST_STATE = "TYL01"
+ALREADY_PROCESSED_STATE = "TYA01"
+
+
+def _append_sql(schema: str) -> str:
+    """One append as one statement, so that it costs one round trip to the server however many events and
+    whatever tracking it carries: under the append lock, the fence, the tracking check and record, the
+    events (in the order given) and the relay's wake-up, in the caller's transaction (or its own)."""
+    return f"""
+    CREATE OR REPLACE FUNCTION {schema}.append_events(
+        lock_key bigint, fence_epoch bigint, tracked_by text, tracked_position bigint, tracked_upstream bigint,
+        by_upstream boolean, event_ids uuid[], aggregate_types text[], aggregate_ids text[], versions integer[],
+        types text[], data jsonb[], traces jsonb[], channel text
+    ) RETURNS TABLE (event_id uuid, event_position bigint, event_recorded_at timestamptz)
+    LANGUAGE plpgsql AS $body$
+    DECLARE
+        current_epoch bigint;
+        done record;
+    BEGIN
+        PERFORM pg_advisory_xact_lock(lock_key);
+        IF fence_epoch IS NOT NULL THEN
+            SELECT l.epoch INTO current_epoch FROM {schema}.leadership l FOR SHARE;
+            IF current_epoch IS DISTINCT FROM fence_epoch THEN
+                RAISE EXCEPTION 'the {schema} lease passed from epoch % to %: another instance acts now; '
+                                'nothing was written', fence_epoch, current_epoch USING ERRCODE = '{LEASE_LOST_STATE}';
+            END IF;
+        END IF;
+        IF tracked_by IS NOT NULL THEN
+            SELECT t.position, t.upstream INTO done FROM {schema}.tracking t WHERE t.consumer = tracked_by FOR UPDATE;
+            IF FOUND AND (CASE WHEN by_upstream AND tracked_upstream IS NOT NULL AND done.upstream IS NOT NULL
+                               THEN tracked_upstream <= done.upstream
+                               ELSE tracked_position <= done.position END) THEN
+                RAISE EXCEPTION '% already processed %', tracked_by, tracked_position
+                    USING ERRCODE = '{ALREADY_PROCESSED_STATE}';
+            END IF;
+            INSERT INTO {schema}.tracking AS t (consumer, position, upstream)
+                VALUES (tracked_by, tracked_position, tracked_upstream)
+                ON CONFLICT (consumer) DO UPDATE SET position = EXCLUDED.position, upstream = EXCLUDED.upstream;
+        END IF;
+        IF cardinality(event_ids) > 0 THEN
+            RETURN QUERY
+                INSERT INTO {schema}.events AS e (event_id, aggregate_type, aggregate_id, version, type, data, trace)
+                SELECT u.i, u.at, u.ai, u.v, u.ty, u.d, u.tr
+                FROM unnest(event_ids, aggregate_types, aggregate_ids, versions, types, data, traces)
+                     WITH ORDINALITY AS u(i, at, ai, v, ty, d, tr, n)
+                ORDER BY u.n
+                RETURNING e.event_id, e.position, e.recorded_at;
+            PERFORM pg_notify(channel, '');
+        END IF;
+    END;
+    $body$;
+    """
 
 
 class EventStore:
@@ -132,90 +193,64 @@ class EventStore:
 
         `expected_versions` gives, for every aggregate touched, the version the caller decided on
         (0 for a new aggregate). Raises ConcurrencyConflict when any moved on, AlreadyProcessed
-        when `tracking` shows the upstream message was handled before.
+        when `tracking` shows the upstream message was handled before. An event's own `trace` wins
+        over `trace`, the append's.
         """
         versions = dict(expected_versions)
-        trace_json = encode(trace or {}).decode()
+        rows: list[tuple[str, str, str, int, str, str, str]] = []  # id, aggregate, version, type, data, trace
+        traces: list[dict[str, str]] = []
         for new in events:
-            self._check_size(new, trace or {})
-        stored: list[EventEnvelope] = []
-        async with self.pool.acquire() as conn, conn.transaction():
-            await conn.execute("SELECT pg_advisory_xact_lock($1)", self.lock_key)
-            await self._fence(conn)
-            if tracking is not None:
-                await self._track(conn, tracking)
-            for new in events:
-                key = (new.aggregate_type, new.aggregate_id)
-                if key not in versions:
-                    raise ValueError(f"no expected version given for {key}")
-                versions[key] += 1
-                event_id = str(uuid.uuid4())
-                try:
-                    row = await conn.fetchrow(
-                        f"""INSERT INTO {self.schema}.events
-                            (event_id, aggregate_type, aggregate_id, version, type, data, trace)
-                            VALUES ($1, $2, $3, $4, $5, $6::jsonb, $7::jsonb)
-                            RETURNING position, recorded_at""",
-                        event_id, new.aggregate_type, new.aggregate_id, versions[key],
-                        type(new.event).__struct_config__.tag, encode(new.event).decode(), trace_json,
-                    )
-                except asyncpg.UniqueViolationError:
-                    raise ConcurrencyConflict(
-                        f"{new.aggregate_type} {new.aggregate_id} is past version {versions[key] - 1}"
-                    ) from None
-                assert row is not None
-                stored.append(EventEnvelope(
-                    event_id=event_id, service=self.service, aggregate_type=new.aggregate_type,
-                    aggregate_id=new.aggregate_id, version=versions[key], position=row["position"],
-                    recorded_at=row["recorded_at"], event=new.event, trace=trace or {},
-                ))
-            await conn.execute(f"NOTIFY {self.notify_channel}")
-        return stored
+            key = (new.aggregate_type, new.aggregate_id)
+            if key not in versions:
+                raise ValueError(f"no expected version given for {key}")
+            versions[key] += 1
+            event_trace = new.trace if new.trace is not None else (trace or {})
+            data, trace_json = encode(new.event).decode(), encode(event_trace).decode()
+            self._check_size(new, len(data) + len(trace_json))
+            rows.append((str(uuid.uuid4()), new.aggregate_type, new.aggregate_id, versions[key],
+                         str(type(new.event).__struct_config__.tag), data, trace_json))
+            traces.append(event_trace)
+        stored = await self._call_append(rows, tracking)
+        return [EventEnvelope(event_id=event_id, service=self.service, aggregate_type=new.aggregate_type,
+                              aggregate_id=new.aggregate_id, version=version, position=stored[event_id][0],
+                              recorded_at=stored[event_id][1], event=new.event, trace=event_trace)
+                for new, (event_id, _, _, version, _, _, _), event_trace in zip(events, rows, traces, strict=True)]
 
-    def _check_size(self, new: NewEvent, trace: dict[str, str]) -> None:
-        """Raise EventTooLarge when `new`, as published, would not fit MAX_EVENT_BYTES."""
-        # The largest position and a full timestamp: the envelope as published is at most this size.
-        envelope = EventEnvelope(
-            event_id=str(uuid.UUID(int=0)), service=self.service, aggregate_type=new.aggregate_type,
-            aggregate_id=new.aggregate_id, version=2**31, position=2**63 - 1,
-            recorded_at=datetime.now(UTC), event=new.event, trace=trace,
-        )
-        size = len(encode(envelope))
+    async def _call_append(self, rows: list[tuple[str, str, str, int, str, str, str]],
+                           tracking: Tracking | None) -> dict[str, tuple[int, datetime]]:
+        """The append function (one round trip): each stored event's position and time, by its id."""
+        columns = list(zip(*rows, strict=True)) if rows else [()] * 7
+        try:
+            found = await self.pool.fetch(
+                f"SELECT * FROM {self.schema}.append_events($1, $2, $3, $4, $5, $6, $7::uuid[], $8, $9, $10, $11, "
+                "$12::jsonb[], $13::jsonb[], $14)",
+                self.lock_key, self.epoch,
+                tracking.consumer if tracking else None, tracking.position if tracking else None,
+                tracking.upstream if tracking else None, bool(tracking and tracking.by_upstream),
+                *(list(column) for column in columns), self.notify_channel,
+            )
+        except asyncpg.UniqueViolationError as exc:
+            raise ConcurrencyConflict(f"an aggregate moved on past the version decided on: {exc.detail}") from None
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate == LEASE_LOST_STATE:
+                raise LeaseLost(str(exc)) from None
+            if exc.sqlstate == ALREADY_PROCESSED_STATE:
+                raise AlreadyProcessed(str(exc)) from None
+            raise
+        return {str(row["event_id"]): (row["event_position"], row["event_recorded_at"]) for row in found}
+
+    def _check_size(self, new: NewEvent, payload: int) -> None:
+        """Raise EventTooLarge when `new`, as published (`payload`: its event's and its trace's JSON), would not
+        fit MAX_EVENT_BYTES."""
+        size = payload + len(new.aggregate_type) + len(new.aggregate_id) + len(self.service) + ENVELOPE_BYTES
         if size > MAX_EVENT_BYTES:
             raise EventTooLarge(f"{type(new.event).__name__} for {new.aggregate_type} {new.aggregate_id} would be "
                                 f"{size} bytes, over the limit of {MAX_EVENT_BYTES} for one event")
 
-    async def _fence(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> None:
-        """Refuse to write once another instance took the lease; hold the lease row (FOR SHARE) until the
-        transaction ends, so a takeover waits for this write and then rebuilds with it."""
-        if self.epoch is None:
-            return
-        current = await conn.fetchval(f"SELECT epoch FROM {self.schema}.leadership FOR SHARE")
-        if current != self.epoch:
-            raise LeaseLost(f"the {self.service} lease passed from epoch {self.epoch} to {current}: "
-                            "another instance acts now; nothing was written")
-
-    async def _track(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], tracking: Tracking) -> None:
-        done = await conn.fetchrow(
-            f"SELECT position, upstream FROM {self.schema}.tracking WHERE consumer = $1 FOR UPDATE",
-            tracking.consumer,
-        )
-        if done is not None and (tracking.upstream <= done["upstream"]
-                                 if tracking.by_upstream and tracking.upstream is not None
-                                 and done["upstream"] is not None else tracking.position <= done["position"]):
-            raise AlreadyProcessed(f"{tracking.consumer} already processed {tracking.position}")
-        await conn.execute(
-            f"""INSERT INTO {self.schema}.tracking (consumer, position, upstream) VALUES ($1, $2, $3)
-                ON CONFLICT (consumer) DO UPDATE SET position = EXCLUDED.position, upstream = EXCLUDED.upstream""",
-            tracking.consumer, tracking.position, tracking.upstream,
-        )
-
     async def record_tracking(self, tracking: Tracking) -> None:
         """Mark an upstream message as processed when handling it appended nothing."""
-        async with self.pool.acquire() as conn, conn.transaction():
-            await self._fence(conn)
-            with contextlib.suppress(AlreadyProcessed):
-                await self._track(conn, tracking)
+        with contextlib.suppress(AlreadyProcessed):
+            await self._call_append([], tracking)
 
     async def tracked(self, consumer: str) -> tuple[int, int | None]:
         """The stream sequence and the upstream position `consumer` recorded last ((0, None): none)."""
@@ -229,6 +264,16 @@ class EventStore:
         async with self.pool.acquire() as conn, conn.transaction():
             await self._fence(conn)
             await conn.execute(f"UPDATE {self.schema}.tracking SET position = 0 WHERE consumer = $1", consumer)
+
+    async def _fence(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record]) -> None:
+        """Refuse to write once another instance took the lease; hold the lease row (FOR SHARE) until the
+        transaction ends, so a takeover waits for this write and then rebuilds with it."""
+        if self.epoch is None:
+            return
+        current = await conn.fetchval(f"SELECT epoch FROM {self.schema}.leadership FOR SHARE")
+        if current != self.epoch:
+            raise LeaseLost(f"the {self.service} lease passed from epoch {self.epoch} to {current}: "
+                            "another instance acts now; nothing was written")
 
     async def tracked_position(self, consumer: str) -> int:
         value = await self.pool.fetchval(

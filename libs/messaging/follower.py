@@ -34,6 +34,7 @@ database going away without skipping a message.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 from typing import Any, Literal
@@ -134,6 +135,11 @@ HEARTBEAT_SECONDS = 1.0
 # relay publishes again at most one batch after a crash, far fewer than this.
 REMEMBERED_ENVELOPES = 10_000
 _REPEATED = object()  # what an envelope published again decodes to: applied once already
+# Most upstream messages need no reaction. Their positions are written a while later, the latest only, so
+# that a burst of them costs one write rather than one each; a later reaction's append carries its own. A
+# restart before the write reacts to them again, which the rules answer as they did (nothing, or what the
+# state rebuilt since asks for), as after a crash between a fold and its record.
+UNRECORDED_WRITE_SECONDS = 0.5
 
 
 class StreamFollower:
@@ -161,6 +167,8 @@ class StreamFollower:
         # when its position is past it (one-service followers).
         self.anew_upstream: int | None = None
         self._sub: object | None = None
+        self._unrecorded: Tracking | None = None  # the latest position whose reaction recorded nothing, unwritten
+        self._writer: asyncio.Task[None] | None = None
         # The upstream log's positions seen, with their event ids (the latest REMEMBERED_ENVELOPES).
         self._seen: OrderedDict[int, str] = OrderedDict()
 
@@ -186,6 +194,34 @@ class StreamFollower:
     async def stop(self) -> None:
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
+        if self._writer is not None:
+            self._writer.cancel()
+        if (unrecorded := self._unrecorded) is not None:
+            with contextlib.suppress(Exception):  # best effort: a restart reacts again to what is not written
+                await self.store.record_tracking(unrecorded)
+
+    def _passed(self, tracking: Tracking) -> None:
+        """The message at `tracking` needed no reaction: its position is written a while later."""
+        self._unrecorded = tracking
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_unrecorded(), name=f"{self.consumer}.tracking")
+
+    def _recorded(self, tracking: Tracking) -> None:
+        """A reaction's append carried `tracking`: any earlier position waiting to be written is covered."""
+        if self._unrecorded is not None and self._unrecorded.position <= tracking.position:
+            self._unrecorded = None
+
+    async def _write_unrecorded(self) -> None:
+        await asyncio.sleep(UNRECORDED_WRITE_SECONDS)
+        while (unrecorded := self._unrecorded) is not None:
+            try:
+                await self.store.record_tracking(unrecorded)
+            except Exception as exc:  # the database away, or the lease lost: try again later, or never need to
+                log.warning("follower.tracking_unwritten", consumer=self.consumer, error=repr(exc))
+                await asyncio.sleep(self.retry_seconds)
+                continue
+            if self._unrecorded is unrecorded:
+                self._unrecorded = None
 
     async def _still_holds(self, sequence: int, upstream: int | None) -> bool:
         """Whether the stream still has, at `sequence`, the message the tracking was recorded for."""
@@ -266,8 +302,8 @@ class StreamFollower:
         while True:
             try:
                 recorded = False if decoded is _REPEATED else await self.handle(decoded, msg, tracking)
-                if tracking is not None and not recorded:
-                    await self.store.record_tracking(tracking)
+                if tracking is not None:
+                    (self._recorded if recorded else self._passed)(tracking)
                 return
             except asyncio.CancelledError:
                 raise
