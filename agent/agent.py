@@ -41,7 +41,7 @@ from nats.js import JetStreamContext
 
 from agent.datacache import DatasetCache, StagingError
 from agent.health import probe, resource_checks
-from agent.held import HeldProcess, HolderFailed, OutputTail, append_note
+from agent.held import HeldProcess, HolderFailed, HoldServer, OutputTail, append_note
 from agent.holder import OUTPUT_NAME
 from agent.jobenv import job_environment
 from agent.kept import (
@@ -127,6 +127,7 @@ from libs.telemetry.tracing import current_trace_headers
 log = get_logger(__name__)
 LOG_FLUSH_SECONDS = 0.2  # how often a node's output file is read for lines to ship
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
+FIRST_SAMPLE_SECONDS = 0.5
 # How long closing the agent waits for its debug sessions to report their end.
 SESSION_CLOSE_SECONDS = 5.0
 
@@ -201,6 +202,7 @@ class NodeAgent:
         self._tasks: list[asyncio.Task[Any]] = []
         self._execs: set[asyncio.Task[None]] = set()  # exec finishers under way
         self._announcing: asyncio.Task[None] | None = None  # a registration the monitor asked for
+        self.holders = HoldServer()  # forks each rank's holder (agent/holder.py)
 
     async def start(self) -> None:
         try:
@@ -270,6 +272,7 @@ class NodeAgent:
         with contextlib.suppress(Exception):
             await self.nc.drain()
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
+        self.holders.close()  # it ends once its holders have
         self.data.cache.close()
 
     async def _adopt(self) -> None:
@@ -283,7 +286,7 @@ class NodeAgent:
             environment = read_environment(folder)
             if environment is not None:
                 node.workspace, node.env = environment.workspace, environment.env
-            held = HeldProcess(folder, record.pid, record.holder)
+            held = HeldProcess(folder, record.pid, record.holder, record.holder_since)
             if record.port and held.running:
                 self.ports.hold((record.job_id, record.attempt), [record.port], time.monotonic())
             log.info("agent.adopted", job_id=record.job_id, attempt=record.attempt, task=record.task,
@@ -615,7 +618,7 @@ class NodeAgent:
                           node=self.info.name, environment=Environment(workspace=workspace, env=env))
         command = workspace.command(argv)  # under bwrap, the sandbox runs argv
         try:
-            held = await HeldProcess.start(root, command, env, workspace.cwd)
+            held = await HeldProcess.start(root, command, env, workspace.cwd, self.holders)
         except (HolderFailed, OSError) as exc:
             await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:
@@ -624,7 +627,8 @@ class NodeAgent:
         remove_pending(root)  # started, or known never to
         if held.started:
             write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
-                                      pid=held.pid, holder=held.holder_pid, keep=node.keep, job_token=node.job_token,
+                                      pid=held.pid, holder=held.holder_pid, holder_since=held.holder_since,
+                                      keep=node.keep, job_token=node.job_token,
                                       trace=node.trace, port=launch.port))
             log.info("agent.process_started", job_id=node.job_id, attempt=node.attempt, task=node.task,
                      rank=node.rank, node=self.info.name, pid=held.pid, argv=argv, backend=workspace.backend)
@@ -719,7 +723,12 @@ class NodeAgent:
         kv = await self.js.key_value(subjects.USAGE_BUCKET)
         sampler = GroupSampler(pid)
         key = subjects.usage_key(node.job_id, node.attempt, node.rank)
+        pause = min(USAGE_SECONDS, FIRST_SAMPLE_SECONDS)
         while True:
+            # A sample costs a scan of every process on the host: a job that ends within FIRST_SAMPLE_SECONDS
+            # has none (the first measures the CPU since each process started, the next since the one before).
+            await asyncio.sleep(pause)
+            pause = USAGE_SECONDS
             cpu, memory_mib, processes = await asyncio.to_thread(sampler.sample)
             boards = await asyncio.to_thread(accelerator_percent) if self.info.accelerators else None
             sample = UsageSample(job_id=node.job_id, attempt=node.attempt, rank=node.rank, node=self.info.name,
@@ -729,7 +738,6 @@ class NodeAgent:
                 node.relay.system(system_values(sample), sample.sampled_at)
             with contextlib.suppress(Exception):  # usage is best effort; the job goes on without it
                 await kv.put(key, encode(sample))
-            await asyncio.sleep(USAGE_SECONDS)
 
     async def _ship_continuously(self, node: RunningNode, stop: asyncio.Event | None = None) -> None:
         """Ship the node's output file as it grows, a chunk at a time, in order; once the process ended,

@@ -16,11 +16,13 @@ import contextlib
 import json
 import os
 import signal
+import subprocess
 import sys
+import weakref
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.holder import EXIT_NAME, OUTPUT_NAME, PID_NAME, SPEC_NAME, write_atomically
+from agent.holder import EXIT_NAME, OUTPUT_NAME, PID_NAME, SPEC_NAME, start_ticks, write_atomically
 from agent.process import Record, read_records
 from agent.signals import Attempt, attempt_processes, send
 
@@ -39,31 +41,118 @@ class HolderFailed(OSError):
     """The holder could not be started, or ended without saying how the command did."""
 
 
-class HeldProcess:
-    """The command of one rank, run by its holder; `pid` is the command's process group."""
+class HoldServer:
+    """The agent's holder server (`holder.py --serve`): started on first use, and again when it ended.
 
-    def __init__(self, folder: Path, pid: int | None = None, holder_pid: int | None = None) -> None:
+    A plain process with pipes rather than an asyncio subprocess: asyncio kills the process of a subprocess
+    transport that is closed, and the server must outlive its agent for as long as its holders run."""
+
+    def __init__(self) -> None:
+        self._process: subprocess.Popen[bytes] | None = None
+        self._answers = b""
+        self._turn = asyncio.Lock()  # one question and its answer at a time
+
+    async def hold(self, folder: Path) -> tuple[int, int]:
+        """Have a holder forked for the rank `folder`: its pid and start ticks."""
+        failure = "the holder server did not answer"
+        async with self._turn:
+            for _ in range(2):  # a server that ended meanwhile is started again once
+                process = self._running()
+                assert process.stdin is not None and process.stdout is not None
+                try:
+                    process.stdin.write(f"{folder}\n".encode())
+                    process.stdin.flush()
+                    async with asyncio.timeout(HOLDER_START_SECONDS):
+                        pid, since = map(int, (await self._line(process.stdout.fileno())).split())
+                    return pid, since
+                except (OSError, EOFError, ValueError, TimeoutError) as exc:  # gone, or answering nonsense
+                    failure = f"the holder server did not answer: {exc!r}"
+                    with contextlib.suppress(ProcessLookupError):
+                        process.kill()
+                    self._forget()
+            raise HolderFailed(failure)
+
+    def _running(self) -> subprocess.Popen[bytes]:
+        if self._process is None or self._process.poll() is not None:
+            self._forget()
+            self._process = subprocess.Popen(
+                [sys.executable, "-I", "-S", str(HOLDER), "--serve"], env={}, cwd="/", start_new_session=True,
+                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+            os.set_blocking(self._process.stdout.fileno(), False)  # type: ignore[union-attr]
+        return self._process
+
+    async def _line(self, fd: int) -> bytes:
+        """The server's next answer line, read as it comes without blocking the loop."""
+        loop = asyncio.get_running_loop()
+        while b"\n" not in self._answers:
+            readable: asyncio.Future[None] = loop.create_future()
+            loop.add_reader(fd, _settle, readable)
+            try:
+                await readable
+            finally:
+                loop.remove_reader(fd)
+            with contextlib.suppress(BlockingIOError):
+                data = os.read(fd, 4096)
+                if not data:
+                    raise EOFError("the holder server ended")
+                self._answers += data
+        line, _, self._answers = self._answers.partition(b"\n")
+        return line
+
+    def _forget(self) -> None:
+        if self._process is not None:
+            for pipe in (self._process.stdin, self._process.stdout):
+                with contextlib.suppress(OSError):
+                    pipe.close()  # type: ignore[union-attr]
+        self._process, self._answers = None, b""
+
+    def close(self) -> None:
+        """No more holders: the server ends once those it forked have ended (it is not killed)."""
+        self._forget()
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
+
+
+_servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HoldServer] = weakref.WeakKeyDictionary()
+
+
+def hold_server() -> HoldServer:
+    """The holder server of the running event loop (an agent's one loop)."""
+    loop = asyncio.get_running_loop()
+    if (server := _servers.get(loop)) is None:
+        server = _servers[loop] = HoldServer()
+    return server
+
+
+class HeldProcess:
+    """The command of one rank, run by its holder; `pid` is the command's process group. `holder_since`:
+    the holder's start ticks, which tell it from a later process given its pid (0: unknown, for a holder
+    recorded by an older agent, told by its command line)."""
+
+    def __init__(self, folder: Path, pid: int | None = None, holder_pid: int | None = None,
+                 holder_since: int = 0) -> None:
         self.folder = folder
         self.pid = pid or 0
         self.holder_pid = holder_pid or 0
-        self._holder: asyncio.subprocess.Process | None = None  # only when this agent started it
+        self.holder_since = holder_since
 
     @classmethod
-    async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path) -> HeldProcess:
-        """Start the holder and wait until the command runs (`pid` set) or could not start (`pid` 0)."""
+    async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path,
+                    server: HoldServer | None = None) -> HeldProcess:
+        """Have a holder start the command and wait until it runs (`pid` set) or could not start (`pid` 0)."""
         spec = folder / SPEC_NAME
         fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the job's secrets are in it
         with os.fdopen(fd, "w") as out:
             json.dump({"argv": argv, "env": env, "cwd": str(cwd)}, out)
-        held = cls(folder)
-        held._holder = await asyncio.create_subprocess_exec(
-            sys.executable, "-I", "-S", str(HOLDER), str(folder), env={}, cwd=folder, start_new_session=True,
-            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.DEVNULL, stderr=asyncio.subprocess.DEVNULL)
-        held.holder_pid = held._holder.pid
+        holder_pid, since = await (server or hold_server()).hold(folder)
+        held = cls(folder, holder_pid=holder_pid, holder_since=since)
         deadline = asyncio.get_running_loop().time() + HOLDER_START_SECONDS
         while not (pid := _read_pid(folder)) and not (folder / EXIT_NAME).exists():
-            if held._holder.returncode is not None or asyncio.get_running_loop().time() > deadline:
-                raise HolderFailed(f"the process holder did not start the command (exit {held._holder.returncode})")
+            if not held._holder_alive() or asyncio.get_running_loop().time() > deadline:
+                raise HolderFailed("the process holder did not start the command")
             await asyncio.sleep(0.005)
         held.pid = pid or 0
         return held
@@ -103,15 +192,14 @@ class HeldProcess:
                     {"exit_code": 137, "started": self.started, "exited_at": datetime.now(UTC).isoformat()}))
                 continue
             await asyncio.sleep(POLL_SECONDS)
-        if self._holder is not None:
-            await self._holder.wait()  # reaped: no zombie left behind
         return found
 
     def _holder_alive(self) -> bool:
-        if self._holder is not None:
-            return self._holder.returncode is None
-        # The holder an agent before started: that pid, still running this folder's holder (not a pid the
-        # system gave to something else since, after a reboot).
+        """Whether the holder still runs: that pid, started then (not a pid the system gave to something
+        else since, after a reboot)."""
+        if self.holder_since:
+            return start_ticks(self.holder_pid) == self.holder_since
+        # Started by an older agent as a process of its own, with this folder on its command line.
         return _alive(self.holder_pid) and str(self.folder).encode() in _command_line(self.holder_pid)
 
     def signal(self, sig: signal.Signals) -> None:
@@ -227,7 +315,7 @@ def end_recorded_jobs(root: Path, node: str, reason: str) -> list[Record]:
     (`python -m agent --end-jobs`); the next agent there reports the exits its holders recorded."""
     ended = []
     for folder, record in read_records(root):
-        held = HeldProcess(folder, record.pid, record.holder)
+        held = HeldProcess(folder, record.pid, record.holder, record.holder_since)
         if not held.running:
             continue
         append_note(folder, reason)

@@ -7,14 +7,21 @@ and writes its exit code to `exit.json`. Nothing of the command hangs on the age
 the agent is killed or restarted, and a new agent adopts the command from these files (agent/held.py):
 it ships the output from where the last one stopped and reports the exit when it comes.
 
-Run as `python -I -S holder.py <rank folder>`: standard library only, so that it starts fast, needs no
-installed package and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables
-itself, so a stop that kills every process of the attempt leaves it alive to record the exit.
+Run as `python -I -S holder.py <rank folder>`: standard library only, so that it needs no installed
+package and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables itself, so a
+stop that kills every process of the attempt leaves it alive to record the exit.
+
+Starting a Python for each holder costs more than the whole rest of a short job's start (about 20 ms of
+CPU), so an agent runs one holder server (`holder.py --serve`, in a session of its own) that forks a
+holder for each rank folder it is given on its standard input, and answers with the holder's pid and
+start time. The server outlives its agent until the last of its holders ended, reaping them, so no
+holder is left a zombie; a restarted agent starts a server of its own.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -58,10 +65,61 @@ def hold(folder: Path) -> int:
     return 0
 
 
+def start_ticks(pid: int) -> int | None:
+    """When `pid` started, in clock ticks since boot (None: no such process, or a zombie): with the pid, it
+    names a process for as long as the system runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") else int(fields[19])
+
+
+def _reap(*_: object) -> None:
+    """Reap the holders that ended (SIGCHLD)."""
+    while True:
+        try:
+            pid, _status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+
+
+def serve() -> int:
+    """Fork a holder for each rank folder named on standard input (a line each) and answer `<pid> <start
+    ticks>` on standard output; once the input ends (the agent is gone), wait for the holders, then end."""
+    signal.signal(signal.SIGCHLD, _reap)
+    while line := sys.stdin.buffer.readline():
+        folder = Path(line.rstrip(b"\n").decode())
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the holder waits for its own command
+                os.setsid()
+                null = os.open(os.devnull, os.O_RDWR)
+                for fd in (0, 1, 2):  # the server's pipes are the agent's, not the holder's
+                    os.dup2(null, fd)
+                code = hold(folder)
+            finally:
+                os._exit(code)
+        sys.stdout.write(f"{pid} {start_ticks(pid) or 0}\n")
+        sys.stdout.flush()
+    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+    while True:
+        try:
+            os.wait()
+        except ChildProcessError:
+            return 0
+
+
 def main() -> int:
     # A terminal's hang-up or interrupt is not meant for the holder; a stop is sent to the command.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    if sys.argv[1] == "--serve":
+        return serve()
     return hold(Path(sys.argv[1]))
 
 

@@ -113,6 +113,7 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     rank: int
     pid: int  # the command's process group
     holder: int = 0  # its holder's pid
+    holder_since: int = 0  # and start ticks (agent/holder.py `start_ticks`); 0 from an older agent
     keep: bool = False
     job_token: str | None = None
     trace: dict[str, str] = {}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import contextlib
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -28,10 +29,16 @@ class GroupSampler:
             return 0.0, 0, 0
         cpu, rss, alive = 0.0, 0, {}
         for member in members:
-            # Reuse the Process object seen last time: its cpu_percent() measures since then.
-            process = self._known.get(member.pid, member)
+            # Reuse the Process object seen last time: its cpu_percent() measures since then. A process seen
+            # for the first time is measured since it started.
+            known = self._known.get(member.pid)
+            process = known or member
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                cpu += process.cpu_percent(interval=None)
+                busy = process.cpu_percent(interval=None)
+                if known is None:
+                    times, ran = process.cpu_times(), time.time() - process.create_time()
+                    busy = 100 * (times.user + times.system) / ran if ran > 0 else 0.0
+                cpu += busy
                 rss += process.memory_info().rss
                 alive[member.pid] = process
         self._known = alive

@@ -34,6 +34,7 @@ for step in range(200):
 subprocess.run([sys.executable, "-c", "from trainyard import run; run.log({'val_acc': 0.75}, step=199)"],
                env={**__import__("os").environ, "TRAINYARD_RUN_PROCESS": "evaluator"}, check=True)
 run.summary({"final_loss": 1.0 / 200})
+__import__("time").sleep(1.0)  # long enough for the agent to sample the rank
 """
 
 

@@ -8,7 +8,9 @@ import asyncio
 import json
 import os
 import signal
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -19,11 +21,12 @@ from agent.held import (
     CHUNK_LINES,
     MAX_LINE_BYTES,
     HeldProcess,
+    HoldServer,
     OutputTail,
     end_recorded_jobs,
     split_lines,
 )
-from agent.holder import EXIT_NAME, OUTPUT_NAME
+from agent.holder import EXIT_NAME, OUTPUT_NAME, start_ticks
 from agent.process import Record, read_records, write_record
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
@@ -108,7 +111,8 @@ async def test_a_command_that_cannot_start_exits_127_and_says_why(tmp_path: Path
 @on_loop
 async def test_another_agent_adopts_the_command_and_sees_its_exit(tmp_path: Path) -> None:
     started = await held(tmp_path, "import time; time.sleep(0.5); print('late')")
-    adopted = HeldProcess(tmp_path, started.pid, started.holder_pid)  # what a restarted agent makes of the record
+    # What a restarted agent makes of the record.
+    adopted = HeldProcess(tmp_path, started.pid, started.holder_pid, started.holder_since)
     assert adopted.running
     assert (await adopted.wait_exit())[0] == 0
     assert shipped_lines(tmp_path, final=True) == ["late"]
@@ -118,7 +122,7 @@ async def test_another_agent_adopts_the_command_and_sees_its_exit(tmp_path: Path
 @on_loop
 async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_path: Path) -> None:
     process = await held(tmp_path, "import time; time.sleep(60)")
-    adopted = HeldProcess(tmp_path, process.pid, process.holder_pid)
+    adopted = HeldProcess(tmp_path, process.pid, process.holder_pid, process.holder_since)
     os.kill(process.holder_pid, signal.SIGKILL)
     assert (await adopted.wait_exit())[0] == 137
     await asyncio.sleep(0.2)
@@ -127,10 +131,45 @@ async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_
 
 
 @on_loop
+async def test_holders_outlive_their_agent_and_the_server_that_forked_them_ends_after_the_last(
+        tmp_path: Path) -> None:
+    server = HoldServer()
+    sleeping = []
+    for folder in (tmp_path / "a", tmp_path / "b"):
+        folder.mkdir()
+        sleeping.append(await HeldProcess.start(folder, [sys.executable, "-c", "import time; time.sleep(0.6)"], {},
+                                                folder, server))
+    forked = {process.holder_pid for process in sleeping}
+    assert len(forked) == 2 and all(start_ticks(pid) for pid in forked)
+    served_by = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in forked}
+    [server_pid] = served_by  # one server forked both
+    server.close()  # the agent is gone: its input ends
+    assert all(process.running for process in sleeping)  # the jobs run on
+    assert [(await process.wait_exit())[0] for process in sleeping] == [0, 0]
+    async with asyncio.timeout(10):  # once its holders ended, the server ends too
+        while start_ticks(server_pid) is not None:
+            await asyncio.sleep(0.05)
+
+
+def test_a_holder_recorded_by_an_older_agent_is_told_by_its_command_line(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(30)", str(tmp_path)])
+    try:
+        while str(tmp_path).encode() not in Path(f"/proc/{holder.pid}/cmdline").read_bytes():
+            time.sleep(0.01)  # started, not yet the program it runs
+        assert HeldProcess(tmp_path, 0, holder.pid)._holder_alive()
+        assert not HeldProcess(tmp_path / "other", 0, holder.pid)._holder_alive()  # another folder's
+        assert not HeldProcess(tmp_path, 0, holder.pid, holder_since=1)._holder_alive()  # a later process
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+@on_loop
 async def test_ending_the_jobs_of_a_node_kills_what_is_recorded_and_says_why(tmp_path: Path) -> None:
     folder = tmp_path / "jobs" / "job-1" / "1" / "task-0" / "rank-0"
     process = await held(folder, "import time; time.sleep(60)")
-    write_record(folder, Record(job_id="job-1", attempt=1, rank=0, pid=process.pid, holder=process.holder_pid))
+    write_record(folder, Record(job_id="job-1", attempt=1, rank=0, pid=process.pid, holder=process.holder_pid,
+                                holder_since=process.holder_since))
     assert [r.pid for _, r in read_records(tmp_path)] == [process.pid]
 
     ended = end_recorded_jobs(tmp_path, "node-a", "the node's platform was shut down")

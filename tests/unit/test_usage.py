@@ -37,6 +37,18 @@ def test_the_sample_covers_the_children_and_sees_them_busy() -> None:
         leader.wait()
 
 
+def test_the_first_sample_measures_the_cpu_since_each_process_started() -> None:
+    spin_then_sleep = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\ntime.sleep(30)"
+    leader = subprocess.Popen([sys.executable, "-c", spin_then_sleep])
+    try:
+        time.sleep(1.0)  # busy all along so far
+        cpu, _, processes = GroupSampler(leader.pid).sample()
+        assert processes == 1 and cpu > 30  # not the 0 a first measurement of an interval would give
+    finally:
+        leader.kill()
+        leader.wait()
+
+
 def test_a_finished_group_samples_as_nothing() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
