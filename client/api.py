@@ -205,15 +205,17 @@ class TrainyardClient:
 
     # --- commands ---------------------------------------------------------------------------------
 
-    async def submit(self, spec: JobSpec, *, job_id: str | None = None,
+    async def submit(self, spec: JobSpec, *, job_id: str | None = None, predict: bool = False,
                      on_retry: Callable[[int, Exception], None] | None = None) -> JobAccepted:
-        """Create a job; passing the same `job_id` again is safe (it is created once).
+        """Create a job; passing the same `job_id` again is safe (it is created once). `predict`: the answer
+        carries the job's prediction (S6), planned before it was queued; otherwise it is recorded a moment
+        later (`get_job`), so that a burst of submissions is not held up planning each.
 
         The id is chosen here unless given. A request nothing answers, or answered `unavailable`, is sent
         again with the same id (CREATE_ATTEMPTS in all; `on_retry(attempt, error)` is told before each
         new attempt); when the last goes unanswered too, `CreationUnanswered` names the id.
         """
-        request = SubmitJob(job_id=job_id or new_job_id(), spec=spec)
+        request = SubmitJob(job_id=job_id or new_job_id(), spec=spec, predict=predict)
         return await self._create(subjects.SUBMIT_JOB, request, request.job_id, on_retry)
 
     async def _create(self, subject: str, request: SubmitJob | CloneJob, job_id: str,

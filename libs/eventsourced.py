@@ -22,8 +22,9 @@ into the service's state. It mirrors eventsourcing's `ProcessApplication`: the u
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
-from collections.abc import Callable, Coroutine, Iterable, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Self
 
@@ -214,6 +215,38 @@ class EventSourcedService:
                                                     context=context_from_headers(headers)):
                 await self.record(changes, tracking)
             return True
+
+
+class Pacer:
+    """Keeps a loop that decides after every fold from taking more than `share` of the service's time.
+
+    Each run of such a loop looks at the whole state (the queue, every launch), while folds come one
+    message at a time: run after each, a decision that takes 20 ms would let the service fold fifty
+    messages a second. After a run that took T seconds, the next waits until T * (1 - share) / share has
+    passed since it ended, so the messages that came meanwhile are folded first and decided on together.
+    Cheap runs are not held back noticeably (a 1 ms decision waits at most 1 ms).
+    """
+
+    def __init__(self, share: float = 0.5) -> None:
+        self.share = share
+        self._cost = 0.0
+        self._ended = 0.0
+
+    async def turn(self) -> None:
+        """Wait until the next run may begin."""
+        gap = self._cost * (1 - self.share) / self.share - (time.monotonic() - self._ended)
+        if gap > 0:
+            await asyncio.sleep(gap)
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[None]:
+        """Time one run."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self._ended = time.monotonic()
+            self._cost = self._ended - began
 
 
 # How long a loop pauses after an outage: the first pause, the longest, and how long a loop must have

@@ -676,9 +676,9 @@ AlertEvent = AlertRaised | AlertMailed
 CacheEvent = DatasetCached | DatasetEvicted
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
                  | InstanceReleased | ProvisionFailed)
-Event = (JobEvent | SettingsChanged | StorageAccessSet | DatasetPreloadRequested | NodeDrained | LaunchEvent
-         | NodeEvent | MonitorJobEvent | RunEvent | AlertEvent | CacheEvent | InstanceEvent | WaitingJobsPacked
-         | UpstreamMessageSetAside)
+Event = (JobEvent | SettingsChanged | StorageAccessSet | DatasetPreloadRequested | NodeDrained
+         | LaunchEvent | NodeEvent | MonitorJobEvent | RunEvent | AlertEvent | CacheEvent | InstanceEvent
+         | WaitingJobsPacked | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,

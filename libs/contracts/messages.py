@@ -41,10 +41,15 @@ class _Request(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, ta
 
 
 class SubmitJob(_Request, frozen=True, tag="SubmitJob.v1"):
-    """Create a job. `job_id` is chosen by the client so that a retried submit is idempotent."""
+    """Create a job. `job_id` is chosen by the client so that a retried submit is idempotent.
+
+    `predict`: answer with the job's prediction (S6), planned before it joins the queue. Without it the
+    prediction is planned after the job is accepted, together with those of other new jobs, and recorded
+    a moment later (`trainyard show`)."""
 
     job_id: str
     spec: JobSpec
+    predict: bool = False
 
 
 class StopJobs(_Request, frozen=True, tag="StopJobs.v1"):
@@ -337,6 +342,7 @@ class JobAccepted(_Reply, frozen=True, tag="JobAccepted.v1"):
     job_id: str
     status: JobStatus
     created: bool
+    prediction: Prediction | None = None  # when asked for (`SubmitJob.predict`)
 
 
 class InstanceView(Struct, frozen=True, kw_only=True):
@@ -673,12 +679,12 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     cooldowns: list[TypeCooldown] = msgspec.field(default_factory=list)
 
 
-Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob | PredictJob
-           | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors | GetSettings
-           | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent | OpenTerminal
-           | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts | GetAutoscalerLog
-           | ListCache | PreloadDataset | GetRun | GetSeries)
-Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done | QueueStatus | SearchResults
-         | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList | FlavorList | SettingsView
-         | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage | AlertPage | AutoscalerLog
-         | CacheListing | PreloadAccepted | RunView | SeriesPage)
+Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob
+           | PredictJob | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors
+           | GetSettings | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent
+           | OpenTerminal | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts
+           | GetAutoscalerLog | ListCache | PreloadDataset | GetRun | GetSeries)
+Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done
+         | QueueStatus | SearchResults | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList
+         | FlavorList | SettingsView | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage
+         | AlertPage | AutoscalerLog | CacheListing | PreloadAccepted | RunView | SeriesPage)

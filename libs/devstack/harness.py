@@ -76,10 +76,12 @@ class Stack(Generic[ClientT]):
     """Processes of one run's platform, with helpers to crash and restart them."""
 
     def __init__(self, home: Path, nats_url: str | None, database_url: str, *, connect: Connect[ClientT],
-                 cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None) -> None:
+                 cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None,
+                 timings: dict[str, str] | None = None) -> None:
         """`nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
         per role (libs/natsroles.py), as `make up` does. `algorithms`: a folder whose algorithms are copied
-        into shared storage beside the examples."""
+        into shared storage beside the examples. `timings`: the fault timings (FAST_TIMINGS unless given;
+        `{}` for the platform's defaults, as a benchmark of steady work wants)."""
         self.home = home
         self.nats_process: subprocess.Popen[bytes] | None = None
         self.nats_port = 0
@@ -96,7 +98,8 @@ class Stack(Generic[ClientT]):
         for algorithm in algorithms.iterdir() if algorithms else ():
             shutil.copytree(algorithm, self.storage / "algorithms" / algorithm.name)
         env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=cluster,
-                        extra={**FAST_TIMINGS, **({"TRAINYARD_SMTP_URL": smtp_url} if smtp_url else {}),
+                        extra={**(FAST_TIMINGS if timings is None else timings),
+                               **({"TRAINYARD_SMTP_URL": smtp_url} if smtp_url else {}),
                                **provision_auth(home, user=TESTER, email=TESTER_EMAIL)})
         self.token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text()
         self.processes = ProcessSet(home, env)

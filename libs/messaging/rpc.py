@@ -44,6 +44,10 @@ MAX_REQUEST_BYTES = 1024 * 1024
 # A reply must fit one message too; error texts that quote the request are cut to this length.
 MAX_REPLY_BYTES = 1024 * 1024
 MAX_ERROR_TEXT = 1000
+# People's requests one service process answers at once: a command waiting for its append (with others, in
+# one transaction) must not hold up the requests behind it. Each handler takes the service's lock itself for
+# what it changes.
+REQUEST_WORKERS = 64
 
 
 def bounded(text: str) -> str:
@@ -104,9 +108,9 @@ def register_with_headers(broker: NatsBroker, service: str, subject: str, reques
 
 def register_authenticated(broker: NatsBroker, service: str, subject: str, request_type: object,
                            handler: AuthenticatedHandler, *, secret: str, queue: str | None = None) -> None:
-    """Answer requests that carry a valid token (libs.auth); the handler gets the caller's identity.
-    A request without one is refused with `unauthenticated` before it is decoded."""
-    _register(broker, service, subject, request_type, handler, secret, queue)
+    """Answer requests that carry a valid token (libs.auth), up to REQUEST_WORKERS at once; the handler gets
+    the caller's identity. A request without one is refused with `unauthenticated` before it is decoded."""
+    _register(broker, service, subject, request_type, handler, secret, queue, workers=REQUEST_WORKERS)
 
 
 def register_all_authenticated(broker: NatsBroker, service: str,
@@ -118,7 +122,7 @@ def register_all_authenticated(broker: NatsBroker, service: str,
 
 def _register(broker: NatsBroker, service: str, subject: str, request_type: object,
               handler: Callable[[Any, Any], Awaitable[Any]], secret: str | None,
-              queue: str | None) -> None:
+              queue: str | None, *, workers: int = 1) -> None:
     from faststream.nats.annotations import NatsMessage
 
     from libs.eventstore.store import EventTooLarge
@@ -178,7 +182,7 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
         return body
 
     raw_body.__annotations__["msg"] = NatsMessage
-    broker.subscriber(subject, queue=queue or f"trainyard-{service}", decoder=raw_body)(respond)
+    broker.subscriber(subject, queue=queue or f"trainyard-{service}", decoder=raw_body, max_workers=workers)(respond)
 
 
 class ServiceUnavailable(Exception):

@@ -31,7 +31,7 @@ from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import EventEnvelope, InstanceRequested, ReleaseCause, WaitingJobsPacked
 from libs.contracts.identity import Identity
 from libs.contracts.messages import AutoscalerLog, GetAutoscalerLog, GetQueueStatus, QueueStatus, TypeCooldown
-from libs.eventsourced import EventSourcedService, Loop, Upstream
+from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
 from libs.messaging.rpc import register_authenticated
 from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
@@ -140,17 +140,22 @@ class Autoscaler(EventSourcedService):
         await self.caught_up()
         await self.reconcile()
         reconciled = time.monotonic()
+        pacer = Pacer()
         while True:
-            await self.scale_once(datetime.now(UTC))
+            with pacer.run():
+                await self.scale_once(datetime.now(UTC))
             if time.monotonic() - reconciled >= self.config.reconcile_seconds:
                 reconciled = time.monotonic()
                 self._spawn(self._reconcile_weathering())
             with suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), 1.0)
+            await pacer.turn()
             self.wake.clear()
 
     async def scale_once(self, now: datetime) -> None:
         """Ask for the instances waiting jobs need, then make the provider calls that are due."""
+        if not self.config.instance_types and not self.state.instances:
+            return  # nothing to start, nothing to release: no decision to make
         async with self.lock:
             decided = scale_up(self.state.demand(self.cluster), self.config, on_the_way=self.state.on_the_way(),
                                promised=self.state.promised(), nominated=self.state.packing,

@@ -31,9 +31,10 @@ from libs.contracts.cluster import ClusterConfig
 from libs.contracts.messages import CommandError
 from libs.controlsign import ControlSigner
 from libs.eventsourced import EventSourcedService
+from libs.eventstore import NewEvent
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, tracer
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 from services.launcher.rules import fenced, give_up_node, needs_ports, plan_admission, stopped
 from services.launcher.state import Admitted, Launch, LauncherState, Unit
 from services.launcher.stopping import reply_timeout, stop_request
@@ -69,15 +70,30 @@ class Dispatcher:
         # Per unplanned (job, attempt): the ports each node chose, and when the launcher first wanted them.
         self._chosen: dict[tuple[str, int], dict[str, list[int]]] = {}
         self._wanted_since: dict[tuple[str, int], float] = {}
+        self._outstanding: set[asyncio.Future[None]] = set()  # requests sent and not yet answered
 
     async def dispatch_once(self) -> None:
-        """Record what the agents' answers settled, then send what is due."""
+        """Record what the agents' answers settled, then send what is due and wait for the answers."""
+        await asyncio.gather(*await self.dispatch())
+
+    async def dispatch(self) -> list[asyncio.Future[None]]:
+        """Record what the agents' answers settled, then send what is due without waiting for the answers: a
+        slow agent holds up neither the plans of new admissions nor the starts on other nodes (a request is
+        never out twice at once, `_due`)."""
         async with self.service.lock:
             await self._give_up_lost_nodes()
             await self._record_finished_stops()
             await self._plan_admitted()
             work = self._due_work()
-        await asyncio.gather(*work)
+        for future in work:
+            self._outstanding.add(future)
+            future.add_done_callback(self._answered)
+        return work
+
+    def _answered(self, future: asyncio.Future[None]) -> None:
+        self._outstanding.discard(future)
+        if not future.cancelled() and (error := future.exception()) is not None:
+            log.error("launch.request_failed", error=repr(error))
 
     def _confirmed(self, launch: Launch) -> set[str]:
         return self._stop_confirmed.get((launch.job_id, launch.attempt), set())
@@ -99,8 +115,11 @@ class Dispatcher:
                     await self.service.record(changes)
 
     async def _plan_admitted(self) -> None:
-        """Plan each admitted attempt whose nodes chose their ports, or waited long enough for them."""
+        """Plan each admitted attempt whose nodes chose their ports, or waited long enough for them: all in
+        one append, each in a span of its job's trace."""
         now = time.monotonic()
+        plans: list[NewEvent] = []
+        planned: list[tuple[str, int]] = []
         for job_id, admitted in list(self.state.unplanned.items()):
             key = (job_id, admitted.event.attempt)
             wanted, chosen = needs_ports(self.state, self.cluster, job_id), self._chosen.get(key, {})
@@ -111,7 +130,12 @@ class Dispatcher:
                 log.warning("launch.ports_not_chosen", job_id=job_id, attempt=key[1], nodes=silent,
                             waited_seconds=PORTS_WAIT_SECONDS)
             with span_tracer.start_as_current_span("launcher plan", context=context_from_headers(admitted.trace)):
-                await self.service.record(plan_admission(self.state, self.cluster, job_id, chosen))
+                trace = current_trace_headers()
+                plans += [NewEvent(change.aggregate_type, change.aggregate_id, change.event, trace=trace)
+                          for change in plan_admission(self.state, self.cluster, job_id, chosen)]
+            planned.append(key)
+        await self.service.record(plans)
+        for key in planned:
             self._chosen.pop(key, None)
             self._wanted_since.pop(key, None)
 

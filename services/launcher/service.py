@@ -17,7 +17,7 @@ from libs.contracts import subjects
 from libs.contracts.agent import ProcessReport
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import EventEnvelope
-from libs.eventsourced import EventSourcedService, Loop, Upstream
+from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.launcher.dispatcher import Dispatcher
@@ -35,6 +35,7 @@ class Launcher(EventSourcedService):
         self.cluster = cluster
         self.state = LauncherState()
         self.dispatcher = Dispatcher(self, self.state, cluster)
+        self.pacer = Pacer()
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -71,5 +72,7 @@ class Launcher(EventSourcedService):
         while True:
             with suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), 1.0)
+            await self.pacer.turn()
             self.wake.clear()
-            await self.dispatcher.dispatch_once()
+            with self.pacer.run():
+                await self.dispatcher.dispatch()

@@ -15,11 +15,9 @@ from libs.contracts.codec import encode
 from libs.contracts.events import (
     JobDeleted,
     JobDurationChanged,
-    JobPredicted,
     JobPriorityChanged,
     JobStopped,
     JobStopRequested,
-    JobSubmitted,
     SettingsChanged,
     StorageAccessSet,
 )
@@ -46,14 +44,14 @@ from libs.contracts.strict import decode_strict
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import AuthenticatedHandler
 from libs.storage import missing_inputs
+from libs.telemetry.tracing import current_trace_headers
 from services.scheduler.access import access_error
 from services.scheduler.names import job_change, settings_change, storage_change
 from services.scheduler.ports import Scheduling
 from services.scheduler.spec_checks import cap_errors, invalid_spec, spec_errors
 from services.scheduler.state import SchedulerState
 from services.scheduler.storage_access import storage_errors
-
-ACTIVE = ("queued", "running")
+from services.scheduler.submissions import Submission, retried, urgent_cap_error
 
 
 class JobCommands:
@@ -80,7 +78,7 @@ class JobCommands:
     # --- creating jobs ---------------------------------------------------------------------------
 
     async def submit(self, request: SubmitJob, identity: Identity) -> JobAccepted | CommandError:
-        return await self._create(request.job_id, request.spec, identity, cloned_from=None)
+        return await self._create(request.job_id, request.spec, identity, cloned_from=None, predict=request.predict)
 
     async def clone(self, request: CloneJob, identity: Identity) -> JobAccepted | CommandError:
         """O1: the source's spec with `overrides` applied, created as the caller's own job."""
@@ -101,45 +99,25 @@ class JobCommands:
                                 errors=[problem])
         return await self._create(request.job_id, spec, identity, cloned_from=request.source_job_id)
 
-    async def _create(self, job_id: str, spec: JobSpec, identity: Identity,
-                      cloned_from: str | None) -> JobAccepted | CommandError:
+    async def _create(self, job_id: str, spec: JobSpec, identity: Identity, cloned_from: str | None, *,
+                      predict: bool = False) -> JobAccepted | CommandError:
         if not is_job_id(job_id):
             return CommandError(code="invalid-request", message=f"{job_id!r} is not a job id",
                                 hint="let the client choose it (job-<12 hex digits>)")
-        if (retried := self._retried(job_id, spec, identity)) is not None:
-            return retried
+        if (answer := retried(self.state, job_id, spec, identity)) is not None:
+            return answer
         if error := self._refusal(spec, identity):
             return error
         if errors := missing_inputs(spec, self.storage_root):
             return invalid_spec(errors)
-        # One submission at a time (a redelivered one then finds its job), but the prediction is planned
-        # off the event loop and outside the scheduler's lock, which it holds only to record the job.
-        async with self.s.submitting:
-            if (retried := self._retried(job_id, spec, identity)) is not None:
-                return retried
-            if error := self._urgent_cap_error(spec.project, identity.user, spec.priority):
-                return error
-            prediction = await self.s.predict(spec)  # S6, of the queue without this job
-            async with self.s.lock:
-                # A priority may have changed while it was planned.
-                if error := self._urgent_cap_error(spec.project, identity.user, spec.priority):
-                    return error
-                await self.s.record([
-                    job_change(JobSubmitted(job_id=job_id, spec=spec, creator=identity.user, cloned_from=cloned_from,
-                                            creator_email=identity.email)),
-                    job_change(JobPredicted(job_id=job_id, prediction=prediction)),
-                ])
-                return JobAccepted(job_id=job_id, status=self.state.jobs[job_id].status, created=True)
-
-    def _retried(self, job_id: str, spec: JobSpec, identity: Identity) -> JobAccepted | CommandError | None:
-        """The answer to a request whose job exists already: the same as the first time."""
-        existing = self.state.jobs.get(job_id)
-        if existing is None:
-            return None
-        if existing.spec != spec or existing.creator != identity.user:
-            return CommandError(code="conflict", message=f"job {job_id} exists with another spec",
-                                hint="submit again without choosing the id")
-        return JobAccepted(job_id=job_id, status=existing.status, created=False)
+        if error := urgent_cap_error(self.state, spec.project, identity.user, spec.priority):
+            return error
+        # S6: planned off the event loop and without the lock, of the queue without this job; otherwise it is
+        # planned with other new jobs' once the job is recorded (the scheduler's prediction loop).
+        prediction = await self.s.predict(spec) if predict else None
+        return await self.s.submissions.submit(Submission(job_id=job_id, spec=spec, identity=identity,
+                                                          cloned_from=cloned_from, prediction=prediction,
+                                                          trace=current_trace_headers()))
 
     def _refusal(self, spec: JobSpec, identity: Identity) -> CommandError | None:
         """Everything that makes a spec unacceptable for this caller, in one answer."""
@@ -159,22 +137,6 @@ class JobCommands:
                                 hint="change the fields named, or ask the owners to share more "
                                 "(`trainyard storage list` shows them); nothing was created")
         return None
-
-    def _urgent_cap_error(self, project: str, user: str, priority: str, *,
-                          ignore: str | None = None) -> CommandError | None:
-        """S2: a user's running + queued urgent jobs in one project are capped."""
-        if priority != "urgent":
-            return None
-        cap = self.state.settings.urgent_cap
-        urgent = [j.job_id for j in self.state.jobs.values()
-                  if j.creator == user and j.spec.project == project and j.priority == "urgent"
-                  and j.status in ACTIVE and j.job_id != ignore]
-        if len(urgent) < cap:
-            return None
-        return CommandError(code="over-cap",
-                            message=f"{user} already has {len(urgent)} urgent jobs queued or running in project "
-                            f"{project!r}; the cap is {cap}",
-                            hint="wait for one to end, or lower one to normal: trainyard priority JOB normal")
 
     # --- changing jobs ---------------------------------------------------------------------------
 
@@ -220,7 +182,8 @@ class JobCommands:
                                     hint="use urgent, or ask an administrator")
             if job.priority == request.priority:
                 return Done(job_ids=[job.job_id], message=f"already {request.priority}")
-            if error := self._urgent_cap_error(job.spec.project, job.creator, request.priority, ignore=job.job_id):
+            if error := urgent_cap_error(self.state, job.spec.project, job.creator, request.priority,
+                                        ignore=job.job_id):
                 return error
             await self.s.record([job_change(JobPriorityChanged(job_id=job.job_id, priority=request.priority,
                                                                by=identity.user))])

@@ -9,11 +9,19 @@ from __future__ import annotations
 
 from datetime import datetime, timedelta
 
-from libs.contracts.events import JobAdmitted, JobExpiring, JobFailed, JobPrechecking, JobRescaling
+from libs.contracts.events import (
+    JobAdmitted,
+    JobExpiring,
+    JobFailed,
+    JobPrechecking,
+    JobPredicted,
+    JobRescaling,
+)
 from libs.eventstore import NewEvent
 from libs.placement import Admission, Decision, Growth, may_grow, schedule
 from libs.settings import Settings
 from services.scheduler.names import job_change
+from services.scheduler.prediction import started
 from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
 from services.scheduler.state import Job, SchedulerState
 
@@ -63,9 +71,16 @@ def decide(state: SchedulerState, now: datetime) -> Decision | None:
     return schedule(queue, node_capacity(state), cluster_flavors(state), running=running, now=now)
 
 
-def admissions(state: SchedulerState, decision: Decision) -> list[NewEvent]:
-    return [job_change(admission_event(state.jobs[admission.job_id], admission))
-            for admission in decision.admissions]
+def admissions(state: SchedulerState, decision: Decision, now: datetime) -> list[NewEvent]:
+    """Each admission; a job admitted before its prediction was planned (S6) has it recorded first: it starts
+    now, where it is placed."""
+    changes: list[NewEvent] = []
+    for admission in decision.admissions:
+        if admission.job_id in state.unpredicted:
+            prediction = started(admission.flavor, admission.placement, now).prediction
+            changes.append(job_change(JobPredicted(job_id=admission.job_id, prediction=prediction)))
+        changes.append(job_change(admission_event(state.jobs[admission.job_id], admission)))
+    return changes
 
 
 def growths(state: SchedulerState, decision: Decision) -> list[NewEvent]:

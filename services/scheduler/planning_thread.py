@@ -11,12 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from datetime import datetime
+from typing import TypeVar
 
 from libs.contracts.jobspec import JobSpec
 from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
+
+T = TypeVar("T")
 
 
 class PlanningThread:
@@ -46,7 +49,24 @@ class PlanningThread:
                 return answer
             afresh = True  # a job taken in changes everything behind it: plan the state as it is now
 
-    def _in_thread(self, plan: Callable[[], Forecast | None]) -> asyncio.Future[Forecast | None]:
+    async def forecast_queued(self, job_ids: Collection[str], *, clock: Callable[[], datetime],
+                              inputs: Callable[[], PlanInputs]) -> dict[str, Forecast]:
+        """The forecasts of jobs already queued, planned together in a worker thread on the state as it is when
+        their turn comes (`inputs()` at `clock()`); those no longer queued then get none."""
+        await self._turn.acquire()
+        try:
+            self.cache.begin_queued()
+        except BaseException:
+            self._turn.release()
+            raise
+        try:
+            plan = functools.partial(self.cache.plan_queued, inputs(), clock(), job_ids)
+        except BaseException:
+            self._returned(failed=True)
+            raise
+        return await asyncio.shield(self._in_thread(plan))
+
+    def _in_thread(self, plan: Callable[[], T]) -> asyncio.Future[T]:
         """Run `plan` in a worker thread; once it is done, the cache's plan ends (on the loop) and the
         next prediction may begin."""
         loop = asyncio.get_running_loop()
@@ -56,7 +76,7 @@ class PlanningThread:
             self._returned(failed=True)
             raise
 
-        def returned(future: asyncio.Future[Forecast | None]) -> None:
+        def returned(future: asyncio.Future[T]) -> None:
             self._returned(failed=future.cancelled() or future.exception() is not None)
 
         planned.add_done_callback(returned)

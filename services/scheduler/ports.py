@@ -16,6 +16,7 @@ from libs.contracts.scheduling import Prediction
 from libs.eventstore import NewEvent, Tracking
 from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.state import SchedulerState
+from services.scheduler.submissions import SubmissionBatches
 
 
 class Jobs(Protocol):
@@ -33,8 +34,8 @@ class Scheduling(Jobs, Protocol):
         """Held by every decision: folds, reactions, cycles and the commands that change jobs."""
 
     @property
-    def submitting(self) -> asyncio.Lock:
-        """Submissions take turns, so each prediction counts the jobs submitted before it."""
+    def submissions(self) -> SubmissionBatches:
+        """Submissions recorded in batches (group commit)."""
 
     @property
     def clock(self) -> Callable[[], datetime]: ...

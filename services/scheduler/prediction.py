@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import copy
 import heapq
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
@@ -516,12 +516,47 @@ def forecast(spec: JobSpec, queue: list[QueuedJob], nodes: list[NodeCapacity], f
     return waits(spec, now, jobs_ahead, latest, likely)
 
 
+def forecast_queued(job_ids: Collection[str], queue: list[QueuedJob], nodes: list[NodeCapacity],
+                    flavors: dict[str, Flavor], *, running: Sequence[RunningJob] = (), now: datetime,
+                    expected: Expected | None = None) -> dict[str, Forecast]:
+    """S6 for jobs already queued, planned together: each as `forecast` would have answered when it joined
+    the queue, as far as the jobs behind it go (a job is planned around those ahead of it only), once for
+    them all. Those of `job_ids` not in `queue` get none."""
+    wanted = set(job_ids)
+    last = max((i for i, job in enumerate(queue) if job.job_id in wanted), default=-1)
+    if last < 0:
+        return {}
+    until = queue[last].job_id
+    decision = schedule(queue, nodes, flavors, running=running, now=now)
+    admitted = {admission.job_id: admission for admission in decision.admissions}
+    skipped = set(admitted).union(decision.unplaceable)
+    latest = plan_queue(queue, nodes, flavors, running=running, now=now, decision=decision, until=until)
+    likely = latest
+    if expected is not None and not expected.empty:
+        likely = plan_queue(expected.queue(queue), nodes, flavors, running=expected.running(running), now=now,
+                            decision=decision, until=until)
+    forecasts: dict[str, Forecast] = {}
+    ahead = 0
+    for job in queue[:last + 1]:
+        if job.job_id in wanted:
+            mine = admitted.get(job.job_id)
+            forecasts[job.job_id] = (starts_now(mine, now) if mine is not None else
+                                     waits(job.spec, now, ahead, latest[job.job_id], likely[job.job_id]))
+        ahead += job.job_id not in skipped
+    return forecasts
+
+
 def starts_now(admission: Admission, now: datetime) -> Forecast:
-    hosts = [p.node for p in admission.placement]
-    workers = sum(1 for p in admission.placement if p.role == "worker")
+    return started(admission.flavor, admission.placement, now)
+
+
+def started(flavor: str, placement: Sequence[Placement], at: datetime) -> Forecast:
+    """The forecast of a job that starts `at`, with `flavor` on `placement`."""
+    hosts = [p.node for p in placement]
+    workers = sum(1 for p in placement if p.role == "worker")
     return Forecast(Prediction(
-        starts_now=True, flavor=admission.flavor, nodes=hosts, node_count=workers, predicted_at=now,
-        reason=f"Starts now with flavor {admission.flavor} on {', '.join(dict.fromkeys(hosts))}."), now)
+        starts_now=True, flavor=flavor, nodes=hosts, node_count=workers, predicted_at=at,
+        reason=f"Starts now with flavor {flavor} on {', '.join(dict.fromkeys(hosts))}."), at)
 
 
 def waits(spec: JobSpec, now: datetime, jobs_ahead: int, latest: Plan, likely: Plan) -> Forecast:

@@ -32,7 +32,7 @@ runtime model at `end`. One prediction plans at a time. `forecast` runs the thre
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from typing import NamedTuple
@@ -66,6 +66,7 @@ from services.scheduler.prediction import (
     Forecast,
     Plan,
     Planner,
+    forecast_queued,
     insertion_index,
     plan_queue,
     starts_now,
@@ -218,6 +219,19 @@ class PredictionCache:
             self._snapshot = None
             return None
         return snapshot.forecast(spec, seconds)
+
+    def begin_queued(self) -> None:
+        """On the owner's side, before jobs already queued are planned together (`plan_queued`): until `end`,
+        the runtime model is the plan's."""
+        if self._planning:
+            raise RuntimeError("a plan is being made on this cache: one prediction plans at a time")
+        self._planning = True
+
+    def plan_queued(self, inputs: PlanInputs, now: datetime, job_ids: Collection[str]) -> dict[str, Forecast]:
+        """On the planning side, between `begin_queued` and `end`: the forecasts of jobs queued in `inputs`."""
+        expected = expected_runtimes(self.runtimes, inputs.queue, inputs.running, inputs.jobs, now)
+        return forecast_queued(job_ids, inputs.queue, inputs.nodes, inputs.flavors, running=inputs.running,
+                               now=now, expected=expected)
 
     def end(self, *, failed: bool = False) -> None:
         """Back on the owner's side once the plan is done: the jobs that ended meanwhile teach the

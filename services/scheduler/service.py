@@ -21,16 +21,16 @@ from typing import Self
 
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.events import EventEnvelope
+from libs.contracts.events import EventEnvelope, JobSubmitted
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
-from libs.eventsourced import EventSourcedService, Loop, Upstream
+from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import register_all_authenticated
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, tracer
-from services.scheduler import cycle
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+from services.scheduler import cycle, predicted
 from services.scheduler.commands import JobCommands
 from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE
@@ -42,10 +42,14 @@ from services.scheduler.reactions import react
 from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.snapshot import plan_inputs
 from services.scheduler.state import SchedulerState
+from services.scheduler.submissions import SubmissionBatches
 
 log = get_logger(__name__)
 span_tracer = tracer(f"trainyard.{SERVICE}")
 UPSTREAMS = ("monitor", "launcher", "autoscaler")
+# The share of the scheduler's time the predictions of new jobs may take while jobs keep coming: a plan of a
+# deep queue takes a while, and the cycles and the submissions come first.
+PREDICTION_SHARE = 0.25
 
 
 def utc_now() -> datetime:
@@ -67,9 +71,9 @@ class Scheduler(EventSourcedService):
         self._search_wake = asyncio.Event()
         self.predictions = PredictionCache()  # S6: the plan of the queue, kept until the state changes
         self.planning = PlanningThread(self.predictions)
-        # Submissions are predicted and recorded one at a time, so each prediction counts the jobs
-        # submitted before it.
-        self.submitting = asyncio.Lock()
+        self.submissions = SubmissionBatches(self.state, self.lock, self.record)  # group commit
+        self._predict_wake = asyncio.Event()
+        self.pacer = Pacer()
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -86,6 +90,8 @@ class Scheduler(EventSourcedService):
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("job.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
         self._search_wake.set()
+        if isinstance(envelope.event, JobSubmitted):
+            self._predict_wake.set()
 
     async def prepare(self) -> None:
         await self.search.migrate()
@@ -127,7 +133,8 @@ class Scheduler(EventSourcedService):
     # --- loops -------------------------------------------------------------------------------------
 
     def loops(self) -> Mapping[str, Loop]:
-        return {"cycle": self.scheduling_loop, "search-projection": self.projection_loop}
+        return {"cycle": self.scheduling_loop, "search-projection": self.projection_loop,
+                "predictions": self.prediction_loop}
 
     async def scheduling_loop(self) -> None:
         await self.caught_up()  # decide only on a complete view of nodes and launches
@@ -137,9 +144,11 @@ class Scheduler(EventSourcedService):
                                          settle=self.settle)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self.wake.wait(), wait)
+            await self.pacer.turn()  # what came meanwhile is folded first, and decided on in one cycle
             self.wake.clear()
             async with self.lock:
-                await self.run_cycle()
+                with self.pacer.run():
+                    await self.run_cycle()
 
     async def run_cycle(self) -> None:
         """Expire, fail what settled, then admit and grow; each recorded in a span continuing its job's trace."""
@@ -148,14 +157,38 @@ class Scheduler(EventSourcedService):
         await self._record_each("fail", cycle.settled_failures(self.state, now, self.settle))
         decision = cycle.decide(self.state, now)
         if decision is not None:
-            await self._record_each("admit", cycle.admissions(self.state, decision))
+            await self._record_each("admit", cycle.admissions(self.state, decision, now))
             await self._record_each("grow", cycle.growths(self.state, decision))
 
     async def _record_each(self, what: str, changes: list[NewEvent]) -> None:
+        """Record a cycle's decisions of one kind in one append, each in a span continuing its job's trace."""
+        traced = []
         for change in changes:
             trace = self.state.jobs[change.aggregate_id].trace
             with span_tracer.start_as_current_span(f"scheduler {what}", context=context_from_headers(trace)):
-                await self.record([change])
+                traced.append(NewEvent(change.aggregate_type, change.aggregate_id, change.event,
+                                       trace=current_trace_headers()))
+        await self.record(traced)
+
+    async def prediction_loop(self) -> None:
+        """S6 for the jobs submitted without asking for one: planned together, off the event loop and
+        without the lock, and recorded in one append (predicted.py)."""
+        await self.caught_up()
+        pacer = Pacer(share=PREDICTION_SHARE)
+        while True:
+            await self._predict_wake.wait()
+            await pacer.turn()  # a deep queue's plan takes a while: the jobs submitted meanwhile join the next
+            self._predict_wake.clear()
+            if not self.state.unpredicted:
+                continue
+            with pacer.run():
+                queued = predicted.to_plan(self.state)
+                forecasts = await self.planning.forecast_queued(queued, clock=self.clock,
+                                                                inputs=self._plan_inputs) if queued else {}
+                async with self.lock:
+                    await self.record(predicted.predictions(self.state, forecasts))
+            if len(self.state.unpredicted) > len(queued):  # more came meanwhile, or a batch's worth is left
+                self._predict_wake.set()
 
     async def projection_loop(self) -> None:
         """Keep the search read model (O2) close behind the log; searches also catch up first."""

@@ -10,7 +10,7 @@ import msgspec
 from libs.contracts.cluster import Flavor, Resources
 from libs.placement import NodeCapacity, QueuedJob, RunningJob
 from services.scheduler.prediction_cache import JobFacts, PlanInputs
-from services.scheduler.state import SchedulerState
+from services.scheduler.state import Job, SchedulerState
 
 # M1: nodes that failed a job's pre-check are not tried for it again until this long after.
 RECHECK_AFTER = timedelta(seconds=60)
@@ -28,11 +28,21 @@ def cluster_flavors(state: SchedulerState) -> dict[str, Flavor]:
 
 
 def queued_jobs(state: SchedulerState, now: datetime) -> list[QueuedJob]:
-    # The decision logic reads priority from the spec: give it the current one (S3).
-    return [QueuedJob(j.job_id, j.spec if j.spec.priority == j.priority
-                      else msgspec.structs.replace(j.spec, priority=j.priority), j.duration_seconds,
-                      state.avoided_nodes(j, now, RECHECK_AFTER), prefer=state.data_on_nodes(j.spec))
-            for j in state.queue()]
+    return [queued_job(state, job, now) for job in state.queue()]
+
+
+def queued_job(state: SchedulerState, job: Job, now: datetime) -> QueuedJob:
+    """A queued job as the decision logic sees it: the one made before, unless what it is made from changed."""
+    duration, avoided, prefer = job.duration_seconds, state.avoided_nodes(job, now, RECHECK_AFTER), \
+        state.data_on_nodes(job.spec)
+    made = job.queued_as
+    if (made is None or made.spec.priority != job.priority or made.duration_seconds != duration
+            or made.excluded_nodes != avoided or made.prefer != prefer):
+        # The decision logic reads priority from the spec: give it the current one (S3).
+        spec = job.spec if job.spec.priority == job.priority else msgspec.structs.replace(job.spec,
+                                                                                          priority=job.priority)
+        made = job.queued_as = QueuedJob(job.job_id, spec, duration, avoided, prefer=prefer)
+    return made
 
 
 def running_jobs(state: SchedulerState, now: datetime) -> list[RunningJob]:

@@ -11,6 +11,7 @@ job (J13) whose command failed is restarted (JobRestarting) on the same nodes.
 
 from __future__ import annotations
 
+import operator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -60,6 +61,7 @@ from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_durat
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 from libs.nodes import NodeState, fold_node_event
+from libs.placement import NO_NODES, QueuedJob
 from libs.placement import holdings as placement_holdings
 from libs.storage import staged_sources
 from services.scheduler.names import SERVICE
@@ -129,6 +131,13 @@ class Job:
     # J12: a checkpoint-resume job's failed attempt, and when it failed: a node fault reported soon
     # after explains it (the job resumes); otherwise it fails once the fault would have been seen.
     unexplained_failure: tuple[LaunchFailed, datetime] | None = None
+    # How the decision logic last saw it while queued (snapshot.py): made again only when what it is made
+    # from changed, so that a cycle over a deep queue does not build every job anew.
+    queued_as: QueuedJob | None = field(default=None, compare=False, repr=False)
+    rank: int = field(default=0, compare=False, repr=False)  # PRIORITY_RANK of its priority
+
+    def __post_init__(self) -> None:
+        self.rank = PRIORITY_RANK[self.priority]
 
     @property
     def terminal(self) -> bool:
@@ -162,6 +171,11 @@ class Job:
     def sort_key(self) -> tuple[int, int]:
         """S1: very urgent before urgent before normal; first come first served within a level."""
         return (PRIORITY_RANK[self.priority], self.queue_order)
+
+
+# `Job.sort_key` read without a call per job (the queue is sorted on every cycle): the rank is kept beside
+# the priority.
+_QUEUE_ORDER = operator.attrgetter("rank", "queue_order")
 
 
 def _ended_at(job: Job, recorded: datetime) -> datetime:
@@ -214,6 +228,10 @@ class SchedulerState:
     # D1 locality: what each node's dataset cache holds (node -> entry key -> (source, bytes)).
     cached: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict)
     preloads: dict[str, DatasetPreloadRequested] = field(default_factory=dict)  # D2, by preload id
+    # S6: jobs whose prediction is still to be recorded, oldest first (a dict as an ordered set).
+    unpredicted: dict[str, None] = field(default_factory=dict)
+    # The jobs not ended yet, by id: what cycles look at, however many jobs ended before.
+    active: dict[str, Job] = field(default_factory=dict)
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -244,6 +262,8 @@ class SchedulerState:
                                           submitted_at=at, queue_order=envelope.position,
                                           trace=envelope.trace, priority=event.spec.priority,
                                           duration=event.spec.duration, cloned_from=event.cloned_from)
+            self.unpredicted[event.job_id] = None
+            self.active[event.job_id] = self.jobs[event.job_id]
         job = self.jobs.get(getattr(event, "job_id", ""))
         if job is None:
             return
@@ -293,8 +313,9 @@ class SchedulerState:
             job.restarting, job.restarts = event, event.restarts
         elif isinstance(event, JobPredicted):
             job.prediction = event.prediction
+            self.unpredicted.pop(job.job_id, None)
         elif isinstance(event, JobPriorityChanged):
-            job.priority = event.priority
+            job.priority, job.rank = event.priority, PRIORITY_RANK[event.priority]
         elif isinstance(event, JobDurationChanged):
             job.duration = event.duration
         elif isinstance(event, JobExpiring):
@@ -319,11 +340,14 @@ class SchedulerState:
             self._ended(job)
         elif isinstance(event, JobDeleted):
             job.deleted = True
+            self.unpredicted.pop(job.job_id, None)
 
-    @staticmethod
-    def _ended(job: Job) -> None:
+    def _ended(self, job: Job) -> None:
         job.precheck = job.resuming = job.restarting = job.rescaling = None
-        job.unexplained_failure = None
+        job.unexplained_failure, job.queued_as = None, None
+        self.active.pop(job.job_id, None)
+        if job.started_at is None:  # it never started: no prediction is needed any more
+            self.unpredicted.pop(job.job_id, None)
 
     def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> None:
         event = envelope.event
@@ -372,15 +396,15 @@ class SchedulerState:
 
     def queue(self) -> list[Job]:
         """Queued jobs in start order (S1); a job being pre-checked has left it."""
-        return sorted((j for j in self.jobs.values() if j.status == "queued" and j.precheck is None),
-                      key=Job.sort_key)
+        return sorted((j for j in self.active.values() if j.status == "queued" and j.precheck is None),
+                      key=_QUEUE_ORDER)
 
     def running(self) -> list[Job]:
-        return [j for j in self.jobs.values() if j.status == "running"]
+        return [j for j in self.active.values() if j.status == "running"]
 
     def holding(self) -> list[Job]:
         """Jobs that hold resources: running ones and those being pre-checked."""
-        return [j for j in self.jobs.values() if j.status == "running" or j.prechecking]
+        return [j for j in self.active.values() if j.status == "running" or j.prechecking]
 
     def placements(self, job: Job) -> list[tuple[str, list[Placement]]]:
         """What a job holds, as (flavor, placement): its current placement, and while it is being moved
@@ -429,8 +453,11 @@ class SchedulerState:
     def avoided_nodes(self, job: Job, now: datetime, recheck_after: timedelta) -> frozenset[str]:
         """Where the job may not be placed now: nodes it was moved away from, and for a while after a
         failed pre-check (M1) the nodes that failed it, so it tries others instead of the same again."""
+        recent = job.failed_precheck is not None and now < job.failed_precheck[0] + recheck_after
+        if not job.excluded_nodes and not recent:
+            return NO_NODES
         avoided = set(job.excluded_nodes)
-        if job.failed_precheck is not None and now < job.failed_precheck[0] + recheck_after:
+        if recent and job.failed_precheck is not None:
             avoided.update(job.failed_precheck[1])
         return frozenset(avoided)
 

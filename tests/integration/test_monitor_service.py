@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, TypeVar
@@ -91,6 +91,7 @@ from services.monitor.service import LOGS_CONSUMER, Monitor
 from tests.support.mailbox import Mailbox
 from tests.support.monitor import start_monitor
 from tests.support.stores import StoreFactory
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 T = TypeVar("T")
@@ -192,13 +193,6 @@ class Platform:
         """The monitor's events of one kind, from its log."""
         return [e.event async for e in self.monitor_log.read_all() if isinstance(e.event, kind)]
 
-
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 30) -> T:
-    """Wait (bounded) until `check` gives a truthy value."""
-    async with asyncio.timeout(timeout):
-        while not (value := await check()):
-            await asyncio.sleep(0.1)
-    return value
 
 
 @pytest_asyncio.fixture(loop_scope="session")

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -33,6 +33,7 @@ from libs.settings import Settings
 from services.monitor.service import Monitor
 from tests.support.monitor import start_monitor
 from tests.support.stores import StoreFactory
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 T = TypeVar("T")
@@ -73,12 +74,6 @@ async def beat(nc: Client, node: str, token: str | None, health: list[ComponentH
                      headers=bearer_headers(token) or None)
     await nc.flush()
 
-
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 20) -> T:
-    async with asyncio.timeout(timeout):
-        while not (value := await check()):
-            await asyncio.sleep(0.1)
-    return value
 
 
 USER = issue_token(SECRET, Identity(user="evil", admin=True))

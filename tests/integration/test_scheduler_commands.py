@@ -19,7 +19,9 @@ from libs.contracts.codec import encode
 from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, PrecheckCompleted
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import DatasetRef, ModelRef
+from libs.contracts.scheduling import Prediction
 from tests.support.schedulers import SECRET, Schedulers, spec, token
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -77,7 +79,8 @@ async def test_submitting_the_same_job_id_twice_creates_one_job(client: Trainyar
     again = await client.submit(spec(), job_id="job-0123456789ab")
     assert (first.created, again.created) == (True, False)
     assert [j.job_id for j in await client.list_jobs()] == ["job-0123456789ab"]
-    history = await client.events("job-0123456789ab")
+    # Its prediction is planned once it is queued, and recorded a moment later.
+    history = await eventually(lambda: recorded_events(client, "job-0123456789ab", 2))
     assert [type(e.event).name() for e in history] == ["JobSubmitted", "JobPredicted"]
 
     with pytest.raises(TrainyardError) as refused:
@@ -135,7 +138,7 @@ async def test_history_holds_the_monitors_events_and_the_submit_records_the_crea
     identity = Identity(user="alice", projects=["default"], email="alice@example.com")
     api = await TrainyardClient.open(nats_url, token=issue_token(SECRET, identity))
     try:
-        job = (await api.submit(spec())).job_id
+        job = (await api.submit(spec(), predict=True)).job_id
         # What the monitor publishes about the job (M1): the history shows it beside the scheduler's events.
         envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="job",
                                  aggregate_id=job, version=1, position=1, recorded_at=datetime.now(UTC),
@@ -150,12 +153,13 @@ async def test_history_holds_the_monitors_events_and_the_submit_records_the_crea
         await api.close()
 
 
-async def test_a_submission_being_planned_holds_up_neither_other_commands_nor_its_own_retry(
+async def test_a_submission_asking_for_its_prediction_holds_up_neither_other_commands_nor_its_own_retry(
         client: TrainyardClient, schedulers: Schedulers) -> None:
     other = await client.submit(spec("other"))
+    await eventually(lambda: recorded_events(client, other.job_id, 2))  # its own prediction is planned
     gate = schedulers.gate_planning()
-    submitting = asyncio.create_task(client.submit(spec("new"), job_id="job-00000000abcd"))
-    retried = asyncio.create_task(client.submit(spec("new"), job_id="job-00000000abcd"))
+    submitting = asyncio.create_task(client.submit(spec("new"), job_id="job-00000000abcd", predict=True))
+    retried = asyncio.create_task(client.submit(spec("new"), job_id="job-00000000abcd", predict=True))
     await gate.planning()
     # While the new job is planned, the scheduler answers a command that takes its lock, and a query.
     await client.stop([other.job_id])
@@ -169,6 +173,41 @@ async def test_a_submission_being_planned_holds_up_neither_other_commands_nor_it
     predicted = history[1].event
     assert isinstance(predicted, JobPredicted) and predicted.prediction.predicted_at <= history[0].recorded_at
     assert (await client.get_job("job-00000000abcd")).job.prediction == predicted.prediction
+    assert all(a.prediction == predicted.prediction for a in answers)  # the answers carry it
+
+
+async def test_a_submission_is_answered_without_planning_and_its_prediction_recorded_a_moment_later(
+        client: TrainyardClient, schedulers: Schedulers) -> None:
+    gate = schedulers.gate_planning()
+    accepted = await client.submit(spec("new"))  # answered while no prediction can be planned
+    assert accepted.created and accepted.prediction is None
+    await gate.planning()  # the prediction loop plans it now
+    assert (await client.get_job(accepted.job_id)).job.prediction is None
+    gate.released.set()
+    job = await eventually(lambda: prediction_of(client, accepted.job_id))
+    assert not job.starts_now and job.position == 1  # no nodes: it fits nowhere
+
+
+async def test_concurrent_submissions_are_each_answered_once_committed_and_one_id_makes_one_job(
+        client: TrainyardClient) -> None:
+    specs = [spec(f"burst-{i}") for i in range(60)]
+    answers = await asyncio.gather(*(client.submit(s) for s in specs),
+                                   *(client.submit(spec("same"), job_id="job-0000000000ee") for _ in range(5)))
+    assert sum(a.created for a in answers) == 61
+    assert sum(a.job_id == "job-0000000000ee" for a in answers) == 5
+    listed = {j.job_id: j.name for j in await client.list_jobs(limit=100)}
+    assert sorted(listed.values()) == sorted([*(s.name for s in specs), "same"])
+    for answer in answers[:3]:  # answered once committed: the scheduler's log has them
+        assert [type(e.event).name() for e in (await client.events(answer.job_id))][:1] == ["JobSubmitted"]
+
+
+async def recorded_events(client: TrainyardClient, job_id: str, count: int) -> list[EventEnvelope]:
+    history = await client.events(job_id)
+    return history if len(history) >= count else []
+
+
+async def prediction_of(client: TrainyardClient, job_id: str) -> Prediction | None:
+    return (await client.get_job(job_id)).job.prediction
 
 
 async def test_a_prediction_being_planned_does_not_hold_up_other_commands(

@@ -10,7 +10,9 @@ from __future__ import annotations
 import pytest
 
 from client.api import TrainyardClient
+from libs.contracts.messages import JobView
 from tests.support.schedulers import Login, refused, spec
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -166,12 +168,19 @@ async def test_every_submission_records_its_prediction(login: Login) -> None:
     alice = await login("alice")
     prediction = await alice.predict(spec())
     assert not prediction.starts_now  # no nodes have registered
-    job = (await alice.submit(spec())).job_id
-    view = (await alice.get_job(job)).job
+    job = (await alice.submit(spec())).job_id  # planned once queued, with any other new jobs, a moment later
+    view = await eventually(lambda: predicted_view(alice, job))
     assert view.prediction is not None and not view.prediction.starts_now
     assert [type(e.event).name() for e in await alice.history(job)][:2] == ["JobSubmitted", "JobPredicted"]
+    asked = await alice.submit(spec(), predict=True)  # or planned before it is queued, and answered
+    assert asked.prediction is not None and (await alice.get_job(asked.job_id)).job.prediction == asked.prediction
     report = await alice.why(job)
     assert report.position == 1 and report.summary
+
+
+async def predicted_view(client: TrainyardClient, job_id: str) -> JobView | None:
+    view = (await client.get_job(job_id)).job
+    return view if view.prediction is not None else None
 
 
 async def test_search_serves_filters_and_visibility_from_the_read_model(login: Login) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -34,16 +34,11 @@ from libs.messaging.follower import StreamFollower
 from services.scheduler.service import Scheduler
 from tests.support.schedulers import Schedulers, spec, token
 from tests.support.stores import StoreFactory
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 T = TypeVar("T")
 
-
-async def eventually(check: Callable[[], Awaitable[T]], timeout: float = 20) -> T:
-    async with asyncio.timeout(timeout):
-        while not (value := await check()):
-            await asyncio.sleep(0.05)
-    return value
 
 
 async def publish(nc: Client, subject: str, *, service: str, aggregate_type: str, aggregate_id: str, event: Event,
