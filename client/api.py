@@ -26,13 +26,19 @@ from client.preload import NodePreload, preload_states
 from client.terminal import DebugSession, command_line, open_session
 from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
+from libs.contracts.arrays import SweepParameter, new_array_id
 from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
 from libs.contracts.jobspec import Access, JobSpec, Priority
 from libs.contracts.messages import (
+    MAX_ARRAY_PAGE,
     TERMINAL_STATUSES,
     AlertPage,
+    ArrayAccepted,
+    ArrayDetails,
+    ArrayMemberView,
+    ArraySelection,
     AutoscalerLog,
     CacheListing,
     ChangeDuration,
@@ -45,6 +51,7 @@ from libs.contracts.messages import (
     Done,
     ExplainJob,
     FlavorList,
+    GetArray,
     GetAutoscalerLog,
     GetDevEnv,
     GetJob,
@@ -92,6 +99,7 @@ from libs.contracts.messages import (
     SettingsView,
     StopJobs,
     StorageAccessList,
+    SubmitArray,
     SubmitJob,
     TerminalOpened,
     WhoAmI,
@@ -216,17 +224,30 @@ class TrainyardClient:
         new attempt); when the last goes unanswered too, `CreationUnanswered` names the id.
         """
         request = SubmitJob(job_id=job_id or new_job_id(), spec=spec, predict=predict)
-        return await self._create(subjects.SUBMIT_JOB, request, request.job_id, on_retry)
+        accepted: JobAccepted = await self._create(subjects.SUBMIT_JOB, request, request.job_id, on_retry)
+        return accepted
 
-    async def _create(self, subject: str, request: SubmitJob | CloneJob, job_id: str,
-                      on_retry: Callable[[int, Exception], None] | None) -> JobAccepted:
+    async def submit_array(self, spec: JobSpec, *, indices: str = "", sweep: Sequence[SweepParameter] = (),
+                           max_running: int | None = None, array_id: str | None = None,
+                           on_retry: Callable[[int, Exception], None] | None = None) -> ArrayAccepted:
+        """Create an array of jobs from one spec in one request: a job per index of `indices` (`0-999`,
+        `1-10:2`, `0,6,16-32`, optionally `%N`), or per point of the cross product of `sweep`
+        (libs/contracts/arrays.py). Each job has its index in TRAINYARD_ARRAY_INDEX and `{index}` filled in its
+        name and command; a bad spec refuses the whole array. Sent again with the same id while unanswered."""
+        request = SubmitArray(array_id=array_id or new_array_id(), spec=spec, indices=indices, sweep=list(sweep),
+                              max_running=max_running)
+        accepted: ArrayAccepted = await self._create(subjects.SUBMIT_ARRAY, request, request.array_id, on_retry,
+                                                     ArrayAccepted)
+        return accepted
+
+    async def _create(self, subject: str, request: SubmitJob | CloneJob | SubmitArray, job_id: str,
+                      on_retry: Callable[[int, Exception], None] | None, expected: type[Any] = JobAccepted) -> Any:
         """Send a job-creating request until it is answered, at most CREATE_ATTEMPTS times, always with
-        the same job id."""
+        the same id."""
         wait = CREATE_RETRY_SECONDS
         for next_attempt in range(2, CREATE_ATTEMPTS + 1):
             try:
-                accepted: JobAccepted = await self._call(subject, request, JobAccepted)
-                return accepted
+                return await self._call(subject, request, expected)
             except (NoAnswer, TrainyardError) as exc:
                 if isinstance(exc, TrainyardError) and exc.error.code != "unavailable":
                     raise
@@ -235,17 +256,19 @@ class TrainyardClient:
                 await asyncio.sleep(wait)
                 wait *= 2
         try:
-            last: JobAccepted = await self._call(subject, request, JobAccepted)
-            return last
+            return await self._call(subject, request, expected)
         except NoAnswer as exc:
             raise CreationUnanswered(subject, job_id, CREATE_ATTEMPTS, exc) from None
 
-    async def stop(self, job_ids: list[str]) -> Done:
-        result: Done = await self._call(subjects.STOP_JOBS, StopJobs(job_ids=job_ids), Done)
+    async def stop(self, job_ids: Sequence[str], arrays: Sequence[ArraySelection] = ()) -> Done:
+        """Stop jobs, and the jobs of arrays (all, or the indices an `ArraySelection` names)."""
+        result: Done = await self._call(subjects.STOP_JOBS, StopJobs(job_ids=list(job_ids), arrays=list(arrays)), Done)
         return result
 
-    async def delete(self, job_ids: list[str]) -> Done:
-        result: Done = await self._call(subjects.DELETE_JOBS, DeleteJobs(job_ids=job_ids), Done)
+    async def delete(self, job_ids: Sequence[str], arrays: Sequence[ArraySelection] = ()) -> Done:
+        """Delete ended jobs, and the jobs of arrays (all of them, or some; every one ended)."""
+        result: Done = await self._call(subjects.DELETE_JOBS, DeleteJobs(job_ids=list(job_ids), arrays=list(arrays)),
+                                        Done)
         return result
 
     async def change_priority(self, job_id: str, priority: Priority) -> Done:
@@ -269,7 +292,8 @@ class TrainyardClient:
         as `submit` does: the job is created once.
         """
         request = CloneJob(source_job_id=source_job_id, job_id=job_id or new_job_id(), overrides=overrides or {})
-        return await self._create(subjects.CLONE_JOB, request, request.job_id, on_retry)
+        accepted: JobAccepted = await self._create(subjects.CLONE_JOB, request, request.job_id, on_retry)
+        return accepted
 
     async def change_settings(self, *, urgent_cap: int | None = None, sharing_enabled: bool | None = None,
                               max_resumes_cap: int | None = None, max_graceful_shutdown_seconds: int | None = None,
@@ -360,6 +384,30 @@ class TrainyardClient:
         reply: JobList = await self._call(
             subjects.LIST_JOBS, ListJobs(statuses=statuses or [], project=project, limit=limit), JobList)
         return reply.jobs
+
+    async def listing(self, statuses: list[JobStatus] | None = None, project: str | None = None,
+                      limit: int = 200) -> JobList:
+        """Jobs and arrays, newest first, each array as one object (its jobs are not among `jobs`)."""
+        reply: JobList = await self._call(subjects.LIST_JOBS, ListJobs(statuses=statuses or [], project=project,
+                                                                       limit=limit, group_arrays=True), JobList)
+        return reply
+
+    async def get_array(self, array_id: str, *, after: int = -1, limit: int = MAX_ARRAY_PAGE) -> ArrayDetails:
+        """An array and a page of its jobs, in index order, from the first index after `after`."""
+        result: ArrayDetails = await self._call(subjects.GET_ARRAY, GetArray(array_id=array_id, after=after,
+                                                                             limit=limit), ArrayDetails)
+        return result
+
+    async def array_jobs(self, array_id: str) -> AsyncIterator[ArrayMemberView]:
+        """Every job of an array, in index order, a page at a time."""
+        after = -1
+        while True:
+            page = await self.get_array(array_id, after=after)
+            for job in page.jobs:
+                yield job
+            if not page.more or not page.jobs:
+                return
+            after = page.jobs[-1].index
 
     async def get_job(self, job_id: str) -> JobDetails:
         result: JobDetails = await self._call(subjects.GET_JOB, GetJob(job_id=job_id), JobDetails)

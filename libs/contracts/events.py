@@ -14,6 +14,7 @@ from typing import Literal
 import msgspec
 from msgspec import Struct
 
+from libs.contracts.arrays import ArrayMember, SweepParameter
 from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.datacache import CacheEntry, CacheEviction, StagedDataset
 from libs.contracts.health import AlertKind, NodeCheck
@@ -57,6 +58,20 @@ class JobSubmitted(_Event, frozen=True, tag="JobSubmitted.v1"):
     creator: str
     cloned_from: str | None = None  # O1: the job this one was cloned from
     creator_email: str | None = None  # where alerts about the job go (M7)
+    array: ArrayMember | None = None  # the array it belongs to, and its index there
+
+
+class ArraySubmitted(_Event, frozen=True, tag="ArraySubmitted.v1"):
+    """An array of jobs was accepted (aggregate `array`); its jobs' JobSubmitted follow in the same append."""
+
+    array_id: str
+    job_name: str  # the spec's name, `{index}` left in it
+    project: str
+    creator: str
+    indices: str  # its indices as an array expression
+    size: int
+    sweep: list[SweepParameter] = msgspec.field(default_factory=list)
+    max_running: int | None = None
 
 
 class JobPredicted(_Event, frozen=True, tag="JobPredicted.v1"):
@@ -676,12 +691,12 @@ AlertEvent = AlertRaised | AlertMailed
 CacheEvent = DatasetCached | DatasetEvicted
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
                  | InstanceReleased | ProvisionFailed)
-Event = (JobEvent | SettingsChanged | StorageAccessSet | DatasetPreloadRequested | NodeDrained
+Event = (JobEvent | ArraySubmitted | SettingsChanged | StorageAccessSet | DatasetPreloadRequested | NodeDrained
          | LaunchEvent | NodeEvent | MonitorJobEvent | RunEvent | AlertEvent | CacheEvent | InstanceEvent
          | WaitingJobsPacked | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
-    JobSubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
+    JobSubmitted, ArraySubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
     JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
     JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet,
     DatasetPreloadRequested, NodeDrained,

@@ -15,6 +15,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 from libs.contracts.agent import LogChunk, UsageSample
+from libs.contracts.arrays import MAX_EXPRESSION_LENGTH, MAX_SWEEP_PARAMETERS, ArrayMember, SweepParameter
 from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.datacache import CacheEntry, CopyUnderWay, StagingFailed
 from libs.contracts.events import EventEnvelope, Mount, Placement
@@ -36,6 +37,9 @@ JOB_STATUSES: tuple[JobStatus, ...] = ("queued", "running", "succeeded", "failed
 TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "stopped", "expired"})
 
 
+MAX_ARRAY_PAGE = 2_000  # jobs of an array in one answer, well within one NATS message
+
+
 class _Request(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
     """Base of every command and query."""
 
@@ -52,16 +56,41 @@ class SubmitJob(_Request, frozen=True, tag="SubmitJob.v1"):
     predict: bool = False
 
 
+class SubmitArray(_Request, frozen=True, tag="SubmitArray.v1"):
+    """Create an array of jobs from one spec (libs/contracts/arrays.py): one job per index of `indices` (an
+    array expression such as `0-999%50`), or per point of the cross product of `sweep`. `array_id` is chosen
+    by the client so that a retried submit is idempotent; `max_running` caps how many run at once (a sweep's
+    `%N`). Each job's spec is `spec` with its index and sweep values filled in; the whole array is refused,
+    and nothing stored, when one of its jobs would be."""
+
+    array_id: str
+    spec: JobSpec
+    indices: Annotated[str, Meta(max_length=MAX_EXPRESSION_LENGTH)] = ""
+    sweep: Annotated[list[SweepParameter], Meta(max_length=MAX_SWEEP_PARAMETERS)] = msgspec.field(
+        default_factory=list)
+    max_running: Annotated[int, Meta(ge=1)] | None = None
+
+
+class ArraySelection(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """An array's jobs: all of them, or those of `indices` (an array expression, without `%N`)."""
+
+    array_id: str
+    indices: Annotated[str, Meta(max_length=MAX_EXPRESSION_LENGTH)] = ""
+
+
 class StopJobs(_Request, frozen=True, tag="StopJobs.v1"):
-    """O3: stop one or many jobs (queued ones at once, running ones through the launcher)."""
+    """O3: stop one or many jobs (queued ones at once, running ones through the launcher), and the jobs of
+    arrays, all or some of their indices."""
 
     job_ids: list[str]
+    arrays: list[ArraySelection] = msgspec.field(default_factory=list)
 
 
 class DeleteJobs(_Request, frozen=True, tag="DeleteJobs.v1"):
-    """O3: delete one or many ended jobs."""
+    """O3: delete one or many ended jobs, and the jobs of arrays (all or some, every one ended)."""
 
     job_ids: list[str]
+    arrays: list[ArraySelection] = msgspec.field(default_factory=list)
 
 
 class ChangePriority(_Request, frozen=True, tag="ChangePriority.v1"):
@@ -228,9 +257,21 @@ class OpenTerminal(_Request, frozen=True, tag="OpenTerminal.v1"):
 
 
 class ListJobs(_Request, frozen=True, tag="ListJobs.v1"):
+    """Jobs, newest first. `group_arrays`: the jobs of arrays are left out of `jobs`, and each array with a
+    job among those asked for is in `arrays`, as one object."""
+
     statuses: list[JobStatus] = msgspec.field(default_factory=list)
     project: str | None = None
     limit: int = 200
+    group_arrays: bool = False
+
+
+class GetArray(_Request, frozen=True, tag="GetArray.v1"):
+    """An array and its jobs in index order: up to `limit` of them, from the first index after `after`."""
+
+    array_id: str
+    after: int = -1
+    limit: Annotated[int, Meta(ge=1, le=MAX_ARRAY_PAGE)] = MAX_ARRAY_PAGE
 
 
 class GetJob(_Request, frozen=True, tag="GetJob.v1"):
@@ -391,10 +432,61 @@ class JobView(Struct, frozen=True, kw_only=True):
     restarts: int = 0  # J13/M5: times its failed command was restarted
     excluded_nodes: list[str] = msgspec.field(default_factory=list)  # nodes it was moved away from
     kept_until: datetime | None = None  # J15: its environments are kept for the debug terminal until then
+    array: ArrayMember | None = None  # the array it belongs to, and its index there
+
+
+class ArrayView(Struct, frozen=True, kw_only=True):
+    """An array as one object: what it was made from and how many of its jobs are in each state."""
+
+    array_id: str
+    name: str  # the spec's name, with `{index}` left in it
+    project: str
+    creator: str
+    submitted_at: datetime
+    size: int
+    indices: str  # the array expression its indices make (`0-999`), or the sweep's points (`0-3`)
+    sweep: list[SweepParameter] = msgspec.field(default_factory=list)
+    max_running: int | None = None
+    statuses: dict[str, int] = msgspec.field(default_factory=dict)  # JobStatus -> how many of its jobs
+
+    @property
+    def status(self) -> str:
+        """queued (none started yet), running (some not ended), or ended."""
+        if self.statuses.get("running"):
+            return "running"
+        if self.statuses.get("queued"):
+            return "running" if sum(self.statuses.values()) > self.statuses["queued"] else "queued"
+        return "ended"
+
+
+class ArrayMemberView(Struct, frozen=True, kw_only=True):
+    """One job of an array."""
+
+    index: int
+    job_id: str
+    status: JobStatus
+    started_at: datetime | None = None
+    ended_at: datetime | None = None
+    exit_code: int | None = None
+    reason: str | None = None
+    values: dict[str, str] = msgspec.field(default_factory=dict)  # its sweep point
 
 
 class JobList(_Reply, frozen=True, tag="JobList.v1"):
     jobs: list[JobView]
+    arrays: list[ArrayView] = msgspec.field(default_factory=list)
+
+
+class ArrayAccepted(_Reply, frozen=True, tag="ArrayAccepted.v1"):
+    array_id: str
+    job_ids: list[str]  # in index order
+    created: bool
+
+
+class ArrayDetails(_Reply, frozen=True, tag="ArrayDetails.v1"):
+    array: ArrayView
+    jobs: list[ArrayMemberView]
+    more: bool = False  # jobs after the last of `jobs`
 
 
 class JobDetails(_Reply, frozen=True, tag="JobDetails.v1"):
@@ -679,12 +771,12 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     cooldowns: list[TypeCooldown] = msgspec.field(default_factory=list)
 
 
-Request = (SubmitJob | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob
+Request = (SubmitJob | SubmitArray | GetArray | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob
            | PredictJob | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors
            | GetSettings | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent
            | OpenTerminal | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts
            | GetAutoscalerLog | ListCache | PreloadDataset | GetRun | GetSeries)
-Reply = (CommandError | JobAccepted | JobList | JobDetails | NodeList | Done
+Reply = (CommandError | JobAccepted | ArrayAccepted | ArrayDetails | JobList | JobDetails | NodeList | Done
          | QueueStatus | SearchResults | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList
          | FlavorList | SettingsView | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage
          | AlertPage | AutoscalerLog | CacheListing | PreloadAccepted | RunView | SeriesPage)

@@ -46,6 +46,8 @@ def events_of_job(job_id: str) -> str:
 
 # Commands and queries (core NATS request/reply). The scheduler owns jobs.
 SUBMIT_JOB = "trainyard.cmd.jobs.submit"
+SUBMIT_ARRAY = "trainyard.cmd.arrays.submit"
+GET_ARRAY = "trainyard.query.arrays.get"
 STOP_JOBS = "trainyard.cmd.jobs.stop"
 DELETE_JOBS = "trainyard.cmd.jobs.delete"
 LIST_JOBS = "trainyard.query.jobs.list"

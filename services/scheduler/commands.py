@@ -10,7 +10,9 @@ from pathlib import Path
 
 import msgspec
 
+from libs.access import Operation
 from libs.contracts import subjects
+from libs.contracts.arrays import ArrayError
 from libs.contracts.codec import encode
 from libs.contracts.events import (
     JobDeleted,
@@ -25,6 +27,7 @@ from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
 from libs.contracts.jobspec import FieldError, JobSpec, field_error_from_msgspec, parse_duration
 from libs.contracts.messages import (
+    ArrayAccepted,
     ChangeDuration,
     ChangePriority,
     ChangeSettings,
@@ -37,6 +40,7 @@ from libs.contracts.messages import (
     SettingsView,
     StopJobs,
     StorageAccessList,
+    SubmitArray,
     SubmitJob,
 )
 from libs.contracts.scheduling import STORAGE_FOLDERS, StoredAccess
@@ -45,6 +49,7 @@ from libs.eventstore import NewEvent
 from libs.messaging.rpc import AuthenticatedHandler
 from libs.storage import missing_inputs
 from libs.telemetry.tracing import current_trace_headers
+from services.scheduler import arrays
 from services.scheduler.access import access_error
 from services.scheduler.names import job_change, settings_change, storage_change
 from services.scheduler.ports import Scheduling
@@ -62,6 +67,7 @@ class JobCommands:
     def routes(self) -> list[tuple[str, object, AuthenticatedHandler]]:
         return [
             (subjects.SUBMIT_JOB, SubmitJob, self.submit),
+            (subjects.SUBMIT_ARRAY, SubmitArray, self.submit_array),
             (subjects.CLONE_JOB, CloneJob, self.clone),
             (subjects.STOP_JOBS, StopJobs, self.stop),
             (subjects.DELETE_JOBS, DeleteJobs, self.delete),
@@ -140,32 +146,79 @@ class JobCommands:
 
     # --- changing jobs ---------------------------------------------------------------------------
 
+    async def submit_array(self, request: SubmitArray, identity: Identity) -> ArrayAccepted | CommandError:
+        """Many jobs from one spec (arrays.py): checked as one, recorded in one append, or refused whole."""
+        if error := arrays.bad_array_id(request.array_id):
+            return error
+        try:
+            indices, values, max_running = arrays.points(request)
+        except ArrayError as exc:
+            return arrays.array_error(exc, "indices" if request.indices else "sweep")
+        if (answer := arrays.retried_array(self.state, request, identity, indices, values, max_running)) is not None:
+            return answer
+        # The job whose placeholders are filled longest is the one a length limit refuses first.
+        if error := self._refusal(arrays.widest_spec(request.spec, request.array_id, indices, list(request.sweep)),
+                                  identity):
+            return error
+        if errors := missing_inputs(request.spec, self.storage_root):
+            return invalid_spec(errors)
+        async with self.s.lock:
+            if (answer := arrays.retried_array(self.state, request, identity, indices, values,
+                                               max_running)) is not None:
+                return answer
+            spec = request.spec
+            if error := urgent_cap_error(self.state, spec.project, identity.user, spec.priority, also=len(indices) - 1):
+                return error
+            if taken := arrays.taken_ids(self.state, request.array_id, indices):
+                return CommandError(code="conflict", message=f"the array's job ids are taken: {', '.join(taken[:5])}",
+                                    hint="submit again without choosing the id")
+            changes = arrays.array_events(request, identity, indices, values, max_running)
+            await self.s.record(changes)
+        return ArrayAccepted(array_id=request.array_id, job_ids=[c.aggregate_id for c in changes[1:]], created=True)
+
+    def _selected(self, request: StopJobs | DeleteJobs, identity: Identity,
+                  operation: Operation) -> list[str] | CommandError:
+        """The jobs a stop or delete names, itself or as the selected jobs of arrays (under the lock)."""
+        job_ids = list(request.job_ids)
+        if request.arrays:
+            members = arrays.selected_jobs(self.state, request.arrays)
+            if isinstance(members, CommandError):
+                return members
+            job_ids += [j for j in members if not self.state.jobs[j].deleted]
+        if error := access_error(self.state, job_ids, identity, operation):
+            return error
+        return list(dict.fromkeys(job_ids))
+
     async def stop(self, request: StopJobs, identity: Identity) -> Done | CommandError:
         async with self.s.lock:
-            if error := access_error(self.state, request.job_ids, identity, "stop"):
-                return error
+            selected = self._selected(request, identity, "stop")
+            if isinstance(selected, CommandError):
+                return selected
             changes: list[NewEvent] = []
-            for job_id in dict.fromkeys(request.job_ids):
+            for job_id in selected:
                 job = self.state.jobs[job_id]
                 if job.status == "queued":
                     changes.append(job_change(JobStopped(job_id=job_id, by=identity.user)))
                 elif job.status == "running" and job.stop_requested_by is None and not job.expiring:
                     changes.append(job_change(JobStopRequested(job_id=job_id, by=identity.user)))
             await self.s.record(changes)
-        return Done(job_ids=list(dict.fromkeys(request.job_ids)), message=f"stopping {len(changes)} job(s)")
+        return Done(job_ids=selected, message=f"stopping {len(changes)} job(s)")
 
     async def delete(self, request: DeleteJobs, identity: Identity) -> Done | CommandError:
         async with self.s.lock:
-            if error := access_error(self.state, request.job_ids, identity, "delete"):
-                return error
-            active = [j for j in request.job_ids if not self.state.jobs[j].terminal]
+            selected = self._selected(request, identity, "delete")
+            if isinstance(selected, CommandError):
+                return selected
+            active = [j for j in selected if not self.state.jobs[j].terminal]
             if active:
-                return CommandError(code="invalid-state",
-                                    message=f"still queued or running: {', '.join(active)}",
-                                    hint=f"stop first: trainyard stop {' '.join(active)}; nothing was deleted")
-            job_ids = list(dict.fromkeys(request.job_ids))
-            await self.s.record([job_change(JobDeleted(job_id=j, by=identity.user)) for j in job_ids])
-        return Done(job_ids=job_ids, message=f"deleted {len(job_ids)} job(s)")
+                more = f" and {len(active) - 20} more" if len(active) > 20 else ""
+                stop = " ".join(request.job_ids) if request.arrays else " ".join(active[:20]) + (" …" if more else "")
+                if request.arrays:
+                    stop += " " + " ".join(selection.array_id for selection in request.arrays)
+                return CommandError(code="invalid-state", message=f"still queued or running: {', '.join(active[:20])}"
+                                    + more, hint=f"stop first: trainyard stop {stop.strip()}; nothing was deleted")
+            await self.s.record([job_change(JobDeleted(job_id=j, by=identity.user)) for j in selected])
+        return Done(job_ids=selected, message=f"deleted {len(selected)} job(s)")
 
     async def change_priority(self, request: ChangePriority, identity: Identity) -> Done | CommandError:
         """S3: users may choose normal or urgent; very-urgent is for administrators."""

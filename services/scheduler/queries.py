@@ -14,10 +14,13 @@ from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.messages import (
+    ArrayDetails,
+    ArrayView,
     CommandError,
     DevEnvSpec,
     ExplainJob,
     FlavorList,
+    GetArray,
     GetDevEnv,
     GetJob,
     GetJobHistory,
@@ -46,6 +49,7 @@ from libs.contracts.scheduling import WhyReport
 from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import AuthenticatedHandler
+from services.scheduler import arrays
 from services.scheduler.access import access_error, can_view
 from services.scheduler.explain import explain
 from services.scheduler.names import JOB, SERVICE
@@ -66,6 +70,7 @@ class JobQueries:
         return [
             (subjects.LIST_JOBS, ListJobs, self.list_jobs),
             (subjects.GET_JOB, GetJob, self.get_job),
+            (subjects.GET_ARRAY, GetArray, self.get_array),
             (subjects.LIST_NODES, ListNodes, self.list_nodes),
             (subjects.PREDICT_JOB, PredictJob, self.predict),
             (subjects.EXPLAIN_JOB, ExplainJob, self.why),
@@ -89,9 +94,25 @@ class JobQueries:
             if can_view(self.state, identity, j) and (not request.statuses or j.status in request.statuses)
             and (request.project is None or j.spec.project == request.project)
         ]
+        shown: list[ArrayView] = []
+        if request.group_arrays:  # an array is one object: its jobs stand for it
+            listed = dict.fromkeys(j.array.array_id for j in jobs if j.array is not None)
+            shown = [arrays.array_view(self.state, self.state.arrays[array_id]) for array_id in listed
+                     if array_id in self.state.arrays]
+            shown.sort(key=lambda view: view.submitted_at, reverse=True)
+            jobs = [j for j in jobs if j.array is None]
         jobs.sort(key=lambda j: j.queue_order, reverse=True)
         positions = self.state.queue_positions()
-        return JobList(jobs=[self.state.view(j, positions) for j in jobs[: request.limit]])
+        return JobList(jobs=[self.state.view(j, positions) for j in jobs[: request.limit]],
+                       arrays=shown[: request.limit])
+
+    async def get_array(self, request: GetArray, identity: Identity) -> ArrayDetails | CommandError:
+        array = self.state.arrays.get(request.array_id)
+        members = [self.state.jobs[j] for j in (array.jobs.values() if array is not None else ())]
+        if array is None or not any(can_view(self.state, identity, job) for job in members):
+            return CommandError(code="not-found", message=f"no such array: {request.array_id}",
+                                hint="`trainyard list` shows the arrays you can see")
+        return arrays.array_details(self.state, array, request.after, request.limit)
 
     async def get_job(self, request: GetJob, identity: Identity) -> JobDetails | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "view"):

@@ -15,8 +15,10 @@ import operator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
+from libs.contracts.arrays import ArrayMember
 from libs.contracts.cluster import ClusterConfig, Flavor, Resources
 from libs.contracts.events import (
+    ArraySubmitted,
     DatasetCached,
     DatasetEvicted,
     DatasetPreloadRequested,
@@ -135,6 +137,7 @@ class Job:
     # from changed, so that a cycle over a deep queue does not build every job anew.
     queued_as: QueuedJob | None = field(default=None, compare=False, repr=False)
     rank: int = field(default=0, compare=False, repr=False)  # PRIORITY_RANK of its priority
+    array: ArrayMember | None = None  # the array it belongs to, and its index there
 
     def __post_init__(self) -> None:
         self.rank = PRIORITY_RANK[self.priority]
@@ -188,6 +191,19 @@ def _ended_at(job: Job, recorded: datetime) -> datetime:
 
 
 @dataclass
+class Array:
+    """A job array as one object: what it was submitted as, and its jobs by index."""
+
+    submitted: ArraySubmitted
+    submitted_at: datetime
+    jobs: dict[int, str] = field(default_factory=dict)  # index -> job id, in index order
+
+    @property
+    def array_id(self) -> str:
+        return self.submitted.array_id
+
+
+@dataclass
 class Provisioning:
     """What the autoscaler did for queued jobs, as `why` tells it (A1, A4): the instances asked for each, and
     the latest news of them."""
@@ -232,6 +248,7 @@ class SchedulerState:
     unpredicted: dict[str, None] = field(default_factory=dict)
     # The jobs not ended yet, by id: what cycles look at, however many jobs ended before.
     active: dict[str, Job] = field(default_factory=dict)
+    arrays: dict[str, Array] = field(default_factory=dict)  # job arrays, by array id
 
     # --- folding events --------------------------------------------------------------------------
 
@@ -257,6 +274,9 @@ class SchedulerState:
         if isinstance(event, StorageAccessSet):
             self.storage[(event.entry.kind, event.entry.name)] = event.entry
             return
+        if isinstance(event, ArraySubmitted):
+            self.arrays[event.array_id] = Array(submitted=event, submitted_at=at)
+            return
         if isinstance(event, JobSubmitted):
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
                                           submitted_at=at, queue_order=envelope.position,
@@ -264,6 +284,9 @@ class SchedulerState:
                                           duration=event.spec.duration, cloned_from=event.cloned_from)
             self.unpredicted[event.job_id] = None
             self.active[event.job_id] = self.jobs[event.job_id]
+            if event.array is not None and (array := self.arrays.get(event.array.array_id)) is not None:
+                array.jobs[event.array.index] = event.job_id
+                self.jobs[event.job_id].array = event.array
         job = self.jobs.get(getattr(event, "job_id", ""))
         if job is None:
             return
@@ -483,7 +506,7 @@ class SchedulerState:
             access=spec.access if self.settings.sharing_enabled else "none",
             cloned_from=job.cloned_from, prediction=job.prediction,
             resumes=job.resumes, max_resumes=self.max_resumes(job), restarts=job.restarts,
-            excluded_nodes=list(job.excluded_nodes), kept_until=job.kept_until,
+            excluded_nodes=list(job.excluded_nodes), kept_until=job.kept_until, array=job.array,
             instances=[
                 InstanceView(rank=i.rank, node=i.node, master=i.rank == 0, state=i.state,  # type: ignore[arg-type]
                              pid=i.pid, exit_code=i.exit_code, role=i.role)

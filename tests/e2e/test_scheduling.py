@@ -61,3 +61,17 @@ async def test_a_shrunken_elastic_job_grows_when_nodes_free_up(stack: Stack) -> 
     growth = [e for e in events if isinstance(e, JobRescaling)]
     assert len(growth) == 1 and "from 1 to 2 nodes" in growth[0].reason
     assert [len(e.placement) for e in events if isinstance(e, JobAdmitted)] == [1, 2]
+
+
+async def test_an_arrays_jobs_run_each_with_its_index_and_no_more_at_once_than_its_cap(stack: Stack) -> None:
+    api = await stack.up()
+    template = with_changes(sleeper("indexed"), name="indexed-{index}",
+                            command="bash -c 'sleep 1; echo index=$TRAINYARD_ARRAY_INDEX seed={index}'")
+    accepted = await api.submit_array(template, indices="0-4%2")
+    ended = [await stack.wait_until(job_id, "ended", timeout=90) for job_id in accepted.job_ids]
+    assert [job.status for job in ended] == ["succeeded"] * 5
+    for index, job_id in zip(range(5), accepted.job_ids, strict=True):
+        assert f"[0] index={index} seed={index}" in await stack.logs(job_id)
+    # The cap held: at no moment were more than two of them running.
+    spans = sorted((job.started_at, job.ended_at) for job in ended if job.started_at and job.ended_at)
+    assert max(sum(1 for s, e in spans if s <= start < e) for start, _ in spans) <= 2

@@ -51,6 +51,15 @@ async def schedulers(nats_url: str, database_url: str, tmp_path: Path) -> AsyncI
 
 
 @pytest_asyncio.fixture(loop_scope="session")
+async def client(nats_url: str, schedulers: Schedulers) -> AsyncIterator[TrainyardClient]:
+    """A scheduler started, and a client of alice's (project default) on it."""
+    await schedulers.start()
+    api = await TrainyardClient.open(nats_url, token=token("alice"))
+    yield api
+    await api.close()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
 async def login(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterator[Login]:
     """Starts a scheduler, then opens clients as whoever the test names."""
     schedulers = Schedulers(nats_url, database_url, tmp_path / "storage")

@@ -6,12 +6,10 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from typing import Any
 
 import msgspec
 import pytest
-import pytest_asyncio
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
@@ -51,7 +49,7 @@ from libs.contracts.messages import (
 from libs.eventstore import EventStore, NewEvent
 from libs.eventstore import store as store_module
 from libs.eventstore.store import MAX_EVENT_BYTES, EventTooLarge
-from tests.support.schedulers import Schedulers, refused, spec, token
+from tests.support.schedulers import Schedulers, refused, spec
 from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -87,14 +85,6 @@ COMMANDS_ON_A_JOB = {subjects.CLONE_JOB, subjects.STOP_JOBS, subjects.DELETE_JOB
                      subjects.CHANGE_DURATION, subjects.GET_JOB, subjects.EXPLAIN_JOB, subjects.GET_DEV_ENV,
                      subjects.JOB_HISTORY, subjects.JOB_LOGS, subjects.JOB_USAGE}
 NESTED = b"[" * 1000 + b"]" * 1000  # 2 KB
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(nats_url: str, schedulers: Schedulers) -> AsyncIterator[TrainyardClient]:
-    await schedulers.start()
-    api = await TrainyardClient.open(nats_url, token=token("alice"))
-    yield api
-    await api.close()
 
 
 def scheduler_store(schedulers: Schedulers) -> EventStore:

@@ -5,12 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 import uuid
-from collections.abc import AsyncIterator
 from datetime import UTC, datetime
 
 import msgspec
 import pytest
-import pytest_asyncio
 
 from client.api import TrainyardClient, TrainyardError
 from libs.auth import bearer_headers, issue_token
@@ -24,14 +22,6 @@ from tests.support.schedulers import SECRET, Schedulers, spec, token
 from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
-
-
-@pytest_asyncio.fixture(loop_scope="session")
-async def client(nats_url: str, schedulers: Schedulers) -> AsyncIterator[TrainyardClient]:
-    await schedulers.start()
-    api = await TrainyardClient.open(nats_url, token=token("alice"))
-    yield api
-    await api.close()
 
 
 async def test_a_bad_spec_is_refused_with_every_field_named_and_nothing_stored(client: TrainyardClient) -> None:

@@ -39,6 +39,7 @@ from libs.contracts.agent import (
     StopProcesses,
     UsageSample,
 )
+from libs.contracts.arrays import SweepParameter
 from libs.contracts.cluster import Accelerators, NodeInfo, Resources
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.datacache import (
@@ -54,6 +55,7 @@ from libs.contracts.events import (
     EVENT_TYPES,
     AlertMailed,
     AlertRaised,
+    ArraySubmitted,
     ComponentMarked,
     DatasetCached,
     DatasetEvicted,
@@ -135,6 +137,11 @@ from libs.contracts.messages import (
     MAX_LOG_PAGE_BYTES,
     MAX_LOG_PAGE_CHUNKS,
     AlertPage,
+    ArrayAccepted,
+    ArrayDetails,
+    ArrayMemberView,
+    ArraySelection,
+    ArrayView,
     AutoscalerLog,
     CacheListing,
     ChangeDuration,
@@ -145,6 +152,7 @@ from libs.contracts.messages import (
     DeleteJobs,
     Done,
     ExplainJob,
+    GetArray,
     GetAutoscalerLog,
     GetDevEnv,
     GetJob,
@@ -189,6 +197,7 @@ from libs.contracts.messages import (
     SetStorageAccess,
     StopJobs,
     StorageAccessList,
+    SubmitArray,
     SubmitJob,
     TerminalOpened,
     TypeCooldown,
@@ -300,6 +309,9 @@ EVENT_SAMPLES: list[Any] = [
                             subject="trainyard.events.monitor.job.job-000000000001.JobSucceeded",
                             cause="inconsistent", reason="claims service scheduler", claimed_service="scheduler",
                             claimed_type="JobSucceeded.v1"),
+    ArraySubmitted(array_id="array-0123456789ab", job_name="sweep-{index}", project="default", creator="alice",
+                   indices="0-3", size=4, sweep=[SweepParameter(name="lr", values=["0.1", "0.01"]),
+                                                 SweepParameter(name="bs", values=["32", "64"])], max_running=2),
 ]
 
 
@@ -389,8 +401,16 @@ def test_datetimes_keep_their_instant_across_time_zones() -> None:
 
 REQUEST_SAMPLES: list[Any] = [
     SubmitJob(job_id="job-000000000001", spec=SPEC),
+    SubmitJob(job_id="job-000000000001", spec=SPEC, predict=True),
+    SubmitArray(array_id="array-0123456789ab", spec=SPEC, indices="0-999%50"),
+    SubmitArray(array_id="array-0123456789ab", spec=SPEC, sweep=[SweepParameter(name="lr", values=["0.1"])],
+                max_running=4),
+    GetArray(array_id="array-0123456789ab", after=1999, limit=500),
     StopJobs(job_ids=["job-000000000001", "job-000000000002"]),
+    StopJobs(job_ids=[], arrays=[ArraySelection(array_id="array-0123456789ab", indices="3,5-7")]),
     DeleteJobs(job_ids=["job-000000000001"]),
+    DeleteJobs(job_ids=[], arrays=[ArraySelection(array_id="array-0123456789ab")]),
+    ListJobs(group_arrays=True),
     ListJobs(statuses=["queued", "running"], project="vision", limit=20),
     ListJobs(),
     GetJob(job_id="job-000000000001"),
@@ -491,11 +511,18 @@ VIEW = JobView(job_id="job-000000000001", name="bert", project="default", creato
                attempt=1, started_at=AT, placement=PLACEMENT,
                instances=[InstanceView(rank=0, node="gpu-node-1", master=True, state="running", pid=7)])
 
+ARRAY_VIEW = ArrayView(array_id="array-0123456789ab", name="sweep-{index}", project="default", creator="alice",
+                       submitted_at=AT, size=4, indices="0-3", max_running=2,
+                       statuses={"running": 2, "queued": 1, "succeeded": 1})
 REPLY_SAMPLES: list[Any] = [
     CommandError(code="invalid-spec", message="the job spec is invalid", hint="fix it",
                  errors=[FieldError(field="nodes", message="is bad", hint="use 1")]),
     JobAccepted(job_id="job-000000000001", status="queued", created=True),
     JobList(jobs=[VIEW]),
+    JobList(jobs=[VIEW], arrays=[ARRAY_VIEW]),
+    ArrayAccepted(array_id="array-0123456789ab", job_ids=["job-000000000001", "job-000000000002"], created=True),
+    ArrayDetails(array=ARRAY_VIEW, jobs=[ArrayMemberView(index=3, job_id="job-000000000001", status="failed",
+                                                         exit_code=1, values={"lr": "0.1"})], more=True),
     JobDetails(job=VIEW, spec=SPEC),
     NodeList(nodes=[NodeView(info=NODE, status="ready", used=Resources(cpus=8, memory_mib=1024, accelerators=4),
                              jobs=["job-000000000001"])]),
