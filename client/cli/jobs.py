@@ -1,4 +1,7 @@
-"""Job commands: submit, list, show, logs, events, wait, stop, delete, clone, devenv and search."""
+"""Job commands: submit, list, show, logs, events, wait, stop, delete, clone, devenv and search.
+
+submit, list, show, stop and delete also take arrays (libs/contracts/arrays.py): many jobs made from one spec,
+each an ordinary job, listed and shown as one object."""
 
 from __future__ import annotations
 
@@ -12,46 +15,95 @@ import typer
 
 from client.cli.output import fail, note, print_json, print_log_lines, print_pairs, print_table, say
 from client.cli.overrides import OverrideError, clone_overrides
-from client.cli.params import FollowOption, JobIdArgument, JsonOption, job_statuses, read_spec, refusing
+from client.cli.params import (
+    ArrayRequest,
+    FollowOption,
+    JobIdArgument,
+    JsonOption,
+    array_indices,
+    array_request,
+    job_and_array_ids,
+    job_or_array_id,
+    job_statuses,
+    jobs_and_arrays,
+    optional,
+    read_spec,
+    refusing,
+    selected_indices,
+    sweep_parameters,
+)
 from client.cli.render import (
+    ARRAY_COLUMNS,
     EVENT_COLUMNS,
     INSTANCE_COLUMNS,
     JOB_COLUMNS,
     SEARCH_COLUMNS,
     STAGING_COLUMNS,
+    array_detail_rows,
+    array_job_columns,
+    array_job_row,
+    array_row,
     event_row,
     instance_row,
     job_detail_rows,
     job_rows,
+    more_jobs_line,
+    plural,
     search_cells,
     staging_rows,
     status_cell,
 )
-from client.cli.runner import connected
+from client.cli.runner import connected, with_client
+from libs.contracts.arrays import is_array_id
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from client.api import TrainyardClient
-    from libs.contracts.messages import JobView
+    from libs.contracts.jobspec import JobSpec
+    from libs.contracts.messages import ArraySelection, JobView
 
 commands = typer.Typer()
 
 StatusOption = Annotated[list[str] | None, typer.Option("--status", "-s", help="Only these statuses (repeatable).",
                                                         callback=refusing(job_statuses))]
+IdArgument = Annotated[str, typer.Argument(metavar="ID", help="A job id or an array id.",
+                                           callback=refusing(job_or_array_id))]
+IdsArgument = Annotated[list[str], typer.Argument(metavar="ID", help="Job ids and array ids.",
+                                                  callback=refusing(job_and_array_ids))]
+IndicesOption = Annotated[str | None, typer.Option(
+    "--indices", metavar="EXPR", help="Only these indices of the array given, e.g. 3,5-7.",
+    callback=refusing(optional(selected_indices)))]
+SHOWN_ARRAY_JOBS = 50  # the jobs `show ARRAY` lists without --all
 
 
 @commands.command()
-@connected
-async def submit(client: TrainyardClient,
-                 file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False,
-                                                      callback=refusing(read_spec))],
-                 follow: FollowOption = False,
-                 as_json: JsonOption = False) -> None:
-    """Submit a job described in FILE; its id is printed (to stderr) before it is sent."""
+def submit(file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False,
+                                                callback=refusing(read_spec))],
+           array: Annotated[str | None, typer.Option(
+               "--array", metavar="EXPR", help="Submit an array: a job per index, e.g. 0-999, 1-10:2 or 0,6,16-32; "
+               "%N at the end lets at most N of them run at once.", callback=refusing(optional(array_indices)))] = None,
+           sweep: Annotated[list[str] | None, typer.Option(
+               "--sweep", metavar="NAME=V1,V2", help="Submit an array with a job per combination of the values of "
+               "the sweep's parameters (repeatable).", callback=refusing(sweep_parameters))] = None,
+           max_running: Annotated[int | None, typer.Option(
+               "--max-running", min=1, help="At most this many of the array's jobs run at once.")] = None,
+           follow: FollowOption = False,
+           as_json: JsonOption = False) -> None:
+    """Submit a job described in FILE, or an array of jobs made from it; its id is printed (to stderr) before it
+    is sent."""
+    # Options that do not go together are refused here, before connecting, so the error shows without a stack.
+    spec = read_spec(file)
+    request = array_request(array, sweep, max_running, follow=follow)
+    if request is None:
+        with_client(lambda client: send_job(client, spec, follow=follow, as_json=as_json))
+    else:
+        with_client(lambda client: send_array(client, spec, request, as_json=as_json))
+
+
+async def send_job(client: TrainyardClient, spec: JobSpec, *, follow: bool, as_json: bool) -> None:
     from libs.contracts.ids import new_job_id
 
-    spec = read_spec(file)
     job_id = new_job_id()  # chosen here, so a submission sent again after a lost answer creates one job
     note(f"submitting job {job_id}")
     accepted = await client.submit(spec, job_id=job_id, on_retry=sending_again(job_id))
@@ -65,13 +117,27 @@ async def submit(client: TrainyardClient,
             raise typer.Exit(1)
 
 
-def sending_again(job_id: str) -> Callable[[int, Exception], None]:
-    """What to say when a request creating `job_id` went unanswered (or the scheduler could not serve
-    it) and is sent again."""
+async def send_array(client: TrainyardClient, spec: JobSpec, request: ArrayRequest, *, as_json: bool) -> None:
+    from libs.contracts.arrays import new_array_id
+
+    array_id = new_array_id()  # chosen here, as a job's id is: sent again, the array is still created once
+    note(f"submitting array {array_id} ({plural(request.size, 'job')})")
+    accepted = await client.submit_array(spec, indices=request.indices, sweep=request.sweep,
+                                         max_running=request.max_running, array_id=array_id,
+                                         on_retry=sending_again(array_id, "array"))
+    if as_json:
+        print_json(accepted)
+    else:
+        say("submitted array ", (accepted.array_id, "bold"), f" ({plural(len(accepted.job_ids), 'job')}): {spec.name}")
+
+
+def sending_again(created_id: str, kind: str = "job") -> Callable[[int, Exception], None]:
+    """What to say when a request creating job (or array) `created_id` went unanswered (or the scheduler could
+    not serve it) and is sent again."""
     from client.api import CREATE_ATTEMPTS
 
     def retrying(attempt: int, error: Exception) -> None:
-        note(f"{error}; sending job {job_id} again (attempt {attempt} of {CREATE_ATTEMPTS})")
+        note(f"{error}; sending {kind} {created_id} again (attempt {attempt} of {CREATE_ATTEMPTS})")
 
     return retrying
 
@@ -111,24 +177,61 @@ async def list_jobs(client: TrainyardClient,
                     status: StatusOption = None,
                     project: Annotated[str | None, typer.Option(help="Only this project.")] = None,
                     show_all: Annotated[bool, typer.Option("--all", "-a", help="Also list worker instances "
-                                                           "(rank > 0) of multi-node jobs.")] = False,
+                                                           "(rank > 0) of multi-node jobs, and every job of every "
+                                                           "array.")] = False,
                     as_json: JsonOption = False) -> None:
-    """List jobs, newest first: one row per job, its master instance (L8)."""
-    jobs = await client.list_jobs(job_statuses(status), project)
-    if not show_all:
-        jobs = [msgspec.structs.replace(j, instances=[i for i in j.instances if i.rank == 0]) for j in jobs]
-    if as_json:
-        print_json(jobs)
-    elif not jobs:
-        say("no jobs")
+    """List jobs and arrays, newest first: one row per job, its master instance (L8), and one per array."""
+    from libs.contracts.messages import JobList
+
+    if show_all:
+        listing = JobList(jobs=await client.list_jobs(job_statuses(status), project))
     else:
-        print_table(JOB_COLUMNS, [row for job in jobs for row in job_rows(job)])
+        listing = await client.listing(job_statuses(status), project)
+        listing = msgspec.structs.replace(listing, jobs=[
+            msgspec.structs.replace(j, instances=[i for i in j.instances if i.rank == 0]) for j in listing.jobs])
+    if as_json:
+        print_json(listing)
+        return
+    if not listing.jobs and not listing.arrays:
+        say("no jobs")
+    if listing.jobs:
+        print_table(JOB_COLUMNS, [row for job in listing.jobs for row in job_rows(job)])
+    if listing.arrays:
+        print_table(ARRAY_COLUMNS, [array_row(array) for array in listing.arrays], title="arrays")
 
 
 @commands.command()
-@connected
-async def show(client: TrainyardClient, job_id: JobIdArgument, as_json: JsonOption = False) -> None:
-    """Show a job: its state, placement and per-node instances."""
+def show(target: IdArgument,
+         show_all: Annotated[bool, typer.Option("--all", "-a", help="An array's jobs, every one of them, not the "
+                                                f"first {SHOWN_ARRAY_JOBS}.")] = False,
+         as_json: JsonOption = False) -> None:
+    """Show a job (its state, placement and per-node instances), or an array (its summary and its jobs)."""
+    if is_array_id(target):
+        with_client(lambda client: show_array(client, target, show_all=show_all, as_json=as_json))
+        return
+    if show_all:
+        raise fail(f"--all lists every job of an array, and {target} is a job", "leave --all out: `trainyard show "
+                   f"{target}` shows each of the job's instances")
+    with_client(lambda client: show_job(client, target, as_json=as_json))
+
+
+async def show_array(client: TrainyardClient, array_id: str, *, show_all: bool, as_json: bool) -> None:
+    details = await client.get_array(array_id, limit=1 if show_all else SHOWN_ARRAY_JOBS)
+    if show_all:
+        jobs = [job async for job in client.array_jobs(array_id)]
+        details = msgspec.structs.replace(details, jobs=jobs, more=False)
+    if as_json:
+        print_json(details)
+        return
+    print_pairs(array_detail_rows(details.array))
+    if details.jobs:
+        print_table(array_job_columns(details.array), [array_job_row(job, details.array) for job in details.jobs],
+                    title="jobs")
+    if details.more:
+        note(more_jobs_line(details.array, len(details.jobs)))
+
+
+async def show_job(client: TrainyardClient, job_id: str, *, as_json: bool) -> None:
     details = await client.get_job(job_id)
     usage = {sample.rank: sample for sample in await client.usage(job_id)}
     if as_json:
@@ -185,18 +288,27 @@ async def wait(client: TrainyardClient, job_id: JobIdArgument,
 
 
 @commands.command()
-@connected
-async def stop(client: TrainyardClient, job_ids: Annotated[list[str], typer.Argument(help="Job ids.")]) -> None:
-    """Stop jobs: queued ones leave the queue, running ones are terminated."""
-    done = await client.stop(job_ids)
+def stop(ids: IdsArgument, indices: IndicesOption = None) -> None:
+    """Stop jobs, and the jobs of arrays (all, or those of --indices): queued ones leave the queue, running ones
+    are terminated."""
+    job_ids, arrays = jobs_and_arrays(ids, indices)
+    with_client(lambda client: stop_jobs(client, job_ids, arrays))
+
+
+async def stop_jobs(client: TrainyardClient, job_ids: list[str], arrays: list[ArraySelection]) -> None:
+    done = await client.stop(job_ids, arrays=arrays)
     say(done.message)
 
 
 @commands.command()
-@connected
-async def delete(client: TrainyardClient, job_ids: Annotated[list[str], typer.Argument(help="Job ids.")]) -> None:
-    """Delete ended jobs (stop running ones first)."""
-    done = await client.delete(job_ids)
+def delete(ids: IdsArgument, indices: IndicesOption = None) -> None:
+    """Delete ended jobs, and the jobs of arrays (all, or those of --indices; stop running ones first)."""
+    job_ids, arrays = jobs_and_arrays(ids, indices)
+    with_client(lambda client: delete_jobs(client, job_ids, arrays))
+
+
+async def delete_jobs(client: TrainyardClient, job_ids: list[str], arrays: list[ArraySelection]) -> None:
+    done = await client.delete(job_ids, arrays=arrays)
     say(done.message)
 
 

@@ -23,6 +23,8 @@ if TYPE_CHECKING:
     from libs.contracts.identity import Identity
     from libs.contracts.jobspec import JobSpec
     from libs.contracts.messages import (
+        ArrayMemberView,
+        ArrayView,
         InstanceView,
         JobDetails,
         JobSummary,
@@ -246,6 +248,63 @@ def search_cells(job: JobSummary) -> list[Styled]:
     cells: list[Styled] = [*search_row(job)]
     cells[2] = status_cell(job.status)
     return cells
+
+
+# --- arrays ----------------------------------------------------------------------------------------------
+
+ARRAY_COLUMNS = ("ARRAY", "NAME", "STATUS", "INDICES", "JOBS", "CAP", "CREATOR", "SUBMITTED")
+# Busy jobs first: what an array is doing now reads before what it has done.
+COUNT_ORDER = ("running", "queued", "succeeded", "failed", "stopped", "expired")
+
+
+def array_counts(statuses: dict[str, int]) -> str:
+    """`3 running, 990 queued, 7 succeeded`: how many of an array's jobs are in each status, none left out."""
+    order = [*COUNT_ORDER, *sorted(set(statuses) - set(COUNT_ORDER))]
+    return ", ".join(f"{statuses[status]} {status}" for status in order if statuses.get(status)) or "no jobs left"
+
+
+def array_indices_cell(array: ArrayView) -> str:
+    """The array's indices, and for a sweep the parameters its points come from."""
+    if array.sweep:
+        return f"{array.indices} (sweep of {', '.join(p.name for p in array.sweep)})"
+    return array.indices
+
+
+def array_row(array: ArrayView) -> list[Styled]:
+    """`list`: an array as one row, its jobs counted by status."""
+    return [array.array_id, array.name, status_cell(array.status), array_indices_cell(array),
+            array_counts(array.statuses), "-" if array.max_running is None else str(array.max_running),
+            array.creator, local_time(array.submitted_at)]
+
+
+def array_detail_rows(array: ArrayView) -> list[tuple[str, Styled]]:
+    """`show ARRAY`: what the array was made from and where its jobs stand, one (key, value) per line."""
+    rows: list[tuple[str, Styled]] = [
+        ("array", array.array_id), ("name", array.name), ("project", array.project), ("creator", array.creator),
+        ("status", status_cell(array.status)), ("jobs", f"{array.size}: {array_counts(array.statuses)}"),
+        ("indices", array.indices)]
+    if array.sweep:
+        rows.append(("sweep", "; ".join(f"{p.name}={','.join(p.values)}" for p in array.sweep)))
+    rows += [("cap", "none" if array.max_running is None else f"at most {array.max_running} running at once"),
+             ("submitted", local_time(array.submitted_at))]
+    return rows
+
+
+def array_job_columns(array: ArrayView) -> tuple[str, ...]:
+    """The columns of an array's jobs: a sweep adds one per parameter, named as the parameter is."""
+    return ("INDEX", "JOB", "STATUS", "EXIT", *(p.name for p in array.sweep), "REASON")
+
+
+def array_job_row(job: ArrayMemberView, array: ArrayView) -> list[Styled]:
+    return [str(job.index), job.job_id, status_cell(job.status), "-" if job.exit_code is None else str(job.exit_code),
+            *(job.values.get(p.name, "-") for p in array.sweep), job.reason or "-"]
+
+
+def more_jobs_line(array: ArrayView, shown: int) -> str:
+    """What `show ARRAY` says under a table that holds only the first of its jobs."""
+    left = sum(array.statuses.values()) - shown
+    count = f"{left} more {'job' if left == 1 else 'jobs'}" if left > 0 else "more jobs"
+    return f"… and {count}: `trainyard show {array.array_id} --all` lists every one"
 
 
 # --- events ------------------------------------------------------------------------------------------------

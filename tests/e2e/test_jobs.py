@@ -129,7 +129,8 @@ async def test_the_cli_lists_shows_and_explains_errors(stack: Stack) -> None:
 
     listed = trainyard("list", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert [(j["job_id"], j["status"]) for j in msgspec.json.decode(listed.stdout)] == [(accepted.job_id, "succeeded")]
+    assert [(j["job_id"], j["status"]) for j in msgspec.json.decode(listed.stdout)["jobs"]] == [
+        (accepted.job_id, "succeeded")]
     table = trainyard("list")
     assert accepted.job_id in table.stdout and "succeeded" in table.stdout
     # L8: the master instance only by default; worker instances with --all.

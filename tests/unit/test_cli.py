@@ -13,7 +13,6 @@ from typing import Any
 
 import msgspec
 import pytest
-from typer.testing import CliRunner
 
 from client import cli
 from client.api import CreationUnanswered, NoAnswer, TrainyardError
@@ -65,61 +64,22 @@ from libs.contracts.scheduling import (
     WhyReport,
 )
 from libs.messaging.rpc import ServiceUnavailable
+from tests.support.cli import FakeClient, invoke, isolate, stand_in
 
 SECRET = "a-test-secret-long-enough-for-hmac-sha256-0123456789"
 NOW = datetime(2026, 11, 21, 13, 40, tzinfo=UTC)
 EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "pytorch-ddp.yaml"
-
-runner = CliRunner()
+SHOWN_JOB = "job-0123456789ab"
 
 
 @pytest.fixture(autouse=True)
 def no_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    """No secret and no local stack unless a test provides them; NATS is never reachable."""
-    monkeypatch.delenv("TRAINYARD_AUTH_SECRET", raising=False)
-    monkeypatch.delenv("TRAINYARD_AUTH_SECRET_FILE", raising=False)
-    monkeypatch.setenv("TRAINYARD_HOME", str(tmp_path / "home"))
-    monkeypatch.setenv("NATS_URL", "nats://127.0.0.1:1")
-
-
-class FakeClient:
-    """Stands in for TrainyardClient: records calls, answers with what the test gave it."""
-
-    def __init__(self, **answers: Any) -> None:
-        self.answers = answers
-        self.calls: list[tuple[str, tuple[Any, ...], dict[str, Any]]] = []
-
-    def __getattr__(self, name: str) -> Any:
-        async def method(*args: Any, **kwargs: Any) -> Any:
-            self.calls.append((name, args, kwargs))
-            answer = self.answers[name]
-            if isinstance(answer, Exception):
-                raise answer
-            if callable(answer):
-                return await answer(*args, **kwargs)
-            return answer
-
-        return method
-
-    async def close(self) -> None:
-        pass
+    isolate(monkeypatch, tmp_path)
 
 
 @pytest.fixture
 def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
-    client = FakeClient()
-
-    class Factory:
-        @staticmethod
-        async def open() -> FakeClient:
-            return client
-
-    monkeypatch.setattr(cli, "TrainyardClient", Factory)
-    return client
-
-
-def invoke(*args: str) -> Any:
-    return runner.invoke(cli.app, list(args))
+    return stand_in(monkeypatch)
 
 
 # --- clone: --set ------------------------------------------------------------------------------------
@@ -290,7 +250,7 @@ def test_unauthenticated_hints_at_tokens(fake: FakeClient) -> None:
 
 
 @pytest.mark.parametrize(("subject", "service", "args", "method"), [
-    ("trainyard.query.jobs.list", "scheduler", ["list"], "list_jobs"),
+    ("trainyard.query.jobs.list", "scheduler", ["list"], "listing"),
     ("trainyard.query.autoscaler.status", "autoscaler", ["queue"], "queue_status"),
     ("trainyard.cmd.nodes.mark", "monitor", ["admin", "fault", "node-a", "board:0"], "mark_component"),
 ])
@@ -371,7 +331,7 @@ def test_no_answer_behind_another_error_still_names_the_service() -> None:
 
 
 def test_unreachable_nats_keeps_the_stack_hint(fake: FakeClient) -> None:
-    fake.answers["list_jobs"] = ServiceUnavailable("cannot connect to NATS at nats://127.0.0.1:1 (refused)")
+    fake.answers["listing"] = ServiceUnavailable("cannot connect to NATS at nats://127.0.0.1:1 (refused)")
     result = invoke("list")
     assert result.exit_code == 1
     assert "is the stack running? start it with `make up`, or set NATS_URL" in result.stderr
@@ -564,7 +524,7 @@ def test_events_show_the_ports_a_launch_listens_on(fake: FakeClient) -> None:
 
 def details(**fields: Any) -> JobDetails:
     spec_fields = {key: fields.pop(key) for key in ("checkpoint_resume", "fault_restart") if key in fields}
-    job = JobView(job_id="job-r", name="resnet", project="vision", creator="alice", status="failed",
+    job = JobView(job_id=SHOWN_JOB, name="resnet", project="vision", creator="alice", status="failed",
                   priority="normal", mode="pytorch", nodes=2, flavors=["gpu-4"], submitted_at=NOW, **fields)
     return JobDetails(job=job, spec=JobSpec(name="resnet", pool="dedicated", **spec_fields))
 
@@ -578,7 +538,7 @@ def test_show_counts_resumes_against_their_maximum(fake: FakeClient) -> None:
     fake.answers["get_job"] = details(resumes=1, max_resumes=3, excluded_nodes=["node-b", "node-c"],
                                       checkpoint_resume=CheckpointResume(max_resumes=5))
     fake.answers["usage"] = []
-    result = invoke("show", "job-r")
+    result = invoke("show", SHOWN_JOB)
     assert result.exit_code == 0, result.output
     rows = show_rows(result)
     assert rows["resumes"] == "1 of 3"  # the effective maximum, within the administrator's cap
@@ -590,19 +550,19 @@ def test_show_counts_restarts_and_says_how_long_the_environment_is_kept(fake: Fa
     kept_until = datetime.now(UTC) + timedelta(hours=4)
     fake.answers["get_job"] = details(restarts=2, fault_restart=FaultRestart(max_restarts=5), kept_until=kept_until)
     fake.answers["usage"] = []
-    result = invoke("show", "job-r")
+    result = invoke("show", SHOWN_JOB)
     assert result.exit_code == 0, result.output
     rows = show_rows(result)
     assert rows["restarts"] == "2 of 5"
     assert rows["environment"] == (f"kept for the debug terminal until {cli._time(kept_until)}; "
-                                   "`trainyard exec job-r` opens a shell in it")
+                                   f"`trainyard exec {SHOWN_JOB}` opens a shell in it")
     assert "resumes" not in rows
 
 
 def test_show_leaves_out_an_environment_no_longer_kept(fake: FakeClient) -> None:
     fake.answers["get_job"] = details(kept_until=datetime.now(UTC) - timedelta(minutes=1))
     fake.answers["usage"] = []
-    result = invoke("show", "job-r")
+    result = invoke("show", SHOWN_JOB)
     assert result.exit_code == 0, result.output
     assert "environment" not in show_rows(result)
 
@@ -781,7 +741,7 @@ def test_preload_states_read_each_node_from_its_latest_report() -> None:
 
 
 def test_show_tells_how_far_a_starting_jobs_nodes_are_in_copying_its_datasets(fake: FakeClient) -> None:
-    job = JobView(job_id="job-r", name="resnet", project="vision", creator="alice", status="running",
+    job = JobView(job_id=SHOWN_JOB, name="resnet", project="vision", creator="alice", status="running",
                   priority="normal", mode="pytorch", nodes=1, flavors=["cpu-1"], submitted_at=NOW,
                   instances=[InstanceView(rank=0, node="node-a", master=True, state="pending")])
     spec = JobSpec(name="resnet", data_preparation=True, datasets=[DatasetRef(name="imgs")])
@@ -792,7 +752,7 @@ def test_show_tells_how_far_a_starting_jobs_nodes_are_in_copying_its_datasets(fa
     other = msgspec.structs.replace(copying, source="datasets/someone-elses")
     fake.answers["cache"] = [NodeCache(node="node-a", reported_at=NOW, entries=[], copying=[copying, other]),
                              NodeCache(node="node-b", reported_at=NOW, entries=[], copying=[copying])]
-    result = invoke("show", "job-r")
+    result = invoke("show", SHOWN_JOB)
     assert result.exit_code == 0, result.output
     assert "data preparation" in result.output
     staging = [line.split() for line in result.output.splitlines() if "datasets/" in line]
