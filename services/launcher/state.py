@@ -131,6 +131,9 @@ class LauncherState:
     # it has yet to plan: its nodes are asked for rendezvous ports first (see dispatcher.py).
     planned: dict[str, int] = field(default_factory=dict)
     unplanned: dict[str, Admitted] = field(default_factory=dict)
+    # The jobs whose launch may still need the dispatcher (`active`): a launch that ended for good leaves it,
+    # so that every pass looks at the launches under way, however many ended before.
+    unsettled: dict[str, None] = field(default_factory=dict)
 
     # --- folds ----------------------------------------------------------------------------------------
 
@@ -141,6 +144,7 @@ class LauncherState:
             self.launches[envelope.aggregate_id] = Launch(job_id=event.job_id, attempt=event.attempt,
                                                           nodes=list(event.nodes), trace=envelope.trace,
                                                           ports=_ports_of(event), planned_at=envelope.recorded_at)
+            self.unsettled[envelope.aggregate_id] = None
         if isinstance(event, LaunchPlanned | LaunchFailed):
             self._planned(envelope.aggregate_id, event.attempt)
             if isinstance(event, LaunchPlanned):
@@ -223,8 +227,22 @@ class LauncherState:
         return nodes & {n.node for n in launch.nodes} if attempt == launch.attempt else set()
 
     def active(self) -> list[Launch]:
-        return [launch for launch in self.launches.values()
-                if launch.outcome is None or launch.running() or self.reports_stop(launch)]
+        found = []
+        for job_id in list(self.unsettled):
+            launch = self.launches[job_id]
+            if launch.outcome is None or launch.running() or self.reports_stop(launch):
+                found.append(launch)
+            elif self._settled(launch):
+                del self.unsettled[job_id]
+        return found
+
+    def _settled(self, launch: Launch) -> bool:
+        """Ended for good: only a new attempt (a launch of its own) needs the dispatcher again. A failed
+        launch may still be stopped for a restart or a resume, until its job ended."""
+        if launch.outcome in ("succeeded", "stopped"):
+            return True
+        job = self.lifecycle.jobs.get(launch.job_id)
+        return job is None or job.ended
 
     def _planned(self, job_id: str, attempt: int) -> None:
         self.planned[job_id] = max(attempt, self.planned.get(job_id, 0))

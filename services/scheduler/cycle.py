@@ -7,6 +7,7 @@ what the decision logic (placement.py) places and grows shrunken elastic jobs (S
 
 from __future__ import annotations
 
+import itertools
 from datetime import datetime, timedelta
 
 from libs.contracts.events import (
@@ -20,10 +21,16 @@ from libs.contracts.events import (
 from libs.eventstore import NewEvent
 from libs.placement import Admission, Decision, Growth, may_grow, schedule
 from libs.settings import Settings
+from services.scheduler.arrays import held_back
 from services.scheduler.names import job_change
 from services.scheduler.prediction import started
-from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
+from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_job, running_jobs
 from services.scheduler.state import Job, SchedulerState
+
+# A cycle decides on the first this many waiting jobs, as Slurm's scheduler looks `default_queue_depth` deep:
+# they are more than enough to fill the cluster, and a queue of tens of thousands costs a cycle no more. The
+# jobs behind them move up as these start (predictions still plan the whole queue).
+CYCLE_DEPTH = 2_000
 
 
 def settle_time(settings: Settings) -> timedelta:
@@ -64,7 +71,10 @@ def settled_failures(state: SchedulerState, now: datetime, settle: timedelta) ->
 
 def decide(state: SchedulerState, now: datetime) -> Decision | None:
     """The cycle's decision on the queue and the growable jobs; None when no job could start or grow."""
-    queue = queued_jobs(state, now)
+    waiting = state.queue()
+    held = held_back(state, [job.job_id for job in waiting])  # arrays at their `%N`: the rest wait
+    queue = [queued_job(state, job, now) for job in itertools.islice(
+        (job for job in waiting if job.job_id not in held), CYCLE_DEPTH)]
     running = running_jobs(state, now)
     if not queue and not any(map(may_grow, running)):
         return None
