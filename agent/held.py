@@ -12,6 +12,7 @@ window).
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import json
 import os
@@ -44,13 +45,18 @@ class HolderFailed(OSError):
 class HoldServer:
     """The agent's holder server (`holder.py --serve`): started on first use, and again when it ended.
 
-    A plain process with pipes rather than an asyncio subprocess: asyncio kills the process of a subprocess
-    transport that is closed, and the server must outlive its agent for as long as its holders run."""
+    Its answers are read as they come, without blocking the loop: `started <pid> <ticks>` for each request,
+    in order, and `ended <pid>` once a holder it forked ended, which wakes who waits for that holder's exit
+    at once rather than at its next look. A plain process with pipes rather than an asyncio subprocess:
+    asyncio kills the process of a subprocess transport that is closed, and the server must outlive its
+    agent for as long as its holders run."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
-        self._answers = b""
-        self._turn = asyncio.Lock()  # one question and its answer at a time
+        self._read = b""
+        self._answers: collections.deque[asyncio.Future[tuple[int, int]]] = collections.deque()
+        self._ended: dict[int, asyncio.Event] = {}  # holder pid -> set once it ended
+        self._turn = asyncio.Lock()  # one request on its way at a time, so answers come in order
 
     async def hold(self, folder: Path) -> tuple[int, int]:
         """Have a holder forked for the rank `folder`: its pid and start ticks."""
@@ -58,13 +64,14 @@ class HoldServer:
         async with self._turn:
             for _ in range(2):  # a server that ended meanwhile is started again once
                 process = self._running()
-                assert process.stdin is not None and process.stdout is not None
+                answer: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+                self._answers.append(answer)
                 try:
+                    assert process.stdin is not None
                     process.stdin.write(f"{folder}\n".encode())
                     process.stdin.flush()
                     async with asyncio.timeout(HOLDER_START_SECONDS):
-                        pid, since = map(int, (await self._line(process.stdout.fileno())).split())
-                    return pid, since
+                        return await answer
                 except (OSError, EOFError, ValueError, TimeoutError) as exc:  # gone, or answering nonsense
                     failure = f"the holder server did not answer: {exc!r}"
                     with contextlib.suppress(ProcessLookupError):
@@ -72,48 +79,67 @@ class HoldServer:
                     self._forget()
             raise HolderFailed(failure)
 
+    def ended(self, holder_pid: int) -> asyncio.Event:
+        """Set once the holder `holder_pid`, forked by this server, ended."""
+        return self._ended.setdefault(holder_pid, asyncio.Event())
+
+    def forget(self, holder_pid: int) -> None:
+        self._ended.pop(holder_pid, None)
+
     def _running(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
             self._forget()
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(HOLDER), "--serve"], env={}, cwd="/", start_new_session=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            os.set_blocking(self._process.stdout.fileno(), False)  # type: ignore[union-attr]
+            assert self._process.stdout is not None
+            os.set_blocking(self._process.stdout.fileno(), False)
+            asyncio.get_running_loop().add_reader(self._process.stdout.fileno(), self._readable)
         return self._process
 
-    async def _line(self, fd: int) -> bytes:
-        """The server's next answer line, read as it comes without blocking the loop."""
-        loop = asyncio.get_running_loop()
-        while b"\n" not in self._answers:
-            readable: asyncio.Future[None] = loop.create_future()
-            loop.add_reader(fd, _settle, readable)
-            try:
-                await readable
-            finally:
-                loop.remove_reader(fd)
-            with contextlib.suppress(BlockingIOError):
-                data = os.read(fd, 4096)
-                if not data:
-                    raise EOFError("the holder server ended")
-                self._answers += data
-        line, _, self._answers = self._answers.partition(b"\n")
-        return line
+    def _readable(self) -> None:
+        assert self._process is not None and self._process.stdout is not None
+        try:
+            data = os.read(self._process.stdout.fileno(), 65536)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if not data:  # the server ended: who waits for an answer is told
+            self._forget(EOFError("the holder server ended"))
+            return
+        self._read += data
+        while b"\n" in self._read:
+            line, _, self._read = self._read.partition(b"\n")
+            kind, *values = line.decode(errors="replace").split()
+            if kind == "ended" and values and values[0].isdigit():
+                self.ended(int(values[0])).set()
+            elif kind == "started" and self._answers:
+                answer = self._answers.popleft()
+                if not answer.done():
+                    try:
+                        pid, since = map(int, values)
+                        answer.set_result((pid, since))
+                    except ValueError as exc:
+                        answer.set_exception(exc)
 
-    def _forget(self) -> None:
+    def _forget(self, error: BaseException | None = None) -> None:
         if self._process is not None:
+            assert self._process.stdout is not None
+            with contextlib.suppress(Exception):
+                asyncio.get_running_loop().remove_reader(self._process.stdout.fileno())
             for pipe in (self._process.stdin, self._process.stdout):
                 with contextlib.suppress(OSError):
                     pipe.close()  # type: ignore[union-attr]
-        self._process, self._answers = None, b""
+        while self._answers:
+            answer = self._answers.popleft()
+            if not answer.done():
+                answer.set_exception(error or EOFError("the holder server was closed"))
+        self._process, self._read = None, b""
 
     def close(self) -> None:
         """No more holders: the server ends once those it forked have ended (it is not killed)."""
         self._forget()
-
-
-def _settle(future: asyncio.Future[None]) -> None:
-    if not future.done():
-        future.set_result(None)
 
 
 _servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HoldServer] = weakref.WeakKeyDictionary()
@@ -138,6 +164,7 @@ class HeldProcess:
         self.pid = pid or 0
         self.holder_pid = holder_pid or 0
         self.holder_since = holder_since
+        self._server: HoldServer | None = None  # the server that forked its holder, when this agent's
 
     @classmethod
     async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path,
@@ -147,8 +174,10 @@ class HeldProcess:
         fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the job's secrets are in it
         with os.fdopen(fd, "w") as out:
             json.dump({"argv": argv, "env": env, "cwd": str(cwd)}, out)
-        holder_pid, since = await (server or hold_server()).hold(folder)
+        server = server or hold_server()
+        holder_pid, since = await server.hold(folder)
         held = cls(folder, holder_pid=holder_pid, holder_since=since)
+        held._server = server
         deadline = asyncio.get_running_loop().time() + HOLDER_START_SECONDS
         while not (pid := _read_pid(folder)) and not (folder / EXIT_NAME).exists():
             if not held._holder_alive() or asyncio.get_running_loop().time() > deadline:
@@ -179,20 +208,30 @@ class HeldProcess:
 
     async def wait_exit(self) -> tuple[int, datetime]:
         """The exit the holder records; a holder gone without one (killed) ends the command and counts as
-        a kill (137)."""
-        while (found := self.exit()) is None:
-            if not self._holder_alive():
-                await asyncio.sleep(POLL_SECONDS)  # it may have written the exit as it ended
-                if (found := self.exit()) is not None:
-                    return found
-                if not self.folder.exists():  # the node was reported and its folder removed meanwhile
-                    return 137, datetime.now(UTC)
-                self.signal(signal.SIGKILL)  # unwatched, it would run on without anyone to report it
-                write_atomically(self.folder / EXIT_NAME, json.dumps(
-                    {"exit_code": 137, "started": self.started, "exited_at": datetime.now(UTC).isoformat()}))
-                continue
-            await asyncio.sleep(POLL_SECONDS)
-        return found
+        a kill (137). The server that forked the holder says at once when it ended; a holder of an agent
+        before is looked at every POLL_SECONDS."""
+        ended = self._server.ended(self.holder_pid) if self._server is not None else None
+        try:
+            while (found := self.exit()) is None:
+                if not self._holder_alive():
+                    await asyncio.sleep(POLL_SECONDS)  # it may have written the exit as it ended
+                    if (found := self.exit()) is not None:
+                        return found
+                    if not self.folder.exists():  # the node was reported and its folder removed meanwhile
+                        return 137, datetime.now(UTC)
+                    self.signal(signal.SIGKILL)  # unwatched, it would run on without anyone to report it
+                    write_atomically(self.folder / EXIT_NAME, json.dumps(
+                        {"exit_code": 137, "started": self.started, "exited_at": datetime.now(UTC).isoformat()}))
+                    continue
+                if ended is None:
+                    await asyncio.sleep(POLL_SECONDS)
+                else:
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(ended.wait(), POLL_SECONDS)
+            return found
+        finally:
+            if self._server is not None:
+                self._server.forget(self.holder_pid)
 
     def _holder_alive(self) -> bool:
         """Whether the holder still runs: that pid, started then (not a pid the system gave to something

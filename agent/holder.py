@@ -20,8 +20,10 @@ holder is left a zombie; a restarted agent starts a server of its own.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import selectors
 import signal
 import subprocess
 import sys
@@ -75,43 +77,76 @@ def start_ticks(pid: int) -> int | None:
     return None if fields[0] in ("Z", "X") else int(fields[19])
 
 
-def _reap(*_: object) -> None:
-    """Reap the holders that ended (SIGCHLD)."""
+def _reaped() -> list[int]:
+    """The holders that ended since the last look, reaped."""
+    ended: list[int] = []
     while True:
         try:
             pid, _status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
-            return
+            return ended
         if pid == 0:
-            return
+            return ended
+        ended.append(pid)
+
+
+def _forked(folder: Path) -> int:
+    """Fork a holder for `folder`; in the child, hold its command and end."""
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            signal.set_wakeup_fd(-1)
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the holder waits for its own command
+            os.setsid()
+            null = os.open(os.devnull, os.O_RDWR)
+            for fd in (0, 1, 2):  # the server's pipes are the agent's, not the holder's
+                os.dup2(null, fd)
+            code = hold(folder)
+        finally:
+            os._exit(code)
+    return pid
 
 
 def serve() -> int:
-    """Fork a holder for each rank folder named on standard input (a line each) and answer `<pid> <start
-    ticks>` on standard output; once the input ends (the agent is gone), wait for the holders, then end."""
-    signal.signal(signal.SIGCHLD, _reap)
-    while line := sys.stdin.buffer.readline():
-        folder = Path(line.rstrip(b"\n").decode())
-        pid = os.fork()
-        if pid == 0:
-            code = 1
+    """Fork a holder for each rank folder named on standard input (a line each), answering `started <pid>
+    <start ticks>` on standard output, and tell `ended <pid>` when one ended (its exit recorded), so the
+    agent learns it at once. Once the input ends (the agent is gone), wait for the holders, then end."""
+    wake_read, wake_write = os.pipe()
+    for fd in (wake_read, wake_write):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_write)  # SIGCHLD wakes the select below
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    pending, listening, holders, telling = b"", True, 0, True
+    while listening or holders:
+        lines: list[str] = []
+        for key, _ in selector.select():
+            if key.fd == wake_read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 4096)
+                continue
+            data = os.read(0, 65536)
+            if not data:
+                listening = False
+                selector.unregister(0)
+            pending += data
+            while b"\n" in pending:
+                line, _, pending = pending.partition(b"\n")
+                pid = _forked(Path(line.decode()))
+                holders += 1
+                lines.append(f"started {pid} {start_ticks(pid) or 0}\n")
+        for pid in _reaped():
+            holders -= 1
+            lines.append(f"ended {pid}\n")
+        if lines and telling:
             try:
-                signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the holder waits for its own command
-                os.setsid()
-                null = os.open(os.devnull, os.O_RDWR)
-                for fd in (0, 1, 2):  # the server's pipes are the agent's, not the holder's
-                    os.dup2(null, fd)
-                code = hold(folder)
-            finally:
-                os._exit(code)
-        sys.stdout.write(f"{pid} {start_ticks(pid) or 0}\n")
-        sys.stdout.flush()
-    signal.signal(signal.SIGCHLD, signal.SIG_DFL)
-    while True:
-        try:
-            os.wait()
-        except ChildProcessError:
-            return 0
+                os.write(1, "".join(lines).encode())
+            except BrokenPipeError:  # the agent is gone: its holders are still reaped
+                telling = False
+    return 0
 
 
 def main() -> int:
