@@ -1,0 +1,418 @@
+"""A real Slurm (Debian's `slurm-wlm`, 22.05) beside Trainyard, shaped like the bench cluster, for job throughput.
+
+    python -m bench.slurm [--jobs 1000] [--gang-jobs N] [--in-flight 16] [--array 10000]
+
+`SlurmPeer(folder)` runs a whole Slurm cluster out of `folder`, as root and without systemd: its own `munged`
+(a fresh key, its own socket, `--force` since it runs as root) for authentication, one `slurmctld` and one
+`slurmd` per node. Debian builds Slurm with multiple-slurmd support, so every node is a real `slurmd -N nodeK` on
+localhost with a port of its own: 8 nodes of 16 CPUs and 4000 MiB by default, which the real machine need not
+have (`SlurmdParameters=config_overrides`). Its ports are free ones between 20000 and 30000 (below the ephemeral
+range), so a Slurm already on 6817/6818 is left alone. Scheduling is `select/cons_tres` with `CR_Core_Memory` and
+the throughput settings of Slurm's high-throughput guide; no accounting database, no cgroups
+(`proctrack/linuxproc`, `task/none`).
+
+Every job really runs: a trivial job is `sbatch --wrap true` on one CPU; a gang job takes k whole nodes
+(`--exclusive -N k`) and runs `srun true` in its batch script, so that a step with one `true` is launched by
+the slurmd of every node it holds, as a multi-node training job runs on all of its nodes (the batch script
+alone would run on the first node only). Each job is one `sbatch` process, at most `in_flight` at a time, as
+a user's script submits them. A workload's time runs from its first submit until `squeue` (polled every
+0.2 s, pending, running and completing jobs of that workload only) lists none of its jobs, which can only
+overstate Slurm's time, by at most a poll; finished jobs stay known for `MinJobAge`, and each workload is then
+checked to have exactly as many COMPLETED jobs as it submitted, so that a failed or lost job never counts as done.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import collections
+import contextlib
+import os
+import platform
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import tempfile
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+COMMANDS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "munged")
+POLL_SECONDS = 0.2
+TRIVIAL_MEMORY_MIB = 64  # small: a node's 16 CPUs, not its memory, bound how many trivial jobs it runs
+STALL_SECONDS = 120.0  # a workload whose active jobs do not change for this long is stuck
+START_SECONDS = 60.0
+STOP_SECONDS = 15.0
+# Slurm clients read these from the environment: none of the caller's may leak into the peer's commands.
+CLIENT_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SQUEUE_", "SINFO_", "SALLOC_", "SCONTROL_")
+
+
+def slurm_missing() -> str | None:
+    """None when Slurm's daemons and commands (and munge) are installed, else what to install."""
+    missing = [command for command in COMMANDS if shutil.which(command) is None]
+    if not missing:
+        return None
+    return (f"{', '.join(missing)} not found: install Slurm with "
+            "`DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm` (it brings munge)")
+
+
+@dataclass(frozen=True)
+class Result:
+    workload: str
+    jobs: int
+    seconds: float  # from the first submit to the last job completed
+    submit_seconds: float  # from the first submit to the last submit's return
+    latencies: tuple[float, ...]  # seconds of each sbatch process
+
+    @property
+    def jobs_per_second(self) -> float:
+        return self.jobs / self.seconds
+
+    def latency(self, percent: int) -> float:
+        """The percent-th percentile of the submit latencies."""
+        if len(self.latencies) < 2:
+            return self.latencies[0]
+        return statistics.quantiles(self.latencies, n=100, method="inclusive")[percent - 1]
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports nothing listens on, below the ephemeral range so that no outgoing connection takes one meanwhile."""
+    ports: list[int] = []
+    candidate = random.randrange(20000, 30000)
+    while len(ports) < count:
+        with socket.socket() as probe:
+            try:
+                probe.bind(("", candidate))
+                ports.append(candidate)
+            except OSError:
+                pass
+        candidate += 1
+    return ports
+
+
+def marked_processes(marker: bytes) -> list[int]:
+    """Processes whose environment holds `marker`: every process the peer's daemons and jobs started."""
+    found = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            environ = Path(f"/proc/{entry}/environ").read_bytes()
+        except OSError:
+            continue  # gone, or a kernel thread
+        if marker in environ.split(b"\0"):
+            found.append(int(entry))
+    return found
+
+
+class SlurmPeer:
+    """A Slurm cluster of `nodes` nodes run from `folder`; stopped with everything it started on exit."""
+
+    def __init__(self, folder: Path, nodes: int = 8, cpus: int = 16, memory_mib: int = 4000,
+                 max_array: int = 10_000) -> None:
+        self.folder = folder
+        self.nodes = nodes
+        self.cpus = cpus
+        self.memory_mib = memory_mib
+        self.max_array = max_array
+        self.conf = folder / "slurm.conf"
+        self.munge_socket = folder / "munge" / "munge.socket"
+        self._daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
+        self._munged: subprocess.Popen[bytes] | None = None
+        self._lock = threading.Lock()
+        self._closed = False
+        self._workloads = 0
+        # Every daemon, slurmstepd and job process inherits this, which is how stop() finds the ones left.
+        self._marker = f"SLURM_CONF={self.conf}".encode()
+        kept = {name: value for name, value in os.environ.items() if not name.startswith(CLIENT_PREFIXES)}
+        self.env = {**kept, "SLURM_CONF": str(self.conf)}  # for any Slurm command run against this peer
+
+    def __enter__(self) -> SlurmPeer:
+        try:
+            self.start()
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        self.stop()
+
+    async def __aenter__(self) -> SlurmPeer:
+        try:
+            await asyncio.to_thread(self.start)
+        except BaseException:
+            self.stop()  # a start still running in its thread spawns nothing once stopped
+            raise
+        return self
+
+    async def __aexit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                        trace: TracebackType | None) -> None:
+        self.stop()  # not in a thread: it must finish even while the task is being cancelled
+
+    # Starting and stopping.
+
+    def start(self) -> None:
+        """Write slurm.conf, start munged, slurmctld and the slurmds, and wait until every node is idle."""
+        for sub in ("state", "log", "jobs", "munge", *(f"spool/node{k}" for k in range(1, self.nodes + 1))):
+            (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        (self.folder / "munge").chmod(0o711)  # munged wants its socket's folder searchable by all
+        self._write_munge_key()
+        ports = free_ports(1 + self.nodes)
+        self.conf.write_text(self._slurm_conf(ports[0], ports[1:]))
+        munge = self.folder / "munge"
+        self._munged = self._spawn("munged", [
+            "munged", "--foreground", "--force", f"--socket={self.munge_socket}",
+            f"--key-file={munge / 'munge.key'}", f"--pid-file={munge / 'munged.pid'}",
+            f"--seed-file={munge / 'munged.seed'}", f"--log-file={munge / 'munged.log'}", "--num-threads=4",
+        ], env={name: value for name, value in self.env.items() if name != "SLURM_CONF"})
+        self._wait_for("munged's socket", self.munge_socket.exists)
+        self._daemons.append(("slurmctld", self._spawn("slurmctld", ["slurmctld", "-D", "-c", "-f", str(self.conf)])))
+        for k in range(1, self.nodes + 1):
+            node = f"node{k}"
+            slurmd = ["slurmd", "-D", "-N", node, "-f", str(self.conf)]
+            self._daemons.append((node, self._spawn(f"slurmd-{node}", slurmd)))
+        self._wait_for(f"{self.nodes} idle nodes", self._all_idle)
+
+    def stop(self) -> None:
+        """Stop every daemon and whatever their jobs left running; munged last, as the others use it to the end."""
+        with self._lock:
+            self._closed = True
+        for _, daemon in self._daemons:
+            if daemon.poll() is None:
+                daemon.terminate()
+        for _, daemon in self._daemons:
+            _reap(daemon)
+        self._daemons.clear()
+        self._sweep()
+        if self._munged is not None:
+            if self._munged.poll() is None:
+                self._munged.terminate()
+            _reap(self._munged)
+            self._munged = None
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
+        with self._lock:
+            if self._closed:
+                raise RuntimeError("the Slurm peer was stopped while starting")
+            with (self.folder / "log" / f"{name}.out").open("ab") as output:
+                # A session of its own: a terminal's Ctrl-C reaches only us, and we stop the daemons in order.
+                return subprocess.Popen(argv, cwd=self.folder, env=env or self.env, stdin=subprocess.DEVNULL,
+                                        stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
+
+    def _sweep(self) -> None:
+        """Kill slurmstepd and job processes that outlived their slurmd (they are no children of ours)."""
+        deadline = time.monotonic() + STOP_SECONDS
+        while (left := marked_processes(self._marker)) and time.monotonic() < deadline:
+            for pid in left:
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+            time.sleep(0.1)
+
+    def _wait_for(self, what: str, ready: Callable[[], bool]) -> None:
+        deadline = time.monotonic() + START_SECONDS
+        while not ready():
+            if self._closed:
+                raise RuntimeError("the Slurm peer was stopped while starting")
+            dead = [(name, daemon) for name, daemon in [("munged", self._munged), *self._daemons]
+                    if daemon is not None and daemon.poll() is not None]
+            if dead:
+                name, daemon = dead[0]
+                raise RuntimeError(f"{name} exited ({daemon.returncode}) while waiting for {what}; "
+                                   f"its logs are in {self.folder / 'log'}")
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"no {what} after {START_SECONDS:.0f} s; logs in {self.folder / 'log'}")
+            time.sleep(POLL_SECONDS)
+
+    def _all_idle(self) -> bool:
+        listed = subprocess.run(["sinfo", "-h", "-N", "-o", "%T"], env=self.env, capture_output=True,
+                                text=True, check=False)
+        return listed.returncode == 0 and listed.stdout.split().count("idle") == self.nodes
+
+    def _write_munge_key(self) -> None:
+        key = self.folder / "munge" / "munge.key"
+        key.unlink(missing_ok=True)
+        descriptor = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o400)  # munged refuses a readable key
+        with os.fdopen(descriptor, "wb") as file:
+            file.write(os.urandom(1024))
+
+    def _slurm_conf(self, controller_port: int, node_ports: Sequence[int]) -> str:
+        folder = self.folder
+        lines = [
+            "ClusterName=trainyardbench",
+            "SlurmctldHost=localhost(127.0.0.1)",
+            f"SlurmctldPort={controller_port}",
+            "SlurmUser=root",
+            "SlurmdUser=root",
+            "AuthType=auth/munge",
+            "CredType=cred/munge",
+            f"AuthInfo=socket={self.munge_socket}",
+            f"StateSaveLocation={folder / 'state'}",
+            f"SlurmdSpoolDir={folder / 'spool' / '%n'}",
+            f"SlurmctldPidFile={folder / 'slurmctld.pid'}",
+            f"SlurmdPidFile={folder / 'slurmd-%n.pid'}",
+            f"SlurmctldLogFile={folder / 'log' / 'slurmctld.log'}",
+            f"SlurmdLogFile={folder / 'log' / 'slurmd-%n.log'}",
+            "MailProg=/bin/true",
+            "ProctrackType=proctrack/linuxproc",  # this kernel's cgroups are not usable
+            "TaskPlugin=task/none",
+            "JobAcctGatherType=jobacct_gather/none",
+            "AccountingStorageType=accounting_storage/none",
+            "JobCompType=jobcomp/none",
+            "SwitchType=switch/none",
+            "MpiDefault=none",
+            "SelectType=select/cons_tres",
+            "SelectTypeParameters=CR_Core_Memory",
+            "SchedulerParameters=default_queue_depth=1000,sched_min_interval=0,batch_sched_delay=0",
+            "MinJobAge=3600",  # finished jobs stay listed until their workload is counted
+            "MaxJobCount=200000",
+            f"MaxArraySize={self.max_array + 1}",
+            "SlurmdParameters=config_overrides",  # nodes bigger than the machine are not refused
+            "ReturnToService=2",
+        ]
+        lines += [f"NodeName=node{k} NodeHostname=localhost NodeAddr=127.0.0.1 Port={port} CPUs={self.cpus} "
+                  f"Boards=1 Sockets=1 CoresPerSocket={self.cpus} ThreadsPerCore=1 RealMemory={self.memory_mib} "
+                  "State=UNKNOWN" for k, port in enumerate(node_ports, start=1)]
+        lines.append("PartitionName=bench Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
+        return "\n".join(lines) + "\n"
+
+    # Workloads.
+
+    async def run_trivial(self, jobs: int, in_flight: int = 16) -> Result:
+        """`jobs` one-CPU jobs running `true`, one sbatch each, at most `in_flight` sbatch at once."""
+        name = await self._begin("trivial")
+        argv = ["sbatch", "--parsable", "-J", name, "-n1", "-c1", f"--mem={TRIVIAL_MEMORY_MIB}",
+                "-o", "/dev/null", f"--chdir={self.folder / 'jobs'}", "--wrap", "true"]
+        return await self._run(name, [argv] * jobs, in_flight, jobs)
+
+    async def run_gang(self, jobs: int, sizes: Sequence[int] = (1, 2, 4), in_flight: int = 16) -> Result:
+        """Job i takes sizes[i % len(sizes)] whole nodes and runs `true` on each of them with srun."""
+        if max(sizes) > self.nodes:
+            raise ValueError(f"a gang of {max(sizes)} nodes does not fit {self.nodes} nodes")
+        name = await self._begin("gang")
+        commands = [["sbatch", "--parsable", "-J", name, "--exclusive", f"-N{sizes[i % len(sizes)]}",
+                     "--ntasks-per-node=1", "--mem=0", "-o", "/dev/null", f"--chdir={self.folder / 'jobs'}",
+                     "--wrap", "srun true"] for i in range(jobs)]
+        return await self._run(name, commands, in_flight, jobs)
+
+    async def run_array(self, size: int) -> Result:
+        """One job array of `size` one-CPU tasks running `true`, from its submit until every task is done."""
+        if size > self.max_array:
+            raise ValueError(f"an array of {size} is over this peer's max_array of {self.max_array}")
+        name = await self._begin("array")
+        argv = ["sbatch", "--parsable", "-J", name, f"--array=0-{size - 1}", "-n1", "-c1",
+                f"--mem={TRIVIAL_MEMORY_MIB}", "-o", "/dev/null", f"--chdir={self.folder / 'jobs'}", "--wrap", "true"]
+        return await self._run(name, [argv], 1, size)
+
+    async def _begin(self, kind: str) -> str:
+        """Wait until the previous workload has left the queue; name the next one's jobs."""
+        while await self._active():
+            await asyncio.sleep(POLL_SECONDS)
+        self._workloads += 1
+        return f"{kind}-{self._workloads}"
+
+    async def _run(self, name: str, commands: list[list[str]], in_flight: int, jobs: int) -> Result:
+        gate = asyncio.Semaphore(in_flight)
+        latencies = [0.0] * len(commands)
+
+        async def submit(index: int, argv: list[str]) -> None:
+            async with gate:
+                started = time.perf_counter()
+                await self._command(argv)
+                latencies[index] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        async with asyncio.TaskGroup() as group:
+            for index, argv in enumerate(commands):
+                group.create_task(submit(index, argv))
+        submitted = time.perf_counter() - started
+        await self._wait_done(name)
+        seconds = time.perf_counter() - started
+        states = collections.Counter((await self._command(
+            ["squeue", "-h", "-r", "-t", "all", "-n", name, "-o", "%T"])).split())
+        if states != collections.Counter({"COMPLETED": jobs}):
+            raise RuntimeError(f"workload {name}: {jobs} jobs expected COMPLETED, Slurm lists {dict(states)}")
+        return Result(name.split("-")[0], jobs, seconds, submitted, tuple(latencies))
+
+    async def _wait_done(self, name: str) -> None:
+        """Until squeue lists none of the workload's jobs as pending, running or completing."""
+        last, changed = -1, time.monotonic()
+        while active := await self._active(name):
+            if active != last:
+                last, changed = active, time.monotonic()
+            elif time.monotonic() - changed > STALL_SECONDS:
+                raise RuntimeError(f"workload {name}: {active} jobs unchanged for {STALL_SECONDS:.0f} s; "
+                                   f"logs in {self.folder / 'log'}")
+            await asyncio.sleep(POLL_SECONDS)
+
+    async def _active(self, name: str | None = None) -> int:
+        argv = ["squeue", "-h", "-r", "-o", "%i"] + (["-n", name] if name else [])
+        return len((await self._command(argv)).split())
+
+    async def _command(self, argv: list[str]) -> str:
+        process = await asyncio.create_subprocess_exec(*argv, env=self.env, stdin=subprocess.DEVNULL,
+                                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = await process.communicate()
+        if process.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({process.returncode}): {err.decode().strip()[-500:]}")
+        return out.decode()
+
+
+def _reap(process: subprocess.Popen[bytes]) -> None:
+    try:
+        process.wait(timeout=STOP_SECONDS)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait()
+
+
+def slurm_version() -> str:
+    shown = subprocess.run(["slurmctld", "-V"], capture_output=True, text=True, check=False)
+    return shown.stdout.strip() or "slurm (unknown version)"
+
+
+def print_result(result: Result) -> None:
+    print(f"{result.workload:<10}{result.jobs:>7}{result.seconds:>10.1f}{result.jobs_per_second:>10.1f}"
+          f"{result.submit_seconds:>10.1f}{len(result.latencies) / result.submit_seconds:>11.1f}"
+          f"{result.latency(50) * 1000:>9.1f}{result.latency(99) * 1000:>9.1f}")
+
+
+async def workloads(peer: SlurmPeer, jobs: int, gang_jobs: int, in_flight: int, array: int) -> None:
+    print(f"{'workload':<10}{'jobs':>7}{'seconds':>10}{'jobs/s':>10}{'submit s':>10}{'submits/s':>11}"
+          f"{'p50 ms':>9}{'p99 ms':>9}")
+    if jobs:
+        print_result(await peer.run_trivial(jobs, in_flight))
+    if gang_jobs:
+        print_result(await peer.run_gang(gang_jobs, in_flight=in_flight))
+    if array:
+        print_result(await peer.run_array(array))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--jobs", type=int, default=1000, help="trivial jobs (0 skips them)")
+    parser.add_argument("--gang-jobs", type=int, help="whole-node gang jobs of 1, 2 and 4 nodes (default: --jobs)")
+    parser.add_argument("--in-flight", type=int, default=16, help="sbatch processes running at once")
+    parser.add_argument("--array", type=int, default=0, help="tasks of one job array (0 skips it)")
+    args = parser.parse_args()
+    if (missing := slurm_missing()) is not None:
+        raise SystemExit(missing)
+    gang_jobs = args.jobs if args.gang_jobs is None else args.gang_jobs
+    with tempfile.TemporaryDirectory(prefix="trainyard-slurm-") as workdir:
+        peer = SlurmPeer(Path(workdir), max_array=max(args.array, 1))
+        print(f"{slurm_version()}: {peer.nodes} nodes of {peer.cpus} CPUs and {peer.memory_mib} MiB, one slurmd "
+              f"each, on {os.cpu_count()} CPUs ({platform.machine()}); {args.in_flight} sbatch at once")
+        # The daemons run outside the event loop, so that a Ctrl-C still stops them in order.
+        with peer:
+            asyncio.run(workloads(peer, args.jobs, gang_jobs, args.in_flight, args.array))
+
+
+if __name__ == "__main__":
+    main()

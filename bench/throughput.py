@@ -1,0 +1,309 @@
+"""Throughput: how many jobs go from submit to success per second, side by side with Slurm.
+
+    python -m bench.throughput [--jobs 1000] [--agents 8] [--in-flight 16] [--submits 5000] [--array 10000]
+                               [--workloads trivial,gang,submit,array] [--no-slurm]
+
+Runs the whole local stack as `make up` does (NATS enforcing a login per role, PostgreSQL, the four
+services, `--agents` node agents of 16 CPUs and 4000 MiB each), and through the Python client:
+
+- trivial: `--jobs` single-node jobs of one CPU running `true`, `--in-flight` submissions at a time;
+  the seconds from the first submit to the last success (each job's `ended_at`), and the submit rate;
+- gang: `--jobs` whole-node PyTorch jobs of 1, 2 and 4 nodes in turn, running `true` on every node;
+- submit: `--submits` jobs from 4 clients at once, each with `--in-flight` requests out, into a pool no
+  node serves, so they all stay queued: submissions accepted per second (every answer comes after its
+  events are committed) and the latency of each, p50 and p99; then, with them queued, how long `list`
+  and `show` take to answer; then they are stopped;
+- array: one `--array`-job array of trivial jobs, from the submit to the last success.
+
+Every job is a real process started by a real agent. Where Slurm is installed (`apt-get install
+slurm-wlm`), the same workloads run on it in the same run (bench/slurm.py: 8 emulated nodes of the same
+size, throughput tuning) and the ratio is printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import itertools
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+
+from bench.servers import bench_servers
+from bench.slurm import SlurmPeer, slurm_missing
+from client.api import TrainyardClient
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.devstack.harness import Stack
+
+NODE_CPUS, NODE_MEMORY_MIB = 16, 4000
+GANG_SIZES = (1, 2, 4)
+SUBMIT_CLIENTS = 4
+POLL_SECONDS = 0.2  # as bench/slurm.py polls squeue
+SEARCH_LIMIT = 1000
+SLURM_SUBMITS_PER_SECOND = 500.0  # the submission rate Slurm's high-throughput guide documents
+ENDED = ("succeeded", "failed", "stopped", "expired")
+
+
+def cluster_config(path: Path, agents: int) -> Path:
+    nodes = "\n".join(f"  - {{name: node-{i}, address: 127.0.0.1, cpus: {NODE_CPUS}, memory_mib: {NODE_MEMORY_MIB}}}"
+                      for i in range(1, agents + 1))
+    path.write_text("flavors:\n"
+                    "  - {name: cpu-1, cpus: 1, memory_mib: 100}\n"
+                    f"  - {{name: whole, cpus: {NODE_CPUS}, memory_mib: {NODE_MEMORY_MIB}}}\n"
+                    f"nodes:\n{nodes}\n")
+    return path
+
+
+def trivial_spec(index: int | str, *, output: str = "trivial", pool: str | None = None) -> JobSpec:
+    return JobSpec(name=f"{output}-{index}", flavors=["cpu-1"], algorithm=AlgorithmRef(name="pytorch-ddp"),
+                   command="true", output=OutputRef(name=output), pool=pool)
+
+
+def gang_spec(index: int) -> JobSpec:
+    nodes = GANG_SIZES[index % len(GANG_SIZES)]
+    return JobSpec(name=f"gang-{index}", mode="pytorch" if nodes > 1 else "single-node", nodes=nodes,
+                   flavors=["whole"], algorithm=AlgorithmRef(name="pytorch-ddp"), command="true",
+                   output=OutputRef(name="gang"))
+
+
+@dataclass
+class Run:
+    """One workload's figures."""
+
+    jobs: int
+    seconds: float  # first submit to last success
+    submit_seconds: float  # first submit to last answer
+    latencies: list[float] = field(default_factory=list)  # each submission's, in seconds
+    statuses: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def rate(self) -> float:
+        return self.jobs / self.seconds if self.seconds else 0.0
+
+    @property
+    def submit_rate(self) -> float:
+        return self.jobs / self.submit_seconds if self.submit_seconds else 0.0
+
+
+def percentile(values: Sequence[float], fraction: float) -> float:
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))] if ordered else 0.0
+
+
+async def submit_all(clients: Sequence[TrainyardClient], specs: Sequence[JobSpec],
+                     in_flight: int) -> tuple[list[str], list[float], float, float]:
+    """Submit every spec, `in_flight` requests out per client; the ids, each latency, first and last answer."""
+    queue: asyncio.Queue[JobSpec] = asyncio.Queue()
+    for spec in specs:
+        queue.put_nowait(spec)
+    ids: list[str] = []
+    latencies: list[float] = []
+    began = time.monotonic()
+
+    async def worker(client: TrainyardClient) -> None:
+        while not queue.empty():
+            spec = queue.get_nowait()
+            sent = time.monotonic()
+            accepted = await client.submit(spec)
+            latencies.append(time.monotonic() - sent)
+            ids.append(accepted.job_id)
+
+    await asyncio.gather(*(worker(client) for client in clients for _ in range(in_flight)))
+    return ids, latencies, began, time.monotonic()
+
+
+async def ended(api: TrainyardClient, output: str, count: int,
+                progress: Callable[[str], None]) -> tuple[float, dict[str, int]]:
+    """Wait until no job is queued or running; when that was seen (time.monotonic(), polled as Slurm's side is),
+    and how many of the workload's `count` jobs ended each way."""
+    while await api.list_jobs(["queued", "running"], limit=1):
+        await asyncio.sleep(POLL_SECONDS)
+    seen = time.monotonic()
+    # A search answers at most SEARCH_LIMIT jobs: a count at that limit is a lower bound.
+    statuses = {status: len(await api.search(output=output, statuses=[status], limit=SEARCH_LIMIT))
+                for status in ("failed", "stopped", "expired")}
+    statuses = {status: found for status, found in statuses.items() if found}
+    if not statuses:
+        statuses["succeeded"] = count
+    progress(f"  ended: {statuses}")
+    return seen, statuses
+
+
+async def through(api: TrainyardClient, clients: Sequence[TrainyardClient], specs: Sequence[JobSpec],
+                  in_flight: int, progress: Callable[[str], None]) -> Run:
+    """Submit `specs` (all with one output) and wait for them all to end: the workload's figures."""
+    output = specs[0].output.name if specs[0].output else ""
+    ids, latencies, began, answered = await submit_all(clients, specs, in_flight)
+    progress(f"  {len(ids)} submitted in {answered - began:.1f} s")
+    done, statuses = await ended(api, output, len(specs), progress)
+    way = await steps(api, ids[len(ids) // 2:len(ids) // 2 + 50])
+    progress("  median seconds to " + ", ".join(f"{name} {seconds:.3f}" for name, seconds in way.items()))
+    return Run(jobs=len(specs), seconds=done - began, submit_seconds=answered - began, latencies=latencies,
+               statuses=statuses)
+
+
+# The steps of a job's way, each ending at the first event of its kind in the job's history.
+STEPS = (("JobSubmitted", "submitted"), ("JobAdmitted", "admitted"), ("LaunchPlanned", "planned"),
+         ("NodeProcessStarted", "started"), ("NodeProcessExited", "exited"), ("JobSucceeded", "succeeded"))
+
+
+async def steps(api: TrainyardClient, job_ids: Sequence[str]) -> dict[str, float]:
+    """The median seconds between the steps of the jobs' way, from their histories."""
+    gaps: dict[str, list[float]] = {}
+    for job_id in job_ids:
+        seen: dict[str, datetime] = {}
+        for envelope in await api.history(job_id):
+            seen.setdefault(type(envelope.event).name(), envelope.recorded_at)
+        for (before, _), (after, name) in itertools.pairwise(STEPS):
+            if before in seen and after in seen:
+                gaps.setdefault(name, []).append((seen[after] - seen[before]).total_seconds())
+    return {name: statistics.median(values) for name, values in gaps.items()}
+
+
+async def timed(call: Callable[[], Awaitable[object]], times: int) -> list[float]:
+    seconds = []
+    for _ in range(times):
+        began = time.monotonic()
+        await call()
+        seconds.append(time.monotonic() - began)
+    return seconds
+
+
+@dataclass
+class Figures:
+    runs: dict[str, Run] = field(default_factory=dict)
+    queries: dict[str, list[float]] = field(default_factory=dict)
+    prediction_lag: float | None = None  # from the last submission's answer to its prediction recorded
+    queued: int = 0  # jobs queued while `queries` were timed
+
+
+async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[str], None]) -> Figures:
+    figures = Figures()
+    async with bench_servers("throughput") as servers:
+        stack = Stack(home / "stack", None, servers.database_url, connect=TrainyardClient.open,
+                      cluster=cluster_config(home / "cluster.yaml", args.agents), timings={})
+        clients: list[TrainyardClient] = []
+        try:
+            progress(f"starting the stack with {args.agents} agents")
+            api = await stack.up()
+            clients = [await TrainyardClient.open(stack.nats_url, token=stack.token) for _ in range(SUBMIT_CLIENTS)]
+            workloads = args.workloads.split(",")
+            if "trivial" in workloads:
+                progress(f"trivial: {args.jobs} single-node jobs running `true`")
+                figures.runs["trivial"] = await through(api, clients[:1], [trivial_spec(i) for i in range(args.jobs)],
+                                                        args.in_flight, progress)
+            if "gang" in workloads:
+                progress(f"gang: {args.jobs} whole-node jobs of 1, 2 and 4 nodes")
+                figures.runs["gang"] = await through(api, clients[:1], [gang_spec(i) for i in range(args.jobs)],
+                                                     args.in_flight, progress)
+            if "submit" in workloads:
+                progress(f"submit: {args.submits} jobs from {SUBMIT_CLIENTS} clients, left queued")
+                specs = [trivial_spec(i, output="held", pool="held") for i in range(args.submits)]
+                ids, latencies, began, answered = await submit_all(clients, specs, args.in_flight)
+                figures.runs["submit"] = Run(jobs=len(ids), seconds=0.0, submit_seconds=answered - began,
+                                             latencies=latencies)
+                progress(f"  {len(ids)} accepted in {answered - began:.1f} s")
+                while (await api.get_job(ids[-1])).job.prediction is None:  # planned after it, in batches
+                    await asyncio.sleep(0.1)
+                figures.prediction_lag = time.monotonic() - answered
+                for start in range(0, len(ids), 1000):
+                    await api.stop(ids[start:start + 1000])
+                await ended(api, "held", len(ids), progress)
+            if "array" in workloads:
+                progress(f"array: one array of {args.array} single-node jobs running `true`")
+                began = time.monotonic()
+                accepted = await api.submit_array(trivial_spec("{index}", output="array"),
+                                                  indices=f"0-{args.array - 1}")
+                answered = time.monotonic()
+                progress(f"  accepted in {answered - began:.1f} s; timing list and show while they are queued")
+                figures.queued = sum((await api.listing(["queued"])).arrays[0].statuses.values())
+                figures.queries["list"] = await timed(api.listing, 20)
+                figures.queries["show"] = await timed(lambda: api.get_job(accepted.job_ids[-1]), 20)
+                done, statuses = await ended(api, "array", args.array, progress)
+                figures.runs["array"] = Run(jobs=args.array, seconds=done - began, submit_seconds=answered - began,
+                                            latencies=[answered - began], statuses=statuses)
+        finally:
+            for client in clients:
+                await client.close()
+            await stack.close()
+    return figures
+
+
+async def slurm_side(args: argparse.Namespace, folder: Path, progress: Callable[[str], None]) -> dict[str, float]:
+    """The same workloads on a real Slurm of as many nodes of the same size (bench/slurm.py): jobs/s each."""
+    folder.mkdir()
+    found: dict[str, float] = {}
+    async with SlurmPeer(folder, nodes=args.agents, cpus=NODE_CPUS, memory_mib=NODE_MEMORY_MIB,
+                         max_array=max(args.array, 1)) as peer:
+        workloads = args.workloads.split(",")
+        if "trivial" in workloads:
+            progress(f"Slurm trivial: {args.jobs} jobs, one sbatch each, {args.in_flight} at once")
+            found["trivial"] = (await peer.run_trivial(args.jobs, args.in_flight)).jobs_per_second
+        if "gang" in workloads:
+            progress(f"Slurm gang: {args.jobs} --exclusive jobs of 1, 2 and 4 nodes running srun true")
+            found["gang"] = (await peer.run_gang(args.jobs, GANG_SIZES, args.in_flight)).jobs_per_second
+        if "array" in workloads and args.array:
+            progress(f"Slurm array: sbatch --array=0-{args.array - 1}")
+            found["array"] = (await peer.run_array(args.array)).jobs_per_second
+    return found
+
+
+def report(figures: Figures, slurm: dict[str, float] | None) -> list[str]:
+    lines = [f"{'workload':<10} {'jobs':>6} {'seconds':>8} {'jobs/s':>8} {'submit/s':>9} "
+             f"{'p50 ms':>7} {'p99 ms':>7} {'Slurm jobs/s':>13} {'ratio':>6}"]
+    for name, run in figures.runs.items():
+        peer = slurm.get(name) if slurm else None
+        if name == "submit":  # nothing runs: submissions against Slurm's documented figure
+            peer, ratio = SLURM_SUBMITS_PER_SECOND, f"{run.submit_rate / SLURM_SUBMITS_PER_SECOND:.2f}"
+        else:
+            ratio = f"{run.rate / peer:.2f}" if peer and run.seconds else "-"
+        rate = f"{run.rate:.1f}" if run.seconds else "-"
+        lines.append(f"{name:<10} {run.jobs:>6} {run.seconds:>8.1f} {rate:>8} {run.submit_rate:>9.1f} "
+                     f"{percentile(run.latencies, 0.5) * 1000:>7.0f} {percentile(run.latencies, 0.99) * 1000:>7.0f} "
+                     f"{(f'{peer:.1f}' if peer else '-'):>13} {ratio:>6}")
+    if "submit" in figures.runs:
+        lines.append(f"(submit: submissions/s against the {SLURM_SUBMITS_PER_SECOND:.0f}/s of Slurm's "
+                     "high-throughput guide)")
+    for name, seconds in figures.queries.items():
+        lines.append(f"{name} while {figures.queued} jobs were queued: p50 "
+                     f"{percentile(seconds, 0.5) * 1000:.0f} ms, max {max(seconds) * 1000:.0f} ms")
+    if figures.prediction_lag is not None:
+        lines.append(f"the last submission's prediction was recorded {figures.prediction_lag:.1f} s after its answer")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--agents", type=int, default=8)
+    parser.add_argument("--in-flight", type=int, default=16)
+    parser.add_argument("--submits", type=int, default=5000)
+    parser.add_argument("--array", type=int, default=10000)
+    parser.add_argument("--workloads", default="trivial,gang,submit,array")
+    parser.add_argument("--no-slurm", action="store_true")
+    args = parser.parse_args()
+
+    def progress(line: str) -> None:
+        print(line, flush=True)
+
+    with tempfile.TemporaryDirectory(prefix="trainyard-throughput-") as workdir:
+        home = Path(workdir)
+        home.chmod(0o755)
+        figures = asyncio.run(trainyard(args, home, progress))
+        slurm = None
+        if args.no_slurm:
+            pass
+        elif (missing := slurm_missing()) is not None:
+            progress(f"no Slurm beside it: {missing}")
+        else:
+            slurm = asyncio.run(slurm_side(args, home / "slurm", progress))
+    print()
+    print("\n".join(report(figures, slurm)))
+
+
+if __name__ == "__main__":
+    main()
