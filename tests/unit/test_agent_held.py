@@ -151,6 +151,16 @@ async def test_holders_outlive_their_agent_and_the_server_that_forked_them_ends_
             await asyncio.sleep(0.05)
 
 
+@on_loop
+async def test_the_server_tells_its_agent_when_a_holder_ended(tmp_path: Path) -> None:
+    server = HoldServer()
+    process = await HeldProcess.start(tmp_path, [sys.executable, "-c", "raise SystemExit(4)"], {}, tmp_path, server)
+    async with asyncio.timeout(10):  # told, not found by looking at the folder
+        await server.ended(process.holder_pid).wait()
+    assert (await process.wait_exit())[0] == 4
+    server.close()
+
+
 def test_a_holder_recorded_by_an_older_agent_is_told_by_its_command_line(tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", "import time, sys; time.sleep(30)", str(tmp_path)])
     try:
