@@ -67,14 +67,14 @@ def hold(folder: Path) -> int:
     return 0
 
 
-def start_ticks(pid: int) -> int | None:
-    """When `pid` started, in clock ticks since boot (None: no such process, or a zombie): with the pid, it
-    names a process for as long as the system runs."""
+def start_ticks(pid: int, *, ended: bool = False) -> int | None:
+    """When `pid` started, in clock ticks since boot (None: no such process, or one that ended, unless
+    `ended`: a child not reaped yet): with the pid, it names a process for as long as the system runs."""
     try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
     except (OSError, IndexError):
         return None
-    return None if fields[0] in ("Z", "X") else int(fields[19])
+    return None if fields[0] in ("Z", "X") and not ended else int(fields[19])
 
 
 def _reaped() -> list[int]:
@@ -137,7 +137,8 @@ def serve() -> int:
                 line, _, pending = pending.partition(b"\n")
                 pid = _forked(Path(line.decode()))
                 holders += 1
-                lines.append(f"started {pid} {start_ticks(pid) or 0}\n")
+                # Read before the holder is reaped (below), however soon it ended: a pid with its start time.
+                lines.append(f"started {pid} {start_ticks(pid, ended=True) or 0}\n")
         for pid in _reaped():
             holders -= 1
             lines.append(f"ended {pid}\n")

@@ -126,10 +126,13 @@ async def ended(api: TrainyardClient, output: str, count: int,
     # A search answers at most SEARCH_LIMIT jobs: a count at that limit is a lower bound.
     statuses = {status: len(await api.search(output=output, statuses=[status], limit=SEARCH_LIMIT))
                 for status in ("failed", "stopped", "expired")}
+    for failed in (await api.search(output=output, statuses=["failed"], limit=3)):
+        progress(f"  failed: {failed.job_id}: {(await api.get_job(failed.job_id)).job.reason}")
     statuses = {status: found for status, found in statuses.items() if found}
-    if not statuses:
-        statuses["succeeded"] = count
-    progress(f"  ended: {statuses}")
+    statuses["succeeded"] = count - sum(statuses.values()) if all(n < SEARCH_LIMIT for n in statuses.values()) \
+        else 0
+    progress("  ended: " + ", ".join(f"{status} {found}{'+' if found >= SEARCH_LIMIT else ''}"
+                                     for status, found in statuses.items() if found or status == "succeeded"))
     return seen, statuses
 
 
