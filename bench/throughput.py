@@ -129,10 +129,11 @@ async def ended(api: TrainyardClient, output: str, count: int,
     for failed in (await api.search(output=output, statuses=["failed"], limit=3)):
         progress(f"  failed: {failed.job_id}: {(await api.get_job(failed.job_id)).job.reason}")
     statuses = {status: found for status, found in statuses.items() if found}
-    statuses["succeeded"] = count - sum(statuses.values()) if all(n < SEARCH_LIMIT for n in statuses.values()) \
-        else 0
-    progress("  ended: " + ", ".join(f"{status} {found}{'+' if found >= SEARCH_LIMIT else ''}"
-                                     for status, found in statuses.items() if found or status == "succeeded"))
+    shown = [f"{status} {found}{'+' if found >= SEARCH_LIMIT else ''}" for status, found in statuses.items()]
+    if all(found < SEARCH_LIMIT for found in statuses.values()):  # the rest succeeded, exactly counted
+        statuses["succeeded"] = count - sum(statuses.values())
+        shown.insert(0, f"succeeded {statuses['succeeded']}")
+    progress("  ended: " + ", ".join(shown))
     return seen, statuses
 
 
