@@ -13,6 +13,7 @@ event at or below the checkpoint is never applied again. The checkpoint row is l
 
 from __future__ import annotations
 
+import itertools
 import zlib
 from collections.abc import Iterable
 from typing import Any
@@ -130,8 +131,11 @@ class JobSearchProjection:
                 pending = [envelope for envelope in batch if envelope.position > checkpoint]
                 if not pending:
                     continue
-                for envelope in pending:
-                    await self._apply(conn, envelope)
+                # A run of events of one kind (a burst of submissions) is one statement for all its rows; runs
+                # stay in order, so a job's row sees its events as they came.
+                statements = [found for envelope in pending if (found := self._statement(envelope)) is not None]
+                for sql, run in itertools.groupby(statements, key=lambda statement: statement[0]):
+                    await conn.executemany(sql, [values for _, values in run])
                 await conn.execute(
                     f"UPDATE {self.schema}.projection_checkpoints SET position = $2 WHERE name = $1",
                     PROJECTION, pending[-1].position,
@@ -224,7 +228,8 @@ class JobSearchProjection:
             raise RuntimeError(f"{self.schema}.{PROJECTION} has no checkpoint: run migrate() first")
         return int(position)
 
-    async def _apply(self, conn: asyncpg.pool.PoolConnectionProxy[asyncpg.Record], envelope: EventEnvelope) -> None:
+    def _statement(self, envelope: EventEnvelope) -> tuple[str, tuple[Any, ...]] | None:
+        """The statement (and its values) that applies one event to the table; None for events it ignores."""
         event = envelope.event
         table = f"{self.schema}.job_search"
         if isinstance(event, JobSubmitted):
@@ -233,7 +238,7 @@ class JobSearchProjection:
             refs += [task.algorithm for task in spec.tasks]
             first = refs[0] if refs else None
             # An upsert, so that a job id seen again replaces its row rather than failing the batch.
-            await conn.execute(
+            return (
                 f"""INSERT INTO {table} (job_id, name, project, creator, access, status, priority, mode, flavors,
                         flavor, algorithm, algorithm_source, algorithms, favorite_algorithms, output,
                         submitted_at, ended_at, deleted, position)
@@ -247,37 +252,27 @@ class JobSearchProjection:
                         algorithms = EXCLUDED.algorithms, favorite_algorithms = EXCLUDED.favorite_algorithms,
                         output = EXCLUDED.output, submitted_at = EXCLUDED.submitted_at,
                         ended_at = EXCLUDED.ended_at, deleted = EXCLUDED.deleted, position = EXCLUDED.position""",
-                event.job_id, spec.name, spec.project, event.creator, spec.access, spec.priority, spec.mode,
-                list(spec.flavors), first.name if first else None, first.source if first else None,
-                _unique(ref.name for ref in refs if ref.source == "private"),
-                _unique(ref.name for ref in refs if ref.source == "favorite"),
-                spec.output.name if spec.output else None, envelope.recorded_at, envelope.position,
-            )
-        elif isinstance(event, JobAdmitted):
-            await conn.execute(
-                f"UPDATE {table} SET status = 'running', flavor = $2, position = $3 WHERE job_id = $1",
-                event.job_id, event.flavor, envelope.position,
-            )
-        elif isinstance(event, JobRequeued):  # moved after a fault (J12) or waiting to restart (J13)
-            await conn.execute(
-                f"UPDATE {table} SET status = 'queued', position = $2 WHERE job_id = $1",
-                event.job_id, envelope.position,
-            )
-        elif isinstance(event, JobSucceeded | JobFailed | JobStopped | JobExpired):
-            await conn.execute(
-                f"UPDATE {table} SET status = $2, ended_at = $3, position = $4 WHERE job_id = $1",
-                event.job_id, _ENDED[type(event)], envelope.recorded_at, envelope.position,
-            )
-        elif isinstance(event, JobPriorityChanged):
-            await conn.execute(
-                f"UPDATE {table} SET priority = $2, position = $3 WHERE job_id = $1",
-                event.job_id, event.priority, envelope.position,
-            )
-        elif isinstance(event, JobDeleted):
-            await conn.execute(
-                f"UPDATE {table} SET deleted = true, position = $2 WHERE job_id = $1",
-                event.job_id, envelope.position,
-            )
+                (event.job_id, spec.name, spec.project, event.creator, spec.access, spec.priority, spec.mode,
+                 list(spec.flavors), first.name if first else None, first.source if first else None,
+                 _unique(ref.name for ref in refs if ref.source == "private"),
+                 _unique(ref.name for ref in refs if ref.source == "favorite"),
+                 spec.output.name if spec.output else None, envelope.recorded_at, envelope.position))
+        if isinstance(event, JobAdmitted):
+            return (f"UPDATE {table} SET status = 'running', flavor = $2, position = $3 WHERE job_id = $1",
+                    (event.job_id, event.flavor, envelope.position))
+        if isinstance(event, JobRequeued):  # moved after a fault (J12) or waiting to restart (J13)
+            return (f"UPDATE {table} SET status = 'queued', position = $2 WHERE job_id = $1",
+                    (event.job_id, envelope.position))
+        if isinstance(event, JobSucceeded | JobFailed | JobStopped | JobExpired):
+            return (f"UPDATE {table} SET status = $2, ended_at = $3, position = $4 WHERE job_id = $1",
+                    (event.job_id, _ENDED[type(event)], envelope.recorded_at, envelope.position))
+        if isinstance(event, JobPriorityChanged):
+            return (f"UPDATE {table} SET priority = $2, position = $3 WHERE job_id = $1",
+                    (event.job_id, event.priority, envelope.position))
+        if isinstance(event, JobDeleted):
+            return (f"UPDATE {table} SET deleted = true, position = $2 WHERE job_id = $1",
+                    (event.job_id, envelope.position))
+        return None
 
 
 def _unique(names: Iterable[str]) -> list[str]:

@@ -50,6 +50,9 @@ UPSTREAMS = ("monitor", "launcher", "autoscaler")
 # The share of the scheduler's time the predictions of new jobs may take while jobs keep coming: a plan of a
 # deep queue takes a while, and the cycles and the submissions come first.
 PREDICTION_SHARE = 0.25
+# The share of its time the scheduler's cycles may take (libs/eventsourced.py `Pacer`), and after a cycle that
+# started nothing.
+CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
 
 
 def utc_now() -> datetime:
@@ -73,7 +76,7 @@ class Scheduler(EventSourcedService):
         self.planning = PlanningThread(self.predictions)
         self.submissions = SubmissionBatches(self.state, self.lock, self.record)  # group commit
         self._predict_wake = asyncio.Event()
-        self.pacer = Pacer()
+        self.pacer = Pacer(share=CYCLE_SHARE)
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -148,19 +151,25 @@ class Scheduler(EventSourcedService):
             self.wake.clear()
             async with self.lock:
                 with self.pacer.run():
-                    await self.run_cycle()
+                    decided = await self.run_cycle()
+            # A cycle that started nothing found the cluster full or the queue stuck: the next waits longer, so a
+            # flood of submissions is taken in rather than decided on again after each.
+            self.pacer.share = CYCLE_SHARE if decided else IDLE_CYCLE_SHARE
 
-    async def run_cycle(self) -> None:
-        """Expire, fail what settled, then admit and grow; each recorded in a span continuing its job's trace."""
+    async def run_cycle(self) -> bool:
+        """Expire, fail what settled, then admit and grow; each recorded in a span continuing its job's trace.
+        Whether it recorded anything."""
         now = self.clock()
-        await self._record_each("expire", cycle.expirations(self.state, now))
-        await self._record_each("fail", cycle.settled_failures(self.state, now, self.settle))
+        expired = await self._record_each("expire", cycle.expirations(self.state, now))
+        failed = await self._record_each("fail", cycle.settled_failures(self.state, now, self.settle))
         decision = cycle.decide(self.state, now)
-        if decision is not None:
-            await self._record_each("admit", cycle.admissions(self.state, decision, now))
-            await self._record_each("grow", cycle.growths(self.state, decision))
+        if decision is None:
+            return expired or failed
+        admitted = await self._record_each("admit", cycle.admissions(self.state, decision, now))
+        grown = await self._record_each("grow", cycle.growths(self.state, decision))
+        return expired or failed or admitted or grown
 
-    async def _record_each(self, what: str, changes: list[NewEvent]) -> None:
+    async def _record_each(self, what: str, changes: list[NewEvent]) -> bool:
         """Record a cycle's decisions of one kind in one append, each in a span continuing its job's trace."""
         traced = []
         for change in changes:
@@ -169,6 +178,7 @@ class Scheduler(EventSourcedService):
                 traced.append(NewEvent(change.aggregate_type, change.aggregate_id, change.event,
                                        trace=current_trace_headers()))
         await self.record(traced)
+        return bool(traced)
 
     async def prediction_loop(self) -> None:
         """S6 for the jobs submitted without asking for one: planned together, off the event loop and

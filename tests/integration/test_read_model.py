@@ -317,16 +317,16 @@ async def test_a_failed_batch_leaves_rows_and_checkpoint_as_they_were(
     await populate(log)
     total = await event_count(store)
     projection = await projection_of(store, batch_size=5)
-    apply = projection._apply
+    statement = projection._statement
     seen: list[int] = []
 
-    async def crash_on_seventh(conn: Any, envelope: Any) -> None:
+    def crash_on_seventh(envelope: Any) -> Any:
         seen.append(envelope.position)
         if len(seen) == 7:
             raise RuntimeError("crash")
-        await apply(conn, envelope)
+        return statement(envelope)
 
-    monkeypatch.setattr(projection, "_apply", crash_on_seventh)
+    monkeypatch.setattr(projection, "_statement", crash_on_seventh)
     with pytest.raises(RuntimeError):
         await projection.catch_up()
     # The first batch committed; nothing of the second (SWEEP's failure, BATCH's submission) did.
@@ -334,7 +334,7 @@ async def test_a_failed_batch_leaves_rows_and_checkpoint_as_they_were(
     assert {row["job_id"]: row["status"] for row in await table(projection)} == {RESNET: "running",
                                                                                   SWEEP: "running"}
 
-    monkeypatch.setattr(projection, "_apply", apply)
+    monkeypatch.setattr(projection, "_statement", statement)
     assert await projection.catch_up() == total - 5
     assert await ids(projection) == [NLP, BATCH, SWEEP, RESNET]
 
