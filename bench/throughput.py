@@ -1,7 +1,7 @@
 """Throughput: how many jobs go from submit to success per second, side by side with Slurm.
 
     python -m bench.throughput [--jobs 1000] [--agents 8] [--in-flight 16] [--submits 5000] [--array 10000]
-                               [--workloads trivial,gang,submit,array] [--no-slurm]
+                               [--workloads trivial,gang,submit,array] [--no-slurm] [--cpu]
 
 Runs the whole local stack as `make up` does (NATS enforcing a login per role, PostgreSQL, the four
 services, `--agents` node agents of 16 CPUs and 4000 MiB each), and through the Python client:
@@ -33,6 +33,7 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from pathlib import Path
 
+from bench import cpu
 from bench.servers import bench_servers
 from bench.slurm import SlurmPeer, slurm_missing
 from client.api import TrainyardClient
@@ -138,12 +139,16 @@ async def ended(api: TrainyardClient, output: str, count: int,
 
 
 async def through(api: TrainyardClient, clients: Sequence[TrainyardClient], specs: Sequence[JobSpec],
-                  in_flight: int, progress: Callable[[str], None]) -> Run:
-    """Submit `specs` (all with one output) and wait for them all to end: the workload's figures."""
+                  in_flight: int, progress: Callable[[str], None], *, show_cpu: bool = False) -> Run:
+    """Submit `specs` (all with one output) and wait for them all to end: the workload's figures, and with
+    `show_cpu` where the machine's CPU went meanwhile."""
     output = specs[0].output.name if specs[0].output else ""
+    before = cpu.look()
     ids, latencies, began, answered = await submit_all(clients, specs, in_flight)
     progress(f"  {len(ids)} submitted in {answered - began:.1f} s")
     done, statuses = await ended(api, output, len(specs), progress)
+    if show_cpu:
+        progress("\n".join(cpu.table(cpu.spent(before, cpu.look()), len(specs))))
     way = await steps(api, ids[len(ids) // 2:len(ids) // 2 + 50])
     progress("  median seconds to " + ", ".join(f"{name} {seconds:.3f}" for name, seconds in way.items()))
     return Run(jobs=len(specs), seconds=done - began, submit_seconds=answered - began, latencies=latencies,
@@ -199,11 +204,11 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
             if "trivial" in workloads:
                 progress(f"trivial: {args.jobs} single-node jobs running `true`")
                 figures.runs["trivial"] = await through(api, clients[:1], [trivial_spec(i) for i in range(args.jobs)],
-                                                        args.in_flight, progress)
+                                                        args.in_flight, progress, show_cpu=args.cpu)
             if "gang" in workloads:
                 progress(f"gang: {args.jobs} whole-node jobs of 1, 2 and 4 nodes")
                 figures.runs["gang"] = await through(api, clients[:1], [gang_spec(i) for i in range(args.jobs)],
-                                                     args.in_flight, progress)
+                                                     args.in_flight, progress, show_cpu=args.cpu)
             if "submit" in workloads:
                 progress(f"submit: {args.submits} jobs from {SUBMIT_CLIENTS} clients, left queued")
                 specs = [trivial_spec(i, output="held", pool="held") for i in range(args.submits)]
@@ -246,7 +251,10 @@ async def slurm_side(args: argparse.Namespace, folder: Path, progress: Callable[
         workloads = args.workloads.split(",")
         if "trivial" in workloads:
             progress(f"Slurm trivial: {args.jobs} jobs, one sbatch each, {args.in_flight} at once")
+            before = cpu.look()
             found["trivial"] = (await peer.run_trivial(args.jobs, args.in_flight)).jobs_per_second
+            if args.cpu:
+                progress("\n".join(cpu.table(cpu.spent(before, cpu.look()), args.jobs)))
         if "gang" in workloads:
             progress(f"Slurm gang: {args.jobs} --exclusive jobs of 1, 2 and 4 nodes running srun true")
             found["gang"] = (await peer.run_gang(args.jobs, GANG_SIZES, args.in_flight)).jobs_per_second
@@ -289,6 +297,7 @@ def main() -> None:
     parser.add_argument("--array", type=int, default=10000)
     parser.add_argument("--workloads", default="trivial,gang,submit,array")
     parser.add_argument("--no-slurm", action="store_true")
+    parser.add_argument("--cpu", action="store_true", help="where the CPU went in the trivial and gang workloads")
     args = parser.parse_args()
 
     def progress(line: str) -> None:

@@ -1,0 +1,93 @@
+"""Where a workload's CPU goes: each process's CPU seconds between two looks at /proc, grouped by role.
+
+A process that ended between the looks is counted in its parent's children's time once reaped (a job's
+sandbox and command in its agent's holder server); one that ended without being reaped by a process we
+look at is not counted, which the machine's busy time beside the sum shows.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+TICKS = os.sysconf("SC_CLK_TCK")
+# The role of a process, by its command line; the first that matches.
+ROLES = (
+    (re.compile(r"-m services\.scheduler"), "scheduler"),
+    (re.compile(r"-m services\.launcher"), "launcher"),
+    (re.compile(r"-m services\.monitor"), "monitor"),
+    (re.compile(r"-m services\.autoscaler"), "autoscaler"),
+    (re.compile(r"holder\.py --serve"), "holder servers"),
+    (re.compile(r"-m agent\b"), "agents"),
+    (re.compile(r"nats-server"), "nats-server"),
+    (re.compile(r"postgres"), "postgres"),
+    (re.compile(r"-m bench\."), "benchmark client"),
+    (re.compile(r"slurm|munged|sbatch|squeue"), "slurm"),
+)
+OWN_CHILDREN = {"holder servers": "jobs (holders, sandboxes, commands)"}
+
+
+@dataclass(frozen=True)
+class Look:
+    processes: dict[int, tuple[str, float, float]]  # pid -> (role, own seconds, reaped children's seconds)
+    busy: float  # the machine's busy CPU seconds since boot
+    total: float  # all its CPU seconds since boot, idle included
+
+
+def role_of(command: str) -> str:
+    for pattern, role in ROLES:
+        if pattern.search(command):
+            return role
+    return "other"
+
+
+def look() -> Look:
+    processes: dict[int, tuple[str, float, float]] = {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            command = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat.rsplit(")", 1)[1].split()
+        own = (int(fields[11]) + int(fields[12])) / TICKS
+        children = (int(fields[13]) + int(fields[14])) / TICKS
+        processes[int(entry.name)] = (role_of(command), own, children)
+    values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
+    idle = values[3] + values[4]
+    return Look(processes, (sum(values) - idle) / TICKS, sum(values) / TICKS)
+
+
+@dataclass(frozen=True)
+class Spent:
+    by_role: dict[str, float]  # CPU seconds
+    busy: float  # the machine's busy CPU seconds between the looks
+    total: float
+
+
+def spent(before: Look, after: Look) -> Spent:
+    by_role: Counter[str] = Counter()
+    for pid, (role, own, children) in after.processes.items():
+        was_own, was_children = before.processes.get(pid, (role, 0.0, 0.0))[1:]
+        by_role[role] += own - was_own
+        if role in OWN_CHILDREN:
+            by_role[OWN_CHILDREN[role]] += children - was_children
+    return Spent({role: seconds for role, seconds in by_role.most_common() if seconds > 0.005},
+                 after.busy - before.busy, after.total - before.total)
+
+
+def table(spent: Spent, jobs: int) -> list[str]:
+    """The CPU of each role in seconds and in milliseconds per job."""
+    lines = [f"  {'CPU':<36} {'seconds':>8} {'ms/job':>7}"]
+    for role, seconds in spent.by_role.items():
+        lines.append(f"  {role:<36} {seconds:>8.2f} {seconds / jobs * 1000:>7.2f}")
+    counted = sum(spent.by_role.values())
+    lines.append(f"  {'counted':<36} {counted:>8.2f} {counted / jobs * 1000:>7.2f}")
+    lines.append(f"  {'the machine busy':<36} {spent.busy:>8.2f} {spent.busy / jobs * 1000:>7.2f}"
+                 f"   (of {spent.total:.1f} CPU seconds)")
+    return lines
