@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import re
-from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -71,13 +70,15 @@ class Spent:
 
 
 def spent(before: Look, after: Look) -> Spent:
-    by_role: Counter[str] = Counter()
+    by_role: dict[str, float] = {}
     for pid, (role, own, children) in after.processes.items():
         was_own, was_children = before.processes.get(pid, (role, 0.0, 0.0))[1:]
-        by_role[role] += own - was_own
+        by_role[role] = by_role.get(role, 0.0) + own - was_own
         if role in OWN_CHILDREN:
-            by_role[OWN_CHILDREN[role]] += children - was_children
-    return Spent({role: seconds for role, seconds in by_role.most_common() if seconds > 0.005},
+            reaped = OWN_CHILDREN[role]
+            by_role[reaped] = by_role.get(reaped, 0.0) + children - was_children
+    ranked = sorted(by_role.items(), key=lambda item: -item[1])
+    return Spent({role: seconds for role, seconds in ranked if seconds > 0.005},
                  after.busy - before.busy, after.total - before.total)
 
 
