@@ -1,8 +1,10 @@
 """Where a workload's CPU goes: each process's CPU seconds between two looks at /proc, grouped by role.
 
-A process that ended between the looks is counted in its parent's children's time once reaped (a job's
-sandbox and command in its agent's holder server); one that ended without being reaped by a process we
-look at is not counted, which the machine's busy time beside the sum shows.
+Only the run's own processes are counted: those this process started (and theirs), and those whose command
+line names the run's folder (servers that detach, such as PostgreSQL's) with theirs, so that other work on
+the machine does not count. A process that ended between the looks is counted in its parent's children's
+time once reaped (a job's sandbox and command in its agent's holder server); one that ended without being
+reaped by a process we look at is not counted, which the machine's busy time beside the sum shows.
 """
 
 from __future__ import annotations
@@ -26,7 +28,9 @@ ROLES = (
     (re.compile(r"-m bench\."), "benchmark client"),
     (re.compile(r"slurm|munged|sbatch|squeue"), "slurm"),
 )
-OWN_CHILDREN = {"holder servers": "jobs (holders, sandboxes, commands)"}
+# What the processes of a role reaped, when it ended within a look and another: the processes they started.
+REAPED = {"holder servers": "jobs (sandboxes, commands)", "benchmark client": "benchmark's commands (sbatch...)",
+          "slurm": "slurm's children (slurmstepd, jobs)"}
 
 
 @dataclass(frozen=True)
@@ -43,8 +47,10 @@ def role_of(command: str) -> str:
     return "other"
 
 
-def look() -> Look:
-    processes: dict[int, tuple[str, float, float]] = {}
+def look(*folders: Path) -> Look:
+    """The CPU of this run's processes: this one's descendants, and those whose command line names one of its
+    `folders`, with their descendants."""
+    found: dict[int, tuple[int, str, float, float]] = {}  # pid -> (parent, command, own, children)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -56,7 +62,21 @@ def look() -> Look:
         fields = stat.rsplit(")", 1)[1].split()
         own = (int(fields[11]) + int(fields[12])) / TICKS
         children = (int(fields[13]) + int(fields[14])) / TICKS
-        processes[int(entry.name)] = (role_of(command), own, children)
+        found[int(entry.name)] = (int(fields[1]), command, own, children)
+    roots = {os.getpid()} | {pid for pid, (_, command, _, _) in found.items()
+                             if any(str(folder) in command for folder in folders)}
+
+    def ours(pid: int) -> bool:
+        for _ in range(64):  # up the chain of parents
+            if pid in roots:
+                return True
+            if pid not in found or pid <= 1:
+                return False
+            pid = found[pid][0]
+        return False
+
+    processes = {pid: (role_of(command), own, children)
+                 for pid, (_, command, own, children) in found.items() if ours(pid)}
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = values[3] + values[4]
     return Look(processes, (sum(values) - idle) / TICKS, sum(values) / TICKS)
@@ -74,9 +94,8 @@ def spent(before: Look, after: Look) -> Spent:
     for pid, (role, own, children) in after.processes.items():
         was_own, was_children = before.processes.get(pid, (role, 0.0, 0.0))[1:]
         by_role[role] = by_role.get(role, 0.0) + own - was_own
-        if role in OWN_CHILDREN:
-            reaped = OWN_CHILDREN[role]
-            by_role[reaped] = by_role.get(reaped, 0.0) + children - was_children
+        reaped = REAPED.get(role, f"{role}: what it reaped")
+        by_role[reaped] = by_role.get(reaped, 0.0) + children - was_children
     ranked = sorted(by_role.items(), key=lambda item: -item[1])
     return Spent({role: seconds for role, seconds in ranked if seconds > 0.005},
                  after.busy - before.busy, after.total - before.total)

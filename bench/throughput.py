@@ -139,16 +139,16 @@ async def ended(api: TrainyardClient, output: str, count: int,
 
 
 async def through(api: TrainyardClient, clients: Sequence[TrainyardClient], specs: Sequence[JobSpec],
-                  in_flight: int, progress: Callable[[str], None], *, show_cpu: bool = False) -> Run:
+                  in_flight: int, progress: Callable[[str], None], *, cpu_of: Sequence[Path] = ()) -> Run:
     """Submit `specs` (all with one output) and wait for them all to end: the workload's figures, and with
-    `show_cpu` where the machine's CPU went meanwhile."""
+    `cpu_of` (the run's folders) where its processes' CPU went meanwhile."""
     output = specs[0].output.name if specs[0].output else ""
-    before = cpu.look()
+    before = cpu.look(*cpu_of)
     ids, latencies, began, answered = await submit_all(clients, specs, in_flight)
     progress(f"  {len(ids)} submitted in {answered - began:.1f} s")
     done, statuses = await ended(api, output, len(specs), progress)
-    if show_cpu:
-        progress("\n".join(cpu.table(cpu.spent(before, cpu.look()), len(specs))))
+    if cpu_of:
+        progress("\n".join(cpu.table(cpu.spent(before, cpu.look(*cpu_of)), len(specs))))
     way = await steps(api, ids[len(ids) // 2:len(ids) // 2 + 50])
     progress("  median seconds to " + ", ".join(f"{name} {seconds:.3f}" for name, seconds in way.items()))
     return Run(jobs=len(specs), seconds=done - began, submit_seconds=answered - began, latencies=latencies,
@@ -201,14 +201,15 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
             api = await stack.up()
             clients = [await TrainyardClient.open(stack.nats_url, token=stack.token) for _ in range(SUBMIT_CLIENTS)]
             workloads = args.workloads.split(",")
+            ours = (home, servers.home) if args.cpu else ()  # the folders that name this run's processes
             if "trivial" in workloads:
                 progress(f"trivial: {args.jobs} single-node jobs running `true`")
                 figures.runs["trivial"] = await through(api, clients[:1], [trivial_spec(i) for i in range(args.jobs)],
-                                                        args.in_flight, progress, show_cpu=args.cpu)
+                                                        args.in_flight, progress, cpu_of=ours)
             if "gang" in workloads:
                 progress(f"gang: {args.jobs} whole-node jobs of 1, 2 and 4 nodes")
                 figures.runs["gang"] = await through(api, clients[:1], [gang_spec(i) for i in range(args.jobs)],
-                                                     args.in_flight, progress, show_cpu=args.cpu)
+                                                     args.in_flight, progress, cpu_of=ours)
             if "submit" in workloads:
                 progress(f"submit: {args.submits} jobs from {SUBMIT_CLIENTS} clients, left queued")
                 specs = [trivial_spec(i, output="held", pool="held") for i in range(args.submits)]
@@ -251,10 +252,10 @@ async def slurm_side(args: argparse.Namespace, folder: Path, progress: Callable[
         workloads = args.workloads.split(",")
         if "trivial" in workloads:
             progress(f"Slurm trivial: {args.jobs} jobs, one sbatch each, {args.in_flight} at once")
-            before = cpu.look()
+            before = cpu.look(folder)
             found["trivial"] = (await peer.run_trivial(args.jobs, args.in_flight)).jobs_per_second
             if args.cpu:
-                progress("\n".join(cpu.table(cpu.spent(before, cpu.look()), args.jobs)))
+                progress("\n".join(cpu.table(cpu.spent(before, cpu.look(folder)), args.jobs)))
         if "gang" in workloads:
             progress(f"Slurm gang: {args.jobs} --exclusive jobs of 1, 2 and 4 nodes running srun true")
             found["gang"] = (await peer.run_gang(args.jobs, GANG_SIZES, args.in_flight)).jobs_per_second
