@@ -8,7 +8,7 @@
   rank) is acknowledged without starting anything, and a stopped attempt never starts again;
 - answers every request, a malformed one with the reason (agent/requests.py);
 - runs each node of a job as a process group in its workspace (a bwrap sandbox, or plain folders
-  where bwrap cannot run: see agent/workspace.py) under a holder of its own (agent/holder.py), so
+  where bwrap cannot run: see agent/workspace.py) under the agent's holder (agent/holder.py), so
   that jobs outlive the agent: a restarted agent adopts what the one before started (agent/held.py);
 - ships each node's output to JetStream in numbered chunks, from its output file, and reports start
   and exit as JetStream messages whose ids make retries harmless;
@@ -202,7 +202,7 @@ class NodeAgent:
         self._tasks: list[asyncio.Task[Any]] = []
         self._execs: set[asyncio.Task[None]] = set()  # exec finishers under way
         self._announcing: asyncio.Task[None] | None = None  # a registration the monitor asked for
-        self.holders = HoldServer()  # forks each rank's holder (agent/holder.py)
+        self.holders = HoldServer()  # starts and waits for each rank's command (agent/holder.py)
 
     async def start(self) -> None:
         try:
@@ -258,7 +258,7 @@ class NodeAgent:
         return None
 
     async def close(self) -> None:
-        """Stop serving; the jobs run on under their holders, for the next agent to adopt (an upgrade or a
+        """Stop serving; the jobs run on under their holder, for the next agent to adopt (an upgrade or a
         restart of the agent does not end them; `python -m agent --end-jobs` does)."""
         for task in self._tasks:
             task.cancel()
@@ -272,11 +272,11 @@ class NodeAgent:
         with contextlib.suppress(Exception):
             await self.nc.drain()
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
-        self.holders.close()  # it ends once its holders have
+        self.holders.close()  # it ends once its commands have
         self.data.cache.close()
 
     async def _adopt(self) -> None:
-        """Take over the nodes the agent before started: they ran on under their holders meanwhile."""
+        """Take over the nodes the agent before started: they ran on under their holder meanwhile."""
         # Debug sessions of an agent that is gone have no one to speak to any more.
         send(await asyncio.to_thread(session_processes, self.info.name), signal.SIGKILL)
         for folder, record in await asyncio.to_thread(read_records, self.root):
