@@ -38,12 +38,13 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from agent.datacache import DatasetCache, StagingError
 from agent.health import probe, resource_checks
 from agent.held import HeldProcess, HolderFailed, HoldServer, OutputTail, append_note
 from agent.holder import OUTPUT_NAME
-from agent.jobenv import job_environment
+from agent.jobenv import job_environment, passed_on
 from agent.kept import (
     SAFE_ID,
     Environment,
@@ -203,6 +204,9 @@ class NodeAgent:
         self._execs: set[asyncio.Task[None]] = set()  # exec finishers under way
         self._announcing: asyncio.Task[None] | None = None  # a registration the monitor asked for
         self.holders = HoldServer()  # starts and waits for each rank's command (agent/holder.py)
+        # What jobs may take from the agent's environment (agent/jobenv.py), read once: it is fixed while it runs.
+        self.job_basics = passed_on(os.environ)
+        self._usage: KeyValue | None = None  # the usage bucket, once looked up
 
     async def start(self) -> None:
         try:
@@ -589,7 +593,7 @@ class NodeAgent:
         launch = request.launch
         root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
         staged: dict[str, Path] = {}
-        if any(mount.stage for mount in launch.mounts):
+        if staging := any(mount.stage for mount in launch.mounts):  # a pending start is kept on disk meanwhile
             prepared = await self._prepare_data(node, root, launch.mounts)
             if prepared is None:
                 return
@@ -604,7 +608,7 @@ class NodeAgent:
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return
         env = job_environment(
-            os.environ, {k: workspace.translate(v, files) for k, v in launch.env.items()},
+            self.job_basics, {k: workspace.translate(v, files) for k, v in launch.env.items()},
             {"TRAINYARD_JOB_ID": node.job_id, "TRAINYARD_ATTEMPT": str(node.attempt),
              "TRAINYARD_TASK": str(node.task), "TRAINYARD_RANK": str(node.rank), "TRAINYARD_NODE": self.info.name,
              "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend,
@@ -624,7 +628,8 @@ class NodeAgent:
             if not node.keep:
                 await self._discard(node, root)
             return
-        remove_pending(root)  # started, or known never to
+        if staging:
+            remove_pending(root)  # started, or known never to
         if held.started:
             write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                                       pid=held.pid, holder=held.holder_pid, holder_since=held.holder_since,
@@ -720,7 +725,6 @@ class NodeAgent:
         """Keep the node's latest usage in the usage bucket while it runs (L9)."""
         if pid <= 0:
             return
-        kv = await self.js.key_value(subjects.USAGE_BUCKET)
         sampler = GroupSampler(pid)
         key = subjects.usage_key(node.job_id, node.attempt, node.rank)
         pause = min(USAGE_SECONDS, FIRST_SAMPLE_SECONDS)
@@ -737,7 +741,9 @@ class NodeAgent:
             if node.relay is not None:  # R1: the rank's system series in its run
                 node.relay.system(system_values(sample), sample.sampled_at)
             with contextlib.suppress(Exception):  # usage is best effort; the job goes on without it
-                await kv.put(key, encode(sample))
+                if self._usage is None:
+                    self._usage = await self.js.key_value(subjects.USAGE_BUCKET)
+                await self._usage.put(key, encode(sample))
 
     async def _ship_continuously(self, node: RunningNode, stop: asyncio.Event | None = None) -> None:
         """Ship the node's output file as it grows, a chunk at a time, in order; once the process ended,
@@ -747,7 +753,8 @@ class NodeAgent:
         assert node.output is not None
         while not (stop is not None and stop.is_set()):
             final = node.output_done  # read before the file: nothing is written after the exit is known
-            taken = await asyncio.to_thread(node.output.take, final=final)
+            # Read in a thread, unless there is nothing to read (one look at the file's size).
+            taken = await asyncio.to_thread(node.output.take, final=final) if node.output.waiting() else None
             if taken is None:
                 if final:
                     return

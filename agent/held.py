@@ -307,6 +307,13 @@ class OutputTail:
             record = json.loads(self.cursor.read_text())
             self.seq, self.offset, self.end = int(record["seq"]), int(record["offset"]), record.get("end")
 
+    def waiting(self) -> bool:
+        """Whether anything waits to be shipped: a chunk on its way, or bytes past the offset."""
+        try:
+            return self.end is not None or self.output.stat().st_size > self.offset
+        except OSError:
+            return False
+
     def take(self, *, final: bool) -> tuple[int, list[str]] | None:
         """The next chunk (its number and lines), recorded as on its way; None when no whole line waits.
 

@@ -11,9 +11,11 @@ shared storage, and removal never follows them.
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -134,20 +136,30 @@ def remove_node_root(root: Path, directory: Path) -> None:
     never descends into a link), so shared storage is untouched. A folder that is itself a link,
     lies outside the agent's jobs folder or holds a mount point is refused.
     """
-    jobs = (root / "jobs").resolve()
-    if not directory.exists() and not directory.is_symlink():
+    jobs = _real_jobs(root)
+    try:
+        if stat.S_ISLNK(os.lstat(directory).st_mode):
+            raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
+    except FileNotFoundError:
         return
-    if directory.is_symlink() or not directory.resolve().is_relative_to(jobs) or directory.resolve() == jobs:
+    real = os.path.realpath(directory)
+    if not real.startswith(jobs + os.sep):
         raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
-    for current, folders, _ in os.walk(directory, followlinks=False):
+    for current, folders, _ in os.walk(real, followlinks=False):
         for name in folders:
             if os.path.ismount(os.path.join(current, name)):
                 raise RemovalRefused(f"{os.path.join(current, name)} is a mount point; it was left in place")
-    shutil.rmtree(directory)
-    parent = directory.parent
-    while parent.resolve() != jobs and parent.resolve().is_relative_to(jobs):
+    shutil.rmtree(real)
+    parent = os.path.dirname(real)
+    while parent.startswith(jobs + os.sep):
         try:
-            parent.rmdir()
+            os.rmdir(parent)
         except OSError:  # not empty: other ranks, tasks or attempts are still there
             return
-        parent = parent.parent
+        parent = os.path.dirname(parent)
+
+
+@functools.lru_cache(maxsize=4)
+def _real_jobs(root: Path) -> str:
+    """The agent's jobs folder, links resolved (once: it is the agent's own)."""
+    return os.path.realpath(root / "jobs")

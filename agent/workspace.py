@@ -14,8 +14,10 @@ where auto (the default) is bwrap when a trial run of it works, else plain.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -66,7 +68,7 @@ class Workspace:
         """What the agent starts: the job's command itself, or bwrap running it."""
         if self.sandbox is None:
             return argv
-        return bwrap_argv(self.sandbox, argv, bwrap=shutil.which("bwrap") or "bwrap")
+        return bwrap_argv(self.sandbox, argv, bwrap=_bwrap_path())
 
     @property
     def cwd(self) -> Path:
@@ -129,20 +131,37 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
 
 
 def hidden_entries(paths: Sequence[Path]) -> list[Hidden]:
-    """The paths to hide that exist, resolved (a bind follows links), each a folder or a file."""
+    """The paths to hide that exist, resolved (a bind follows links), each a folder or a file. Whether
+    each exists is looked at every time: a secret written after the agent started is hidden too."""
     entries = []
-    for path in dict.fromkeys(p.resolve() for p in paths):
-        if path.exists():
-            entries.append(Hidden(path=path, is_dir=path.is_dir()))
+    for path in _resolved(tuple(paths)):
+        try:
+            found = path.stat()
+        except OSError:
+            continue
+        entries.append(Hidden(path=path, is_dir=stat.S_ISDIR(found.st_mode)))
     return entries
 
 
-def agent_paths() -> list[Path]:
+@functools.lru_cache(maxsize=8)
+def _resolved(paths: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The agent's hidden paths, resolved once: they are its settings, fixed while it runs."""
+    return tuple(dict.fromkeys(p.resolve() for p in paths))
+
+
+@functools.cache
+def agent_paths() -> tuple[Path, ...]:
     """What a job needs to see from the agent: its Python environment (the interpreter first on the
     job's PATH, with its packages) and its code (helpers such as `python3 -m agent.lifecycle`)."""
     prefixes = [Path(sys.prefix), Path(sys.base_prefix)]
     paths = [*prefixes, *(p.resolve() for p in prefixes), Path(__file__).resolve().parents[1]]
-    return list(dict.fromkeys(paths))
+    return tuple(dict.fromkeys(paths))
+
+
+@functools.cache
+def _bwrap_path() -> str:
+    """Where bwrap is, looked up once: the backend is chosen once, at the agent's start."""
+    return shutil.which("bwrap") or "bwrap"
 
 
 def bwrap_problem() -> str | None:
