@@ -49,9 +49,11 @@ from agent.kept import (
     SAFE_ID,
     Environment,
     RemovalRefused,
+    from_recorded,
     kept_roots,
     rank_root,
     read_environment,
+    recorded,
     remove_node_root,
     write_environment,
 )
@@ -287,7 +289,7 @@ class NodeAgent:
             key = (record.job_id, record.attempt, record.task, record.rank)
             node = RunningNode(job_id=record.job_id, attempt=record.attempt, rank=record.rank, task=record.task,
                                trace=dict(record.trace), job_token=record.job_token, keep=record.keep)
-            environment = read_environment(folder)
+            environment = read_environment(folder) if record.environment is None else from_recorded(record.environment)
             if environment is not None:
                 node.workspace, node.env = environment.workspace, environment.env
             held = HeldProcess(folder, record.pid, record.holder, record.holder_since)
@@ -616,10 +618,10 @@ class NodeAgent:
             python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
-        # Written first: a session may be wanted however the command ends, even never started; and an agent
-        # that adopts the node runs its commands in the same environment.
-        write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
-                          node=self.info.name, environment=Environment(workspace=workspace, env=env))
+        environment = Environment(workspace=workspace, env=env)
+        if node.keep:  # written first: a session may be wanted however the command ends, even never started
+            write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
+                              node=self.info.name, environment=environment)
         command = workspace.command(argv)  # under bwrap, the sandbox runs argv
         try:
             held = await HeldProcess.start(root, command, env, workspace.cwd, self.holders)
@@ -633,8 +635,8 @@ class NodeAgent:
         if held.started:
             write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                                       pid=held.pid, holder=held.holder_pid, holder_since=held.holder_since,
-                                      keep=node.keep, job_token=node.job_token,
-                                      trace=node.trace, port=launch.port))
+                                      keep=node.keep, job_token=node.job_token, trace=node.trace,
+                                      port=launch.port, environment=recorded(environment)))
             log.info("agent.process_started", job_id=node.job_id, attempt=node.attempt, task=node.task,
                      rank=node.rank, node=self.info.name, pid=held.pid, argv=argv, backend=workspace.backend)
         await self._follow(node, held, root)

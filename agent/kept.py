@@ -1,12 +1,13 @@
 """Node environments on disk (SPEC J15): each rank's folder, kept for debug sessions or removed.
 
-A node's folder is `<agent root>/jobs/<job>/<attempt>/task-<t>/rank-<r>`. The agent writes
-`session.json` there before the command starts: the job's variables and how the workspace was made
-(backend, paths, sandbox binds), so that a session can run commands in the same environment after
-the process ended when the launch keeps the workspace, and an agent that adopts the process (after
-a restart) runs commands in it as the one that started it did. Otherwise the
-folder is removed once the process ended; in the plain backend its mounts are symbolic links into
-shared storage, and removal never follows them.
+A node's folder is `<agent root>/jobs/<job>/<attempt>/task-<t>/rank-<r>`. When the launch keeps
+the workspace, the agent writes `session.json` there before the command starts: the job's variables
+and how the workspace was made (backend, paths, sandbox binds), so that a session can run commands
+in the same environment after the process ended, however it ended. Every node's environment is also
+in its process record (agent/process.py), so that an agent that adopts the process (after a restart)
+runs commands in it as the one that started it did. Otherwise the folder is removed once the process
+ended; in the plain backend its mounts are symbolic links into shared storage, and removal never
+follows them.
 """
 
 from __future__ import annotations
@@ -57,6 +58,13 @@ class _Workspace(msgspec.Struct, frozen=True):
     sandbox: _Sandbox | None
 
 
+class RecordedEnvironment(msgspec.Struct, frozen=True):
+    """A node's environment as its process record holds it."""
+
+    env: dict[str, str]
+    workspace: _Workspace
+
+
 class _Record(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 1
     job_id: str
@@ -97,6 +105,14 @@ def _from_record(record: _Workspace) -> Workspace:
         dirs=found.dirs, tmp=None if found.tmp is None else Path(found.tmp), keep=[Path(p) for p in found.keep],
         cwd=found.cwd, hidden=[Hidden(path=Path(h.path), is_dir=h.is_dir) for h in found.hidden])
     return Workspace(root=Path(record.root), path=Path(record.path), backend=record.backend, sandbox=sandbox)
+
+
+def recorded(environment: Environment) -> RecordedEnvironment:
+    return RecordedEnvironment(env=environment.env, workspace=_to_record(environment.workspace))
+
+
+def from_recorded(found: RecordedEnvironment) -> Environment:
+    return Environment(workspace=_from_record(found.workspace), env=found.env)
 
 
 def write_environment(directory: Path, *, job_id: str, attempt: int, task: int, rank: int, node: str,
