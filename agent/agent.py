@@ -224,7 +224,7 @@ class NodeAgent:
         self.js = self.nc.jetstream()
         await asyncio.to_thread(self.data.cache.open)  # partial copies a crash left are removed
         await self._adopt()  # before any request: a stop must find the jobs the agent before started
-        self.data.cache.unpin_all_but({node.holder for node in self.nodes.values()})
+        self.data.keep_pins({node.holder for node in self.nodes.values()})
         requests, name = Responder(self.nc, self.info.name), self.info.name
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(subjects.agent_ports(name), ReservePorts, self._on_ports, launcher)
