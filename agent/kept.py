@@ -161,10 +161,8 @@ def remove_node_root(root: Path, directory: Path) -> None:
     real = os.path.realpath(directory)
     if not real.startswith(jobs + os.sep):
         raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
-    for current, folders, _ in os.walk(real, followlinks=False):
-        for name in folders:
-            if os.path.ismount(os.path.join(current, name)):
-                raise RemovalRefused(f"{os.path.join(current, name)} is a mount point; it was left in place")
+    if (mounted := _mount_point_in(real)) is not None:
+        raise RemovalRefused(f"{mounted} is a mount point; it was left in place")
     shutil.rmtree(real)
     parent = os.path.dirname(real)
     while parent.startswith(jobs + os.sep):
@@ -173,6 +171,20 @@ def remove_node_root(root: Path, directory: Path) -> None:
         except OSError:  # not empty: other ranks, tasks or attempts are still there
             return
         parent = os.path.dirname(parent)
+
+
+def _mount_point_in(folder: str) -> str | None:
+    """A folder inside `folder` on another file system (a mount point, as os.path.ismount tells one), if
+    any: links are not followed."""
+    device, waiting = os.lstat(folder).st_dev, [folder]
+    while waiting:
+        with os.scandir(waiting.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.stat(follow_symlinks=False).st_dev != device:
+                        return entry.path
+                    waiting.append(entry.path)
+    return None
 
 
 @functools.lru_cache(maxsize=4)

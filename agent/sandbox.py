@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -146,6 +146,15 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def _under(path: str, roots: set[str]) -> bool:
+    """Whether `path` is one of `roots` or lies in one (a look at each of its folders)."""
+    while path not in roots:
+        if path in ("/", ""):
+            return False
+        path = path.rsplit("/", 1)[0] or "/"
+    return True
+
+
 def _depth(path: str) -> int:
     return path.rstrip("/").count("/")
 
@@ -206,7 +215,7 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     return [bwrap, *args, "--", *EXEC, *argv]
 
 
-def _hidden_and_kept(spec: SandboxSpec, replaced: Iterable[str], covered: list[tuple[str, bool]],
+def _hidden_and_kept(spec: SandboxSpec, replaced: set[str], covered: list[tuple[str, bool]],
                      hidden_dirs: list[str]) -> list[str]:
     """Hide each hidden path where the job would see it, and bind each kept path the job would not see
     again where it is looked for; parents first, so that a path kept inside a hidden folder is bound
@@ -220,7 +229,7 @@ def _hidden_and_kept(spec: SandboxSpec, replaced: Iterable[str], covered: list[t
         for host, at in reversed(kept):
             if _inside(path, host):
                 return at + path[len(host):]
-        if any(_inside(path, r) for r in replaced):
+        if _under(path, replaced):
             return None
         return HOST + path
 

@@ -3,6 +3,7 @@ takes anything else along: not shared storage behind its links, not a folder out
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -49,3 +50,18 @@ def test_a_link_or_a_folder_outside_the_jobs_folder_is_refused(tmp_path: Path) -
         with pytest.raises(RemovalRefused):
             remove_node_root(root, refused)
     assert elsewhere.is_dir() and folder.is_dir()
+
+
+def test_a_folder_holding_a_mount_point_is_left_in_place(tmp_path: Path) -> None:
+    folder = node_folder(tmp_path, 0)
+    mounted = folder / "tmp" / "scratch"
+    mounted.mkdir()
+    if subprocess.run(["mount", "-t", "tmpfs", "none", str(mounted)], capture_output=True, check=False).returncode:
+        pytest.skip("cannot mount here")
+    try:
+        (mounted / "data").write_text("on another file system")
+        with pytest.raises(RemovalRefused, match="is a mount point"):
+            remove_node_root(tmp_path, folder)
+        assert (mounted / "data").read_text() == "on another file system"
+    finally:
+        subprocess.run(["umount", str(mounted)], check=True)
