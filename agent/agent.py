@@ -166,9 +166,25 @@ class RunningNode:
     staged: list[StagedDataset] = field(default_factory=list)  # J14: its data preparation
     relay: RunRelay | None = None  # R1: where its processes log their metrics
 
+    # Done once the process ended: its shipper wakes at once rather than at its next look.
+    _ended: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
+
     @property
     def holder(self) -> str:
         return holder_of(self.job_id, self.attempt, self.task, self.rank)
+
+    def process_ended(self) -> None:
+        """Ship what is left of the output now, then stop."""
+        self.output_done = True
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+
+    async def pause(self, seconds: float) -> None:
+        """Wait `seconds` before looking at the output again, or less once the process ended."""
+        if self._ended is None:
+            self._ended = asyncio.get_running_loop().create_future()
+        if not self.output_done:
+            await asyncio.wait((self._ended,), timeout=seconds)
 
 
 class NodeAgent:
@@ -676,7 +692,8 @@ class NodeAgent:
         root.mkdir(parents=True, exist_ok=True)
         remove_pending(root)
         append_note(root, reason)
-        node.output, node.output_done = OutputTail(root), True
+        node.output = OutputTail(root)
+        node.process_ended()
         await self._ship_continuously(node)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=127,
@@ -695,7 +712,7 @@ class NodeAgent:
         sampler = asyncio.create_task(self._sample_usage(node, held.pid))
         try:
             code, exited_at = await held.wait_exit()
-            node.output_done = True
+            node.process_ended()
             await shipper
             await started  # the start is reported before the exit
         finally:
@@ -760,7 +777,7 @@ class NodeAgent:
             if taken is None:
                 if final:
                     return
-                await asyncio.sleep(LOG_FLUSH_SECONDS)
+                await node.pause(LOG_FLUSH_SECONDS)
                 continue
             seq, lines = taken
             chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,

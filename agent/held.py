@@ -30,6 +30,9 @@ from agent.signals import Attempt, attempt_processes, send
 HOLDER = Path(__file__).with_name("holder.py")
 CURSOR_NAME = "shipped.json"
 POLL_SECONDS = 0.1
+# A holder of this agent's says when a command ended (or its end tells, by its pipe's): it is looked
+# at only this often besides.
+TOLD_POLL_SECONDS = 2.0
 HOLDER_START_SECONDS = 30.0  # a loaded host may be slow to start a Python
 # A longer output line is shipped in pieces of this size, so that no line holds up the others and a
 # log chunk of them stays well within one NATS message.
@@ -116,7 +119,9 @@ class HoldServer:
             return
         except OSError:
             data = b""
-        if not data:  # the holder ended: who waits for an answer is told
+        if not data:  # the holder ended: who waits for an answer or an exit is told
+            for ended in self._ended.values():
+                ended.set()
             self._forget(EOFError("the holder ended"))
             return
         self._read += data
@@ -235,7 +240,8 @@ class HeldProcess:
     async def wait_exit(self) -> tuple[int, datetime]:
         """The exit the holder records; a holder gone without recording one (killed), or that could not
         record it, ends the command and counts as a kill (137). The holder that started the command says at
-        once when it ended; one of an agent before is looked at every POLL_SECONDS."""
+        once when it ended, or ends its pipe when it ends itself; one of an agent before is looked at every
+        POLL_SECONDS."""
         ended = self._server.ended(self.pid) if self._server is not None and self.pid > 0 else None
         try:
             while (found := self.exit()) is None:
@@ -253,7 +259,7 @@ class HeldProcess:
                     await asyncio.sleep(POLL_SECONDS)
                 else:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(ended.wait(), POLL_SECONDS)
+                        await asyncio.wait_for(ended.wait(), TOLD_POLL_SECONDS)
             return found
         finally:
             if self._server is not None:

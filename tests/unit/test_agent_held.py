@@ -124,6 +124,7 @@ async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_
     process = await held(tmp_path, "import time; time.sleep(60)")
     adopted = HeldProcess(tmp_path, process.pid, process.holder_pid, process.holder_since)
     os.kill(process.holder_pid, signal.SIGKILL)
+    assert (await process.wait_exit())[0] == 137  # the agent that started it learns it from the holder's pipe
     assert (await adopted.wait_exit())[0] == 137
     await asyncio.sleep(0.2)
     assert not Path(f"/proc/{process.pid}").exists() or "Z" in Path(f"/proc/{process.pid}/stat").read_text()
