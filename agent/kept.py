@@ -86,7 +86,7 @@ class Environment:
 
 
 def rank_root(root: Path, job_id: str, attempt: int, task: int, rank: int) -> Path:
-    return root / "jobs" / job_id / str(attempt) / f"task-{task}" / f"rank-{rank}"
+    return Path(f"{root}/jobs/{job_id}/{attempt}/task-{task}/rank-{rank}")
 
 
 def _to_record(workspace: Workspace) -> _Workspace:

@@ -37,6 +37,7 @@ BACKEND_VARIABLE = "TRAINYARD_WORKSPACE_BACKEND"
 # The skeleton every node gets, even when the job mounts nothing there.
 SKELETON = ("algorithm", "anno_dataset", "dataset/private", "dataset/favorite", "model/pretrained",
             "model/private", "model/favorite", "outputs", "volume")
+SKELETON_DIRS = tuple(f"{WORKSPACE}/{part}" for part in SKELETON)
 PROBE_TIMEOUT_SECONDS = 10.0
 # Said at the agent's start when jobs run without a sandbox.
 PLAIN_WARNING = ("jobs run without a sandbox (plain backend): they can read every file the agent's user can, "
@@ -105,15 +106,19 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
         files[name] = path
     if backend == BWRAP:
         tmp = root / "tmp"  # the node's /tmp: on disk with the rest of its files, not in memory
-        if tmp.exists():
+        try:
+            tmp.mkdir()
+        except FileNotFoundError:  # a new node folder
+            tmp.mkdir(parents=True)
+        except FileExistsError:  # a start taken up again
             shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+            tmp.mkdir()
         binds = [Bind(source=source, target=f"{WORKSPACE}/{mount.target}", read_only=mount.read_only)
                  for mount, source in zip(launch.mounts, sources, strict=True)]
         binds += [Bind(source=path, target=name, read_only=True) for name, path in files.items()]
         if run_folder is not None:
             binds.append(Bind(source=run_folder, target=RUN_FOLDER, read_only=False))
-        sandbox = SandboxSpec(binds=binds, dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=tmp,
+        sandbox = SandboxSpec(binds=binds, dirs=SKELETON_DIRS, tmp=tmp,
                               keep=agent_paths(), cwd=f"{WORKSPACE}/algorithm", hidden=hidden_entries(hidden))
         return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files
     workspace = Workspace(root=root, path=root / "workspace")

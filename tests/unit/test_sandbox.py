@@ -150,6 +150,13 @@ def test_a_bwrap_workspace_uses_the_real_paths(tmp_path: Path) -> None:
     assert ("--ro-bind", str(files["/job/hostfile"]), "/job/hostfile") in found
 
 
+def test_a_workspace_made_again_starts_with_an_empty_tmp(tmp_path: Path) -> None:
+    build_workspace(tmp_path / "rank-0", tmp_path / "storage", launch(), BWRAP)
+    (tmp_path / "rank-0" / "tmp" / "left-over").write_text("from the start before")
+    build_workspace(tmp_path / "rank-0", tmp_path / "storage", launch(), BWRAP)  # a start taken up again
+    assert list((tmp_path / "rank-0" / "tmp").iterdir()) == []
+
+
 @pytest.mark.parametrize("backend", [BWRAP, PLAIN])
 def test_a_missing_read_only_source_is_an_error(tmp_path: Path, backend: str) -> None:
     node = launch(Mount(source="datasets/nope", target="dataset/private/nope", read_only=True))
