@@ -70,7 +70,7 @@ from agent.process import (
     write_record,
 )
 from agent.requests import Later, Responder
-from agent.runs import RunRelay, remove_run_folder, socket_path
+from agent.runs import RunRelay, remove_run_folder, runs_folder, socket_path
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent, system_values
@@ -202,9 +202,9 @@ class NodeAgent:
         self.storage = storage
         self.health_probe_seconds = (Settings().health_probe_seconds if health_probe_seconds is None
                                      else health_probe_seconds)
-        # What jobs must not see under bwrap: the platform's secrets and state, and this agent's folder
-        # (other jobs' files and kept environments).
-        self.hidden_paths = [*Settings().hidden_paths, root]
+        # What jobs must not see under bwrap: the platform's secrets and state, this agent's folder (other
+        # jobs' files and kept environments) and the ranks' run sockets (one job logging into another's run).
+        self.hidden_paths = [*Settings().hidden_paths, root, Path(runs_folder())]
         self.health: list[ComponentHealth] = []  # the latest probe, sent with every heartbeat
         # Rendezvous ports chosen here for the launcher (ReservePorts).
         self.ports = ports if ports is not None else PortBook.from_environment()

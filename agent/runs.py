@@ -59,11 +59,13 @@ def socket_path(rank_folder: Path) -> Path:
     of the rank's own, which a bubblewrapped job sees as /run/trainyard (so that the socket an agent makes
     again after a restart is the one the job finds)."""
     digest = hashlib.sha256(str(rank_folder).encode()).hexdigest()[:20]
-    return Path(f"{_runs_folder()}/{digest}/run.sock")
+    return Path(f"{runs_folder()}/{digest}/run.sock")
 
 
 @functools.cache
-def _runs_folder() -> str:
+def runs_folder() -> str:
+    """Where every rank's socket folder is made: hidden from jobs (one job's processes must not log into
+    another's run), each rank's own folder bound where its job finds it."""
     return os.path.join(tempfile.gettempdir(), "trainyard-runs")
 
 

@@ -9,13 +9,16 @@ from typing import Any
 import msgspec
 import pytest
 
+from agent.agent import NodeAgent
 from agent.jobenv import job_environment, without_credentials
 from agent.kept import ENVIRONMENT_NAME, Environment, read_environment, write_environment
+from agent.runs import runs_folder, socket_path
 from agent.sandbox import Bind, Hidden, HostEntry, SandboxSpec, bwrap_argv
 from agent.workspace import BWRAP, Workspace, hidden_entries
-from libs.contracts.cluster import Flavor
+from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.controlsign import ControlVerifier
 from libs.settings import Settings
 from services.launcher.planner import plan_launch
 from tests.support.bwrap import ops
@@ -159,3 +162,12 @@ def test_a_kept_environment_keeps_what_is_hidden(tmp_path: Path) -> None:
     (tmp_path / ENVIRONMENT_NAME).write_bytes(msgspec.json.encode(record))
     old = read_environment(tmp_path)
     assert old is not None and old.workspace.sandbox is not None and list(old.workspace.sandbox.hidden) == []
+
+
+def test_an_agent_hides_its_folder_and_every_ranks_run_socket(tmp_path: Path) -> None:
+    agent = NodeAgent(NodeInfo(name="node-a", address="127.0.0.1", cpus=1, memory_mib=256), nats_url="nats://x:1",
+                      root=tmp_path / "agent", storage=tmp_path / "storage",
+                      control=ControlVerifier.of_secret("s" * 48))
+    # A rank's own socket folder is bound where its job finds it; the others' stay out of sight.
+    assert {tmp_path / "agent", Path(runs_folder())} <= set(agent.hidden_paths)
+    assert socket_path(tmp_path / "rank-0").parent.parent == Path(runs_folder())
