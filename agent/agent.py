@@ -8,7 +8,7 @@
   rank) is acknowledged without starting anything, and a stopped attempt never starts again;
 - answers every request, a malformed one with the reason (agent/requests.py);
 - runs each node of a job as a process group in its workspace (a bwrap sandbox, or plain folders
-  where bwrap cannot run: see agent/workspace.py) under a holder of its own (agent/holder.py), so
+  where bwrap cannot run: see agent/workspace.py) under the agent's holder (agent/holder.py), so
   that jobs outlive the agent: a restarted agent adopts what the one before started (agent/held.py);
 - ships each node's output to JetStream in numbered chunks, from its output file, and reports start
   and exit as JetStream messages whose ids make retries harmless;
@@ -38,19 +38,22 @@ import msgspec
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
 
 from agent.datacache import DatasetCache, StagingError
 from agent.health import probe, resource_checks
 from agent.held import HeldProcess, HolderFailed, HoldServer, OutputTail, append_note
 from agent.holder import OUTPUT_NAME
-from agent.jobenv import job_environment
+from agent.jobenv import job_environment, passed_on
 from agent.kept import (
     SAFE_ID,
     Environment,
     RemovalRefused,
+    from_recorded,
     kept_roots,
     rank_root,
     read_environment,
+    recorded,
     remove_node_root,
     write_environment,
 )
@@ -67,7 +70,7 @@ from agent.process import (
     write_record,
 )
 from agent.requests import Later, Responder
-from agent.runs import RunRelay, remove_run_folder, socket_path
+from agent.runs import RunRelay, remove_run_folder, runs_folder, socket_path
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
 from agent.usage import GroupSampler, accelerator_percent, system_values
@@ -163,9 +166,25 @@ class RunningNode:
     staged: list[StagedDataset] = field(default_factory=list)  # J14: its data preparation
     relay: RunRelay | None = None  # R1: where its processes log their metrics
 
+    # Done once the process ended: its shipper wakes at once rather than at its next look.
+    _ended: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
+
     @property
     def holder(self) -> str:
         return holder_of(self.job_id, self.attempt, self.task, self.rank)
+
+    def process_ended(self) -> None:
+        """Ship what is left of the output now, then stop."""
+        self.output_done = True
+        if self._ended is not None and not self._ended.done():
+            self._ended.set_result(None)
+
+    async def pause(self, seconds: float) -> None:
+        """Wait `seconds` before looking at the output again, or less once the process ended."""
+        if self._ended is None:
+            self._ended = asyncio.get_running_loop().create_future()
+        if not self.output_done:
+            await asyncio.wait((self._ended,), timeout=seconds)
 
 
 class NodeAgent:
@@ -183,9 +202,9 @@ class NodeAgent:
         self.storage = storage
         self.health_probe_seconds = (Settings().health_probe_seconds if health_probe_seconds is None
                                      else health_probe_seconds)
-        # What jobs must not see under bwrap: the platform's secrets and state, and this agent's folder
-        # (other jobs' files and kept environments).
-        self.hidden_paths = [*Settings().hidden_paths, root]
+        # What jobs must not see under bwrap: the platform's secrets and state, this agent's folder (other
+        # jobs' files and kept environments) and the ranks' run sockets (one job logging into another's run).
+        self.hidden_paths = [*Settings().hidden_paths, root, Path(runs_folder())]
         self.health: list[ComponentHealth] = []  # the latest probe, sent with every heartbeat
         # Rendezvous ports chosen here for the launcher (ReservePorts).
         self.ports = ports if ports is not None else PortBook.from_environment()
@@ -202,7 +221,10 @@ class NodeAgent:
         self._tasks: list[asyncio.Task[Any]] = []
         self._execs: set[asyncio.Task[None]] = set()  # exec finishers under way
         self._announcing: asyncio.Task[None] | None = None  # a registration the monitor asked for
-        self.holders = HoldServer()  # forks each rank's holder (agent/holder.py)
+        self.holders = HoldServer()  # starts and waits for each rank's command (agent/holder.py)
+        # What jobs may take from the agent's environment (agent/jobenv.py), read once: it is fixed while it runs.
+        self.job_basics = passed_on(os.environ)
+        self._usage: KeyValue | None = None  # the usage bucket, once looked up
 
     async def start(self) -> None:
         try:
@@ -218,7 +240,7 @@ class NodeAgent:
         self.js = self.nc.jetstream()
         await asyncio.to_thread(self.data.cache.open)  # partial copies a crash left are removed
         await self._adopt()  # before any request: a stop must find the jobs the agent before started
-        self.data.cache.unpin_all_but({node.holder for node in self.nodes.values()})
+        self.data.keep_pins({node.holder for node in self.nodes.values()})
         requests, name = Responder(self.nc, self.info.name), self.info.name
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(subjects.agent_ports(name), ReservePorts, self._on_ports, launcher)
@@ -258,7 +280,7 @@ class NodeAgent:
         return None
 
     async def close(self) -> None:
-        """Stop serving; the jobs run on under their holders, for the next agent to adopt (an upgrade or a
+        """Stop serving; the jobs run on under their holder, for the next agent to adopt (an upgrade or a
         restart of the agent does not end them; `python -m agent --end-jobs` does)."""
         for task in self._tasks:
             task.cancel()
@@ -272,18 +294,18 @@ class NodeAgent:
         with contextlib.suppress(Exception):
             await self.nc.drain()
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
-        self.holders.close()  # it ends once its holders have
+        self.holders.close()  # it ends once its commands have
         self.data.cache.close()
 
     async def _adopt(self) -> None:
-        """Take over the nodes the agent before started: they ran on under their holders meanwhile."""
+        """Take over the nodes the agent before started: they ran on under their holder meanwhile."""
         # Debug sessions of an agent that is gone have no one to speak to any more.
         send(await asyncio.to_thread(session_processes, self.info.name), signal.SIGKILL)
         for folder, record in await asyncio.to_thread(read_records, self.root):
             key = (record.job_id, record.attempt, record.task, record.rank)
             node = RunningNode(job_id=record.job_id, attempt=record.attempt, rank=record.rank, task=record.task,
                                trace=dict(record.trace), job_token=record.job_token, keep=record.keep)
-            environment = read_environment(folder)
+            environment = read_environment(folder) if record.environment is None else from_recorded(record.environment)
             if environment is not None:
                 node.workspace, node.env = environment.workspace, environment.env
             held = HeldProcess(folder, record.pid, record.holder, record.holder_since)
@@ -589,7 +611,7 @@ class NodeAgent:
         launch = request.launch
         root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
         staged: dict[str, Path] = {}
-        if any(mount.stage for mount in launch.mounts):
+        if staging := any(mount.stage for mount in launch.mounts):  # a pending start is kept on disk meanwhile
             prepared = await self._prepare_data(node, root, launch.mounts)
             if prepared is None:
                 return
@@ -604,7 +626,7 @@ class NodeAgent:
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return
         env = job_environment(
-            os.environ, {k: workspace.translate(v, files) for k, v in launch.env.items()},
+            self.job_basics, {k: workspace.translate(v, files) for k, v in launch.env.items()},
             {"TRAINYARD_JOB_ID": node.job_id, "TRAINYARD_ATTEMPT": str(node.attempt),
              "TRAINYARD_TASK": str(node.task), "TRAINYARD_RANK": str(node.rank), "TRAINYARD_NODE": self.info.name,
              "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend,
@@ -612,10 +634,10 @@ class NodeAgent:
             python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
-        # Written first: a session may be wanted however the command ends, even never started; and an agent
-        # that adopts the node runs its commands in the same environment.
-        write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
-                          node=self.info.name, environment=Environment(workspace=workspace, env=env))
+        environment = Environment(workspace=workspace, env=env)
+        if node.keep:  # written first: a session may be wanted however the command ends, even never started
+            write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
+                              node=self.info.name, environment=environment)
         command = workspace.command(argv)  # under bwrap, the sandbox runs argv
         try:
             held = await HeldProcess.start(root, command, env, workspace.cwd, self.holders)
@@ -624,12 +646,13 @@ class NodeAgent:
             if not node.keep:
                 await self._discard(node, root)
             return
-        remove_pending(root)  # started, or known never to
+        if staging:
+            remove_pending(root)  # started, or known never to
         if held.started:
             write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                                       pid=held.pid, holder=held.holder_pid, holder_since=held.holder_since,
-                                      keep=node.keep, job_token=node.job_token,
-                                      trace=node.trace, port=launch.port))
+                                      keep=node.keep, job_token=node.job_token, trace=node.trace,
+                                      port=launch.port, environment=recorded(environment)))
             log.info("agent.process_started", job_id=node.job_id, attempt=node.attempt, task=node.task,
                      rank=node.rank, node=self.info.name, pid=held.pid, argv=argv, backend=workspace.backend)
         await self._follow(node, held, root)
@@ -669,7 +692,8 @@ class NodeAgent:
         root.mkdir(parents=True, exist_ok=True)
         remove_pending(root)
         append_note(root, reason)
-        node.output, node.output_done = OutputTail(root), True
+        node.output = OutputTail(root)
+        node.process_ended()
         await self._ship_continuously(node)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=127,
@@ -688,7 +712,7 @@ class NodeAgent:
         sampler = asyncio.create_task(self._sample_usage(node, held.pid))
         try:
             code, exited_at = await held.wait_exit()
-            node.output_done = True
+            node.process_ended()
             await shipper
             await started  # the start is reported before the exit
         finally:
@@ -720,7 +744,6 @@ class NodeAgent:
         """Keep the node's latest usage in the usage bucket while it runs (L9)."""
         if pid <= 0:
             return
-        kv = await self.js.key_value(subjects.USAGE_BUCKET)
         sampler = GroupSampler(pid)
         key = subjects.usage_key(node.job_id, node.attempt, node.rank)
         pause = min(USAGE_SECONDS, FIRST_SAMPLE_SECONDS)
@@ -737,7 +760,9 @@ class NodeAgent:
             if node.relay is not None:  # R1: the rank's system series in its run
                 node.relay.system(system_values(sample), sample.sampled_at)
             with contextlib.suppress(Exception):  # usage is best effort; the job goes on without it
-                await kv.put(key, encode(sample))
+                if self._usage is None:
+                    self._usage = await self.js.key_value(subjects.USAGE_BUCKET)
+                await self._usage.put(key, encode(sample))
 
     async def _ship_continuously(self, node: RunningNode, stop: asyncio.Event | None = None) -> None:
         """Ship the node's output file as it grows, a chunk at a time, in order; once the process ended,
@@ -747,11 +772,12 @@ class NodeAgent:
         assert node.output is not None
         while not (stop is not None and stop.is_set()):
             final = node.output_done  # read before the file: nothing is written after the exit is known
-            taken = await asyncio.to_thread(node.output.take, final=final)
+            # Read in a thread, unless there is nothing to read (one look at the file's size).
+            taken = await asyncio.to_thread(node.output.take, final=final) if node.output.waiting() else None
             if taken is None:
                 if final:
                     return
-                await asyncio.sleep(LOG_FLUSH_SECONDS)
+                await node.pause(LOG_FLUSH_SECONDS)
                 continue
             seq, lines = taken
             chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,

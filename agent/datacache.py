@@ -390,12 +390,17 @@ class DatasetCache:
                 pin.unlink()
             self.changed.set()
 
-    def unpin_all_but(self, holders: set[str]) -> None:
-        """At start: pins of ranks that no longer run here are gone (a crashed agent's)."""
+    def unpin_all_but(self, holders: set[str]) -> set[str]:
+        """At start: pins of ranks that no longer run here are gone (a crashed agent's). Those of `holders`
+        that hold pins."""
+        kept = set()
         for pin in self.pins_dir.glob("*/*"):
-            if _holder(pin.name) not in holders:
-                with contextlib.suppress(OSError):
-                    pin.unlink()
+            if (holder := _holder(pin.name)) in holders:
+                kept.add(holder)
+                continue
+            with contextlib.suppress(OSError):
+                pin.unlink()
+        return kept
 
     # --- inventory, eviction, pressure ----------------------------------------------------------------
 

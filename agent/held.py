@@ -23,13 +23,16 @@ import weakref
 from datetime import UTC, datetime
 from pathlib import Path
 
-from agent.holder import EXIT_NAME, OUTPUT_NAME, PID_NAME, SPEC_NAME, start_ticks, write_atomically
+from agent.holder import EXIT_NAME, OUTPUT_NAME, start_ticks, write_atomically
 from agent.process import Record, read_records
 from agent.signals import Attempt, attempt_processes, send
 
 HOLDER = Path(__file__).with_name("holder.py")
 CURSOR_NAME = "shipped.json"
 POLL_SECONDS = 0.1
+# A holder of this agent's says when a command ended (or its end tells, by its pipe's): it is looked
+# at only this often besides.
+TOLD_POLL_SECONDS = 2.0
 HOLDER_START_SECONDS = 30.0  # a loaded host may be slow to start a Python
 # A longer output line is shipped in pieces of this size, so that no line holds up the others and a
 # log chunk of them stays well within one NATS message.
@@ -39,52 +42,61 @@ CHUNK_BYTES = 128 * 1024  # a chunk's text, however escaped, stays one NATS mess
 
 
 class HolderFailed(OSError):
-    """The holder could not be started, or ended without saying how the command did."""
+    """The holder could not be started, or could not start the command nor record why."""
 
 
 class HoldServer:
-    """The agent's holder server (`holder.py --serve`): started on first use, and again when it ended.
+    """The agent's holder (`holder.py --serve`): started on first use, and again when it ended.
 
-    Its answers are read as they come, without blocking the loop: `started <pid> <ticks>` for each request,
-    in order, and `ended <pid>` once a holder it forked ended, which wakes who waits for that holder's exit
-    at once rather than at its next look. A plain process with pipes rather than an asyncio subprocess:
-    asyncio kills the process of a subprocess transport that is closed, and the server must outlive its
-    agent for as long as its holders run."""
+    Its answers are read as they come, without blocking the loop: `started <pid>` for each request, in
+    order, and `ended <pid>` once a command ended (its exit recorded), which wakes who waits for that
+    exit at once rather than at its next look. A plain process with pipes rather than an asyncio
+    subprocess: asyncio kills the process of a subprocess transport that is closed, and the holder must
+    outlive its agent for as long as its commands run."""
 
     def __init__(self) -> None:
         self._process: subprocess.Popen[bytes] | None = None
+        self.since = 0  # the holder's start ticks: with its pid, what tells it from a later process
         self._read = b""
-        self._answers: collections.deque[asyncio.Future[tuple[int, int]]] = collections.deque()
-        self._ended: dict[int, asyncio.Event] = {}  # holder pid -> set once it ended
+        self._answers: collections.deque[asyncio.Future[int]] = collections.deque()
+        self._ended: dict[int, asyncio.Event] = {}  # command pid -> set once it ended
         self._turn = asyncio.Lock()  # one request on its way at a time, so answers come in order
 
-    async def hold(self, folder: Path) -> tuple[int, int]:
-        """Have a holder forked for the rank `folder`: its pid and start ticks."""
-        failure = "the holder server did not answer"
+    async def hold(self, folder: Path, argv: list[str], env: dict[str, str], cwd: Path) -> int:
+        """Have the holder start a command for the rank `folder`: its pid, 0 when it could not start
+        (its output says why, its exit is recorded)."""
+        # Through the pipe, never on disk: the job's secrets are in its environment.
+        request = json.dumps({"folder": str(folder), "argv": argv, "env": env, "cwd": str(cwd)}).encode() + b"\n"
+        failure = "the holder did not answer"
         async with self._turn:
-            for _ in range(2):  # a server that ended meanwhile is started again once
+            for _ in range(2):  # a holder that ended meanwhile is started again once
                 process = self._running()
-                answer: asyncio.Future[tuple[int, int]] = asyncio.get_running_loop().create_future()
+                answer: asyncio.Future[int] = asyncio.get_running_loop().create_future()
                 self._answers.append(answer)
                 try:
-                    assert process.stdin is not None
-                    process.stdin.write(f"{folder}\n".encode())
-                    process.stdin.flush()
                     async with asyncio.timeout(HOLDER_START_SECONDS):
+                        assert process.stdin is not None
+                        await _write(process.stdin.fileno(), request)
                         return await answer
+                except HolderFailed:  # it answered: nothing could be started nor recorded for this folder
+                    raise
                 except (OSError, EOFError, ValueError, TimeoutError) as exc:  # gone, or answering nonsense
-                    failure = f"the holder server did not answer: {exc!r}"
+                    failure = f"the holder did not answer: {exc!r}"
                     with contextlib.suppress(ProcessLookupError):
                         process.kill()
                     self._forget()
             raise HolderFailed(failure)
 
-    def ended(self, holder_pid: int) -> asyncio.Event:
-        """Set once the holder `holder_pid`, forked by this server, ended."""
-        return self._ended.setdefault(holder_pid, asyncio.Event())
+    @property
+    def pid(self) -> int:
+        return self._process.pid if self._process is not None else 0
 
-    def forget(self, holder_pid: int) -> None:
-        self._ended.pop(holder_pid, None)
+    def ended(self, pid: int) -> asyncio.Event:
+        """Set once the command `pid`, started by this holder, ended."""
+        return self._ended.setdefault(pid, asyncio.Event())
+
+    def forget(self, pid: int) -> None:
+        self._ended.pop(pid, None)
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
@@ -92,7 +104,9 @@ class HoldServer:
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(HOLDER), "--serve"], env={}, cwd="/", start_new_session=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
-            assert self._process.stdout is not None
+            self.since = start_ticks(self._process.pid) or 0
+            assert self._process.stdin is not None and self._process.stdout is not None
+            os.set_blocking(self._process.stdin.fileno(), False)
             os.set_blocking(self._process.stdout.fileno(), False)
             asyncio.get_running_loop().add_reader(self._process.stdout.fileno(), self._readable)
         return self._process
@@ -105,8 +119,10 @@ class HoldServer:
             return
         except OSError:
             data = b""
-        if not data:  # the server ended: who waits for an answer is told
-            self._forget(EOFError("the holder server ended"))
+        if not data:  # the holder ended: who waits for an answer or an exit is told
+            for ended in self._ended.values():
+                ended.set()
+            self._forget(EOFError("the holder ended"))
             return
         self._read += data
         while b"\n" in self._read:
@@ -114,14 +130,17 @@ class HoldServer:
             kind, *values = line.decode(errors="replace").split()
             if kind == "ended" and values and values[0].isdigit():
                 self.ended(int(values[0])).set()
-            elif kind == "started" and self._answers:
+            elif kind in ("started", "failed") and self._answers:
                 answer = self._answers.popleft()
-                if not answer.done():
-                    try:
-                        pid, since = map(int, values)
-                        answer.set_result((pid, since))
-                    except ValueError as exc:
-                        answer.set_exception(exc)
+                if answer.done():
+                    continue
+                if kind == "failed":
+                    answer.set_exception(HolderFailed("the holder could not start the command nor record why"))
+                elif len(values) == 1 and values[0].isdigit():
+                    self._ended.pop(int(values[0]), None)  # an earlier command's, whose pid this one got
+                    answer.set_result(int(values[0]))
+                else:
+                    answer.set_exception(ValueError(f"not an answer: {line!r}"))
 
     def _forget(self, error: BaseException | None = None) -> None:
         if self._process is not None:
@@ -134,19 +153,40 @@ class HoldServer:
         while self._answers:
             answer = self._answers.popleft()
             if not answer.done():
-                answer.set_exception(error or EOFError("the holder server was closed"))
+                answer.set_exception(error or EOFError("the holder was closed"))
         self._process, self._read = None, b""
 
     def close(self) -> None:
-        """No more holders: the server ends once those it forked have ended (it is not killed)."""
+        """No more commands: the holder ends once those it started have ended (it is not killed)."""
         self._forget()
+
+
+async def _write(fd: int, data: bytes) -> None:
+    """All of `data` to the non-blocking pipe `fd`, waiting while it is full rather than blocking the loop."""
+    loop = asyncio.get_running_loop()
+    view = memoryview(data)
+    while view:
+        try:
+            view = view[os.write(fd, view):]
+        except BlockingIOError:
+            writable: asyncio.Future[None] = loop.create_future()
+            loop.add_writer(fd, _settle, writable)
+            try:
+                await writable
+            finally:
+                loop.remove_writer(fd)
+
+
+def _settle(future: asyncio.Future[None]) -> None:
+    if not future.done():
+        future.set_result(None)
 
 
 _servers: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, HoldServer] = weakref.WeakKeyDictionary()
 
 
 def hold_server() -> HoldServer:
-    """The holder server of the running event loop (an agent's one loop)."""
+    """The holder of the running event loop (an agent's one loop)."""
     loop = asyncio.get_running_loop()
     if (server := _servers.get(loop)) is None:
         server = _servers[loop] = HoldServer()
@@ -154,9 +194,9 @@ def hold_server() -> HoldServer:
 
 
 class HeldProcess:
-    """The command of one rank, run by its holder; `pid` is the command's process group. `holder_since`:
-    the holder's start ticks, which tell it from a later process given its pid (0: unknown, for a holder
-    recorded by an older agent, told by its command line)."""
+    """The command of one rank, run by its holder; `pid` is the command's process group. `holder_pid` and
+    `holder_since`: the holder's pid and start ticks, which tell it from a later process given its pid (0:
+    unknown, for a holder recorded by an older agent, told by its command line)."""
 
     def __init__(self, folder: Path, pid: int | None = None, holder_pid: int | None = None,
                  holder_since: int = 0) -> None:
@@ -164,26 +204,17 @@ class HeldProcess:
         self.pid = pid or 0
         self.holder_pid = holder_pid or 0
         self.holder_since = holder_since
-        self._server: HoldServer | None = None  # the server that forked its holder, when this agent's
+        self._server: HoldServer | None = None  # the holder that started it, when this agent's
 
     @classmethod
     async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path,
                     server: HoldServer | None = None) -> HeldProcess:
-        """Have a holder start the command and wait until it runs (`pid` set) or could not start (`pid` 0)."""
-        spec = folder / SPEC_NAME
-        fd = os.open(spec, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)  # the job's secrets are in it
-        with os.fdopen(fd, "w") as out:
-            json.dump({"argv": argv, "env": env, "cwd": str(cwd)}, out)
+        """Have the holder start the command: it runs (`pid` set), or could not start (`pid` 0, its exit
+        recorded)."""
         server = server or hold_server()
-        holder_pid, since = await server.hold(folder)
-        held = cls(folder, holder_pid=holder_pid, holder_since=since)
+        pid = await server.hold(folder, argv, env, cwd)
+        held = cls(folder, pid=pid, holder_pid=server.pid, holder_since=server.since)
         held._server = server
-        deadline = asyncio.get_running_loop().time() + HOLDER_START_SECONDS
-        while not (pid := _read_pid(folder)) and not (folder / EXIT_NAME).exists():
-            if not held._holder_alive() or asyncio.get_running_loop().time() > deadline:
-                raise HolderFailed("the process holder did not start the command")
-            await asyncio.sleep(0.005)
-        held.pid = pid or 0
         return held
 
     @property
@@ -207,13 +238,14 @@ class HeldProcess:
         return code
 
     async def wait_exit(self) -> tuple[int, datetime]:
-        """The exit the holder records; a holder gone without one (killed) ends the command and counts as
-        a kill (137). The server that forked the holder says at once when it ended; a holder of an agent
-        before is looked at every POLL_SECONDS."""
-        ended = self._server.ended(self.holder_pid) if self._server is not None else None
+        """The exit the holder records; a holder gone without recording one (killed), or that could not
+        record it, ends the command and counts as a kill (137). The holder that started the command says at
+        once when it ended, or ends its pipe when it ends itself; one of an agent before is looked at every
+        POLL_SECONDS."""
+        ended = self._server.ended(self.pid) if self._server is not None and self.pid > 0 else None
         try:
             while (found := self.exit()) is None:
-                if not self._holder_alive():
+                if (ended is not None and ended.is_set()) or not self._holder_alive():
                     await asyncio.sleep(POLL_SECONDS)  # it may have written the exit as it ended
                     if (found := self.exit()) is not None:
                         return found
@@ -227,11 +259,11 @@ class HeldProcess:
                     await asyncio.sleep(POLL_SECONDS)
                 else:
                     with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(ended.wait(), POLL_SECONDS)
+                        await asyncio.wait_for(ended.wait(), TOLD_POLL_SECONDS)
             return found
         finally:
             if self._server is not None:
-                self._server.forget(self.holder_pid)
+                self._server.forget(self.pid)
 
     def _holder_alive(self) -> bool:
         """Whether the holder still runs: that pid, started then (not a pid the system gave to something
@@ -246,13 +278,6 @@ class HeldProcess:
         if self.pid > 0:
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(self.pid, sig)
-
-
-def _read_pid(folder: Path) -> int | None:
-    try:
-        return int((folder / PID_NAME).read_text())
-    except (OSError, ValueError):
-        return None
 
 
 def _alive(pid: int) -> bool:
@@ -287,6 +312,13 @@ class OutputTail:
         with contextlib.suppress(OSError, ValueError, KeyError, TypeError):
             record = json.loads(self.cursor.read_text())
             self.seq, self.offset, self.end = int(record["seq"]), int(record["offset"]), record.get("end")
+
+    def waiting(self) -> bool:
+        """Whether anything waits to be shipped: a chunk on its way, or bytes past the offset."""
+        try:
+            return self.end is not None or self.output.stat().st_size > self.offset
+        except OSError:
+            return False
 
     def take(self, *, final: bool) -> tuple[int, list[str]] | None:
         """The next chunk (its number and lines), recorded as on its way; None when no whole line waits.

@@ -1,39 +1,43 @@
-"""The holder of one node's command: what lets a job outlive its agent (as slurmstepd outlives slurmd).
+"""The holder of a node's commands: what lets a job outlive its agent (as slurmstepd outlives slurmd).
 
-The agent starts a holder per rank, in a session of its own, and gives it the command through a spec
-file in the rank's folder. The holder starts the command (in a session and process group of its own,
-so a stop reaches every child it forks), points its output at the folder's `output.log`, waits for it
-and writes its exit code to `exit.json`. Nothing of the command hangs on the agent: no pipe breaks when
-the agent is killed or restarted, and a new agent adopts the command from these files (agent/held.py):
-it ships the output from where the last one stopped and reports the exit when it comes.
+An agent runs one holder (`holder.py --serve`, in a session of its own) and gives it each rank's
+command as a line on its standard input: the rank's folder, argv, environment and working directory.
+The holder starts the command in a session and process group of its own (so a stop reaches every
+child it forks), its output to the folder's `output.log`, and answers `started <pid>`; once the
+command ended, it writes its exit code to `exit.json`, reaps it and tells `ended <pid>`. Nothing of
+the command hangs on the agent: no pipe breaks when the agent is killed or restarted, and a new agent
+adopts the command from these files (agent/held.py): it ships the output from where the last one
+stopped and reports the exit when it comes. Once its input ends (the agent is gone), the holder waits
+for the commands it started, then ends, so none is left a zombie; a restarted agent starts a holder
+of its own.
 
-Run as `python -I -S holder.py <rank folder>`: standard library only, so that it needs no installed
-package and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables itself, so a
-stop that kills every process of the attempt leaves it alive to record the exit.
+One holder holds every command of its agent, each started with posix_spawn: a Python started for
+each rank cost about 20 ms of CPU, a holder forked for each rank about 3 ms (a Python process, its
+files), more than the rest of a short job's start. A holder killed takes the record of all its
+commands' exits with it: each of them then counts as killed (agent/held.py).
 
-Starting a Python for each holder costs more than the whole rest of a short job's start (about 20 ms of
-CPU), so an agent runs one holder server (`holder.py --serve`, in a session of its own) that forks a
-holder for each rank folder it is given on its standard input, and answers with the holder's pid and
-start time. The server outlives its agent until the last of its holders ended, reaping them, so no
-holder is left a zombie; a restarted agent starts a server of its own.
+Run as `python -I -S holder.py --serve`: standard library only, so that it needs no installed package
+and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables itself, so a stop
+that kills every process of the attempt leaves it alive to record the exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import selectors
 import signal
-import subprocess
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
 
-SPEC_NAME = "holder-spec.json"  # argv, env and cwd; removed once read (the job's secrets are in it)
-PID_NAME = "job.pid"  # the command's pid, which is its process group's id too
 OUTPUT_NAME = "output.log"
 EXIT_NAME = "exit.json"  # {"exit_code": ..., "exited_at": ..., "started": ...}
+# Ignored by Python, so by the holder: a command gets them back as any process starts with them
+# (what subprocess's restore_signals does).
+RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -49,24 +53,6 @@ def exit_record(code: int, *, started: bool) -> str:
                        "exited_at": datetime.now(UTC).isoformat()})
 
 
-def hold(folder: Path) -> int:
-    spec_path = folder / SPEC_NAME
-    spec = json.loads(spec_path.read_text())
-    spec_path.unlink()
-    with (folder / OUTPUT_NAME).open("ab") as output:
-        try:
-            child = subprocess.Popen(spec["argv"], env=spec["env"], cwd=spec["cwd"], stdin=subprocess.DEVNULL,
-                                     stdout=output, stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as exc:
-            output.write(f"[trainyard] cannot start {spec['argv'][0]!r}: {exc}\n".encode())
-            write_atomically(folder / EXIT_NAME, exit_record(127, started=False))
-            return 0
-    write_atomically(folder / PID_NAME, str(child.pid))
-    code = child.wait()
-    write_atomically(folder / EXIT_NAME, exit_record(code, started=True))
-    return 0
-
-
 def start_ticks(pid: int, *, ended: bool = False) -> int | None:
     """When `pid` started, in clock ticks since boot (None: no such process, or one that ended, unless
     `ended`: a child not reaped yet): with the pid, it names a process for as long as the system runs."""
@@ -77,41 +63,75 @@ def start_ticks(pid: int, *, ended: bool = False) -> int | None:
     return None if fields[0] in ("Z", "X") and not ended else int(fields[19])
 
 
-def _reaped() -> list[int]:
-    """The holders that ended since the last look, reaped."""
-    ended: list[int] = []
+def spawn(argv: list[str], env: dict[str, str], cwd: str, output: int) -> int:
+    """Start `argv` as the leader of a new session, in `cwd`, reading nothing and writing to `output`;
+    found on the PATH of `env` as subprocess finds it. Its pid; OSError when it cannot start."""
+    name = argv[0]
+    paths = [name] if os.sep in name else [os.path.join(d, name) for d in os.get_exec_path(env)]
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)]
+    missing: OSError | None = None  # as execvp: a name found nowhere, unless found somewhere but refused
+    refused: OSError | None = None
+    os.chdir(cwd)  # posix_spawn has no working directory of its own: the child takes the holder's
+    try:
+        for path in paths:
+            if len(paths) > 1 and not os.path.exists(path):  # a look is cheaper than a process that fails
+                missing = missing or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+                continue
+            try:
+                return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
+                                      setsigdef=RESTORED_SIGNALS)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                missing = exc
+            except OSError as exc:
+                refused = refused or exc
+    finally:
+        os.chdir("/")
+    error = refused or missing
+    number = error.errno if error is not None and error.errno is not None else errno.ENOENT
+    raise OSError(number, os.strerror(number), name)
+
+
+def start(request: bytes) -> tuple[int, Path] | None:
+    """Start the command a request line describes: its pid and folder; pid 0 when it could not start (its
+    output says why, its exit is recorded); None when nothing could be recorded."""
+    try:
+        spec = json.loads(request)
+        folder, argv, env, cwd = Path(spec["folder"]), list(spec["argv"]), dict(spec["env"]), str(spec["cwd"])
+        output = os.open(folder / OUTPUT_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    try:
+        return spawn(argv, env, cwd, output), folder
+    except (OSError, ValueError, IndexError) as exc:
+        try:
+            os.write(output, f"[trainyard] cannot start {argv[0] if argv else ''!r}: {exc}\n".encode())
+            write_atomically(folder / EXIT_NAME, exit_record(127, started=False))
+        except OSError:
+            return None
+        return 0, folder
+    finally:
+        os.close(output)
+
+
+def _reaped() -> list[tuple[int, int]]:
+    """The commands that ended since the last look, reaped: each pid and exit code."""
+    ended: list[tuple[int, int]] = []
     while True:
         try:
-            pid, _status = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             return ended
         if pid == 0:
             return ended
-        ended.append(pid)
-
-
-def _forked(folder: Path) -> int:
-    """Fork a holder for `folder`; in the child, hold its command and end."""
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            signal.set_wakeup_fd(-1)
-            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the holder waits for its own command
-            os.setsid()
-            null = os.open(os.devnull, os.O_RDWR)
-            for fd in (0, 1, 2):  # the server's pipes are the agent's, not the holder's
-                os.dup2(null, fd)
-            code = hold(folder)
-        finally:
-            os._exit(code)
-    return pid
+        ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
 def serve() -> int:
-    """Fork a holder for each rank folder named on standard input (a line each), answering `started <pid>
-    <start ticks>` on standard output, and tell `ended <pid>` when one ended (its exit recorded), so the
-    agent learns it at once. Once the input ends (the agent is gone), wait for the holders, then end."""
+    """Start a command for each request line on standard input, answering `started <pid>` on standard
+    output (`started 0`: it could not start, and says so in its output; `failed`: not even that could be
+    recorded), and tell `ended <pid>` once one ended and its exit is recorded, so the agent learns it at
+    once. Once the input ends (the agent is gone), wait for the commands, then end."""
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
@@ -120,8 +140,9 @@ def serve() -> int:
     selector = selectors.DefaultSelector()
     selector.register(0, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
-    pending, listening, holders, telling = b"", True, 0, True
-    while listening or holders:
+    running: dict[int, Path] = {}  # pid -> its rank's folder
+    pending, listening, telling = b"", True, True
+    while listening or running:
         lines: list[str] = []
         for key, _ in selector.select():
             if key.fd == wake_read:
@@ -135,17 +156,23 @@ def serve() -> int:
             pending += data
             while b"\n" in pending:
                 line, _, pending = pending.partition(b"\n")
-                pid = _forked(Path(line.decode()))
-                holders += 1
-                # Read before the holder is reaped (below), however soon it ended: a pid with its start time.
-                lines.append(f"started {pid} {start_ticks(pid, ended=True) or 0}\n")
-        for pid in _reaped():
-            holders -= 1
-            lines.append(f"ended {pid}\n")
+                started = start(line)
+                if started is None:
+                    lines.append("failed\n")
+                    continue
+                pid, folder = started
+                if pid:
+                    running[pid] = folder
+                lines.append(f"started {pid}\n")
+        for pid, code in _reaped():  # after the answers: a command's start is told before its end
+            if (rank := running.pop(pid, None)) is not None:
+                with contextlib.suppress(OSError):  # the folder is gone: the agent counts it as killed
+                    write_atomically(rank / EXIT_NAME, exit_record(code, started=True))
+                lines.append(f"ended {pid}\n")
         if lines and telling:
             try:
                 os.write(1, "".join(lines).encode())
-            except BrokenPipeError:  # the agent is gone: its holders are still reaped
+            except BrokenPipeError:  # the agent is gone: its commands are still waited for
                 telling = False
     return 0
 
@@ -154,9 +181,7 @@ def main() -> int:
     # A terminal's hang-up or interrupt is not meant for the holder; a stop is sent to the command.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    if sys.argv[1] == "--serve":
-        return serve()
-    return hold(Path(sys.argv[1]))
+    return serve()
 
 
 if __name__ == "__main__":

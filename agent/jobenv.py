@@ -62,6 +62,12 @@ def _address(url: str) -> str:
     return urlunsplit(parts._replace(netloc=netloc))
 
 
+def passed_on(agent_env: Mapping[str, str]) -> dict[str, str]:
+    """What of the agent's environment jobs may take: the basic variables, and its PATH (after the
+    interpreter's directory)."""
+    return {name: value for name, value in agent_env.items() if is_basic(name) or name == "PATH"}
+
+
 def job_environment(agent_env: Mapping[str, str], plan_env: Mapping[str, str], platform: Mapping[str, str], *,
                     python_dir: Path, nats_url: str, job_token: str | None = None) -> dict[str, str]:
     """The environment of one job process; `plan_env` is already translated to the workspace."""

@@ -1,19 +1,22 @@
 """Node environments on disk (SPEC J15): each rank's folder, kept for debug sessions or removed.
 
-A node's folder is `<agent root>/jobs/<job>/<attempt>/task-<t>/rank-<r>`. The agent writes
-`session.json` there before the command starts: the job's variables and how the workspace was made
-(backend, paths, sandbox binds), so that a session can run commands in the same environment after
-the process ended when the launch keeps the workspace, and an agent that adopts the process (after
-a restart) runs commands in it as the one that started it did. Otherwise the
-folder is removed once the process ended; in the plain backend its mounts are symbolic links into
-shared storage, and removal never follows them.
+A node's folder is `<agent root>/jobs/<job>/<attempt>/task-<t>/rank-<r>`. When the launch keeps
+the workspace, the agent writes `session.json` there before the command starts: the job's variables
+and how the workspace was made (backend, paths, sandbox binds), so that a session can run commands
+in the same environment after the process ended, however it ended. Every node's environment is also
+in its process record (agent/process.py), so that an agent that adopts the process (after a restart)
+runs commands in it as the one that started it did. Otherwise the folder is removed once the process
+ended; in the plain backend its mounts are symbolic links into shared storage, and removal never
+follows them.
 """
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import shutil
+import stat
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -55,6 +58,13 @@ class _Workspace(msgspec.Struct, frozen=True):
     sandbox: _Sandbox | None
 
 
+class RecordedEnvironment(msgspec.Struct, frozen=True):
+    """A node's environment as its process record holds it."""
+
+    env: dict[str, str]
+    workspace: _Workspace
+
+
 class _Record(msgspec.Struct, frozen=True, kw_only=True):
     version: int = 1
     job_id: str
@@ -76,7 +86,7 @@ class Environment:
 
 
 def rank_root(root: Path, job_id: str, attempt: int, task: int, rank: int) -> Path:
-    return root / "jobs" / job_id / str(attempt) / f"task-{task}" / f"rank-{rank}"
+    return Path(f"{root}/jobs/{job_id}/{attempt}/task-{task}/rank-{rank}")
 
 
 def _to_record(workspace: Workspace) -> _Workspace:
@@ -95,6 +105,14 @@ def _from_record(record: _Workspace) -> Workspace:
         dirs=found.dirs, tmp=None if found.tmp is None else Path(found.tmp), keep=[Path(p) for p in found.keep],
         cwd=found.cwd, hidden=[Hidden(path=Path(h.path), is_dir=h.is_dir) for h in found.hidden])
     return Workspace(root=Path(record.root), path=Path(record.path), backend=record.backend, sandbox=sandbox)
+
+
+def recorded(environment: Environment) -> RecordedEnvironment:
+    return RecordedEnvironment(env=environment.env, workspace=_to_record(environment.workspace))
+
+
+def from_recorded(found: RecordedEnvironment) -> Environment:
+    return Environment(workspace=_from_record(found.workspace), env=found.env)
 
 
 def write_environment(directory: Path, *, job_id: str, attempt: int, task: int, rank: int, node: str,
@@ -134,20 +152,42 @@ def remove_node_root(root: Path, directory: Path) -> None:
     never descends into a link), so shared storage is untouched. A folder that is itself a link,
     lies outside the agent's jobs folder or holds a mount point is refused.
     """
-    jobs = (root / "jobs").resolve()
-    if not directory.exists() and not directory.is_symlink():
+    jobs = _real_jobs(root)
+    try:
+        if stat.S_ISLNK(os.lstat(directory).st_mode):
+            raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
+    except FileNotFoundError:
         return
-    if directory.is_symlink() or not directory.resolve().is_relative_to(jobs) or directory.resolve() == jobs:
+    real = os.path.realpath(directory)
+    if not real.startswith(jobs + os.sep):
         raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
-    for current, folders, _ in os.walk(directory, followlinks=False):
-        for name in folders:
-            if os.path.ismount(os.path.join(current, name)):
-                raise RemovalRefused(f"{os.path.join(current, name)} is a mount point; it was left in place")
-    shutil.rmtree(directory)
-    parent = directory.parent
-    while parent.resolve() != jobs and parent.resolve().is_relative_to(jobs):
+    if (mounted := _mount_point_in(real)) is not None:
+        raise RemovalRefused(f"{mounted} is a mount point; it was left in place")
+    shutil.rmtree(real)
+    parent = os.path.dirname(real)
+    while parent.startswith(jobs + os.sep):
         try:
-            parent.rmdir()
+            os.rmdir(parent)
         except OSError:  # not empty: other ranks, tasks or attempts are still there
             return
-        parent = parent.parent
+        parent = os.path.dirname(parent)
+
+
+def _mount_point_in(folder: str) -> str | None:
+    """A folder inside `folder` on another file system (a mount point, as os.path.ismount tells one), if
+    any: links are not followed."""
+    device, waiting = os.lstat(folder).st_dev, [folder]
+    while waiting:
+        with os.scandir(waiting.pop()) as entries:
+            for entry in entries:
+                if entry.is_dir(follow_symlinks=False):
+                    if entry.stat(follow_symlinks=False).st_dev != device:
+                        return entry.path
+                    waiting.append(entry.path)
+    return None
+
+
+@functools.lru_cache(maxsize=4)
+def _real_jobs(root: Path) -> str:
+    """The agent's jobs folder, links resolved (once: it is the agent's own)."""
+    return os.path.realpath(root / "jobs")

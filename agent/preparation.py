@@ -44,12 +44,18 @@ class DataPreparation:
         self.node = node
         self.wake = asyncio.Event()  # housekeeping is due now (a job ended, the policy changed)
         self._preloads: set[asyncio.Task[None]] = set()
+        self._pinning: set[str] = set()  # who may hold pins: what ends without staging has nothing to release
+
+    def keep_pins(self, holders: set[str]) -> None:
+        """At start: the pins of `holders` (ranks that run on) stay, a crashed agent's others go."""
+        self._pinning = self.cache.unpin_all_but(holders)
 
     async def prepare(self, mounts: Sequence[Mount], holder: str,
                       folder: Path) -> tuple[dict[str, Path], list[StagedDataset]]:
         """Stage every mount to stage; the local copy of each (by its source) and what was staged. Raises
         StagingError naming the dataset."""
         sources = list(dict.fromkeys(m.source for m in mounts if m.stage))
+        self._pinning.add(holder)
         copying: list[Progress] = []
         say = _Notes(folder)
         say(f"data preparation: {len(sources)} dataset(s) into the cache of node {self.node}")
@@ -84,6 +90,7 @@ class DataPreparation:
 
     async def _preload(self, request: StageDataset) -> None:
         holder = request.preload_id  # a preload's id, or the job a warm-up is for: what `trainyard cache` shows
+        self._pinning.add(holder)
         try:
             _, staged = await self.cache.stage(request.source, lambda _: None, holder)
             log.info("cache.preloaded", node=self.node, source=request.source, hit=staged.hit,
@@ -96,8 +103,10 @@ class DataPreparation:
 
     def release(self, holder: str) -> None:
         """The rank ended: its copies may be evicted again (by the policy's next round)."""
-        self.cache.unpin(holder)
-        self.wake.set()
+        if holder in self._pinning:
+            self._pinning.discard(holder)
+            self.cache.unpin(holder)
+            self.wake.set()
 
     async def housekeeping(self, on_pressure: Callable[[str | None], None]) -> None:
         """Evict by the policy, then tell `on_pressure` why the disk is under pressure (None: it is not)."""

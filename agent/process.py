@@ -11,6 +11,8 @@ from pathlib import Path
 
 import msgspec
 
+from agent.kept import RecordedEnvironment
+
 LineSink = Callable[[str], Awaitable[None]]
 # A longer output line is passed on in pieces of this size, so that no line breaks the reader and
 # a log chunk of them stays well within one NATS message.
@@ -118,6 +120,9 @@ class Record(msgspec.Struct, frozen=True, kw_only=True):
     job_token: str | None = None
     trace: dict[str, str] = {}
     port: int = 0  # the rendezvous port the node listens on (NodeLaunch.port), held again on adoption
+    # Its variables and workspace, for the commands run in it later (None from an older agent, which wrote
+    # them to session.json, as an agent still does for a launch that keeps its workspace).
+    environment: RecordedEnvironment | None = None
 
 
 def _write_private(path: Path, data: bytes) -> None:

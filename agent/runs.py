@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import hashlib
+import os
 import tempfile
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -46,9 +48,10 @@ Publish = Callable[[MetricBatch, str], Awaitable[None]]  # a batch and its messa
 
 def remove_run_folder(rank_folder: Path) -> None:
     """The rank's socket folder, once its environment is gone."""
+    path = socket_path(rank_folder)
     with contextlib.suppress(OSError):
-        socket_path(rank_folder).unlink(missing_ok=True)
-        socket_path(rank_folder).parent.rmdir()
+        path.unlink(missing_ok=True)
+        path.parent.rmdir()
 
 
 def socket_path(rank_folder: Path) -> Path:
@@ -56,7 +59,14 @@ def socket_path(rank_folder: Path) -> Path:
     of the rank's own, which a bubblewrapped job sees as /run/trainyard (so that the socket an agent makes
     again after a restart is the one the job finds)."""
     digest = hashlib.sha256(str(rank_folder).encode()).hexdigest()[:20]
-    return Path(tempfile.gettempdir()) / "trainyard-runs" / digest / "run.sock"
+    return Path(f"{runs_folder()}/{digest}/run.sock")
+
+
+@functools.cache
+def runs_folder() -> str:
+    """Where every rank's socket folder is made: hidden from jobs (one job's processes must not log into
+    another's run), each rank's own folder bound where its job finds it."""
+    return os.path.join(tempfile.gettempdir(), "trainyard-runs")
 
 
 @dataclass
@@ -88,7 +98,11 @@ class RunRelay:
             self.path.unlink()  # a socket an agent before left
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path),
                                                        limit=MAX_RUN_LINE_BYTES + 1)
-        self._flusher = asyncio.create_task(self._flush_periodically())
+
+    def _taken(self) -> None:
+        """A line was taken: flushed within FLUSH_SECONDS from now on (a rank that logs nothing costs no timer)."""
+        if self._flusher is None and self._server is not None and self._server.is_serving():
+            self._flusher = asyncio.create_task(self._flush_periodically())
 
     async def close(self) -> None:
         """Publish what is left, then stop listening."""
@@ -128,6 +142,7 @@ class RunRelay:
                     writer.taken = line.seq
                     writer.lines.append(line)
                     self._waiting += 1
+                    self._taken()
                     if self._waiting >= MAX_POINTS_PER_BATCH:
                         # Published before more is read: while JetStream is away the job's own buffer fills,
                         # not the agent's memory.
@@ -147,6 +162,7 @@ class RunRelay:
             writer.taken = seq
             writer.lines.append(LoggedLine(process=SYSTEM_PROCESS, seq=seq, at=at,
                                            values={f"system/{name}": value for name, value in values.items()}))
+            self._taken()
 
     def _refuse(self, why: str) -> None:
         self.refused += 1

@@ -11,33 +11,49 @@ would then kill the job at once instead of leaving it its grace period. There is
 either: ranks sharing a host would see different process ids, which shared-memory transports
 between processes rely on.
 
-bwrap starts from an empty tmpfs root. A read-only bind of the whole host root could not hold
-/workspace (nothing can be created in it), so each entry of the host root is bound on its own. A
-host directory that must hold something new (/etc for /etc/mpi/hostfile) is made in the tmpfs
-instead, and its entries are bound one by one, down to the new paths. Symbolic links are recreated
-as they are written, so relative ones (/bin -> usr/bin, /etc/mtab -> ../proc/self/mounts) resolve
-inside.
+bwrap starts from an empty tmpfs root. The host root is bound there once, whole and read-only, at
+one hidden place (HOST, /.host), and each host root entry is a symbolic link into it (/usr ->
+.host/usr; a link of the host's own, such as /bin -> usr/bin, is recreated as written). A host
+directory that must hold something new (/etc for /etc/mpi/hostfile, /run for /run/trainyard) is made
+in the tmpfs instead, its entries links into HOST in the same way, down to the new paths. Why: bwrap's
+cost grows faster than its number of mounts (it reads the mount table again after each one), so
+binding each host entry on its own cost about 5 ms of CPU per start, and 50 ms where /etc had to be
+shown entry by entry; this way a sandbox has a handful of mounts whatever the host holds. What a
+job may notice: host paths are symbolic links, so a resolved path (realpath, pwd -P) starts with
+/.host.
 
 Host paths the platform keeps for itself (its state folder with the token signing secret, tokens and
-stack settings, the agent's own folder with other jobs' files) are hidden: an empty read-only tmpfs
-over a folder, /dev/null over a file. The job's own mounts are bound from the host, so they still
-work when their sources lie under a hidden folder.
+stack settings, the agent's own folder with other jobs' files) are hidden where the host's files
+are, under HOST, so through whatever path leads there: an empty read-only tmpfs over a folder,
+/dev/null over a file. The host's own files at the paths the sandbox gives its own (/tmp with other
+jobs' sockets, a /workspace of the host's) are hidden there too. The job's own mounts are bound from
+the host, so they still work when their sources lie under a hidden folder, and the paths to keep
+visible (the agent's Python environment and code) are bound again where a hidden or replaced path
+covers them.
 
 `bwrap_argv` only builds the command. It reads the host through `list_dir`, so tests can describe
-a host instead of having one.
+a host instead of having one; an agent lists a host directory again only once it changed
+(`HostListing`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Iterable, Sequence
+import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 WORKSPACE = "/workspace"
+HOST = "/.host"  # where the host root is bound whole, read-only
 # Runs the job's argv inside: a missing or unusable executable is exit code 127 or 126 with the
 # shell's message, as when the agent starts a command itself, rather than bwrap's own exit code 1.
 EXEC = ("/bin/sh", "-c", 'exec "$@"', "sh")
+# Given mounts of their own: a new /proc (the same processes), the host's /dev, the job's /tmp.
+OWN_MOUNTS = ("/proc", "/dev", "/tmp")
+# A directory listed within this long of its last change is listed again next time: a change made
+# within the same tick of the file system's clock could leave its modification time as it was.
+SETTLED_NS = 1_000_000_000
 
 
 @dataclass(frozen=True)
@@ -65,6 +81,35 @@ def list_host_dir(path: str) -> list[HostEntry]:
     return sorted(entries, key=lambda e: e.name)
 
 
+class HostListing:
+    """`list_dir`, each directory's entries kept until the directory changes: a sandbox lists the same
+    few host directories (the root, /etc, /run) for every job, and an entry added, removed or replaced
+    changes its directory's modification time. One stat a directory tells."""
+
+    def __init__(self, list_dir: ListDir = list_host_dir) -> None:
+        self._list_dir = list_dir
+        self._known: dict[str, tuple[tuple[int, int, int], tuple[HostEntry, ...]]] = {}
+
+    def __call__(self, path: str) -> Sequence[HostEntry]:
+        try:
+            found = os.stat(path)
+        except OSError:
+            return ()
+        stamp = (found.st_dev, found.st_ino, found.st_mtime_ns)
+        known = self._known.get(path)
+        if known is not None and known[0] == stamp:
+            return known[1]
+        entries = tuple(self._list_dir(path))
+        if time.time_ns() - found.st_mtime_ns > SETTLED_NS:
+            self._known[path] = (stamp, entries)
+        else:
+            self._known.pop(path, None)
+        return entries
+
+
+host_listing = HostListing()  # the agent's: one per process
+
+
 @dataclass(frozen=True)
 class Bind:
     """A host path shown at `target` (absolute) inside the sandbox."""
@@ -90,7 +135,7 @@ class SandboxSpec:
     dirs: Sequence[str] = ()  # empty directories to make first (the /workspace skeleton)
     tmp: Path | None = None  # the host directory seen as /tmp; None: an empty tmpfs
     # Host paths that must stay visible where they are (read-only), such as the Python environment
-    # and the agent's own code; nothing is added for those the host's entries already show.
+    # and the agent's own code; bound again only where a hidden or replaced path covers them.
     keep: Sequence[Path] = field(default_factory=list)
     cwd: str = WORKSPACE
     # Host paths the job must not see (folders, or single files); those it could not see anyway are skipped.
@@ -101,84 +146,113 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
+def _under(path: str, roots: set[str]) -> bool:
+    """Whether `path` is one of `roots` or lies in one (a look at each of its folders)."""
+    while path not in roots:
+        if path in ("/", ""):
+            return False
+        path = path.rsplit("/", 1)[0] or "/"
+    return True
+
+
 def _depth(path: str) -> int:
-    return len(PurePosixPath(path).parts)
+    return path.rstrip("/").count("/")
 
 
-def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = list_host_dir,
+def _join(directory: str, name: str) -> str:
+    return f"{directory.rstrip('/')}/{name}"
+
+
+def _parents(path: str) -> list[str]:
+    """The folders `path` lies in, / excepted: /etc and /etc/mpi for /etc/mpi/hostfile."""
+    parts = path.strip("/").split("/")[:-1]
+    return ["/" + "/".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+
+def _hide(place: str, is_dir: bool) -> list[str]:
+    return ["--tmpfs", place] if is_dir else ["--ro-bind", "/dev/null", place]
+
+
+def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = host_listing,
                bwrap: str = "bwrap") -> list[str]:
     """The full command that runs `argv` in the sandbox `spec` describes."""
-    made = [WORKSPACE, *spec.dirs, *(b.target for b in spec.binds)]  # paths the sandbox provides
-    args: list[str] = []
-    bound: list[str] = []  # host paths bound whole, read-only, at their own place
+    own = [WORKSPACE, *spec.dirs, *(b.target for b in spec.binds)]  # paths the sandbox provides
+    replaced = {*OWN_MOUNTS, *own}  # host paths the job sees something else at
+    holding = {parent for path in own for parent in _parents(path)}  # host folders that must hold new paths
+    args = ["--ro-bind", "/", HOST]
+    covered: list[tuple[str, bool]] = []  # host files the sandbox shows its own at: hidden under HOST too
 
-    def walk(directory: str) -> None:
+    def show(directory: str, depth: int) -> None:
         for entry in list_dir(directory):
-            path = str(PurePosixPath(directory) / entry.name)
-            if path in ("/proc", "/dev", "/tmp"):
-                continue  # given their own mounts below
-            if path in made:
-                continue  # replaced by the sandbox's own
-            if any(_inside(new, path) for new in made):
-                if entry.is_dir:  # holds something new: make it here and show its entries one by one
+            path = _join(directory, entry.name)
+            if path in replaced or path == HOST:
+                if entry.link is None and path not in ("/proc", "/dev"):
+                    covered.append((HOST + path, entry.is_dir))
+            elif path in holding:
+                if entry.is_dir:  # made here, its entries shown one by one
                     args.extend(["--dir", path])
-                    walk(path)
-                continue
-            if entry.link is not None:
-                args.extend(["--symlink", entry.link, path])
+                    show(path, depth + 1)
             else:
-                args.extend(["--ro-bind-try", path, path])
-                bound.append(path)
+                args.extend(["--symlink", entry.link if entry.link is not None else
+                             "../" * depth + HOST.lstrip("/") + path, path])
 
-    walk("/")
+    show("/", 0)
     args.extend(["--proc", "/proc", "--dev-bind", "/dev", "/dev"])
     args.extend(["--bind", str(spec.tmp), "/tmp"] if spec.tmp is not None else ["--tmpfs", "/tmp"])
-    hidden = _visible_hidden(spec, bound, made)
-    kept = [k for k in _unique(str(p) for p in spec.keep)
-            if not any(_inside(k, host) for host in bound) or any(_inside(k, str(h.path)) for h in hidden)]
-    # A hidden path inside a kept one is hidden after it is bound; a kept path inside a hidden one is
-    # bound after the hiding, so that it stays visible.
-    for keep in kept:
-        if not any(_inside(keep, str(h.path)) for h in hidden):
-            args.extend(["--ro-bind", keep, keep])
-    for entry in hidden:
-        if entry.is_dir:
-            args.extend(["--tmpfs", str(entry.path)])
-        else:
-            args.extend(["--ro-bind", "/dev/null", str(entry.path)])
-    for keep in kept:
-        if any(_inside(keep, str(h.path)) for h in hidden):
-            args.extend(["--ro-bind", keep, keep])
+    for place, is_dir in covered:
+        args.extend(_hide(place, is_dir))
+    hidden_dirs = [place for place, is_dir in covered if is_dir]
+    args.extend(_hidden_and_kept(spec, replaced, covered, hidden_dirs))
     for directory in [WORKSPACE, *spec.dirs]:
         args.extend(["--dir", directory])
     # Parents before children, so that a mount never hides one made inside it.
     for bind in sorted(spec.binds, key=lambda b: _depth(b.target)):
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
-    for entry in hidden:  # an empty folder the job cannot write to either
-        if entry.is_dir:
-            args.extend(["--remount-ro", str(entry.path)])
+    for place in hidden_dirs:  # an empty folder the job cannot write to either
+        args.extend(["--remount-ro", place])
     # The tmpfs root itself (and the folders made in it, such as /etc) takes no writes either.
     args.extend(["--remount-ro", "/", "--chdir", spec.cwd])
     return [bwrap, *args, "--", *EXEC, *argv]
 
 
-def _visible_hidden(spec: SandboxSpec, bound: Sequence[str], made: Sequence[str]) -> list[Hidden]:
-    """The hidden paths the job would otherwise see: under a host path bound whole or a kept path, not
-    under /proc, /dev or /tmp (the sandbox's own), not the sandbox's own paths, not inside another."""
-    visible = [*bound, *(str(p) for p in spec.keep)]
-    own = ["/proc", "/dev", "/tmp", *made]
-    found: list[Hidden] = []
-    for entry in sorted(spec.hidden, key=lambda h: _depth(str(h.path))):
-        path = str(entry.path)
-        if path == "/" or not any(_inside(path, v) for v in visible):
-            continue
-        if any(_inside(path, o) or _inside(o, path) for o in own):
-            continue
-        if any(h.is_dir and _inside(path, str(h.path)) for h in found):
-            continue
-        found.append(entry)
-    return found
+def _hidden_and_kept(spec: SandboxSpec, replaced: set[str], covered: list[tuple[str, bool]],
+                     hidden_dirs: list[str]) -> list[str]:
+    """Hide each hidden path where the job would see it, and bind each kept path the job would not see
+    again where it is looked for; parents first, so that a path kept inside a hidden folder is bound
+    after the hiding, and one hidden inside a kept path after the binding. `hidden_dirs` is added to."""
+    args: list[str] = []
+    kept: list[tuple[str, str]] = []  # kept host path, and where it is bound
+    layers: list[tuple[str, bool, bool]] = [(place, is_dir, True) for place, is_dir in covered]  # place, dir, hides
 
+    def place_of(path: str) -> str | None:
+        """Where the host's `path` is inside; None where the sandbox shows something else."""
+        for host, at in reversed(kept):
+            if _inside(path, host):
+                return at + path[len(host):]
+        if _under(path, replaced):
+            return None
+        return HOST + path
 
-def _unique(items: Iterable[str]) -> list[str]:
-    return list(dict.fromkeys(items))
+    def hidden(place: str) -> bool:
+        for layer, is_dir, hides in reversed(layers):  # the last one made over it decides
+            if place == layer or (is_dir and _inside(place, layer)):
+                return hides
+        return False
+
+    paths = [(str(h.path), h.is_dir, True) for h in spec.hidden] + [(str(k), True, False) for k in spec.keep]
+    for path, is_dir, hides in sorted(dict.fromkeys(paths), key=lambda p: (_depth(p[0]), not p[2])):
+        place = place_of(path)
+        if hides:
+            if place is None or path == "/" or hidden(place):
+                continue  # not to be seen anyway
+            args.extend(_hide(place, is_dir))
+            if is_dir:
+                hidden_dirs.append(place)
+        else:
+            if place is not None and not hidden(place):
+                continue  # the job sees it already
+            place = place or path  # under a path the sandbox replaces: bound where it is looked for
+            args.extend(["--ro-bind", path, place])
+            kept.append((path, place))
+        layers.append((place, is_dir, hides))
+    return args

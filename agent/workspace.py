@@ -14,8 +14,10 @@ where auto (the default) is bwrap when a trial run of it works, else plain.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
+import stat
 import subprocess
 import sys
 import tempfile
@@ -35,6 +37,7 @@ BACKEND_VARIABLE = "TRAINYARD_WORKSPACE_BACKEND"
 # The skeleton every node gets, even when the job mounts nothing there.
 SKELETON = ("algorithm", "anno_dataset", "dataset/private", "dataset/favorite", "model/pretrained",
             "model/private", "model/favorite", "outputs", "volume")
+SKELETON_DIRS = tuple(f"{WORKSPACE}/{part}" for part in SKELETON)
 PROBE_TIMEOUT_SECONDS = 10.0
 # Said at the agent's start when jobs run without a sandbox.
 PLAIN_WARNING = ("jobs run without a sandbox (plain backend): they can read every file the agent's user can, "
@@ -66,7 +69,7 @@ class Workspace:
         """What the agent starts: the job's command itself, or bwrap running it."""
         if self.sandbox is None:
             return argv
-        return bwrap_argv(self.sandbox, argv, bwrap=shutil.which("bwrap") or "bwrap")
+        return bwrap_argv(self.sandbox, argv, bwrap=_bwrap_path())
 
     @property
     def cwd(self) -> Path:
@@ -103,15 +106,19 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
         files[name] = path
     if backend == BWRAP:
         tmp = root / "tmp"  # the node's /tmp: on disk with the rest of its files, not in memory
-        if tmp.exists():
+        try:
+            tmp.mkdir()
+        except FileNotFoundError:  # a new node folder
+            tmp.mkdir(parents=True)
+        except FileExistsError:  # a start taken up again
             shutil.rmtree(tmp)
-        tmp.mkdir(parents=True)
+            tmp.mkdir()
         binds = [Bind(source=source, target=f"{WORKSPACE}/{mount.target}", read_only=mount.read_only)
                  for mount, source in zip(launch.mounts, sources, strict=True)]
         binds += [Bind(source=path, target=name, read_only=True) for name, path in files.items()]
         if run_folder is not None:
             binds.append(Bind(source=run_folder, target=RUN_FOLDER, read_only=False))
-        sandbox = SandboxSpec(binds=binds, dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=tmp,
+        sandbox = SandboxSpec(binds=binds, dirs=SKELETON_DIRS, tmp=tmp,
                               keep=agent_paths(), cwd=f"{WORKSPACE}/algorithm", hidden=hidden_entries(hidden))
         return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files
     workspace = Workspace(root=root, path=root / "workspace")
@@ -129,20 +136,37 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
 
 
 def hidden_entries(paths: Sequence[Path]) -> list[Hidden]:
-    """The paths to hide that exist, resolved (a bind follows links), each a folder or a file."""
+    """The paths to hide that exist, resolved (a bind follows links), each a folder or a file. Whether
+    each exists is looked at every time: a secret written after the agent started is hidden too."""
     entries = []
-    for path in dict.fromkeys(p.resolve() for p in paths):
-        if path.exists():
-            entries.append(Hidden(path=path, is_dir=path.is_dir()))
+    for path in _resolved(tuple(paths)):
+        try:
+            found = path.stat()
+        except OSError:
+            continue
+        entries.append(Hidden(path=path, is_dir=stat.S_ISDIR(found.st_mode)))
     return entries
 
 
-def agent_paths() -> list[Path]:
+@functools.lru_cache(maxsize=8)
+def _resolved(paths: tuple[Path, ...]) -> tuple[Path, ...]:
+    """The agent's hidden paths, resolved once: they are its settings, fixed while it runs."""
+    return tuple(dict.fromkeys(p.resolve() for p in paths))
+
+
+@functools.cache
+def agent_paths() -> tuple[Path, ...]:
     """What a job needs to see from the agent: its Python environment (the interpreter first on the
     job's PATH, with its packages) and its code (helpers such as `python3 -m agent.lifecycle`)."""
     prefixes = [Path(sys.prefix), Path(sys.base_prefix)]
     paths = [*prefixes, *(p.resolve() for p in prefixes), Path(__file__).resolve().parents[1]]
-    return list(dict.fromkeys(paths))
+    return tuple(dict.fromkeys(paths))
+
+
+@functools.cache
+def _bwrap_path() -> str:
+    """Where bwrap is, looked up once: the backend is chosen once, at the agent's start."""
+    return shutil.which("bwrap") or "bwrap"
 
 
 def bwrap_problem() -> str | None:

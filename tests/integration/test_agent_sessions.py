@@ -6,6 +6,7 @@ The agent runs in the test's process on real NATS; the monitor's side (registrat
 from __future__ import annotations
 
 import asyncio
+import signal
 import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -24,6 +25,7 @@ from libs.contracts.agent import (
     PrecheckNode,
     PrecheckReport,
     ProcessAccepted,
+    ProcessStarted,
     Released,
     ReleaseWorkspaces,
     SessionControl,
@@ -107,6 +109,26 @@ async def test_a_kept_environment_outlives_a_restart_of_the_agent(node: Node, nc
     assert isinstance(await session.open(attempt=1, rank=0, command='cat "$DATA"'), SessionOpened)
     assert await session.exit_code() == 0
     assert session.text == "hello from storage\n"
+
+
+async def test_a_running_job_adopted_by_a_restarted_agent_takes_sessions_in_its_environment(
+        node: Node, nats_url: str, tmp_path: Path) -> None:
+    await call(node.nc, subjects.agent_start(node.name),
+               StartProcess(job_id=JOB, attempt=2, launch=launch(node, "import time; time.sleep(600)", keep=False)),
+               reply_type=ProcessAccepted, signer=LAUNCHER)
+    await node.report(ProcessStarted, attempt=2)
+    await node.agent.close()
+    node.agent = await start_agent(nats_url, node.name, tmp_path)
+    try:
+        session = node.session()
+        assert isinstance(await session.open(attempt=2, rank=0, command='echo "$GREETING"; cat "$DATA"'),
+                          SessionOpened)
+        assert await session.exit_code() == 0
+        assert session.text == "forty-two\nhello from storage\n"
+    finally:
+        adopted = node.agent.nodes[(JOB, 2, 0, 0)].group
+        assert adopted is not None
+        adopted.signal(signal.SIGKILL)
 
 
 async def test_an_interactive_session_echoes_what_is_typed_on_a_terminal(node: Node) -> None:

@@ -124,6 +124,7 @@ async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_
     process = await held(tmp_path, "import time; time.sleep(60)")
     adopted = HeldProcess(tmp_path, process.pid, process.holder_pid, process.holder_since)
     os.kill(process.holder_pid, signal.SIGKILL)
+    assert (await process.wait_exit())[0] == 137  # the agent that started it learns it from the holder's pipe
     assert (await adopted.wait_exit())[0] == 137
     await asyncio.sleep(0.2)
     assert not Path(f"/proc/{process.pid}").exists() or "Z" in Path(f"/proc/{process.pid}/stat").read_text()
@@ -131,34 +132,56 @@ async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_
 
 
 @on_loop
-async def test_holders_outlive_their_agent_and_the_server_that_forked_them_ends_after_the_last(
-        tmp_path: Path) -> None:
+async def test_commands_outlive_their_agent_and_the_holder_ends_after_the_last(tmp_path: Path) -> None:
     server = HoldServer()
     sleeping = []
     for folder in (tmp_path / "a", tmp_path / "b"):
         folder.mkdir()
         sleeping.append(await HeldProcess.start(folder, [sys.executable, "-c", "import time; time.sleep(0.6)"], {},
                                                 folder, server))
-    forked = {process.holder_pid for process in sleeping}
-    assert len(forked) == 2 and all(start_ticks(pid) for pid in forked)
-    served_by = {int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for pid in forked}
-    [server_pid] = served_by  # one server forked both
+    [holder] = {process.holder_pid for process in sleeping}  # one holder holds both
+    assert start_ticks(holder) == sleeping[0].holder_since
+    parents = {int(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in sleeping}
+    assert parents == {holder}
     server.close()  # the agent is gone: its input ends
     assert all(process.running for process in sleeping)  # the jobs run on
     assert [(await process.wait_exit())[0] for process in sleeping] == [0, 0]
-    async with asyncio.timeout(10):  # once its holders ended, the server ends too
-        while start_ticks(server_pid) is not None:
+    async with asyncio.timeout(10):  # once its commands ended, the holder ends too, having reaped them
+        while start_ticks(holder) is not None:
             await asyncio.sleep(0.05)
 
 
 @on_loop
-async def test_the_server_tells_its_agent_when_a_holder_ended(tmp_path: Path) -> None:
+async def test_the_holder_tells_its_agent_when_a_command_ended(tmp_path: Path) -> None:
     server = HoldServer()
     process = await HeldProcess.start(tmp_path, [sys.executable, "-c", "raise SystemExit(4)"], {}, tmp_path, server)
     async with asyncio.timeout(10):  # told, not found by looking at the folder
-        await server.ended(process.holder_pid).wait()
+        await server.ended(process.pid).wait()
     assert (await process.wait_exit())[0] == 4
     server.close()
+
+
+@on_loop
+async def test_the_command_is_found_on_its_own_path_and_runs_where_asked(tmp_path: Path) -> None:
+    tools, work = tmp_path / "tools", tmp_path / "work"
+    for folder in (tools, work):
+        folder.mkdir()
+    (tools / "where").write_text("#!/bin/sh\npwd\n")
+    (tools / "where").chmod(0o755)
+    process = await HeldProcess.start(tmp_path, ["where"], {"PATH": f"/nonexistent:{tools}"}, work)
+    assert (await process.wait_exit())[0] == 0
+    assert shipped_lines(tmp_path, final=True) == [str(work)]
+
+
+@on_loop
+async def test_an_exit_that_cannot_be_recorded_counts_as_a_kill(tmp_path: Path) -> None:
+    folder = tmp_path / "rank-0"
+    process = await held(folder, "import time; time.sleep(0.3)")
+    for path in folder.iterdir():
+        path.unlink()
+    folder.rmdir()  # removed under the command: its holder has nowhere to record the exit
+    async with asyncio.timeout(10):
+        assert (await process.wait_exit())[0] == 137
 
 
 def test_a_holder_recorded_by_an_older_agent_is_told_by_its_command_line(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from agent.cachepolicy import Held, SourceFile, cache_key, evictions, under_pres
 from agent.datacache import DatasetCache, Progress, StagingError
 from agent.preparation import DataPreparation
 from libs.contracts.datacache import MAX_CACHE_ENTRIES_REPORTED, CacheEviction, CachePolicy, CacheReport
+from libs.contracts.events import Mount
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 HOLDER = "job-000000000001/1/0/0"
@@ -254,3 +255,24 @@ async def test_evictions_beyond_a_reports_bound_go_with_the_next_report(cache: D
     reporting.cancel()
     assert [len(r.evicted) for r in reports] == [MAX_CACHE_ENTRIES_REPORTED, 7]
     assert [e for r in reports for e in r.evicted] == gone and cache.evicted == []
+
+
+async def test_a_ranks_pins_go_when_it_ends_even_after_a_restart_and_one_that_staged_nothing_wakes_nothing(
+        cache: DatasetCache, tmp_path: Path) -> None:
+    source = dataset(cache.storage, "imgs", {"a.txt": b"data"})
+    staging = DataPreparation(cache, "node-a")
+    others = ["job-000000000002/1/0/0", "job-000000000003/1/0/0"]
+    for holder in (HOLDER, *others):
+        await staging.prepare([Mount(source=source, target="dataset/private/imgs", read_only=True, stage=True)], holder,
+                              tmp_path / holder.replace("/", "-"))
+    staging.release(others[0])
+    assert [e.pins for e in cache.entries()] == [[HOLDER, others[1]]]
+    assert staging.wake.is_set()  # its copy may be evicted now
+
+    restarted = DataPreparation(cache, "node-a")  # the agent started again: HOLDER's rank runs on
+    restarted.keep_pins({HOLDER})
+    assert [e.pins for e in cache.entries()] == [[HOLDER]]  # the rank that ended meanwhile lost its pin
+    restarted.release("job-000000000009/1/0/0")  # staged nothing
+    assert not restarted.wake.is_set()
+    restarted.release(HOLDER)
+    assert [e.pins for e in cache.entries()] == [[]] and restarted.wake.is_set()

@@ -9,13 +9,16 @@ from typing import Any
 import msgspec
 import pytest
 
+from agent.agent import NodeAgent
 from agent.jobenv import job_environment, without_credentials
 from agent.kept import ENVIRONMENT_NAME, Environment, read_environment, write_environment
+from agent.runs import runs_folder, socket_path
 from agent.sandbox import Bind, Hidden, HostEntry, SandboxSpec, bwrap_argv
 from agent.workspace import BWRAP, Workspace, hidden_entries
-from libs.contracts.cluster import Flavor
+from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.controlsign import ControlVerifier
 from libs.settings import Settings
 from services.launcher.planner import plan_launch
 from tests.support.bwrap import ops
@@ -113,8 +116,10 @@ def sandbox(*hidden: Hidden, keep: Sequence[Path] = ()) -> list[tuple[str, ...]]
 
 def test_the_state_folder_is_an_empty_read_only_tmpfs_while_mounts_from_it_still_work() -> None:
     found = sandbox(Hidden(Path("/srv/ty"), is_dir=True))
-    hide, remount = found.index(("--tmpfs", "/srv/ty")), found.index(("--remount-ro", "/srv/ty"))
-    assert found.index(("--ro-bind-try", "/srv", "/srv")) < hide < remount
+    # Hidden where the host's files are, so through /srv and /.host/srv alike.
+    hide, remount = found.index(("--tmpfs", "/.host/srv/ty")), found.index(("--remount-ro", "/.host/srv/ty"))
+    assert found.index(("--ro-bind", "/", "/.host")) < hide < remount
+    assert ("--symlink", ".host/srv", "/srv") in found
     assert ("--ro-bind", "/srv/ty/storage/algorithms/a", "/workspace/algorithm") in found
     assert ("--ro-bind", "/srv/ty/agents/n/jobs/j/files/job/hostfile", "/job/hostfile") in found
     assert ("--bind", "/srv/ty/agents/n/jobs/j/tmp", "/tmp") in found
@@ -123,13 +128,17 @@ def test_the_state_folder_is_an_empty_read_only_tmpfs_while_mounts_from_it_still
 def test_a_secret_file_reads_as_empty_and_paths_the_job_cannot_see_are_left_alone() -> None:
     found = sandbox(Hidden(Path("/srv/auth-secret"), is_dir=False), Hidden(Path("/tmp/ty"), is_dir=True),
                     Hidden(Path("/workspace"), is_dir=True), Hidden(Path("/"), is_dir=True))
-    assert ("--ro-bind", "/dev/null", "/srv/auth-secret") in found
-    assert not [o for o in found if o[0] == "--tmpfs" and o[1] != "/tmp"]
+    assert ("--ro-bind", "/dev/null", "/.host/srv/auth-secret") in found
+    # /tmp/ty: under the host's /tmp, hidden whole; /workspace: the job's own; /: everything.
+    assert [o for o in found if o[0] == "--tmpfs"] == [("--tmpfs", "/.host/tmp")]
 
 
 def test_the_agents_python_stays_visible_inside_a_hidden_folder() -> None:
-    found = sandbox(Hidden(Path("/srv"), is_dir=True), keep=[Path("/srv/venv")])
-    assert found.index(("--tmpfs", "/srv")) < found.index(("--ro-bind", "/srv/venv", "/srv/venv"))
+    found = sandbox(Hidden(Path("/srv"), is_dir=True), Hidden(Path("/srv/venv/secret"), is_dir=False),
+                    keep=[Path("/srv/venv")])
+    hide, keep = found.index(("--tmpfs", "/.host/srv")), found.index(("--ro-bind", "/srv/venv", "/.host/srv/venv"))
+    # A hidden path inside the kept one is hidden again after the binding.
+    assert hide < keep < found.index(("--ro-bind", "/dev/null", "/.host/srv/venv/secret"))
 
 
 def test_hidden_entries_are_the_existing_paths(tmp_path: Path) -> None:
@@ -153,3 +162,12 @@ def test_a_kept_environment_keeps_what_is_hidden(tmp_path: Path) -> None:
     (tmp_path / ENVIRONMENT_NAME).write_bytes(msgspec.json.encode(record))
     old = read_environment(tmp_path)
     assert old is not None and old.workspace.sandbox is not None and list(old.workspace.sandbox.hidden) == []
+
+
+def test_an_agent_hides_its_folder_and_every_ranks_run_socket(tmp_path: Path) -> None:
+    agent = NodeAgent(NodeInfo(name="node-a", address="127.0.0.1", cpus=1, memory_mib=256), nats_url="nats://x:1",
+                      root=tmp_path / "agent", storage=tmp_path / "storage",
+                      control=ControlVerifier.of_secret("s" * 48))
+    # A rank's own socket folder is bound where its job finds it; the others' stay out of sight.
+    assert {tmp_path / "agent", Path(runs_folder())} <= set(agent.hidden_paths)
+    assert socket_path(tmp_path / "rank-0").parent.parent == Path(runs_folder())

@@ -2,25 +2,33 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from agent.sandbox import EXEC, Bind, HostEntry, SandboxSpec, bwrap_argv
+from agent.sandbox import EXEC, HOST, Bind, HostEntry, HostListing, SandboxSpec, bwrap_argv, list_host_dir
 from agent.workspace import (
     BACKEND_VARIABLE,
     BWRAP,
     PLAIN,
     WorkspaceError,
+    agent_paths,
     build_workspace,
     bwrap_problem,
     choose_backend,
+    hidden_entries,
 )
 from libs.contracts.events import Mount, NodeLaunch
 from tests.support.bwrap import ops
 
 # A small host: / with the usual entries, /etc with a few files and a relative symlink.
-HOST: dict[str, list[HostEntry]] = {
+MACHINE: dict[str, list[HostEntry]] = {
     "/": [HostEntry(name="bin", is_dir=True, link="usr/bin"), HostEntry(name="dev", is_dir=True),
           HostEntry(name="etc", is_dir=True), HostEntry(name="home", is_dir=True),
           HostEntry(name="proc", is_dir=True), HostEntry(name="sys", is_dir=True),
@@ -43,7 +51,7 @@ SPEC = SandboxSpec(
 
 
 def list_dir(path: str) -> list[HostEntry]:
-    return HOST.get(path, [])
+    return MACHINE.get(path, [])
 
 
 def test_the_workspace_mounts_storage_read_only_or_writable_as_asked() -> None:
@@ -63,35 +71,39 @@ def test_generated_files_appear_at_their_absolute_paths_read_only() -> None:
     found = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir))
     assert ("--ro-bind", "/agents/job/files/job/hostfile", "/job/hostfile") in found
     assert ("--ro-bind", "/agents/job/files/etc/mpi/hostfile", "/etc/mpi/hostfile") in found
-    # /etc must hold /etc/mpi, so it is made in the sandbox and its entries are shown one by one.
+    # /etc must hold /etc/mpi, so it is made in the sandbox, each of its entries a link to the host's.
     assert ("--dir", "/etc") in found
-    assert ("--ro-bind-try", "/etc", "/etc") not in found
-    assert ("--ro-bind-try", "/etc/hosts", "/etc/hosts") in found
-    assert ("--ro-bind-try", "/etc/passwd", "/etc/passwd") in found
-    assert ("--symlink", "../proc/self/mounts", "/etc/mtab") in found
-    assert found.index(("--dir", "/etc")) < found.index(("--ro-bind-try", "/etc/hosts", "/etc/hosts"))
+    assert not any(op[-1] == "/etc" and op[0] != "--dir" for op in found)
+    assert ("--symlink", "../.host/etc/hosts", "/etc/hosts") in found
+    assert ("--symlink", "../.host/etc/passwd", "/etc/passwd") in found
+    assert ("--symlink", "../proc/self/mounts", "/etc/mtab") in found  # a link of the host's, as written
+    assert found.index(("--dir", "/etc")) < found.index(("--symlink", "../.host/etc/hosts", "/etc/hosts"))
 
 
-def test_the_host_is_shown_read_only_entry_by_entry() -> None:
+def test_the_host_is_bound_once_read_only_and_its_entries_link_into_it() -> None:
     found = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir))
-    assert ("--ro-bind-try", "/usr", "/usr") in found
-    assert ("--ro-bind-try", "/sys", "/sys") in found
-    assert ("--ro-bind-try", "/home", "/home") in found
+    assert found[0] == ("--ro-bind", "/", HOST)
+    assert [op for op in found if op[0] in ("--bind", "--ro-bind", "--ro-bind-try") and op[1] == "/"] == [found[0]]
+    assert ("--symlink", ".host/usr", "/usr") in found
+    assert ("--symlink", ".host/sys", "/sys") in found
+    assert ("--symlink", ".host/home", "/home") in found
     assert ("--symlink", "usr/bin", "/bin") in found
     assert ("--proc", "/proc") in found
     assert ("--dev-bind", "/dev", "/dev") in found
     assert ("--bind", "/agents/job/tmp", "/tmp") in found
-    # The host's own /workspace is hidden by the job's; the host root is never bound whole.
-    assert not any(len(op) == 3 and op[2] == "/workspace" for op in found)
-    assert not any(len(op) == 3 and op[1] == "/" for op in found)
+    # The host's own /workspace and /tmp are the job's; the host's are hidden where the host's files are.
+    assert not any(op[-1] == "/workspace" for op in found if op[0] != "--dir")
+    assert ("--tmpfs", f"{HOST}/tmp") in found and ("--remount-ro", f"{HOST}/tmp") in found
+    assert ("--tmpfs", f"{HOST}/workspace") in found
+    assert not any(op[-1] in (f"{HOST}/proc", f"{HOST}/dev") for op in found)  # the same /proc and /dev
     assert found[-2:] == [("--remount-ro", "/"), ("--chdir", "/workspace/algorithm")]
 
 
 def test_the_python_environment_stays_visible() -> None:
     found = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir))
-    # /venv is already shown by the host's entries; /tmp/python would be hidden by the job's /tmp.
-    assert ("--ro-bind", "/venv", "/venv") not in found
-    assert ("--ro-bind-try", "/venv", "/venv") in found
+    # /venv is already shown through the host's entries; /tmp/python would be hidden by the job's /tmp.
+    assert not any(op[-1] == "/venv" and op[0] != "--symlink" for op in found)
+    assert ("--symlink", ".host/venv", "/venv") in found
     assert ("--ro-bind", "/tmp/python", "/tmp/python") in found
     assert found.index(("--bind", "/agents/job/tmp", "/tmp")) < found.index(("--ro-bind", "/tmp/python",
                                                                              "/tmp/python"))
@@ -110,7 +122,7 @@ def test_without_a_tmp_folder_tmp_is_an_empty_tmpfs() -> None:
     spec = SandboxSpec(binds=[], tmp=None)
     found = ops(bwrap_argv(spec, ["true"], list_dir=list_dir))
     assert ("--tmpfs", "/tmp") in found
-    assert ("--ro-bind-try", "/etc", "/etc") in found  # nothing new in /etc: shown whole
+    assert ("--symlink", ".host/etc", "/etc") in found  # nothing new in /etc: the host's, whole
 
 
 # --- the workspace on either backend ---------------------------------------------------------------
@@ -138,6 +150,13 @@ def test_a_bwrap_workspace_uses_the_real_paths(tmp_path: Path) -> None:
     assert ("--ro-bind", str(files["/job/hostfile"]), "/job/hostfile") in found
 
 
+def test_a_workspace_made_again_starts_with_an_empty_tmp(tmp_path: Path) -> None:
+    build_workspace(tmp_path / "rank-0", tmp_path / "storage", launch(), BWRAP)
+    (tmp_path / "rank-0" / "tmp" / "left-over").write_text("from the start before")
+    build_workspace(tmp_path / "rank-0", tmp_path / "storage", launch(), BWRAP)  # a start taken up again
+    assert list((tmp_path / "rank-0" / "tmp").iterdir()) == []
+
+
 @pytest.mark.parametrize("backend", [BWRAP, PLAIN])
 def test_a_missing_read_only_source_is_an_error(tmp_path: Path, backend: str) -> None:
     node = launch(Mount(source="datasets/nope", target="dataset/private/nope", read_only=True))
@@ -151,3 +170,86 @@ def test_the_backend_setting() -> None:
         choose_backend({BACKEND_VARIABLE: "docker"})
     chosen, reason = choose_backend({})
     assert chosen == (PLAIN if bwrap_problem() else BWRAP), reason
+
+
+# --- what a job sees in a real sandbox -------------------------------------------------------------
+
+# Each part of what the job sees after a line of its own; $1 a hidden folder, $2 a hidden file.
+LOOK = r"""
+echo "== etc"; ls -A /etc
+echo "== hostfile"; cat /etc/mpi/hostfile
+echo "== hidden"; ls -A "$1" "/.host$1"; cat "$2" "/.host$2"
+echo "== refused"; for path in /usr/probe /etc/probe /etc/mpi/probe "$1/probe" "/.host$1/probe" /.host/tmp/probe; do
+  touch "$path" 2>/dev/null && echo "$path"; done
+echo "== tmp"; touch /tmp/mine /workspace/outputs/mine; ls -A /.host/tmp
+"""
+
+
+def sections(output: str) -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {}
+    for line in output.splitlines():
+        if line.startswith("== "):
+            current = found.setdefault(line[3:], [])
+        elif line.strip() and not line.endswith(":"):
+            current.append(line)
+    return found
+
+
+@pytest.fixture
+def state() -> Iterator[Path]:
+    """A platform state folder outside /tmp (a job's /tmp is its own, which hides the host's anyway)."""
+    folder = Path(tempfile.mkdtemp(prefix="trainyard-sandbox-", dir="/var/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_job_sees_the_host_read_only_its_own_files_and_nothing_hidden(state: Path) -> None:
+    if problem := bwrap_problem():
+        pytest.skip(problem)
+    (state / "auth-secret").write_text("the-signing-secret")
+    storage, rank = state / "storage", state / "agents" / "node-a" / "jobs" / "j" / "1" / "task-0" / "rank-0"
+    (storage / "outputs").mkdir(parents=True)
+    (rank / "tmp").mkdir(parents=True)
+    (rank / "files" / "etc" / "mpi").mkdir(parents=True)
+    (rank / "files" / "etc" / "mpi" / "hostfile").write_text("node-a slots=2\n")
+    spec = SandboxSpec(binds=[Bind(storage / "outputs", "/workspace/outputs", read_only=False),
+                              Bind(rank / "files" / "etc" / "mpi" / "hostfile", "/etc/mpi/hostfile", read_only=True)],
+                       tmp=rank / "tmp", keep=agent_paths(), cwd="/workspace",
+                       hidden=hidden_entries([state, state / "auth-secret"]))
+
+    result = subprocess.run(bwrap_argv(spec, ["sh", "-c", LOOK, "sh", str(state), str(state / "auth-secret")],
+                                       bwrap=shutil.which("bwrap") or "bwrap"),
+                            capture_output=True, text=True, check=True, timeout=30)
+    seen = sections(result.stdout)
+
+    assert set(seen["etc"]) == {*os.listdir("/etc"), "mpi"}  # every entry of the host's /etc, and its own
+    assert seen["hostfile"] == ["node-a slots=2"]
+    assert seen["hidden"] == []  # the state folder is empty and the secret reads as nothing, by either path
+    assert seen["refused"] == []  # the host's files, hidden paths and the tmpfs take no writes
+    assert seen["tmp"] == []  # the host's /tmp is out of sight; the job's own is its rank's folder
+    assert (rank / "tmp" / "mine").exists() and (storage / "outputs" / "mine").exists()
+
+
+def test_a_host_directory_is_listed_once_and_again_after_it_changed(tmp_path: Path) -> None:
+    listed: list[str] = []
+
+    def list_dir(path: str) -> list[HostEntry]:
+        listed.append(path)
+        return list_host_dir(path)
+
+    etc = tmp_path / "etc"
+    etc.mkdir()
+    (etc / "hosts").write_text("")
+    listing, settled = HostListing(list_dir), time.time() - 3600
+    os.utime(etc, (settled, settled))
+    assert [e.name for e in listing(str(etc))] == [e.name for e in listing(str(etc))] == ["hosts"]
+    assert len(listed) == 1  # the same listing, for every job
+
+    (etc / "passwd").write_text("")
+    os.utime(etc, (settled + 60, settled + 60))
+    assert [e.name for e in listing(str(etc))] == ["hosts", "passwd"]
+    # Changed just now: listed each time, since a change within the same clock tick would leave its time alone.
+    (etc / "group").write_text("")
+    assert [e.name for e in listing(str(etc))] == [e.name for e in listing(str(etc))] == ["group", "hosts", "passwd"]
+    assert len(listed) == 4
+    assert listing(str(tmp_path / "missing")) == ()
