@@ -35,9 +35,10 @@ from pathlib import Path
 
 OUTPUT_NAME = "output.log"
 EXIT_NAME = "exit.json"  # {"exit_code": ..., "exited_at": ..., "started": ...}
-# Ignored by Python, so by the holder: a command gets them back as any process starts with them
-# (what subprocess's restore_signals does).
-RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ)
+# Ignored by the holder (by Python itself, or by `main` below): a command gets them back as any process
+# starts with them (what subprocess's restore_signals does for the first two), so that a job stopped with
+# SIGINT as its checkpoint signal, or a pipeline whose reader ended, behaves as it would from a shell.
+RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGINT)
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -99,11 +100,11 @@ def start(request: bytes) -> tuple[int, Path] | None:
         spec = json.loads(request)
         folder, argv, env, cwd = Path(spec["folder"]), list(spec["argv"]), dict(spec["env"]), str(spec["cwd"])
         output = os.open(folder / OUTPUT_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-    except (OSError, ValueError, KeyError, TypeError):
+    except Exception:  # not a request it can even record: the agent is told, and nothing else changes
         return None
     try:
         return spawn(argv, env, cwd, output), folder
-    except (OSError, ValueError, IndexError) as exc:
+    except Exception as exc:  # whatever a request holds, the holder goes on holding every other command
         try:
             os.write(output, f"[trainyard] cannot start {argv[0] if argv else ''!r}: {exc}\n".encode())
             write_atomically(folder / EXIT_NAME, exit_record(127, started=False))

@@ -174,6 +174,17 @@ async def test_the_command_is_found_on_its_own_path_and_runs_where_asked(tmp_pat
 
 
 @on_loop
+async def test_a_command_starts_with_every_signal_at_its_default(tmp_path: Path) -> None:
+    """The holder ignores a terminal's hang-up and interrupt for itself; a job must not inherit that: one whose
+    checkpoint signal is SIGINT would never hear it."""
+    process = await HeldProcess.start(tmp_path, ["/bin/sh", "-c", "grep SigIgn /proc/self/status"], {}, tmp_path)
+    assert (await process.wait_exit())[0] == 0
+    ignored = int(shipped_lines(tmp_path, final=True)[0].split()[1], 16)
+    for sig in (signal.SIGHUP, signal.SIGINT, signal.SIGPIPE, signal.SIGXFSZ):
+        assert not ignored & (1 << (sig - 1)), f"{sig.name} is ignored in the job"
+
+
+@on_loop
 async def test_an_exit_that_cannot_be_recorded_counts_as_a_kill(tmp_path: Path) -> None:
     folder = tmp_path / "rank-0"
     process = await held(folder, "import time; time.sleep(0.3)")
