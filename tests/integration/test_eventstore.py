@@ -8,12 +8,14 @@ import contextlib
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
-from nats.js.api import DeliverPolicy
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, PubAck
 
 from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, NodeRecovered
 from libs.eventstore import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, OutboxRelay, Tracking
+from libs.eventstore.relay import PublishUnacknowledged
 from libs.messaging.connection import ensure_streams
 from tests.support.stores import StoreFactory
 
@@ -152,6 +154,36 @@ async def test_relay_restart_republishes_without_duplicates(store: EventStore, n
     assert len(envelopes) == 5
     subjects_seen = {type(e.event).name() for e in envelopes}
     assert subjects_seen == {"JobStopped"}
+
+
+class BrokenAfter:
+    """JetStream through a connection that breaks after `sent` publishes: the later ones never arrive."""
+
+    def __init__(self, js: JetStreamContext, sent: int) -> None:
+        self.js = js
+        self.sent = sent
+
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PubAck]:
+        if self.sent > 0:
+            self.sent -= 1
+            return await self.js.publish_async(subject, payload, headers=headers)
+        return asyncio.get_running_loop().create_future()  # its acknowledgement never comes
+
+
+async def test_a_relay_that_lost_its_connection_midway_publishes_the_rest_in_order(store: EventStore,
+                                                                                   nc: Client) -> None:
+    """Only the first events of a run reached JetStream: the relay's position stops at the last of them, and
+    the rest is published after them, once each."""
+    for i in range(6):
+        await store.append([stopped(f"job-m{i}")], expected_versions={("job", f"job-m{i}"): 0})
+    broken = OutboxRelay(store, BrokenAfter(nc.jetstream(), 2), ack_seconds=0.2)  # type: ignore[arg-type]
+    with pytest.raises(PublishUnacknowledged):
+        await broken.publish_pending()
+    assert broken.published_position == (await store.read_aggregate("job", "job-m1"))[0].position
+    assert [e.aggregate_id for e in await published(nc)] == ["job-m0", "job-m1"]
+
+    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 4
+    assert [e.aggregate_id for e in await published(nc)] == [f"job-m{i}" for i in range(6)]
 
 
 async def test_a_relay_publishes_its_events_again_after_the_stream_lost_them(store: EventStore, nc: Client) -> None:
