@@ -51,7 +51,9 @@ class OutboxRelay:
         self.batch = batch
         self.ack_seconds = ack_seconds
         self._wake = asyncio.Event()
-        self.published_position = 0
+        self.published_position = 0  # the last event acknowledged, with none missing before it
+        # Acknowledged but not written yet: it is written with the next read of events (see publish_pending).
+        self._unsaved: int | None = None
 
     async def run(self) -> None:
         """Publish forever; wakes on the store's NOTIFY and polls as a fallback."""
@@ -85,6 +87,8 @@ class OutboxRelay:
                         await self._wake.wait()
         finally:
             with contextlib.suppress(Exception):
+                await self._save()
+            with contextlib.suppress(Exception):
                 await conn.remove_listener(self.store.notify_channel, self._on_notify)
                 await conn.execute("SELECT pg_advisory_unlock($1)", self.store.lock_key + 2)
             await self.store.pool.release(conn)
@@ -97,6 +101,7 @@ class OutboxRelay:
         the recorded position (the stream lost events); returns the position published from."""
         schema = self.store.schema
         recorded = int(await self.store.pool.fetchval(f"SELECT published_position FROM {schema}.relay"))
+        recorded = max(recorded, self._unsaved or 0)
         if not recorded:
             return recorded
         try:
@@ -109,18 +114,30 @@ class OutboxRelay:
         if kept >= recorded:
             return recorded
         log.warning("relay.history_lost", store=self.store.service, published=recorded, still_in_stream=kept)
+        self._unsaved = None
         await self.store.pool.execute(f"UPDATE {schema}.relay SET published_position = $1", kept)
         self.published_position = kept
         return kept
 
     async def publish_pending(self) -> int:
-        """Publish one batch of unpublished events; return how many were published."""
+        """Publish one batch of unpublished events; return how many were published.
+
+        The position reached is written with the next read of events, in the same statement, rather than by
+        a write of its own: a burst costs one statement per batch. The relay reads again at least every
+        `poll_seconds`; a crash before that publishes the last batch again, which JetStream drops.
+        """
         schema = self.store.schema
-        rows = await self.store.pool.fetch(
-            f"""SELECT e.* FROM {schema}.events e, {schema}.relay r WHERE e.position > r.published_position
-                ORDER BY e.position LIMIT $1""",
-            self.batch,
-        )
+        unsaved, self._unsaved = self._unsaved, None
+        try:
+            rows = await self.store.pool.fetch(
+                f"""WITH saved AS (UPDATE {schema}.relay SET published_position = $2 WHERE published_position < $2)
+                    SELECT e.* FROM {schema}.events e, {schema}.relay r
+                    WHERE e.position > greatest(r.published_position, $2) ORDER BY e.position LIMIT $1""",
+                self.batch, unsaved,
+            )
+        except BaseException:
+            self._unsaved = self._unsaved or unsaved
+            raise
         published = 0
         try:
             for run in _runs(rows):
@@ -130,10 +147,15 @@ class OutboxRelay:
                     raise PublishUnacknowledged(f"JetStream acknowledged {acknowledged} of {len(run)} events")
         finally:
             if published:
-                last = rows[published - 1]["position"]
-                await self.store.pool.execute(f"UPDATE {schema}.relay SET published_position = $1", last)
-                self.published_position = last
+                self.published_position = self._unsaved = rows[published - 1]["position"]
         return published
+
+    async def _save(self) -> None:
+        """Write the position reached now (the relay stops)."""
+        if (unsaved := self._unsaved) is not None:
+            await self.store.pool.execute(
+                f"UPDATE {self.store.schema}.relay SET published_position = $1 WHERE published_position < $1", unsaved)
+            self._unsaved = None
 
     async def _publish_run(self, envelopes: list[EventEnvelope]) -> int:
         """Publish `envelopes` all at once, then wait for their acknowledgements; return how many, from the
