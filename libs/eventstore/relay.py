@@ -131,8 +131,9 @@ class OutboxRelay:
         try:
             rows = await self.store.pool.fetch(
                 f"""WITH saved AS (UPDATE {schema}.relay SET published_position = $2 WHERE published_position < $2)
-                    SELECT e.* FROM {schema}.events e, {schema}.relay r
-                    WHERE e.position > greatest(r.published_position, $2) ORDER BY e.position LIMIT $1""",
+                    SELECT * FROM {schema}.events
+                    WHERE position > greatest((SELECT published_position FROM {schema}.relay), $2)
+                    ORDER BY position LIMIT $1""",
                 self.batch, unsaved,
             )
         except BaseException:
