@@ -29,9 +29,9 @@ def events_of_service(service: str) -> str:
 
 
 def events_of(service: str, *aggregate_types: str) -> tuple[str, ...]:
-    """The subjects of `service`'s events about those kinds of aggregate: a follower that names the aggregates
-    it reads is delivered those events only (NATS filters the others out), however many the service adds
-    later, while an event of a kind it did not name never reaches it."""
+    """The subjects of `service`'s events about those kinds of aggregate. A follower that names the aggregates
+    it reads is delivered their events only, new types of event among them included; events of the other
+    aggregates, there now or added later, never reach it (NATS filters them out)."""
     return tuple(f"trainyard.events.{service}.{aggregate_type}.>" for aggregate_type in aggregate_types)
 
 
