@@ -84,8 +84,9 @@ def current_trace_headers() -> dict[str, str]:
 
 
 def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Context:
+    from opentelemetry.context import Context
     from opentelemetry.propagate import extract
 
-    return extract(dict(headers or {}))
+    return extract(headers) if headers else Context()  # no headers: no trace to continue
 
 
