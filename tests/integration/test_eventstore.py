@@ -188,6 +188,42 @@ async def test_a_relay_that_lost_its_connection_midway_publishes_the_rest_in_ord
     assert [e.aggregate_id for e in await published(nc)] == [f"job-m{i}" for i in range(6)]
 
 
+class Watched:
+    """JetStream, noting how many times the event loop had turned at each publish."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+        self.turns = 0
+        self.seen: list[int] = []
+
+    async def turning(self) -> None:
+        while True:
+            self.turns += 1
+            await asyncio.sleep(0)
+
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PubAck]:
+        self.seen.append(self.turns)
+        return await self.js.publish_async(subject, payload, headers=headers)
+
+
+async def test_a_relay_hands_a_run_to_the_connection_without_a_pause(store: EventStore, nc: Client) -> None:
+    """The stream keeps the log's order because a run leaves whole on one connection: nothing else runs while
+    the relay hands it over, so no reconnect can come between two of its events."""
+    watched = Watched(nc.jetstream())
+    relay = OutboxRelay(store, watched)  # type: ignore[arg-type]
+    await store.append([stopped("job-p0")], expected_versions={("job", "job-p0"): 0})
+    assert await relay.publish_pending() == 1
+    for i in range(1, 51):
+        await store.append([stopped(f"job-p{i}")], expected_versions={("job", f"job-p{i}"): 0})
+    turning = asyncio.create_task(watched.turning())
+    try:
+        watched.seen.clear()
+        assert await relay.publish_pending() == 50
+    finally:
+        turning.cancel()
+    assert len(watched.seen) == 50 and len(set(watched.seen)) == 1
+
+
 async def test_a_relay_publishes_its_events_again_after_the_stream_lost_them(store: EventStore, nc: Client) -> None:
     """The events stream deleted and made anew (a lost JetStream store): the relay sees it no longer has
     the service's newest event and publishes the whole log again, so a follower rebuilds everything."""
