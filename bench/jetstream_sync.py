@@ -7,8 +7,8 @@ so an acknowledged event survives a crash of the server's machine; the server's 
 minutes, and a crash of the machine can lose what was acknowledged since. This starts two servers of
 the same binary side by side, one of each, each with a file stream like TRAINYARD_EVENTS, and publishes
 MESSAGES messages of SIZE bytes with a message id each (as the outbox relay does), IN_FLIGHT at a time
-(1: one after the other, like the relay; more: several publishers), and prints messages per second and
-the median and 99th-percentile time to the acknowledgement.
+(1: one after the other, each acknowledged first; more: several in flight, as the relay's runs are), and
+prints messages per second and the median and 99th-percentile time to the acknowledgement.
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from libs.contracts.identity import AUTH_HEADER, Identity
 from libs.contracts.ids import is_job_id
@@ -62,18 +63,35 @@ def issue_token(secret: str, identity: Identity, *, ttl_seconds: int = DEFAULT_T
     return _sign(secret, claims, ttl_seconds)
 
 
+# Checking a token's signature costs more than most requests it comes with, and a client sends the same
+# token with each of them: the claims of the tokens verified last are kept, by the exact token and the
+# secret that verified it. Only time can make a verified token invalid (its expiry), which is checked on
+# every use; a token that failed is never kept.
+VERIFIED_TOKENS_KEPT = 4096
+_verified: dict[tuple[str, str], tuple[dict[str, object], int]] = {}
+
+
 def _claims(secret: str, token: str, *, renew: str) -> dict[str, object]:
     """The verified claims of a token of either kind; `renew` says how to get a new one."""
+    if (kept := _verified.get((secret, token))) is not None:
+        claims, expires = kept
+        if time.time() < expires:
+            return claims
+        _verified.pop((secret, token), None)
+        raise AuthError(f"the token has expired; {renew}")
     import jwt  # here, not at the top: a CLI command that only sends a token need not load PyJWT
 
     try:
-        claims: dict[str, object] = jwt.decode(token, secret, algorithms=[ALGORITHM], issuer=ISSUER,
-                                               options={"require": ["exp", "iat", "sub", "iss"]})
+        verified: dict[str, Any] = jwt.decode(token, secret, algorithms=[ALGORITHM], issuer=ISSUER,
+                                              options={"require": ["exp", "iat", "sub", "iss"]})
     except jwt.ExpiredSignatureError:
         raise AuthError(f"the token has expired; {renew}") from None
     except jwt.InvalidTokenError as exc:
         raise AuthError(f"the token is not valid ({exc}); {renew}") from None
-    return claims
+    if len(_verified) >= VERIFIED_TOKENS_KEPT:
+        _verified.pop(next(iter(_verified)))  # the oldest
+    _verified[(secret, token)] = (verified, int(verified["exp"]))  # as PyJWT read it
+    return verified
 
 
 def _is_node_credential(claims: Mapping[str, object]) -> bool:
@@ -90,7 +108,7 @@ def verify_token(secret: str, token: str) -> Identity:
     if not isinstance(projects, list) or not all(isinstance(p, str) for p in projects):
         raise AuthError("the token's projects are not a list of names")
     email = claims.get("email")
-    return Identity(user=str(claims["sub"]), projects=projects, admin=bool(claims.get("admin", False)),
+    return Identity(user=str(claims["sub"]), projects=list(projects), admin=bool(claims.get("admin", False)),
                     email=str(email) if email else None)
 
 

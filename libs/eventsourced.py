@@ -55,10 +55,14 @@ class Upstream:
     `handle` replaces both when the reaction must do I/O outside the service lock (it is then the
     whole handler, see `libs.messaging.follower.Handler`). `reactions=False`: fold only. `span` names
     the span a reaction is recorded in (default `<service> react <message kind>`).
+
+    `subject` is what NATS delivers: of another service's events, name the aggregates the service reads
+    (`subjects.events_of`), so that the server leaves out the others; a new kind of aggregate upstream then
+    reaches no follower that did not ask for it, while new events of a kind it reads reach it.
     """
 
     stream: str
-    subject: str
+    subject: str | tuple[str, ...]
     consumer: str
     message_type: object
     fold: Fold | None = None

@@ -8,6 +8,8 @@ subjects (job ids, node names) never contain `.`, `*` or `>`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 # JetStream streams.
 EVENTS_STREAM = "TRAINYARD_EVENTS"
 AGENT_REPORTS_STREAM = "TRAINYARD_AGENT_REPORTS"
@@ -26,13 +28,26 @@ def events_of_service(service: str) -> str:
     return f"trainyard.events.{service}.>"
 
 
+def events_of(service: str, *aggregate_types: str) -> tuple[str, ...]:
+    """The subjects of `service`'s events about those kinds of aggregate. A follower that names the aggregates
+    it reads is delivered their events only, new types of event among them included; events of the other
+    aggregates, there now or added later, never reach it (NATS filters them out)."""
+    return tuple(f"trainyard.events.{service}.{aggregate_type}.>" for aggregate_type in aggregate_types)
+
+
 # Every service's records of upstream messages it set aside (UpstreamMessageSetAside), for the monitor.
 SET_ASIDE_AGGREGATE = "upstream"  # aggregate id: events.set_aside_id(consumer, sequence)
 SET_ASIDE_ALL = f"trainyard.events.*.{SET_ASIDE_AGGREGATE}.*.UpstreamMessageSetAside"
 
 
-def service_of_events(subject: str) -> str | None:
-    """The one service whose events `subject` (a filter such as `events_of_service`) names, if any."""
+def service_of_events(subject: str | Sequence[str]) -> str | None:
+    """The one service whose events `subject` (a filter such as `events_of_service`, or several such as
+    `events_of`) names, if any."""
+    found = {_service_of(one) for one in ([subject] if isinstance(subject, str) else subject)}
+    return found.pop() if len(found) == 1 else None
+
+
+def _service_of(subject: str) -> str | None:
     parts = subject.split(".")
     if len(parts) < 3 or parts[:2] != ["trainyard", "events"] or parts[2] in ("*", ">"):
         return None

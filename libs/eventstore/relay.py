@@ -1,10 +1,12 @@
 """The transactional outbox relay: publishes a store's events to JetStream, in order, once.
 
 The event table is the outbox. The relay reads events past its published position, publishes each
-with `Nats-Msg-Id` = the event id and waits for JetStream's acknowledgement before moving the
-position on. After a crash it publishes again from the last recorded position; JetStream's
-duplicate window drops the repeats (and followers pass over repeats it no longer remembers). A
-session advisory lock keeps one relay active per store.
+with `Nats-Msg-Id` = the event id and moves the position on to the last event JetStream acknowledged,
+all before it without a gap. It publishes a run of events at once and then waits for their
+acknowledgements, rather than one round trip each, so that a burst costs a few wake-ups, not many.
+After a crash it publishes again from the last recorded position; JetStream's duplicate window drops
+the repeats (and followers pass over repeats it no longer remembers). A session advisory lock keeps
+one relay active per store.
 
 JetStream may lose what it was given (the stream deleted and made anew, its store lost): at start,
 and every HISTORY_CHECK_SECONDS, the relay looks at the newest of its service's events the stream
@@ -16,30 +18,42 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Iterator
 
+import asyncpg
 import msgspec
 from nats.js import JetStreamContext
+from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
 
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import EventEnvelope
 from libs.contracts.subjects import EVENTS_STREAM, event_subject, events_of_service
-from libs.eventstore.store import EventStore
+from libs.eventstore.store import ENVELOPE_BYTES, EventStore
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 HISTORY_CHECK_SECONDS = 30.0
+# A run of events published before their acknowledgements are awaited: far within nats-py's buffers (2 MiB
+# of pending data, 1024 flushes queued, 4000 acknowledgements awaited), so a run is never sent in parts.
+RUN_EVENTS = 256
+RUN_BYTES = 1024 * 1024
+# How long the relay waits for JetStream to acknowledge anything more before it publishes again.
+ACK_SECONDS = 5.0
 
 
 class OutboxRelay:
     def __init__(self, store: EventStore, js: JetStreamContext, *, poll_seconds: float = 1.0,
-                 batch: int = 500) -> None:
+                 batch: int = 500, ack_seconds: float = ACK_SECONDS) -> None:
         self.store = store
         self.js = js
         self.poll_seconds = poll_seconds
         self.batch = batch
+        self.ack_seconds = ack_seconds
         self._wake = asyncio.Event()
-        self.published_position = 0
+        self.published_position = 0  # the last event acknowledged, with none missing before it
+        # Acknowledged but not written yet: it is written with the next read of events (see publish_pending).
+        self._unsaved: int | None = None
 
     async def run(self) -> None:
         """Publish forever; wakes on the store's NOTIFY and polls as a fallback."""
@@ -73,6 +87,8 @@ class OutboxRelay:
                         await self._wake.wait()
         finally:
             with contextlib.suppress(Exception):
+                await self._save()
+            with contextlib.suppress(Exception):
                 await conn.remove_listener(self.store.notify_channel, self._on_notify)
                 await conn.execute("SELECT pg_advisory_unlock($1)", self.store.lock_key + 2)
             await self.store.pool.release(conn)
@@ -85,6 +101,7 @@ class OutboxRelay:
         the recorded position (the stream lost events); returns the position published from."""
         schema = self.store.schema
         recorded = int(await self.store.pool.fetchval(f"SELECT published_position FROM {schema}.relay"))
+        recorded = max(recorded, self._unsaved or 0)
         if not recorded:
             return recorded
         try:
@@ -97,26 +114,106 @@ class OutboxRelay:
         if kept >= recorded:
             return recorded
         log.warning("relay.history_lost", store=self.store.service, published=recorded, still_in_stream=kept)
+        self._unsaved = None
         await self.store.pool.execute(f"UPDATE {schema}.relay SET published_position = $1", kept)
         self.published_position = kept
         return kept
 
     async def publish_pending(self) -> int:
-        """Publish one batch of unpublished events; return how many were published."""
+        """Publish one batch of unpublished events; return how many were published.
+
+        The position reached is written with the next read of events, in the same statement, rather than by
+        a write of its own: a burst costs one statement per batch. The relay reads again at least every
+        `poll_seconds`; a crash before that publishes the last batch again, which JetStream drops.
+        """
         schema = self.store.schema
-        position = await self.store.pool.fetchval(f"SELECT published_position FROM {schema}.relay")
-        rows = await self.store.pool.fetch(
-            f"SELECT * FROM {schema}.events WHERE position > $1 ORDER BY position LIMIT $2",
-            position, self.batch,
-        )
-        for row in rows:
-            envelope = self.store.envelope(row)
-            subject = event_subject(envelope.service, envelope.aggregate_type, envelope.aggregate_id,
-                                    type(envelope.event).name())
-            headers = {"Nats-Msg-Id": envelope.event_id, **envelope.trace}
-            await self.js.publish(subject, encode(envelope), headers=headers)
-        if rows:
-            last = rows[-1]["position"]
-            await self.store.pool.execute(f"UPDATE {schema}.relay SET published_position = $1", last)
-            self.published_position = last
-        return len(rows)
+        unsaved, self._unsaved = self._unsaved, None
+        try:
+            rows = await self.store.pool.fetch(
+                f"""WITH saved AS (UPDATE {schema}.relay SET published_position = $2 WHERE published_position < $2)
+                    SELECT * FROM {schema}.events
+                    WHERE position > greatest((SELECT published_position FROM {schema}.relay), $2)
+                    ORDER BY position LIMIT $1""",
+                self.batch, unsaved,
+            )
+        except BaseException:
+            self._unsaved = self._unsaved or unsaved
+            raise
+        published = 0
+        try:
+            for run in _runs(rows):
+                acknowledged = await self._publish_run([self.store.envelope(row) for row in run])
+                published += acknowledged
+                if acknowledged < len(run):
+                    raise PublishUnacknowledged(f"JetStream acknowledged {acknowledged} of {len(run)} events")
+        finally:
+            if published:
+                self.published_position = self._unsaved = rows[published - 1]["position"]
+        return published
+
+    async def _save(self) -> None:
+        """Write the position reached now (the relay stops)."""
+        if (unsaved := self._unsaved) is not None:
+            await self.store.pool.execute(
+                f"UPDATE {self.store.schema}.relay SET published_position = $1 WHERE published_position < $1", unsaved)
+            self._unsaved = None
+
+    async def _publish_run(self, envelopes: list[EventEnvelope]) -> int:
+        """Publish `envelopes` all at once, then wait for their acknowledgements; return how many, from the
+        first, JetStream acknowledged.
+
+        The order of the stream is the order of the log, which followers rely on. All of a run is handed to
+        the connection without a pause (nothing here waits between two publishes, and a run is kept well
+        within the client's buffers), so it leaves on one connection in order: if that connection breaks, the
+        server has kept a first part of the run, never a later event without an earlier one. What follows
+        the first event without an acknowledgement is published again (JetStream drops what it already has).
+        """
+        acks: list[asyncio.Future[PubAck]] = []
+        try:
+            for envelope in envelopes:
+                subject = event_subject(envelope.service, envelope.aggregate_type, envelope.aggregate_id,
+                                        type(envelope.event).name())
+                headers = {"Nats-Msg-Id": envelope.event_id, **envelope.trace}
+                acks.append(await self.js.publish_async(subject, encode(envelope), headers=headers))
+        finally:
+            await _settled(acks, self.ack_seconds)
+        acknowledged = next((i for i, ack in enumerate(acks) if ack.cancelled() or ack.exception()), len(acks))
+        if acknowledged < len(acks):
+            failed = acks[acknowledged]
+            log.warning("relay.unacknowledged", store=self.store.service, position=envelopes[acknowledged].position,
+                        error="no acknowledgement" if failed.cancelled() else repr(failed.exception()))
+            if any(not ack.cancelled() and not ack.exception() for ack in acks[acknowledged:]):
+                log.error("relay.acknowledged_out_of_order", store=self.store.service,
+                          position=envelopes[acknowledged].position)
+        return acknowledged
+
+
+class PublishUnacknowledged(Exception):
+    """JetStream did not acknowledge every event of a run (NATS away or slow); they are published again."""
+
+
+def _runs(rows: list[asyncpg.Record]) -> Iterator[list[asyncpg.Record]]:
+    """The rows in runs of at most RUN_EVENTS events and about RUN_BYTES bytes (a larger event alone)."""
+    run: list[asyncpg.Record] = []
+    size = 0
+    for row in rows:
+        row_size = len(row["data"]) + ENVELOPE_BYTES
+        if run and (len(run) == RUN_EVENTS or size + row_size > RUN_BYTES):
+            yield run
+            run, size = [], 0
+        run.append(row)
+        size += row_size
+    if run:
+        yield run
+
+
+async def _settled(acks: list[asyncio.Future[PubAck]], seconds: float) -> None:
+    """Wait until every acknowledgement came, or until none came for `seconds`; cancel those still awaited."""
+    waiting = [ack for ack in acks if not ack.done()]
+    while waiting:
+        done, still = await asyncio.wait(waiting, timeout=seconds)
+        if not done:
+            break
+        waiting = list(still)
+    for ack in waiting:
+        ack.cancel()

@@ -36,13 +36,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import DeliverPolicy
+from nats.js.api import ConsumerConfig, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from libs.contracts.codec import decode_any
@@ -143,14 +143,15 @@ UNRECORDED_WRITE_SECONDS = 0.5
 
 
 class StreamFollower:
-    def __init__(self, js: JetStreamContext, store: EventStore, *, stream: str, subject: str,
+    def __init__(self, js: JetStreamContext, store: EventStore, *, stream: str, subject: str | Sequence[str],
                  consumer: str, message_type: object, handle: Handler, reactions: bool = True,
                  retry_seconds: float = 0.5, attempts: int = 3, source: str | None = None,
                  record_set_aside: RecordSetAside | None = None) -> None:
         self.js = js
         self.store = store
         self.stream = stream
-        self.subject = subject
+        # What NATS delivers to it: one subject filter, or several (`subjects.events_of`).
+        self.subjects = [subject] if isinstance(subject, str) else list(subject)
         self.consumer = consumer
         self.message_type = message_type
         self.handle = handle
@@ -181,7 +182,8 @@ class StreamFollower:
                             tracked=self.tracked, upstream=upstream)
                 await self.store.forget_tracked_sequence(self.consumer)
                 self.tracked, self.anew_upstream = 0, upstream
-        sub = await self.js.subscribe(self.subject, stream=self.stream, ordered_consumer=True,
+        several = ConsumerConfig(filter_subjects=self.subjects) if len(self.subjects) > 1 else None
+        sub = await self.js.subscribe(self.subjects[0], stream=self.stream, config=several, ordered_consumer=True,
                                       idle_heartbeat=HEARTBEAT_SECONDS,
                                       deliver_policy=DeliverPolicy.ALL, cb=self._on_message)
         self._sub = sub

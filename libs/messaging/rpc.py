@@ -131,7 +131,9 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
     log = get_logger(__name__)
     span_tracer = tracer(f"trainyard.{service}")
 
-    async def respond(msg: NatsMessage) -> bytes:
+    # The handler takes the message whole (`whole` below is its decoder), rather than having faststream inject
+    # it: an injected message is looked up in a worker thread for every request.
+    async def respond(msg: Any) -> bytes:
         parent = context_from_headers(msg.headers)
         with span_tracer.start_as_current_span(f"{service} {subject}", context=parent) as span:
             identity: Identity | None = None
@@ -171,18 +173,13 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
                                            hint="ask for less at once (fewer jobs, a shorter range)"))
             return body
 
-    # faststream injects the message by the parameter's annotation, which is a string here (PEP 563)
-    # naming a name this module does not hold: give it the type itself.
-    respond.__annotations__["msg"] = NatsMessage
-
     # The body is decoded above, as its contract type, and only there: faststream's own JSON decoding
     # of every body would raise on a deeply nested one before `respond` could refuse it.
-    async def raw_body(msg: NatsMessage) -> bytes:
-        body: bytes = msg.body
-        return body
+    async def whole(msg: NatsMessage) -> NatsMessage:
+        return msg
 
-    raw_body.__annotations__["msg"] = NatsMessage
-    broker.subscriber(subject, queue=queue or f"trainyard-{service}", decoder=raw_body, max_workers=workers)(respond)
+    whole.__annotations__["msg"] = NatsMessage
+    broker.subscriber(subject, queue=queue or f"trainyard-{service}", decoder=whole, max_workers=workers)(respond)
 
 
 class ServiceUnavailable(Exception):

@@ -4,6 +4,9 @@ The exporter is chosen by TRAINYARD_TRACES: `otlp` (endpoint from the standard O
 variables), `console`, or `off` (the default, and what tests use). Context travels in the W3C
 `traceparent`/`tracestate` headers of every NATS message and is stored with each event, so a job's
 spans join one trace from submit through scheduler, launcher and agent.
+
+With traces off nothing is exported, so spans record nothing but their ids (libs/telemetry/ids_only.py):
+logs still carry trace ids, and a job's ids still join one trace across processes.
 """
 
 from __future__ import annotations
@@ -28,22 +31,30 @@ def configure_tracing(service: str) -> None:
         return
     _configured = True
     from opentelemetry import trace
+
+    trace.set_tracer_provider(tracer_provider(service, os.environ.get("TRAINYARD_TRACES", "off").lower()))
+
+
+def tracer_provider(service: str, mode: str) -> trace.TracerProvider:
+    """The provider for TRAINYARD_TRACES=`mode`: the SDK's with its exporter, or one that records nothing."""
+    if mode not in ("console", "otlp"):
+        from libs.telemetry.ids_only import IdsOnlyTracerProvider
+
+        return IdsOnlyTracerProvider()
     from opentelemetry.sdk.resources import Resource
     from opentelemetry.sdk.trace import TracerProvider
     from opentelemetry.sdk.trace.export import BatchSpanProcessor, ConsoleSpanExporter, SpanExporter
 
-    mode = os.environ.get("TRAINYARD_TRACES", "off").lower()
     provider = TracerProvider(resource=Resource.create({"service.name": f"trainyard-{service}"}))
-    exporter: SpanExporter | None = None
+    exporter: SpanExporter
     if mode == "console":
         exporter = ConsoleSpanExporter()
-    elif mode == "otlp":
+    else:
         from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
 
         exporter = OTLPSpanExporter()
-    if exporter is not None:
-        provider.add_span_processor(BatchSpanProcessor(exporter))
-    trace.set_tracer_provider(provider)
+    provider.add_span_processor(BatchSpanProcessor(exporter))
+    return provider
 
 
 def shutdown_tracing() -> None:
@@ -73,6 +84,9 @@ def current_trace_headers() -> dict[str, str]:
 
 
 def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Context:
+    from opentelemetry.context import Context
     from opentelemetry.propagate import extract
 
-    return extract(dict(headers or {}))
+    return extract(headers) if headers else Context()  # no headers: no trace to continue
+
+

@@ -92,10 +92,10 @@ class Autoscaler(EventSourcedService):
 
     def upstreams(self) -> Sequence[Upstream]:
         return [
-            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
+            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("scheduler", "job", "drain", "settings"),
                      consumer="scheduler-events", message_type=EventEnvelope, fold=self.state.apply_scheduler,
                      reactions=False),
-            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("monitor"),
+            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("monitor", "node"),
                      consumer="monitor-events", message_type=EventEnvelope, fold=self.state.apply_monitor,
                      react=lambda envelope: registered(self.state, self.cluster, envelope),
                      span="autoscaler instance ready"),

@@ -53,7 +53,7 @@ class Launcher(EventSourcedService):
 
     def upstreams(self) -> Sequence[Upstream]:
         return [
-            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
+            Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("scheduler", "job", "settings"),
                      consumer="scheduler-events", message_type=EventEnvelope, fold=self.state.apply_scheduler,
                      reactions=False),
             Upstream(stream=subjects.AGENT_REPORTS_STREAM, subject=subjects.AGENT_REPORTS_ALL,

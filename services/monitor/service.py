@@ -133,16 +133,17 @@ class Monitor(EventSourcedService):
         self.wake.set()  # as the base does after every fold
 
     def upstreams(self) -> Sequence[Upstream]:
-        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
+        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("scheduler", "job", "settings",
+                                                                                   "preload"),
                          consumer=SCHEDULER_CONSUMER, message_type=EventEnvelope, handle=self.on_scheduler_event),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.SET_ASIDE_ALL, consumer=SET_ASIDE_CONSUMER,
                          message_type=EventEnvelope, react=self.alert_set_aside, span="monitor alert set-aside"),
-                Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("autoscaler"),
+                Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("autoscaler", "instance"),
                          consumer="autoscaler-events", message_type=EventEnvelope, fold=self.state.apply_autoscaler,
                          react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
                                                                            self.operators).changes,
                          span="monitor autoscaler event"),
-                Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("launcher"),
+                Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("launcher", "launch"),
                          consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
                          span="monitor run"),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,

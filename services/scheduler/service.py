@@ -103,7 +103,10 @@ class Scheduler(EventSourcedService):
     # --- rules: what it records in answer to the monitor and the launcher -----------------------------
 
     def upstreams(self) -> Sequence[Upstream]:
-        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service(upstream),
+        # What it reads of each: the monitor's nodes, pre-checks, incidents, kept environments and caches (not
+        # its runs nor alerts), the launcher's launches, the autoscaler's instances (not its packing).
+        read = {"monitor": ("node", "job", "cache"), "launcher": ("launch",), "autoscaler": ("instance",)}
+        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of(upstream, *read[upstream]),
                          consumer=f"{upstream}-events", message_type=EventEnvelope, fold=self.fold,
                          react=self.react)
                 for upstream in UPSTREAMS]

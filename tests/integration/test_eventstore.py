@@ -8,12 +8,14 @@ import contextlib
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
-from nats.js.api import DeliverPolicy
+from nats.js import JetStreamContext
+from nats.js.api import DeliverPolicy, PubAck
 
 from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, NodeRecovered
 from libs.eventstore import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, OutboxRelay, Tracking
+from libs.eventstore.relay import PublishUnacknowledged
 from libs.messaging.connection import ensure_streams
 from tests.support.stores import StoreFactory
 
@@ -132,6 +134,8 @@ async def test_concurrent_appends_are_all_published_once_in_order(store: EventSt
     relay_task.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await relay_task
+    # A relay that stopped wrote where it got to: the next one does not publish it all again.
+    assert await store.pool.fetchval("SELECT published_position FROM scheduler.relay") == last
 
     envelopes = await published(nc)
     assert len(envelopes) == 401
@@ -144,14 +148,80 @@ async def test_relay_restart_republishes_without_duplicates(store: EventStore, n
     JetStream drops the repeats by message id."""
     for i in range(5):
         await store.append([stopped(f"job-r{i}")], expected_versions={("job", f"job-r{i}"): 0})
-    relay = OutboxRelay(store, nc.jetstream())
-    assert await relay.publish_pending() == 5
+    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 5
     await store.pool.execute("UPDATE scheduler.relay SET published_position = 0")
-    assert await relay.publish_pending() == 5
+    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 5  # the relay after the crash
     envelopes = await published(nc)
     assert len(envelopes) == 5
     subjects_seen = {type(e.event).name() for e in envelopes}
     assert subjects_seen == {"JobStopped"}
+
+
+class BrokenAfter:
+    """JetStream through a connection that breaks after `sent` publishes: the later ones never arrive."""
+
+    def __init__(self, js: JetStreamContext, sent: int) -> None:
+        self.js = js
+        self.sent = sent
+
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PubAck]:
+        if self.sent > 0:
+            self.sent -= 1
+            return await self.js.publish_async(subject, payload, headers=headers)
+        return asyncio.get_running_loop().create_future()  # its acknowledgement never comes
+
+
+async def test_a_relay_that_lost_its_connection_midway_publishes_the_rest_in_order(store: EventStore,
+                                                                                   nc: Client) -> None:
+    """Only the first events of a run reached JetStream: the relay's position stops at the last of them, and
+    the rest is published after them, once each."""
+    for i in range(6):
+        await store.append([stopped(f"job-m{i}")], expected_versions={("job", f"job-m{i}"): 0})
+    relay = OutboxRelay(store, BrokenAfter(nc.jetstream(), 2), ack_seconds=0.2)  # type: ignore[arg-type]
+    with pytest.raises(PublishUnacknowledged):
+        await relay.publish_pending()
+    assert relay.published_position == (await store.read_aggregate("job", "job-m1"))[0].position
+    assert [e.aggregate_id for e in await published(nc)] == ["job-m0", "job-m1"]
+
+    relay.js = nc.jetstream()  # connected again
+    assert await relay.publish_pending() == 4
+    assert [e.aggregate_id for e in await published(nc)] == [f"job-m{i}" for i in range(6)]
+
+
+class Watched:
+    """JetStream, noting how many times the event loop had turned at each publish."""
+
+    def __init__(self, js: JetStreamContext) -> None:
+        self.js = js
+        self.turns = 0
+        self.seen: list[int] = []
+
+    async def turning(self) -> None:
+        while True:
+            self.turns += 1
+            await asyncio.sleep(0)
+
+    async def publish_async(self, subject: str, payload: bytes, headers: dict[str, str]) -> asyncio.Future[PubAck]:
+        self.seen.append(self.turns)
+        return await self.js.publish_async(subject, payload, headers=headers)
+
+
+async def test_a_relay_hands_a_run_to_the_connection_without_a_pause(store: EventStore, nc: Client) -> None:
+    """The stream keeps the log's order because a run leaves whole on one connection: nothing else runs while
+    the relay hands it over, so no reconnect can come between two of its events."""
+    watched = Watched(nc.jetstream())
+    relay = OutboxRelay(store, watched)  # type: ignore[arg-type]
+    await store.append([stopped("job-p0")], expected_versions={("job", "job-p0"): 0})
+    assert await relay.publish_pending() == 1
+    for i in range(1, 51):
+        await store.append([stopped(f"job-p{i}")], expected_versions={("job", f"job-p{i}"): 0})
+    turning = asyncio.create_task(watched.turning())
+    try:
+        watched.seen.clear()
+        assert await relay.publish_pending() == 50
+    finally:
+        turning.cancel()
+    assert len(watched.seen) == 50 and len(set(watched.seen)) == 1
 
 
 async def test_a_relay_publishes_its_events_again_after_the_stream_lost_them(store: EventStore, nc: Client) -> None:

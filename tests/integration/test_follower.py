@@ -58,9 +58,10 @@ class Recorder:
         return True
 
 
-async def follow(nc: Client, store: EventStore, recorder: Recorder, expected: int) -> StreamFollower:
+async def follow(nc: Client, store: EventStore, recorder: Recorder, expected: int,
+                 subject: str | tuple[str, ...] = subjects.events_of_service("scheduler")) -> StreamFollower:
     follower = StreamFollower(nc.jetstream(), store, stream=subjects.EVENTS_STREAM,
-                              subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
+                              subject=subject, consumer="scheduler-events",
                               message_type=EventEnvelope, handle=recorder.handle, retry_seconds=0.01)
     await follower.start()
     await asyncio.wait_for(follower.caught_up.wait(), 10)
@@ -186,3 +187,32 @@ async def test_after_the_stream_was_made_anew_only_what_is_new_upstream_is_react
 
     assert again.folded == [f"a{i}" for i in range(5)] + ["b0"]  # the view is whole again
     assert [e.aggregate_id async for e in store.read_all()] == [f"a{i}" for i in range(5)] + ["b0"]  # each once
+
+
+async def test_a_follower_naming_aggregates_gets_their_events_only_and_reacts_once_to_each(
+        nc: Client, store: EventStore) -> None:
+    """The scheduler's events about other aggregates are never delivered; replay and tracking work on what is."""
+    kinds = ["job", "preload", "drain", "job", "storage", "job"]
+
+    async def publish(first: int) -> None:
+        for position, kind in enumerate(kinds, start=first):
+            aggregate_id = f"{kind}-{position}"
+            envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type=kind,
+                                     aggregate_id=aggregate_id, version=1, position=position,
+                                     recorded_at=datetime.now(UTC), event=JobStopped(job_id=aggregate_id, by="bob"))
+            await nc.jetstream().publish(subjects.event_subject("scheduler", kind, aggregate_id, "JobStopped"),
+                                         encode(envelope))
+
+    read = subjects.events_of("scheduler", "job", "drain")
+    await publish(1)
+    first = Recorder(store)
+    follower = await follow(nc, store, first, expected=4, subject=read)
+    await follower.stop()
+    assert first.folded == ["job-1", "drain-3", "job-4", "job-6"]
+
+    await publish(7)
+    again = Recorder(store)
+    follower = await follow(nc, store, again, expected=8, subject=read)
+    await follower.stop()
+    assert again.folded == ["job-1", "drain-3", "job-4", "job-6", "job-7", "drain-9", "job-10", "job-12"]
+    assert [e.aggregate_id async for e in store.read_all()] == again.folded  # each reacted to once

@@ -789,3 +789,11 @@ def test_the_service_a_follower_follows_is_read_from_its_subject_filter() -> Non
     assert subjects.service_of_events(subjects.SET_ASIDE_ALL) is None
     assert subjects.service_of_events(subjects.EVENTS_ALL) is None
     assert subjects.service_of_events(subjects.AGENT_REPORTS_ALL) is None
+    assert subjects.service_of_events(subjects.events_of("monitor", "node", "job")) == "monitor"
+    several = [*subjects.events_of("monitor", "node"), subjects.events_of_service("launcher")]
+    assert subjects.service_of_events(several) is None
+
+
+def test_a_follower_names_the_aggregates_it_reads() -> None:
+    assert subjects.events_of("monitor", "node", "cache") == ("trainyard.events.monitor.node.>",
+                                                              "trainyard.events.monitor.cache.>")
