@@ -60,6 +60,8 @@ from services.scheduler.state import SchedulerState
 from services.scheduler.views import dev_env, flavor_list, node_resources, node_views, status_sentence
 from services.scheduler.visibility import hide_applications, hide_jobs
 
+NOT_ENDED = frozenset({"queued", "running"})  # the statuses of the state's active jobs
+
 
 class JobQueries:
     def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext) -> None:
@@ -89,10 +91,13 @@ class JobQueries:
         return self.s.state
 
     async def list_jobs(self, request: ListJobs, identity: Identity) -> JobList:
+        statuses = request.statuses
+        # Queued and running jobs are those not ended: a listing of them looks at those only, however many ended.
+        candidates = self.state.active if statuses and set(statuses) <= NOT_ENDED else self.state.jobs
         jobs = [
-            j for j in self.state.jobs.values()
-            if can_view(self.state, identity, j) and (not request.statuses or j.status in request.statuses)
-            and (request.project is None or j.spec.project == request.project)
+            j for j in candidates.values()
+            if (not statuses or j.status in statuses) and (request.project is None or j.spec.project == request.project)
+            and can_view(self.state, identity, j)
         ]
         shown: list[ArrayView] = []
         if request.group_arrays:  # an array is one object: its jobs stand for it
@@ -102,9 +107,7 @@ class JobQueries:
             shown.sort(key=lambda view: view.submitted_at, reverse=True)
             jobs = [j for j in jobs if j.array is None]
         jobs.sort(key=lambda j: j.queue_order, reverse=True)
-        positions = self.state.queue_positions()
-        return JobList(jobs=[self.state.view(j, positions) for j in jobs[: request.limit]],
-                       arrays=shown[: request.limit])
+        return JobList(jobs=[self.state.view(j) for j in jobs[: request.limit]], arrays=shown[: request.limit])
 
     async def get_array(self, request: GetArray, identity: Identity) -> ArrayDetails | CommandError:
         array = self.state.arrays.get(request.array_id)

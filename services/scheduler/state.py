@@ -589,13 +589,8 @@ class SchedulerState:
         resume = job.spec.checkpoint_resume
         return None if resume is None else min(resume.max_resumes, self.settings.max_resumes_cap)
 
-    def queue_positions(self) -> dict[str, int]:
-        return {job.job_id: index for index, job in enumerate(self._queue.jobs, start=1)}
-
-    def view(self, job: Job, positions: dict[str, int] | None = None) -> JobView:
-        queue_position = None
-        if job.status == "queued":
-            queue_position = positions.get(job.job_id) if positions is not None else self.queue_position(job)
+    def view(self, job: Job) -> JobView:
+        queue_position = self.queue_position(job) if job.status == "queued" else None
         spec = job.spec
         return JobView(
             job_id=job.job_id, name=spec.name, project=spec.project, creator=job.creator,
