@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Self
@@ -53,6 +54,9 @@ PREDICTION_SHARE = 0.25
 # The share of its time the scheduler's cycles may take (libs/eventsourced.py `Pacer`), and after a cycle that
 # started nothing.
 CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
+# Cycles begin at most this often, each deciding on all that came meanwhile: a cycle costs its look at the state
+# and its appends whatever it decides, and cheap cycles paced by their share alone would follow nearly every event.
+CYCLE_PERIOD = 0.05
 
 
 def utc_now() -> datetime:
@@ -77,6 +81,7 @@ class Scheduler(EventSourcedService):
         self.submissions = SubmissionBatches(self.state, self.lock, self.record)  # group commit
         self._predict_wake = asyncio.Event()
         self.pacer = Pacer(share=CYCLE_SHARE)
+        self._changed = asyncio.Event()  # set by every event that changes what a cycle decides on
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -87,8 +92,11 @@ class Scheduler(EventSourcedService):
     def fold(self, envelope: EventEnvelope) -> None:
         """Fold an event (its own, or a followed one) into the state; the prediction cache learns what
         changed (and how long jobs ran)."""
+        revision = self.state.revision
         self.state.apply(envelope)
         self.predictions.applied(envelope, self.state.jobs)
+        if self.state.revision != revision:
+            self._changed.set()
 
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("job.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
@@ -142,16 +150,24 @@ class Scheduler(EventSourcedService):
     async def scheduling_loop(self) -> None:
         await self.caught_up()  # decide only on a complete view of nodes and launches
         log.info("scheduler.caught_up")
+        began = 0.0
         while True:
+            # Woken by what changes a decision (not by news of processes or predictions), by a deadline, or at the
+            # latest after `cycle_seconds`, as time itself changes reservations.
             wait = cycle.seconds_to_wait(self.state, self.clock(), cycle_seconds=self.cycle_seconds,
                                          settle=self.settle)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), wait)
+                await asyncio.wait_for(self._changed.wait(), wait)
             await self.pacer.turn()  # what came meanwhile is folded first, and decided on in one cycle
-            self.wake.clear()
+            if (gap := began + CYCLE_PERIOD - time.monotonic()) > 0:
+                await asyncio.sleep(gap)
             async with self.lock:
+                began = time.monotonic()
                 with self.pacer.run():
                     decided = await self.run_cycle()
+                # It decided on everything folded so far, and what it recorded itself leaves nothing more to decide
+                # (nothing else is folded while the lock is held).
+                self._changed.clear()
             # A cycle that started nothing found the cluster full or the queue stuck: the next waits longer, so a
             # flood of submissions is taken in rather than decided on again after each.
             self.pacer.share = CYCLE_SHARE if decided else IDLE_CYCLE_SHARE

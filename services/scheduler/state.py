@@ -293,6 +293,9 @@ class SchedulerState:
     # The jobs not ended yet, by id: what cycles look at, however many jobs ended before.
     active: dict[str, Job] = field(default_factory=dict)
     arrays: dict[str, Array] = field(default_factory=dict)  # job arrays, by array id
+    # Moves on with every event that changes what a cycle decides on (not with those that only tell how a job's
+    # processes are doing, its prediction or the autoscaler's news).
+    revision: int = field(default=0, compare=False)
     # Kept up to date as the jobs' events are folded, so that a cycle reads them rather than working them out
     # from every job: the queue in start order (S1), the jobs holding resources in submission order, what each
     # of those holds per node, and what is held on each node (their sum, in that order).
@@ -310,17 +313,21 @@ class SchedulerState:
     # --- folding events --------------------------------------------------------------------------
 
     def apply(self, envelope: EventEnvelope) -> None:
+        """Fold one event; `revision` moves on when it changed anything a cycle decides on."""
         event = envelope.event
         at = envelope.recorded_at
         if fold_node_event(self.nodes, event):
+            self.revision += 1
             return
         if self.provisioning.apply(envelope):
             return
         if isinstance(event, DatasetCached):
             self.cached.setdefault(event.node, {})[event.entry.key] = (event.entry.source, event.entry.bytes)
+            self.revision += 1
             return
         if isinstance(event, DatasetEvicted):
             self.cached.get(event.node, {}).pop(event.eviction.key, None)
+            self.revision += 1
             return
         if isinstance(event, SettingsChanged):
             self.settings = event.settings
@@ -333,6 +340,7 @@ class SchedulerState:
             return
         if isinstance(event, ArraySubmitted):
             self.arrays[event.array_id] = Array(submitted=event, submitted_at=at)
+            self.revision += 1
             return
         if isinstance(event, JobSubmitted):
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
@@ -349,13 +357,17 @@ class SchedulerState:
             return
         if envelope.service == SERVICE:
             self._apply_job_event(job, envelope)
+            self._derive(job)
+            if not isinstance(event, JobPredicted):
+                self.revision += 1
         elif envelope.service == "launcher":
-            self._apply_launch_event(job, envelope)
+            if self._apply_launch_event(job, envelope):
+                job.changed()
+                self.revision += 1
         elif isinstance(event, DebugEnvironmentKept):
             job.kept_until = event.until
         elif isinstance(event, DebugEnvironmentReleased):
             job.kept_until = None
-        self._derive(job)
 
     def _derive(self, job: Job) -> None:
         """Bring what is derived from `job` up to date after one of its events."""
@@ -467,10 +479,12 @@ class SchedulerState:
         if job.started_at is None:  # it never started: no prediction is needed any more
             self.unpredicted.pop(job.job_id, None)
 
-    def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> None:
+    def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> bool:
+        """Fold one of the launcher's events about `job`; whether it changed when the job must end (J14) or a
+        failure still to settle (J12): the rest only shows how its processes are doing."""
         event = envelope.event
         if getattr(event, "attempt", None) != job.attempt:
-            return
+            return False
         if isinstance(event, LaunchPlanned):
             for launch in event.nodes:
                 job.instances.setdefault(launch.rank, Instance(rank=launch.rank, node=launch.node)).role = launch.role
@@ -481,6 +495,7 @@ class SchedulerState:
             if event.staged:
                 job.staging_seconds[event.attempt] = max(job.staging_seconds.get(event.attempt, 0.0),
                                                          event.staging_seconds)
+                return True
         elif isinstance(event, NodeProcessExited):
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
             instance.exit_code = event.exit_code
@@ -490,6 +505,8 @@ class SchedulerState:
             job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node)).lost = True
         elif isinstance(event, LaunchFailed) and job.spec.checkpoint_resume is not None and job.status == "running":
             job.unexplained_failure = (event, envelope.recorded_at)
+            return True
+        return False
 
     # --- queries ---------------------------------------------------------------------------------
 
