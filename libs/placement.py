@@ -487,9 +487,13 @@ class Cycle:
 
     def run(self, queue: list[QueuedJob]) -> Decision:
         """Walk `queue` (the next stretch of it, in start order), then grow what may grow."""
+        failed, placeable = self.failed_now, self.placeable
         for job in queue:
             shape = job.shape
-            if self.head is None:
+            if shape in failed and placeable.get(shape) is False:
+                # Like one before it, it fits neither now nor on the empty cluster: a flood of such jobs costs little.
+                self.unplaceable.append(job.job_id)
+            elif self.head is None:
                 self._admit_in_order(job, shape)
             else:
                 self._backfill(job, shape)
