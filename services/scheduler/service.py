@@ -51,6 +51,9 @@ UPSTREAMS = ("monitor", "launcher", "autoscaler")
 # The share of the scheduler's time the predictions of new jobs may take while jobs keep coming: a plan of a
 # deep queue takes a while, and the cycles and the submissions come first.
 PREDICTION_SHARE = 0.25
+# And they are planned at most this often: a plan costs the whole queue ahead of the new jobs, so under a flood
+# of submissions one plan for many new jobs beats a plan for a few, each a moment sooner.
+PREDICTION_PERIOD = 0.5
 # The share of its time the scheduler's cycles may take (libs/eventsourced.py `Pacer`), and after a cycle that
 # started nothing.
 CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
@@ -201,9 +204,13 @@ class Scheduler(EventSourcedService):
         without the lock, and recorded in one append (predicted.py)."""
         await self.caught_up()
         pacer = Pacer(share=PREDICTION_SHARE)
+        began = 0.0
         while True:
             await self._predict_wake.wait()
             await pacer.turn()  # a deep queue's plan takes a while: the jobs submitted meanwhile join the next
+            if (gap := began + PREDICTION_PERIOD - time.monotonic()) > 0:
+                await asyncio.sleep(gap)
+            began = time.monotonic()
             self._predict_wake.clear()
             if not self.state.unpredicted:
                 continue
