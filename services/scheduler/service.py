@@ -60,6 +60,9 @@ CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
 # Cycles begin at most this often, each deciding on all that came meanwhile: a cycle costs its look at the state
 # and its appends whatever it decides, and cheap cycles paced by their share alone would follow nearly every event.
 CYCLE_PERIOD = 0.05
+# The search read model catches up at most this often while events keep coming, each time with all that came
+# meanwhile (a search catches up first, so it finds what was just recorded all the same).
+PROJECTION_PERIOD = 0.5
 
 
 def utc_now() -> datetime:
@@ -225,8 +228,12 @@ class Scheduler(EventSourcedService):
 
     async def projection_loop(self) -> None:
         """Keep the search read model (O2) close behind the log; searches also catch up first."""
+        began = 0.0
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._search_wake.wait(), 5.0)
+            if (gap := began + PROJECTION_PERIOD - time.monotonic()) > 0:
+                await asyncio.sleep(gap)
+            began = time.monotonic()
             self._search_wake.clear()
             await self.search.catch_up()
