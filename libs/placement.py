@@ -490,9 +490,12 @@ class Cycle:
         failed, placeable = self.failed_now, self.placeable
         for job in queue:
             shape = job.shape
-            if shape in failed and placeable.get(shape) is False:
-                # Like one before it, it fits neither now nor on the empty cluster: a flood of such jobs costs little.
-                self.unplaceable.append(job.job_id)
+            if shape in failed and (self.head is not None or placeable.get(shape) is False):
+                # Like a job before it, it fits nowhere now: it waits behind the head, or fits nowhere at all. A deep
+                # queue of such jobs costs a lookup each.
+                known = placeable.get(shape)
+                if not (self._placeable(job, shape) if known is None else known):
+                    self.unplaceable.append(job.job_id)
             elif self.head is None:
                 self._admit_in_order(job, shape)
             else:
