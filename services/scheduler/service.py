@@ -59,7 +59,7 @@ PREDICTION_PERIOD = 0.5
 CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
 # Cycles begin at most this often, each deciding on all that came meanwhile: a cycle costs its look at the state
 # and its appends whatever it decides, and cheap cycles paced by their share alone would follow nearly every event.
-CYCLE_PERIOD = 0.05
+CYCLE_PERIOD = 0.1
 # The search read model catches up at most this often while events keep coming, each time with all that came
 # meanwhile (a search catches up first, so it finds what was just recorded all the same).
 PROJECTION_PERIOD = 0.5
