@@ -66,6 +66,7 @@ def running_jobs(state: SchedulerState, now: datetime) -> list[RunningJob]:
 
 
 def running_job(state: SchedulerState, job: Job, now: datetime) -> RunningJob | None:
+    """A job holding resources as the decision logic sees it; None when it holds a flavor the cluster lacks."""
     held = state.placements(job)
     flavor = state.flavor(held[0][0]) if held else None
     if flavor is None:
