@@ -357,8 +357,8 @@ class SchedulerState:
             return
         if envelope.service == SERVICE:
             self._apply_job_event(job, envelope)
-            self._derive(job)
-            if not isinstance(event, JobPredicted):
+            if not isinstance(event, JobPredicted):  # a prediction changes nothing a cycle decides on
+                self._derive(job)
                 self.revision += 1
         elif envelope.service == "launcher":
             if self._apply_launch_event(job, envelope):
