@@ -57,8 +57,8 @@ PREDICTION_PERIOD = 0.5
 # The share of its time the scheduler's cycles may take (libs/eventsourced.py `Pacer`), and after a cycle that
 # started nothing.
 CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
-# Cycles begin at most this often, each deciding on all that came meanwhile: a cycle costs its look at the state
-# and its appends whatever it decides, and cheap cycles paced by their share alone would follow nearly every event.
+# Cycles begin at most this often (`Period`), each deciding on all that came meanwhile: a cycle costs its look at
+# the state and its appends whatever it decides.
 CYCLE_PERIOD = 0.1
 # The search read model catches up at most this often while events keep coming, each time with all that came
 # meanwhile (a search catches up first, so it finds what was just recorded all the same).
@@ -67,6 +67,21 @@ PROJECTION_PERIOD = 0.5
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class Period:
+    """Lets a loop begin a run at most every `seconds`, beside its `Pacer`'s share: a run that costs little would
+    otherwise follow nearly every event, when one run for all that came meanwhile does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._began = float("-inf")
+
+    async def turn(self) -> None:
+        """Wait until the next run may begin, and note that it begins."""
+        if (gap := self._began + self.seconds - time.monotonic()) > 0:
+            await asyncio.sleep(gap)
+        self._began = time.monotonic()
 
 
 class Scheduler(EventSourcedService):
@@ -156,7 +171,7 @@ class Scheduler(EventSourcedService):
     async def scheduling_loop(self) -> None:
         await self.caught_up()  # decide only on a complete view of nodes and launches
         log.info("scheduler.caught_up")
-        began = 0.0
+        period = Period(CYCLE_PERIOD)
         while True:
             # Woken by what changes a decision (not by news of processes or predictions), by a deadline, or at the
             # latest after `cycle_seconds`, as time itself changes reservations.
@@ -165,10 +180,8 @@ class Scheduler(EventSourcedService):
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait)
             await self.pacer.turn()  # what came meanwhile is folded first, and decided on in one cycle
-            if (gap := began + CYCLE_PERIOD - time.monotonic()) > 0:
-                await asyncio.sleep(gap)
+            await period.turn()
             async with self.lock:
-                began = time.monotonic()
                 with self.pacer.run():
                     decided = await self.run_cycle()
                 # It decided on everything folded so far, and what it recorded itself leaves nothing more to decide
@@ -206,14 +219,11 @@ class Scheduler(EventSourcedService):
         """S6 for the jobs submitted without asking for one: planned together, off the event loop and
         without the lock, and recorded in one append (predicted.py)."""
         await self.caught_up()
-        pacer = Pacer(share=PREDICTION_SHARE)
-        began = 0.0
+        pacer, period = Pacer(share=PREDICTION_SHARE), Period(PREDICTION_PERIOD)
         while True:
             await self._predict_wake.wait()
             await pacer.turn()  # a deep queue's plan takes a while: the jobs submitted meanwhile join the next
-            if (gap := began + PREDICTION_PERIOD - time.monotonic()) > 0:
-                await asyncio.sleep(gap)
-            began = time.monotonic()
+            await period.turn()
             self._predict_wake.clear()
             if not self.state.unpredicted:
                 continue
@@ -228,12 +238,10 @@ class Scheduler(EventSourcedService):
 
     async def projection_loop(self) -> None:
         """Keep the search read model (O2) close behind the log; searches also catch up first."""
-        began = 0.0
+        period = Period(PROJECTION_PERIOD)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._search_wake.wait(), 5.0)
-            if (gap := began + PROJECTION_PERIOD - time.monotonic()) > 0:
-                await asyncio.sleep(gap)
-            began = time.monotonic()
+            await period.turn()
             self._search_wake.clear()
             await self.search.catch_up()
