@@ -20,6 +20,7 @@ import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from functools import cached_property
 
 from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, NodeInfo, Resources
 from libs.contracts.events import Placement, Role
@@ -47,6 +48,11 @@ class QueuedJob:
     # more come first (where the job goes, never whether it starts: the queue's order and reservations stand).
     prefer: Mapping[str, int] = field(default_factory=dict)
 
+    @cached_property
+    def shape(self) -> Shape:
+        """`job_shape` of it, worked out once: a job waits through many cycles."""
+        return job_shape(self.spec, self.excluded_nodes)
+
 
 @dataclass(frozen=True)
 class RunningJob:
@@ -57,6 +63,11 @@ class RunningJob:
     ends_at: datetime | None  # started_at + duration limit; None = no limit (unknown end)
     can_grow: bool = True  # False while it is already being moved
     excluded_nodes: frozenset[str] = NO_NODES  # a growth never lands there either
+
+    @cached_property
+    def held(self) -> Mapping[str, Resources]:
+        """What it holds on each node (`holdings`), worked out once: a job runs through many cycles."""
+        return holdings(self.placement, self.flavor)
 
 
 @dataclass(frozen=True)
@@ -449,8 +460,8 @@ class Cycle:
         self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = {}
         self.admissions: list[Admission] = []
         # What running jobs and this cycle's admissions hold, and until when (None: no limit).
-        self.holders: list[tuple[datetime | None, dict[str, Resources]]] = [
-            (job.ends_at, holdings(job.placement, job.flavor)) for job in self.running]
+        self.holders: list[tuple[datetime | None, Mapping[str, Resources]]] = [
+            (job.ends_at, job.held) for job in self.running]
         self.unplaceable: list[str] = []
         self.head: _Head | None = None
         # Per node: what stays free at the head's start once the head has its share (backfills that
@@ -476,9 +487,16 @@ class Cycle:
 
     def run(self, queue: list[QueuedJob]) -> Decision:
         """Walk `queue` (the next stretch of it, in start order), then grow what may grow."""
+        failed, placeable = self.failed_now, self.placeable
         for job in queue:
-            shape = job_shape(job.spec, job.excluded_nodes)
-            if self.head is None:
+            shape = job.shape
+            if shape in failed and (self.head is not None or placeable.get(shape) is False):
+                # Like a job before it, it fits nowhere now: it waits behind the head, or fits nowhere at all. A deep
+                # queue of such jobs costs a lookup each.
+                known = placeable.get(shape)
+                if not (self._placeable(job, shape) if known is None else known):
+                    self.unplaceable.append(job.job_id)
+            elif self.head is None:
                 self._admit_in_order(job, shape)
             else:
                 self._backfill(job, shape)
@@ -583,7 +601,7 @@ class Cycle:
             self.totals = Capacity(self.cluster, dict(totals))
         return place(self.totals, spec, flavor, workers, exclude) is not None
 
-    def _releases(self) -> tuple[list[datetime], list[dict[str, Resources]], list[dict[str, Resources]]]:
+    def _releases(self) -> tuple[list[datetime], list[Mapping[str, Resources]], list[Mapping[str, Resources]]]:
         """What is held until a known end (sorted by end; an overdue job releases now), and what is
         held without one. Jobs admitted earlier in this cycle count as running from now."""
         timed = sorted(((max(end, self.now), held) for end, held in self.holders if end is not None),
@@ -591,7 +609,7 @@ class Cycle:
         return ([end for end, _ in timed], [held for _, held in timed],
                 [held for end, held in self.holders if end is None])
 
-    def _capacity_after(self, released: Iterable[dict[str, Resources]]) -> Capacity:
+    def _capacity_after(self, released: Iterable[Mapping[str, Resources]]) -> Capacity:
         capacity = self.free_now.copy()
         for held in released:
             for name, amount in held.items():
@@ -660,7 +678,7 @@ class Cycle:
         growable = sorted((job for job in self.running if may_grow(job)),
                           key=lambda job: PRIORITY_RANK[job.spec.priority])
         for job in growable:
-            own = holdings(job.placement, job.flavor)
+            own = job.held
             # At the head's start the job still holds its nodes unless it will have ended by then.
             own_at_start = {} if job.ends_at is not None and start is not None and job.ends_at <= start else own
             room = Capacity(self.cluster, dict(spare.free))
@@ -691,8 +709,9 @@ class Cycle:
 def may_grow(job: RunningJob) -> bool:
     """S10: a running elastic job short of its size that allows scaling up and is not being moved."""
     elastic = job.spec.checkpoint_resume.elastic if job.spec.checkpoint_resume else None
-    workers = sum(1 for p in job.placement if p.role == "worker")
-    return job.can_grow and elastic is not None and elastic.allow_scale_up and workers < job.spec.nodes
+    if not job.can_grow or elastic is None or not elastic.allow_scale_up:
+        return False
+    return sum(1 for p in job.placement if p.role == "worker") < job.spec.nodes
 
 
 def _excess(amount: Resources, own: Resources | None) -> Resources:

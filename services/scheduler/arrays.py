@@ -207,11 +207,9 @@ def held_back(state: SchedulerState, queue_order: Iterable[str]) -> set[str]:
     capped = {array_id: array for array_id, array in state.arrays.items() if array.submitted.max_running}
     if not capped:
         return set()
-    room: dict[str, int] = {}
-    for array_id, array in capped.items():
-        busy = sum(1 for job_id in array.jobs.values()
-                   if state.jobs[job_id].status == "running" or state.jobs[job_id].prechecking)
-        room[array_id] = (array.submitted.max_running or 0) - busy
+    # Its jobs running or pre-checked are among those holding resources: counted there, not over all its jobs.
+    busy = Counter(job.array.array_id for job in state.holding() if job.array is not None)
+    room = {array_id: (array.submitted.max_running or 0) - busy[array_id] for array_id, array in capped.items()}
     held: set[str] = set()
     for job_id in queue_order:
         member = state.jobs[job_id].array

@@ -72,7 +72,7 @@ def settled_failures(state: SchedulerState, now: datetime, settle: timedelta) ->
 def decide(state: SchedulerState, now: datetime) -> Decision | None:
     """The cycle's decision on the queue and the growable jobs; None when no job could start or grow."""
     waiting = state.queue()
-    held = held_back(state, [job.job_id for job in waiting])  # arrays at their `%N`: the rest wait
+    held = held_back(state, (job.job_id for job in waiting))  # arrays at their `%N`: the rest wait
     queue = [queued_job(state, job, now) for job in itertools.islice(
         (job for job in waiting if job.job_id not in held), CYCLE_DEPTH)]
     running = running_jobs(state, now)

@@ -43,7 +43,6 @@ from libs.placement import (
     Shape,
     choose,
     holdings,
-    job_shape,
     parameter_server_count,
     schedule,
     worker_counts,
@@ -173,7 +172,7 @@ class Planner:
             n.info.name: (tuple(n.info.pools), n.info.board, n.info.driver_version) for n in nodes}
         self.profiles = Profiles({n.info.name: n.free for n in nodes}, self.cluster.totals, self.node_class)
         self.ending: dict[int, tuple[tuple[str, frozenset[str]], ...]] = {}  # per end, the jobs ending and nodes
-        self.unlimited: list[tuple[str, dict[str, Resources]]] = []  # holders without a duration limit
+        self.unlimited: list[tuple[str, Mapping[str, Resources]]] = []  # holders without a duration limit
         self.set_aside: list[tuple[str, dict[str, Resources]]] = []  # jobs of unknown start, and their nodes
         # Per job shape: the nodes it may use; per kind of rank, the nodes eligible and their classes (shared
         # by copies: they only depend on the nodes). And a placement found in "final", which holds as long
@@ -187,7 +186,7 @@ class Planner:
         self.plans: dict[str, Plan] = {}
         self.unplaceable = set(decision.unplaceable)
         for holder in running:  # the views were built without what running jobs hold
-            held = holdings(holder.placement, holder.flavor)
+            held = holder.held
             self.everything.give(held)
             if holder.ends_at is None:
                 self.unlimited.append((holder.job_id, held))
@@ -235,7 +234,7 @@ class Planner:
         else:
             self._ends(job_id, held, end)
 
-    def _ends(self, job_id: str, held: dict[str, Resources], end: int) -> None:
+    def _ends(self, job_id: str, held: Mapping[str, Resources], end: int) -> None:
         self.ending[end] = (*self.ending.get(end, ()), (job_id, frozenset(held)))
 
     def _shrink_final(self, held: dict[str, Resources]) -> None:
@@ -258,7 +257,7 @@ class Planner:
     def _plan(self, job: QueuedJob) -> Plan:
         if job.job_id in self.unplaceable:
             return Plan(job_id=job.job_id, start=None, unplaceable=True)
-        shape = job_shape(job.spec, job.excluded_nodes)
+        shape = job.shape
         # A job that does not fit in "final" may still fit in a gap before jobs without a limit take
         # the nodes for good; if not, it waits for them.
         fits_finally = self._fits_finally(job, shape)

@@ -6,6 +6,9 @@ listings and are "not found" when asked for by id.
 
 from __future__ import annotations
 
+import itertools
+import operator
+
 import msgspec
 from nats.js.client import JetStreamContext
 
@@ -60,6 +63,9 @@ from services.scheduler.state import SchedulerState
 from services.scheduler.views import dev_env, flavor_list, node_resources, node_views, status_sentence
 from services.scheduler.visibility import hide_applications, hide_jobs
 
+NOT_ENDED = frozenset({"queued", "running"})  # the statuses of the state's active jobs
+NEWEST = operator.attrgetter("queue_order")  # listings show the newest jobs first
+
 
 class JobQueries:
     def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext) -> None:
@@ -89,22 +95,25 @@ class JobQueries:
         return self.s.state
 
     async def list_jobs(self, request: ListJobs, identity: Identity) -> JobList:
-        jobs = [
-            j for j in self.state.jobs.values()
-            if can_view(self.state, identity, j) and (not request.statuses or j.status in request.statuses)
-            and (request.project is None or j.spec.project == request.project)
-        ]
+        statuses = request.statuses
+        # Queued and running jobs are those not ended: a listing of them looks at those only, however many ended.
+        candidates = self.state.active if statuses and set(statuses) <= NOT_ENDED else self.state.jobs
+        matching = [j for j in candidates.values() if (not statuses or j.status in statuses)
+                    and (request.project is None or j.spec.project == request.project)]
         shown: list[ArrayView] = []
         if request.group_arrays:  # an array is one object: its jobs stand for it
+            jobs = [j for j in matching if can_view(self.state, identity, j)]
             listed = dict.fromkeys(j.array.array_id for j in jobs if j.array is not None)
             shown = [arrays.array_view(self.state, self.state.arrays[array_id]) for array_id in listed
                      if array_id in self.state.arrays]
             shown.sort(key=lambda view: view.submitted_at, reverse=True)
             jobs = [j for j in jobs if j.array is None]
-        jobs.sort(key=lambda j: j.queue_order, reverse=True)
-        positions = self.state.queue_positions()
-        return JobList(jobs=[self.state.view(j, positions) for j in jobs[: request.limit]],
-                       arrays=shown[: request.limit])
+            jobs.sort(key=NEWEST, reverse=True)
+        else:  # newest first, and who may view a job is asked only until enough are found
+            matching.sort(key=NEWEST, reverse=True)
+            visible = (j for j in matching if can_view(self.state, identity, j))
+            jobs = list(itertools.islice(visible, request.limit) if request.limit >= 0 else visible)
+        return JobList(jobs=[self.state.view(j) for j in jobs[: request.limit]], arrays=shown[: request.limit])
 
     async def get_array(self, request: GetArray, identity: Identity) -> ArrayDetails | CommandError:
         array = self.state.arrays.get(request.array_id)

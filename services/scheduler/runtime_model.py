@@ -28,10 +28,8 @@ import math
 import re
 from collections import deque
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from functools import cached_property
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from libs.contracts.jobspec import JobSpec
 from libs.placement import QueuedJob, RunningJob
@@ -57,15 +55,18 @@ class JobRecord(Protocol):
     def duration_seconds(self) -> int | None: ...
 
 
+_KIND = re.compile(r"[a-z]+")
+
+
 def kind_of(name: str) -> str:
     """The leading letters of a job name, which usually name what it runs: `resnet50-lr3` -> `resnet`."""
-    match = re.match(r"[a-z]+", name.lower())
+    match = _KIND.match(name.lower())
     return match.group(0) if match else name.lower()
 
 
-@dataclass(frozen=True)
-class Traits:
-    """What makes jobs alike in how long they run."""
+class Traits(NamedTuple):
+    """What makes jobs alike in how long they run (a tuple: one is made, hashed and compared for every queued
+    job of every plan)."""
 
     creator: str  # "" when unknown
     project: str
@@ -76,10 +77,10 @@ class Traits:
     @classmethod
     def of(cls, spec: JobSpec, creator: str = "", flavor: str | None = None) -> Traits:
         """A job's traits; `flavor` is the one it runs with (default: the first it lists)."""
-        return cls(creator=creator, project=spec.project, kind=kind_of(spec.name),
-                   flavor=flavor or (spec.flavors[0] if spec.flavors else ""), nodes=spec.nodes)
+        return cls(creator, spec.project, kind_of(spec.name), flavor or (spec.flavors[0] if spec.flavors else ""),
+                   spec.nodes)
 
-    @cached_property
+    @property
     def groups(self) -> tuple[Group, ...]:
         """The groups it belongs to, most specific first."""
         shape = (self.flavor, str(self.nodes))

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Self
@@ -50,13 +51,37 @@ UPSTREAMS = ("monitor", "launcher", "autoscaler")
 # The share of the scheduler's time the predictions of new jobs may take while jobs keep coming: a plan of a
 # deep queue takes a while, and the cycles and the submissions come first.
 PREDICTION_SHARE = 0.25
+# And they are planned at most this often: a plan costs the whole queue ahead of the new jobs, so under a flood
+# of submissions one plan for many new jobs beats a plan for a few, each a moment sooner.
+PREDICTION_PERIOD = 0.5
 # The share of its time the scheduler's cycles may take (libs/eventsourced.py `Pacer`), and after a cycle that
 # started nothing.
 CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
+# Cycles begin at most this often (`Period`), each deciding on all that came meanwhile: a cycle costs its look at
+# the state and its appends whatever it decides.
+CYCLE_PERIOD = 0.1
+# The search read model catches up at most this often while events keep coming, each time with all that came
+# meanwhile (a search catches up first, so it finds what was just recorded all the same).
+PROJECTION_PERIOD = 0.5
 
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
+
+
+class Period:
+    """Lets a loop begin a run at most every `seconds`, beside its `Pacer`'s share: a run that costs little would
+    otherwise follow nearly every event, when one run for all that came meanwhile does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._began = float("-inf")
+
+    async def turn(self) -> None:
+        """Wait until the next run may begin, and note that it begins."""
+        if (gap := self._began + self.seconds - time.monotonic()) > 0:
+            await asyncio.sleep(gap)
+        self._began = time.monotonic()
 
 
 class Scheduler(EventSourcedService):
@@ -77,6 +102,7 @@ class Scheduler(EventSourcedService):
         self.submissions = SubmissionBatches(self.state, self.lock, self.record)  # group commit
         self._predict_wake = asyncio.Event()
         self.pacer = Pacer(share=CYCLE_SHARE)
+        self._changed = asyncio.Event()  # set by every event that changes what a cycle decides on
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -87,8 +113,11 @@ class Scheduler(EventSourcedService):
     def fold(self, envelope: EventEnvelope) -> None:
         """Fold an event (its own, or a followed one) into the state; the prediction cache learns what
         changed (and how long jobs ran)."""
+        revision = self.state.revision
         self.state.apply(envelope)
         self.predictions.applied(envelope, self.state.jobs)
+        if self.state.revision != revision:
+            self._changed.set()
 
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("job.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
@@ -145,16 +174,22 @@ class Scheduler(EventSourcedService):
     async def scheduling_loop(self) -> None:
         await self.caught_up()  # decide only on a complete view of nodes and launches
         log.info("scheduler.caught_up")
+        period = Period(CYCLE_PERIOD)
         while True:
+            # Woken by what changes a decision (not by news of processes or predictions), by a deadline, or at the
+            # latest after `cycle_seconds`, as time itself changes reservations.
             wait = cycle.seconds_to_wait(self.state, self.clock(), cycle_seconds=self.cycle_seconds,
                                          settle=self.settle)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.wake.wait(), wait)
+                await asyncio.wait_for(self._changed.wait(), wait)
             await self.pacer.turn()  # what came meanwhile is folded first, and decided on in one cycle
-            self.wake.clear()
+            await period.turn()
             async with self.lock:
                 with self.pacer.run():
                     decided = await self.run_cycle()
+                # It decided on everything folded so far, and what it recorded itself leaves nothing more to decide
+                # (nothing else is folded while the lock is held).
+                self._changed.clear()
             # A cycle that started nothing found the cluster full or the queue stuck: the next waits longer, so a
             # flood of submissions is taken in rather than decided on again after each.
             self.pacer.share = CYCLE_SHARE if decided else IDLE_CYCLE_SHARE
@@ -187,10 +222,11 @@ class Scheduler(EventSourcedService):
         """S6 for the jobs submitted without asking for one: planned together, off the event loop and
         without the lock, and recorded in one append (predicted.py)."""
         await self.caught_up()
-        pacer = Pacer(share=PREDICTION_SHARE)
+        pacer, period = Pacer(share=PREDICTION_SHARE), Period(PREDICTION_PERIOD)
         while True:
             await self._predict_wake.wait()
             await pacer.turn()  # a deep queue's plan takes a while: the jobs submitted meanwhile join the next
+            await period.turn()
             self._predict_wake.clear()
             if not self.state.unpredicted:
                 continue
@@ -205,8 +241,10 @@ class Scheduler(EventSourcedService):
 
     async def projection_loop(self) -> None:
         """Keep the search read model (O2) close behind the log; searches also catch up first."""
+        period = Period(PROJECTION_PERIOD)
         while True:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._search_wake.wait(), 5.0)
+            await period.turn()
             self._search_wake.clear()
             await self.search.catch_up()

@@ -24,7 +24,7 @@ def node_capacity(state: SchedulerState) -> list[NodeCapacity]:
 
 
 def cluster_flavors(state: SchedulerState) -> dict[str, Flavor]:
-    return {f.name: f for f in state.cluster.flavors}
+    return state.flavors
 
 
 def queued_jobs(state: SchedulerState, now: datetime) -> list[QueuedJob]:
@@ -33,9 +33,13 @@ def queued_jobs(state: SchedulerState, now: datetime) -> list[QueuedJob]:
 
 def queued_job(state: SchedulerState, job: Job, now: datetime) -> QueuedJob:
     """A queued job as the decision logic sees it: the one made before, unless what it is made from changed."""
+    made = job.queued_as
+    # Made since the job's last event, it still holds unless it depends on the time (nodes avoided for a while
+    # after a failed pre-check) or on the nodes' dataset caches.
+    if made is not None and job.failed_precheck is None and not job.spec.data_preparation:
+        return made
     duration, avoided, prefer = job.duration_seconds, state.avoided_nodes(job, now, RECHECK_AFTER), \
         state.data_on_nodes(job.spec)
-    made = job.queued_as
     if (made is None or made.spec.priority != job.priority or made.duration_seconds != duration
             or made.excluded_nodes != avoided or made.prefer != prefer):
         # The decision logic reads priority from the spec: give it the current one (S3).
@@ -50,19 +54,30 @@ def running_jobs(state: SchedulerState, now: datetime) -> list[RunningJob]:
     pre-checked (they hold their placement and, once admitted, run until their limit)."""
     running: list[RunningJob] = []
     for job in state.holding():
-        held = state.placements(job)
-        flavor = state.flavor(held[0][0]) if held else None
-        if flavor is None:
-            continue
-        # A job being moved holds both placements until its next attempt starts.
-        placement = [p for _, placement in held for p in placement]
-        ends_at = job.ends_at
-        if job.prechecking and job.duration_seconds is not None:  # as if it started now
-            ends_at = now + timedelta(seconds=job.duration_seconds) - job.ran_before
-        running.append(RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=placement,
-                                  ends_at=ends_at, can_grow=job.status == "running" and not job.moving,
-                                  excluded_nodes=frozenset(job.excluded_nodes)))
+        made = job.running_as  # made since the job's last event
+        if made is None:
+            made = running_job(state, job, now)
+            if made is None:
+                continue
+            if not (job.prechecking and job.duration_seconds is not None):  # else it depends on `now`
+                job.running_as = made
+        running.append(made)
     return running
+
+
+def running_job(state: SchedulerState, job: Job, now: datetime) -> RunningJob | None:
+    """A job holding resources as the decision logic sees it; None when it holds a flavor the cluster lacks."""
+    held = state.placements(job)
+    flavor = state.flavor(held[0][0]) if held else None
+    if flavor is None:
+        return None
+    # A job being moved holds both placements until its next attempt starts.
+    placement = [p for _, placement in held for p in placement]
+    ends_at = job.ends_at
+    if job.prechecking and job.duration_seconds is not None:  # as if it started now
+        ends_at = now + timedelta(seconds=job.duration_seconds) - job.ran_before
+    return RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=placement, ends_at=ends_at,
+                      can_grow=job.status == "running" and not job.moving, excluded_nodes=frozenset(job.excluded_nodes))
 
 
 def plan_inputs(state: SchedulerState, now: datetime) -> PlanInputs:

@@ -11,7 +11,7 @@ job (J13) whose command failed is restarted (JobRestarting) on the same nodes.
 
 from __future__ import annotations
 
-import operator
+import bisect
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -63,7 +63,7 @@ from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_durat
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 from libs.nodes import NodeState, fold_node_event
-from libs.placement import NO_NODES, QueuedJob
+from libs.placement import NO_NODES, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings
 from libs.storage import staged_sources
 from services.scheduler.names import SERVICE
@@ -91,6 +91,9 @@ class Instance:
 
 @dataclass
 class Job:
+    """A job as the scheduler knows it. Changed only by `SchedulerState.apply`, which keeps what is derived
+    from it (the queue, what it holds, how the decision logic sees it) up to date."""
+
     job_id: str
     spec: JobSpec
     creator: str
@@ -136,8 +139,14 @@ class Job:
     # How the decision logic last saw it while queued (snapshot.py): made again only when what it is made
     # from changed, so that a cycle over a deep queue does not build every job anew.
     queued_as: QueuedJob | None = field(default=None, compare=False, repr=False)
+    # Likewise while it holds resources (unless it is pre-checked with a limit: then it ends as if started now).
+    running_as: RunningJob | None = field(default=None, compare=False, repr=False)
     rank: int = field(default=0, compare=False, repr=False)  # PRIORITY_RANK of its priority
     array: ArrayMember | None = None  # the array it belongs to, and its index there
+    # `duration` parsed, and the text it was parsed from; `ends_at` once worked out, until the job's next event:
+    # both are read on every cycle.
+    _parsed: tuple[str | None, int | None] = field(default=(None, None), init=False, compare=False, repr=False)
+    _ends: tuple[datetime | None] | None = field(default=None, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         self.rank = PRIORITY_RANK[self.priority]
@@ -158,27 +167,62 @@ class Job:
 
     @property
     def duration_seconds(self) -> int | None:
-        return parse_duration(self.duration) if self.duration else None
+        duration = self.duration
+        if duration != self._parsed[0]:
+            self._parsed = (duration, parse_duration(duration) if duration else None)
+        return self._parsed[1]
 
     @property
     def ends_at(self) -> datetime | None:
         """When a running job passes its duration limit (J16); None without a limit. The limit counts
         from its first start; time spent back in the queue after a move (J12), and in data preparation (J14),
         does not count."""
-        seconds = self.duration_seconds
-        if self.running_since is None or seconds is None:
-            return None
-        staging = timedelta(seconds=sum(self.staging_seconds.values()))
-        return self.running_since + timedelta(seconds=seconds) - self.ran_before + staging
+        if self._ends is None:
+            seconds = self.duration_seconds
+            if self.running_since is None or seconds is None:
+                self._ends = (None,)
+            else:
+                staging = timedelta(seconds=sum(self.staging_seconds.values()))
+                self._ends = (self.running_since + timedelta(seconds=seconds) - self.ran_before + staging,)
+        return self._ends[0]
+
+    def changed(self) -> None:
+        """Forget what was worked out from it: one of its events was folded."""
+        self.queued_as = self.running_as = self._ends = None
 
     def sort_key(self) -> tuple[int, int]:
         """S1: very urgent before urgent before normal; first come first served within a level."""
         return (PRIORITY_RANK[self.priority], self.queue_order)
 
 
-# `Job.sort_key` read without a call per job (the queue is sorted on every cycle): the rank is kept beside
-# the priority.
-_QUEUE_ORDER = operator.attrgetter("rank", "queue_order")
+class _Ordered:
+    """Jobs kept in the order of a key, as they come and go, so that reading them in order sorts nothing. A job
+    leaves by the key it came with, whatever changed in it since."""
+
+    def __init__(self) -> None:
+        self.keys: list[tuple[int, int, str]] = []
+        self.jobs: list[Job] = []
+        self.key_of: dict[str, tuple[int, int, str]] = {}
+
+    def put(self, job: Job, key: tuple[int, int, str]) -> None:
+        """Keep `job` at `key`."""
+        if self.key_of.get(job.job_id) == key and self.jobs[bisect.bisect_left(self.keys, key)] is job:
+            return
+        self.discard(job.job_id)
+        index = bisect.bisect_left(self.keys, key)
+        self.keys.insert(index, key)
+        self.jobs.insert(index, job)
+        self.key_of[job.job_id] = key
+
+    def discard(self, job_id: str) -> None:
+        key = self.key_of.pop(job_id, None)
+        if key is not None:
+            index = bisect.bisect_left(self.keys, key)
+            del self.keys[index], self.jobs[index]
+
+    def index(self, job_id: str) -> int | None:
+        key = self.key_of.get(job_id)
+        return None if key is None else bisect.bisect_left(self.keys, key)
 
 
 def _ended_at(job: Job, recorded: datetime) -> datetime:
@@ -249,21 +293,41 @@ class SchedulerState:
     # The jobs not ended yet, by id: what cycles look at, however many jobs ended before.
     active: dict[str, Job] = field(default_factory=dict)
     arrays: dict[str, Array] = field(default_factory=dict)  # job arrays, by array id
+    # Moves on with every event that changes what a cycle decides on (not with those that only tell how a job's
+    # processes are doing, its prediction or the autoscaler's news).
+    revision: int = field(default=0, compare=False)
+    # Kept up to date as the jobs' events are folded, so that a cycle reads them rather than working them out
+    # from every job: the queue in start order (S1), the jobs holding resources in submission order, what each
+    # of those holds per node, and what is held on each node (their sum, in that order).
+    _queue: _Ordered = field(default_factory=_Ordered, init=False, compare=False, repr=False)
+    _holding: _Ordered = field(default_factory=_Ordered, init=False, compare=False, repr=False)
+    _held: dict[str, dict[str, Resources]] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _on_node: dict[str, dict[str, Resources]] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _used: dict[str, Resources] = field(default_factory=dict, init=False, compare=False, repr=False)
+    _flavors: dict[str, Flavor] = field(default_factory=dict, init=False, compare=False, repr=False)
+
+    def __post_init__(self) -> None:
+        for flavor in reversed(self.cluster.flavors):  # by name; the first of a name, as ClusterConfig.flavor
+            self._flavors[flavor.name] = flavor
 
     # --- folding events --------------------------------------------------------------------------
 
     def apply(self, envelope: EventEnvelope) -> None:
+        """Fold one event; `revision` moves on when it changed anything a cycle decides on."""
         event = envelope.event
         at = envelope.recorded_at
         if fold_node_event(self.nodes, event):
+            self.revision += 1
             return
         if self.provisioning.apply(envelope):
             return
         if isinstance(event, DatasetCached):
             self.cached.setdefault(event.node, {})[event.entry.key] = (event.entry.source, event.entry.bytes)
+            self.revision += 1
             return
         if isinstance(event, DatasetEvicted):
             self.cached.get(event.node, {}).pop(event.eviction.key, None)
+            self.revision += 1
             return
         if isinstance(event, SettingsChanged):
             self.settings = event.settings
@@ -276,6 +340,7 @@ class SchedulerState:
             return
         if isinstance(event, ArraySubmitted):
             self.arrays[event.array_id] = Array(submitted=event, submitted_at=at)
+            self.revision += 1
             return
         if isinstance(event, JobSubmitted):
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
@@ -292,12 +357,54 @@ class SchedulerState:
             return
         if envelope.service == SERVICE:
             self._apply_job_event(job, envelope)
+            if not isinstance(event, JobPredicted):  # a prediction changes nothing a cycle decides on
+                self._derive(job)
+                self.revision += 1
         elif envelope.service == "launcher":
-            self._apply_launch_event(job, envelope)
+            if self._apply_launch_event(job, envelope):
+                job.changed()
+                self.revision += 1
         elif isinstance(event, DebugEnvironmentKept):
             job.kept_until = event.until
         elif isinstance(event, DebugEnvironmentReleased):
             job.kept_until = None
+
+    def _derive(self, job: Job) -> None:
+        """Bring what is derived from `job` up to date after one of its events."""
+        job.changed()
+        job_id = job.job_id
+        if job.status == "queued" and job.precheck is None and self.active.get(job_id) is job:
+            self._queue.put(job, (job.rank, job.queue_order, job_id))
+        else:
+            self._queue.discard(job_id)
+        holds = (job.status == "running" or job.prechecking) and self.active.get(job_id) is job
+        if holds:
+            self._holding.put(job, (0, job.queue_order, job_id))
+        else:
+            self._holding.discard(job_id)
+        held = self.holdings(job) if holds else {}
+        before = self._held.pop(job_id, {})
+        if held:
+            self._held[job_id] = held
+        for node in before.keys() | held.keys():
+            if before.get(node) != held.get(node):
+                self._hold(node, job_id, held.get(node))
+
+    def _hold(self, node: str, job_id: str, amount: Resources | None) -> None:
+        """What `job_id` holds on `node` is now `amount`; the node's sum is made again, in submission order, so
+        that it is exactly what adding up its jobs gives."""
+        on_node = self._on_node.setdefault(node, {})
+        if amount is None:
+            on_node.pop(job_id, None)
+        else:
+            on_node[job_id] = amount
+        if not on_node:
+            del self._on_node[node], self._used[node]
+            return
+        total = Resources()
+        for key in sorted(self._holding.key_of[holder] for holder in on_node):
+            total = total + on_node[key[2]]
+        self._used[node] = total
 
     def _apply_job_event(self, job: Job, envelope: EventEnvelope) -> None:
         event = envelope.event
@@ -372,10 +479,12 @@ class SchedulerState:
         if job.started_at is None:  # it never started: no prediction is needed any more
             self.unpredicted.pop(job.job_id, None)
 
-    def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> None:
+    def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> bool:
+        """Fold one of the launcher's events about `job`; whether it changed when the job must end (J14) or a
+        failure still to settle (J12): the rest only shows how its processes are doing."""
         event = envelope.event
         if getattr(event, "attempt", None) != job.attempt:
-            return
+            return False
         if isinstance(event, LaunchPlanned):
             for launch in event.nodes:
                 job.instances.setdefault(launch.rank, Instance(rank=launch.rank, node=launch.node)).role = launch.role
@@ -386,6 +495,7 @@ class SchedulerState:
             if event.staged:
                 job.staging_seconds[event.attempt] = max(job.staging_seconds.get(event.attempt, 0.0),
                                                          event.staging_seconds)
+                return True
         elif isinstance(event, NodeProcessExited):
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))
             instance.exit_code = event.exit_code
@@ -395,6 +505,8 @@ class SchedulerState:
             job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node)).lost = True
         elif isinstance(event, LaunchFailed) and job.spec.checkpoint_resume is not None and job.status == "running":
             job.unexplained_failure = (event, envelope.recorded_at)
+            return True
+        return False
 
     # --- queries ---------------------------------------------------------------------------------
 
@@ -415,19 +527,29 @@ class SchedulerState:
         return found
 
     def flavor(self, name: str) -> Flavor | None:
-        return self.cluster.flavor(name)
+        return self._flavors.get(name)
+
+    @property
+    def flavors(self) -> dict[str, Flavor]:
+        """The cluster's flavors by name (not to be changed)."""
+        return self._flavors
 
     def queue(self) -> list[Job]:
         """Queued jobs in start order (S1); a job being pre-checked has left it."""
-        return sorted((j for j in self.active.values() if j.status == "queued" and j.precheck is None),
-                      key=_QUEUE_ORDER)
+        return list(self._queue.jobs)
+
+    def queue_position(self, job: Job) -> int | None:
+        """Where a queued job stands in the queue, from 1."""
+        index = self._queue.index(job.job_id)
+        return None if index is None else index + 1
 
     def running(self) -> list[Job]:
-        return [j for j in self.active.values() if j.status == "running"]
+        """Running jobs, in submission order."""
+        return [j for j in self._holding.jobs if j.status == "running"]
 
     def holding(self) -> list[Job]:
-        """Jobs that hold resources: running ones and those being pre-checked."""
-        return [j for j in self.active.values() if j.status == "running" or j.prechecking]
+        """Jobs that hold resources: running ones and those being pre-checked, in submission order."""
+        return list(self._holding.jobs)
 
     def placements(self, job: Job) -> list[tuple[str, list[Placement]]]:
         """What a job holds, as (flavor, placement): its current placement, and while it is being moved
@@ -453,13 +575,8 @@ class SchedulerState:
     def used(self) -> dict[str, Resources]:
         """Resources held per node by running and pre-checked jobs."""
         used: dict[str, Resources] = {name: Resources() for name in self.nodes}
-        for job in self.holding():
-            for node, held in self.holdings(job).items():
-                used[node] = used.get(node, Resources()) + held
+        used.update(self._used)
         return used
-
-    def queue_positions(self) -> dict[str, int]:
-        return {job.job_id: index for index, job in enumerate(self.queue(), start=1)}
 
     def jobs_on(self, node: str) -> list[Job]:
         """Running jobs with a rank on `node`."""
@@ -489,10 +606,8 @@ class SchedulerState:
         resume = job.spec.checkpoint_resume
         return None if resume is None else min(resume.max_resumes, self.settings.max_resumes_cap)
 
-    def view(self, job: Job, positions: dict[str, int] | None = None) -> JobView:
-        queue_position = None
-        if job.status == "queued":
-            queue_position = (positions if positions is not None else self.queue_positions()).get(job.job_id)
+    def view(self, job: Job) -> JobView:
+        queue_position = self.queue_position(job) if job.status == "queued" else None
         spec = job.spec
         return JobView(
             job_id=job.job_id, name=spec.name, project=spec.project, creator=job.creator,

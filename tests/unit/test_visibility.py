@@ -2,12 +2,19 @@
 
 from __future__ import annotations
 
-import msgspec
+from types import SimpleNamespace
+from typing import cast
 
-from libs.contracts.events import SettingsChanged
+import msgspec
+from nats.js.client import JetStreamContext
+
+from libs.contracts.events import JobStopped, SettingsChanged
 from libs.contracts.identity import Identity
-from libs.contracts.messages import NodeList, ResourceList, WhyReply
+from libs.contracts.messages import ListJobs, NodeList, ResourceList, WhyReply
 from libs.contracts.scheduling import AdminSettings, WhyReport
+from libs.eventstore import EventStore
+from services.scheduler.ports import Scheduling
+from services.scheduler.queries import JobQueries
 from services.scheduler.views import node_resources, node_views
 from services.scheduler.visibility import HIDDEN_JOB, hide_applications, hide_jobs
 from tests.support.scheduler_state import Fold
@@ -56,3 +63,20 @@ def test_resources_hide_the_applications_of_hidden_jobs() -> None:
     resources = hide_applications(ResourceList(nodes=node_resources(state, ["a100-1"])), state, BOB)
     assert [str(u) for u in resources.nodes[0].usage] == ["1(1):shared-run", f"1(1):{HIDDEN_JOB}", "1(1):bobs-run"]
     assert "secret-run" not in repr(resources) and PRIVATE not in repr(resources)
+
+
+async def test_a_listing_of_queued_and_running_jobs_shows_those_the_caller_may_view_newest_first() -> None:
+    fold = cluster()
+    fold.job("job-00000000000d", "queued-shared", ["a100-4"], access="read-only")
+    fold.job("job-00000000000e", "queued-private", ["a100-4"])
+    fold.job("job-00000000000f", "ended", ["a100-1"], access="read-only")
+    fold.apply(JobStopped(job_id="job-00000000000f", by="alice"), aggregate="job-00000000000f")
+    queries = JobQueries(cast(Scheduling, SimpleNamespace(state=fold.state)), store=cast(EventStore, None),
+                         js=cast(JetStreamContext, None))
+    listed = await queries.list_jobs(ListJobs(statuses=["queued", "running"]), BOB)
+    assert [(j.job_id, j.status, j.queue_position) for j in listed.jobs] == [
+        ("job-00000000000d", "queued", 1), (MINE, "running", None), (SHARED, "running", None)]
+    assert [j.job_id for j in (await queries.list_jobs(ListJobs(statuses=["queued", "running"], limit=1),
+                                                        BOB)).jobs] == ["job-00000000000d"]
+    assert [j.job_id for j in (await queries.list_jobs(ListJobs(statuses=["stopped"]), BOB)).jobs] == [
+        "job-00000000000f"]
