@@ -170,6 +170,7 @@ class StreamFollower:
         self._sub: object | None = None
         self._unrecorded: Tracking | None = None  # the latest position whose reaction recorded nothing, unwritten
         self._writer: asyncio.Task[None] | None = None
+        self._stopped = False
         # The upstream log's positions seen, with their event ids (the latest REMEMBERED_ENVELOPES).
         self._seen: OrderedDict[int, str] = OrderedDict()
 
@@ -194,6 +195,7 @@ class StreamFollower:
             self.caught_up.set()
 
     async def stop(self) -> None:
+        self._stopped = True  # a message still being handled must not start a writer that outlives the store
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
         if self._writer is not None:
@@ -205,7 +207,7 @@ class StreamFollower:
     def _passed(self, tracking: Tracking) -> None:
         """The message at `tracking` needed no reaction: its position is written a while later."""
         self._unrecorded = tracking
-        if self._writer is None or self._writer.done():
+        if not self._stopped and (self._writer is None or self._writer.done()):
             self._writer = asyncio.create_task(self._write_unrecorded(), name=f"{self.consumer}.tracking")
 
     def _recorded(self, tracking: Tracking) -> None:
@@ -215,7 +217,7 @@ class StreamFollower:
 
     async def _write_unrecorded(self) -> None:
         await asyncio.sleep(UNRECORDED_WRITE_SECONDS)
-        while (unrecorded := self._unrecorded) is not None:
+        while (unrecorded := self._unrecorded) is not None and not self._stopped:
             try:
                 await self.store.record_tracking(unrecorded)
             except Exception as exc:  # the database away, or the lease lost: try again later, or never need to

@@ -123,16 +123,13 @@ def register_all_authenticated(broker: NatsBroker, service: str,
 def _register(broker: NatsBroker, service: str, subject: str, request_type: object,
               handler: Callable[[Any, Any], Awaitable[Any]], secret: str | None,
               queue: str | None, *, workers: int = 1) -> None:
-    from faststream.nats.annotations import NatsMessage
-
     from libs.eventstore.store import EventTooLarge
     from libs.telemetry.logs import get_logger
 
     log = get_logger(__name__)
     span_tracer = tracer(f"trainyard.{service}")
 
-    # The handler takes the message whole (`whole` below is its decoder), rather than having faststream inject
-    # it: an injected message is looked up in a worker thread for every request.
+    # The handler takes the message whole (`subscribe_whole`).
     async def respond(msg: Any) -> bytes:
         parent = context_from_headers(msg.headers)
         with span_tracer.start_as_current_span(f"{service} {subject}", context=parent) as span:
@@ -175,11 +172,21 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
 
     # The body is decoded above, as its contract type, and only there: faststream's own JSON decoding
     # of every body would raise on a deeply nested one before `respond` could refuse it.
+    subscribe_whole(broker, subject, respond, queue=queue or f"trainyard-{service}", workers=workers)
+
+
+def subscribe_whole(broker: NatsBroker, subject: str, handler: Callable[[Any], Awaitable[Any]], *, queue: str,
+                    workers: int = 1) -> None:
+    """Subscribe `handler` to `subject`, handing it each message whole (body, headers, reply subject) as its
+    decoder: a message faststream injects by annotation is looked up in a worker thread for every message,
+    and faststream's own decoding of the body is skipped (the handler decodes it as its contract type)."""
+    from faststream.nats.annotations import NatsMessage
+
     async def whole(msg: NatsMessage) -> NatsMessage:
         return msg
 
     whole.__annotations__["msg"] = NatsMessage
-    broker.subscriber(subject, queue=queue or f"trainyard-{service}", decoder=whole, max_workers=workers)(respond)
+    broker.subscriber(subject, queue=queue, decoder=whole, max_workers=workers)(handler)
 
 
 class ServiceUnavailable(Exception):

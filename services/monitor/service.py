@@ -28,10 +28,9 @@ import asyncio
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Self
+from typing import Any, Self
 
 import msgspec
-from faststream.nats.annotations import NatsMessage
 from nats.aio.msg import Msg
 
 from libs.auth import AuthError, node_from_headers
@@ -71,7 +70,7 @@ from libs.controlsign import ControlSigner
 from libs.eventsourced import EventSourcedService, Loop, Upstream
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
-from libs.messaging.rpc import register_authenticated, register_with_headers
+from libs.messaging.rpc import register_authenticated, register_with_headers, subscribe_whole
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
@@ -165,7 +164,7 @@ class Monitor(EventSourcedService):
     def handlers(self) -> None:
         broker = self.rt.broker
         register_with_headers(broker, self.name, subjects.REGISTER_NODE, RegisterNode, self.register_with_credential)
-        broker.subscriber(subjects.HEARTBEAT_ALL, queue="trainyard-monitor")(self.on_heartbeat)
+        subscribe_whole(broker, subjects.HEARTBEAT_ALL, self.on_heartbeat, queue="trainyard-monitor")
         register_authenticated(broker, self.name, subjects.MARK_COMPONENT, MarkComponent, self.mark,
                                secret=self.secret)
         register_authenticated(broker, self.name, subjects.OPEN_TERMINAL, OpenTerminal, self.open_terminal,
@@ -269,7 +268,7 @@ class Monitor(EventSourcedService):
         return NodeAccepted(heartbeat_seconds=self.heartbeat_seconds,
                             cache=decisions.cache_policy(self.jobs.settings))
 
-    async def on_heartbeat(self, msg: NatsMessage) -> None:
+    async def on_heartbeat(self, msg: Any) -> None:
         try:
             beat = decode(msg.body, Heartbeat)
         except msgspec.DecodeError:
