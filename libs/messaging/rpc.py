@@ -10,6 +10,7 @@ logger are imported by the functions that register responders, not here.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -189,6 +190,22 @@ def subscribe_whole(broker: NatsBroker, subject: str, handler: Callable[[Any], A
     broker.subscriber(subject, queue=queue, decoder=whole, max_workers=workers)(handler)
 
 
+# A request nobody was subscribed to is asked again after these pauses before "nothing answers": a
+# service's subscription reaches the other servers of a NATS cluster a moment after it is made, and a
+# service restarting or taking over from another is away for a moment. Nothing was delivered, so asking
+# again can never act twice.
+NO_RESPONDER_PAUSES = (0.05, 0.2, 0.5)
+
+
+async def _request(nc: Client, subject: str, body: bytes, timeout: float, headers: dict[str, str]) -> Any:
+    for pause in NO_RESPONDER_PAUSES:
+        try:
+            return await nc.request(subject, body, timeout=timeout, headers=headers)
+        except NoRespondersError:
+            await asyncio.sleep(pause)
+    return await nc.request(subject, body, timeout=timeout, headers=headers)
+
+
 class ServiceUnavailable(Exception):
     """No service answered; the stack is probably not running."""
 
@@ -202,7 +219,7 @@ async def call(nc: Client, subject: str, request: msgspec.Struct, *, timeout: fl
     if signer is not None:
         headers.update(signer.headers(subject, body, time.time()))
     try:
-        msg = await nc.request(subject, body, timeout=timeout, headers=headers)
+        msg = await _request(nc, subject, body, timeout, headers)
     except NoRespondersError:
         raise ServiceUnavailable(f"nothing answers on {subject}") from None
     except NatsTimeout:
