@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -127,11 +128,17 @@ class EventSourcedService:
             raise
         return runtime
 
-    async def start(self) -> None:
+    async def rebuild(self) -> int:
+        """Fold every event of the service's own log; returns how many."""
         count = 0
-        async for envelope in self.rt.store.read_all():
-            self.apply(envelope)
-            count += 1
+        with collector_paused():
+            async for envelope in self.rt.store.read_all():
+                self.apply(envelope)
+                count += 1
+        return count
+
+    async def start(self) -> None:
+        count = await self.rebuild()
         log.info(f"{self.name}.rebuilt", events=count, aggregates=len(self.versions))
         await self.prepare()
         for upstream in self.upstreams():
@@ -219,6 +226,20 @@ class EventSourcedService:
                                                     context=context_from_headers(headers)):
                 await self.record(changes, tracking)
             return True
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a state is rebuilt, as it was before afterwards. A rebuild makes
+    the objects of the whole state and little cyclic garbage; the collector would scan the growing state
+    again and again, a third of the time of a rebuild from 1,000,000 events (bench/replay.py)."""
+    was = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was:
+            gc.enable()
 
 
 class Pacer:

@@ -1,0 +1,139 @@
+"""How fast a service's state is rebuilt from its log: the scheduler's events read from PostgreSQL and
+folded into its state, as every start does (and as a view of a past instant would have to).
+
+    python -m bench.replay [--events 1000000]
+
+The scheduler's log is filled with the lives of EVENTS / 4 single-node jobs (JobSubmitted, JobPredicted,
+JobAdmitted, JobSucceeded, with their traces), written straight into its events table (COPY) rather than
+decided one by one. Then, each timed on its own: reading every event (rows → envelopes, the store's
+`read_all`), and rebuilding a real `Scheduler` from them (`EventSourcedService.rebuild`, the first step of
+its `start()`), with this process's CPU and its peak memory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import resource
+import time
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+
+from bench.servers import bench_servers
+from libs.contracts.codec import encode
+from libs.contracts.events import Event, JobAdmitted, JobPredicted, JobSubmitted, JobSucceeded, Placement
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.contracts.scheduling import Prediction
+from libs.eventstore import EventStore
+from libs.runtime import ServiceRuntime
+from libs.settings import Settings
+from libs.telemetry.logs import configure_logging
+from services.scheduler.service import Scheduler
+
+EVENTS_PER_JOB = 4
+COPY_ROWS = 20_000  # rows per COPY: bounded memory while the log is written
+TRACE = encode({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}).decode()
+
+
+def job_lives(jobs: int) -> Iterator[tuple[str, int, Event]]:
+    """(job id, version, event) for every event of `jobs` jobs that each ran to success."""
+    spec = JobSpec(name="replay", flavors=["cpu-2"], algorithm=AlgorithmRef(name="algo"),
+                   output=OutputRef(name="out"), command="python3 train.py --epochs 1")
+    placement = [Placement(rank=0, node="node-1", address="127.0.0.1", slots=2)]
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    for number in range(jobs):
+        job_id = f"job-{number:012x}"
+        at = start + timedelta(seconds=number)
+        prediction = Prediction(starts_now=True, flavor="cpu-2", nodes=["node-1"], node_count=1,
+                                estimated_start=at, latest_start=at, predicted_at=at)
+        life: tuple[Event, ...] = (JobSubmitted(job_id=job_id, spec=spec, creator="alice"),
+                                   JobPredicted(job_id=job_id, prediction=prediction),
+                                   JobAdmitted(job_id=job_id, attempt=1, flavor="cpu-2", placement=placement),
+                                   JobSucceeded(job_id=job_id))
+        for version, event in enumerate(life, start=1):
+            yield job_id, version, event
+
+
+async def write_log(pool: asyncpg.Pool, store: EventStore, events: int) -> None:
+    rows: list[tuple[object, ...]] = []
+    written = 0
+    for job_id, version, event in job_lives(events // EVENTS_PER_JOB):
+        rows.append((uuid.uuid4(), "job", job_id, version, str(type(event).__struct_config__.tag),
+                     encode(event).decode(), TRACE))
+        if len(rows) == COPY_ROWS:
+            written += await _copy(pool, store, rows)
+            print(f"\r  written {written:,} events", end="", flush=True)
+    written += await _copy(pool, store, rows)
+    print(f"\r  written {written:,} events")
+
+
+async def _copy(pool: asyncpg.Pool, store: EventStore, rows: list[tuple[object, ...]]) -> int:
+    count = len(rows)
+    if count:
+        await pool.copy_records_to_table("events", schema_name=store.schema, records=rows,
+                                         columns=["event_id", "aggregate_type", "aggregate_id", "version",
+                                                  "type", "data", "trace"])
+        rows.clear()
+    return count
+
+
+def peak_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+async def timed(label: str, events: int, work: asyncio.Future[int] | asyncio.Task[int]) -> None:
+    began, cpu = time.perf_counter(), time.process_time()
+    count = await work
+    seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
+    assert count == events, f"{label}: {count} events read, {events} written"
+    print(f"  {label:<34} {seconds:7.1f} s  {events / seconds:10,.0f} events/s  "
+          f"{cpu_seconds / events * 1e6:5.1f} µs CPU/event  peak {peak_mib():,.0f} MiB")
+
+
+async def read_only(store: EventStore) -> int:
+    count = 0
+    async for _ in store.read_all():
+        count += 1
+    return count
+
+
+async def read_and_fold(store: EventStore, settings: Settings) -> int:
+    runtime = ServiceRuntime("scheduler", settings)
+    runtime.store = store
+    scheduler = Scheduler.create(runtime)
+    count = await scheduler.rebuild()  # the first step of every start
+    assert len(scheduler.state.jobs) == count // EVENTS_PER_JOB
+    return count
+
+
+async def run(events: int) -> None:
+    async with bench_servers("bench_replay") as servers:
+        pool = await asyncpg.create_pool(servers.database_url, min_size=1, max_size=2)
+        store = EventStore(pool, "scheduler")
+        await store.migrate()
+        print(f"the scheduler's log: {events:,} events of {events // EVENTS_PER_JOB:,} jobs")
+        await write_log(pool, store, events)
+        await pool.execute("VACUUM ANALYZE scheduler.events")
+        settings = Settings(database_url=servers.database_url, nats_url=servers.nats_url,
+                            auth_secret="bench-replay-signing-secret-0123456789abcdef")
+        await timed("read (rows to envelopes)", events, asyncio.ensure_future(read_only(store)))
+        await timed("read and fold into the scheduler", events,
+                    asyncio.ensure_future(read_and_fold(store, settings)))
+        await pool.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--events", type=int, default=1_000_000)
+    args = parser.parse_args()
+    if args.events < EVENTS_PER_JOB:
+        parser.error(f"--events must be at least {EVENTS_PER_JOB}")
+    configure_logging("bench", "warning")
+    asyncio.run(run(args.events - args.events % EVENTS_PER_JOB))
+
+
+if __name__ == "__main__":
+    main()
