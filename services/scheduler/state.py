@@ -89,7 +89,7 @@ class Instance:
         return "running" if self.pid is not None else "pending"
 
 
-@dataclass
+@dataclass(slots=True)
 class Job:
     """A job as the scheduler knows it. Changed only by `SchedulerState.apply`, which keeps what is derived
     from it (the queue, what it holds, how the decision logic sees it) up to date."""
