@@ -17,7 +17,7 @@ import asyncio
 import resource
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Awaitable, Iterator
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
@@ -84,7 +84,7 @@ def peak_mib() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-async def timed(label: str, events: int, work: asyncio.Future[int] | asyncio.Task[int]) -> None:
+async def timed(label: str, events: int, work: Awaitable[int]) -> None:
     began, cpu = time.perf_counter(), time.process_time()
     count = await work
     seconds, cpu_seconds = time.perf_counter() - began, time.process_time() - cpu
@@ -119,9 +119,8 @@ async def run(events: int) -> None:
         await pool.execute("VACUUM ANALYZE scheduler.events")
         settings = Settings(database_url=servers.database_url, nats_url=servers.nats_url,
                             auth_secret="bench-replay-signing-secret-0123456789abcdef")
-        await timed("read (rows to envelopes)", events, asyncio.ensure_future(read_only(store)))
-        await timed("read and fold into the scheduler", events,
-                    asyncio.ensure_future(read_and_fold(store, settings)))
+        await timed("read (rows to envelopes)", events, read_only(store))
+        await timed("read and fold into the scheduler", events, read_and_fold(store, settings))
         await pool.close()
 
 
