@@ -50,6 +50,7 @@ from agent.kept import (
     Environment,
     RemovalRefused,
     from_recorded,
+    has_few_entries,
     kept_roots,
     rank_root,
     read_environment,
@@ -590,7 +591,7 @@ class NodeAgent:
             await self._end_sessions([s for s in self.sessions.values() if s.directory == directory])
             remove_run_folder(directory)
             try:
-                await asyncio.to_thread(remove_node_root, self.root, directory)
+                await self._remove_node_root(directory)
             except (RemovalRefused, OSError) as exc:
                 log.warning("agent.workspace_not_removed", job_id=request.job_id, node=self.info.name,
                             folder=str(directory), error=str(exc))
@@ -735,10 +736,17 @@ class NodeAgent:
         await self._end_sessions([s for s in self.sessions.values() if s.directory == root])
         remove_run_folder(root)
         try:
-            await asyncio.to_thread(remove_node_root, self.root, root)
+            await self._remove_node_root(root)
         except OSError as exc:  # a folder left behind costs disk, not the job
             log.warning("agent.workspace_not_removed", job_id=node.job_id, attempt=node.attempt, task=node.task,
                         rank=node.rank, node=self.info.name, error=str(exc))
+
+    async def _remove_node_root(self, directory: Path) -> None:
+        """Remove a node folder: on the loop when it is small (most are), else in a worker thread."""
+        if has_few_entries(directory):
+            remove_node_root(self.root, directory)
+        else:
+            await asyncio.to_thread(remove_node_root, self.root, directory)
 
     async def _sample_usage(self, node: RunningNode, pid: int) -> None:
         """Keep the node's latest usage in the usage bucket while it runs (L9)."""

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import msgspec
 
-from agent.kept import RecordedEnvironment
+from agent.kept import RecordedEnvironment, node_files
 
 LineSink = Callable[[str], Awaitable[None]]
 # A longer output line is passed on in pieces of this size, so that no line breaks the reader and
@@ -146,7 +146,7 @@ def remove_record(directory: Path) -> None:
 def read_records(root: Path) -> list[tuple[Path, Record]]:
     """Every node recorded under the agent's `root` (its folder and record); unreadable records are skipped."""
     found = []
-    for path in sorted(root.glob(f"jobs/*/*/task-*/rank-*/{RECORD_NAME}")):
+    for path in node_files(root, RECORD_NAME):
         try:
             found.append((path.parent, msgspec.json.decode(path.read_bytes(), type=Record)))
         except (OSError, msgspec.DecodeError, msgspec.ValidationError):
@@ -170,5 +170,5 @@ def remove_pending(directory: Path) -> None:
 
 def read_pending(root: Path) -> list[tuple[Path, bytes]]:
     """Every start accepted under `root` whose process never started (no record beside it)."""
-    return [(path.parent, path.read_bytes()) for path in sorted(root.glob(f"jobs/*/*/task-*/rank-*/{PENDING_NAME}"))
+    return [(path.parent, path.read_bytes()) for path in node_files(root, PENDING_NAME)
             if not (path.parent / RECORD_NAME).exists()]

@@ -7,6 +7,7 @@ import re
 
 import pytest
 
+from agent.kept import rank_root
 from agent.workspace import BACKEND_VARIABLE, bwrap_problem
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
@@ -111,9 +112,9 @@ async def test_the_plain_backend_maps_the_same_tree(stack: Stack, monkeypatch: p
     lines = await stack.logs(accepted.job_id)
 
     # TRAINYARD_WORKSPACE names the tree under the agent's folder; its algorithm is a link to storage.
-    rank_root = stack.home / "agents" / "node-a" / "jobs" / accepted.job_id / "1" / "task-0" / "rank-0"
+    folder = rank_root(stack.home / "agents" / "node-a", accepted.job_id, 1, 0, 0)
     algorithm = (stack.storage / "algorithms" / "workspace-probe").resolve()
-    assert f"[0] probe: backend plain workspace {rank_root}/workspace cwd {algorithm}" in lines
+    assert f"[0] probe: backend plain workspace {folder}/workspace cwd {algorithm}" in lines
     assert f"[0] probe: workspace holds {SKELETON}" in lines
     assert "[1] probe: dataset reads hello from storage" in lines
     # The argv's /job/hostfile was rewritten to the file the agent wrote.

@@ -27,6 +27,7 @@ from agent.held import (
     split_lines,
 )
 from agent.holder import EXIT_NAME, OUTPUT_NAME, start_ticks
+from agent.kept import rank_root
 from agent.process import Record, read_records, write_record
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
@@ -210,7 +211,7 @@ def test_a_holder_recorded_by_an_older_agent_is_told_by_its_command_line(tmp_pat
 
 @on_loop
 async def test_ending_the_jobs_of_a_node_kills_what_is_recorded_and_says_why(tmp_path: Path) -> None:
-    folder = tmp_path / "jobs" / "job-1" / "1" / "task-0" / "rank-0"
+    folder = rank_root(tmp_path, "job-1", 1, 0, 0)
     process = await held(folder, "import time; time.sleep(60)")
     write_record(folder, Record(job_id="job-1", attempt=1, rank=0, pid=process.pid, holder=process.holder_pid,
                                 holder_since=process.holder_since))

@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.kept import RemovalRefused, rank_root, remove_node_root
+from agent.kept import ENVIRONMENT_NAME, RemovalRefused, has_few_entries, kept_roots, rank_root, remove_node_root
+from agent.process import RECORD_NAME, Record, read_records, write_record
 
 
 def node_folder(root: Path, rank: int) -> Path:
@@ -65,3 +66,34 @@ def test_a_folder_holding_a_mount_point_is_left_in_place(tmp_path: Path) -> None
         assert (mounted / "data").read_text() == "on another file system"
     finally:
         subprocess.run(["umount", str(mounted)], check=True)
+
+
+def test_a_folder_counts_as_small_by_all_its_entries_and_never_through_a_link(tmp_path: Path) -> None:
+    folder = node_folder(tmp_path, 0)  # tmp/ and output.log
+    assert has_few_entries(folder, limit=2)
+    (folder / "tmp" / "scratch").write_text("x")  # an entry in a subfolder counts too
+    assert not has_few_entries(folder, limit=2)
+    assert has_few_entries(folder, limit=3)
+    elsewhere = tmp_path / "big"
+    elsewhere.mkdir()
+    for index in range(10):
+        (elsewhere / str(index)).write_text("x")
+    (folder / "link").symlink_to(elsewhere, target_is_directory=True)  # one entry, not what it points to
+    assert has_few_entries(folder, limit=4)
+    assert has_few_entries(tmp_path / "gone")
+
+
+def test_folders_of_the_layout_before_are_still_found_and_removed(tmp_path: Path) -> None:
+    """An agent started on the folders an older one left (`<job>/<attempt>/task-<t>/rank-<r>`) still adopts
+    their processes, finds their kept environments and removes them."""
+    old = tmp_path / "jobs" / "job-1" / "1" / "task-0" / "rank-0"
+    new = rank_root(tmp_path, "job-1", 2, 0, 0)
+    for folder, attempt in ((old, 1), (new, 2)):
+        folder.mkdir(parents=True)
+        write_record(folder, Record(job_id="job-1", attempt=attempt, rank=0, pid=1))
+        (folder / ENVIRONMENT_NAME).write_text("{}")
+    assert sorted((folder, record.attempt) for folder, record in read_records(tmp_path)) == [(old, 1), (new, 2)]
+    assert sorted(kept_roots(tmp_path, "job-1")) == sorted([old, new])
+    assert kept_roots(tmp_path, "job-2") == []
+    remove_node_root(tmp_path, old)
+    assert not (tmp_path / "jobs" / "job-1" / "1").exists() and (new / RECORD_NAME).exists()
