@@ -11,11 +11,17 @@ may_apt() {
 }
 
 apt_updated=""
+# Another apt-get at work (a machine's own updates) holds dpkg's lock for a while: wait for it rather than
+# going on without the packages. The package lists' lock is not covered by the timeout: the update is
+# tried again for a minute, then the install goes on with the lists there are.
+APT_WAIT=(-o DPkg::Lock::Timeout=300)
 apt_install() {
-  if [ -z "$apt_updated" ]; then
-    apt-get update -qq && apt_updated=1
-  fi
-  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  local tries=0
+  while [ -z "$apt_updated" ] && [ "$tries" -lt 30 ]; do
+    if apt-get "${APT_WAIT[@]}" update -qq; then apt_updated=1; else tries=$((tries + 1)); sleep 2; fi
+  done
+  apt_updated=${apt_updated:-tried}  # one minute of tries is enough for every package
+  DEBIAN_FRONTEND=noninteractive apt-get "${APT_WAIT[@]}" install -y -qq "$@" >/dev/null
 }
 
 have_postgres() {
