@@ -13,10 +13,12 @@ follows them.
 from __future__ import annotations
 
 import functools
+import itertools
 import os
 import re
 import shutil
 import stat
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -169,19 +171,10 @@ FEW_ENTRIES = 64
 def has_few_entries(directory: Path, limit: int = FEW_ENTRIES) -> bool:
     """Whether `directory` holds at most `limit` entries in all, its subfolders' included (links are not
     followed); counting stops past the limit. A folder that is gone has none."""
-    waiting, seen = [str(directory)], 0
-    while waiting:
-        try:
-            with os.scandir(waiting.pop()) as entries:
-                for entry in entries:
-                    seen += 1
-                    if seen > limit:
-                        return False
-                    if entry.is_dir(follow_symlinks=False):
-                        waiting.append(entry.path)
-        except (FileNotFoundError, NotADirectoryError):
-            continue
-    return True
+    try:
+        return sum(1 for _ in itertools.islice(_entries_under(str(directory)), limit + 1)) <= limit
+    except (FileNotFoundError, NotADirectoryError):
+        return True
 
 
 def remove_node_root(root: Path, directory: Path) -> None:
@@ -212,17 +205,24 @@ def remove_node_root(root: Path, directory: Path) -> None:
         parent = os.path.dirname(parent)
 
 
-def _mount_point_in(folder: str) -> str | None:
-    """A folder inside `folder` on another file system (a mount point, as os.path.ismount tells one), if
-    any: links are not followed."""
-    device, waiting = os.lstat(folder).st_dev, [folder]
+def _entries_under(folder: str) -> Iterator[os.DirEntry[str]]:
+    """Every entry inside `folder`, its subfolders' included; links are not followed."""
+    waiting = [folder]
     while waiting:
         with os.scandir(waiting.pop()) as entries:
             for entry in entries:
+                yield entry
                 if entry.is_dir(follow_symlinks=False):
-                    if entry.stat(follow_symlinks=False).st_dev != device:
-                        return entry.path
                     waiting.append(entry.path)
+
+
+def _mount_point_in(folder: str) -> str | None:
+    """A folder inside `folder` on another file system (a mount point, as os.path.ismount tells one), if
+    any: links are not followed."""
+    device = os.lstat(folder).st_dev
+    for entry in _entries_under(folder):
+        if entry.is_dir(follow_symlinks=False) and entry.stat(follow_symlinks=False).st_dev != device:
+            return entry.path
     return None
 
 
