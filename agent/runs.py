@@ -179,7 +179,8 @@ class RunRelay:
         """Publish each process's lines taken so far, then acknowledge them to it."""
         async with self._lock:
             self._waiting = 0  # what arrives while this publishes counts towards the next flush
-            for process, writer in self._writers.items():
+            # A process that first logs while a batch is published joins the writers then: taken next flush.
+            for process, writer in list(self._writers.items()):
                 while writer.lines:
                     taken = _fitting(writer.lines)
                     lines, writer.lines = writer.lines[:taken], writer.lines[taken:]

@@ -264,3 +264,23 @@ async def test_a_process_logging_faster_than_its_agent_relays_drops_only_what_it
     assert len(steps) == 20_000 - run.dropped  # what was not stored is exactly what was counted dropped
     reported = [value for _, _, name, value, _ in points if name == "trainyard/dropped_lines"]
     assert reported and reported == sorted(reported) and reported[-1] <= run.dropped
+
+
+async def test_a_process_that_first_logs_while_a_batch_is_published_is_published_too(tmp_path: Path) -> None:
+    relay: RunRelay
+
+    class Joining(Published):
+        async def __call__(self, batch: MetricBatch, msg_id: str) -> None:
+            if not self.batches:  # a second process's first line arrives while the first batch goes out
+                relay.system({"cpu_percent": 50.0}, datetime(2026, 11, 27, tzinfo=UTC))
+            await asyncio.sleep(0)
+            await super().__call__(batch, msg_id)
+
+    published = Joining()
+    relay = await started_relay(tmp_path, published)
+    run = Run(path=str(relay.path), process="trainer")
+    run.log({"loss": 0.5}, step=1)
+    await flushed(run, relay)
+    await relay.close()
+    assert {(process, name) for process, _, name, _, _ in published.points()} == {
+        ("trainer", "loss"), ("system", "system/cpu_percent")}
