@@ -163,6 +163,7 @@ def accuracy(queued: list[tuple[Job, datetime | None]]) -> list[tuple[str, str]]
         ("queued with a known estimate", f"{len(known)} of {len(queued)}"),
         ("  median / p90 absolute error", f"{statistics.median(errors):.0f} / {_p90(errors):.0f} min"
          if errors else "-"),
+        ("  started exactly then", f"{sum(1 for e in errors if e < 1 / 60) / len(errors):.1%}" if errors else "-"),
         ("  started within 30 min / 2 h of it", f"{within(30)} / {within(120)}"),
         ("  estimate was an upper bound (started no later)", f"{upper / len(known):.1%}" if known else "-"),
         ("  median estimated wait / actual wait", f"{statistics.median(ratios):.2f}" if ratios else "-"),

@@ -38,9 +38,10 @@ from libs.placement import (
     schedule,
 )
 from services.scheduler.planning_thread import PlanningThread
-from services.scheduler.prediction import insertion_index, predict, predict_queue
+from services.scheduler.prediction import predict, predict_queue
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits
+from services.scheduler.simulation import insertion_index
 from services.scheduler.snapshot import plan_inputs
 from services.scheduler.state import SchedulerState
 

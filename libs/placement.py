@@ -36,6 +36,10 @@ class NodeCapacity:
 
 
 NO_NODES: frozenset[str] = frozenset()
+# A cycle decides on the first this many waiting jobs, as Slurm's scheduler looks `default_queue_depth` deep:
+# they are more than enough to fill the cluster, and a queue of tens of thousands costs a cycle no more. The
+# jobs behind them move up as these start (predictions still plan the whole queue).
+CYCLE_DEPTH = 2_000
 
 
 @dataclass(frozen=True)
@@ -178,6 +182,9 @@ class Cluster:
         self.infos: dict[str, NodeInfo] = {info.name: info for info in infos}
         self._eligible: dict[_EligibilityKey, tuple[str, ...]] = {}
         self._totals: dict[str, Resources] | None = None
+        # Kept for the cycles over these nodes (with one set of flavors): see `Cycle`.
+        self.placeable: dict[Shape, bool] = {}
+        self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = {}
 
     @property
     def totals(self) -> dict[str, Resources]:
@@ -423,13 +430,14 @@ def _slots(need: Resources, free: Resources) -> int:
 
 
 def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
-             running: Sequence[RunningJob] = (), now: datetime) -> Decision:
+             running: Sequence[RunningJob] = (), now: datetime, cluster: Cluster | None = None) -> Decision:
     """Decide which queued jobs start now and which running elastic jobs grow.
 
     `queue` is in start order (S1); `nodes` are the schedulable nodes with what is free on them now;
-    `running` says what the running jobs hold and until when (their duration limits).
+    `running` says what the running jobs hold and until when (their duration limits). `cluster`, when
+    given, is the `Cluster` of the same nodes from an earlier cycle: what it worked out about them is reused.
     """
-    return Cycle(nodes, flavors, running, now).run(queue)
+    return Cycle(nodes, flavors, running, now, cluster=cluster).run(queue)
 
 
 @dataclass
@@ -448,16 +456,18 @@ class Cycle:
     """
 
     def __init__(self, nodes: list[NodeCapacity], flavors: Mapping[str, Flavor], running: Sequence[RunningJob],
-                 now: datetime) -> None:
-        self.cluster = Cluster(n.info for n in nodes)
+                 now: datetime, *, cluster: Cluster | None = None) -> None:
+        self.cluster = Cluster(n.info for n in nodes) if cluster is None else cluster
         self.flavors = flavors
         self.running = list(running)
         self.now = now
         self.free_now = Capacity(self.cluster, {n.info.name: n.free for n in nodes})
         self.failed_now: set[Shape] = set()
         self.failed_extra: set[Shape] = set()
-        self.placeable: dict[Shape, bool] = {}
-        self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = {}
+        # Whether a job shape fits the empty cluster at all, and how many ranks of a kind it holds: they depend on
+        # the nodes and the flavors only, so cycles over the same `Cluster` (a simulation's) share them.
+        self.placeable: dict[Shape, bool] = self.cluster.placeable
+        self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = self.cluster.most_workers
         self.admissions: list[Admission] = []
         # What running jobs and this cycle's admissions hold, and until when (None: no limit).
         self.holders: list[tuple[datetime | None, Mapping[str, Resources]]] = [
@@ -477,7 +487,6 @@ class Cycle:
         twin.running = list(self.running)
         twin.free_now = self.free_now.copy()
         twin.failed_now, twin.failed_extra = set(self.failed_now), set(self.failed_extra)
-        twin.placeable, twin.most_workers = dict(self.placeable), dict(self.most_workers)
         twin.admissions, twin.holders = list(self.admissions), list(self.holders)
         twin.unplaceable = list(self.unplaceable)
         twin.after_head = dict(self.after_head)
@@ -485,8 +494,9 @@ class Cycle:
         twin.totals = None if self.totals is None else self.totals.copy()
         return twin
 
-    def run(self, queue: list[QueuedJob]) -> Decision:
-        """Walk `queue` (the next stretch of it, in start order), then grow what may grow."""
+    def run(self, queue: list[QueuedJob], *, grow: bool = True) -> Decision:
+        """Walk `queue` (the next stretch of it, in start order), then grow what may grow (unless `grow` is
+        False: more of the queue is still to come)."""
         failed, placeable = self.failed_now, self.placeable
         for job in queue:
             shape = job.shape
@@ -500,7 +510,7 @@ class Cycle:
                 self._admit_in_order(job, shape)
             else:
                 self._backfill(job, shape)
-        growths = self._grow()
+        growths = self._grow() if grow else []
         return Decision(admissions=self.admissions, growths=growths,
                         reservation=self.head.reservation if self.head else None, unplaceable=self.unplaceable)
 

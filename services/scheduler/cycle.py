@@ -19,18 +19,13 @@ from libs.contracts.events import (
     JobRescaling,
 )
 from libs.eventstore import NewEvent
-from libs.placement import Admission, Decision, Growth, may_grow, schedule
+from libs.placement import CYCLE_DEPTH, Admission, Decision, Growth, may_grow, schedule
 from libs.settings import Settings
 from services.scheduler.arrays import held_back
 from services.scheduler.names import job_change
 from services.scheduler.prediction import started
 from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_job, running_jobs
 from services.scheduler.state import Job, SchedulerState
-
-# A cycle decides on the first this many waiting jobs, as Slurm's scheduler looks `default_queue_depth` deep:
-# they are more than enough to fill the cluster, and a queue of tens of thousands costs a cycle no more. The
-# jobs behind them move up as these start (predictions still plan the whole queue).
-CYCLE_DEPTH = 2_000
 
 
 def settle_time(settings: Settings) -> timedelta:

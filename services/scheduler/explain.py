@@ -23,17 +23,18 @@ from libs.placement import (
     schedule,
     worker_counts,
 )
-from services.scheduler.prediction import format_time, names, plan_queue, unknown_start_reason
+from services.scheduler.prediction import Forecast, forecast_queued, format_time, names
 
 MAX_LISTED = 10
 
 
 def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
             running: Sequence[RunningJob] = (), now: datetime, all_nodes: list[NodeInfo] | None = None,
-            unhealthy: Collection[str] = ()) -> WhyReport:
+            unhealthy: Collection[str] = (), forecast: Forecast | None = None) -> WhyReport:
     """Why the queued job `job_id` has not started. `all_nodes` (unschedulable ones included) lets the
-    report say that a node the job could use is lost, or unhealthy when it is in `unhealthy` (M2).
-    Raises KeyError when the job is not in `queue`."""
+    report say that a node the job could use is lost, or unhealthy when it is in `unhealthy` (M2). `forecast`
+    is the job's own, as the scheduler's predictions make it (likely and latest start); without it, the latest
+    start is worked out here. Raises KeyError when the job is not in `queue`."""
     index = next((i for i, job in enumerate(queue) if job.job_id == job_id), None)
     if index is None:
         raise KeyError(job_id)
@@ -65,13 +66,11 @@ def explain(job_id: str, queue: list[QueuedJob], nodes: list[NodeCapacity], flav
         if reservation is None and decision.reservation is not None and _room_now(job.spec, flavors, usable):
             summary.append(_blocked_by_head_sentence(job, decision, now))
         if reservation is None:
-            plan = plan_queue(queue, nodes, flavors, running=running, now=now, decision=decision,
-                              until=job_id)[job_id]
-            if plan.start is not None:
-                summary.append(f"Expected to start around {format_time(plan.start, now)}.")
-            else:
-                reason = unknown_start_reason(plan)
-                summary.append(f"Its start cannot be estimated because {reason}.")
+            # As `trainyard predict` tells it, from the same playthrough of the scheduler's cycles.
+            if forecast is None:
+                forecast = forecast_queued([job_id], queue, nodes, flavors, running=running, now=now)[job_id]
+            if forecast.expectation:
+                summary.append(f"{forecast.expectation[0].upper()}{forecast.expectation[1:]}.")
     if job_id not in decision.unplaceable:
         summary.extend(f"Flavor {wait.flavor}: {wait.note}." for wait in waits if wait.note)
 

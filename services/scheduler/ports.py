@@ -6,7 +6,7 @@ The service (service.py) gives these; a test may give them with anything else th
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Collection, Sequence
 from datetime import datetime
 from typing import Protocol
 
@@ -14,6 +14,7 @@ from libs.contracts.events import EventEnvelope
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import NewEvent, Tracking
+from services.scheduler.prediction import Forecast
 from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.state import SchedulerState
 from services.scheduler.submissions import SubmissionBatches
@@ -46,6 +47,9 @@ class Scheduling(Jobs, Protocol):
 
     async def predict(self, spec: JobSpec) -> Prediction:
         """S6 for `spec` as if it were submitted now; planned without the lock."""
+
+    async def forecast_queued(self, job_ids: Collection[str]) -> dict[str, Forecast]:
+        """S6 for jobs already queued (those no longer queued get none); planned without the lock."""
 
     async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
         """Append `changes` at the versions folded so far, and fold them."""

@@ -5,14 +5,11 @@ places, one per priority. What `predict` computes for it depends on the queue ah
 scheduling cycle up to that place and the plan of the jobs ahead, the same for every job joining
 there. Per state revision, the cache keeps:
 
-- one cycle over the queue, copied at each place, so that a new job's own step (starts now, is
-  backfilled, becomes the head, or waits) runs on a copy;
-- the queue planned up to each place (latest and likely starts), played forward only as far as the
-  questions asked need, so that a new job is planned on a copy against what is left.
-
-A new job that does not start leaves the cycle's decisions on the jobs behind it as they were (what
-did not fit on some room fits on no less), unless it becomes the head: then the rest of the cycle
-and its plan are computed again for it.
+- one cycle over the queue, copied at each place, so that a new job's own step (starts now, or waits
+  behind how many jobs) runs on a copy;
+- the queue played forward by the scheduler's own cycles (latest and likely starts, playthrough.py), only
+  as far as the questions asked need, each cycle kept stopped at each place, so that a new job is tried
+  at each cycle in turn on a copy.
 
 A plan is made at one moment and reused while the revision stays the same, for at most `max_age`:
 the answers are those of `forecast` at that moment (their `predicted_at`). The owner passes every
@@ -60,19 +57,18 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
 from libs.placement import Cycle, NodeCapacity, QueuedJob, RunningJob
+from services.scheduler.playthrough import Playthrough
 from services.scheduler.prediction import (
     NEW_JOB,
     Expected,
     Forecast,
-    Plan,
-    Planner,
     forecast_queued,
-    insertion_index,
-    plan_queue,
+    playthrough,
     starts_now,
     waits,
 )
 from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, expected_runtimes
+from services.scheduler.simulation import insertion_index
 
 DEFAULT_MAX_AGE = timedelta(seconds=30)
 # Events that change nothing a plan is made from; any other event makes the next prediction plan anew.
@@ -266,8 +262,8 @@ class _Snapshot:
         self.ahead = {place: sum(1 for job in queue[:place] if job.job_id not in skipped) for place in self.cycles}
         self.runtimes = runtimes
         self._expected: Expected | None = None
-        self._latest: _Progress | None = None
-        self._likely: _Progress | None = None
+        self._latest: Playthrough | None = None
+        self._likely: Playthrough | None = None
 
     @property
     def expected(self) -> Expected:
@@ -284,24 +280,11 @@ class _Snapshot:
     def forecast(self, spec: JobSpec, duration_seconds: int | None) -> Forecast:
         place = self.places[spec.priority]
         job = QueuedJob(NEW_JOB, spec, duration_seconds)
-        cycle = self.cycles[place].fork()
-        step = cycle.run([job])
+        step = self.cycles[place].fork().run([job], grow=False)
         if step.admissions and step.admissions[-1].job_id == NEW_JOB:
             return starts_now(step.admissions[-1], self.now)
-        if step.reservation is not None and step.reservation.job_id == NEW_JOB:
-            # The head: the jobs behind it are decided around its reservation, and planned after that.
-            inputs, queue = self.inputs, self.inputs.queue
-            decision = cycle.run(queue[place:])
-            ordered = [*queue[:place], job, *queue[place:]]
-            latest = plan_queue(ordered, inputs.nodes, inputs.flavors, running=inputs.running, now=self.now,
-                                decision=decision, until=NEW_JOB)[NEW_JOB]
-            likely = latest if self.expected.empty else plan_queue(
-                self.expected.queue(ordered), inputs.nodes, inputs.flavors,
-                running=self.expected.running(inputs.running), now=self.now, decision=decision, until=NEW_JOB)[NEW_JOB]
-        else:
-            unplaceable = NEW_JOB in step.unplaceable
-            latest = self._plan(self.latest(), place, job, unplaceable)
-            likely = latest if self.expected.empty else self._plan(self.likely(), place, job, unplaceable)
+        latest = self.latest().new_job(job)
+        likely = latest if self.expected.empty else self.likely().new_job(job)
         return waits(spec, self.now, self.ahead[place], latest, likely)
 
     def join(self, job: QueuedJob, likely_seconds: float | None, facts: JobRecord) -> bool:
@@ -311,7 +294,7 @@ class _Snapshot:
         must be made again."""
         priority, place = job.spec.priority, self.places[job.spec.priority]
         cycle = self.cycles[place].fork()
-        step = cycle.run([job])
+        step = cycle.run([job], grow=False)
         if any(a.job_id == job.job_id for a in step.admissions) or (
                 step.reservation is not None and step.reservation.job_id == job.job_id):
             return False
@@ -336,73 +319,27 @@ class _Snapshot:
         queue = self.inputs.queue
         self.inputs = replace(self.inputs, queue=[*queue[:place], job, *queue[place:]],
                               jobs={**self.inputs.jobs, job.job_id: facts})
-        likely = job if likely_seconds is None else replace(job, duration_seconds=math.ceil(likely_seconds))
-        if likely.duration_seconds != job.duration_seconds:
+        likely = None if likely_seconds is None else math.ceil(likely_seconds)
+        if likely is not None and likely != job.duration_seconds:
             if self.expected.empty:
-                self._likely = None  # the likely plan was the latest one: plan it on its own
-            seconds = {**self.expected.seconds, job.job_id: likely.duration_seconds}
-            self.expected = replace(self.expected, seconds=seconds)
-        places = sorted(self.cycles)
+                self._likely = None  # the likely plan was the latest one: played on its own from now on
+            self.expected = replace(self.expected, seconds={**self.expected.seconds, job.job_id: likely})
         if self._latest is not None:
-            self._latest.join(place, job, self.inputs.queue, places, unplaceable)
+            self._latest.join(job)
         if self._likely is not None and self._likely is not self._latest:
-            self._likely.join(place, likely, [*self._likely.queue[:place], likely, *self._likely.queue[place:]],
-                              places, unplaceable)
+            self._likely.join(job, self.expected.seconds.get(job.job_id))
         return True
 
-    @staticmethod
-    def _plan(progress: _Progress, place: int, job: QueuedJob, unplaceable: bool) -> Plan:
-        planner = progress.at(place).fork(until=NEW_JOB)
-        if unplaceable:
-            planner.unplaceable.add(NEW_JOB)
-        return planner.plan_job(job)
-
-    def latest(self) -> _Progress:
+    def latest(self) -> Playthrough:
         if self._latest is None:
-            self._latest = self._progress(self.inputs.queue, self.inputs.running)
+            self._latest = playthrough(self.inputs.queue, self.inputs.nodes, self.inputs.flavors,
+                                       running=self.inputs.running, now=self.now)
         return self._latest
 
-    def likely(self) -> _Progress:
+    def likely(self) -> Playthrough:
         if self.expected.empty:
             return self.latest()
         if self._likely is None:
-            expected: Expected = self.expected
-            self._likely = self._progress(expected.queue(self.inputs.queue), expected.running(self.inputs.running))
+            self._likely = playthrough(self.inputs.queue, self.inputs.nodes, self.inputs.flavors,
+                                       running=self.inputs.running, now=self.now, expected=self.expected)
         return self._likely
-
-    def _progress(self, queue: list[QueuedJob], running: Sequence[RunningJob]) -> _Progress:
-        planner = Planner(self.inputs.nodes, self.inputs.flavors, running, self.now, self.decision, queue, None)
-        return _Progress(planner, queue, sorted(self.cycles))
-
-
-class _Progress:
-    """A plan of the queue played forward only as far as needed, copied at each place a job can join."""
-
-    def __init__(self, planner: Planner, queue: list[QueuedJob], places: list[int]) -> None:
-        self.planner, self.queue, self.places = planner, queue, places
-        self.done = 0
-        self.copies: dict[int, Planner] = {}
-
-    def join(self, place: int, job: QueuedJob, queue: list[QueuedJob], places: list[int], unplaceable: bool) -> None:
-        """Take in `job`, joining at `place`: `queue` and `places` are the new queue and places."""
-        if (before := self.copies.get(place)) is not None:
-            after = before.fork()
-            if unplaceable:
-                after.unplaceable.add(job.job_id)
-            after.plan_job(job)
-            self.copies = {p: c for p, c in self.copies.items() if p <= place} | {place + 1: after}
-            if self.done > place:  # it planned past the job: go on from just behind it
-                self.planner, self.done = after.fork(), place + 1
-        if unplaceable:
-            self.planner.unplaceable.add(job.job_id)
-        self.queue, self.places = queue, places
-
-    def at(self, place: int) -> Planner:
-        for stop in self.places:
-            if stop > place:
-                break
-            if stop not in self.copies:
-                self.planner.plan(self.queue[self.done:stop])
-                self.copies[stop], self.done = self.planner.fork(), stop
-        return self.copies[place]
-

@@ -144,6 +144,8 @@ class JobQueries:
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         job = self.state.jobs[request.job_id]
+        # Its start as `predict` tells it (likely and latest), worked out in the planning thread without the lock.
+        forecast = (await self.s.forecast_queued([job.job_id])).get(job.job_id) if job.status == "queued" else None
         async with self.s.lock:  # the job's status cannot change while it is explained
             if job.status == "queued" and not job.prechecking:
                 all_nodes = [n.info for n in self.state.nodes.values()]
@@ -151,7 +153,7 @@ class JobQueries:
                 now = self.s.clock()
                 report = explain(job.job_id, queued_jobs(self.state, now), node_capacity(self.state),
                                  cluster_flavors(self.state), running=running_jobs(self.state, now), now=now,
-                                 all_nodes=all_nodes, unhealthy=unhealthy)
+                                 all_nodes=all_nodes, unhealthy=unhealthy, forecast=forecast)
                 if job.reason:  # why it came back to the queue, or why its last pre-check failed
                     back = f"It is back in the queue: {job.reason}."
                     report = msgspec.structs.replace(report, summary=[*report.summary, back])

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Self
 
@@ -36,6 +36,7 @@ from services.scheduler.commands import JobCommands
 from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE
 from services.scheduler.planning_thread import PlanningThread
+from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 from services.scheduler.preloads import PreloadCommands
 from services.scheduler.queries import JobQueries
@@ -161,6 +162,10 @@ class Scheduler(EventSourcedService):
         forecast = await self.planning.forecast(spec, clock=self.clock, inputs=self._plan_inputs,
                                                 duration_seconds=spec.max_duration_seconds)
         return forecast.prediction
+
+    async def forecast_queued(self, job_ids: Collection[str]) -> dict[str, Forecast]:
+        """S6 for jobs already queued, as their predictions are made (in the worker thread, without the lock)."""
+        return await self.planning.forecast_queued(job_ids, clock=self.clock, inputs=self._plan_inputs)
 
     def _plan_inputs(self) -> PlanInputs:
         return plan_inputs(self.state, self.clock())

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -10,6 +11,7 @@ from libs.contracts.cluster import Resources
 from libs.contracts.scheduling import FlavorWait, NodeShortage
 from libs.placement import NodeCapacity, RunningJob
 from services.scheduler.explain import explain
+from services.scheduler.prediction import Expected, forecast_queued
 from tests.support.placement import (
     FLAVORS,
     GPU4,
@@ -140,14 +142,33 @@ def test_a_job_not_in_the_queue_is_an_error() -> None:
 
 def test_a_job_stuck_behind_a_job_of_unknown_start_is_told_which() -> None:
     nodes, running = three_busy_nodes()
-    queue = [queued("stuck", 3), queued("mine", 1, node_names=["c"])]
+    queue = [queued("stuck", 3), queued("mine", 1)]  # a and b free up, but "stuck" holds them back
     report = explain("mine", queue, nodes, FLAVORS, running=running, now=NOW)
     assert report.summary[-1] == ("Its start cannot be estimated because stuck ahead of it waits for jobs without "
                                   "a duration limit.")
+
+
+def test_a_job_that_needs_a_node_held_for_good_is_told_by_whom() -> None:
+    nodes, running = three_busy_nodes()
+    queue = [queued("stuck", 3), queued("mine", 1, node_names=["c"])]
+    report = explain("mine", queue, nodes, FLAVORS, running=running, now=NOW)
+    assert report.summary[-1] == "Its start cannot be estimated because it waits for r3, which has no duration limit."
 
 
 def test_a_job_that_waits_gets_an_expected_start() -> None:
     nodes, running = three_busy_nodes()
     queue = [queued("stuck", 2, node_names=["b", "c"]), queued("mine")]
     report = explain("mine", queue, nodes, FLAVORS, running=running, now=NOW)
-    assert report.summary[-1] == "Expected to start around 09:10 UTC."
+    assert report.summary[-1] == "Expected to start at 09:10 UTC when r1 ends."
+
+
+def test_why_tells_the_likely_and_latest_start_as_predict_does() -> None:
+    nodes, running = three_busy_nodes()
+    queue = [queued("stuck", 2, node_names=["b", "c"]), queued("mine")]
+    likely = Expected(ends={"r1": NOW + timedelta(minutes=4)})  # r1 usually ends sooner than its limit
+    forecast = forecast_queued(["mine"], queue, nodes, FLAVORS, running=running, now=NOW, expected=likely)["mine"]
+    report = explain("mine", queue, nodes, FLAVORS, running=running, now=NOW, forecast=forecast)
+    clause = ("expected to start around 09:04 UTC, going by how long similar jobs ran; by 09:10 UTC when r1 ends "
+              "if jobs run to their duration limits")
+    assert forecast.prediction.reason == f"Waits behind 1 job; {clause}."
+    assert report.summary[-1] == f"E{clause[1:]}."
