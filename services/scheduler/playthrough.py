@@ -14,12 +14,13 @@ decided the rest as it did, so the next cycle is tried. When it would become the
 on from just before that instant with the job in the queue. A job submitted while a playthrough is kept is
 taken into it the same way (`join`): the cycles before it would start or lead stand.
 
-A playthrough is bounded: its cycles look at `SIMULATION_WORK` waiting jobs and nodes at most (a cycle looks
-at up to `CYCLE_DEPTH` waiting jobs and at every node). Past that, the jobs not started yet are planned from
-the state the simulation reached by the conservative backfill plan (`prediction.Planner`), which is cheaper
-and never later than it should be by more than the scheduler's own extra backfilling: exact where the
-cluster and queue are small enough, an estimate beyond (docs/simulation.md says how close, from
-`bench.prediction_accuracy`).
+A playthrough is bounded: it runs at most `SIMULATION_NODE_CYCLES` divided by the number of nodes cycles (a
+cycle's cost grows with the nodes, and with the waiting jobs it looks at). The bound counts cycles only, which
+are the same however a job submitted meanwhile was taken in, so a kept playthrough stops where a fresh one
+would. Past it, the jobs not started yet are planned from the state the simulation reached by the
+conservative backfill plan (backfill_plan.py), which is cheaper and never later than it should be by more
+than the scheduler's own extra backfilling: exact where the cluster is small enough, an estimate beyond
+(docs/simulation.md says how close, from `bench.prediction_accuracy`).
 """
 
 from __future__ import annotations
@@ -34,10 +35,9 @@ from libs.placement import Capacity, Cycle, Decision, NodeCapacity, QueuedJob, R
 from services.scheduler.backfill_plan import Plan, Planner
 from services.scheduler.simulation import Simulation, Started, Step, insertion_index, waits_for
 
-# The waiting jobs and nodes one playthrough's cycles may look at (each cycle: its queue window and every node), at
-# some 15 µs each on this machine (docs/benchmarks.md): about 13 cycles on 1,000 nodes with 10,000 jobs queued,
-# some 300 on 100 nodes with a hundred queued, which is more than most predictions there need.
-SIMULATION_WORK = 40_000
+# Cycles times nodes one playthrough may run (see the module): 16 cycles on 1,000 nodes, 160 on 100, at some 15 µs
+# per node and waiting job looked at on this machine (docs/benchmarks.md).
+SIMULATION_NODE_CYCLES = 16_000
 PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
 
 
@@ -47,10 +47,10 @@ class Playthrough:
     def __init__(self, nodes: Sequence[NodeCapacity], flavors: Mapping[str, Flavor], *,
                  running: Sequence[RunningJob] = (), queue: Sequence[QueuedJob] = (), now: datetime,
                  ends: Mapping[str, datetime | None] | None = None, runtimes: Mapping[str, int | None] | None = None,
-                 max_work: int | None = None) -> None:
-        """`ends`: when running jobs end (default: their limits); `runtimes`: how long queued jobs run; `max_work`:
-        the bound (default `SIMULATION_WORK`)."""
-        self.max_work = SIMULATION_WORK if max_work is None else max_work
+                 max_cycles: int | None = None) -> None:
+        """`ends`: when running jobs end (default: their limits); `runtimes`: how long queued jobs run; `max_cycles`:
+        the bound (default: from `SIMULATION_NODE_CYCLES`)."""
+        self.max_cycles = max(1, SIMULATION_NODE_CYCLES // max(1, len(nodes))) if max_cycles is None else max_cycles
         self.simulation = Simulation(nodes, flavors, running=running, queue=queue, now=now, ends=ends,
                                      runtimes=runtimes, joins=PRIORITIES)
         self.simulation.decide()
@@ -90,7 +90,7 @@ class Playthrough:
             return self._never(job, simulation)
         with_it = self._resumed(found.before)
         with_it.add(job, runtime)
-        with_it.run(until={job.job_id}, max_work=self.max_work)
+        with_it.run(until={job.job_id}, max_cycles=self.max_cycles)
         if (start := with_it.started.get(job.job_id)) is not None:
             return _plan_of(start)
         return self._beyond([job], with_it)[job.job_id]
@@ -113,7 +113,7 @@ class Playthrough:
         before = steps[index].before
         self.carried = self._started_before(before.now)
         simulation = self._resumed(before)  # with the job too
-        simulation.joins, simulation.work = PRIORITIES, before.work
+        simulation.joins = PRIORITIES
         self.steps, self.simulation = steps[:index], simulation
         simulation.decide()
 
@@ -169,10 +169,10 @@ class Playthrough:
         return [*self.steps, *self.simulation.steps]
 
     def _extend(self) -> bool:
-        """One more instant; False once nothing more happens or the work allowed is spent."""
+        """One more instant; False once nothing more happens or the cycles allowed have run."""
         simulation = self.simulation
         instant = simulation.next_instant()
-        if instant is None or simulation.work >= self.max_work:
+        if instant is None or simulation.cycles >= self.max_cycles:
             return False
         simulation.advance(instant)
         simulation.decide()

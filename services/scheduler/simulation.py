@@ -132,7 +132,6 @@ class Simulation:
         self.ended: dict[str, datetime] = {}
         self.unplaceable: set[str] = set()
         self.cycles = 0
-        self.work = 0  # waiting jobs and nodes looked at by the cycles so far: what a simulation costs
         ends = ends or {}
         for job in running:
             self.running[job.job_id] = replace(job, can_grow=False) if job.can_grow else job  # growth: not simulated
@@ -163,18 +162,16 @@ class Simulation:
     # --- running --------------------------------------------------------------------------------------
 
     def run(self, *, until: Collection[str] = (), stop_at: datetime | None = None,
-            max_cycles: int | None = None, max_work: int | None = None) -> Outcome:
+            max_cycles: int | None = None) -> Outcome:
         """Play forward until every job of `until` started (when given), nothing more can change, virtual
-        time would pass `stop_at`, or `max_cycles` cycles have run, or `max_work` waiting jobs and nodes have been
-        looked at by them."""
+        time would pass `stop_at`, or `max_cycles` cycles have run."""
         wanted = set(until)
         self.decide()
         while not (wanted and wanted <= self.started.keys()):
             instant = self.next_instant()
             if instant is None or (stop_at is not None and instant > stop_at):
                 break
-            if (max_cycles is not None and self.cycles >= max_cycles) or (max_work is not None
-                                                                          and self.work >= max_work):
+            if max_cycles is not None and self.cycles >= max_cycles:
                 break
             self.advance(instant)
             self.decide()
@@ -256,7 +253,6 @@ class Simulation:
         nodes = [NodeCapacity(info=info, free=self.free[info.name]) for info in self.infos]
         cycle = Cycle(nodes, self.flavors, list(self.running.values()), self.now, cluster=self.cluster)
         self.cycles += 1
-        self.work += len(window) + len(nodes)
         if before is None:
             return cycle.run(window)
         places = {priority: index for priority in self.joins

@@ -268,7 +268,7 @@ def check_as_planned_afresh(cache: PredictionCache, model: RuntimeModel, inputs:
 def bound(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
     """Playthroughs as they are, or bounded to a cycle or two, past which the conservative plan goes on."""
     if request.param == "bounded":
-        monkeypatch.setattr(playthrough, "SIMULATION_WORK", 20)
+        monkeypatch.setattr(playthrough, "SIMULATION_NODE_CYCLES", 2)
 
 
 # The bound is the same for every example of a test: a function-scoped fixture is right here.
