@@ -102,6 +102,8 @@ class Playthrough:
         self.joined.append((job, runtime))
         if found is None or (isinstance(found, Plan) and found.start is None):
             self.simulation.add(job, runtime)  # no cycle so far would have started it or made it the head
+            if found is not None:  # it fits on no node: known now, though no cycle may run again to find it
+                self.simulation.unplaceable.add(job.job_id)
             if self.horizon is not None:
                 self.horizon.join(_as_planned(job, runtime), unplaceable=found is not None)
             return

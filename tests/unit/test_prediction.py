@@ -594,3 +594,16 @@ def test_a_one_rank_job_is_planned_conservatively_at_the_earliest_time_it_fits_a
     eligible_nodes = [n.info.name for n in scenario.nodes if eligible(n.info, job_spec, scenario.flavors[flavor])]
     earliest = next((moment for moment in moments if any(fits(name, moment) for name in eligible_nodes)), None)
     assert plans["one"].start == earliest
+
+
+def test_a_job_that_fits_nowhere_submitted_once_the_queue_was_played_out_holds_back_no_one() -> None:
+    """A kept playthrough that has run to its end takes in a job that fits on no node as a fresh one would: no job
+    behind it is said to wait for it."""
+    nodes, running = three_busy_nodes()  # c is held for good by r3
+    stuck, huge, mine = queued("stuck", 3), queued("huge", 4), queued("mine", 1)  # "huge": more nodes than there are
+    play = playthrough.Playthrough(nodes, FLAVORS, running=running, queue=[stuck], now=NOW)
+    assert play.new_job(mine).behind == ["stuck"]  # played to its end: nothing more happens
+    play.join(huge)
+    fresh = playthrough.Playthrough(nodes, FLAVORS, running=running, queue=[stuck, huge], now=NOW).new_job(mine)
+    assert play.new_job(mine) == fresh
+    assert fresh.behind == ["stuck"]
