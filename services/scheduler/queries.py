@@ -144,8 +144,9 @@ class JobQueries:
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         job = self.state.jobs[request.job_id]
+        waiting = job.status == "queued" and not job.prechecking
         # Its start as `predict` tells it (likely and latest), worked out in the planning thread without the lock.
-        forecast = (await self.s.forecast_queued([job.job_id])).get(job.job_id) if job.status == "queued" else None
+        forecast = (await self.s.forecast_queued([job.job_id])).get(job.job_id) if waiting else None
         async with self.s.lock:  # the job's status cannot change while it is explained
             if job.status == "queued" and not job.prechecking:
                 all_nodes = [n.info for n in self.state.nodes.values()]

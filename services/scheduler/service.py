@@ -237,8 +237,7 @@ class Scheduler(EventSourcedService):
                 continue
             with pacer.run():
                 queued = predicted.to_plan(self.state)
-                forecasts = await self.planning.forecast_queued(queued, clock=self.clock,
-                                                                inputs=self._plan_inputs) if queued else {}
+                forecasts = await self.forecast_queued(queued) if queued else {}
                 async with self.lock:
                     await self.record(predicted.predictions(self.state, forecasts))
             if len(self.state.unpredicted) > len(queued):  # more came meanwhile, or a batch's worth is left

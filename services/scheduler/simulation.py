@@ -161,15 +161,14 @@ class Simulation:
 
     # --- running --------------------------------------------------------------------------------------
 
-    def run(self, *, until: Collection[str] = (), stop_at: datetime | None = None,
-            max_cycles: int | None = None) -> Outcome:
-        """Play forward until every job of `until` started (when given), nothing more can change, virtual
-        time would pass `stop_at`, or `max_cycles` cycles have run."""
+    def run(self, *, until: Collection[str] = (), max_cycles: int | None = None) -> Outcome:
+        """Play forward until every job of `until` started (when given), nothing more can change, or
+        `max_cycles` cycles have run."""
         wanted = set(until)
         self.decide()
         while not (wanted and wanted <= self.started.keys()):
             instant = self.next_instant()
-            if instant is None or (stop_at is not None and instant > stop_at):
+            if instant is None:
                 break
             if max_cycles is not None and self.cycles >= max_cycles:
                 break
