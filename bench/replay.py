@@ -7,7 +7,9 @@ The scheduler's log is filled with the lives of EVENTS / 4 single-node jobs (Job
 JobAdmitted, JobSucceeded, with their traces), written straight into its events table (COPY) rather than
 decided one by one. Then, each timed on its own: reading every event (rows → envelopes, the store's
 `read_all`), and rebuilding a real `Scheduler` from them (`EventSourcedService.rebuild`, the first step of
-its `start()`), with this process's CPU and its peak memory.
+its `start()`), and making the state at the last instant as `trainyard at` does: first with no snapshot (snapshots
+are made on the way), then from the latest but one (the most events left to fold after a snapshot); with this
+process's CPU and its peak memory.
 """
 
 from __future__ import annotations
@@ -19,20 +21,26 @@ import time
 import uuid
 from collections.abc import Awaitable, Iterator
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import asyncpg
+import nats
 
 from bench.servers import bench_servers
+from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import encode
 from libs.contracts.events import Event, JobAdmitted, JobPredicted, JobSubmitted, JobSucceeded, Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import EventStore
+from libs.messaging.connection import ensure_streams
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
 from libs.telemetry.logs import configure_logging
+from services.scheduler.past import PastStates
 from services.scheduler.service import Scheduler
 
+CLUSTER = Path(__file__).resolve().parents[1] / "deploy" / "local" / "cluster.yaml"
 EVENTS_PER_JOB = 4
 COPY_ROWS = 20_000  # rows per COPY: bounded memory while the log is written
 TRACE = encode({"traceparent": "00-" + "1" * 32 + "-" + "2" * 16 + "-01"}).decode()
@@ -109,6 +117,24 @@ async def read_and_fold(store: EventStore, settings: Settings) -> int:
     return count
 
 
+async def past_state(store: EventStore, nats_url: str, *, drop_latest_snapshot: bool = False) -> int:
+    """`trainyard at`: the state at the last instant, rebuilt by the scheduler beside its live one (from the
+    latest snapshot, when there is one: without the latest, the worst case of a snapshot and the most events
+    folded after it)."""
+    if drop_latest_snapshot:
+        await store.pool.execute(f"DELETE FROM {store.schema}.past_snapshots WHERE events = "
+                                 f"(SELECT max(events) FROM {store.schema}.past_snapshots)")
+    nc = await nats.connect(nats_url)
+    await ensure_streams(nc.jetstream())
+    past = PastStates(store, nc.jetstream(), lambda: ClusterConfig.load(CLUSTER))
+    try:
+        async with past.at(datetime.now(UTC)) as then:
+            assert len(then.state.jobs) == then.events // EVENTS_PER_JOB
+            return then.events
+    finally:
+        await nc.close()
+
+
 async def run(events: int) -> None:
     async with bench_servers("bench_replay") as servers:
         pool = await asyncpg.create_pool(servers.database_url, min_size=1, max_size=2)
@@ -121,6 +147,9 @@ async def run(events: int) -> None:
                             auth_secret="bench-replay-signing-secret-0123456789abcdef")
         await timed("read (rows to envelopes)", events, read_only(store))
         await timed("read and fold into the scheduler", events, read_and_fold(store, settings))
+        await timed("a past instant, snapshots made", events, past_state(store, servers.nats_url))
+        await timed("a past instant, from a snapshot", events,
+                    past_state(store, servers.nats_url, drop_latest_snapshot=True))
         await pool.close()
 
 

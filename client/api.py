@@ -58,6 +58,7 @@ from libs.contracts.messages import (
     GetJobHistory,
     GetJobLogs,
     GetJobUsage,
+    GetQueue,
     GetQueueStatus,
     GetResources,
     GetRun,
@@ -97,6 +98,9 @@ from libs.contracts.messages import (
     SeriesPoint,
     SetStorageAccess,
     SettingsView,
+    SimulateHistory,
+    SimulationProgress,
+    SimulationReport,
     StopJobs,
     StorageAccessList,
     SubmitArray,
@@ -107,11 +111,13 @@ from libs.contracts.messages import (
 )
 from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
 from libs.messaging.connection import LoginRefused, NatsLogin, connect_once
-from libs.messaging.rpc import ServiceUnavailable, call
+from libs.messaging.rpc import ServiceUnavailable, call, call_with_progress
 from libs.natsroles import nats_user_for
 
 # How long a followed log is still read after the job ended: chunks shipped at its end may lag its status.
 LOG_DRAIN_SECONDS = 1.0
+SIMULATE_IDLE_TIMEOUT = 120.0  # a what-if reports its progress while it runs; this long without a word is too long
+PAST_TIMEOUT = 120.0  # a view of a past instant: the scheduler may replay a long history first
 # A request creating a job (submit, clone) that nothing answers, or that the scheduler answers with
 # `unavailable` (an outage of its own: nothing was done), is sent again with the same job id, this many
 # times in all: the scheduler creates one job per id, so a lost reply never makes two jobs. Waiting
@@ -173,6 +179,9 @@ class TrainyardClient:
         self.nc = nc
         self.token = token if token is not None else default_token()
         self.timeout = timeout
+        # The instant the views of the state (jobs, arrays, nodes, resources, queue, why) are asked about: None
+        # for now, else the scheduler rebuilds its state from the events up to it (`trainyard at`).
+        self.at: datetime | None = None
 
     @classmethod
     async def open(cls, nats_url: str | None = None, *, token: str | None = None) -> TrainyardClient:
@@ -201,8 +210,10 @@ class TrainyardClient:
             await self.nc.drain()
 
     async def _call(self, subject: str, request: Any, expected: type[Any]) -> Any:
+        # A view of a past instant may replay a long history first.
+        timeout = max(self.timeout, PAST_TIMEOUT) if getattr(request, "at", None) is not None else self.timeout
         try:
-            reply = await call(self.nc, subject, request, timeout=self.timeout, token=self.token)
+            reply = await call(self.nc, subject, request, timeout=timeout, token=self.token)
         except ServiceUnavailable as exc:
             raise NoAnswer(subject, str(exc)) from None
         if isinstance(reply, CommandError):
@@ -382,20 +393,21 @@ class TrainyardClient:
     async def list_jobs(self, statuses: list[JobStatus] | None = None, project: str | None = None,
                         limit: int = 200) -> list[JobView]:
         reply: JobList = await self._call(
-            subjects.LIST_JOBS, ListJobs(statuses=statuses or [], project=project, limit=limit), JobList)
+            subjects.LIST_JOBS, ListJobs(statuses=statuses or [], project=project, limit=limit, at=self.at), JobList)
         return reply.jobs
 
     async def listing(self, statuses: list[JobStatus] | None = None, project: str | None = None,
                       limit: int = 200) -> JobList:
         """Jobs and arrays, newest first, each array as one object (its jobs are not among `jobs`)."""
         reply: JobList = await self._call(subjects.LIST_JOBS, ListJobs(statuses=statuses or [], project=project,
-                                                                       limit=limit, group_arrays=True), JobList)
+                                                                       limit=limit, group_arrays=True, at=self.at),
+                                         JobList)
         return reply
 
     async def get_array(self, array_id: str, *, after: int = -1, limit: int = MAX_ARRAY_PAGE) -> ArrayDetails:
         """An array and a page of its jobs, in index order, from the first index after `after`."""
         result: ArrayDetails = await self._call(subjects.GET_ARRAY, GetArray(array_id=array_id, after=after,
-                                                                             limit=limit), ArrayDetails)
+                                                                             limit=limit, at=self.at), ArrayDetails)
         return result
 
     async def array_jobs(self, array_id: str) -> AsyncIterator[ArrayMemberView]:
@@ -410,12 +422,42 @@ class TrainyardClient:
             after = page.jobs[-1].index
 
     async def get_job(self, job_id: str) -> JobDetails:
-        result: JobDetails = await self._call(subjects.GET_JOB, GetJob(job_id=job_id), JobDetails)
+        result: JobDetails = await self._call(subjects.GET_JOB, GetJob(job_id=job_id, at=self.at), JobDetails)
         return result
 
     async def nodes(self) -> list[NodeView]:
-        reply: NodeList = await self._call(subjects.LIST_NODES, ListNodes(), NodeList)
+        reply: NodeList = await self._call(subjects.LIST_NODES, ListNodes(at=self.at), NodeList)
         return reply.nodes
+
+    async def simulate(self, start: datetime, end: datetime | None = None, *, add_nodes: dict[str, int] | None = None,
+                       remove_nodes: dict[str, int] | None = None, depth: int | None = None,
+                       on_progress: Callable[[SimulationProgress], None] | None = None) -> SimulationReport:
+        """What if (administrators): the submissions recorded from `start` to `end` (None: now) replayed through the
+        scheduler in virtual time on a changed cluster, beside what really happened. `on_progress` is told how far
+        the replay has come while it runs."""
+        request = SimulateHistory(start=start, end=end, add_nodes=add_nodes or {}, remove_nodes=remove_nodes or {},
+                                  depth=depth)
+        try:
+            reply = await call_with_progress(self.nc, subjects.SIMULATE, request, token=self.token,
+                                             idle_timeout=max(self.timeout, SIMULATE_IDLE_TIMEOUT),
+                                             progress_type=SimulationProgress,
+                                             on_progress=on_progress or (lambda _: None))
+        except ServiceUnavailable as exc:
+            raise NoAnswer(subjects.SIMULATE, str(exc)) from None
+        if isinstance(reply, CommandError):
+            raise TrainyardError(reply)
+        if not isinstance(reply, SimulationReport):
+            raise TypeError(f"unexpected reply {type(reply).__name__} on {subjects.SIMULATE}")
+        return reply
+
+    async def queue(self, limit: int = 200) -> list[JobView]:
+        """The first `limit` waiting jobs in the order the scheduler tries them (`queue_position` from 1)."""
+        return (await self.waiting(limit)).jobs
+
+    async def waiting(self, limit: int = 200) -> JobList:
+        """The first `limit` waiting jobs, in order, and (`waiting`) how many you may see wait in all."""
+        reply: JobList = await self._call(subjects.GET_QUEUE, GetQueue(at=self.at, limit=limit), JobList)
+        return reply
 
     async def queue_status(self) -> QueueStatus:
         result: QueueStatus = await self._call(subjects.QUEUE_STATUS, GetQueueStatus(), QueueStatus)
@@ -428,7 +470,7 @@ class TrainyardClient:
 
     async def why(self, job_id: str) -> WhyReport:
         """What a queued job waits for: jobs ahead, and per flavor the nodes and resources it lacks."""
-        reply: WhyReply = await self._call(subjects.EXPLAIN_JOB, ExplainJob(job_id=job_id), WhyReply)
+        reply: WhyReply = await self._call(subjects.EXPLAIN_JOB, ExplainJob(job_id=job_id, at=self.at), WhyReply)
         return reply.report
 
     async def devenv(self, job_id: str) -> DevEnvSpec:
@@ -462,7 +504,8 @@ class TrainyardClient:
 
     async def resources(self, flavors: list[str]) -> list[NodeResources]:
         """S7: the schedulable nodes for these flavors, with what is used and free on each."""
-        reply: ResourceList = await self._call(subjects.GET_RESOURCES, GetResources(flavors=flavors), ResourceList)
+        reply: ResourceList = await self._call(subjects.GET_RESOURCES, GetResources(flavors=flavors, at=self.at),
+                                                 ResourceList)
         return reply.nodes
 
     async def flavors(self, board: str | None = None) -> FlavorList:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from libs.contracts.messages import SeriesPoint
+from libs.contracts.messages import SeriesPoint, SimulationPoint
 
 Line = tuple[list[float], list[float]]  # x (step, or the order of logging), y
 TERMINAL_POINTS = 2_000
@@ -95,3 +95,32 @@ def png_chart(lines: Mapping[str, Line], title: str, path: Path) -> None:
 
 def chart_title(job_id: str, name: str, labels: Sequence[str]) -> str:
     return f"{name} of {job_id}" + (f" ({labels[0]})" if len(labels) == 1 else "")
+
+
+def simulation_png(points: Sequence[SimulationPoint], title: str, path: Path) -> None:
+    """`trainyard simulate --png`: the queue's length and the share of CPUs held over the window, real beside
+    simulated, in two panels sharing the time axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib import pyplot
+
+    figure, (queue, busy) = pyplot.subplots(2, 1, figsize=(10, 6), dpi=100, sharex=True)
+    try:
+        times = [point.at for point in points]
+        queue.plot(times, [p.queued_real for p in points], label="real", linewidth=1.2)
+        queue.plot(times, [p.queued_simulated for p in points], label="simulated", linewidth=1.2, linestyle="--")
+        queue.set_ylabel("jobs waiting")
+        queue.set_title(title)
+        busy.plot(times, [100 * p.busy_real for p in points], label="real", linewidth=1.2)
+        busy.plot(times, [100 * p.busy_simulated for p in points], label="simulated", linewidth=1.2, linestyle="--")
+        busy.set_ylabel("CPUs held (%)")
+        busy.set_ylim(0, 105)
+        for axes in (queue, busy):
+            axes.grid(alpha=0.3)
+            axes.legend()
+        figure.autofmt_xdate()
+        figure.tight_layout()
+        figure.savefig(path)
+    finally:
+        pyplot.close(figure)

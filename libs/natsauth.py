@@ -149,7 +149,7 @@ def _permissions_claims(permissions: Permissions) -> dict[str, Any]:
         "sub": {"allow": list(permissions.subscribe_allow), "deny": list(permissions.subscribe_deny)},
     }
     if permissions.allow_responses:
-        found["resp"] = {"max": 1, "ttl": 0}
+        found["resp"] = {"max": permissions.max_responses, "ttl": 0}
     return found
 
 

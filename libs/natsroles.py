@@ -89,6 +89,7 @@ class Permissions:
     publish_deny: tuple[str, ...] = ()
     subscribe_deny: tuple[str, ...] = ()
     allow_responses: bool = False
+    max_responses: int = 1  # messages it may send to one request's reply subject (progress, then the reply)
 
 
 def inbox_prefix(nats_user: str) -> str:
@@ -186,6 +187,7 @@ def _owned(service: str) -> list[str]:
 
 
 MONITOR_LOGS_CONSUMER = "monitor-logs"
+MAX_PROGRESS_RESPONSES = 4_000  # half an hour of progress reports of one request
 
 
 def service_permissions(service: str) -> Permissions:
@@ -214,7 +216,9 @@ def service_permissions(service: str) -> Permissions:
         answers = (*answers, AUTH_CALLOUT_SUBJECT)
     return Permissions(publish_allow=_unique(publish),
                        subscribe_allow=(*answers, f"{inbox_prefix(service)}.>"),
-                       allow_responses=bool(answers))
+                       allow_responses=bool(answers),
+                       # A what-if replay reports its progress (at most twice a second) before its reply.
+                       max_responses=MAX_PROGRESS_RESPONSES if service == "scheduler" else 1)
 
 
 def agent_permissions(node: str) -> Permissions:
@@ -311,7 +315,8 @@ def _permissions(p: Permissions) -> str:
     lines = [f"publish: {half(p.publish_allow, p.publish_deny)}",
              f"subscribe: {half(p.subscribe_allow, p.subscribe_deny)}"]
     if p.allow_responses:
-        lines.append("allow_responses: true")
+        lines.append("allow_responses: true" if p.max_responses == 1 else
+                     f"allow_responses: {{max: {p.max_responses}}}")
     return "{\n      " + "\n      ".join(lines) + "\n    }"
 
 

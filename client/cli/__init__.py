@@ -12,7 +12,21 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from client.cli import admin, autoscaler, cache, cluster, execute, jobs, metrics, scheduling, storage, tensorboard
+from client.cli import (
+    admin,
+    autoscaler,
+    cache,
+    cluster,
+    execute,
+    jobs,
+    metrics,
+    past,
+    runner,
+    scheduling,
+    simulate,
+    storage,
+    tensorboard,
+)
 from client.cli.jobs import follow_job
 from client.cli.overrides import OverrideError, parse_set_options, read_overrides_file
 from client.cli.render import clock_time, local_time, prediction_sentence, relative_time, resource_row, why_lines
@@ -29,8 +43,16 @@ __all__ = ["OverrideError", "TrainyardClient", "app", "clock_time", "error_hint"
 
 app = typer.Typer(help="Trainyard: queue, launch and follow distributed training jobs.",
                   no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+
+
+@app.callback()
+def _each_command_line() -> None:
+    runner.viewing_at = None  # about now, unless `at TIME` says otherwise
+
+
 app.add_typer(jobs.commands)
 app.add_typer(scheduling.commands)
+app.add_typer(simulate.commands)
 app.add_typer(cluster.commands)
 app.add_typer(execute.commands)
 app.add_typer(autoscaler.commands)
@@ -39,6 +61,8 @@ app.add_typer(metrics.commands)
 app.add_typer(tensorboard.commands)
 app.add_typer(admin.commands, name="admin")
 app.add_typer(storage.commands, name="storage")
+# A time ago (-2h) is TIME, not an option.
+app.add_typer(past.commands, name="at", context_settings={"ignore_unknown_options": True})
 
 _time = local_time  # the earlier name of `local_time`, still used by callers
 

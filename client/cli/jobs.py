@@ -195,7 +195,9 @@ async def list_jobs(client: TrainyardClient,
     if not listing.jobs and not listing.arrays:
         say("no jobs")
     if listing.jobs:
-        print_table(JOB_COLUMNS, [row for job in listing.jobs for row in job_rows(job)])
+        expected = any(job.expected is not None for job in listing.jobs)  # S6, as `why` tells it
+        columns = (*JOB_COLUMNS, "EXPECTED START") if expected else JOB_COLUMNS
+        print_table(columns, [row for job in listing.jobs for row in job_rows(job, expected=expected)])
     if listing.arrays:
         print_table(ARRAY_COLUMNS, [array_row(array) for array in listing.arrays], title="arrays")
 
@@ -233,7 +235,9 @@ async def show_array(client: TrainyardClient, array_id: str, *, show_all: bool, 
 
 async def show_job(client: TrainyardClient, job_id: str, *, as_json: bool) -> None:
     details = await client.get_job(job_id)
-    usage = {sample.rank: sample for sample in await client.usage(job_id)}
+    # Resource samples and caches are kept as they are now, not as they were: a past view shows neither.
+    now = client.at is None
+    usage = {sample.rank: sample for sample in await client.usage(job_id)} if now else {}
     if as_json:
         print_json({**msgspec.to_builtins(details), "usage": msgspec.to_builtins(list(usage.values()))})
         return
@@ -242,7 +246,7 @@ async def show_job(client: TrainyardClient, job_id: str, *, as_json: bool) -> No
         print_table(INSTANCE_COLUMNS, [instance_row(inst, usage.get(inst.rank)) for inst in details.job.instances],
                     title="instances")
     preparing = {inst.node for inst in details.job.instances if inst.state == "pending"}
-    if details.spec.data_preparation and details.job.status == "running" and preparing:
+    if now and details.spec.data_preparation and details.job.status == "running" and preparing:
         # J14: its nodes still copying its datasets, and how far they are.
         caches = [cache for cache in await client.cache() if cache.node in preparing]
         if rows := staging_rows(caches, details.spec):

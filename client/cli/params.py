@@ -10,6 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, TypeVar
 
@@ -51,6 +52,25 @@ def optional(convert: Callable[[str], object]) -> Callable[[str | None], object]
         return None if value is None else convert(value)
 
     return check
+
+
+def past_instant(text: str, *, now: datetime | None = None) -> datetime:
+    """`trainyard at TIME`: an ISO time (local unless it names its zone) or a time ago (`-2h`, `-90m`, `-1d`)."""
+    now = now or datetime.now(UTC)
+    if text.startswith("-"):
+        try:
+            return now - timedelta(seconds=parse_duration(text[1:]))
+        except ValueError:
+            raise fail(f"{text!r} is not a time ago", "write it like -90s, -30m, -2h or -1d") from None
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise fail(f"{text!r} is not a time", "give an ISO time (2026-11-27T03:00, local time unless it ends in "
+                   "Z or +01:00) or a time ago (-2h)") from None
+    when = when.astimezone() if when.tzinfo is None else when  # a naive time is the local time
+    if when > now:
+        raise fail(f"{text} is in the future", "name a past instant; leave `at TIME` out for the cluster now")
+    return when.astimezone(UTC)
 
 
 def read_spec(file: Path) -> JobSpec:

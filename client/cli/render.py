@@ -80,15 +80,18 @@ def relative_time(when: datetime, now: datetime) -> str:
         return "any moment now"
     minutes = int((when.replace(second=0, microsecond=0) - now.replace(second=0, microsecond=0)).total_seconds()
                   // 60)
-    if minutes < 1:
-        return "in under a minute"
+    return "in under a minute" if minutes < 1 else f"in {minutes_text(minutes)}"
+
+
+def minutes_text(minutes: int) -> str:
+    """`25 min`, `2 h 5 min`, `3 d 4 h`."""
     if minutes < 60:
-        return f"in {minutes} min"
+        return f"{minutes} min"
     hours, minutes = divmod(minutes, 60)
     if hours < 24:
-        return f"in {hours} h" + (f" {minutes} min" if minutes else "")
+        return f"{hours} h" + (f" {minutes} min" if minutes else "")
     days, hours = divmod(hours, 24)
-    return f"in {days} d" + (f" {hours} h" if hours else "")
+    return f"{days} d" + (f" {hours} h" if hours else "")
 
 
 def clock_time(when: datetime, now: datetime) -> str:
@@ -168,9 +171,17 @@ def shortage_rows(wait: FlavorWait) -> list[list[str]]:
 JOB_COLUMNS = ("JOB", "NAME", "STATUS", "INSTANCE", "PRIORITY", "MODE", "NODES", "FLAVOR", "CREATOR", "SUBMITTED")
 
 
-def job_rows(job: JobView) -> list[list[Styled]]:
+def job_rows(job: JobView, *, expected: bool = False) -> list[list[Styled]]:
     """`list` (L8): a row for the job with its master instance, and one under it per worker instance it
-    carries (`--all`)."""
+    carries (`--all`); with `expected`, a last cell: a waiting job's expected start."""
+    rows = _job_rows(job)
+    if expected:
+        start = expected_start(job.expected) if job.expected is not None else "-"
+        rows = [[*row, start if index == 0 else ""] for index, row in enumerate(rows)]
+    return rows
+
+
+def _job_rows(job: JobView) -> list[list[Styled]]:
     rows: list[list[Styled]] = []
     instances: list[InstanceView | None] = [*job.instances] or [None]
     for inst in instances:
@@ -181,6 +192,34 @@ def job_rows(job: JobView) -> list[list[Styled]]:
         rows.append([job.job_id, job.name, status_cell(job.status), instance, job.priority, job.mode, str(job.nodes),
                      job.flavor or ",".join(job.flavors), job.creator, local_time(job.submitted_at)])
     return rows
+
+
+QUEUE_COLUMNS = ("#", "JOB", "NAME", "PRIORITY", "NODES", "FLAVORS", "CREATOR", "SUBMITTED", "WAITED",
+                 "EXPECTED START")
+
+
+def expected_start(prediction: Prediction) -> str:
+    """S6 for a waiting job, labelled: `14:05 UTC`, or `likely 10:40 UTC, latest 14:05 UTC`, or `unknown`."""
+    if prediction.starts_now:
+        return "now"
+    likely, latest, now = prediction.estimated_start, prediction.latest_start, prediction.predicted_at
+    if likely is None:
+        return "unknown"
+    if latest is None or latest == likely:
+        return clock_time(likely, now) if latest is not None else f"likely {clock_time(likely, now)}, latest unknown"
+    return f"likely {clock_time(likely, now)}, latest {clock_time(latest, now)}"
+
+
+def waited(since: datetime, now: datetime) -> str:
+    """`45 min`, `3 h 5 min`, `2 d 4 h`: how long a job has waited, in whole minutes."""
+    return minutes_text(max(0, int((now - since).total_seconds() // 60)))
+
+
+def queue_row(job: JobView, now: datetime) -> list[Styled]:
+    """`trainyard at TIME queue`: a waiting job at its place in the order the scheduler tries them."""
+    return [str(job.queue_position or "-"), job.job_id, job.name, job.priority, str(job.nodes), ",".join(job.flavors),
+            job.creator, local_time(job.submitted_at), waited(job.submitted_at, now),
+            expected_start(job.expected) if job.expected is not None else "-"]
 
 
 def job_detail_rows(details: JobDetails) -> list[tuple[str, Styled]]:
@@ -196,6 +235,10 @@ def job_detail_rows(details: JobDetails) -> list[tuple[str, Styled]]:
         ("ended", local_time(job.ended_at)), ("output", job.output or "-")]
     if job.queue_position:
         rows.insert(5, ("queue position", str(job.queue_position)))
+    if job.expected is not None:  # S6, as `why` and `predict` tell it
+        rows.insert(6, ("expected start", expected_start(job.expected)))
+        if job.expected.reason:
+            rows.insert(7, ("waiting", job.expected.reason))
     rows.extend(recovery_rows(details))
     return rows
 

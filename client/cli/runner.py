@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import typing
 from collections.abc import Callable, Coroutine
+from datetime import datetime
 from functools import wraps
 from typing import TYPE_CHECKING, Any, Concatenate, ParamSpec
 
@@ -25,6 +26,10 @@ if TYPE_CHECKING:
     from libs.contracts.messages import CommandError
 
 Params = ParamSpec("Params")
+
+# `trainyard at TIME VIEW`: the instant the view is asked about, None for now. Set by the group's callback, and
+# taken (so cleared) by the command that connects; every command line starts without it (the app's callback).
+viewing_at: datetime | None = None
 
 UNAUTHENTICATED_HINT = "set TRAINYARD_TOKEN (or TRAINYARD_TOKEN_FILE) to a token from `trainyard admin token`"
 # NATS itself cannot be reached.
@@ -142,8 +147,12 @@ def _run_with_client(action: Callable[[TrainyardClient], Coroutine[Any, Any, Non
     from client.api import TrainyardError
     from libs.messaging.rpc import ServiceUnavailable
 
+    global viewing_at
+    at, viewing_at = viewing_at, None
+
     async def main() -> None:
         client = await _client_type().open()
+        client.at = at
         try:
             await action(client)
         finally:

@@ -39,6 +39,10 @@ TERMINAL_STATUSES: frozenset[str] = frozenset({"succeeded", "failed", "stopped",
 
 MAX_ARRAY_PAGE = 2_000  # jobs of an array in one answer, well within one NATS message
 
+PastInstant = Annotated[datetime, Meta(tz=True)]
+"""`at` of a view (`trainyard at TIME …`): answer it as the scheduler would have at that instant, from the events
+recorded up to it; None (the default) is now. It must name its time zone."""
+
 
 class _Request(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True, tag_field="type"):
     """Base of every command and query."""
@@ -125,6 +129,7 @@ class ExplainJob(_Request, frozen=True, tag="ExplainJob.v1"):
     """`trainyard why`: what a queued job waits for."""
 
     job_id: str
+    at: PastInstant | None = None
 
 
 class GetDevEnv(_Request, frozen=True, tag="GetDevEnv.v1"):
@@ -183,6 +188,7 @@ class GetResources(_Request, frozen=True, tag="GetResources.v1"):
     """S7: the schedulable nodes for these flavors, with what is used and free on each."""
 
     flavors: list[str]
+    at: PastInstant | None = None
 
 
 class ListFlavors(_Request, frozen=True, tag="ListFlavors.v1"):
@@ -264,6 +270,7 @@ class ListJobs(_Request, frozen=True, tag="ListJobs.v1"):
     project: str | None = None
     limit: int = 200
     group_arrays: bool = False
+    at: PastInstant | None = None
 
 
 class GetArray(_Request, frozen=True, tag="GetArray.v1"):
@@ -272,14 +279,44 @@ class GetArray(_Request, frozen=True, tag="GetArray.v1"):
     array_id: str
     after: int = -1
     limit: Annotated[int, Meta(ge=1, le=MAX_ARRAY_PAGE)] = MAX_ARRAY_PAGE
+    at: PastInstant | None = None
 
 
 class GetJob(_Request, frozen=True, tag="GetJob.v1"):
     job_id: str
+    at: PastInstant | None = None
 
 
 class ListNodes(_Request, frozen=True, tag="ListNodes.v1"):
-    pass
+    at: PastInstant | None = None
+
+
+MAX_SIMULATED_NODES = 10_000  # nodes a what-if may add or remove per flavor
+
+
+class SimulateHistory(_Request, frozen=True, tag="SimulateHistory.v1"):
+    """`trainyard simulate` (administrators): the submissions recorded between `start` and `end` (None: now)
+    replayed through the scheduler's own cycles in virtual time, each job running as long as it really ran, on the
+    cluster changed by `add_nodes` (per flavor: copies of the largest node it applies to), `remove_nodes` (per
+    flavor: nodes it applies to, the last by name first) and `depth` (the jobs a cycle looks at), beside what
+    really happened."""
+
+    start: PastInstant
+    end: PastInstant | None = None
+    add_nodes: dict[ResourceName, Annotated[int, Meta(ge=1, le=MAX_SIMULATED_NODES)]] = msgspec.field(
+        default_factory=dict)
+    remove_nodes: dict[ResourceName, Annotated[int, Meta(ge=1, le=MAX_SIMULATED_NODES)]] = msgspec.field(
+        default_factory=dict)
+    depth: Annotated[int, Meta(ge=1, le=100_000)] | None = None
+
+
+class GetQueue(_Request, frozen=True, tag="GetQueue.v1"):
+    """The first `limit` waiting jobs in the order the scheduler tries them (`JobList`, `queue_position` from 1;
+    `waiting`: how many the caller may see in all), as they were `at` an instant (`trainyard at TIME queue`) or
+    now."""
+
+    at: PastInstant | None = None
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 200
 
 
 MAX_ALERT_PAGE = 1000
@@ -427,6 +464,9 @@ class JobView(Struct, frozen=True, kw_only=True):
     access: str = "none"  # J2: what others in the project may do (after the sharing switch)
     cloned_from: str | None = None
     prediction: Prediction | None = None  # S6: what was predicted when it was queued
+    # S6: a waiting job's start as the scheduler expects it now (`show`, `list`), the same as `why` and `predict` tell:
+    # likely `estimated_start`, latest `latest_start`, with the `reason`.
+    expected: Prediction | None = None
     resumes: int = 0  # J12/M4: times it was moved after a fault and resumed from its checkpoint
     max_resumes: int | None = None  # the effective maximum (the spec's, within the administrator cap)
     restarts: int = 0  # J13/M5: times its failed command was restarted
@@ -475,6 +515,7 @@ class ArrayMemberView(Struct, frozen=True, kw_only=True):
 class JobList(_Reply, frozen=True, tag="JobList.v1"):
     jobs: list[JobView]
     arrays: list[ArrayView] = msgspec.field(default_factory=list)
+    waiting: int | None = None  # GetQueue: the waiting jobs the caller may see, in all
 
 
 class ArrayAccepted(_Reply, frozen=True, tag="ArrayAccepted.v1"):
@@ -539,6 +580,81 @@ class SearchResults(_Reply, frozen=True, tag="SearchResults.v1"):
 
 class PredictionReply(_Reply, frozen=True, tag="PredictionReply.v1"):
     prediction: Prediction
+
+
+class PriorityWaits(Struct, frozen=True, kw_only=True):
+    """How long the jobs of one priority waited (submit to start, seconds), really and in the simulation; None: no
+    job of it started."""
+
+    priority: str
+    jobs: int
+    real_p50: float | None = None
+    real_p95: float | None = None
+    simulated_p50: float | None = None
+    simulated_p95: float | None = None
+
+
+class FlavorUse(Struct, frozen=True, kw_only=True):
+    """The share of the cluster's CPUs (of its boards, for a flavor with boards) the jobs of one flavor held over
+    the window, really and in the simulation."""
+
+    flavor: str
+    real: float
+    simulated: float
+
+
+class MovedJob(Struct, frozen=True, kw_only=True):
+    """A job whose simulated start differs from its real one (None: it did not start in the window)."""
+
+    job_id: str
+    name: str
+    priority: str
+    submitted_at: datetime
+    real_start: datetime | None = None
+    simulated_start: datetime | None = None
+
+
+class SimulationPoint(Struct, frozen=True, kw_only=True):
+    """The queue's length and the share of the cluster's CPUs held, at one instant, really and simulated."""
+
+    at: datetime
+    queued_real: int
+    queued_simulated: int
+    busy_real: float
+    busy_simulated: float
+
+
+class SimulationProgress(_Reply, frozen=True, tag="SimulationProgress.v1"):
+    """How far a `SimulateHistory` has come, sent to the request's reply subject before its report (at most twice a
+    second): the events folded to rebuild the window's start and end (`rebuilding`), then the share of the window
+    played (`playing`, 0 to 1)."""
+
+    stage: Literal["rebuilding", "playing"]
+    events: int = 0
+    played: Annotated[float, Meta(ge=0, le=1)] = 0.0
+
+
+class SimulationReport(_Reply, frozen=True, tag="SimulationReport.v1"):
+    """What `SimulateHistory` found: the jobs replayed, waits per priority, makespan, use per flavor, the jobs
+    whose start moved most, and the queue and use over time; `notes` says what the replay left out."""
+
+    start: datetime
+    end: datetime
+    jobs: int  # replayed: queued or running at `start`, or submitted in the window
+    nodes_real: int
+    nodes_simulated: int
+    cycles: int
+    waits: list[PriorityWaits]
+    makespan_real_seconds: float | None = None  # from `start` to the last end of a replayed job
+    makespan_simulated_seconds: float | None = None
+    utilization: list[FlavorUse] = msgspec.field(default_factory=list)
+    compared: int = 0  # jobs that started both really and in the simulation
+    same_start: int = 0  # of those, within a second of each other
+    start_difference_p50: float | None = None  # seconds, absolute
+    start_difference_p95: float | None = None
+    moved: list[MovedJob] = msgspec.field(default_factory=list)  # the most moved first
+    series: list[SimulationPoint] = msgspec.field(default_factory=list)
+    notes: list[str] = msgspec.field(default_factory=list)
 
 
 class WhyReply(_Reply, frozen=True, tag="WhyReply.v1"):
@@ -773,10 +889,13 @@ class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
 
 Request = (SubmitJob | SubmitArray | GetArray | StopJobs | DeleteJobs | ChangePriority | ChangeDuration | CloneJob
            | PredictJob | ExplainJob | GetDevEnv | GetJobHistory | SearchJobs | GetResources | ListFlavors
-           | GetSettings | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueueStatus | MarkComponent
+           | GetSettings | ChangeSettings | WhoAmI | ListJobs | GetJob | ListNodes | GetQueue | SimulateHistory
+           | GetQueueStatus
+           | MarkComponent
            | OpenTerminal | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts
            | GetAutoscalerLog | ListCache | PreloadDataset | GetRun | GetSeries)
 Reply = (CommandError | JobAccepted | ArrayAccepted | ArrayDetails | JobList | JobDetails | NodeList | Done
          | QueueStatus | SearchResults | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList
          | FlavorList | SettingsView | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage
-         | AlertPage | AutoscalerLog | CacheListing | PreloadAccepted | RunView | SeriesPage)
+         | AlertPage | AutoscalerLog | CacheListing | PreloadAccepted | RunView | SeriesPage | SimulationReport
+         | SimulationProgress)

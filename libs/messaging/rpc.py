@@ -11,6 +11,8 @@ logger are imported by the functions that register responders, not here.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -33,6 +35,18 @@ if TYPE_CHECKING:
     from faststream.nats import NatsBroker
 
     from libs.controlsign import ControlSigner
+
+# A handler's progress on a long request: sent to the request's reply subject before its reply (`report_progress`),
+# read by `call_with_progress`. Set by the responder for each request.
+_progress: contextvars.ContextVar[Callable[[msgspec.Struct], Awaitable[None]] | None] = contextvars.ContextVar(
+    "rpc_progress", default=None)
+
+
+def progress_reporter() -> Callable[[msgspec.Struct], Awaitable[None]] | None:
+    """What tells the caller how far the request being answered has come (None outside a request): each update
+    is sent to its reply subject, before the reply."""
+    return _progress.get()
+
 
 RequestHandler = Callable[[Any], Awaitable[Any]]
 AuthenticatedHandler = Callable[[Any, Identity], Awaitable[Any]]
@@ -144,6 +158,13 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
             request = decode_request(msg.body, request_type)
             if isinstance(request, CommandError):
                 return encode(request)
+            reply_to = msg.reply_to
+
+            async def progress(update: msgspec.Struct) -> None:
+                if reply_to:
+                    await broker.publish(encode(update), reply_to)
+
+            _progress.set(progress)
             try:
                 # without a secret the handler gets the headers (register_with_headers) or ignores them
                 reply = await handler(request, identity if secret is not None else msg.headers)
@@ -204,6 +225,37 @@ async def _request(nc: Client, subject: str, body: bytes, timeout: float, header
         except NoRespondersError:
             await asyncio.sleep(pause)
     return await nc.request(subject, body, timeout=timeout, headers=headers)
+
+
+async def call_with_progress(nc: Client, subject: str, request: msgspec.Struct, *, idle_timeout: float,
+                             token: str | None, progress_type: type[msgspec.Struct],
+                             on_progress: Callable[[Any], None]) -> Any:
+    """`call` for a request whose handler reports progress (`report_progress`): each `progress_type` message is
+    handed to `on_progress` until the reply comes. It gives up when nothing came for `idle_timeout` seconds."""
+    body = encode(request)
+    headers = {**current_trace_headers(), **bearer_headers(token)}
+    inbox = nc.new_inbox()
+    try:
+        sub = await nc.subscribe(inbox)
+        await nc.publish(subject, body, reply=inbox, headers=headers)
+    except ConnectionClosedError:
+        raise ServiceUnavailable(f"the connection to NATS is closed; nothing was sent on {subject}") from None
+    try:
+        while True:
+            try:
+                msg = await sub.next_msg(timeout=idle_timeout)
+            except NatsTimeout:
+                raise ServiceUnavailable(f"no answer on {subject} within {idle_timeout:g}s") from None
+            if msg.headers and msg.headers.get("Status") == "503":  # nothing is subscribed to the subject
+                raise ServiceUnavailable(f"nothing answers on {subject}")
+            reply = decode_any(msg.data, Reply)
+            if isinstance(reply, progress_type):
+                on_progress(reply)
+                continue
+            return reply
+    finally:
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
 
 
 class ServiceUnavailable(Exception):

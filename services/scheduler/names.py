@@ -11,6 +11,16 @@ from libs.eventstore import NewEvent
 
 SERVICE = "scheduler"
 JOB = "job"
+
+# What it reads of each upstream service's events: the monitor's nodes, pre-checks, incidents, kept environments
+# and caches (not its runs nor alerts), the launcher's launches, the autoscaler's instances (not its packing).
+UPSTREAM_AGGREGATES: dict[str, tuple[str, ...]] = {"monitor": ("node", "job", "cache"), "launcher": ("launch",),
+                                                   "autoscaler": ("instance",)}
+
+
+def upstream_consumer(upstream: str) -> str:
+    """The name of its follower of `upstream`'s events (and of that follower's tracking row)."""
+    return f"{upstream}-events"
 SETTINGS = ("settings", "platform")
 STORAGE = ("storage", "catalog")
 

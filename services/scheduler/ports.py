@@ -27,19 +27,27 @@ class Jobs(Protocol):
     def state(self) -> SchedulerState: ...
 
 
-class Scheduling(Jobs, Protocol):
-    """The scheduler as its commands and queries use it."""
+class Reading(Jobs, Protocol):
+    """What the views of the state read: the live scheduler, or the scheduler as it was at a past instant
+    (past.py), whose clock stands still there."""
 
     @property
     def lock(self) -> asyncio.Lock:
         """Held by every decision: folds, reactions, cycles and the commands that change jobs."""
 
     @property
-    def submissions(self) -> SubmissionBatches:
-        """Submissions recorded in batches (group commit)."""
+    def clock(self) -> Callable[[], datetime]: ...
+
+    async def forecast_queued(self, job_ids: Collection[str]) -> dict[str, Forecast]:
+        """S6 for jobs already queued (those no longer queued get none); planned without the lock."""
+
+
+class Scheduling(Reading, Protocol):
+    """The scheduler as its commands and queries use it."""
 
     @property
-    def clock(self) -> Callable[[], datetime]: ...
+    def submissions(self) -> SubmissionBatches:
+        """Submissions recorded in batches (group commit)."""
 
     @property
     def search(self) -> JobSearchProjection:
@@ -47,9 +55,6 @@ class Scheduling(Jobs, Protocol):
 
     async def predict(self, spec: JobSpec) -> Prediction:
         """S6 for `spec` as if it were submitted now; planned without the lock."""
-
-    async def forecast_queued(self, job_ids: Collection[str]) -> dict[str, Forecast]:
-        """S6 for jobs already queued (those no longer queued get none); planned without the lock."""
 
     async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
         """Append `changes` at the versions folded so far, and fold them."""

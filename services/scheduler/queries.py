@@ -8,6 +8,9 @@ from __future__ import annotations
 
 import itertools
 import operator
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
 
 import msgspec
 from nats.js.client import JetStreamContext
@@ -27,12 +30,14 @@ from libs.contracts.messages import (
     GetDevEnv,
     GetJob,
     GetJobHistory,
+    GetQueue,
     GetResources,
     GetSettings,
     IdentityView,
     JobDetails,
     JobHistory,
     JobList,
+    JobView,
     ListFlavors,
     ListJobs,
     ListNodes,
@@ -56,7 +61,8 @@ from services.scheduler import arrays
 from services.scheduler.access import access_error, can_view
 from services.scheduler.explain import explain
 from services.scheduler.names import JOB, SERVICE
-from services.scheduler.ports import Scheduling
+from services.scheduler.past import PastStates
+from services.scheduler.ports import Reading, Scheduling
 from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
 from services.scheduler.spec_checks import invalid_spec, spec_errors
 from services.scheduler.state import SchedulerState
@@ -67,28 +73,11 @@ NOT_ENDED = frozenset({"queued", "running"})  # the statuses of the state's acti
 NEWEST = operator.attrgetter("queue_order")  # listings show the newest jobs first
 
 
-class JobQueries:
-    def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext) -> None:
-        self.s = scheduler
-        self.store, self.js = store, js  # for a job's history: its own log, the others' published events
+class StateQueries:
+    """The views of the scheduler's state: of the live one, or of the one it had at a past instant (past.py)."""
 
-    def routes(self) -> list[tuple[str, object, AuthenticatedHandler]]:
-        return [
-            (subjects.LIST_JOBS, ListJobs, self.list_jobs),
-            (subjects.GET_JOB, GetJob, self.get_job),
-            (subjects.GET_ARRAY, GetArray, self.get_array),
-            (subjects.LIST_NODES, ListNodes, self.list_nodes),
-            (subjects.PREDICT_JOB, PredictJob, self.predict),
-            (subjects.EXPLAIN_JOB, ExplainJob, self.why),
-            (subjects.GET_DEV_ENV, GetDevEnv, self.devenv),
-            (subjects.JOB_HISTORY, GetJobHistory, self.history),
-            (subjects.SEARCH_JOBS, SearchJobs, self.search),
-            (subjects.GET_RESOURCES, GetResources, self.resources),
-            (subjects.LIST_FLAVORS, ListFlavors, self.flavors),
-            (subjects.GET_SETTINGS, GetSettings, self.settings),
-            (subjects.WHOAMI, WhoAmI, self.whoami),
-            (subjects.LIST_STORAGE_ACCESS, ListStorageAccess, self.storage_access),
-        ]
+    def __init__(self, scheduler: Reading) -> None:
+        self.s = scheduler
 
     @property
     def state(self) -> SchedulerState:
@@ -113,7 +102,18 @@ class JobQueries:
             matching.sort(key=NEWEST, reverse=True)
             visible = (j for j in matching if can_view(self.state, identity, j))
             jobs = list(itertools.islice(visible, request.limit) if request.limit >= 0 else visible)
-        return JobList(jobs=[self.state.view(j) for j in jobs[: request.limit]], arrays=shown[: request.limit])
+        return JobList(jobs=await self.expected([self.state.view(j) for j in jobs[: request.limit]]),
+                       arrays=shown[: request.limit])
+
+    async def expected(self, views: list[JobView]) -> list[JobView]:
+        """The views, each waiting job's with its start as expected now (one plan for all of them, as `why`
+        and `predict` make it)."""
+        waiting = [v.job_id for v in views if v.status == "queued" and not self.state.jobs[v.job_id].prechecking]
+        if not waiting:
+            return views
+        forecasts = await self.s.forecast_queued(waiting)
+        return [msgspec.structs.replace(v, expected=forecast.prediction)
+                if (forecast := forecasts.get(v.job_id)) is not None else v for v in views]
 
     async def get_array(self, request: GetArray, identity: Identity) -> ArrayDetails | CommandError:
         array = self.state.arrays.get(request.array_id)
@@ -127,18 +127,11 @@ class JobQueries:
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         job = self.state.jobs[request.job_id]
-        return JobDetails(job=self.state.view(job), spec=job.spec)
+        view, = await self.expected([self.state.view(job)])
+        return JobDetails(job=view, spec=job.spec)
 
     async def list_nodes(self, _: ListNodes, identity: Identity) -> NodeList:
         return hide_jobs(NodeList(nodes=node_views(self.state)), self.state, identity)
-
-    async def predict(self, request: PredictJob, identity: Identity) -> PredictionReply | CommandError:
-        """S6: answered before creation; nothing is recorded (a submitted job records its own). Planned
-        off the event loop and without the scheduler's lock."""
-        if errors := spec_errors(request.spec, self.state.cluster):
-            return invalid_spec(errors)
-        reply = PredictionReply(prediction=await self.s.predict(request.spec))
-        return hide_jobs(reply, self.state, identity)
 
     async def why(self, request: ExplainJob, identity: Identity) -> WhyReply | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "view"):
@@ -163,6 +156,76 @@ class JobQueries:
                 return hide_jobs(WhyReply(report=report), self.state, identity)
             return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[status_sentence(job)]))
 
+    async def resources(self, request: GetResources, identity: Identity) -> ResourceList | CommandError:
+        known = {f.name for f in self.state.cluster.flavors}
+        unknown = [f for f in request.flavors if f not in known]
+        if unknown or not request.flavors:
+            return CommandError(code="invalid-request",
+                                message=f"unknown flavor: {', '.join(unknown)}" if unknown else "name a flavor",
+                                hint=f"choose from: {', '.join(sorted(known))}")
+        resources = ResourceList(nodes=node_resources(self.state, list(request.flavors)))
+        return hide_applications(resources, self.state, identity)
+
+    async def queue(self, request: GetQueue, identity: Identity) -> JobList:
+        """The first waiting jobs in the order the scheduler tries them, from position 1, and how many wait."""
+        waiting = [job for job in self.state.queue() if can_view(self.state, identity, job)]
+        shown = [self.state.view(job) for job in waiting[:request.limit]]
+        return JobList(jobs=await self.expected(shown), waiting=len(waiting))
+
+
+class JobQueries(StateQueries):
+    """Every query the scheduler answers. Views of the state asked `at` a past instant are answered from the
+    state rebuilt from the events up to it, by the same code."""
+
+    def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext) -> None:
+        super().__init__(scheduler)
+        self.live = scheduler
+        self.store, self.js = store, js  # for a job's history: its own log, the others' published events
+        self.past = PastStates(store, js, lambda: scheduler.state.cluster)
+
+    def routes(self) -> list[tuple[str, object, AuthenticatedHandler]]:
+        return [
+            (subjects.LIST_JOBS, ListJobs, self.then_or_now(StateQueries.list_jobs)),
+            (subjects.GET_JOB, GetJob, self.then_or_now(StateQueries.get_job)),
+            (subjects.GET_ARRAY, GetArray, self.then_or_now(StateQueries.get_array)),
+            (subjects.LIST_NODES, ListNodes, self.then_or_now(StateQueries.list_nodes)),
+            (subjects.GET_QUEUE, GetQueue, self.then_or_now(StateQueries.queue)),
+            (subjects.PREDICT_JOB, PredictJob, self.predict),
+            (subjects.EXPLAIN_JOB, ExplainJob, self.then_or_now(StateQueries.why)),
+            (subjects.GET_DEV_ENV, GetDevEnv, self.devenv),
+            (subjects.JOB_HISTORY, GetJobHistory, self.history),
+            (subjects.SEARCH_JOBS, SearchJobs, self.search),
+            (subjects.GET_RESOURCES, GetResources, self.then_or_now(StateQueries.resources)),
+            (subjects.LIST_FLAVORS, ListFlavors, self.flavors),
+            (subjects.GET_SETTINGS, GetSettings, self.settings),
+            (subjects.WHOAMI, WhoAmI, self.whoami),
+            (subjects.LIST_STORAGE_ACCESS, ListStorageAccess, self.storage_access),
+        ]
+
+    def then_or_now(self, view: Callable[[StateQueries, Any, Identity], Awaitable[Any]]) -> AuthenticatedHandler:
+        """`view` of the live state, or of the state at the request's `at`."""
+
+        async def answer(request: Any, identity: Identity) -> Any:
+            at: datetime | None = request.at
+            if at is None:
+                return await view(self, request, identity)
+            if at > (now := self.live.clock()):
+                return CommandError(code="invalid-request",
+                                    message=f"{at.isoformat()} is in the future (it is {now.isoformat()} now)",
+                                    hint="name a past instant, or leave `at` out for the cluster as it is now")
+            async with self.past.at(at) as past:
+                return await view(StateQueries(past), request, identity)
+
+        return answer
+
+    async def predict(self, request: PredictJob, identity: Identity) -> PredictionReply | CommandError:
+        """S6: answered before creation; nothing is recorded (a submitted job records its own). Planned
+        off the event loop and without the scheduler's lock."""
+        if errors := spec_errors(request.spec, self.state.cluster):
+            return invalid_spec(errors)
+        reply = PredictionReply(prediction=await self.live.predict(request.spec))
+        return hide_jobs(reply, self.state, identity)
+
     async def devenv(self, request: GetDevEnv, identity: Identity) -> DevEnvSpec | CommandError:
         if error := access_error(self.state, [request.job_id], identity, "devenv"):
             return error
@@ -183,19 +246,9 @@ class JobQueries:
         return hide_jobs(history, self.state, identity)
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
-        await self.s.search.catch_up()  # read what this caller just wrote
-        jobs = await self.s.search.search(request, identity, sharing_enabled=self.state.settings.sharing_enabled)
+        await self.live.search.catch_up()  # read what this caller just wrote
+        jobs = await self.live.search.search(request, identity, sharing_enabled=self.state.settings.sharing_enabled)
         return SearchResults(jobs=jobs)
-
-    async def resources(self, request: GetResources, identity: Identity) -> ResourceList | CommandError:
-        known = {f.name for f in self.state.cluster.flavors}
-        unknown = [f for f in request.flavors if f not in known]
-        if unknown or not request.flavors:
-            return CommandError(code="invalid-request",
-                                message=f"unknown flavor: {', '.join(unknown)}" if unknown else "name a flavor",
-                                hint=f"choose from: {', '.join(sorted(known))}")
-        resources = ResourceList(nodes=node_resources(self.state, list(request.flavors)))
-        return hide_applications(resources, self.state, identity)
 
     async def flavors(self, request: ListFlavors, _: Identity) -> FlavorList:
         return flavor_list(self.state, request.board)

@@ -34,7 +34,7 @@ from libs.telemetry.tracing import context_from_headers, current_trace_headers, 
 from services.scheduler import cycle, predicted
 from services.scheduler.commands import JobCommands
 from services.scheduler.logs import JobLogs
-from services.scheduler.names import SERVICE
+from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
 from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
@@ -45,10 +45,10 @@ from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.snapshot import plan_inputs
 from services.scheduler.state import SchedulerState
 from services.scheduler.submissions import SubmissionBatches
+from services.scheduler.whatif_queries import WhatIfQueries
 
 log = get_logger(__name__)
 span_tracer = tracer(f"trainyard.{SERVICE}")
-UPSTREAMS = ("monitor", "launcher", "autoscaler")
 # The share of the scheduler's time the predictions of new jobs may take while jobs keep coming: a plan of a
 # deep queue takes a while, and the cycles and the submissions come first.
 PREDICTION_SHARE = 0.25
@@ -133,13 +133,10 @@ class Scheduler(EventSourcedService):
     # --- rules: what it records in answer to the monitor and the launcher -----------------------------
 
     def upstreams(self) -> Sequence[Upstream]:
-        # What it reads of each: the monitor's nodes, pre-checks, incidents, kept environments and caches (not
-        # its runs nor alerts), the launcher's launches, the autoscaler's instances (not its packing).
-        read = {"monitor": ("node", "job", "cache"), "launcher": ("launch",), "autoscaler": ("instance",)}
-        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of(upstream, *read[upstream]),
-                         consumer=f"{upstream}-events", message_type=EventEnvelope, fold=self.fold,
+        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of(upstream, *aggregates),
+                         consumer=upstream_consumer(upstream), message_type=EventEnvelope, fold=self.fold,
                          react=self.react)
-                for upstream in UPSTREAMS]
+                for upstream, aggregates in UPSTREAM_AGGREGATES.items()]
 
     def react(self, envelope: EventEnvelope) -> list[NewEvent]:
         return react(self.state, envelope)
@@ -151,9 +148,10 @@ class Scheduler(EventSourcedService):
         queries = JobQueries(self, store=self.rt.store, js=self.rt.js)
         logs = JobLogs(self, nc=self.rt.nc, js=self.rt.js)
         preloads = PreloadCommands(self, storage_root=self.rt.settings.storage_root)
+        whatif = WhatIfQueries(self, queries.past)
         register_all_authenticated(self.rt.broker, self.name,
-                                   [*commands.routes(), *queries.routes(), *logs.routes(), *preloads.routes()],
-                                   secret=self.secret)
+                                   [*commands.routes(), *queries.routes(), *logs.routes(), *preloads.routes(),
+                                    *whatif.routes()], secret=self.secret)
 
     async def predict(self, spec: JobSpec) -> Prediction:
         """S6 for `spec` as if it were submitted now. Planned in a worker thread, without the lock: the

@@ -58,5 +58,17 @@ def stand_in(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
     return client
 
 
+@pytest.fixture(autouse=True)
+def no_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """For a test module that imports it: `isolate` before every test."""
+    isolate(monkeypatch, tmp_path)
+
+
+@pytest.fixture
+def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
+    """For a test module that imports it: the stand-in client the commands connect to."""
+    return stand_in(monkeypatch)
+
+
 def invoke(*args: str) -> Result:
     return runner.invoke(cli.app, list(args))

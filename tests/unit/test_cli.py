@@ -44,6 +44,7 @@ from libs.contracts.messages import (
     InstanceView,
     JobAccepted,
     JobDetails,
+    JobList,
     JobView,
     NodeCache,
     NodeView,
@@ -64,22 +65,14 @@ from libs.contracts.scheduling import (
     WhyReport,
 )
 from libs.messaging.rpc import ServiceUnavailable
-from tests.support.cli import FakeClient, invoke, isolate, stand_in
+from tests.support.cli import FakeClient, fake, invoke, no_stack
+
+__all__ = ["fake", "no_stack"]  # the fixtures, used by name
 
 SECRET = "a-test-secret-long-enough-for-hmac-sha256-0123456789"
 NOW = datetime(2026, 11, 21, 13, 40, tzinfo=UTC)
 EXAMPLE_JOB = Path(__file__).resolve().parents[2] / "examples" / "pytorch-ddp.yaml"
 SHOWN_JOB = "job-0123456789ab"
-
-
-@pytest.fixture(autouse=True)
-def no_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
-    return stand_in(monkeypatch)
 
 
 # --- clone: --set ------------------------------------------------------------------------------------
@@ -757,3 +750,31 @@ def test_show_tells_how_far_a_starting_jobs_nodes_are_in_copying_its_datasets(fa
     assert "data preparation" in result.output
     staging = [line.split() for line in result.output.splitlines() if "datasets/" in line]
     assert [row[:4] for row in staging] == [["node-a", "datasets/imgs", "3.0", "12.0"]]
+
+
+def _waiting_view(job_id: str, *, likely: datetime, latest: datetime | None) -> JobView:
+    expected = Prediction(starts_now=False, flavor="gpu-4", position=2, jobs_ahead=1, estimated_start=likely,
+                          latest_start=latest, predicted_at=NOW, reason="Waits behind 1 job; expected to start "
+                          "around 10:40 UTC, going by how long similar jobs ran; by 14:05 UTC at the latest.")
+    return JobView(job_id=job_id, name="resnet", project="vision", creator="alice", status="queued",
+                   priority="normal", mode="pytorch", nodes=2, flavors=["gpu-4"], submitted_at=NOW, queue_position=2,
+                   expected=expected)
+
+
+def test_show_and_list_tell_a_waiting_jobs_expected_start_likely_and_latest(fake: FakeClient) -> None:
+    likely, latest = NOW.replace(hour=10, minute=40), NOW.replace(hour=14, minute=5)
+    view = _waiting_view(SHOWN_JOB, likely=likely, latest=latest)
+    fake.answers["get_job"] = JobDetails(job=view, spec=JobSpec(name="resnet"))
+    fake.answers["usage"] = []
+    rows = show_rows(invoke("show", SHOWN_JOB))
+    assert rows["expected start"] == "likely 10:40 UTC, latest 14:05 UTC"
+    assert rows["waiting"].startswith("Waits behind 1 job; expected to start around 10:40 UTC")
+
+    fake.answers["listing"] = JobList(jobs=[view, _waiting_view("job-000000000002", likely=latest, latest=latest)])
+    result = invoke("list")
+    assert result.exit_code == 0, result.output
+    assert "EXPECTED START" in result.output.splitlines()[0]
+    lines = [line.split() for line in result.output.splitlines()]
+    shown = next(line for line in lines if SHOWN_JOB in line)
+    assert shown[-6:] == ["likely", "10:40", "UTC,", "latest", "14:05", "UTC"]
+    assert next(line for line in lines if "job-000000000002" in line)[-2:] == ["14:05", "UTC"]

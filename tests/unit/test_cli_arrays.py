@@ -25,22 +25,14 @@ from libs.contracts.messages import (
     JobList,
     JobView,
 )
-from tests.support.cli import FakeClient, invoke, isolate, stand_in
+from tests.support.cli import FakeClient, fake, invoke, no_stack
+
+__all__ = ["fake", "no_stack"]  # the fixtures, used by name
 
 NOW = datetime(2026, 11, 21, 13, 40, tzinfo=UTC)
 ARRAY = "array-0123456789ab"
 OTHER_ARRAY = "array-ba9876543210"
 JOB = "job-0123456789ab"
-
-
-@pytest.fixture(autouse=True)
-def no_stack(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    isolate(monkeypatch, tmp_path)
-
-
-@pytest.fixture
-def fake(monkeypatch: pytest.MonkeyPatch) -> FakeClient:
-    return stand_in(monkeypatch)
 
 
 @pytest.fixture

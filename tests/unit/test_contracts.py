@@ -152,6 +152,7 @@ from libs.contracts.messages import (
     DeleteJobs,
     Done,
     ExplainJob,
+    FlavorUse,
     GetArray,
     GetAutoscalerLog,
     GetDevEnv,
@@ -159,6 +160,7 @@ from libs.contracts.messages import (
     GetJobHistory,
     GetJobLogs,
     GetJobUsage,
+    GetQueue,
     GetQueueStatus,
     GetResources,
     GetRun,
@@ -178,6 +180,7 @@ from libs.contracts.messages import (
     ListStorageAccess,
     LogPage,
     MarkComponent,
+    MovedJob,
     NodeCache,
     NodeList,
     NodeView,
@@ -185,6 +188,7 @@ from libs.contracts.messages import (
     PredictJob,
     PreloadAccepted,
     PreloadDataset,
+    PriorityWaits,
     QueueStatus,
     Reply,
     Request,
@@ -195,6 +199,9 @@ from libs.contracts.messages import (
     SeriesPoint,
     SeriesView,
     SetStorageAccess,
+    SimulateHistory,
+    SimulationPoint,
+    SimulationReport,
     StopJobs,
     StorageAccessList,
     SubmitArray,
@@ -415,6 +422,17 @@ REQUEST_SAMPLES: list[Any] = [
     ListJobs(),
     GetJob(job_id="job-000000000001"),
     ListNodes(),
+    GetQueue(),
+    GetQueue(at=AT, limit=1000),
+    SimulateHistory(start=AT),
+    SimulateHistory(start=AT, end=AT + timedelta(days=7), add_nodes={"gpu-4": 2}, remove_nodes={"cpu-2": 1},
+                    depth=500),
+    ListJobs(statuses=["queued"], at=AT),
+    GetJob(job_id="job-000000000001", at=AT),
+    GetArray(array_id="array-0123456789ab", at=AT),
+    ListNodes(at=AT),
+    ExplainJob(job_id="job-000000000001", at=AT),
+    GetResources(flavors=["gpu-4"], at=AT),
     ListAlerts(after=3, limit=50),
     GetAutoscalerLog(after=12, limit=100),
     ListCache(node="gpu-node-1"),
@@ -494,6 +512,28 @@ def test_missing_field_inside_a_submitted_spec_is_named_with_its_path() -> None:
     assert field_error_from_msgspec(raised.value).field == "spec.name"
 
 
+@pytest.mark.parametrize("kind", ["ListJobs.v1", "GetQueue.v1", "ListNodes.v1"])
+def test_a_past_instant_must_name_its_time_zone(kind: str) -> None:
+    # 03:00 where? A view of the past is refused rather than read in the service's zone.
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.at"):
+        decode_any(json.dumps({"type": kind, "at": "2026-11-27T03:00:00"}), Request)
+    assert decode_any(json.dumps({"type": kind, "at": "2026-11-27T03:00:00+01:00"}), Request).at == datetime(
+        2026, 11, 27, 2, tzinfo=UTC)
+
+
+@pytest.mark.parametrize("limit", [0, 1001])
+def test_a_queue_page_is_bounded(limit: int) -> None:
+    with pytest.raises(msgspec.ValidationError, match=r"\$\.limit"):
+        decode_any(json.dumps({"type": "GetQueue.v1", "limit": limit}), Request)
+
+
+@pytest.mark.parametrize("change", [{"add_nodes": {"gpu-4": 0}}, {"remove_nodes": {"gpu 4": 1}},
+                                    {"add_nodes": {"gpu-4": 10_001}}, {"depth": 0}])
+def test_a_what_if_refuses_changes_out_of_bounds(change: dict[str, Any]) -> None:
+    with pytest.raises(msgspec.ValidationError):
+        decode_any(json.dumps({"type": "SimulateHistory.v1", "start": "2026-11-20T00:00:00Z", **change}), Request)
+
+
 def test_request_with_a_bad_status_filter_is_rejected() -> None:
     with pytest.raises(msgspec.ValidationError, match=r"\$\.statuses\[0\]"):
         decode_any(b'{"type": "ListJobs.v1", "statuses": ["sleeping"]}', Request)
@@ -518,6 +558,14 @@ REPLY_SAMPLES: list[Any] = [
     CommandError(code="invalid-spec", message="the job spec is invalid", hint="fix it",
                  errors=[FieldError(field="nodes", message="is bad", hint="use 1")]),
     JobAccepted(job_id="job-000000000001", status="queued", created=True),
+    SimulationReport(start=AT, end=AT + timedelta(days=1), jobs=3, nodes_real=2, nodes_simulated=3, cycles=40,
+                     waits=[PriorityWaits(priority="urgent", jobs=2, real_p50=30.0, simulated_p50=0.0)],
+                     utilization=[FlavorUse(flavor="gpu-4", real=0.5, simulated=0.4)], compared=3, same_start=2,
+                     moved=[MovedJob(job_id="job-000000000001", name="bert", priority="normal", submitted_at=AT,
+                                     real_start=AT + timedelta(hours=2), simulated_start=AT)],
+                     series=[SimulationPoint(at=AT, queued_real=2, queued_simulated=1, busy_real=0.5,
+                                             busy_simulated=0.75)],
+                     notes=["nodes present throughout"]),
     JobList(jobs=[VIEW]),
     JobList(jobs=[VIEW], arrays=[ARRAY_VIEW]),
     ArrayAccepted(array_id="array-0123456789ab", job_ids=["job-000000000001", "job-000000000002"], created=True),

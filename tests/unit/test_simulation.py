@@ -10,60 +10,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 import msgspec
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo
-from libs.contracts.events import EventEnvelope, JobSubmitted, JobSucceeded, NodeRegistered
+from libs.contracts.cluster import Flavor, NodeInfo
+from libs.contracts.events import JobSubmitted, NodeRegistered
 from libs.contracts.jobspec import JobSpec
 from libs.placement import CYCLE_DEPTH, NodeCapacity
-from services.scheduler.cycle import admissions, decide
 from services.scheduler.simulation import Arrival, Simulation, simulate
 from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
-from services.scheduler.state import SchedulerState
 from tests.support.placement import CPU4, NOW, busy, info, node, queued, run_on
 from tests.support.strategies import BOARDS, SETTINGS, flavor_sets, job_specs
+from tests.support.virtual_scheduler import VirtualScheduler
 
 DURATIONS = [None, "5m", "10m", "30m", "1h", "2h"]
-
-
-class Scheduler:
-    """The scheduler's fold and cycle rules, driven in virtual time."""
-
-    def __init__(self, flavors: dict[str, Flavor]) -> None:
-        self.state = SchedulerState(ClusterConfig(flavors=list(flavors.values())))
-        self.position = 0
-        self.started: dict[str, datetime] = {}
-
-    def record(self, event: Any, at: datetime, service: str = "scheduler", aggregate: str = "x") -> None:
-        self.position += 1
-        self.state.apply(EventEnvelope(event_id=str(self.position), service=service, aggregate_type="t",
-                                       aggregate_id=aggregate, version=self.position, position=self.position,
-                                       recorded_at=at, event=event))
-
-    def cycles(self, now: datetime) -> None:
-        """As the service does at `now`: a cycle, and again after its own admissions, until nothing starts."""
-        for _ in range(8):
-            decision = decide(self.state, now)
-            if decision is None or not decision.admissions:
-                return
-            for change in admissions(self.state, decision, now):
-                self.record(change.event, now, aggregate=change.aggregate_id)
-            for admission in decision.admissions:
-                self.started[admission.job_id] = now
-
-    def next_end(self) -> datetime | None:
-        ends = [job.ends_at for job in self.state.running() if job.ends_at is not None]
-        return min(ends) if ends else None
-
-    def end_jobs(self, now: datetime) -> None:
-        """Every job past its limit finishes then."""
-        for job in list(self.state.running()):
-            if job.ends_at is not None and job.ends_at <= now:
-                self.record(JobSucceeded(job_id=job.job_id), now, aggregate=job.job_id)
 
 
 @dataclass
@@ -109,7 +71,7 @@ def varied_workloads(draw: st.DrawFn) -> Workload:
 @settings(SETTINGS, max_examples=400)
 @given(st.one_of(busy_workloads(), varied_workloads()))
 def test_with_runtimes_at_their_limits_every_job_starts_when_it_was_simulated_to(workload: Workload) -> None:
-    scheduler = Scheduler(workload.flavors)
+    scheduler = VirtualScheduler(workload.flavors)
     for node_info in workload.nodes:
         scheduler.record(NodeRegistered(node=node_info), NOW, service="monitor", aggregate=node_info.name)
     for index, job in enumerate(workload.jobs):

@@ -1,0 +1,164 @@
+"""`trainyard at TIME …`: the scheduler's views at a past instant, rebuilt from its log and the events it follows
+(real NATS and PostgreSQL; the monitor's node and the launcher's outcome published as those services do)."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import pytest
+from nats.aio.client import Client
+
+from client.api import TrainyardClient
+from libs.contracts import subjects
+from libs.contracts.cluster import ClusterConfig, NodeInfo
+from libs.contracts.codec import encode
+from libs.contracts.events import Event, EventEnvelope, LaunchSucceeded, NodeRegistered
+from libs.contracts.messages import SimulationProgress
+from libs.contracts.scheduling import Prediction
+from services.scheduler import past
+from services.scheduler.past_snapshots import PastSnapshots
+from tests.support.schedulers import CLUSTER as CLUSTER_FILE
+from tests.support.schedulers import Schedulers, refused, spec, token
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+CLUSTER = ClusterConfig.load(CLUSTER_FILE)
+
+
+async def publish(nc: Client, service: str, aggregate_type: str, aggregate_id: str, event: Event) -> None:
+    """An upstream event, as that service's outbox relay publishes it."""
+    envelope = EventEnvelope(event_id=str(uuid.uuid4()), service=service, aggregate_type=aggregate_type,
+                             aggregate_id=aggregate_id, version=1, position=1, recorded_at=datetime.now(UTC),
+                             event=event)
+    subject = subjects.event_subject(service, aggregate_type, aggregate_id, type(event).__name__)
+    await nc.jetstream().publish(subject, encode(envelope))
+
+
+async def _status(client: TrainyardClient, job_id: str, status: str) -> bool:
+    return (await client.get_job(job_id)).job.status == status
+
+
+class FromTheFirstEvent(past.PastStates):
+    """Past states made without snapshots."""
+
+    async def _made_afresh(self, when: datetime) -> past._Replay:
+        return past._Replay(self.store, self.js, self.cluster(), self.snapshots)
+
+
+def told(expected: Prediction | None) -> tuple[object, ...]:
+    """What a prediction tells, whenever it was made."""
+    assert expected is not None
+    return expected.estimated_start, expected.latest_start, expected.nodes, expected.position, expected.reason
+
+
+async def instant() -> datetime:
+    """A moment strictly between what came before and what comes after (the log's clock is to the microsecond)."""
+    await asyncio.sleep(0.05)
+    now = datetime.now(UTC)
+    await asyncio.sleep(0.05)
+    return now
+
+
+@pytest.mark.parametrize("snapshot_every", [None, 2], ids=["from-the-first-event", "from-snapshots"])
+async def test_views_at_past_instants_tell_what_the_scheduler_told_then(
+        schedulers: Schedulers, nc: Client, nats_url: str, snapshot_every: int | None,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    if snapshot_every is not None:  # past states saved every two events, and later ones started from them
+        monkeypatch.setattr(past, "SNAPSHOT_EVENTS", snapshot_every)
+    await schedulers.start()
+    alice = await TrainyardClient.open(nats_url, token=token("alice"))
+    bob = await TrainyardClient.open(nats_url, token=token("bob"))
+    try:
+        before = await instant()
+        node = NodeInfo(name="node-a", address="127.0.0.1", cpus=1, memory_mib=2048)
+        await publish(nc, "monitor", "node", "node-a", NodeRegistered(node=node))
+        first = (await alice.submit(spec("first", duration="1h"))).job_id
+        await eventually(lambda: _status(alice, first, "running"))
+        second = (await alice.submit(spec("second", duration="1h"))).job_id
+        await eventually(lambda: _status(alice, second, "queued"))
+        said_then = await alice.why(second)
+        # One story everywhere: show, list and queue give the start why gives (likely and latest).
+        expected = (await alice.get_job(second)).job.expected
+        assert expected is not None and expected.latest_start is not None
+        assert said_then.head and expected.latest_start == expected.estimated_start == said_then.reserved_start
+        listed = {j.job_id: j.expected for j in await alice.list_jobs()}
+        assert told(listed[second]) == told(expected) and listed[first] is None
+        assert [told(j.expected) for j in await alice.queue()] == [told(expected)]
+        queued_at = await instant()
+        await asyncio.sleep(1.5)  # the first runs a while: a second node would have started the second sooner
+        await publish(nc, "launcher", "launch", first, LaunchSucceeded(job_id=first, attempt=1))
+        await eventually(lambda: _status(alice, second, "running"))
+        running_at = await instant()
+
+        # While the second waited: the first held the node, the second was first in line for it.
+        alice.at = queued_at
+        assert {j.job_id: j.status for j in await alice.list_jobs()} == {first: "running", second: "queued"}
+        assert [(j.job_id, j.queue_position) for j in await alice.queue()] == [(second, 1)]
+        assert [(n.info.name, n.jobs) for n in await alice.nodes()] == [("node-a", [first])]
+        said = await alice.why(second)
+        assert said == said_then  # the exact answer the scheduler gave then
+        assert told((await alice.get_job(second)).job.expected) == told(expected)
+        assert said.head and said.reserved_nodes == ["node-a"]
+        assert (await alice.get_job(second)).job.status == "queued"
+
+        # Once the first succeeded: the second ran, nothing waited.
+        alice.at = running_at
+        assert {j.job_id: j.status for j in await alice.list_jobs()} == {first: "succeeded", second: "running"}
+        assert await alice.queue() == []
+        assert [(n.info.name, n.jobs) for n in await alice.nodes()] == [("node-a", [second])]
+        assert (await alice.why(second)).summary[0].startswith("It is running")
+
+        # Back to an earlier instant (a replay afresh), and before anything happened.
+        alice.at = queued_at
+        assert [j.job_id for j in await alice.queue()] == [second]
+        alice.at = before
+        assert await alice.list_jobs() == [] and await alice.nodes() == []
+        assert (await refused(alice.get_job(first))).error.code == "not-found"
+
+        runtime = schedulers.started[-1].rt
+        made = await PastSnapshots(runtime.store.pool).latest(datetime.now(UTC))
+        assert (made is None) == (snapshot_every is None)
+        # From a snapshot or from the first event, an instant's state is the same, each event folded once.
+        for when in (queued_at, running_at):
+            monkeypatch.setattr(past, "SNAPSHOT_EVENTS", 10**9)
+            async with past.PastStates(runtime.store, runtime.js, lambda: CLUSTER).at(when) as then:
+                restored = (then.events, then.state.jobs, then.state.nodes, then.state.queue())
+            async with FromTheFirstEvent(runtime.store, runtime.js, lambda: CLUSTER).at(when) as then:
+                assert restored == (then.events, then.state.jobs, then.state.nodes, then.state.queue())
+
+        # J2 holds in the past as now: bob sees none of alice's jobs.
+        bob.at = queued_at
+        assert await bob.list_jobs() == [] and await bob.queue() == []
+        assert (await refused(bob.why(second))).error.code == "not-found"
+
+        # The future is refused, with what to do instead.
+        alice.at = datetime.now(UTC) + timedelta(hours=1)
+        error = (await refused(alice.list_jobs())).error
+        assert error.code == "invalid-request" and "future" in error.message
+
+        # What if: replayed with no change, both start as they did, to within the scheduler's cycle latency.
+        assert (await refused(alice.simulate(before))).error.code == "forbidden"
+        admin = await TrainyardClient.open(nats_url, token=token("root", admin=True))
+        try:
+            told_progress: list[SimulationProgress] = []
+            report = await admin.simulate(before, running_at, on_progress=told_progress.append)
+            assert told_progress and told_progress[0].stage == "rebuilding" and told_progress[0].events > 0
+            assert (report.jobs, report.nodes_real, report.compared) == (2, 1, 2)
+            assert report.start_difference_p95 is not None and report.start_difference_p95 < 1.0
+            assert [(w.priority, w.jobs) for w in report.waits] == [("normal", 2)]
+            # With a second node, the second job would not have waited for the first.
+            more = await admin.simulate(before, running_at, add_nodes={"cpu-1": 1})
+            assert more.nodes_simulated == 2
+            assert [m.job_id for m in more.moved] == [second]
+            moved = more.moved[0]
+            assert moved.simulated_start is not None and moved.real_start is not None
+            assert moved.simulated_start - moved.submitted_at < timedelta(seconds=1)
+            assert moved.real_start - moved.submitted_at > timedelta(seconds=1.5)
+            assert (await refused(admin.simulate(before, add_nodes={"gpu-64": 1}))).error.code == "invalid-request"
+        finally:
+            await admin.close()
+    finally:
+        await alice.close()
+        await bob.close()
