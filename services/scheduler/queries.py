@@ -6,6 +6,7 @@ listings and are "not found" when asked for by id.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import operator
 from collections.abc import Awaitable, Callable
@@ -71,6 +72,14 @@ from services.scheduler.visibility import hide_applications, hide_jobs
 
 NOT_ENDED = frozenset({"queued", "running"})  # the statuses of the state's active jobs
 NEWEST = operator.attrgetter("queue_order")  # listings show the newest jobs first
+# How long a listing, and the details of one job, wait for the plan of their waiting jobs' expected starts.
+LISTING_WAIT, DETAILS_WAIT = 1.0, 5.0
+
+
+def _consumed(planned: asyncio.Future[Any]) -> None:
+    """A plan no one waited for to its end: its failure is the planning thread's to log, not an unread one."""
+    if not planned.cancelled():
+        planned.exception()
 
 
 class StateQueries:
@@ -105,13 +114,19 @@ class StateQueries:
         return JobList(jobs=await self.expected([self.state.view(j) for j in jobs[: request.limit]]),
                        arrays=shown[: request.limit])
 
-    async def expected(self, views: list[JobView]) -> list[JobView]:
+    async def expected(self, views: list[JobView], *, wait: float = LISTING_WAIT) -> list[JobView]:
         """The views, each waiting job's with its start as expected now (one plan for all of them, as `why`
-        and `predict` make it)."""
+        and `predict` make it). A listing is not held up by a plan that takes longer than `wait` (a deep queue on a
+        large cluster, or the predictions of new jobs planned first): then it goes without."""
         waiting = [v.job_id for v in views if v.status == "queued" and not self.state.jobs[v.job_id].prechecking]
         if not waiting:
             return views
-        forecasts = await self.s.forecast_queued(waiting)
+        planned = asyncio.ensure_future(self.s.forecast_queued(waiting))
+        planned.add_done_callback(_consumed)
+        try:
+            forecasts = await asyncio.wait_for(asyncio.shield(planned), wait)
+        except TimeoutError:
+            return views
         return [msgspec.structs.replace(v, expected=forecast.prediction)
                 if (forecast := forecasts.get(v.job_id)) is not None else v for v in views]
 
@@ -127,7 +142,7 @@ class StateQueries:
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         job = self.state.jobs[request.job_id]
-        view, = await self.expected([self.state.view(job)])
+        view, = await self.expected([self.state.view(job)], wait=DETAILS_WAIT)
         return JobDetails(job=view, spec=job.spec)
 
     async def list_nodes(self, _: ListNodes, identity: Identity) -> NodeList:
