@@ -232,8 +232,7 @@ class PastStates:
 
     def __init__(self, store: EventStore, js: JetStreamContext, cluster: Callable[[], ClusterConfig]) -> None:
         self.store, self.js, self.cluster = store, js, cluster
-        self.snapshots = PastSnapshots(store.pool, store.schema)
-        self._migrated = False
+        self._snapshots: PastSnapshots | None = None  # made when a past state is first asked for
         self._lock = asyncio.Lock()
         self._kept: _Replay | None = None
         self._forget: asyncio.TimerHandle | None = None
@@ -264,17 +263,17 @@ class PastStates:
 
     async def _made_afresh(self, when: datetime) -> _Replay:
         """A replay to go on to `when` with: from the latest snapshot before it, else from the first event."""
-        if not self._migrated:
-            await self.snapshots.migrate()
-            self._migrated = True
-        replay = _Replay(self.store, self.js, self.cluster(), self.snapshots)
-        snapshot = await self.snapshots.latest(when)
+        if self._snapshots is None:
+            self._snapshots = PastSnapshots(self.store.pool, self.store.schema)
+            await self._snapshots.migrate()
+        replay = _Replay(self.store, self.js, self.cluster(), self._snapshots)
+        snapshot = await self._snapshots.latest(when)
         if snapshot is not None:
             try:
                 await replay.restore(snapshot)
             except Exception:  # a snapshot that cannot be read is passed over: the log has it all
                 log.exception("scheduler.past_snapshot_unreadable", at=snapshot.at.isoformat())
-                replay = _Replay(self.store, self.js, self.cluster(), self.snapshots)
+                replay = _Replay(self.store, self.js, self.cluster(), self._snapshots)
         return replay
 
     def _drop(self) -> None:

@@ -44,7 +44,7 @@ class FromTheFirstEvent(past.PastStates):
     """Past states made without snapshots."""
 
     async def _made_afresh(self, when: datetime) -> past._Replay:
-        return past._Replay(self.store, self.js, self.cluster(), self.snapshots)
+        return past._Replay(self.store, self.js, self.cluster(), PastSnapshots(self.store.pool))
 
 
 def told(expected: Prediction | None) -> tuple[object, ...]:

@@ -71,8 +71,11 @@ async def test_a_listing_of_queued_and_running_jobs_shows_those_the_caller_may_v
     fold.job("job-00000000000e", "queued-private", ["a100-4"])
     fold.job("job-00000000000f", "ended", ["a100-1"], access="read-only")
     fold.apply(JobStopped(job_id="job-00000000000f", by="alice"), aggregate="job-00000000000f")
-    queries = JobQueries(cast(Scheduling, SimpleNamespace(state=fold.state)), store=cast(EventStore, None),
-                         js=cast(JetStreamContext, None))
+    async def no_forecasts(_: object) -> dict[str, object]:
+        return {}
+
+    queries = JobQueries(cast(Scheduling, SimpleNamespace(state=fold.state, forecast_queued=no_forecasts)),
+                         store=cast(EventStore, None), js=cast(JetStreamContext, None))
     listed = await queries.list_jobs(ListJobs(statuses=["queued", "running"]), BOB)
     assert [(j.job_id, j.status, j.queue_position) for j in listed.jobs] == [
         ("job-00000000000d", "queued", 1), (MINE, "running", None), (SHARED, "running", None)]
