@@ -14,7 +14,7 @@ import asyncio
 import contextlib
 import os
 import secrets
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
@@ -212,8 +212,13 @@ class TrainyardClient:
     async def _call(self, subject: str, request: Any, expected: type[Any]) -> Any:
         # A view of a past instant may replay a long history first.
         timeout = max(self.timeout, PAST_TIMEOUT) if getattr(request, "at", None) is not None else self.timeout
+        return await self._answered(subject, call(self.nc, subject, request, timeout=timeout, token=self.token),
+                                    expected)
+
+    async def _answered(self, subject: str, calling: Awaitable[Any], expected: type[Any]) -> Any:
+        """The reply `calling` gets, as `expected`: none is `NoAnswer`, a refusal `TrainyardError`."""
         try:
-            reply = await call(self.nc, subject, request, timeout=timeout, token=self.token)
+            reply = await calling
         except ServiceUnavailable as exc:
             raise NoAnswer(subject, str(exc)) from None
         if isinstance(reply, CommandError):
@@ -437,18 +442,11 @@ class TrainyardClient:
         the replay has come while it runs."""
         request = SimulateHistory(start=start, end=end, add_nodes=add_nodes or {}, remove_nodes=remove_nodes or {},
                                   depth=depth)
-        try:
-            reply = await call_with_progress(self.nc, subjects.SIMULATE, request, token=self.token,
-                                             idle_timeout=max(self.timeout, SIMULATE_IDLE_TIMEOUT),
-                                             progress_type=SimulationProgress,
-                                             on_progress=on_progress or (lambda _: None))
-        except ServiceUnavailable as exc:
-            raise NoAnswer(subjects.SIMULATE, str(exc)) from None
-        if isinstance(reply, CommandError):
-            raise TrainyardError(reply)
-        if not isinstance(reply, SimulationReport):
-            raise TypeError(f"unexpected reply {type(reply).__name__} on {subjects.SIMULATE}")
-        return reply
+        calling = call_with_progress(self.nc, subjects.SIMULATE, request, token=self.token,
+                                     idle_timeout=max(self.timeout, SIMULATE_IDLE_TIMEOUT),
+                                     progress_type=SimulationProgress, on_progress=on_progress or (lambda _: None))
+        report: SimulationReport = await self._answered(subjects.SIMULATE, calling, SimulationReport)
+        return report
 
     async def queue(self, limit: int = 200) -> list[JobView]:
         """The first `limit` waiting jobs in the order the scheduler tries them (`queue_position` from 1)."""

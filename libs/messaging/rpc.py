@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 
     from libs.controlsign import ControlSigner
 
-# A handler's progress on a long request: sent to the request's reply subject before its reply (`report_progress`),
+# A handler's progress on a long request: sent to the request's reply subject before its reply (`progress_reporter`),
 # read by `call_with_progress`. Set by the responder for each request.
 _progress: contextvars.ContextVar[Callable[[msgspec.Struct], Awaitable[None]] | None] = contextvars.ContextVar(
     "rpc_progress", default=None)
@@ -230,7 +230,7 @@ async def _request(nc: Client, subject: str, body: bytes, timeout: float, header
 async def call_with_progress(nc: Client, subject: str, request: msgspec.Struct, *, idle_timeout: float,
                              token: str | None, progress_type: type[msgspec.Struct],
                              on_progress: Callable[[Any], None]) -> Any:
-    """`call` for a request whose handler reports progress (`report_progress`): each `progress_type` message is
+    """`call` for a request whose handler reports progress (`progress_reporter`): each `progress_type` message is
     handed to `on_progress` until the reply comes. It gives up when nothing came for `idle_timeout` seconds."""
     body = encode(request)
     headers = {**current_trace_headers(), **bearer_headers(token)}

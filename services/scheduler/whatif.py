@@ -36,7 +36,8 @@ from libs.contracts.messages import (
 )
 from libs.placement import CYCLE_DEPTH, NodeCapacity, QueuedJob, RunningJob, holdings
 from services.scheduler.simulation import Arrival, Simulation
-from services.scheduler.state import Job
+from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
+from services.scheduler.state import Job, SchedulerState
 from services.scheduler.views import applies_to
 
 MAX_CYCLES = 2_000_000  # a replay that would run longer stops there, and says so
@@ -76,6 +77,12 @@ class Start:
     running: Sequence[RunningJob]
     queue: Sequence[QueuedJob]
     flavors: Mapping[str, Flavor]
+
+    @classmethod
+    def of(cls, state: SchedulerState, at: datetime) -> Start:
+        """The scheduler's state at `at`, as its cycle reads it (copied: the state goes on)."""
+        return cls(at=at, nodes=node_capacity(state), flavors=dict(cluster_flavors(state)),
+                   running=running_jobs(state, at), queue=queued_jobs(state, at))
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,6 @@ from libs.messaging.rpc import AuthenticatedHandler, progress_reporter
 from services.scheduler import whatif
 from services.scheduler.past import PastStates
 from services.scheduler.ports import Scheduling
-from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
 
 PROGRESS_SECONDS = 0.5  # at most this often, the caller is told how far the replay has come
 
@@ -76,10 +75,7 @@ class WhatIfQueries:
 
         try:
             async with self.past.at(request.start, progress=rebuilding) as then:
-                state = then.state
-                begin = whatif.Start(at=request.start, nodes=node_capacity(state),
-                                     flavors=dict(cluster_flavors(state)), running=running_jobs(state, request.start),
-                                     queue=queued_jobs(state, request.start))
+                begin = whatif.Start.of(then.state, request.start)
             async with self.past.at(end, progress=rebuilding) as later:
                 history = whatif.recorded(later.state.jobs, later.state.flavors, begin, end)
                 nodes_at_end = [n.info for n in later.state.nodes.values() if n.schedulable]

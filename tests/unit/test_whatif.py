@@ -15,7 +15,6 @@ from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import JobStopped, JobSubmitted, NodeRegistered
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.messages import SimulateHistory, SimulationReport
-from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
 from services.scheduler.whatif import Start, WhatIfError, recorded, what_if
 from tests.support.placement import NOW, info
 from tests.support.strategies import SETTINGS
@@ -80,9 +79,7 @@ def play(history: History) -> Played:
                                  stops[0][0] if stops else None) if t is not None]
         upcoming = min(following) if following else None
         if start is None and (upcoming is None or upcoming > begin):  # the state at `begin`, as recorded by then
-            state = scheduler.state
-            start = Start(at=begin, nodes=node_capacity(state), flavors=dict(cluster_flavors(state)),
-                          running=running_jobs(state, begin), queue=queued_jobs(state, begin))
+            start = Start.of(scheduler.state, begin)
             before = set(scheduler.started)
         if upcoming is None:
             break
