@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -33,6 +34,7 @@ from libs.contracts.messages import (
     GetJobHistory,
     GetJobLogs,
     GetJobUsage,
+    GetQueue,
     GetResources,
     GetSettings,
     ListFlavors,
@@ -42,6 +44,7 @@ from libs.contracts.messages import (
     PredictJob,
     SearchJobs,
     SetStorageAccess,
+    SimulateHistory,
     StopJobs,
     SubmitJob,
     WhoAmI,
@@ -68,6 +71,8 @@ REQUESTS: dict[str, msgspec.Struct] = {
     subjects.LIST_JOBS: ListJobs(),
     subjects.GET_JOB: GetJob(job_id=JOB),
     subjects.LIST_NODES: ListNodes(),
+    subjects.GET_QUEUE: GetQueue(),
+    subjects.SIMULATE: SimulateHistory(start=datetime(2026, 11, 1, tzinfo=UTC)),
     subjects.PREDICT_JOB: PredictJob(spec=spec()),
     subjects.EXPLAIN_JOB: ExplainJob(job_id=JOB),
     subjects.GET_DEV_ENV: GetDevEnv(job_id=JOB),
