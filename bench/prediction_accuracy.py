@@ -28,7 +28,8 @@ from bench.scheduling import FLAVORS, START, build_nodes, p95, random_spec
 from libs.contracts.cluster import Resources
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
 from libs.placement import NodeCapacity, QueuedJob, RunningJob, holdings, schedule
-from services.scheduler.prediction import Forecast, forecast
+from services.scheduler import playthrough
+from services.scheduler.prediction import ROUGH, Forecast, forecast
 from services.scheduler.runtime_model import RuntimeModel, expected_runtimes
 
 
@@ -182,7 +183,15 @@ def main() -> None:
     parser.add_argument("--users", type=int, default=8, help="users submitting the jobs (default 8)")
     parser.add_argument("--habits", action="store_true", help="each user runs jobs for their own share of the limit")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cycles", type=int, help="cycles a playthrough plays (default: SIMULATION_NODE_CYCLES "
+                        "divided by the nodes)")
+    parser.add_argument("--planned", type=int, help="jobs the conservative plan places one by one past a playthrough "
+                        "(default: HORIZON_NODE_JOBS divided by the nodes); those behind get the rough, fluid plan")
     args = parser.parse_args()
+    if args.cycles:
+        playthrough.SIMULATION_NODE_CYCLES = args.cycles * args.nodes
+    if args.planned:
+        playthrough.HORIZON_NODE_JOBS = args.planned * args.nodes
     rng = random.Random(args.seed)
     jobs = workload(args.jobs, args.nodes, args.load, args.unlimited, rng, (args.runtime[0], args.runtime[1]),
                     args.users, args.habits, random.Random(-args.seed))
@@ -195,9 +204,11 @@ def main() -> None:
     waits = [(j.started - j.arrival).total_seconds() / 60 for j in jobs if j.started and j.started > j.arrival]
 
     habits = "each user's own share" if args.habits else f"{args.runtime[0]:.0%}-{args.runtime[1]:.0%}"
+    bounds = (f"playthroughs of {playthrough.SIMULATION_NODE_CYCLES // args.nodes} cycles, then "
+              f"{playthrough.HORIZON_NODE_JOBS // args.nodes} jobs planned one by one")
     print(f"{len(jobs)} jobs of {args.users} users on {args.nodes} nodes, offered load {args.load:.0%}, "
           f"{args.unlimited:.0%} without a duration limit, runtimes {habits} of the limit, seed {args.seed}; "
-          f"python {platform.python_version()}; {spent:.1f} s predicting and scheduling\n")
+          f"python {platform.python_version()}; {bounds}; {spent:.1f} s predicting and scheduling\n")
     rows = [
         ("jobs predicted", f"{len(pairs)}", ""),
         ("jobs that never started (fit on no node)", f"{sum(1 for j in jobs if j.started is None)}", ""),
@@ -206,6 +217,8 @@ def main() -> None:
         ("'starts now' or 'queues' right", f"{now_right / len(pairs):.1%}", ""),
         ("  said 'starts now' and it did", f"{sum(1 for j in said_now if j.started == j.arrival)} of {len(said_now)}",
          ""),
+        ("queued jobs estimated roughly (deep in the queue)",
+         f"{sum(1 for j in queued if j.forecast and ROUGH in j.forecast.prediction.reason)} of {len(queued)}", ""),
         ("queued jobs that started ahead of their turn", f"{sum(1 for j in queued if j.backfilled)} of {len(queued)}",
          ""),
         ("", "latest start", "likely start"),

@@ -209,10 +209,11 @@ class _Fitting:
     with their new room when the heap is next read; entries that no longer match a node's room are
     dropped when they surface."""
 
-    __slots__ = ("changed", "heap", "need", "nodes")
+    __slots__ = ("changed", "heap", "names", "need", "nodes")
 
-    def __init__(self, need: Resources) -> None:
+    def __init__(self, need: Resources, names: tuple[str, ...]) -> None:
         self.need = need
+        self.names = names  # the nodes eligible
         self.nodes: set[str] = set()
         self.heap: list[tuple[float, int, str]] | None = None
         self.changed: set[str] = set()
@@ -229,7 +230,8 @@ class Capacity:
         self.cluster = cluster
         self.free = free
         self._fitting: dict[tuple[_EligibilityKey, Resources], _Fitting] = {}
-        self._watchers: dict[str, list[_Fitting]] = {}
+        # Per node, the indexes that list it: made on the first change, as many capacities are only read.
+        self._watchers: dict[str, list[_Fitting]] | None = None
 
     @classmethod
     def of(cls, nodes: Iterable[NodeCapacity]) -> Capacity:
@@ -248,13 +250,17 @@ class Capacity:
         need = Resources.of_flavor(flavor)
         index = self._fitting.get((key, need))
         if index is None:
-            index = self._fitting[(key, need)] = _Fitting(need)
-            nodes, free = index.nodes, self.free
-            for name in names:
-                self._watchers.setdefault(name, []).append(index)
-                if need.fits_in(free[name]):
-                    nodes.add(name)
+            index = self._fitting[(key, need)] = _Fitting(need, names)
+            free, fits = self.free, need.fits_in
+            index.nodes = {name for name in names if fits(free[name])}
+            if self._watchers is not None:
+                self._watch(index)
         return index
+
+    def _watch(self, index: _Fitting) -> None:
+        assert self._watchers is not None
+        for name in index.names:
+            self._watchers.setdefault(name, []).append(index)
 
     def roomiest(self, index: _Fitting, count: int) -> list[str]:
         """The `count` nodes of `index` with the most free CPU, then memory (ties by name), in that
@@ -286,6 +292,10 @@ class Capacity:
 
     def set(self, name: str, free: Resources) -> None:
         self.free[name] = free
+        if self._watchers is None:
+            self._watchers = {}
+            for index in self._fitting.values():
+                self._watch(index)
         for index in self._watchers.get(name, ()):
             if index.need.fits_in(free):
                 index.nodes.add(name)
@@ -573,6 +583,10 @@ class Cycle:
             self.extra.set(name, least(self.free_now.free[name], self.after_head[name]))
 
     # --- the head's reservation ----------------------------------------------------------------------
+
+    def ever_fits(self, job: QueuedJob) -> bool:
+        """Whether the job fits on the cluster when it is empty, with any of its flavors."""
+        return self._placeable(job, job.shape)
 
     def _placeable(self, job: QueuedJob, shape: Shape) -> bool:
         """Whether the job fits on the cluster when it is empty, with any of its flavors."""

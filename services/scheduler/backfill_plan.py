@@ -50,6 +50,7 @@ class Plan:
     waits_for: list[str] = field(default_factory=list)
     behind: list[str] = field(default_factory=list)  # unknown start: jobs ahead of unknown start in its way
     unplaceable: bool = False  # fits on no node of the cluster
+    rough: bool = False  # deep in the queue: a fluid estimate, not planned job by job (fluid_plan.py)
 
 
 
@@ -215,6 +216,11 @@ class Planner:
             classes = tuple(sorted(set(map(self.node_class.__getitem__, names)), key=repr))
             found = self.eligible[key] = frozenset(names), classes
         return found
+
+    def worker_nodes(self, job: QueuedJob) -> dict[str, frozenset[str]]:
+        """Per flavor of the job, the nodes one of its workers may use."""
+        return {name: self._eligible(job, flavor)[0] for name in job.spec.flavors
+                if (flavor := self.flavors.get(name)) is not None}
 
     def _usable(self, job: QueuedJob, shape: Shape) -> set[str]:
         """The nodes any rank of the job may use."""

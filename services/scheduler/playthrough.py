@@ -27,17 +27,21 @@ from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import replace
-from datetime import datetime
+from datetime import datetime, timedelta
 
 from libs.contracts.cluster import Flavor
 from libs.contracts.jobspec import Priority
 from libs.placement import Capacity, Cycle, Decision, NodeCapacity, QueuedJob, RunningJob, choose
 from services.scheduler.backfill_plan import Plan, Planner
+from services.scheduler.fluid_plan import FluidPlan
 from services.scheduler.simulation import Simulation, Started, Step, insertion_index, waits_for
 
-# Cycles times nodes one playthrough may run (see the module): 16 cycles on 1,000 nodes, 160 on 100, at some 15 µs
-# per node and waiting job looked at on this machine (docs/benchmarks.md).
-SIMULATION_NODE_CYCLES = 16_000
+# Cycles times nodes one playthrough may run (see the module): 8 cycles on 1,000 nodes, 80 on 100, at some 15 µs
+# per node and waiting job looked at on this machine; 160 on 100 nodes were barely more exact (docs/benchmarks.md).
+SIMULATION_NODE_CYCLES = 8_000
+# Jobs times nodes the conservative plan past the playthrough places one by one (Horizon): 500 jobs on 1,000
+# nodes, at some 200 µs a job there; the jobs behind them get a rough, fluid estimate (fluid_plan.py).
+HORIZON_NODE_JOBS = 500_000
 PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
 
 
@@ -210,17 +214,18 @@ class Playthrough:
 
 def planned_from(simulation: Simulation, *, until: str, wanted: Collection[str]) -> dict[str, Plan]:
     """The conservative backfill plan (backfill_plan.Planner) of the jobs still queued in `simulation`, from the
-    instant it reached, with jobs ending and running as simulated."""
-    horizon = Horizon(simulation)
-    horizon.planner.until = until
-    plans = horizon.planner.plan(horizon.queue)
-    return {job_id: plan for job_id, plan in plans.items() if job_id in wanted}
+    instant it reached, with jobs ending and running as simulated; past its bound, the fluid plan."""
+    return Horizon(simulation).queued(until=until, wanted=wanted)
 
 
 class Horizon:
     """The conservative backfill plan of the jobs a playthrough left queued at its bound, from the state it
     reached, played only as far as the questions asked need and copied at each place a new job can join (as the
-    plan stood before backfill_plan's planner planned that place's jobs)."""
+    plan stood before backfill_plan's planner planned that place's jobs).
+
+    It plans at most `HORIZON_NODE_JOBS` divided by the number of nodes jobs one by one (the `bound`); the jobs
+    behind them are poured into what that plan leaves free (fluid_plan.py), a rough estimate at a few
+    microseconds a job, with its own copies at each place."""
 
     def __init__(self, simulation: Simulation) -> None:
         ending = simulation.ending()
@@ -230,39 +235,98 @@ class Horizon:
         # Which jobs fit on no node, the whole queue looked at (the simulation's cycles only look `CYCLE_DEPTH` deep):
         # the plan passes them over rather than searching in vain.
         cycle = Cycle(nodes, simulation.flavors, running, simulation.now, cluster=simulation.cluster)
-        unplaceable = cycle.run(self.queue, grow=False).unplaceable
+        unplaceable = [job.job_id for job in self.queue if not cycle.ever_fits(job)]
         decision = Decision(admissions=[], growths=[], reservation=None, unplaceable=unplaceable)
         self.planner = Planner(nodes, simulation.flavors, running, simulation.now, decision, self.queue, None)
+        self.bound = max(1, HORIZON_NODE_JOBS // max(1, len(nodes)))
         self.done = 0  # the jobs of `queue` planned by `planner`
         self.copies: dict[int, Planner] = {}
+        self.fluid: FluidPlan | None = None  # the jobs from `bound` on, poured
+        self.poured = 0  # the jobs of `queue` poured into `fluid`, from `bound` on
+        self.fluid_copies: dict[int, FluidPlan] = {}
 
     def new_job(self, job: QueuedJob) -> Plan:
         """The plan of `job`, joining the queue behind every job of its priority or higher."""
-        return self._at(insertion_index(self.queue, job.spec.priority)).fork(until=job.job_id).plan_job(job)
+        place = insertion_index(self.queue, job.spec.priority)
+        exact = self._at(min(place, self.bound)).fork(until=job.job_id).plan_job(job)
+        if place < self.bound or exact.start is None:
+            return exact
+        return self._rough(job, self._fluid_at(place).fork(), exact)
+
+    def queued(self, *, until: str, wanted: Collection[str]) -> dict[str, Plan]:
+        """The plans of `wanted`, queued, each job up to `until` planned; asked of a Horizon asked nothing yet."""
+        planner = self.planner
+        planner.until = until
+        plans = {job_id: plan for job_id, plan in planner.plan(self.queue[:self.bound]).items() if job_id in wanted}
+        last = next(i for i, job in enumerate(self.queue) if job.job_id == until)
+        if last >= self.bound:
+            fluid = FluidPlan(planner)
+            for job in self.queue[self.bound:last + 1]:
+                plan = self._rough(job, fluid, None)
+                if job.job_id in wanted:
+                    plans[job.job_id] = plan
+        return plans
 
     def join(self, job: QueuedJob, *, unplaceable: bool) -> None:
         """Take in `job`, just submitted, as if the plan had been made with it queued."""
         place = insertion_index(self.queue, job.spec.priority)
-        if (before := self.copies.get(place)) is not None:
-            after = before.fork()
-            if unplaceable:
-                after.unplaceable.add(job.job_id)
-            after.plan_job(job)
-            self.copies = {p: c for p, c in self.copies.items() if p <= place} | {place + 1: after}
-            if self.done > place:  # it planned past the job: go on from just behind it
-                self.planner, self.done = after.fork(), place + 1
+        if place < self.bound:
+            self.fluid, self.fluid_copies = None, {}  # a job moves past the bound: poured again
+            if (before := self.copies.get(place)) is not None:
+                after = before.fork()
+                if unplaceable:
+                    after.unplaceable.add(job.job_id)
+                after.plan_job(job)
+                self.copies = {p: c for p, c in self.copies.items() if p <= place} | {place + 1: after}
+                if self.done > place:  # it planned past the job: go on from just behind it
+                    self.planner, self.done = after.fork(), place + 1
+        else:
+            self.fluid_copies = {p: c for p, c in self.fluid_copies.items() if p <= place}
+            if self.fluid is not None and self.poured > place:  # it poured past the job: go on from before it
+                kept = max(self.fluid_copies, default=None)
+                self.fluid, self.poured = (None, 0) if kept is None else (self.fluid_copies[kept].fork(), kept)
         if unplaceable:
             self.planner.unplaceable.add(job.job_id)
         self.queue.insert(place, job)
 
+    def _stops(self, place: int, low: int, high: int) -> list[int]:
+        """The places in [low, high] where copies are kept on the way to `place`: where jobs of a priority join."""
+        stops = {insertion_index(self.queue, priority) for priority in PRIORITIES} | {place}
+        return sorted(stop for stop in stops if low <= stop <= min(place, high))
+
     def _at(self, place: int) -> Planner:
-        for stop in sorted({insertion_index(self.queue, priority) for priority in PRIORITIES}):
-            if stop > place:
-                break
+        """The exact plan with the jobs ahead of `place` planned (`place` at most the bound)."""
+        for stop in self._stops(place, 0, self.bound):
             if stop not in self.copies:
                 self.planner.plan(self.queue[self.done:stop])
                 self.copies[stop], self.done = self.planner.fork(), stop
         return self.copies[place]
+
+    def _fluid_at(self, place: int) -> FluidPlan:
+        """The fluid plan with the jobs from the bound up to `place` poured (`place` at least the bound)."""
+        if self.fluid is None:
+            self.fluid, self.poured, self.fluid_copies = FluidPlan(self._at(self.bound)), self.bound, {}
+        for stop in self._stops(place, self.bound, len(self.queue)):
+            if stop not in self.fluid_copies:
+                for job in self.queue[self.poured:stop]:
+                    self._rough(job, self.fluid, None)
+                self.fluid_copies[stop], self.poured = self.fluid.fork(), stop
+        return self.fluid_copies[place]
+
+    def _rough(self, job: QueuedJob, fluid: FluidPlan, exact: Plan | None) -> Plan:
+        """The plan of `job` poured into `fluid`, never earlier than `exact`, its plan behind the bound's jobs alone
+        (where it would go, for a new job)."""
+        if job.job_id in self.planner.unplaceable:
+            return Plan(job_id=job.job_id, start=None, unplaceable=True)
+        moment, flavor = fluid.pour(job)
+        if moment is None:
+            return Plan(job_id=job.job_id, start=None, rough=True)
+        start = self.planner.now + timedelta(microseconds=moment)
+        if exact is None:
+            return Plan(job_id=job.job_id, start=start, flavor=flavor, rough=True)
+        assert exact.start is not None
+        return replace(exact, start=max(start, exact.start), waits_for=[] if start > exact.start else exact.waits_for,
+                       rough=start > exact.start)
 
 
 def _as_planned(job: QueuedJob, runtime: int | None) -> QueuedJob:

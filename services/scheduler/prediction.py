@@ -11,7 +11,8 @@ scheduler would run then. It is played twice:
 
 When every job runs to its limit and nothing else happens (no later submissions, priority changes or
 faults), the latest start is exact: it is the instant the scheduler starts the job. Past the work a
-playthrough is allowed, the rest of the queue is planned by conservative backfill (backfill_plan.py).
+playthrough is allowed, the rest of the queue is planned by conservative backfill (backfill_plan.py), and past
+the jobs that plan places one by one, roughly (fluid_plan.py; the reason says so).
 `PredictionCache` (prediction_cache.py) answers the same as `forecast` without playing the queue again for
 every question.
 """
@@ -37,6 +38,7 @@ from services.scheduler.backfill_plan import Plan
 from services.scheduler.playthrough import Playthrough
 from services.scheduler.simulation import insertion_index
 
+ROUGH = "a rough estimate this deep in the queue"
 NEW_JOB = "(new job)"  # the id a predicted job gets; real job ids look like job-<12 hex digits>
 
 
@@ -222,16 +224,20 @@ def waits(spec: JobSpec, now: datetime, jobs_ahead: int, latest: Plan, likely: P
 def expectation(now: datetime, latest: Plan, likely: Plan) -> str:
     """When a waiting job is expected to start, likely and latest, as a clause: "expected to start at 14:05 UTC
     when job-… ends", "expected to start around 10:40 UTC, going by how long similar jobs ran; by 14:05 UTC …",
-    or why it cannot be estimated."""
+    or why it cannot be estimated. A rough plan (deep in the queue, fluid_plan.py) says so, and promises no
+    latest start."""
     plan = likely if likely.start is not None else latest
     if plan.start is None:
         return f"its start cannot be estimated because {unknown_start_reason(likely)}"
+    rough = f" ({ROUGH})" if plan.rough else ""
     if plan is latest or likely.start == latest.start:
-        return f"expected to start at {format_time(plan.start, now)}{_when_ends(plan)}"
-    when = f"expected to start around {format_time(plan.start, now)}, going by how long similar jobs ran"
+        return f"expected to start {'around' if plan.rough else 'at'} {format_time(plan.start, now)}" \
+               f"{_when_ends(plan)}{rough}"
+    when = f"expected to start around {format_time(plan.start, now)}, going by how long similar jobs ran{rough}"
     if latest.start is None:
         return f"{when}; no later start can be promised as {unknown_start_reason(latest)}"
-    return f"{when}; by {format_time(latest.start, now)}{_when_ends(latest)} if jobs run to their duration limits"
+    by = "around" if latest.rough else "by"
+    return f"{when}; {by} {format_time(latest.start, now)}{_when_ends(latest)} if jobs run to their duration limits"
 
 
 def _when_ends(plan: Plan) -> str:

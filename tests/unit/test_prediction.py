@@ -264,11 +264,14 @@ def check_as_planned_afresh(cache: PredictionCache, model: RuntimeModel, inputs:
     assert cached == fresh
 
 
-@pytest.fixture(params=["exact", "bounded"])
+@pytest.fixture(params=["exact", "bounded", "rough"])
 def bound(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Playthroughs as they are, or bounded to a cycle or two, past which the conservative plan goes on."""
-    if request.param == "bounded":
+    """Playthroughs as they are, or bounded to a cycle or two, past which the conservative plan goes on; and that
+    plan bounded to one job, past which the rest is poured (fluid_plan.py)."""
+    if request.param in ("bounded", "rough"):
         monkeypatch.setattr(playthrough, "SIMULATION_NODE_CYCLES", 2)
+    if request.param == "rough":
+        monkeypatch.setattr(playthrough, "HORIZON_NODE_JOBS", 1)
 
 
 # The bound is the same for every example of a test: a function-scoped fixture is right here.
