@@ -24,6 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -228,18 +229,45 @@ class EventSourcedService:
             return True
 
 
+class _CollectorPauses:
+    """Who has Python's cycle collector paused: it is one switch for the whole process, and a rebuild, a past
+    state and a prediction's plan may each pause it from their own thread. The first to pause turns it off, the
+    last to resume turns it back on, if it was on when the first paused."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.was_on = False
+
+    def pause(self) -> None:
+        with self.lock:
+            if self.holders == 0:
+                self.was_on = gc.isenabled()
+                gc.disable()
+            self.holders += 1
+
+    def resume(self) -> None:
+        with self.lock:
+            self.holders -= 1
+            if self.holders == 0 and self.was_on:
+                gc.enable()
+
+
+_PAUSES = _CollectorPauses()
+
+
 @contextlib.contextmanager
 def collector_paused() -> Iterator[None]:
-    """Python's cycle collector off while a state is rebuilt, as it was before afterwards. A rebuild makes
-    the objects of the whole state and little cyclic garbage; the collector would scan the growing state
-    again and again, a third of the time of a rebuild from 1,000,000 events (bench/replay.py)."""
-    was = gc.isenabled()
-    gc.disable()
+    """Python's cycle collector off while a state is rebuilt or a plan made, as it was before afterwards. These
+    make many objects that live on (the whole state, a plan's kept cycles) and little cyclic garbage; the
+    collector would scan the growing state again and again: a third of the time of a rebuild from 1,000,000
+    events (bench/replay.py), and of a prediction planned afresh at 10,000 jobs on 1,000 nodes
+    (bench/scheduling.py)."""
+    _PAUSES.pause()
     try:
         yield
     finally:
-        if was:
-            gc.enable()
+        _PAUSES.resume()
 
 
 class Pacer:

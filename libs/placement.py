@@ -18,9 +18,10 @@ import copy
 import heapq
 import math
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
+from typing import Any
 
 from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, NodeInfo, Resources
 from libs.contracts.events import Placement, Role
@@ -57,6 +58,12 @@ class QueuedJob:
         """`job_shape` of it, worked out once: a job waits through many cycles."""
         return job_shape(self.spec, self.excluded_nodes)
 
+    def lasting(self, seconds: int | None) -> QueuedJob:
+        """A copy that runs for `seconds` (as a plan takes it), keeping its shape as worked out already."""
+        twin = QueuedJob(self.job_id, self.spec, seconds, self.excluded_nodes, self.prefer)
+        twin.__dict__["shape"] = self.shape  # where cached_property keeps it
+        return twin
+
 
 @dataclass(frozen=True)
 class RunningJob:
@@ -72,6 +79,15 @@ class RunningJob:
     def held(self) -> Mapping[str, Resources]:
         """What it holds on each node (`holdings`), worked out once: a job runs through many cycles."""
         return holdings(self.placement, self.flavor)
+
+    def changed(self, **changes: Any) -> RunningJob:
+        """A copy with another end or growth flag (`ends_at`, `can_grow`), keeping what it holds as worked out
+        already: that depends only on its placement and flavor, which do not change."""
+        assert not changes.keys() & {"placement", "flavor"}
+        twin = replace(self, **changes)
+        if "held" in self.__dict__:
+            twin.__dict__["held"] = self.__dict__["held"]  # where cached_property keeps it
+        return twin
 
 
 @dataclass(frozen=True)
@@ -457,6 +473,45 @@ class _Head:
     held: dict[str, Resources]  # what the head's reserved placement holds per node
 
 
+class _Timeline:
+    """One capacity moved to each instant a reservation search asks about: what is free once the first releases
+    (sorted by end) have happened. Each node's amounts are summed in the order `Cycle._capacity_after` sums them,
+    and only as far as the search goes, so the capacity at an instant is the same as one made for it, and its index
+    is kept up to date rather than built for every instant the search looks at."""
+
+    def __init__(self, free_now: Capacity, timed: Sequence[Mapping[str, Resources]]) -> None:
+        self.base = free_now.free
+        self.capacity = free_now.copy()
+        self.timed = timed
+        self.after: dict[str, list[Resources]] = {}  # per node: what is free after none, one, two... of its releases
+        self.steps: list[list[tuple[str, int]]] = []  # per release summed: its nodes, and how many of theirs it ends
+        self.applied = 0
+
+    def at(self, count: int) -> Capacity:
+        """The capacity once the first `count` releases have happened (valid until the next call)."""
+        capacity, after, steps = self.capacity, self.after, self.steps
+        while self.applied < count:
+            if self.applied == len(steps):
+                steps.append(self._summed(self.timed[self.applied]))
+            for name, index in steps[self.applied]:
+                capacity.set(name, after[name][index])
+            self.applied += 1
+        while self.applied > count:
+            self.applied -= 1
+            for name, index in steps[self.applied]:
+                capacity.set(name, after[name][index - 1])
+        return capacity
+
+    def _summed(self, held: Mapping[str, Resources]) -> list[tuple[str, int]]:
+        step = []
+        for name, amount in held.items():
+            if name in self.base:
+                amounts = self.after.setdefault(name, [self.base[name]])
+                amounts.append(amounts[-1] + amount)
+                step.append((name, len(amounts) - 1))
+        return step
+
+
 class Cycle:
     """One pass over the queue. Capacity only shrinks during a cycle, so a job shape that failed on
     some capacity is remembered and not tried again on it.
@@ -647,12 +702,10 @@ class Cycle:
         unknown and the nodes are reserved on what would be free once every running job ended."""
         ends, timed, untimed = self._releases()
         times = [self.now, *sorted({end for end in ends if end > self.now})]
-        cache: dict[int, Capacity] = {}
+        timeline = _Timeline(self.free_now, timed)
 
         def capacity_at(index: int) -> Capacity:
-            if index not in cache:
-                cache[index] = self._capacity_after(timed[: bisect.bisect_right(ends, times[index])])
-            return cache[index]
+            return timeline.at(bisect.bisect_right(ends, times[index]))
 
         for count in worker_counts(job.spec):
             best: tuple[int, str, list[Placement]] | None = None
@@ -661,10 +714,15 @@ class Cycle:
                 last = len(times) - 1 if best is None else best[0] - 1  # a later flavor must start earlier
                 if flavor is None or last < 0:
                     continue
-                placement = place(capacity_at(last), job.spec, flavor, count, job.excluded_nodes)
+                # Free capacity only grows with time: look at instants 0, 1, 3, 7... until it fits (the head of a
+                # busy cluster mostly starts soon, and only the releases up to then are summed), then in between.
+                low, high, step = 0, 0, 1
+                while (placement := place(capacity_at(high), job.spec, flavor, count, job.excluded_nodes)) is None:
+                    if high == last:
+                        break
+                    low, high, step = high + 1, min(high + step, last), step * 2
                 if placement is None:
                     continue
-                low, high = 0, last  # fits at `high`; free capacity only grows with time
                 while low < high:
                     middle = (low + high) // 2
                     found = place(capacity_at(middle), job.spec, flavor, count, job.excluded_nodes)

@@ -45,10 +45,11 @@ class _Room:
         self.starts = starts  # the segments' starts; the last segment lasts for good
         self.free = free
         self.fills: list[_Fill] = [(0, 0.0, 0.0, 0.0)] * _KINDS
+        self.poured = [0.0] * _KINDS  # the work poured so far (amount times µs), per kind
 
     def fork(self) -> _Room:
         twin = copy.copy(self)
-        twin.fills = list(self.fills)
+        twin.fills, twin.poured = list(self.fills), list(self.poured)
         return twin
 
     def left(self, kind: int) -> float:
@@ -80,7 +81,7 @@ class _Option:
 
     node_class: Hashable
     flavor: str
-    holds: tuple[float, float, float]
+    holds: tuple[tuple[int, float], ...]  # the kinds of resource it holds, and how much of each
 
 
 class FluidPlan:
@@ -90,50 +91,43 @@ class FluidPlan:
         """`planner`: the exact plan as far as it goes; it is read, never changed."""
         self.planner = planner
         self.rooms: dict[Hashable, _Room] = {}  # made when first poured into
-        self.poured: dict[Hashable, list[float]] = {}  # per class, the work poured so far, per kind
         self.options: dict[Shape, list[_Option]] = {}  # shared by copies: they depend only on the nodes
 
     def fork(self) -> FluidPlan:
         twin = copy.copy(self)
         twin.rooms = {node_class: room.fork() for node_class, room in self.rooms.items()}
-        twin.poured = {node_class: list(work) for node_class, work in self.poured.items()}
         return twin
 
     def pour(self, job: QueuedJob) -> tuple[int | None, str | None]:
         """When `job`, behind every job poured so far, roughly starts (µs from the plan's moment; None: never,
         jobs without a limit holding too much for good), and with which flavor."""
-        options = self._options(job)
-        best: tuple[float, _Option, list[tuple[int, _Fill]]] | None = None
         seconds = job.duration_seconds
-        unlimited = seconds is None
+        options = self._options(job)
+        best: tuple[float, _Option, _Room, list[tuple[int, float, _Fill]]] | None = None
         for option in options:
-            room = self._room(option.node_class)
-            poured = self.poured.setdefault(option.node_class, [0.0] * _KINDS)
-            fills: list[tuple[int, _Fill]] = []
+            room = self.rooms.get(option.node_class) or self._room(option.node_class)
+            fills: list[tuple[int, float, _Fill]] = []
             start = 0.0
-            for kind in range(_KINDS):
-                if option.holds[kind] <= 0:
-                    continue
-                if unlimited and room.left(kind) < option.holds[kind]:
+            for kind, amount in option.holds:
+                if seconds is None and room.left(kind) < amount:
                     break  # it would never have room for good here
-                found = room.reached(kind, poured[kind])
+                found = room.reached(kind, room.poured[kind])
                 if found is None:
                     break
-                fills.append((kind, found))
+                fills.append((kind, amount, found))
                 start = max(start, found[1])
             else:
                 if best is None or start < best[0]:
-                    best = (start, option, fills)
+                    best = (start, option, room, fills)
         if best is None:
             return None, options[0].flavor if options else None
-        start, option, fills = best
-        room, poured = self.rooms[option.node_class], self.poured[option.node_class]
-        for kind, (segment, at, used, held) in fills:
+        start, option, room, fills = best
+        for kind, amount, (segment, at, used, held) in fills:
             if seconds is None:  # it holds its share for good, from where this kind's room is filled up to
-                room.fills[kind] = segment, at, used, held + option.holds[kind]
+                room.fills[kind] = segment, at, used, held + amount
             else:
                 room.fills[kind] = segment, at, used, held
-                poured[kind] += option.holds[kind] * seconds * 1_000_000
+                room.poured[kind] += amount * seconds * 1_000_000
         return min(int(start), FOREVER), option.flavor
 
     def _options(self, job: QueuedJob) -> list[_Option]:
@@ -147,10 +141,11 @@ class FluidPlan:
             seen: set[Hashable] = set()
             for name, nodes in planner.worker_nodes(job).items():
                 one = _amounts(Resources.of_flavor(planner.flavors[name]))
-                holds = tuple(job.spec.nodes * a + servers * b for a, b in zip(one, extra, strict=True))
+                holds = tuple((kind, held) for kind, (a, b) in enumerate(zip(one, extra, strict=True))
+                              if (held := job.spec.nodes * a + servers * b) > 0)
                 for node_class in sorted({planner.node_class[node] for node in nodes} - seen, key=repr):
                     seen.add(node_class)
-                    found.append(_Option(node_class, name, (holds[0], holds[1], holds[2])))
+                    found.append(_Option(node_class, name, holds))
             self.options[shape] = found
         return found
 

@@ -3,7 +3,8 @@
 Planning a deep queue takes seconds. The prediction cache makes a prediction in three steps
 (`begin`, `plan`, `end`); here `begin` and `end` run on the event loop and `plan` in a worker thread,
 so cycles, commands and events go on meanwhile. The loop calls `inputs()` (copies nothing mutates)
-when a plan is made afresh, and the cache only notes the events folded while the thread plans.
+when a plan is made afresh, and the cache only notes the events folded while the thread plans. The cycle
+collector is paused while a plan is made (a third of a cold plan's time at 10,000 jobs on 1,000 nodes).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from datetime import datetime
 from typing import TypeVar
 
 from libs.contracts.jobspec import JobSpec
+from libs.eventsourced import collector_paused
 from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 
@@ -71,7 +73,7 @@ class PlanningThread:
         next prediction may begin."""
         loop = asyncio.get_running_loop()
         try:
-            planned = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, plan))
+            planned = loop.run_in_executor(None, functools.partial(contextvars.copy_context().run, _paused, plan))
         except BaseException:
             self._returned(failed=True)
             raise
@@ -85,3 +87,10 @@ class PlanningThread:
     def _returned(self, *, failed: bool) -> None:
         self.cache.end(failed=failed)
         self._turn.release()
+
+
+def _paused(plan: Callable[[], T]) -> T:
+    """`plan` with Python's cycle collector paused: a plan makes many objects that live on (its kept cycles and
+    copies) and little cyclic garbage, and the collector would scan the whole state again and again meanwhile."""
+    with collector_paused():
+        return plan()

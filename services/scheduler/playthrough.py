@@ -39,9 +39,9 @@ from services.scheduler.simulation import Simulation, Started, Step, insertion_i
 # Cycles times nodes one playthrough may run (see the module): 8 cycles on 1,000 nodes, 80 on 100, at some 15 µs
 # per node and waiting job looked at on this machine; 160 on 100 nodes were barely more exact (docs/benchmarks.md).
 SIMULATION_NODE_CYCLES = 8_000
-# Jobs times nodes the conservative plan past the playthrough places one by one (Horizon): 500 jobs on 1,000
-# nodes, at some 200 µs a job there; the jobs behind them get a rough, fluid estimate (fluid_plan.py).
-HORIZON_NODE_JOBS = 500_000
+# Jobs times nodes the conservative plan past the playthrough places one by one (Horizon): 250 jobs on 1,000
+# nodes, at some 500 µs a job there; the jobs behind them get a rough, fluid estimate (fluid_plan.py).
+HORIZON_NODE_JOBS = 250_000
 PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
 
 
@@ -230,7 +230,8 @@ class Horizon:
     def __init__(self, simulation: Simulation) -> None:
         ending = simulation.ending()
         nodes = [NodeCapacity(info=info, free=simulation.free[info.name]) for info in simulation.infos]
-        running = [replace(job, ends_at=ending.get(job.job_id)) for job in simulation.running.values()]
+        running = [job if job.ends_at == (end := ending.get(job.job_id)) else job.changed(ends_at=end)
+                   for job in simulation.running.values()]
         self.queue = [_as_planned(job, simulation.runtime(job)) for job in simulation.queue]
         # Which jobs fit on no node, the whole queue looked at (the simulation's cycles only look `CYCLE_DEPTH` deep):
         # the plan passes them over rather than searching in vain.
@@ -308,8 +309,10 @@ class Horizon:
             self.fluid, self.poured, self.fluid_copies = FluidPlan(self._at(self.bound)), self.bound, {}
         for stop in self._stops(place, self.bound, len(self.queue)):
             if stop not in self.fluid_copies:
+                unplaceable = self.planner.unplaceable
                 for job in self.queue[self.poured:stop]:
-                    self._rough(job, self.fluid, None)
+                    if job.job_id not in unplaceable:  # as `_rough` pours it, without the plan it has no use for
+                        self.fluid.pour(job)
                 self.fluid_copies[stop], self.poured = self.fluid.fork(), stop
         return self.fluid_copies[place]
 
@@ -335,7 +338,7 @@ def _as_planned(job: QueuedJob, runtime: int | None) -> QueuedJob:
         return job
     if job.duration_seconds is not None:
         runtime = min(runtime, job.duration_seconds)  # stopped at its limit
-    return job if runtime == job.duration_seconds else replace(job, duration_seconds=runtime)
+    return job if runtime == job.duration_seconds else job.lasting(runtime)
 
 
 def _plan_of(start: Started) -> Plan:

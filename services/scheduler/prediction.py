@@ -57,7 +57,7 @@ class Expected:
         return not self.ends and not self.seconds
 
     def running(self, jobs: Sequence[RunningJob]) -> list[RunningJob]:
-        return [replace(job, ends_at=self.ends[job.job_id]) if job.job_id in self.ends else job for job in jobs]
+        return [job.changed(ends_at=self.ends[job.job_id]) if job.job_id in self.ends else job for job in jobs]
 
     def queue(self, jobs: Sequence[QueuedJob]) -> list[QueuedJob]:
         return [replace(job, duration_seconds=self.seconds[job.job_id]) if job.job_id in self.seconds else job

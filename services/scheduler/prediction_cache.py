@@ -251,7 +251,7 @@ class _Snapshot:
         queue = inputs.queue
         self.places = {priority: insertion_index(queue, priority) for priority in _PRIORITIES}
         # Growth comes after every admission and changes none, so the copies leave it out.
-        cycle = Cycle(inputs.nodes, inputs.flavors, [replace(job, can_grow=False) for job in inputs.running], now)
+        cycle = Cycle(inputs.nodes, inputs.flavors, [job.changed(can_grow=False) for job in inputs.running], now)
         self.cycles: dict[int, Cycle] = {}
         done = 0
         for place in sorted(set(self.places.values())):

@@ -25,11 +25,12 @@ does I/O: `now` is a parameter, and the result is a function of the inputs.
 
 from __future__ import annotations
 
+import bisect
 import copy
 import heapq
 import itertools
 from collections.abc import Collection, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
 from libs.contracts.cluster import Flavor, Resources
@@ -78,9 +79,13 @@ class Step:
 
 
 def insertion_index(queue: Sequence[QueuedJob], priority: Priority) -> int:
-    """Where a new job of `priority` joins the queue: behind every job of the same or a higher priority (S1)."""
-    rank = PRIORITY_RANK[priority]
-    return next((i for i, job in enumerate(queue) if PRIORITY_RANK[job.spec.priority] > rank), len(queue))
+    """Where a new job of `priority` joins the queue: behind every job of the same or a higher priority (S1). The
+    queue is in start order, so its priorities never rise: a binary search finds the place."""
+    return bisect.bisect_right(queue, PRIORITY_RANK[priority], key=_rank)
+
+
+def _rank(job: QueuedJob) -> int:
+    return PRIORITY_RANK[job.spec.priority]
 
 
 def waits_for(ended: Mapping[str, frozenset[str]], placement: Sequence[Placement]) -> list[str]:
@@ -134,7 +139,7 @@ class Simulation:
         self.cycles = 0
         ends = ends or {}
         for job in running:
-            self.running[job.job_id] = replace(job, can_grow=False) if job.can_grow else job  # growth: not simulated
+            self.running[job.job_id] = job.changed(can_grow=False) if job.can_grow else job  # growth: not simulated
             end = ends.get(job.job_id, job.ends_at)
             if end is not None:
                 heapq.heappush(self._ends, (max(end, now), next(self._order), job.job_id))

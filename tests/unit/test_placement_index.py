@@ -3,15 +3,19 @@ index of roomy nodes kept up to date lazily) places every rank where the rule it
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from libs import placement
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.contracts.events import Placement, Role
 from libs.contracts.jobspec import JobSpec
-from libs.placement import Capacity, Cluster, eligible, parameter_server_count, place, role_flavor
-from tests.support.placement import info
-from tests.support.strategies import BOARDS, SETTINGS, flavor_sets, job_specs
+from libs.placement import Capacity, Cluster, Decision, eligible, parameter_server_count, place, role_flavor, schedule
+from tests.support.placement import NOW, info
+from tests.support.strategies import BOARDS, SETTINGS, Scenario, flavor_sets, job_specs, scenarios
 
 
 def by_the_rule(free: dict[str, Resources], infos: dict[str, NodeInfo], spec: JobSpec, flavor: Flavor,
@@ -79,3 +83,33 @@ def test_a_placement_after_many_changes_follows_the_rule(history: History) -> No
         else:
             kind, name, amount = step
             (capacity.take if kind == "take" else capacity.give)({name: amount})
+
+
+class _AfreshAtEachInstant:
+    """What the head's reservation search looked at before: a capacity made afresh for each instant."""
+
+    def __init__(self, free_now: Capacity, timed: list[Mapping[str, Resources]]) -> None:
+        self.free_now, self.timed = free_now, timed
+
+    def at(self, count: int) -> Capacity:
+        capacity = self.free_now.copy()
+        for held in self.timed[:count]:
+            for name, amount in held.items():
+                if name in capacity.free:
+                    capacity.free[name] = capacity.free[name] + amount
+        return capacity
+
+
+@settings(SETTINGS, max_examples=300)
+@given(scenarios())
+def test_the_head_is_reserved_as_on_a_capacity_made_afresh_for_each_instant(scenario: Scenario) -> None:
+    """The reservation search moves one capacity back and forth between instants; it must decide as if each
+    instant's capacity were made anew (the same reservation, the same backfills behind it)."""
+    def decide() -> Decision:
+        return schedule(scenario.queue, scenario.nodes, scenario.flavors, running=scenario.running, now=NOW)
+
+    moved = decide()
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(placement, "_Timeline", _AfreshAtEachInstant)
+        afresh = decide()
+    assert moved == afresh

@@ -38,3 +38,14 @@ def test_a_collector_that_was_off_stays_off(collector_on: None) -> None:
         pass
     assert not gc.isenabled()
     gc.enable()
+
+
+def test_the_collector_comes_back_once_the_last_of_overlapping_pauses_ends(collector_on: None) -> None:
+    """A plan in the planning thread and a past state's replay may pause it at once, ending in any order."""
+    first, second = collector_paused(), collector_paused()
+    first.__enter__()
+    second.__enter__()
+    first.__exit__(None, None, None)
+    assert not gc.isenabled()  # the second still needs it off
+    second.__exit__(None, None, None)
+    assert gc.isenabled()
