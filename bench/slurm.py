@@ -19,6 +19,11 @@ a user's script submits them. A workload's time runs from its first submit until
 0.2 s, pending, running and completing jobs of that workload only) lists none of its jobs, which can only
 overstate Slurm's time, by at most a poll; finished jobs stay known for `MinJobAge`, and each workload is then
 checked to have exactly as many COMPLETED jobs as it submitted, so that a failed or lost job never counts as done.
+
+Other benchmarks drive the peer one job at a time: `submit` sends one batch job of given nodes, CPUs and memory
+per node, time limit and command, and `jobs` reads what `squeue` lists of each job (state, submit, start and end
+times; a pending job's start is Slurm's estimate, as `squeue --start` shows it). `scheduler_parameters` adds
+`SchedulerParameters` to the throughput ones, or replaces one of them (`bf_interval=1`, ...).
 """
 
 from __future__ import annotations
@@ -51,6 +56,8 @@ START_SECONDS = 60.0
 STOP_SECONDS = 15.0
 # Slurm clients read these from the environment: none of the caller's may leak into the peer's commands.
 CLIENT_PREFIXES = ("SLURM_", "SBATCH_", "SRUN_", "SQUEUE_", "SINFO_", "SALLOC_", "SCONTROL_")
+# Slurm's high-throughput guide: look deep into the queue, and schedule at every submission and end at once.
+THROUGHPUT_PARAMETERS = ("default_queue_depth=1000", "sched_min_interval=0", "batch_sched_delay=0")
 
 
 def slurm_missing() -> str | None:
@@ -60,6 +67,52 @@ def slurm_missing() -> str | None:
         return None
     return (f"{', '.join(missing)} not found: install Slurm with "
             "`DEBIAN_FRONTEND=noninteractive apt-get install -y slurm-wlm` (it brings munge)")
+
+
+def scheduler_settings(defaults: Sequence[str], extra: Sequence[str]) -> tuple[str, ...]:
+    """`SchedulerParameters` items: `defaults`, each replaced by the item of `extra` with the same key, then the
+    rest of `extra`; so each key is given once."""
+    given = {item.split("=", 1)[0]: item for item in extra}
+    kept = [given.pop(item.split("=", 1)[0], item) for item in defaults]
+    return (*kept, *given.values())
+
+
+@dataclass(frozen=True)
+class JobTimes:
+    """One job as `squeue` lists it; times in whole seconds since the epoch, None where Slurm shows N/A."""
+
+    job_id: str
+    name: str
+    state: str
+    submitted: int | None
+    start: int | None  # when it started; while it is pending, Slurm's estimate (what `squeue --start` shows)
+    end: int | None
+    nodes: str  # where it runs or ran
+    planned: str  # while it is pending, the nodes it is planned to start on (`squeue --start`'s SCHEDNODES)
+    reason: str
+
+
+# `squeue` fields of a JobTimes, with SLURM_TIME_FORMAT=%s (seconds since the epoch): its times are the
+# controller's, whatever the time zone.
+SQUEUE_FORMAT = "%i|%j|%T|%V|%S|%e|%N|%Y|%r"
+
+
+def parse_jobs(text: str) -> list[JobTimes]:
+    """The jobs of `squeue -h -o SQUEUE_FORMAT` output, with SLURM_TIME_FORMAT=%s."""
+    jobs = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        job_id, name, state, submitted, start, end, nodes, planned, reason = line.strip().split("|", 8)
+        jobs.append(JobTimes(job_id, name, state, _epoch(submitted), _epoch(start), _epoch(end), nodes.strip(),
+                             "" if planned.strip() == "(null)" else planned.strip(), reason))
+    return jobs
+
+
+def _epoch(text: str) -> int | None:
+    """Seconds since the epoch, or None for N/A, Unknown, None or 0 (Slurm's ways of saying not known)."""
+    text = text.strip()
+    return int(text) if text.isdigit() and int(text) > 0 else None
 
 
 @dataclass(frozen=True)
@@ -115,12 +168,14 @@ class SlurmPeer:
     """A Slurm cluster of `nodes` nodes run from `folder`; stopped with everything it started on exit."""
 
     def __init__(self, folder: Path, nodes: int = 8, cpus: int = 16, memory_mib: int = 4000,
-                 max_array: int = 10_000) -> None:
+                 max_array: int = 10_000, scheduler_parameters: Sequence[str] = ()) -> None:
         self.folder = folder
         self.nodes = nodes
         self.cpus = cpus
         self.memory_mib = memory_mib
         self.max_array = max_array
+        # The throughput settings, with `scheduler_parameters` (`bf_interval=1`, ...) added or put in their place.
+        self.scheduler_parameters = scheduler_settings(THROUGHPUT_PARAMETERS, scheduler_parameters)
         self.conf = folder / "slurm.conf"
         self.munge_socket = folder / "munge" / "munge.socket"
         self._daemons: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -270,7 +325,8 @@ class SlurmPeer:
             "MpiDefault=none",
             "SelectType=select/cons_tres",
             "SelectTypeParameters=CR_Core_Memory",
-            "SchedulerParameters=default_queue_depth=1000,sched_min_interval=0,batch_sched_delay=0",
+            "SchedulerType=sched/backfill",  # Slurm's default, named
+            f"SchedulerParameters={','.join(self.scheduler_parameters)}",
             "MinJobAge=3600",  # finished jobs stay listed until their workload is counted
             "MaxJobCount=200000",
             f"MaxArraySize={self.max_array + 1}",
@@ -282,6 +338,31 @@ class SlurmPeer:
                   "State=UNKNOWN" for k, port in enumerate(node_ports, start=1)]
         lines.append("PartitionName=bench Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         return "\n".join(lines) + "\n"
+
+    # One job at a time: submitting it and reading its times.
+
+    def command(self, argv: Sequence[str]) -> str:
+        """Run a Slurm command against this peer, times printed as seconds since the epoch; its output."""
+        done = subprocess.run(list(argv), env={**self.env, "SLURM_TIME_FORMAT": "%s"}, stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, check=False)
+        if done.returncode != 0:
+            raise RuntimeError(f"{' '.join(argv)} failed ({done.returncode}): {done.stderr.strip()[-500:]}")
+        return done.stdout
+
+    def submit(self, name: str, command: str, *, nodes: int = 1, cpus: int = 1, memory_mib: int = 64,
+               minutes: int | None = None) -> str:
+        """One batch job named `name` running `command` (a shell line) on `nodes` nodes, with `cpus` CPUs and
+        `memory_mib` on each and a time limit of `minutes`; its job id."""
+        argv = ["sbatch", "--parsable", "-J", name, f"-N{nodes}", "--ntasks-per-node=1", f"-c{cpus}",
+                f"--mem={memory_mib}", "-o", "/dev/null", f"--chdir={self.folder / 'jobs'}"]
+        if minutes is not None:
+            argv.append(f"--time={minutes}")
+        return self.command([*argv, "--wrap", command]).strip().split(";")[0]
+
+    def jobs(self, name: str | None = None) -> list[JobTimes]:
+        """Every job Slurm still lists (finished ones for `MinJobAge`), or those named `name`."""
+        argv = ["squeue", "-h", "-t", "all", "-o", SQUEUE_FORMAT] + (["-n", name] if name else [])
+        return parse_jobs(self.command(argv))
 
     # Workloads.
 
