@@ -141,7 +141,10 @@ class RuntimeModel:
         else:  # a job stopped at its limit takes a moment to end: count it as running to the limit
             table, value = self._shares, min(runtime / limit, 1.0) if limit > 0 else 1.0
         for group in traits.groups:
-            table.setdefault(group, _Samples(self.window)).add(value)
+            samples = table.get(group)
+            if samples is None:
+                samples = table[group] = _Samples(self.window)
+            samples.add(value)
         self.observed += 1
         self._fresh.clear()
 

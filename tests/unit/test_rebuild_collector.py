@@ -49,3 +49,4 @@ def test_the_collector_comes_back_once_the_last_of_overlapping_pauses_ends(colle
     assert not gc.isenabled()  # the second still needs it off
     second.__exit__(None, None, None)
     assert gc.isenabled()
+
