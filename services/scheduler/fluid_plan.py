@@ -1,6 +1,6 @@
 """A rough plan of the jobs deep in the queue, past what the conservative plan places one by one (SPEC S6).
 
-The conservative backfill plan (backfill_plan.py) costs some 200 µs a job on 1,000 nodes, so a queue of
+The conservative backfill plan (backfill_plan.py) costs some 500 µs a job on 1,000 nodes, so a queue of
 10,000 cannot be planned job by job within a second. Past a bound (playthrough.HORIZON_NODE_JOBS), the jobs
 are *poured*, in queue order, into the room the exact plan leaves: per class of nodes (same pools, board and
 driver), the free CPUs, memory and accelerators over time, summed over its nodes. A job starts, roughly, once
@@ -9,10 +9,11 @@ same class, in each kind of resource; a job that may use several classes goes wh
 job without a duration limit holds its share of the class for good from its start, where that much stays free
 for good; else it has no start, and holds nothing.
 
-This is the fluid approximation of queueing theory: it ignores that a job needs its room on whole nodes and all
-at once, so a start it gives is never later than packing allows and often earlier; it is marked rough, and
-docs/simulation.md states what it costs in accuracy (bench.prediction_accuracy). Pouring a job costs a few
-microseconds: each class keeps, per kind of resource, how far its room has been filled, and only moves forward.
+This is the fluid approximation of queueing theory. It ignores that a job needs its room on whole nodes and all
+at once, which makes a start early, and that a job may backfill ahead of work before it, which makes it late; on
+the replayed workloads rough starts lean late (docs/benchmarks.md, bench.prediction_accuracy `--planned`). Its
+plans are marked rough. Pouring a job costs a few microseconds: each class keeps, per kind of resource, how far
+its room has been filled, and only moves forward.
 """
 
 from __future__ import annotations

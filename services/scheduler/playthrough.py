@@ -20,7 +20,9 @@ are the same however a job submitted meanwhile was taken in, so a kept playthrou
 would. Past it, the jobs not started yet are planned from the state the simulation reached by the
 conservative backfill plan (backfill_plan.py), which is cheaper and never later than it should be by more
 than the scheduler's own extra backfilling: exact where the cluster is small enough, an estimate beyond
-(docs/simulation.md says how close, from `bench.prediction_accuracy`).
+(docs/simulation.md says how close, from `bench.prediction_accuracy`). That plan places at most
+`HORIZON_NODE_JOBS` divided by the number of nodes jobs one by one (`Horizon`); the jobs behind them get a rough
+start from the room it leaves (fluid_plan.py).
 """
 
 from __future__ import annotations
