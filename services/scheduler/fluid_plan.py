@@ -106,7 +106,7 @@ class FluidPlan:
         options = self._options(job)
         best: tuple[float, _Option, _Room, list[tuple[int, float, _Fill]]] | None = None
         for option in options:
-            room = self.rooms.get(option.node_class) or self._room(option.node_class)
+            room = self._room(option.node_class)
             fills: list[tuple[int, float, _Fill]] = []
             start = 0.0
             for kind, amount in option.holds:

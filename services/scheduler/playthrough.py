@@ -311,19 +311,22 @@ class Horizon:
             self.fluid, self.poured, self.fluid_copies = FluidPlan(self._at(self.bound)), self.bound, {}
         for stop in self._stops(place, self.bound, len(self.queue)):
             if stop not in self.fluid_copies:
-                unplaceable = self.planner.unplaceable
                 for job in self.queue[self.poured:stop]:
-                    if job.job_id not in unplaceable:  # as `_rough` pours it, without the plan it has no use for
-                        self.fluid.pour(job)
+                    self._pour(job, self.fluid)
                 self.fluid_copies[stop], self.poured = self.fluid.fork(), stop
         return self.fluid_copies[place]
+
+    def _pour(self, job: QueuedJob, fluid: FluidPlan) -> tuple[int | None, str | None] | None:
+        """`job` poured into `fluid` (`FluidPlan.pour`); None, and nothing poured, when it fits on no node: it never
+        holds anyone back."""
+        return None if job.job_id in self.planner.unplaceable else fluid.pour(job)
 
     def _rough(self, job: QueuedJob, fluid: FluidPlan, exact: Plan | None) -> Plan:
         """The plan of `job` poured into `fluid`, never earlier than `exact`, its plan behind the bound's jobs alone
         (where it would go, for a new job)."""
-        if job.job_id in self.planner.unplaceable:
+        if (poured := self._pour(job, fluid)) is None:
             return Plan(job_id=job.job_id, start=None, unplaceable=True)
-        moment, flavor = fluid.pour(job)
+        moment, flavor = poured
         if moment is None:
             return Plan(job_id=job.job_id, start=None, rough=True)
         start = self.planner.now + timedelta(microseconds=moment)

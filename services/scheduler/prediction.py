@@ -20,7 +20,7 @@ every question.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from libs.contracts.cluster import Flavor
@@ -60,8 +60,7 @@ class Expected:
         return [job.changed(ends_at=self.ends[job.job_id]) if job.job_id in self.ends else job for job in jobs]
 
     def queue(self, jobs: Sequence[QueuedJob]) -> list[QueuedJob]:
-        return [replace(job, duration_seconds=self.seconds[job.job_id]) if job.job_id in self.seconds else job
-                for job in jobs]
+        return [job.lasting(self.seconds[job.job_id]) if job.job_id in self.seconds else job for job in jobs]
 
 
 @dataclass(frozen=True)
