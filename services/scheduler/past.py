@@ -9,7 +9,10 @@ read that state with the clock stopped at the instant: the same code answers the
 
 The last state made is kept for a while: a later instant folds only the events in between, so an operator
 stepping forward through a night pays for each step, not for the whole history again. An earlier instant
-starts afresh. Nothing here touches the live state: the replay has its own state, folded in a worker thread in
+starts afresh, from the latest snapshot before it (past_snapshots.py). The live scheduler keeps those snapshots
+ahead of any view (`keep_ahead`): once its log has grown by `SNAPSHOT_EVENTS` since the latest, it makes the state
+of the present in the background, saving snapshots on the way, so that no instant asked for is more than that many
+events past one. Nothing here touches the live state: the replay has its own state, folded in a worker thread in
 windows of the own log (bounded memory), and answers one view at a time.
 """
 
@@ -17,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import heapq
 from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime
@@ -29,9 +33,10 @@ from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
-from libs.eventsourced import collector_paused
+from libs.eventsourced import LONG_LIVED_EVENTS, collector_paused
 from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
+from libs.outages import OUTAGES
 from libs.telemetry.logs import get_logger
 from services.scheduler.names import UPSTREAM_AGGREGATES, upstream_consumer
 from services.scheduler.past_snapshots import SNAPSHOT_EVENTS, PastSnapshots, Snapshot, dump, load
@@ -47,6 +52,7 @@ WINDOW = 20_000  # own events folded at a time, with the upstream events recorde
 KEEP_SECONDS = 600.0  # a past state unused this long is dropped (it may be as large as the live one)
 SET_ASIDE_PAGE = 1_000
 EPOCH = datetime.min.replace(tzinfo=UTC)
+KEEP_AHEAD_SECONDS = 60.0  # how often the live scheduler looks whether a new snapshot is due
 
 Positioned = AsyncIterator[tuple[int, EventEnvelope | None]]
 """A source's events after a position, each with its own position (None: passed over, as the live service did)."""
@@ -159,10 +165,7 @@ class _Replay:
         """Fold every event recorded after the last instant and up to `when`, in the order recorded; `progress` is
         told how many events are folded in all, after each window."""
         await self._learn_set_aside()
-        # The collector off, as for a rebuild at start: it would scan the growing state again and again (the
-        # reading too makes many objects, so for the whole of it, not only while folding).
-        with collector_paused():
-            await self._advance(when, progress)
+        await self._advance(when, progress)
         self.past.at = when
 
     async def _advance(self, when: datetime, progress: Callable[[int], None]) -> None:
@@ -247,10 +250,18 @@ class PastStates:
                 self._forget.cancel()
             replay = self._kept
             try:
-                if replay is None or replay.past.at > when:
-                    replay = self._kept = await self._made_afresh(when)
-                folded = replay.past.events
-                await replay.advance(when, progress)
+                # The collector off while the state is restored and folded, as for a rebuild at start: it would scan
+                # the growing state again and again (the reading too makes many objects, so for the whole of it).
+                with collector_paused():
+                    afresh = replay is None or replay.past.at > when
+                    if replay is None or afresh:
+                        replay = self._kept = await self._made_afresh(when)
+                    folded = replay.past.events
+                    await replay.advance(when, progress)
+                    if (replay.past.events if afresh else replay.past.events - folded) >= LONG_LIVED_EVENTS:
+                        # Out of later collections too, whose first would scan it all on the event loop (a fifth of
+                        # a restore's time): a past state holds no cycles, so it is still freed once let go.
+                        gc.freeze()
                 log.info("scheduler.past_state", at=when.isoformat(), events=replay.past.events,
                          folded=replay.past.events - folded)
             except BaseException:
@@ -259,23 +270,59 @@ class PastStates:
             try:
                 yield replay.past
             finally:
-                self._forget = asyncio.get_running_loop().call_later(KEEP_SECONDS, self._drop)
+                self._forget = asyncio.get_running_loop().call_later(KEEP_SECONDS, self._forgotten)
 
-    async def _made_afresh(self, when: datetime) -> _Replay:
-        """A replay to go on to `when` with: from the latest snapshot before it, else from the first event."""
+    async def keep_ahead(self, clock: Callable[[], datetime]) -> None:
+        """Snapshots made ahead of any view, for the life of the live scheduler (its loop)."""
+        while True:
+            await asyncio.sleep(KEEP_AHEAD_SECONDS)
+            try:
+                await self.snapshot_if_due(clock())
+            except OUTAGES:
+                raise  # the loop pauses until they are back
+            except Exception:  # snapshots only save time: the service goes on without a new one
+                log.exception("scheduler.past_snapshot_failed")
+
+    async def snapshot_if_due(self, now: datetime) -> bool:
+        """If the log has grown by `SNAPSHOT_EVENTS` since the latest snapshot, make the state of `now` (snapshots
+        saved on the way) and let it go: a later view starts from the snapshot. Whether it did."""
+        snapshots = await self._snapshot_table()
+        latest = await snapshots.latest(now)
+        if await self.store.last_position() - (latest.own_after if latest is not None else 0) < SNAPSHOT_EVENTS:
+            return False
+        log.info("scheduler.past_snapshots_due", since=latest.at.isoformat() if latest is not None else None)
+        async with self.at(now) as made:
+            events = made.events
+        async with self._lock:
+            if self._kept is not None and self._kept.past.at == now:  # as large as the live state: not kept
+                self._drop()
+        log.info("scheduler.past_snapshots_made", at=now.isoformat(), events=events)
+        return True
+
+    async def _snapshot_table(self) -> PastSnapshots:
         if self._snapshots is None:
             self._snapshots = PastSnapshots(self.store.pool, self.store.schema)
             await self._snapshots.migrate()
-        replay = _Replay(self.store, self.js, self.cluster(), self._snapshots)
-        snapshot = await self._snapshots.latest(when)
+        return self._snapshots
+
+    async def _made_afresh(self, when: datetime) -> _Replay:
+        """A replay to go on to `when` with: from the latest snapshot before it, else from the first event."""
+        snapshots = await self._snapshot_table()
+        replay = _Replay(self.store, self.js, self.cluster(), snapshots)
+        snapshot = await snapshots.latest(when)
         if snapshot is not None:
             try:
                 await replay.restore(snapshot)
             except Exception:  # a snapshot that cannot be read is passed over: the log has it all
                 log.exception("scheduler.past_snapshot_unreadable", at=snapshot.at.isoformat())
-                replay = _Replay(self.store, self.js, self.cluster(), self._snapshots)
+                replay = _Replay(self.store, self.js, self.cluster(), snapshots)
         return replay
 
     def _drop(self) -> None:
+        if self._forget is not None:
+            self._forget.cancel()
+        self._kept = None
+
+    def _forgotten(self) -> None:
         if not self._lock.locked():
-            self._kept = None
+            self._drop()

@@ -192,11 +192,12 @@ class JobQueries(StateQueries):
     """Every query the scheduler answers. Views of the state asked `at` a past instant are answered from the
     state rebuilt from the events up to it, by the same code."""
 
-    def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext) -> None:
+    def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext,
+                 past: PastStates | None = None) -> None:
         super().__init__(scheduler)
         self.live = scheduler
         self.store, self.js = store, js  # for a job's history: its own log, the others' published events
-        self.past = PastStates(store, js, lambda: scheduler.state.cluster)
+        self.past = past or PastStates(store, js, lambda: scheduler.state.cluster)
 
     def routes(self) -> list[tuple[str, object, AuthenticatedHandler]]:
         return [

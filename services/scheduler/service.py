@@ -35,6 +35,7 @@ from services.scheduler import cycle, predicted
 from services.scheduler.commands import JobCommands
 from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
+from services.scheduler.past import PastStates
 from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
@@ -104,6 +105,7 @@ class Scheduler(EventSourcedService):
         self._predict_wake = asyncio.Event()
         self.pacer = Pacer(share=CYCLE_SHARE)
         self._changed = asyncio.Event()  # set by every event that changes what a cycle decides on
+        self.past: PastStates | None = None  # the states of past instants (`trainyard at`), once it answers
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -145,7 +147,8 @@ class Scheduler(EventSourcedService):
 
     def handlers(self) -> None:
         commands = JobCommands(self, storage_root=self.rt.settings.storage_root)
-        queries = JobQueries(self, store=self.rt.store, js=self.rt.js)
+        self.past = PastStates(self.rt.store, self.rt.js, lambda: self.state.cluster)
+        queries = JobQueries(self, store=self.rt.store, js=self.rt.js, past=self.past)
         logs = JobLogs(self, nc=self.rt.nc, js=self.rt.js)
         preloads = PreloadCommands(self, storage_root=self.rt.settings.storage_root)
         whatif = WhatIfQueries(self, queries.past)
@@ -172,7 +175,7 @@ class Scheduler(EventSourcedService):
 
     def loops(self) -> Mapping[str, Loop]:
         return {"cycle": self.scheduling_loop, "search-projection": self.projection_loop,
-                "predictions": self.prediction_loop}
+                "predictions": self.prediction_loop, "past-snapshots": self.past_snapshot_loop}
 
     async def scheduling_loop(self) -> None:
         await self.caught_up()  # decide only on a complete view of nodes and launches
@@ -220,6 +223,12 @@ class Scheduler(EventSourcedService):
                                        trace=current_trace_headers()))
         await self.record(traced)
         return bool(traced)
+
+    async def past_snapshot_loop(self) -> None:
+        """Snapshots of past states made ahead of any view (past.py), by the active scheduler only."""
+        await self.caught_up()
+        if self.past is not None:
+            await self.past.keep_ahead(self.clock)
 
     async def prediction_loop(self) -> None:
         """S6 for the jobs submitted without asking for one: planned together, off the event loop and

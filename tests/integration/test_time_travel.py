@@ -162,3 +162,39 @@ async def test_views_at_past_instants_tell_what_the_scheduler_told_then(
     finally:
         await alice.close()
         await bob.close()
+
+
+async def test_the_live_scheduler_keeps_snapshots_ahead_of_any_view(
+        schedulers: Schedulers, nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(past, "SNAPSHOT_EVENTS", 3)  # one due every three events of its own
+    monkeypatch.setattr(past, "KEEP_AHEAD_SECONDS", 0.1)
+    await schedulers.start()
+    scheduler = schedulers.started[-1]
+    assert scheduler.past is not None
+    snapshots = PastSnapshots(scheduler.rt.store.pool)
+    alice = await TrainyardClient.open(nats_url, token=token("alice"))
+    try:
+        await asyncio.sleep(0.3)
+        assert await snapshots.latest(datetime.now(UTC)) is None  # nothing recorded, nothing due
+        jobs = [(await alice.submit(spec(f"job-{n}"))).job_id for n in range(3)]
+
+        # Made by the scheduler itself, before anyone asked for a past instant; the state it made is let go.
+        async def made() -> bool:
+            return await snapshots.latest(datetime.now(UTC)) is not None
+
+        await eventually(made)
+        snapshot = await snapshots.latest(datetime.now(UTC))
+        assert snapshot is not None and snapshot.events >= 3
+        assert scheduler.past._kept is None
+        # Not due again until the log has grown by as many events since.
+        monkeypatch.setattr(past, "KEEP_AHEAD_SECONDS", 3600.0)
+        await asyncio.sleep(0.2)
+        assert not await scheduler.past.snapshot_if_due(datetime.now(UTC))
+
+        # A view of that instant starts from the snapshot and has nothing more to fold.
+        alice.at = snapshot.at
+        assert {j.job_id for j in await alice.list_jobs()} <= set(jobs)
+        async with scheduler.past.at(snapshot.at) as then:
+            assert then.events == snapshot.events
+    finally:
+        await alice.close()
