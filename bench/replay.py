@@ -5,12 +5,17 @@ folded into its state, as every start does (and as a view of a past instant woul
 
 The scheduler's log is filled with the lives of EVENTS / 4 single-node jobs (JobSubmitted, JobPredicted,
 JobAdmitted, JobSucceeded, with their traces), written straight into its events table (COPY) rather than
-decided one by one. Then, each timed on its own: reading every event (rows → envelopes, the store's
-`read_all`); rebuilding a real `Scheduler` from them (`EventSourcedService.rebuild`, the first step of
-its `start()`); the snapshots of past states, made as the live scheduler makes them ahead of any view; the state
-at the last instant as `trainyard at` makes it (from the latest snapshot); and at an instant just before the
-latest snapshot (the worst case: from the snapshot before, with the most events to fold after it). Each with this
-process's CPU and its peak memory.
+decided one by one. Then, each timed on its own:
+
+- reading every event (rows → envelopes, the store's `read_all`);
+- rebuilding a real `Scheduler` from them (`EventSourcedService.rebuild`, the first step of its `start()`);
+- the start snapshots, made as the live scheduler makes them for its next start; a start from the latest, and
+  from the one before (the most events to fold after it);
+- the snapshots of past states, made as the live scheduler makes them ahead of any view; the state at the last
+  instant as `trainyard at` makes it (from the latest snapshot), and at an instant just before the latest
+  snapshot (the worst case: from the snapshot before, with the most events to fold after it).
+
+Each with this process's CPU and its peak memory.
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ from libs.settings import Settings
 from libs.telemetry.logs import configure_logging
 from services.scheduler.past import PastStates
 from services.scheduler.service import Scheduler
+from services.scheduler.start_snapshots import StartSnapshots
 
 CLUSTER = Path(__file__).resolve().parents[1] / "deploy" / "local" / "cluster.yaml"
 EVENTS_PER_JOB = 4
@@ -112,12 +118,30 @@ async def read_only(store: EventStore) -> int:
 
 
 async def read_and_fold(store: EventStore, settings: Settings) -> int:
+    """A start: the own log folded, from the latest start snapshot when there is one."""
     runtime = ServiceRuntime("scheduler", settings)
     runtime.store = store
     scheduler = Scheduler.create(runtime)
     count = await scheduler.rebuild()  # the first step of every start
     assert len(scheduler.state.jobs) == count // EVENTS_PER_JOB
     return count
+
+
+async def start_snapshots_ahead(store: EventStore) -> int:
+    """What the live scheduler does in the background for its next start: its own log folded, a snapshot every
+    `SNAPSHOT_EVENTS` events."""
+    starts = StartSnapshots(store)
+    assert await starts.make_if_due(ClusterConfig.load(CLUSTER), datetime.now(UTC))
+    latest = await starts.latest()
+    assert latest is not None
+    return latest.events
+
+
+async def without_latest_start_snapshot(store: EventStore, settings: Settings) -> int:
+    """The worst case of a start: from the snapshot before the latest, with the most events to fold after it."""
+    await store.pool.execute(f"DELETE FROM {store.schema}.start_snapshots WHERE own_after = "
+                             f"(SELECT max(own_after) FROM {store.schema}.start_snapshots)")
+    return await read_and_fold(store, settings)
 
 
 @contextlib.asynccontextmanager
@@ -165,6 +189,9 @@ async def run(events: int) -> None:
                             auth_secret="bench-replay-signing-secret-0123456789abcdef")
         await timed("read (rows to envelopes)", read_only(store), events)
         await timed("read and fold into the scheduler (a start)", read_and_fold(store, settings), events)
+        await timed("start snapshots made ahead (in the background)", start_snapshots_ahead(store), events)
+        await timed("a start from the latest start snapshot", read_and_fold(store, settings), events)
+        await timed("a start from the one before", without_latest_start_snapshot(store, settings), events)
         await timed("snapshots made ahead (in the background)", snapshots_ahead(store, servers.nats_url), events)
         await timed("a past instant: the log's last", past_state(store, servers.nats_url), events)
         await timed("a past instant: just before the latest snapshot",

@@ -129,11 +129,16 @@ class EventSourcedService:
             raise
         return runtime
 
+    async def restore(self) -> tuple[int, int]:
+        """Put in place a state saved with the service's own log folded up to a position, so that the rebuild folds
+        only what came after: (that position, how many events it holds). (0, 0): none, from the first event."""
+        return 0, 0
+
     async def rebuild(self) -> int:
-        """Fold every event of the service's own log; returns how many."""
-        count = 0
+        """Fold every event of the service's own log (after a restored state's); returns how many the state holds."""
         with collector_paused():
-            async for envelope in self.rt.store.read_all():
+            after, count = await self.restore()
+            async for envelope in self.rt.store.read_all(after=after):
                 self.apply(envelope)
                 count += 1
             if count >= LONG_LIVED_EVENTS:

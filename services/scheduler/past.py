@@ -10,10 +10,12 @@ read that state with the clock stopped at the instant: the same code answers the
 The last state made is kept for a while: a later instant folds only the events in between, so an operator
 stepping forward through a night pays for each step, not for the whole history again. An earlier instant
 starts afresh, from the latest snapshot before it (past_snapshots.py). The live scheduler keeps those snapshots
-ahead of any view (`keep_ahead`): once its log has grown by `SNAPSHOT_EVENTS` since the latest, it makes the state
-of the present in the background, saving snapshots on the way, so that no instant asked for is more than that many
-events past one. Nothing here touches the live state: the replay has its own state, folded in a worker thread in
-windows of the own log (bounded memory), and answers one view at a time.
+ahead of any view (`snapshot_if_due`, from its snapshot loop): once its log has grown by `SNAPSHOT_EVENTS` since the
+latest, it makes the state of the present in the background, saving snapshots on the way, so that no instant asked
+for is more than that many events past one.
+
+Nothing here touches the live state: the replay has its own state, folded in a worker thread in windows of the own
+log (bounded memory), and answers one view at a time.
 """
 
 from __future__ import annotations
@@ -36,10 +38,10 @@ from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.eventsourced import LONG_LIVED_EVENTS, collector_paused
 from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
-from libs.outages import OUTAGES
 from libs.telemetry.logs import get_logger
-from services.scheduler.names import UPSTREAM_AGGREGATES, upstream_consumer
-from services.scheduler.past_snapshots import SNAPSHOT_EVENTS, PastSnapshots, Snapshot, dump, load
+from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
+from services.scheduler.past_snapshots import SNAPSHOT_EVENTS as SNAPSHOT_EVENTS  # read here: tests change it
+from services.scheduler.past_snapshots import PastSnapshots, Snapshot, Versions, dump, load
 from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PredictionCache
@@ -69,12 +71,15 @@ class PastScheduler:
         self.lock = asyncio.Lock()
         self.at = EPOCH
         self.events = 0  # folded so far
+        self.versions: Versions = {}  # of its own aggregates, as the live scheduler notes them
 
     def clock(self) -> datetime:
         return self.at
 
     def fold(self, envelope: EventEnvelope) -> None:
         """As the live scheduler folds an event (its own or a followed one), set-aside records left out."""
+        if envelope.service == SERVICE:
+            self.versions[(envelope.aggregate_type, envelope.aggregate_id)] = envelope.version
         if isinstance(envelope.event, UpstreamMessageSetAside):
             return
         self.state.apply(envelope)
@@ -138,22 +143,23 @@ class _Source:
 class _Replay:
     """A past state and where it stands in each source; moves forward only."""
 
-    def __init__(self, store: EventStore, js: JetStreamContext, cluster: ClusterConfig,
-                 snapshots: PastSnapshots) -> None:
+    def __init__(self, store: EventStore, js: JetStreamContext | None, cluster: ClusterConfig,
+                 snapshots: PastSnapshots, *, upstream: bool = True) -> None:
         self.store, self.js, self.snapshots = store, js, snapshots
         self.past = PastScheduler(cluster)
         self._snapshotted = 0  # events folded when the last snapshot was made or restored
         self.own = _Source("own", self._own_after)
-        self.upstream = [_Source(subject, self._upstream_after(upstream, subject))
-                         for upstream, aggregates in UPSTREAM_AGGREGATES.items()
-                         for subject in subjects.events_of(upstream, *aggregates)]
+        # Without them, the state a start folds from the own log before it follows anything (start_snapshots.py).
+        self.upstream = [_Source(subject, self._upstream_after(name, subject))
+                         for name, aggregates in UPSTREAM_AGGREGATES.items()
+                         for subject in subjects.events_of(name, *aggregates)] if upstream else []
         self._set_aside: dict[str, set[int]] = {}  # per consumer: the stream sequences the live service passed over
         self._set_aside_after = 0
 
     async def restore(self, snapshot: Snapshot) -> None:
         """Start from `snapshot` rather than from the first event."""
-        state, predictions = await asyncio.to_thread(load, snapshot.data)
-        self.past.state, self.past.predictions = state, predictions
+        state, predictions, versions = await asyncio.to_thread(load, snapshot.data)
+        self.past.state, self.past.predictions, self.past.versions = state, predictions, versions
         self.past.planning = PlanningThread(predictions)
         self.past.at, self.past.events = snapshot.at, snapshot.events
         self.own.after = snapshot.own_after
@@ -188,11 +194,12 @@ class _Replay:
 
     async def _snapshot(self, at: datetime) -> None:
         """Save the state as it stands: every event up to `at` folded (a later instant starts from it)."""
-        data = await asyncio.to_thread(dump, self.past.state, self.past.predictions)
+        data = await asyncio.to_thread(dump, self.past.state, self.past.predictions, self.past.versions)
         await self.snapshots.save(Snapshot(at=at, events=self.past.events, own_after=self.own.after,
                                            upstream_after={s.name: s.after for s in self.upstream}, data=data))
         self._snapshotted = self.past.events
-        log.info("scheduler.past_snapshot", at=at.isoformat(), events=self.past.events, bytes=len(data))
+        log.info("scheduler.snapshot_made", table=self.snapshots.table, at=at.isoformat(), events=self.past.events,
+                 bytes=len(data))
 
     async def _own_after(self, position: int) -> Positioned:
         async for envelope in self.store.read_all(after=position, batch=WINDOW // 4):
@@ -202,6 +209,7 @@ class _Replay:
         consumer = upstream_consumer(upstream)
 
         async def read(after: int) -> Positioned:
+            assert self.js is not None, "upstream events are read from NATS"
             async for msg in read_subject(self.js, subjects.EVENTS_STREAM, subject, after=after):
                 sequence = msg.metadata.sequence.stream
                 yield sequence, self._folded(consumer, sequence, msg)
@@ -271,17 +279,6 @@ class PastStates:
                 yield replay.past
             finally:
                 self._forget = asyncio.get_running_loop().call_later(KEEP_SECONDS, self._forgotten)
-
-    async def keep_ahead(self, clock: Callable[[], datetime]) -> None:
-        """Snapshots made ahead of any view, for the life of the live scheduler (its loop)."""
-        while True:
-            await asyncio.sleep(KEEP_AHEAD_SECONDS)
-            try:
-                await self.snapshot_if_due(clock())
-            except OUTAGES:
-                raise  # the loop pauses until they are back
-            except Exception:  # snapshots only save time: the service goes on without a new one
-                log.exception("scheduler.past_snapshot_failed")
 
     async def snapshot_if_due(self, now: datetime) -> bool:
         """If the log has grown by `SNAPSHOT_EVENTS` since the latest snapshot, make the state of `now` (snapshots

@@ -81,30 +81,36 @@ def _job_written(job: Job) -> tuple[Callable[[bytes], Job], tuple[bytes]]:
 _REDUCERS: dict[type, Callable[[Any], Any]] = {**copyreg.dispatch_table, Job: _job_written}
 
 
-def dump(state: SchedulerState, predictions: PredictionCache) -> bytes:
+Versions = dict[tuple[str, str], int]
+"""The version of every aggregate of the scheduler's own log folded (what its next records append at)."""
+
+
+def dump(state: SchedulerState, predictions: PredictionCache, versions: Versions) -> bytes:
     kept = copy.copy(predictions)
     kept._snapshot = None  # a plan of that moment: made again when asked for
     written = io.BytesIO()
     pickler = pickle.Pickler(written, protocol=pickle.HIGHEST_PROTOCOL)
     pickler.dispatch_table = _REDUCERS  # for jobs only: every other object is pickled as ever
     with collector_paused():
-        pickler.dump((state, kept))
+        pickler.dump((state, kept, versions))
     return zlib.compress(written.getbuffer(), 1)
 
 
-def load(data: bytes) -> tuple[SchedulerState, PredictionCache]:
+def load(data: bytes) -> tuple[SchedulerState, PredictionCache, Versions]:
     with collector_paused():  # it would scan the objects made again and again, as in a rebuild
-        state, predictions = pickle.loads(zlib.decompress(data))  # written by this scheduler only
-    if not isinstance(state, SchedulerState) or not isinstance(predictions, PredictionCache):
-        raise TypeError("not a snapshot of a past state")
-    return state, predictions
+        state, predictions, versions = pickle.loads(zlib.decompress(data))  # written by this scheduler only
+    if not isinstance(state, SchedulerState) or not isinstance(predictions, PredictionCache) or \
+            not isinstance(versions, dict):
+        raise TypeError("not a snapshot of the scheduler's state")
+    return state, predictions, versions
 
 
 class PastSnapshots:
-    """The snapshots in the scheduler's schema."""
+    """The snapshots in the scheduler's schema: of past states (`past_snapshots`), or of the states a start folds
+    from its own log alone (`start_snapshots`, start_snapshots.py)."""
 
-    def __init__(self, pool: asyncpg.Pool, schema: str = "scheduler") -> None:
-        self.pool, self.table = pool, f"{schema}.past_snapshots"
+    def __init__(self, pool: asyncpg.Pool, schema: str = "scheduler", table: str = "past_snapshots") -> None:
+        self.pool, self.table = pool, f"{schema}.{table}"
 
     async def migrate(self) -> None:
         await self.pool.execute(f"""
@@ -113,11 +119,11 @@ class PastSnapshots:
                 upstream_after jsonb NOT NULL, data bytea NOT NULL, PRIMARY KEY (format, at))""")
         await self.pool.execute(f"DELETE FROM {self.table} WHERE format <> $1", FORMAT)  # made by other code
 
-    async def latest(self, at: datetime) -> Snapshot | None:
-        """The latest snapshot at or before `at`."""
+    async def latest(self, at: datetime | None = None) -> Snapshot | None:
+        """The latest snapshot at or before `at` (None: of all)."""
         row = await self.pool.fetchrow(
             f"""SELECT at, events, own_after, upstream_after, data FROM {self.table}
-                WHERE format = $1 AND at <= $2 ORDER BY at DESC LIMIT 1""", FORMAT, at)
+                WHERE format = $1 AND ($2::timestamptz IS NULL OR at <= $2) ORDER BY at DESC LIMIT 1""", FORMAT, at)
         if row is None:
             return None
         return Snapshot(at=row["at"], events=row["events"], own_after=row["own_after"],

@@ -28,10 +28,11 @@ from libs.contracts.scheduling import Prediction
 from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import register_all_authenticated
+from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.scheduler import cycle, predicted
+from services.scheduler import cycle, past, predicted
 from services.scheduler.commands import JobCommands
 from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
@@ -44,6 +45,7 @@ from services.scheduler.queries import JobQueries
 from services.scheduler.reactions import react
 from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.snapshot import plan_inputs
+from services.scheduler.start_snapshots import StartSnapshots
 from services.scheduler.state import SchedulerState
 from services.scheduler.submissions import SubmissionBatches
 from services.scheduler.whatif_queries import WhatIfQueries
@@ -106,6 +108,7 @@ class Scheduler(EventSourcedService):
         self.pacer = Pacer(share=CYCLE_SHARE)
         self._changed = asyncio.Event()  # set by every event that changes what a cycle decides on
         self.past: PastStates | None = None  # the states of past instants (`trainyard at`), once it answers
+        self.starts = StartSnapshots(runtime.store)
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -175,7 +178,7 @@ class Scheduler(EventSourcedService):
 
     def loops(self) -> Mapping[str, Loop]:
         return {"cycle": self.scheduling_loop, "search-projection": self.projection_loop,
-                "predictions": self.prediction_loop, "past-snapshots": self.past_snapshot_loop}
+                "predictions": self.prediction_loop, "snapshots": self.snapshot_loop}
 
     async def scheduling_loop(self) -> None:
         await self.caught_up()  # decide only on a complete view of nodes and launches
@@ -224,11 +227,33 @@ class Scheduler(EventSourcedService):
         await self.record(traced)
         return bool(traced)
 
-    async def past_snapshot_loop(self) -> None:
-        """Snapshots of past states made ahead of any view (past.py), by the active scheduler only."""
+    async def snapshot_loop(self) -> None:
+        """Snapshots made ahead, by the active scheduler only: of past states, before any view asks for one
+        (past.py), and of its own log folded, for its next start (start_snapshots.py)."""
         await self.caught_up()
-        if self.past is not None:
-            await self.past.keep_ahead(self.clock)
+        while True:
+            await asyncio.sleep(past.KEEP_AHEAD_SECONDS)
+            for what, due in (("past", self.past.snapshot_if_due if self.past is not None else None),
+                              ("start", lambda now: self.starts.make_if_due(self.state.cluster, now))):
+                if due is None:
+                    continue
+                try:
+                    await due(self.clock())
+                except OUTAGES:
+                    raise  # the loop pauses until they are back
+                except Exception:  # snapshots only save time: the service goes on without a new one
+                    log.exception("scheduler.snapshot_failed", kind=what)
+
+    async def restore(self) -> tuple[int, int]:
+        """The latest start snapshot's state (start_snapshots.py), if it was made with this cluster config."""
+        restored = await self.starts.restored(self.state.cluster)
+        if restored is None:
+            return 0, 0
+        self.state, self.predictions, self.versions = restored.state, restored.predictions, restored.versions
+        self.planning = PlanningThread(self.predictions)
+        self.submissions = SubmissionBatches(self.state, self.lock, self.record)
+        log.info("scheduler.restored", own_after=restored.own_after, events=restored.events)
+        return restored.own_after, restored.events
 
     async def prediction_loop(self) -> None:
         """S6 for the jobs submitted without asking for one: planned together, off the event loop and

@@ -19,6 +19,7 @@ from libs.contracts.messages import SimulationProgress
 from libs.contracts.scheduling import Prediction
 from services.scheduler import past
 from services.scheduler.past_snapshots import PastSnapshots
+from services.scheduler.service import Scheduler
 from tests.support.schedulers import CLUSTER as CLUSTER_FILE
 from tests.support.schedulers import Schedulers, refused, spec, token
 from tests.support.waiting import eventually
@@ -198,3 +199,56 @@ async def test_the_live_scheduler_keeps_snapshots_ahead_of_any_view(
             assert then.events == snapshot.events
     finally:
         await alice.close()
+
+
+async def test_a_scheduler_starts_from_a_snapshot_of_its_own_log_as_from_the_first_event(
+        schedulers: Schedulers, nc: Client, nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(past, "SNAPSHOT_EVENTS", 3)
+    monkeypatch.setattr(past, "KEEP_AHEAD_SECONDS", 3600.0)  # made when this test says
+    await schedulers.start()
+    live = schedulers.started[-1]
+    alice = await TrainyardClient.open(nats_url, token=token("alice"))
+    try:
+        node = NodeInfo(name="node-a", address="127.0.0.1", cpus=1, memory_mib=2048)
+        await publish(nc, "monitor", "node", "node-a", NodeRegistered(node=node))
+        first = (await alice.submit(spec("first", duration="1h"))).job_id
+        await eventually(lambda: _status(alice, first, "running"))
+        second = (await alice.submit(spec("second", duration="1h"))).job_id
+        assert await live.starts.make_if_due(live.state.cluster, datetime.now(UTC))
+        snapshot = await live.starts.latest()
+        assert snapshot is not None and snapshot.own_after > 0
+        assert not await live.starts.make_if_due(live.state.cluster, datetime.now(UTC))  # not due again yet
+        third = (await alice.submit(spec("third", priority="urgent"))).job_id  # after the snapshot
+        await alice.stop([second])
+
+        # What a start folds from its own log: from the snapshot on, the state a start from the first event folds.
+        from_snapshot = Scheduler(live.rt, CLUSTER)
+        assert (await from_snapshot.restore())[0] == snapshot.own_after
+        from_snapshot = Scheduler(live.rt, CLUSTER)
+        held = await from_snapshot.rebuild()
+        from_the_first = Scheduler(live.rt, CLUSTER)
+        monkeypatch.setattr(from_the_first.starts, "restored", _none)
+        assert await from_the_first.rebuild() == held
+        assert from_snapshot.state.jobs == from_the_first.state.jobs
+        assert [j.job_id for j in from_snapshot.state.queue()] == [j.job_id for j in from_the_first.state.queue()]
+        assert from_snapshot.state.used() == from_the_first.state.used()
+        assert from_snapshot.versions == from_the_first.versions
+        assert from_snapshot.state.jobs[second].status == "stopped" and third in from_snapshot.state.jobs
+
+        # Another cluster config folds differently: its start passes the snapshot over.
+        assert await from_snapshot.starts.restored(ClusterConfig(flavors=CLUSTER.flavors[:1])) is None
+
+        # A scheduler started from it goes on where the last left off: records at the right versions, decides.
+        await schedulers.stop_all()
+        await schedulers.start()
+        fourth = (await alice.submit(spec("fourth", duration="1h"))).job_id
+        await publish(nc, "launcher", "launch", first, LaunchSucceeded(job_id=first, attempt=1))
+        await eventually(lambda: _status(alice, third, "running"))  # urgent: before the fourth
+        assert (await alice.get_job(fourth)).job.status == "queued"
+        assert [j.job_id for j in await alice.queue()] == [fourth]
+    finally:
+        await alice.close()
+
+
+async def _none(_: ClusterConfig) -> None:
+    return None

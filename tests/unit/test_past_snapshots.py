@@ -31,7 +31,9 @@ def folded() -> tuple[Fold, PredictionCache]:
 
 def test_a_restored_state_is_the_saved_one_and_folds_on_alike() -> None:
     fold, predictions = folded()
-    state, _ = load(dump(fold.state, predictions))
+    versions = {("job", "job-000000000001"): 2}
+    state, _, restored_versions = load(dump(fold.state, predictions, versions))
+    assert restored_versions == versions
     saved = fold.state
     assert state.jobs == saved.jobs and state.nodes == saved.nodes
     assert [j.job_id for j in state.queue()] == [j.job_id for j in saved.queue()] == ["job-000000000004",
@@ -60,11 +62,11 @@ def test_a_restored_state_let_go_leaves_no_cycles_for_the_collector() -> None:
     """A view freezes a large past state out of the collector's sight: it must still be freed by reference counts."""
     fold, predictions = folded()
     fold.apply(NodeRegistered(node=fold.state.nodes["gpu-1"].info), "monitor")
-    data = dump(fold.state, predictions)
+    data = dump(fold.state, predictions, {})
     gc.collect()
     gc.disable()
     try:
-        restored: tuple[SchedulerState, PredictionCache] | None = load(data)
+        restored: tuple[SchedulerState, PredictionCache, dict[tuple[str, str], int]] | None = load(data)
         assert restored is not None and restored[0].jobs == fold.state.jobs
         del restored
         assert gc.collect() == 0
