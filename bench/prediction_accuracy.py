@@ -184,12 +184,13 @@ def main() -> None:
     parser.add_argument("--habits", action="store_true", help="each user runs jobs for their own share of the limit")
     parser.add_argument("--seed", type=int, default=1)
     parser.add_argument("--cycles", type=int, help="cycles a playthrough plays (default: SIMULATION_NODE_CYCLES "
-                        "divided by the nodes)")
+                        "divided by the nodes, and SIMULATION_JOB_CYCLES by the waiting jobs)")
     parser.add_argument("--planned", type=int, help="jobs the conservative plan places one by one past a playthrough "
                         "(default: HORIZON_NODE_JOBS divided by the nodes); those behind get the rough, fluid plan")
     args = parser.parse_args()
     if args.cycles:
         playthrough.SIMULATION_NODE_CYCLES = args.cycles * args.nodes
+        playthrough.SIMULATION_JOB_CYCLES = 1 << 62  # the cycles given, however deep the queue
     if args.planned:
         playthrough.HORIZON_NODE_JOBS = args.planned * args.nodes
     rng = random.Random(args.seed)
@@ -204,7 +205,8 @@ def main() -> None:
     waits = [(j.started - j.arrival).total_seconds() / 60 for j in jobs if j.started and j.started > j.arrival]
 
     habits = "each user's own share" if args.habits else f"{args.runtime[0]:.0%}-{args.runtime[1]:.0%}"
-    bounds = (f"playthroughs of {playthrough.SIMULATION_NODE_CYCLES // args.nodes} cycles, then "
+    bounds = (f"playthroughs of at most {playthrough.SIMULATION_NODE_CYCLES // args.nodes} cycles "
+              f"({playthrough.SIMULATION_JOB_CYCLES:,} divided by the waiting jobs), then "
               f"{playthrough.HORIZON_NODE_JOBS // args.nodes} jobs planned one by one")
     print(f"{len(jobs)} jobs of {args.users} users on {args.nodes} nodes, offered load {args.load:.0%}, "
           f"{args.unlimited:.0%} without a duration limit, runtimes {habits} of the limit, seed {args.seed}; "

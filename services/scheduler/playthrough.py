@@ -14,15 +14,16 @@ decided the rest as it did, so the next cycle is tried. When it would become the
 on from just before that instant with the job in the queue. A job submitted while a playthrough is kept is
 taken into it the same way (`join`): the cycles before it would start or lead stand.
 
-A playthrough is bounded: it runs at most `SIMULATION_NODE_CYCLES` divided by the number of nodes cycles (a
-cycle's cost grows with the nodes, and with the waiting jobs it looks at). The bound counts cycles only, which
-are the same however a job submitted meanwhile was taken in, so a kept playthrough stops where a fresh one
-would. Past it, the jobs not started yet are planned from the state the simulation reached by the
-conservative backfill plan (backfill_plan.py), which is cheaper and never later than it should be by more
-than the scheduler's own extra backfilling: exact where the cluster is small enough, an estimate beyond
-(docs/simulation.md says how close, from `bench.prediction_accuracy`). That plan places at most
-`HORIZON_NODE_JOBS` divided by the number of nodes jobs one by one (`Horizon`); the jobs behind them get a rough
-start from the room it leaves (fluid_plan.py).
+A playthrough is bounded (`cycle_bound`): it runs at most `SIMULATION_NODE_CYCLES` divided by the number of nodes
+cycles, and `SIMULATION_JOB_CYCLES` divided by the waiting jobs a cycle looks at (rounded up to a power of two): a
+cycle's cost grows with both. The bound counts cycles, which are the same however a job submitted meanwhile was
+taken in, so a kept playthrough stops where a fresh one would, as long as the jobs taken in leave the bound as it
+was (the prediction cache makes its plan again when one would not). Past it, the jobs not started yet are planned
+from the state the simulation reached by the conservative backfill plan (backfill_plan.py), which is cheaper and
+never later than it should be by more than the scheduler's own extra backfilling: exact where the cluster is small
+enough, an estimate beyond (docs/simulation.md says how close, from `bench.prediction_accuracy`). That plan places
+at most `HORIZON_NODE_JOBS` divided by the number of nodes jobs one by one (`Horizon`); the jobs behind them get a
+rough start from the room it leaves (fluid_plan.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from datetime import datetime, timedelta
 
 from libs.contracts.cluster import Flavor
 from libs.contracts.jobspec import Priority
-from libs.placement import Capacity, Cycle, Decision, NodeCapacity, QueuedJob, RunningJob, choose
+from libs.placement import CYCLE_DEPTH, Capacity, Cycle, Decision, NodeCapacity, QueuedJob, RunningJob, choose
 from services.scheduler.backfill_plan import Plan, Planner
 from services.scheduler.fluid_plan import FluidPlan
 from services.scheduler.simulation import Simulation, Started, Step, insertion_index, waits_for
@@ -41,10 +42,21 @@ from services.scheduler.simulation import Simulation, Started, Step, insertion_i
 # Cycles times nodes one playthrough may run (see the module): 8 cycles on 1,000 nodes, 80 on 100, at some 15 µs
 # per node and waiting job looked at on this machine; 160 on 100 nodes were barely more exact (docs/benchmarks.md).
 SIMULATION_NODE_CYCLES = 8_000
+# Cycles times waiting jobs looked at (a power of two) one playthrough may run: 64 cycles with 1,000 waiting, at some
+# 2 to 3 µs a waiting job looked at. Without it a small cluster with a deep queue played a cycle for nearly every job
+# ending (8 nodes: 1,000 cycles over 800 jobs, 2.3 s a plan: `bench.throughput`'s scheduler spent most of its time
+# there).
+SIMULATION_JOB_CYCLES = 65_536
 # Jobs times nodes the conservative plan past the playthrough places one by one (Horizon): 250 jobs on 1,000
 # nodes, at some 500 µs a job there; the jobs behind them get a rough, fluid estimate (fluid_plan.py).
 HORIZON_NODE_JOBS = 250_000
 PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
+
+
+def cycle_bound(nodes: int, waiting: int) -> int:
+    """The cycles a playthrough of `waiting` jobs on `nodes` nodes may run (see the module)."""
+    looked_at = 1 << (max(1, min(waiting, CYCLE_DEPTH)) - 1).bit_length()
+    return max(1, min(SIMULATION_NODE_CYCLES // max(1, nodes), SIMULATION_JOB_CYCLES // looked_at))
 
 
 class Playthrough:
@@ -56,7 +68,7 @@ class Playthrough:
                  max_cycles: int | None = None) -> None:
         """`ends`: when running jobs end (default: their limits); `runtimes`: how long queued jobs run; `max_cycles`:
         the bound (default: from `SIMULATION_NODE_CYCLES`)."""
-        self.max_cycles = max(1, SIMULATION_NODE_CYCLES // max(1, len(nodes))) if max_cycles is None else max_cycles
+        self.max_cycles = cycle_bound(len(nodes), len(queue)) if max_cycles is None else max_cycles
         self.simulation = Simulation(nodes, flavors, running=running, queue=queue, now=now, ends=ends,
                                      runtimes=runtimes, joins=PRIORITIES)
         self.simulation.decide()

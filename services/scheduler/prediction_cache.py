@@ -57,7 +57,7 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
 from libs.placement import Cycle, NodeCapacity, QueuedJob, RunningJob
-from services.scheduler.playthrough import Playthrough
+from services.scheduler.playthrough import Playthrough, cycle_bound
 from services.scheduler.prediction import (
     NEW_JOB,
     Expected,
@@ -292,6 +292,9 @@ class _Snapshot:
         `likely_seconds` in the likely plan; `facts`: who submitted it). False, and nothing changed,
         when it starts now or becomes the head: everything behind it is decided anew, so the snapshot
         must be made again."""
+        queued, nodes = len(self.inputs.queue), len(self.inputs.nodes)
+        if cycle_bound(nodes, queued + 1) != cycle_bound(nodes, queued):
+            return False  # a fresh plan would play its queue for fewer cycles
         priority, place = job.spec.priority, self.places[job.spec.priority]
         cycle = self.cycles[place].fork()
         step = cycle.run([job], grow=False)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
+import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -64,6 +65,7 @@ from services.scheduler.explain import explain
 from services.scheduler.names import JOB, SERVICE
 from services.scheduler.past import PastStates
 from services.scheduler.ports import Reading, Scheduling
+from services.scheduler.prediction import Forecast
 from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
 from services.scheduler.spec_checks import invalid_spec, spec_errors
 from services.scheduler.state import SchedulerState
@@ -74,6 +76,41 @@ NOT_ENDED = frozenset({"queued", "running"})  # the statuses of the state's acti
 NEWEST = operator.attrgetter("queue_order")  # listings show the newest jobs first
 # How long a listing, and the details of one job, wait for the plan of their waiting jobs' expected starts.
 LISTING_WAIT, DETAILS_WAIT = 1.0, 5.0
+LISTING_SHARE = 0.2  # of the time, at most, spent planning for listings
+
+
+class _ListingPlans:
+    """The plans listings start, at most `LISTING_SHARE` of the time. A client polling `list` while a deep queue
+    changes would otherwise keep a plan running at all times, each as costly as a prediction (a second or more on
+    a small cluster with a deep queue), and the planning thread's hold on the interpreter slowed the whole
+    scheduler (its CPU a trivial job went up seven times in `bench.throughput`). A listing of jobs the latest plan
+    covers gets its answer, while it runs or, once done, until the next may start; others meanwhile go without."""
+
+    def __init__(self) -> None:
+        self.latest: asyncio.Future[dict[str, Forecast]] | None = None
+        self.jobs: frozenset[str] = frozenset()
+        self.began = self.rest_until = 0.0
+
+    def shared(self, job_ids: list[str]) -> asyncio.Future[dict[str, Forecast]] | None:
+        """The latest plan, if it covers `job_ids` and is running or still fresh."""
+        if self.latest is None or not self.jobs.issuperset(job_ids):
+            return None
+        return self.latest if not self.latest.done() or self.resting() else None
+
+    def resting(self) -> bool:
+        """Whether a new plan must wait: one runs, or the last ended too recently."""
+        return self.latest is not None and (not self.latest.done() or time.monotonic() < self.rest_until)
+
+    def started(self, planned: asyncio.Future[dict[str, Forecast]],
+                job_ids: list[str]) -> asyncio.Future[dict[str, Forecast]]:
+        self.latest, self.jobs, self.began = planned, frozenset(job_ids), time.monotonic()
+        planned.add_done_callback(self._ended)
+        return planned
+
+    def _ended(self, planned: asyncio.Future[Any]) -> None:
+        _consumed(planned)
+        ended = time.monotonic()
+        self.rest_until = ended + (ended - self.began) * (1 - LISTING_SHARE) / LISTING_SHARE
 
 
 def _consumed(planned: asyncio.Future[Any]) -> None:
@@ -87,6 +124,7 @@ class StateQueries:
 
     def __init__(self, scheduler: Reading) -> None:
         self.s = scheduler
+        self._listings = _ListingPlans()
 
     @property
     def state(self) -> SchedulerState:
@@ -114,15 +152,25 @@ class StateQueries:
         return JobList(jobs=await self.expected([self.state.view(j) for j in jobs[: request.limit]]),
                        arrays=shown[: request.limit])
 
-    async def expected(self, views: list[JobView], *, wait: float = LISTING_WAIT) -> list[JobView]:
+    async def expected(self, views: list[JobView], *, wait: float = LISTING_WAIT,
+                       shared: bool = True) -> list[JobView]:
         """The views, each waiting job's with its start as expected now (one plan for all of them, as `why`
         and `predict` make it). A listing is not held up by a plan that takes longer than `wait` (a deep queue on a
-        large cluster, or the predictions of new jobs planned first): then it goes without."""
+        large cluster, or the predictions of new jobs planned first): then it goes without. Listings share their
+        plans (`shared`, `_ListingPlans`), so that a client polling `list` does not keep the planning thread busy."""
         waiting = [v.job_id for v in views if v.status == "queued" and not self.state.jobs[v.job_id].prechecking]
         if not waiting:
             return views
-        planned = asyncio.ensure_future(self.s.forecast_queued(waiting))
-        planned.add_done_callback(_consumed)
+        planned: asyncio.Future[dict[str, Forecast]]
+        if not shared:
+            planned = asyncio.ensure_future(self.s.forecast_queued(waiting))
+            planned.add_done_callback(_consumed)
+        elif (latest := self._listings.shared(waiting)) is not None:
+            planned = latest
+        elif self._listings.resting():
+            return views  # as when a plan takes longer than the wait
+        else:
+            planned = self._listings.started(asyncio.ensure_future(self.s.forecast_queued(waiting)), waiting)
         try:
             forecasts = await asyncio.wait_for(asyncio.shield(planned), wait)
         except TimeoutError:
@@ -142,7 +190,7 @@ class StateQueries:
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         job = self.state.jobs[request.job_id]
-        view, = await self.expected([self.state.view(job)], wait=DETAILS_WAIT)
+        view, = await self.expected([self.state.view(job)], wait=DETAILS_WAIT, shared=False)
         return JobDetails(job=view, spec=job.spec)
 
     async def list_nodes(self, _: ListNodes, identity: Identity) -> NodeList:

@@ -264,12 +264,15 @@ def check_as_planned_afresh(cache: PredictionCache, model: RuntimeModel, inputs:
     assert cached == fresh
 
 
-@pytest.fixture(params=["exact", "bounded", "rough"])
+@pytest.fixture(params=["exact", "bounded", "deep", "rough"])
 def bound(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Playthroughs as they are, or bounded to a cycle or two, past which the conservative plan goes on; and that
-    plan bounded to one job, past which the rest is poured (fluid_plan.py)."""
+    """Playthroughs as they are, or bounded to a cycle or two, past which the conservative plan goes on (by the nodes,
+    or by the waiting jobs: 4 cycles with one waiting, 2 with two, 1 with more, so that a job submitted changes the
+    bound); and that plan bounded to one job, past which the rest is poured (fluid_plan.py)."""
     if request.param in ("bounded", "rough"):
         monkeypatch.setattr(playthrough, "SIMULATION_NODE_CYCLES", 2)
+    if request.param == "deep":
+        monkeypatch.setattr(playthrough, "SIMULATION_JOB_CYCLES", 4)
     if request.param == "rough":
         monkeypatch.setattr(playthrough, "HORIZON_NODE_JOBS", 1)
 

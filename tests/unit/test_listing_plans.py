@@ -1,0 +1,86 @@
+"""Listings share the plans of their waiting jobs' starts: a client polling `list` never keeps the planning busy."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Collection
+from types import SimpleNamespace
+from typing import cast
+
+from nats.js.client import JetStreamContext
+
+from libs.contracts.identity import Identity
+from libs.contracts.messages import GetJob, ListJobs
+from libs.contracts.scheduling import Prediction
+from libs.eventstore import EventStore
+from services.scheduler.ports import Scheduling
+from services.scheduler.prediction import Forecast
+from services.scheduler.queries import JobQueries
+from tests.support.scheduler_state import AT, Fold
+
+ALICE = Identity(user="alice", projects=["default"])
+FIRST, SECOND = "job-000000000001", "job-000000000002"
+
+
+class Planner:
+    """Plans that take as long as the test lets them."""
+
+    def __init__(self) -> None:
+        self.asked: list[set[str]] = []
+        self.release = asyncio.Event()
+
+    async def forecast_queued(self, job_ids: Collection[str]) -> dict[str, Forecast]:
+        self.asked.append(set(job_ids))
+        await self.release.wait()
+        return {job_id: Forecast(Prediction(starts_now=False, estimated_start=AT, predicted_at=AT))
+                for job_id in job_ids}
+
+
+def queries() -> tuple[JobQueries, Planner]:
+    fold = Fold()
+    for job_id in (FIRST, SECOND):
+        fold.job(job_id, job_id, ["a100-1"])
+    planner = Planner()
+    scheduler = SimpleNamespace(state=fold.state, forecast_queued=planner.forecast_queued)
+    return JobQueries(cast(Scheduling, scheduler), store=cast(EventStore, None),
+                      js=cast(JetStreamContext, None)), planner
+
+
+def expected(listed: object) -> dict[str, bool]:
+    return {job.job_id: job.expected is not None for job in listed.jobs}  # type: ignore[attr-defined]
+
+
+async def test_listings_of_the_same_jobs_share_one_plan_and_others_go_without_meanwhile() -> None:
+    views, planner = queries()
+    newest = ListJobs(statuses=["queued"], limit=1)  # the newest: the second
+    both = ListJobs(statuses=["queued"])
+    polls = [asyncio.ensure_future(views.list_jobs(newest, ALICE)) for _ in range(3)]
+    await asyncio.sleep(0.05)
+    assert planner.asked == [{SECOND}]  # one plan for the three
+    assert expected(await views.list_jobs(both, ALICE)) == {SECOND: False, FIRST: False}  # not planned, no new plan
+    await asyncio.sleep(0.1)
+    planner.release.set()
+    assert [expected(listed) for listed in await asyncio.gather(*polls)] == [{SECOND: True}] * 3
+    # Fresh for as long as it rested: answered from that plan, none started for others.
+    assert expected(await views.list_jobs(newest, ALICE)) == {SECOND: True}
+    assert expected(await views.list_jobs(both, ALICE)) == {SECOND: False, FIRST: False}
+    assert planner.asked == [{SECOND}]
+    # Rested four times as long as it planned (at most a fifth of the time): the next listing plans again.
+    assert views._listings.rest_until - time.monotonic() > 0.4
+    await asyncio.sleep(views._listings.rest_until - time.monotonic() + 0.01)
+    assert expected(await views.list_jobs(both, ALICE)) == {SECOND: True, FIRST: True}
+    assert planner.asked == [{SECOND}, {SECOND, FIRST}]
+
+
+async def test_a_job_shown_has_its_own_plan_whatever_listings_do() -> None:
+    views, planner = queries()
+    polling = asyncio.ensure_future(views.list_jobs(ListJobs(statuses=["queued"], limit=1), ALICE))
+    await asyncio.sleep(0.05)
+    shown = asyncio.ensure_future(views.get_job(GetJob(job_id=FIRST), ALICE))
+    await asyncio.sleep(0.05)
+    assert planner.asked == [{SECOND}, {FIRST}]
+    planner.release.set()
+    details = await shown
+    assert details.job.expected is not None  # type: ignore[union-attr]
+    await polling
