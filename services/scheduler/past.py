@@ -40,8 +40,7 @@ from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
 from libs.telemetry.logs import get_logger
 from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
-from services.scheduler.past_snapshots import SNAPSHOT_EVENTS as SNAPSHOT_EVENTS  # read here: tests change it
-from services.scheduler.past_snapshots import PastSnapshots, Snapshot, Versions, dump, load
+from services.scheduler.past_snapshots import SNAPSHOT_EVENTS, PastSnapshots, Snapshot, Versions, dump, load
 from services.scheduler.planning_thread import PlanningThread
 from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PredictionCache
@@ -238,6 +237,15 @@ class _Replay:
                 return
 
 
+async def snapshot_due(snapshots: PastSnapshots, store: EventStore) -> bool:
+    """Whether the own log has grown by `SNAPSHOT_EVENTS` since the latest of `snapshots` (past or start ones)."""
+    behind = await store.last_position() - await snapshots.latest_own_after()
+    if behind < SNAPSHOT_EVENTS:
+        return False
+    log.info("scheduler.snapshot_due", table=snapshots.table, events_since=behind)
+    return True
+
+
 class PastStates:
     """The scheduler at past instants, one view at a time; the last state made is kept for `KEEP_SECONDS`."""
 
@@ -283,11 +291,8 @@ class PastStates:
     async def snapshot_if_due(self, now: datetime) -> bool:
         """If the log has grown by `SNAPSHOT_EVENTS` since the latest snapshot, make the state of `now` (snapshots
         saved on the way) and let it go: a later view starts from the snapshot. Whether it did."""
-        snapshots = await self._snapshot_table()
-        latest = await snapshots.latest(now)
-        if await self.store.last_position() - (latest.own_after if latest is not None else 0) < SNAPSHOT_EVENTS:
+        if not await snapshot_due(await self._snapshot_table(), self.store):
             return False
-        log.info("scheduler.past_snapshots_due", since=latest.at.isoformat() if latest is not None else None)
         async with self.at(now) as made:
             events = made.events
         async with self._lock:

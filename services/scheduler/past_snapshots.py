@@ -129,6 +129,11 @@ class PastSnapshots:
         return Snapshot(at=row["at"], events=row["events"], own_after=row["own_after"],
                         upstream_after=json.loads(row["upstream_after"]), data=bytes(row["data"]))
 
+    async def latest_own_after(self) -> int:
+        """Where the latest snapshot stands in the own log (0: none), without reading its data."""
+        return int(await self.pool.fetchval(
+            f"SELECT coalesce(max(own_after), 0) FROM {self.table} WHERE format = $1", FORMAT))
+
     async def save(self, snapshot: Snapshot) -> None:
         await self.pool.execute(
             f"""INSERT INTO {self.table} (format, at, events, own_after, upstream_after, data)

@@ -95,7 +95,7 @@ class _ListingPlans:
         """The latest plan, if it covers `job_ids` and is running or still fresh."""
         if self.latest is None or not self.jobs.issuperset(job_ids):
             return None
-        return self.latest if not self.latest.done() or self.resting() else None
+        return self.latest if self.resting() else None
 
     def resting(self) -> bool:
         """Whether a new plan must wait: one runs, or the last ended too recently."""

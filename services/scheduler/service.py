@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Callable, Collection, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Self
 
@@ -233,16 +233,18 @@ class Scheduler(EventSourcedService):
         await self.caught_up()
         while True:
             await asyncio.sleep(past.KEEP_AHEAD_SECONDS)
-            for what, due in (("past", self.past.snapshot_if_due if self.past is not None else None),
-                              ("start", lambda now: self.starts.make_if_due(self.state.cluster, now))):
-                if due is None:
-                    continue
-                try:
-                    await due(self.clock())
-                except OUTAGES:
-                    raise  # the loop pauses until they are back
-                except Exception:  # snapshots only save time: the service goes on without a new one
-                    log.exception("scheduler.snapshot_failed", kind=what)
+            if self.past is not None:
+                await self._snapshots_made("past", self.past.snapshot_if_due(self.clock()))
+            await self._snapshots_made("start", self.starts.make_if_due(self.state.cluster, self.clock()))
+
+    @staticmethod
+    async def _snapshots_made(kind: str, making: Awaitable[bool]) -> None:
+        try:
+            await making
+        except OUTAGES:
+            raise  # the loop pauses until they are back
+        except Exception:  # snapshots only save time: the service goes on without a new one
+            log.exception("scheduler.snapshot_failed", kind=kind)
 
     async def restore(self) -> tuple[int, int]:
         """The latest start snapshot's state (start_snapshots.py), if it was made with this cluster config."""

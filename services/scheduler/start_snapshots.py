@@ -45,10 +45,13 @@ class StartSnapshots:
         self._migrated = False
 
     async def latest(self) -> Snapshot | None:
+        return await (await self._table()).latest()
+
+    async def _table(self) -> PastSnapshots:
         if not self._migrated:
             await self.table.migrate()
             self._migrated = True
-        return await self.table.latest()
+        return self.table
 
     def _replay(self, cluster: ClusterConfig) -> past._Replay:
         return past._Replay(self.store, None, cluster, self.table, upstream=False)
@@ -73,9 +76,9 @@ class StartSnapshots:
     async def make_if_due(self, cluster: ClusterConfig, now: datetime) -> bool:
         """If the own log has grown by `SNAPSHOT_EVENTS` since the latest snapshot, fold it on from there (saving
         snapshots on the way) up to `now`, and let the state go. Whether it did."""
-        latest = await self.latest()
-        if await self.store.last_position() - (latest.own_after if latest is not None else 0) < past.SNAPSHOT_EVENTS:
+        if not await past.snapshot_due(await self._table(), self.store):
             return False
+        latest = await self.latest()
         with collector_paused():  # and the state let go before it is switched back on: nothing left to scan
             replay = self._replay(cluster)
             if latest is not None:
