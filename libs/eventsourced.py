@@ -27,7 +27,7 @@ import gc
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from nats.aio.msg import Msg
@@ -46,6 +46,17 @@ Fold = Callable[[Any], None]
 Rule = Callable[[Any], Sequence[NewEvent]]
 """A pure reaction: the upstream message (already folded) in, the events to record out."""
 Loop = Callable[[], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A state put in place at a start instead of folding the log from its first event (`restore`)."""
+
+    own_after: int = 0  # every event of the own log up to this position is folded, and none after
+    events: int = 0  # how many events the state holds
+    # Per subject filter followed, the stream sequence up to which its messages are folded (the followers begin
+    # after it); a filter not named is followed from its first message.
+    upstream_after: Mapping[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -84,6 +95,7 @@ class EventSourcedService:
         self.lock = asyncio.Lock()  # one decision at a time: folds, reactions, cycles, commands
         self.wake = asyncio.Event()  # set after every fold, so loops look again
         self.followers: list[StreamFollower] = []
+        self._upstream_after: Mapping[str, int] = {}  # what a restored state holds of each upstream (`Restored`)
         # The version of every aggregate of this service, as folded so far: records append there.
         self.versions: dict[tuple[str, str], int] = {}
         self._tracer = tracer(f"trainyard.{self.name}")
@@ -129,16 +141,18 @@ class EventSourcedService:
             raise
         return runtime
 
-    async def restore(self) -> tuple[int, int]:
-        """Put in place a state saved with the service's own log folded up to a position, so that the rebuild folds
-        only what came after: (that position, how many events it holds). (0, 0): none, from the first event."""
-        return 0, 0
+    async def restore(self) -> Restored:
+        """Put in place a state saved with the service's own log (and maybe its upstreams) folded up to a position,
+        so that the rebuild and the followers fold only what came after. Nothing restored: from the first event."""
+        return Restored()
 
     async def rebuild(self) -> int:
         """Fold every event of the service's own log (after a restored state's); returns how many the state holds."""
         with collector_paused():
-            after, count = await self.restore()
-            async for envelope in self.rt.store.read_all(after=after):
+            restored = await self.restore()
+            self._upstream_after = restored.upstream_after
+            count = restored.events
+            async for envelope in self.rt.store.read_all(after=restored.own_after):
                 self.apply(envelope)
                 count += 1
             if count >= LONG_LIVED_EVENTS:
@@ -153,15 +167,20 @@ class EventSourcedService:
         log.info(f"{self.name}.rebuilt", events=count, aggregates=len(self.versions))
         await self.prepare()
         for upstream in self.upstreams():
-            follower = StreamFollower(self.rt.js, self.rt.store, stream=upstream.stream, subject=upstream.subject,
-                                      consumer=upstream.consumer, message_type=upstream.message_type,
-                                      handle=upstream.handle or self._handler(upstream),
-                                      reactions=upstream.reactions, record_set_aside=self._record_set_aside)
+            follower = self.follower(upstream)
             await follower.start()
             self.followers.append(follower)
         self.handlers()
         for name, loop in self.loops().items():
             self.rt.spawn(weathering(name, loop), name)
+
+    def follower(self, upstream: Upstream) -> StreamFollower:
+        """What follows `upstream` for this service (not started): from its first message, or after what a restored
+        state holds of it."""
+        return StreamFollower(self.rt.js, self.rt.store, stream=upstream.stream, subject=upstream.subject,
+                              consumer=upstream.consumer, message_type=upstream.message_type,
+                              handle=upstream.handle or self._handler(upstream), reactions=upstream.reactions,
+                              record_set_aside=self._record_set_aside, folded=self._upstream_after)
 
     async def caught_up(self) -> None:
         """Decisions that need a complete view wait until every upstream is replayed."""

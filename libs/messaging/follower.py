@@ -13,6 +13,11 @@ publishes its log again, libs/eventstore/relay.py), the recorded sequence no lon
 message, and the follower goes by the upstream position instead. Where there is none (agent reports),
 it reacts to the new stream's messages from its start: those reactions hold to what they decide on.
 
+A service that restored a state saved with some of a stream already folded (the scheduler's snapshots) gives its
+follower, per subject filter, the stream sequence up to which that filter's messages are in the state (`folded`):
+delivery then begins after the lowest, and a message at or before its filter's is passed over, neither folded nor
+reacted to. The service restores only a state folded no further than it had reacted, so nothing is left unanswered.
+
 A message that cannot be applied is *set aside*, never retried for ever (one poisoned message must
 not stop every later one): the follower records an `UpstreamMessageSetAside` with its tracking
 position, folds nothing of it and goes on. That happens when
@@ -36,7 +41,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Literal
 
 import msgspec
@@ -50,6 +55,7 @@ from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageS
 from libs.contracts.subjects import SET_ASIDE_AGGREGATE, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.messaging.connection import wait_for_streams
+from libs.messaging.reader import delivered
 from libs.outages import is_outage
 from libs.telemetry.logs import get_logger
 
@@ -142,11 +148,27 @@ _REPEATED = object()  # what an envelope published again decodes to: applied onc
 UNRECORDED_WRITE_SECONDS = 0.5
 
 
+async def still_holds(js: JetStreamContext, stream: str, sequence: int, upstream: int | None) -> bool:
+    """Whether `stream` still has, at `sequence`, the message a tracking position was recorded for (with the
+    upstream log position `upstream`, when known): False when the stream was made anew since. Raises when NATS
+    cannot tell now."""
+    try:
+        msg = await js.get_msg(stream, sequence)
+    except NotFoundError:  # the stream is younger than the tracking
+        return False
+    if upstream is None:
+        return True  # nothing to tell it by
+    try:
+        return bool(decode_any(msg.data or b"", EventEnvelope).position == upstream)
+    except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
+        return False
+
+
 class StreamFollower:
     def __init__(self, js: JetStreamContext, store: EventStore, *, stream: str, subject: str | Sequence[str],
                  consumer: str, message_type: object, handle: Handler, reactions: bool = True,
                  retry_seconds: float = 0.5, attempts: int = 3, source: str | None = None,
-                 record_set_aside: RecordSetAside | None = None) -> None:
+                 record_set_aside: RecordSetAside | None = None, folded: Mapping[str, int] | None = None) -> None:
         self.js = js
         self.store = store
         self.stream = stream
@@ -162,6 +184,11 @@ class StreamFollower:
         # The service whose envelopes this follower accepts (None: any, as long as subject and envelope agree).
         self.source = source if source is not None else service_of_events(subject)
         self.record_set_aside = record_set_aside or self._append_set_aside
+        # Per subject filter, the stream sequence up to which its messages are folded already (a restored state).
+        self.folded = {subject: folded.get(subject, 0) for subject in self.subjects} if folded else {}
+        for subject in self.folded:
+            if "*" in subject or (">" in subject and not subject.endswith(".>")):
+                raise ValueError(f"a follower starts part-way only on plain filters or `prefix.>`: {subject}")
         self.caught_up = asyncio.Event()
         self.tracked = 0
         # Set when the stream was made anew: the upstream position reacted to last before; a message is new
@@ -183,10 +210,12 @@ class StreamFollower:
                             tracked=self.tracked, upstream=upstream)
                 await self.store.forget_tracked_sequence(self.consumer)
                 self.tracked, self.anew_upstream = 0, upstream
-        several = ConsumerConfig(filter_subjects=self.subjects) if len(self.subjects) > 1 else None
-        sub = await self.js.subscribe(self.subjects[0], stream=self.stream, config=several, ordered_consumer=True,
-                                      idle_heartbeat=HEARTBEAT_SECONDS,
-                                      deliver_policy=DeliverPolicy.ALL, cb=self._on_message)
+        config = ConsumerConfig(filter_subjects=self.subjects if len(self.subjects) > 1 else None)
+        policy = DeliverPolicy.ALL
+        if first := min(self.folded.values(), default=0):
+            policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, first + 1
+        sub = await self.js.subscribe(self.subjects[0], stream=self.stream, config=config, ordered_consumer=True,
+                                      idle_heartbeat=HEARTBEAT_SECONDS, deliver_policy=policy, cb=self._on_message)
         self._sub = sub
         # Nothing matched the filter yet (the consumer sequence counts matching deliveries only; the
         # stream sequence may already point past other services' messages): the view is complete.
@@ -228,20 +257,11 @@ class StreamFollower:
                 self._unrecorded = None
 
     async def _still_holds(self, sequence: int, upstream: int | None) -> bool:
-        """Whether the stream still has, at `sequence`, the message the tracking was recorded for."""
         try:
-            msg = await self.js.get_msg(self.stream, sequence)
-        except NotFoundError:  # the stream is younger than the tracking
-            return False
+            return await still_holds(self.js, self.stream, sequence, upstream)
         except Exception as exc:  # cannot tell now (NATS slow or away): go on as recorded
             log.warning("follower.stream_unchecked", consumer=self.consumer, stream=self.stream, error=repr(exc))
             return True
-        if upstream is None:
-            return True  # nothing to tell it by
-        try:
-            return bool(decode_any(msg.data or b"", EventEnvelope).position == upstream)
-        except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
-            return False
 
     def _tracking(self, sequence: int, decoded: Any) -> Tracking | None:
         """The position to record with a reaction to this message; None: it was reacted to before."""
@@ -253,8 +273,19 @@ class StreamFollower:
             return Tracking(self.consumer, sequence, upstream, by_upstream=True) if new else None
         return Tracking(self.consumer, sequence, upstream) if sequence > self.tracked else None
 
+    def _folded_already(self, subject: str, sequence: int) -> bool:
+        """Whether the message is in the restored state already (`folded`)."""
+        for pattern, through in self.folded.items():
+            if subject == pattern or (pattern.endswith(">") and subject.startswith(pattern[:-1])):
+                return sequence <= through
+        return False
+
     async def _on_message(self, msg: Msg) -> None:
-        sequence = msg.metadata.sequence.stream
+        sequence, pending = delivered(msg)
+        if self.folded and self._folded_already(msg.subject, sequence):
+            if not pending:
+                self.caught_up.set()
+            return
         tracking: Tracking | None = None
         try:
             decoded = self._accepted(msg)
@@ -267,7 +298,7 @@ class StreamFollower:
             self.tracked = max(self.tracked, sequence)
             if tracking.by_upstream and tracking.upstream is not None:
                 self.anew_upstream = tracking.upstream
-        if not msg.metadata.num_pending:
+        if not pending:
             self.caught_up.set()
 
     def _accepted(self, msg: Msg) -> Any:

@@ -12,7 +12,7 @@ stepping forward through a night pays for each step, not for the whole history a
 starts afresh, from the latest snapshot before it (past_snapshots.py). The live scheduler keeps those snapshots
 ahead of any view (`snapshot_if_due`, from its snapshot loop): once its log has grown by `SNAPSHOT_EVENTS` since the
 latest, it makes the state of the present in the background, saving snapshots on the way, so that no instant asked
-for is more than that many events past one.
+for is more than that many events past one. A start restores the latest of them too (start_snapshots.py).
 
 Nothing here touches the live state: the replay has its own state, folded in a worker thread in windows of the own
 log (bounded memory), and answers one view at a time.
@@ -37,7 +37,7 @@ from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.eventsourced import LONG_LIVED_EVENTS, collector_paused
 from libs.eventstore import EventStore
-from libs.messaging.reader import read_subject
+from libs.messaging.reader import delivered, read_subject
 from libs.telemetry.logs import get_logger
 from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
 from services.scheduler.past_snapshots import SNAPSHOT_EVENTS, PastSnapshots, Snapshot, Versions, dump, load
@@ -142,16 +142,15 @@ class _Source:
 class _Replay:
     """A past state and where it stands in each source; moves forward only."""
 
-    def __init__(self, store: EventStore, js: JetStreamContext | None, cluster: ClusterConfig,
-                 snapshots: PastSnapshots, *, upstream: bool = True) -> None:
+    def __init__(self, store: EventStore, js: JetStreamContext, cluster: ClusterConfig,
+                 snapshots: PastSnapshots) -> None:
         self.store, self.js, self.snapshots = store, js, snapshots
         self.past = PastScheduler(cluster)
         self._snapshotted = 0  # events folded when the last snapshot was made or restored
         self.own = _Source("own", self._own_after)
-        # Without them, the state a start folds from the own log before it follows anything (start_snapshots.py).
         self.upstream = [_Source(subject, self._upstream_after(name, subject))
                          for name, aggregates in UPSTREAM_AGGREGATES.items()
-                         for subject in subjects.events_of(name, *aggregates)] if upstream else []
+                         for subject in subjects.events_of(name, *aggregates)]
         self._set_aside: dict[str, set[int]] = {}  # per consumer: the stream sequences the live service passed over
         self._set_aside_after = 0
 
@@ -192,11 +191,14 @@ class _Replay:
                 await source.close()
 
     async def _snapshot(self, at: datetime) -> None:
-        """Save the state as it stands: every event up to `at` folded (a later instant starts from it)."""
+        """Save the state as it stands: every event up to `at` folded (a later instant starts from it). Not where a
+        later snapshot stands already (a view of an instant before the latest): its caller would only wait for it."""
+        self._snapshotted = self.past.events
+        if await self.snapshots.latest_own_after() >= self.own.after:
+            return
         data = await asyncio.to_thread(dump, self.past.state, self.past.predictions, self.past.versions)
         await self.snapshots.save(Snapshot(at=at, events=self.past.events, own_after=self.own.after,
                                            upstream_after={s.name: s.after for s in self.upstream}, data=data))
-        self._snapshotted = self.past.events
         log.info("scheduler.snapshot_made", table=self.snapshots.table, at=at.isoformat(), events=self.past.events,
                  bytes=len(data))
 
@@ -208,9 +210,8 @@ class _Replay:
         consumer = upstream_consumer(upstream)
 
         async def read(after: int) -> Positioned:
-            assert self.js is not None, "upstream events are read from NATS"
             async for msg in read_subject(self.js, subjects.EVENTS_STREAM, subject, after=after):
-                sequence = msg.metadata.sequence.stream
+                sequence, _ = delivered(msg)
                 yield sequence, self._folded(consumer, sequence, msg)
 
         return read

@@ -106,11 +106,10 @@ def load(data: bytes) -> tuple[SchedulerState, PredictionCache, Versions]:
 
 
 class PastSnapshots:
-    """The snapshots in the scheduler's schema: of past states (`past_snapshots`), or of the states a start folds
-    from its own log alone (`start_snapshots`, start_snapshots.py)."""
+    """The snapshots of past states in the scheduler's schema; a start restores one too (start_snapshots.py)."""
 
-    def __init__(self, pool: asyncpg.Pool, schema: str = "scheduler", table: str = "past_snapshots") -> None:
-        self.pool, self.table = pool, f"{schema}.{table}"
+    def __init__(self, pool: asyncpg.Pool, schema: str = "scheduler") -> None:
+        self.pool, self.table = pool, f"{schema}.past_snapshots"
 
     async def migrate(self) -> None:
         await self.pool.execute(f"""
@@ -128,6 +127,14 @@ class PastSnapshots:
             return None
         return Snapshot(at=row["at"], events=row["events"], own_after=row["own_after"],
                         upstream_after=json.loads(row["upstream_after"]), data=bytes(row["data"]))
+
+    async def recent(self, limit: int) -> list[Snapshot]:
+        """The latest `limit` snapshots, latest first, without their data (`latest(at)` reads one whole)."""
+        rows = await self.pool.fetch(
+            f"""SELECT at, events, own_after, upstream_after FROM {self.table} WHERE format = $1
+                ORDER BY at DESC LIMIT $2""", FORMAT, limit)
+        return [Snapshot(at=row["at"], events=row["events"], own_after=row["own_after"],
+                         upstream_after=json.loads(row["upstream_after"]), data=b"") for row in rows]
 
     async def latest_own_after(self) -> int:
         """Where the latest snapshot stands in the own log (0: none), without reading its data."""

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Awaitable, Callable, Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Self
 
@@ -25,14 +25,14 @@ from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import EventEnvelope, JobSubmitted
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
-from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
+from libs.eventsourced import EventSourcedService, Loop, Pacer, Restored, Upstream
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import register_all_authenticated
 from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.scheduler import cycle, past, predicted
+from services.scheduler import cycle, past, predicted, start_snapshots
 from services.scheduler.commands import JobCommands
 from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
@@ -45,7 +45,6 @@ from services.scheduler.queries import JobQueries
 from services.scheduler.reactions import react
 from services.scheduler.read_model import JobSearchProjection
 from services.scheduler.snapshot import plan_inputs
-from services.scheduler.start_snapshots import StartSnapshots
 from services.scheduler.state import SchedulerState
 from services.scheduler.submissions import SubmissionBatches
 from services.scheduler.whatif_queries import WhatIfQueries
@@ -108,7 +107,6 @@ class Scheduler(EventSourcedService):
         self.pacer = Pacer(share=CYCLE_SHARE)
         self._changed = asyncio.Event()  # set by every event that changes what a cycle decides on
         self.past: PastStates | None = None  # the states of past instants (`trainyard at`), once it answers
-        self.starts = StartSnapshots(runtime.store)
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -228,34 +226,31 @@ class Scheduler(EventSourcedService):
         return bool(traced)
 
     async def snapshot_loop(self) -> None:
-        """Snapshots made ahead, by the active scheduler only: of past states, before any view asks for one
-        (past.py), and of its own log folded, for its next start (start_snapshots.py)."""
+        """Snapshots of past states made ahead, by the active scheduler only: before any view asks for one (past.py),
+        and for its next start (start_snapshots.py)."""
         await self.caught_up()
         while True:
             await asyncio.sleep(past.KEEP_AHEAD_SECONDS)
-            if self.past is not None:
-                await self._snapshots_made("past", self.past.snapshot_if_due(self.clock()))
-            await self._snapshots_made("start", self.starts.make_if_due(self.state.cluster, self.clock()))
+            if self.past is None:
+                continue
+            try:
+                await self.past.snapshot_if_due(self.clock())
+            except OUTAGES:
+                raise  # the loop pauses until they are back
+            except Exception:  # snapshots only save time: the service goes on without a new one
+                log.exception("scheduler.snapshot_failed")
 
-    @staticmethod
-    async def _snapshots_made(kind: str, making: Awaitable[bool]) -> None:
-        try:
-            await making
-        except OUTAGES:
-            raise  # the loop pauses until they are back
-        except Exception:  # snapshots only save time: the service goes on without a new one
-            log.exception("scheduler.snapshot_failed", kind=kind)
-
-    async def restore(self) -> tuple[int, int]:
-        """The latest start snapshot's state (start_snapshots.py), if it was made with this cluster config."""
-        restored = await self.starts.restored(self.state.cluster)
-        if restored is None:
-            return 0, 0
-        self.state, self.predictions, self.versions = restored.state, restored.predictions, restored.versions
+    async def restore(self) -> Restored:
+        """The state of the latest snapshot a start may take (start_snapshots.py), and where it stands."""
+        found = await start_snapshots.restored(self.rt.store, getattr(self.rt, "js", None), self.state.cluster)
+        if found is None:
+            return Restored()
+        self.state, self.predictions, self.versions, restored = found
         self.planning = PlanningThread(self.predictions)
         self.submissions = SubmissionBatches(self.state, self.lock, self.record)
-        log.info("scheduler.restored", own_after=restored.own_after, events=restored.events)
-        return restored.own_after, restored.events
+        log.info("scheduler.restored", own_after=restored.own_after, events=restored.events,
+                 upstream_after=dict(restored.upstream_after))
+        return restored
 
     async def prediction_loop(self) -> None:
         """S6 for the jobs submitted without asking for one: planned together, off the event loop and

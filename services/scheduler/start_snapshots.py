@@ -1,96 +1,87 @@
-"""Snapshots a scheduler starts from, rather than folding its whole log.
+"""A scheduler starts from a snapshot of a past state, rather than folding its whole log and every stream it follows
+from their first message.
 
-A start folds the scheduler's own log first, in order, and only then follows the other services' streams (from
-their first message, as ever). So the state it holds when its own log is folded up to a position depends on that
-log alone: a snapshot of it (the state, the prediction cache and the version of every aggregate, with the position)
-lets a later start fold only the events after, and come to the same state as a start from the first event.
+The snapshots of past states (past_snapshots.py, made ahead of any view by the snapshot loop) hold the own log and
+the followed streams folded in the order they were recorded, each up to a position: the state the scheduler held
+then. A start restores the latest one, folds its own log after it, and its followers begin after what it holds of
+each stream (`libs.eventsourced.Restored`).
 
-They are made as the snapshots of past states are (past.py), by a replay of the own log alone, in the background
-of the active scheduler, once its log has grown by `SNAPSHOT_EVENTS` since the latest; saved in the table
-`start_snapshots`. A cache of the log: made by the same code only (`FORMAT`), for the same cluster config (another
-one folds differently: the snapshot is passed over), and one that cannot be read is passed over too.
+A start may only take a snapshot that holds no upstream message the scheduler had not reacted to yet: a follower
+beginning after it would never react to that message. So a snapshot is taken only when, for every subject followed,
+what it folded is at or before the stream position the scheduler recorded as handled, and the stream still holds
+the message at that position (a stream made anew numbers its messages afresh: the start then folds everything, as
+ever). A snapshot made with another cluster config, or that cannot be read, is passed over too.
 """
 
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
-from datetime import datetime
+from collections.abc import Mapping
 
+from nats.js.client import JetStreamContext
+
+from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
-from libs.eventsourced import collector_paused
+from libs.eventsourced import Restored
 from libs.eventstore import EventStore
+from libs.messaging.follower import still_holds
+from libs.outages import OUTAGES
 from libs.telemetry.logs import get_logger
-from services.scheduler import past
-from services.scheduler.past_snapshots import PastSnapshots, Snapshot, Versions, load
+from services.scheduler.names import UPSTREAM_AGGREGATES, upstream_consumer
+from services.scheduler.past_snapshots import PastSnapshots, Versions, load
 from services.scheduler.prediction_cache import PredictionCache
 from services.scheduler.state import SchedulerState
 
 log = get_logger(__name__)
 
+# The latest snapshots looked at. A snapshot is made at least a minute after the events it holds, by when the
+# followers have long handled them: the latest is refused only while one lags far behind (an outage).
+CANDIDATES = 3
 
-@dataclass
-class Restored:
-    state: SchedulerState
-    predictions: PredictionCache
-    versions: Versions
-    own_after: int  # every event of the own log up to this position is folded, and none after
-    events: int
+Start = tuple[SchedulerState, PredictionCache, Versions, Restored]
 
 
-class StartSnapshots:
-    def __init__(self, store: EventStore) -> None:
-        self.store = store
-        self.table = PastSnapshots(store.pool, store.schema, table="start_snapshots")
-        self._migrated = False
-
-    async def latest(self) -> Snapshot | None:
-        return await (await self._table()).latest()
-
-    async def _table(self) -> PastSnapshots:
-        if not self._migrated:
-            await self.table.migrate()
-            self._migrated = True
-        return self.table
-
-    def _replay(self, cluster: ClusterConfig) -> past._Replay:
-        return past._Replay(self.store, None, cluster, self.table, upstream=False)
-
-    async def restored(self, cluster: ClusterConfig) -> Restored | None:
-        """The state of the latest snapshot, for a start to fold the rest of its log into; None: from the first
-        event."""
-        snapshot = await self.latest()
-        if snapshot is None:
-            return None
+async def restored(store: EventStore, js: JetStreamContext | None, cluster: ClusterConfig) -> Start | None:
+    """The state of the latest snapshot a start may take, with where it stands; None: from the first event."""
+    table = PastSnapshots(store.pool, store.schema)
+    await table.migrate()
+    await store.pool.execute(f"DROP TABLE IF EXISTS {store.schema}.start_snapshots")  # left by earlier versions
+    handled = await _handled(store, js)
+    for candidate in await table.recent(CANDIDATES):
+        if ahead := [subject for subject, after in candidate.upstream_after.items() if after > handled.get(subject, 0)]:
+            log.info("scheduler.snapshot_passed_over", at=candidate.at.isoformat(),
+                     reason="holds upstream messages not yet reacted to", subjects=ahead)
+            continue
+        snapshot = await table.latest(candidate.at)
+        if snapshot is None:  # made by other code since, or dropped
+            continue
         try:
             state, predictions, versions = await asyncio.to_thread(load, snapshot.data)
         except Exception:  # the log has it all
-            log.exception("scheduler.start_snapshot_unreadable", own_after=snapshot.own_after)
+            log.exception("scheduler.snapshot_unreadable", at=snapshot.at.isoformat())
             return None
         if state.cluster != cluster:
-            log.info("scheduler.start_snapshot_passed_over", own_after=snapshot.own_after,
+            log.info("scheduler.snapshot_passed_over", at=snapshot.at.isoformat(),
                      reason="made with another cluster config")
             return None
-        return Restored(state, predictions, versions, snapshot.own_after, snapshot.events)
+        return state, predictions, versions, Restored(own_after=snapshot.own_after, events=snapshot.events,
+                                                      upstream_after=snapshot.upstream_after)
+    return None
 
-    async def make_if_due(self, cluster: ClusterConfig, now: datetime) -> bool:
-        """If the own log has grown by `SNAPSHOT_EVENTS` since the latest snapshot, fold it on from there (saving
-        snapshots on the way) up to `now`, and let the state go. Whether it did."""
-        if not await past.snapshot_due(await self._table(), self.store):
-            return False
-        latest = await self.latest()
-        with collector_paused():  # and the state let go before it is switched back on: nothing left to scan
-            replay = self._replay(cluster)
-            if latest is not None:
-                try:
-                    await replay.restore(latest)
-                except Exception:
-                    log.exception("scheduler.start_snapshot_unreadable", own_after=latest.own_after)
-                    replay = self._replay(cluster)
-                if replay.past.state.cluster != cluster:  # made with another cluster config: from the first event
-                    replay = self._replay(cluster)
-            await replay.advance(now)
-            events = replay.past.events
-            del replay
-        log.info("scheduler.start_snapshots_made", at=now.isoformat(), events=events)
-        return True
+
+async def _handled(store: EventStore, js: JetStreamContext | None) -> Mapping[str, int]:
+    """Per subject followed, the stream position up to which the scheduler has handled its messages (0: none, or
+    not known to hold in the stream as it is now)."""
+    handled: dict[str, int] = {}
+    for upstream, aggregates in UPSTREAM_AGGREGATES.items():
+        sequence, upstream_position = await store.tracked(upstream_consumer(upstream))
+        if sequence and js is not None:
+            try:
+                holds = await still_holds(js, subjects.EVENTS_STREAM, sequence, upstream_position)
+            except OUTAGES:
+                holds = False  # cannot tell: the snapshot is not worth the risk of a reaction missed
+            sequence = sequence if holds else 0
+        else:
+            sequence = 0
+        handled.update(dict.fromkeys(subjects.events_of(upstream, *aggregates), sequence))
+    return handled

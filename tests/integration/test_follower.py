@@ -59,10 +59,11 @@ class Recorder:
 
 
 async def follow(nc: Client, store: EventStore, recorder: Recorder, expected: int,
-                 subject: str | tuple[str, ...] = subjects.events_of_service("scheduler")) -> StreamFollower:
+                 subject: str | tuple[str, ...] = subjects.events_of_service("scheduler"),
+                 folded: dict[str, int] | None = None) -> StreamFollower:
     follower = StreamFollower(nc.jetstream(), store, stream=subjects.EVENTS_STREAM,
                               subject=subject, consumer="scheduler-events",
-                              message_type=EventEnvelope, handle=recorder.handle, retry_seconds=0.01)
+                              message_type=EventEnvelope, handle=recorder.handle, retry_seconds=0.01, folded=folded)
     await follower.start()
     await asyncio.wait_for(follower.caught_up.wait(), 10)
     for _ in range(100):
@@ -216,3 +217,44 @@ async def test_a_follower_naming_aggregates_gets_their_events_only_and_reacts_on
     await follower.stop()
     assert again.folded == ["job-1", "drain-3", "job-4", "job-6", "job-7", "drain-9", "job-10", "job-12"]
     assert [e.aggregate_id async for e in store.read_all()] == again.folded  # each reacted to once
+
+
+async def test_a_follower_of_a_restored_state_begins_after_what_it_holds_of_each_subject(
+        nc: Client, store: EventStore) -> None:
+    """Given, per subject filter, the stream position up to which a restored state holds its messages, a follower
+    passes those over (neither folded nor reacted to) and folds and answers the rest, each once."""
+    read = subjects.events_of("scheduler", "job", "drain")
+    jobs, drains = read
+
+    async def publish(kind: str, number: int) -> int:
+        aggregate_id = f"{kind}-{number}"
+        envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type=kind,
+                                 aggregate_id=aggregate_id, version=1, position=number,
+                                 recorded_at=datetime.now(UTC), event=JobStopped(job_id=aggregate_id, by="bob"))
+        ack = await nc.jetstream().publish(subjects.event_subject("scheduler", kind, aggregate_id, "JobStopped"),
+                                           encode(envelope))
+        return ack.seq
+
+    sequences = {number: await publish(kind, number)
+                 for number, kind in enumerate(["job", "drain", "job", "drain", "job"], start=1)}
+    first = Recorder(store)
+    follower = await follow(nc, store, first, expected=5, subject=read)
+    await follower.stop()
+
+    # The state holds the jobs' messages up to job-3 and the drains' up to drain-2; one more of each comes after.
+    await publish("job", 6)
+    await publish("drain", 7)
+    restored = Recorder(store)
+    follower = await follow(nc, store, restored, expected=4, subject=read,
+                            folded={jobs: sequences[3], drains: sequences[2]})
+    await follower.stop()
+    assert restored.folded == ["drain-4", "job-5", "job-6", "drain-7"]
+    assert [e.aggregate_id async for e in store.read_all()] == [
+        "job-1", "drain-2", "job-3", "drain-4", "job-5", "job-6", "drain-7"]  # each answered once
+
+
+async def test_a_follower_begins_part_way_only_on_filters_it_can_match(store: EventStore) -> None:
+    with pytest.raises(ValueError, match="prefix"):
+        StreamFollower(None, store, stream=subjects.EVENTS_STREAM,  # type: ignore[arg-type]
+                       subject="trainyard.events.*.job.>", consumer="c", message_type=EventEnvelope,
+                       handle=Recorder(store).handle, folded={"trainyard.events.*.job.>": 3})

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -17,7 +18,8 @@ from libs.contracts.codec import encode
 from libs.contracts.events import Event, EventEnvelope, LaunchSucceeded, NodeRegistered
 from libs.contracts.messages import SimulationProgress
 from libs.contracts.scheduling import Prediction
-from services.scheduler import past
+from services.scheduler import past, start_snapshots
+from services.scheduler.names import upstream_consumer
 from services.scheduler.past_snapshots import PastSnapshots
 from services.scheduler.service import Scheduler
 from tests.support.schedulers import CLUSTER as CLUSTER_FILE
@@ -201,12 +203,14 @@ async def test_the_live_scheduler_keeps_snapshots_ahead_of_any_view(
         await alice.close()
 
 
-async def test_a_scheduler_starts_from_a_snapshot_of_its_own_log_as_from_the_first_event(
+async def test_a_scheduler_starts_from_a_snapshot_and_its_followers_go_on_after_it(
         schedulers: Schedulers, nc: Client, nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(past, "SNAPSHOT_EVENTS", 3)
     monkeypatch.setattr(past, "KEEP_AHEAD_SECONDS", 3600.0)  # made when this test says
     await schedulers.start()
     live = schedulers.started[-1]
+    assert live.past is not None
+    store = live.rt.store
     alice = await TrainyardClient.open(nats_url, token=token("alice"))
     try:
         node = NodeInfo(name="node-a", address="127.0.0.1", cpus=1, memory_mib=2048)
@@ -214,41 +218,65 @@ async def test_a_scheduler_starts_from_a_snapshot_of_its_own_log_as_from_the_fir
         first = (await alice.submit(spec("first", duration="1h"))).job_id
         await eventually(lambda: _status(alice, first, "running"))
         second = (await alice.submit(spec("second", duration="1h"))).job_id
-        assert await live.starts.make_if_due(live.state.cluster, datetime.now(UTC))
-        snapshot = await live.starts.latest()
-        assert snapshot is not None and snapshot.own_after > 0
-        assert not await live.starts.make_if_due(live.state.cluster, datetime.now(UTC))  # not due again yet
+
+        async def handled() -> bool:  # the node's registration, which needed no answer, is noted as handled
+            return (await store.tracked(upstream_consumer("monitor")))[0] > 0
+
+        await eventually(handled)
+        assert await live.past.snapshot_if_due(datetime.now(UTC))
+        snapshot, = await PastSnapshots(store.pool).recent(1)
+        node_subject, = subjects.events_of("monitor", "node")
+        assert snapshot.own_after > 0 and snapshot.upstream_after[node_subject] > 0
         third = (await alice.submit(spec("third", priority="urgent"))).job_id  # after the snapshot
         await alice.stop([second])
 
-        # What a start folds from its own log: from the snapshot on, the state a start from the first event folds.
-        from_snapshot = Scheduler(live.rt, CLUSTER)
-        assert (await from_snapshot.restore())[0] == snapshot.own_after
+        # A start restores it: its own log folded after it, its followers begin after what it holds of each stream.
         from_snapshot = Scheduler(live.rt, CLUSTER)
         held = await from_snapshot.rebuild()
+        assert held > snapshot.events
         from_the_first = Scheduler(live.rt, CLUSTER)
-        monkeypatch.setattr(from_the_first.starts, "restored", _none)
-        assert await from_the_first.rebuild() == held
+        with monkeypatch.context() as without_snapshots:
+            without_snapshots.setattr(start_snapshots, "restored", _none)
+            await from_the_first.rebuild()
+        for scheduler in (from_snapshot, from_the_first):  # folded only: the live scheduler answers
+            for upstream in scheduler.upstreams():
+                follower = scheduler.follower(dataclasses.replace(upstream, reactions=False))
+                await follower.start()
+                await follower.caught_up.wait()
+                await follower.stop()
+        assert from_snapshot.state.nodes == from_the_first.state.nodes and "node-a" in from_snapshot.state.nodes
         assert from_snapshot.state.jobs == from_the_first.state.jobs
         assert [j.job_id for j in from_snapshot.state.queue()] == [j.job_id for j in from_the_first.state.queue()]
         assert from_snapshot.state.used() == from_the_first.state.used()
         assert from_snapshot.versions == from_the_first.versions
         assert from_snapshot.state.jobs[second].status == "stopped" and third in from_snapshot.state.jobs
 
-        # Another cluster config folds differently: its start passes the snapshot over.
-        assert await from_snapshot.starts.restored(ClusterConfig(flavors=CLUSTER.flavors[:1])) is None
+        # Passed over: a snapshot holding an upstream message the scheduler has not answered yet (a follower
+        # beginning after it would never answer it), or made with another cluster config.
+        consumer = upstream_consumer("monitor")
+        position = (await store.tracked(consumer))[0]
+        await store.pool.execute("UPDATE scheduler.tracking SET position = $2 WHERE consumer = $1", consumer,
+                                 snapshot.upstream_after[node_subject] - 1)
+        assert await start_snapshots.restored(store, live.rt.js, CLUSTER) is None
+        await store.pool.execute("UPDATE scheduler.tracking SET position = $2 WHERE consumer = $1", consumer, position)
+        assert await start_snapshots.restored(store, live.rt.js, CLUSTER) is not None
+        assert await start_snapshots.restored(store, live.rt.js, ClusterConfig(flavors=CLUSTER.flavors[:1])) is None
 
-        # A scheduler started from it goes on where the last left off: records at the right versions, decides.
+        # A scheduler started from it goes on where the last left off: it knows the node it was told of before the
+        # snapshot (its follower does not read that again), answers what comes after, records at the right
+        # versions and decides.
         await schedulers.stop_all()
         await schedulers.start()
+        assert schedulers.started[-1].followers[0].folded  # started after what the snapshot holds
         fourth = (await alice.submit(spec("fourth", duration="1h"))).job_id
         await publish(nc, "launcher", "launch", first, LaunchSucceeded(job_id=first, attempt=1))
         await eventually(lambda: _status(alice, third, "running"))  # urgent: before the fourth
+        assert (await alice.get_job(first)).job.status == "succeeded"
         assert (await alice.get_job(fourth)).job.status == "queued"
         assert [j.job_id for j in await alice.queue()] == [fourth]
     finally:
         await alice.close()
 
 
-async def _none(_: ClusterConfig) -> None:
+async def _none(*_: object) -> None:
     return None
