@@ -25,7 +25,6 @@ from libs.contracts.cluster import ClusterConfig
 from libs.eventsourced import Restored
 from libs.eventstore import EventStore
 from libs.messaging.follower import still_holds
-from libs.outages import OUTAGES
 from libs.telemetry.logs import get_logger
 from services.scheduler.names import UPSTREAM_AGGREGATES, upstream_consumer
 from services.scheduler.past_snapshots import PastSnapshots, Versions, load
@@ -78,8 +77,9 @@ async def _handled(store: EventStore, js: JetStreamContext | None) -> Mapping[st
         if sequence and js is not None:
             try:
                 holds = await still_holds(js, subjects.EVENTS_STREAM, sequence, upstream_position)
-            except OUTAGES:
-                holds = False  # cannot tell: the snapshot is not worth the risk of a reaction missed
+            except Exception as exc:  # cannot tell (NATS slow or away): no snapshot is worth a reaction missed
+                log.warning("scheduler.snapshot_unchecked", consumer=upstream_consumer(upstream), error=repr(exc))
+                holds = False
             sequence = sequence if holds else 0
         else:
             sequence = 0
