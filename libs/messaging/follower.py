@@ -189,6 +189,7 @@ class StreamFollower:
         for subject in self.folded:
             if "*" in subject or (">" in subject and not subject.endswith(".>")):
                 raise ValueError(f"a follower starts part-way only on plain filters or `prefix.>`: {subject}")
+        self._folded_through = max(self.folded.values(), default=0)  # past it, nothing is passed over
         self.caught_up = asyncio.Event()
         self.tracked = 0
         # Set when the stream was made anew: the upstream position reacted to last before; a message is new
@@ -282,7 +283,7 @@ class StreamFollower:
 
     async def _on_message(self, msg: Msg) -> None:
         sequence, pending = delivered(msg)
-        if self.folded and self._folded_already(msg.subject, sequence):
+        if sequence <= self._folded_through and self._folded_already(msg.subject, sequence):
             if not pending:
                 self.caught_up.set()
             return

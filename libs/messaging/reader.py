@@ -14,6 +14,7 @@ from nats.js.errors import NotFoundError
 
 PULLED_IDLE_SECONDS = 30.0
 FETCH_SECONDS = 5.0
+_V1_TOKENS = 9  # in the older form of a delivered message's reply subject (`delivered`)
 
 
 def delivered(msg: Msg) -> tuple[int, int]:
@@ -32,9 +33,6 @@ def delivered(msg: Msg) -> tuple[int, int]:
             return int(tokens[Msg.Ack.StreamSeq]), int(tokens[Msg.Ack.NumPending])
     metadata = msg.metadata
     return metadata.sequence.stream, metadata.num_pending
-
-
-_V1_TOKENS = 9
 
 
 async def next_stored(js: JetStreamContext, stream: str, subject: str, after: int) -> RawStreamMsg | None:

@@ -238,15 +238,6 @@ class _Replay:
                 return
 
 
-async def snapshot_due(snapshots: PastSnapshots, store: EventStore) -> bool:
-    """Whether the own log has grown by `SNAPSHOT_EVENTS` since the latest of `snapshots` (past or start ones)."""
-    behind = await store.last_position() - await snapshots.latest_own_after()
-    if behind < SNAPSHOT_EVENTS:
-        return False
-    log.info("scheduler.snapshot_due", table=snapshots.table, events_since=behind)
-    return True
-
-
 class PastStates:
     """The scheduler at past instants, one view at a time; the last state made is kept for `KEEP_SECONDS`."""
 
@@ -292,8 +283,10 @@ class PastStates:
     async def snapshot_if_due(self, now: datetime) -> bool:
         """If the log has grown by `SNAPSHOT_EVENTS` since the latest snapshot, make the state of `now` (snapshots
         saved on the way) and let it go: a later view starts from the snapshot. Whether it did."""
-        if not await snapshot_due(await self._snapshot_table(), self.store):
+        behind = await self.store.last_position() - await (await self._snapshot_table()).latest_own_after()
+        if behind < SNAPSHOT_EVENTS:
             return False
+        log.info("scheduler.snapshot_due", events_since=behind)
         async with self.at(now) as made:
             events = made.events
         async with self._lock:

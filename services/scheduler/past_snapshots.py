@@ -2,8 +2,9 @@
 
 While a past state is made (past.py), every `SNAPSHOT_EVENTS` events folded it is saved: the state and the
 prediction cache, pickled and compressed, with where it stands in each source. A later past instant starts from
-the latest snapshot at or before it and folds only the events after. They are a cache: made from the log, never
-read by anything else, and dropped when the code that made them changes (`FORMAT`).
+the latest snapshot at or before it and folds only the events after, and a start of the scheduler from the latest
+(start_snapshots.py). They are a cache: made from the log, and dropped when the code that made them changes
+(`FORMAT`).
 
 Pickle takes the state whole: the scheduler's own dataclasses (the jobs, the indexes over them that refer to the same
 objects, the runtime model's samples), not a message. Only the jobs, nearly all of a large state, are each written

@@ -242,7 +242,7 @@ class Scheduler(EventSourcedService):
 
     async def restore(self) -> Restored:
         """The state of the latest snapshot a start may take (start_snapshots.py), and where it stands."""
-        found = await start_snapshots.restored(self.rt.store, getattr(self.rt, "js", None), self.state.cluster)
+        found = await start_snapshots.restored(self.rt.store, self.rt.js, self.state.cluster)
         if found is None:
             return Restored()
         self.state, self.predictions, self.versions, restored = found

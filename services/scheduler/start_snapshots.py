@@ -40,7 +40,7 @@ CANDIDATES = 3
 Start = tuple[SchedulerState, PredictionCache, Versions, Restored]
 
 
-async def restored(store: EventStore, js: JetStreamContext | None, cluster: ClusterConfig) -> Start | None:
+async def restored(store: EventStore, js: JetStreamContext, cluster: ClusterConfig) -> Start | None:
     """The state of the latest snapshot a start may take, with where it stands; None: from the first event."""
     table = PastSnapshots(store.pool, store.schema)
     await table.migrate()
@@ -68,20 +68,18 @@ async def restored(store: EventStore, js: JetStreamContext | None, cluster: Clus
     return None
 
 
-async def _handled(store: EventStore, js: JetStreamContext | None) -> Mapping[str, int]:
+async def _handled(store: EventStore, js: JetStreamContext) -> Mapping[str, int]:
     """Per subject followed, the stream position up to which the scheduler has handled its messages (0: none, or
     not known to hold in the stream as it is now)."""
     handled: dict[str, int] = {}
     for upstream, aggregates in UPSTREAM_AGGREGATES.items():
         sequence, upstream_position = await store.tracked(upstream_consumer(upstream))
-        if sequence and js is not None:
+        if sequence:
             try:
                 holds = await still_holds(js, subjects.EVENTS_STREAM, sequence, upstream_position)
             except Exception as exc:  # cannot tell (NATS slow or away): no snapshot is worth a reaction missed
                 log.warning("scheduler.snapshot_unchecked", consumer=upstream_consumer(upstream), error=repr(exc))
                 holds = False
             sequence = sequence if holds else 0
-        else:
-            sequence = 0
         handled.update(dict.fromkeys(subjects.events_of(upstream, *aggregates), sequence))
     return handled
