@@ -5,6 +5,8 @@ PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
 # `make up REPLICAS=2`: two processes of each service, one active and one standby.
 REPLICAS ?= 1
+# `make up OPS=1`: also Prometheus (Debian's package) scraping every process's metrics, on 127.0.0.1:9090.
+OPS ?=
 
 .PHONY: install up demo down status test lint schemas clean
 
@@ -20,7 +22,7 @@ $(STAMP): pyproject.toml deploy/local/system-packages.sh
 ## Start NATS, PostgreSQL, and a supervisor that runs (and restarts) the four services and two node agents;
 ## then run the example job. `make status` lists every process, `make down` stops them all.
 up: install
-	$(PY) -m libs.devstack up --replicas $(REPLICAS)
+	$(PY) -m libs.devstack up --replicas $(REPLICAS) $(if $(OPS),--ops,)
 	$(PY) -m client.demo
 
 demo: install

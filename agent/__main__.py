@@ -140,7 +140,7 @@ def main() -> None:
                                   "the node's platform was shut down, and this process with it")
         print(f"{args.name}: ended {len(ended)} job process(es)")
         return
-    run("agent", lambda: started(args), trace_as=f"agent-{args.name}")
+    run("agent", lambda: started(args), trace_as=f"agent-{args.name}", node=args.name)
 
 
 if __name__ == "__main__":

@@ -39,6 +39,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
+from opentelemetry import trace as otel_trace
 
 from agent.datacache import DatasetCache, StagingError
 from agent.health import probe, resource_checks
@@ -126,9 +127,12 @@ from libs.messaging.rpc import ServiceUnavailable, call, decode_request
 from libs.natsroles import job_inbox
 from libs.settings import Settings
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import current_trace_headers
+from libs.telemetry.metrics import AGENT_PROCESSES, SampledGauge
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 
 log = get_logger(__name__)
+_processes = SampledGauge(AGENT_PROCESSES)  # set with every heartbeat
+span_tracer = tracer("trainyard.agent")
 LOG_FLUSH_SECONDS = 0.2  # how often a node's output file is read for lines to ship
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 FIRST_SAMPLE_SECONDS = 0.5
@@ -375,6 +379,7 @@ class NodeAgent:
     async def _heartbeats(self) -> None:
         while True:
             running = [n.holder for n in self.nodes.values() if n.runner and not n.runner.done()]
+            _processes.set(len(running))
             beat = Heartbeat(node=self.info.name, sent_at=datetime.now(UTC), running=running, health=self.health,
                              disk_pressure=self.disk_pressure)
             self.ports.release_unused(time.monotonic(), self._live_attempts())
@@ -609,13 +614,23 @@ class NodeAgent:
         node.runner = asyncio.create_task(self._run(node, request))
 
     async def _run(self, node: RunningNode, request: StartProcess) -> None:
+        # One span per rank start, a child of the start request's (whose trace the node keeps), until it runs.
+        with span_tracer.start_as_current_span("start rank", context=context_from_headers(node.trace), attributes={
+                "trainyard.job.id": node.job_id, "trainyard.attempt": node.attempt, "trainyard.task": node.task,
+                "trainyard.rank": node.rank, "trainyard.node": self.info.name}):
+            started = await self._start_rank(node, request)
+        if started is not None:
+            await self._follow(node, *started)
+
+    async def _start_rank(self, node: RunningNode, request: StartProcess) -> tuple[HeldProcess, Path] | None:
+        """Prepare the rank's workspace and start its command: the process and its folder (None: it never ran)."""
         launch = request.launch
         root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
         staged: dict[str, Path] = {}
         if staging := any(mount.stage for mount in launch.mounts):  # a pending start is kept on disk meanwhile
             prepared = await self._prepare_data(node, root, launch.mounts)
             if prepared is None:
-                return
+                return None
             staged = prepared
         relay = node.relay = self._relay(node, root)
         try:
@@ -625,7 +640,7 @@ class NodeAgent:
         except (WorkspaceError, OSError) as exc:
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
-            return
+            return None
         env = job_environment(
             self.job_basics, {k: workspace.translate(v, files) for k, v in launch.env.items()},
             {"TRAINYARD_JOB_ID": node.job_id, "TRAINYARD_ATTEMPT": str(node.attempt),
@@ -646,7 +661,7 @@ class NodeAgent:
             await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:
                 await self._discard(node, root)
-            return
+            return None
         if staging:
             remove_pending(root)  # started, or known never to
         if held.started:
@@ -656,7 +671,7 @@ class NodeAgent:
                                       port=launch.port, environment=recorded(environment)))
             log.info("agent.process_started", job_id=node.job_id, attempt=node.attempt, task=node.task,
                      rank=node.rank, node=self.info.name, pid=held.pid, argv=argv, backend=workspace.backend)
-        await self._follow(node, held, root)
+        return held, root
 
     async def _prepare_data(self, node: RunningNode, root: Path, mounts: list[Mount]) -> dict[str, Path] | None:
         """J14: the node's datasets staged into the cache, the lines saying so shipped as they come; None when
@@ -687,6 +702,7 @@ class NodeAgent:
     async def _not_started(self, node: RunningNode, root: Path, reason: str, *, node_fault: bool = False) -> None:
         """The node's command never ran: its output says why, and it exits 127 without a start (saying the
         node is at fault, when it is, so that the job is tried elsewhere). Its copies and socket go with it."""
+        otel_trace.get_current_span().set_status(otel_trace.Status(otel_trace.StatusCode.ERROR, reason[:200]))
         self.data.release(node.holder)
         if node.relay is not None:
             await node.relay.close()

@@ -48,8 +48,11 @@ from libs.contracts.datacache import (
     StagingFailed,
 )
 from libs.telemetry.logs import get_logger
+from libs.telemetry.metrics import CACHE_REQUESTS, CACHE_SIZE, SampledGauge, counter
 
 log = get_logger(__name__)
+_requests = counter(CACHE_REQUESTS)
+_size = SampledGauge(CACHE_SIZE)
 CHUNK = 1024 * 1024
 DEFAULT_WORKERS = 4
 WORKERS_VARIABLE = "TRAINYARD_STAGE_WORKERS"
@@ -285,6 +288,7 @@ class DatasetCache:
         await asyncio.to_thread(self._touch, key)
         staged = StagedDataset(source=source, key=key, bytes=entry.bytes, files=entry.files, hit=not copied,
                                seconds=round(time.monotonic() - started, 3))
+        _requests.add(1, {"trainyard.cache.result": "miss" if copied else "hit"})
         return self.entries_dir / key / "data", staged
 
     async def _fetch(self, source: str, key: str, listing: list[SourceFile],
@@ -420,24 +424,28 @@ class DatasetCache:
         total, used = self.disk()
         held = [Held(key=e.key, bytes=e.bytes, last_used=e.last_used, pinned=bool(e.pins)) for e in entries]
         by_key = {e.key: e for e in entries}
+        evicted: set[str] = set()
         for key, cause in evictions(held, self.policy, disk_bytes=total, disk_used_bytes=used, now=now):
-            if key not in self._fetching:
-                self._evict(by_key[key], cause, now)
+            if key not in self._fetching and self._evict(by_key[key], cause, now):
+                evicted.add(key)
         total, used = self.disk()
         self.pressured = under_pressure(used, total, self.policy, was=self.pressured)
+        _size.set(sum(e.bytes for e in entries if e.key not in evicted))
         return self.pressured
 
-    def _evict(self, entry: CacheEntry, cause: EvictionCause, now: datetime) -> None:
+    def _evict(self, entry: CacheEntry, cause: EvictionCause, now: datetime) -> bool:
+        """Whether it was evicted (it was not pinned since it was listed)."""
         with _locked(self.locks_dir / f"{entry.key}.lock"):
             if (self.pins_dir / entry.key).is_dir() and any((self.pins_dir / entry.key).iterdir()):
-                return  # pinned since it was listed
+                return False  # pinned since it was listed
             doomed = self.partial_dir / f"{entry.key}-evicted-{secrets.token_hex(4)}"
             try:
                 os.rename(self.entries_dir / entry.key, doomed)  # gone for every reader at once
             except OSError:
-                return
+                return False
         _remove(doomed)
         self.evicted.append(CacheEviction(key=entry.key, source=entry.source, bytes=entry.bytes, cause=cause,
                                           evicted_at=now))
         self.changed.set()
         log.info("cache.evicted", key=entry.key, source=entry.source, bytes=entry.bytes, cause=cause)
+        return True

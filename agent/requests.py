@@ -11,11 +11,17 @@ requests meanwhile.
 Before a request reaches its handler, its gate says whether its sender may ask it: the launcher's or the
 monitor's signature (libs/controlsign.py) on what only they send, the job's own token on an exec. A
 refused request gets `unauthenticated` with the reason, and nothing is done.
+
+Each request is handled in a span `process <subject template>` (the subject with the node's name as `{node}`,
+so that names stay few), a server span with OpenTelemetry's messaging attributes that continues the sender's
+trace and lasts until the reply is sent, a `Later` one's too. How long it took is recorded in
+`messaging.process.duration`, by the same template, with the refusal's code as `error.type`.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -24,15 +30,18 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
+from opentelemetry.trace import Span, SpanKind, Status, StatusCode, use_span
 
 from libs.contracts.codec import encode
 from libs.contracts.messages import CommandError
 from libs.messaging.rpc import bounded, decode_request
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, tracer
+from libs.telemetry.metrics import REQUEST_DURATION, attributes, histogram
+from libs.telemetry.tracing import context_from_headers, messaging_attributes, tracer
 
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.agent")
+_durations = histogram(REQUEST_DURATION)
 
 Request = TypeVar("Request")
 
@@ -64,6 +73,11 @@ def failure(node: str, request_type: type[Any], exc: Exception) -> CommandError:
                         hint=f"see the log of the node agent on {node}")
 
 
+def subject_template(subject: str, node: str) -> str:
+    """`subject` with the node's name as `{node}`: what spans and metrics name, the same for every node."""
+    return ".".join("{node}" if part == node else part for part in subject.split("."))
+
+
 class Responder:
     """Serves the agent's request subjects on one connection."""
 
@@ -76,45 +90,78 @@ class Responder:
                     gate: Gate[Request]) -> None:
         """Answer every request on `subject` that `gate` lets through with what `handler` makes of it, or
         with why not."""
+        template = subject_template(subject, self.node)
 
         async def on_request(msg: Msg) -> None:
-            await self._answer(msg, request_type, handler, gate)
+            await self._answer(msg, template, request_type, handler, gate)
 
         await self.nc.subscribe(subject, cb=on_request)
 
-    async def _answer(self, msg: Msg, request_type: type[Request], handler: Handler[Request],
+    async def _answer(self, msg: Msg, template: str, request_type: type[Request], handler: Handler[Request],
                       gate: Gate[Request]) -> None:
-        name = request_type.__name__
-        with span_tracer.start_as_current_span(f"agent {name}", context=context_from_headers(msg.headers)):
-            request = decode_request(msg.data, request_type, strict=False)
-            if isinstance(request, CommandError):
-                log.warning("agent.bad_request", node=self.node, request=name, error=request.message)
-                await self._send(msg, refusal(self.node, request_type, request))
-                return
-            if (reason := gate(msg, request)) is not None:
-                log.warning("agent.request_refused", node=self.node, request=name, reason=reason)
-                await self._send(msg, unauthenticated(self.node, request_type, reason))
-                return
-            try:
-                answer = await handler(request)
-            except Exception as exc:
-                log.exception("agent.request_failed", node=self.node, request=name)
-                await self._send(msg, failure(self.node, request_type, exc))
-                return
-            if isinstance(answer, Later):
-                task = asyncio.create_task(self._answer_later(msg, request_type, answer))
-                self._later.add(task)
-                task.add_done_callback(self._later.discard)
-            else:
-                await self._send(msg, answer)
-
-    async def _answer_later(self, msg: Msg, request_type: type[Any], later: Later) -> None:
+        began = time.perf_counter()
+        span = span_tracer.start_span(
+            f"process {template}", context=context_from_headers(msg.headers), kind=SpanKind.SERVER,
+            attributes={**messaging_attributes(msg.subject, "process"), "messaging.destination.template": template,
+                        "trainyard.node": self.node})
+        answered_later = False
         try:
-            reply = await later.reply
+            with use_span(span, end_on_exit=False):
+                answer = await self._handle(msg, request_type, handler, gate, span)
+                if isinstance(answer, Later):  # the task continues the span, and ends it once it replied
+                    task = asyncio.create_task(self._answer_later(msg, template, request_type, answer, span, began))
+                    self._later.add(task)
+                    task.add_done_callback(self._later.discard)
+                    answered_later = True
+                    return
+                await self._reply(msg, template, answer, span, began)
+        finally:
+            if not answered_later:
+                span.end()
+
+    async def _handle(self, msg: Msg, request_type: type[Request], handler: Handler[Request],
+                      gate: Gate[Request], span: Span) -> Answer:
+        """The handler's answer, or the refusal that says why there is none."""
+        name = request_type.__name__
+        request = decode_request(msg.data, request_type, strict=False)
+        if isinstance(request, CommandError):
+            log.warning("agent.bad_request", node=self.node, request=name, error=request.message)
+            return refusal(self.node, request_type, request)
+        for key, field in (("trainyard.job.id", "job_id"), ("trainyard.attempt", "attempt")):
+            if isinstance(value := getattr(request, field, None), str | int):
+                span.set_attribute(key, value)
+        if (reason := gate(msg, request)) is not None:
+            log.warning("agent.request_refused", node=self.node, request=name, reason=reason)
+            return unauthenticated(self.node, request_type, reason)
+        try:
+            return await handler(request)
         except Exception as exc:
-            log.exception("agent.request_failed", node=self.node, request=request_type.__name__)
-            reply = failure(self.node, request_type, exc)
+            log.exception("agent.request_failed", node=self.node, request=name)
+            span.record_exception(exc)
+            return failure(self.node, request_type, exc)
+
+    async def _answer_later(self, msg: Msg, template: str, request_type: type[Any], later: Later, span: Span,
+                            began: float) -> None:
+        try:
+            try:
+                reply = await later.reply
+            except Exception as exc:
+                log.exception("agent.request_failed", node=self.node, request=request_type.__name__)
+                span.record_exception(exc)
+                reply = failure(self.node, request_type, exc)
+            await self._reply(msg, template, reply, span, began)
+        finally:
+            span.end()
+
+    async def _reply(self, msg: Msg, template: str, reply: msgspec.Struct, span: Span, began: float) -> None:
+        """Send the reply; record how long the request took and, for a refusal, its code."""
         await self._send(msg, reply)
+        error_type = ""
+        if isinstance(reply, CommandError):
+            error_type = reply.code
+            span.set_attribute("error.type", error_type)
+            span.set_status(Status(StatusCode.ERROR, bounded(reply.message)))
+        _durations.record(time.perf_counter() - began, attributes(REQUEST_DURATION, "nats", template, error_type))
 
     async def _send(self, msg: Msg, reply: msgspec.Struct) -> None:
         try:

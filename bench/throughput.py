@@ -1,7 +1,7 @@
 """Throughput: how many jobs go from submit to success per second, side by side with Slurm.
 
     python -m bench.throughput [--jobs 1000] [--agents 8] [--in-flight 16] [--submits 5000] [--array 10000]
-                               [--workloads trivial,gang,submit,array] [--no-slurm] [--cpu]
+                               [--workloads trivial,gang,submit,array] [--no-slurm] [--cpu] [--metrics]
 
 Runs the whole local stack as `make up` does (NATS enforcing a login per role, PostgreSQL, the four
 services, `--agents` node agents of 16 CPUs and 4000 MiB each), and through the Python client:
@@ -39,6 +39,7 @@ from bench.slurm import SlurmPeer, slurm_missing
 from client.api import TrainyardClient
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.devstack.harness import Stack
+from libs.devstack.ops import metrics_env
 
 NODE_CPUS, NODE_MEMORY_MIB = 16, 4000
 GANG_SIZES = (1, 2, 4)
@@ -194,7 +195,8 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
     figures = Figures()
     async with bench_servers("throughput") as servers:
         stack = Stack(home / "stack", None, servers.database_url, connect=TrainyardClient.open,
-                      cluster=cluster_config(home / "cluster.yaml", args.agents), timings={})
+                      cluster=cluster_config(home / "cluster.yaml", args.agents), timings={},
+                      env=metrics_env(home / "stack") if args.metrics else None)
         clients: list[TrainyardClient] = []
         try:
             progress(f"starting the stack with {args.agents} agents")
@@ -299,6 +301,8 @@ def main() -> None:
     parser.add_argument("--workloads", default="trivial,gang,submit,array")
     parser.add_argument("--no-slurm", action="store_true")
     parser.add_argument("--cpu", action="store_true", help="where the CPU went in the trivial and gang workloads")
+    parser.add_argument("--metrics", action="store_true",
+                        help="every process serves its metrics, as `make up` runs them (what they cost)")
     args = parser.parse_args()
 
     def progress(line: str) -> None:

@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable
 from typing import Protocol
 
 from libs.telemetry.logs import configure_logging
+from libs.telemetry.metrics import configure_metrics, shutdown_metrics
 from libs.telemetry.tracing import configure_tracing, shutdown_tracing
 
 
@@ -22,15 +23,19 @@ class Process(Protocol):
     async def close(self) -> None: ...
 
 
-def run(name: str, factory: Callable[[], Awaitable[Process]], *, trace_as: str | None = None) -> None:
-    """Run the process `factory` starts until it is asked to stop (`python -m ...`); it logs as `name`
-    and traces as `trace_as` (default `name`)."""
-    asyncio.run(serve(name, factory, trace_as=trace_as))
+def run(name: str, factory: Callable[[], Awaitable[Process]], *, trace_as: str | None = None,
+        node: str | None = None) -> None:
+    """Run the process `factory` starts until it is asked to stop (`python -m ...`); it logs as `name`, traces and
+    exports metrics as `trace_as` (default `name`), its metrics labelled with `node` (an agent's)."""
+    asyncio.run(serve(name, factory, trace_as=trace_as, node=node))
 
 
-async def serve(name: str, factory: Callable[[], Awaitable[Process]], *, trace_as: str | None = None) -> None:
+async def serve(name: str, factory: Callable[[], Awaitable[Process]], *, trace_as: str | None = None,
+                node: str | None = None) -> None:
     configure_logging(name)
     configure_tracing(trace_as or name)
+    # Before the factory: a standby, which waits inside it for its lease, is seen standing by.
+    configure_metrics(trace_as or name, service=name, node=node)
     process = await factory()
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -45,6 +50,7 @@ async def serve(name: str, factory: Callable[[], Awaitable[Process]], *, trace_a
             wait.cancel()
         await process.close()
         shutdown_tracing()
+        shutdown_metrics()
     if interrupted.is_set():
         return
     # It stopped on its own: a non-zero exit lets a supervisor (systemd, Kubernetes) restart it.

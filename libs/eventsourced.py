@@ -24,23 +24,39 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import gc
+import re
 import threading
 import time
 from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Self
 
 from nats.aio.msg import Msg
+from opentelemetry.trace import Span, SpanKind, Tracer
 
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
+from libs.contracts.subjects import event_subject
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.messaging.follower import Handler, StreamFollower
 from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+from libs.telemetry.metrics import (
+    EVENTS_RECORDED,
+    FOLLOWER_LAG,
+    OUTBOX_LAG,
+    SAMPLE_SECONDS,
+    SampledGauge,
+    counter,
+    metrics_enabled,
+)
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, messaging_attributes, tracer
 
 log = get_logger(__name__)
+_events_recorded = counter(EVENTS_RECORDED)
+_outbox_lag = SampledGauge(OUTBOX_LAG)
+_follower_lag = SampledGauge(FOLLOWER_LAG)
 
 Fold = Callable[[Any], None]
 Rule = Callable[[Any], Sequence[NewEvent]]
@@ -66,8 +82,8 @@ class Upstream:
     `fold` updates the service's view with every message (replayed ones too); `react` answers each
     message past the tracked position with the events to record, committed with that position.
     `handle` replaces both when the reaction must do I/O outside the service lock (it is then the
-    whole handler, see `libs.messaging.follower.Handler`). `reactions=False`: fold only. `span` names
-    the span a reaction is recorded in (default `<service> react <message kind>`).
+    whole handler, see `libs.messaging.follower.Handler`). `reactions=False`: fold only. A reaction is
+    recorded in a consumer span (`consumer_span`).
 
     `subject` is what NATS delivers: of another service's events, name the aggregates the service reads
     (`subjects.events_of`), so that the server leaves out the others; a new kind of aggregate upstream then
@@ -82,7 +98,6 @@ class Upstream:
     react: Rule | None = None
     handle: Handler | None = None
     reactions: bool = True
-    span: str | None = None
 
 
 class EventSourcedService:
@@ -117,6 +132,10 @@ class EventSourcedService:
 
     async def prepare(self) -> None:
         """Work between the rebuild and following upstreams (read models, caches)."""
+
+    def sample_metrics(self) -> None:
+        """Set the service's own gauges from its state (`libs.telemetry.metrics.SampledGauge`); called on the event
+        loop every SAMPLE_SECONDS while metrics are exported."""
 
     def recorded(self, envelope: EventEnvelope) -> None:
         """Called after each newly recorded event is folded (logging, waking helpers)."""
@@ -173,6 +192,20 @@ class EventSourcedService:
         self.handlers()
         for name, loop in self.loops().items():
             self.rt.spawn(weathering(name, loop), name)
+        if metrics_enabled():
+            self.rt.spawn(weathering("metrics", self._sample_metrics), "metrics")
+
+    async def _sample_metrics(self) -> None:
+        """The gauges every service exports (its relay's and followers' lag), then its own."""
+        while True:
+            _outbox_lag.set(await self.rt.relay.lag())
+            lags: dict[tuple[str, ...], float] = {}
+            for follower in self.followers:
+                with contextlib.suppress(Exception):  # NATS away for a moment: that follower is left out
+                    lags[(follower.stream, follower.consumer)] = await follower.lag()
+            _follower_lag.set(lags)
+            self.sample_metrics()
+            await asyncio.sleep(SAMPLE_SECONDS)
 
     def follower(self, upstream: Upstream) -> StreamFollower:
         """What follows `upstream` for this service (not started): from its first message, or after what a restored
@@ -217,6 +250,9 @@ class EventSourcedService:
         for envelope in stored:
             self.apply(envelope)
             self.recorded(envelope)
+        if metrics_enabled():
+            for envelope in stored:
+                _events_recorded.add(1, {"trainyard.event.type": _kind(envelope)})
         self.wake.set()
         return stored
 
@@ -251,9 +287,7 @@ class EventSourcedService:
             if not changes:
                 return False  # the follower records the tracking position alone
             # Only a reaction that records something joins the message's trace: no empty spans.
-            headers = message.trace if isinstance(message, EventEnvelope) else getattr(msg, "headers", None)
-            with self._tracer.start_as_current_span(upstream.span or f"{self.name} react {_kind(message)}",
-                                                    context=context_from_headers(headers)):
+            with consumer_span(self._tracer, message, msg, consumer=upstream.consumer, subject=upstream.subject):
                 await self.record(changes, tracking)
             return True
 
@@ -356,6 +390,35 @@ async def weathering(name: str, loop: Loop, pauses: tuple[float, float, float] =
             log.warning("service.loop_outage", loop=name, error=repr(exc), retry_in=pause)
             await asyncio.sleep(pause)
             pause = min(pause * 2, longest)
+
+
+def consumer_span(span_tracer: Tracer, message: Any, msg: Msg | None, *, consumer: str,
+                  subject: str | Sequence[str] = ()) -> AbstractContextManager[Span]:
+    """The span of a reaction to one upstream message, continuing its trace, named as OpenTelemetry's messaging
+    conventions name a consumer's: `process` and the message's subject with the varying part as a placeholder, so
+    that names stay few (`process trainyard.events.scheduler.job.{job}.JobSucceeded`,
+    `process trainyard.agent-reports.{sender}`). `subject`: what the consumer follows (its filters)."""
+    filters = (subject,) if isinstance(subject, str) else tuple(subject) or ("",)
+    attributes = {"messaging.consumer.group.name": consumer}
+    if isinstance(message, EventEnvelope):
+        kind = _kind(message)
+        destination = event_subject(message.service, message.aggregate_type, message.aggregate_id, kind)
+        template = event_subject(message.service, message.aggregate_type, f"{{{message.aggregate_type}}}", kind)
+        headers: Mapping[str, str] | None = message.trace
+        attributes["messaging.message.id"] = message.event_id
+        job_id = getattr(message.event, "job_id", None) or (
+            message.aggregate_id if message.aggregate_type in ("job", "launch") else None)
+    else:
+        destination = getattr(msg, "subject", None) or filters[0]
+        template = re.sub(r"(^|\.)[*>]($|\.)", r"\1{sender}\2", filters[0])
+        headers = getattr(msg, "headers", None)
+        job_id = getattr(message, "job_id", None)
+    if isinstance(job_id, str):
+        attributes["trainyard.job.id"] = job_id
+    return span_tracer.start_as_current_span(
+        f"process {template}", context=context_from_headers(headers), kind=SpanKind.CONSUMER,
+        attributes={**messaging_attributes(destination, "process"), "messaging.destination.template": template,
+                    **attributes})
 
 
 def _kind(message: Any) -> str:

@@ -25,9 +25,12 @@ from libs.natsauth import read_issuer_seed
 from libs.natsauth import serve as serve_logins
 from libs.settings import Settings
 from libs.telemetry.logs import configure_logging, get_logger
+from libs.telemetry.metrics import ACTIVE, SampledGauge
 from libs.telemetry.tracing import configure_tracing
 
 log = get_logger(__name__)
+# 1 once this process holds its service's lease, 0 while it stands by: an operator's "is anyone leading?"
+_active = SampledGauge(ACTIVE)
 
 
 async def keep_session(_: asyncpg.Connection) -> None:
@@ -45,6 +48,7 @@ class ServiceRuntime:
     nc: Client
     js: JetStreamContext
     broker: NatsBroker
+    relay: OutboxRelay
 
     def __init__(self, name: str, settings: Settings | None = None) -> None:
         self.name = name
@@ -65,9 +69,11 @@ class ServiceRuntime:
         await self.store.migrate()
         # One instance acts at a time: a standby waits here, answering nothing, until the lease is its own.
         self.lease = Lease(self.pool, self.store.schema)
+        _active.set(0)
         self.store.epoch = await self.lease.acquire(
             waiting=lambda holder: log.info("service.standby", active=holder, lease_seconds=self.lease.ttl_seconds))
         log.info("service.active", epoch=self.store.epoch, instance=self.lease.holder)
+        _active.set(1)
         login = NatsLogin.for_service(self.name)
         self.nc = await connect(self.settings.nats_url, f"trainyard-{self.name}", login)
         self.js = self.nc.jetstream()
@@ -78,12 +84,14 @@ class ServiceRuntime:
         self.broker = NatsBroker(self.settings.nats_url, logger=None, security=security, inbox_prefix=login.inbox,
                                  max_reconnect_attempts=-1, reconnect_time_wait=1,
                                  disconnected_cb=self.stopped_hearing, reconnected_cb=self.heard_again)
-        self.spawn(OutboxRelay(self.store, self.js).run(), "relay")
+        self.relay = OutboxRelay(self.store, self.js)
+        self.spawn(self.relay.run(), "relay")
         self.spawn(self.lease.keep(self._lease_lost), "lease")
 
     async def _lease_lost(self, _: LeaseLost) -> None:
         """Another instance took over (this one was paused or cut off too long): stop, so that it restarts
         as a standby; its state may be behind what the other one recorded."""
+        _active.set(0)
         self._stopping.set()
 
     async def _serve_nats_logins(self) -> None:

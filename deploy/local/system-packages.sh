@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
 # System packages the local stack and the tests need beyond Python: PostgreSQL's server binaries,
-# bubblewrap (bwrap) for the node agents' workspace sandbox, and OpenMPI for Horovod/MPI jobs.
+# bubblewrap (bwrap) for the node agents' workspace sandbox, OpenMPI for Horovod/MPI jobs, and
+# Prometheus (prometheus, promtool) for the stack's metrics and the alerting rules' checks.
 # Installs them with apt-get when they are missing and we may (root on Debian); otherwise says how.
-# bubblewrap and OpenMPI are optional: without them, agents build job workspaces as plain folders
-# and MPI jobs cannot run (their end-to-end test is skipped).
+# bubblewrap, OpenMPI and Prometheus are optional: without them, agents build job workspaces as plain
+# folders, MPI jobs cannot run (their end-to-end test is skipped), and the stack runs no Prometheus
+# (the checks of deploy/prometheus are skipped).
 set -euo pipefail
 
 may_apt() {
@@ -44,6 +46,37 @@ if ! command -v mpicc >/dev/null 2>&1; then
   else
     echo "note: OpenMPI (mpirun, mpicc) is not installed, so Horovod/MPI jobs cannot run;" \
          "install 'openmpi-bin' and 'libopenmpi-dev'" >&2
+  fi
+fi
+
+# Debian's package starts (and enables) a system-wide Prometheus on port 9090 as it installs. The stack
+# runs its own, on its own port, only when asked: stop and disable the packaged service at once, and end
+# the daemon the install started (one running /usr/bin/prometheus that was not there before the install).
+stop_packaged_prometheus() {
+  local before="$1" pid
+  if [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+    systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+  else
+    if command -v service >/dev/null 2>&1; then service prometheus stop >/dev/null 2>&1 || true; fi
+    if command -v update-rc.d >/dev/null 2>&1; then update-rc.d prometheus disable >/dev/null 2>&1 || true; fi
+  fi
+  for pid in $(pgrep -x prometheus 2>/dev/null || true); do
+    case " $before " in *" $pid "*) continue ;; esac
+    if [ "$(readlink "/proc/$pid/exe" 2>/dev/null)" = /usr/bin/prometheus ]; then
+      kill "$pid" 2>/dev/null || true
+    fi
+  done
+}
+
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  running_before="$(pgrep -x prometheus 2>/dev/null | tr '\n' ' ' || true)"
+  # --no-install-recommends: the recommended node exporter would be one more system service.
+  if may_apt && echo "installing Prometheus (apt-get install --no-install-recommends prometheus)" \
+      && apt_install --no-install-recommends prometheus; then
+    stop_packaged_prometheus "$running_before"
+  else
+    echo "note: Prometheus (prometheus, promtool) is not installed, so the local stack runs no Prometheus" \
+         "and the checks of deploy/prometheus are skipped; install the 'prometheus' package" >&2
   fi
 fi
 

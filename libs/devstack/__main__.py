@@ -18,6 +18,7 @@ from rich.markup import escape
 
 from libs.contracts.cluster import ClusterConfig
 from libs.devstack.natslogins import provision_nats_logins
+from libs.devstack.ops import metrics_env, start_prometheus
 from libs.devstack.processes import alive, forget_stopped, recorded_pids, stack_processes, stop_recorded
 from libs.devstack.servers import (
     ServerError,
@@ -57,7 +58,9 @@ def supervisor_argv(home: Path, cluster: Path, replicas: int = 1) -> list[str]:
 
 @app.command()
 def up(replicas: int = typer.Option(1, min=1, max=5,
-                                    help="Processes per service: one acts, the others stand by to take over.")) -> None:
+                                    help="Processes per service: one acts, the others stand by to take over."),
+       ops: bool = typer.Option(False, "--ops", help="Also start Prometheus scraping every process's metrics "
+                                "(Debian's `prometheus`; port TRAINYARD_PROMETHEUS_PORT, 9090 by default).")) -> None:
     """Start NATS, PostgreSQL, the services and the node agents; leave them running."""
     home = home_dir()
     run = home / "run"
@@ -93,8 +96,20 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
     env = stack_env(nats_url=nats_url, database_url=database_url, storage=storage, cluster=CLUSTER,
                     extra=provision_auth(home))
     (home / STACK_ENV_FILE).write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
+    # Every process serves its metrics and says where (not variables for clients: stack.env has none of them).
+    processes = ProcessSet(home, {**env, **metrics_env(home)})
+    if ops:
+        port = int(os.environ.get("TRAINYARD_PROMETHEUS_PORT", "9090"))
+        try:
+            if port_open(port):
+                raise ServerError(f"port {port} is taken; set TRAINYARD_PROMETHEUS_PORT to another")
+            prometheus = start_prometheus(processes, port)
+        except ServerError as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(1) from None
+        console.print(f"[dim]started Prometheus at {prometheus}, scraping the stack (alerts at {prometheus}/alerts)[/]")
     # The supervisor starts the services and agents, and restarts any that exits (supervisor.py).
-    ProcessSet(home, env).start("supervisor", supervisor_argv(home, CLUSTER, replicas))
+    processes.start("supervisor", supervisor_argv(home, CLUSTER, replicas))
     expected = {n.name for n in ClusterConfig.load(CLUSTER).nodes}
     each = f" ({replicas} of each: one acts, the others stand by)" if replicas > 1 else ""
     console.print(f"[dim]started {', '.join(SERVICES)}{each} and {len(expected)} node agent(s) under a supervisor "

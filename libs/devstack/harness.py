@@ -13,7 +13,7 @@ import shutil
 import signal
 import subprocess
 import time
-from collections.abc import AsyncIterator, Awaitable
+from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
@@ -77,11 +77,12 @@ class Stack(Generic[ClientT]):
 
     def __init__(self, home: Path, nats_url: str | None, database_url: str, *, connect: Connect[ClientT],
                  cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None,
-                 timings: dict[str, str] | None = None) -> None:
+                 timings: dict[str, str] | None = None, env: Mapping[str, str] | None = None) -> None:
         """`nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
         per role (libs/natsroles.py), as `make up` does. `algorithms`: a folder whose algorithms are copied
         into shared storage beside the examples. `timings`: the fault timings (FAST_TIMINGS unless given;
-        `{}` for the platform's defaults, as a benchmark of steady work wants)."""
+        `{}` for the platform's defaults, as a benchmark of steady work wants). `env`: more variables for every
+        process (traces or metrics exported, say)."""
         self.home = home
         self.nats_process: subprocess.Popen[bytes] | None = None
         self.nats_port = 0
@@ -100,7 +101,7 @@ class Stack(Generic[ClientT]):
         env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=cluster,
                         extra={**(FAST_TIMINGS if timings is None else timings),
                                **({"TRAINYARD_SMTP_URL": smtp_url} if smtp_url else {}),
-                               **provision_auth(home, user=TESTER, email=TESTER_EMAIL)})
+                               **provision_auth(home, user=TESTER, email=TESTER_EMAIL), **(env or {})})
         self.token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text()
         self.processes = ProcessSet(home, env)
         self.nats_url = nats_url

@@ -55,6 +55,14 @@ class OutboxRelay:
         # Acknowledged but not written yet: it is written with the next read of events (see publish_pending).
         self._unsaved: int | None = None
 
+    async def lag(self) -> int:
+        """Events stored but not yet published (acknowledged by JetStream), as far as this relay or the one before
+        it got."""
+        schema = self.store.schema
+        return int(await self.store.pool.fetchval(
+            f"SELECT (SELECT coalesce(max(position), 0) FROM {schema}.events)"
+            f" - greatest((SELECT published_position FROM {schema}.relay), $1::bigint)", self.published_position))
+
     async def run(self) -> None:
         """Publish forever; wakes on the store's NOTIFY and polls as a fallback."""
         conn = await self.store.pool.acquire()

@@ -58,6 +58,7 @@ from libs.messaging.connection import wait_for_streams
 from libs.messaging.reader import delivered
 from libs.outages import is_outage
 from libs.telemetry.logs import get_logger
+from libs.telemetry.metrics import FOLLOWER_MESSAGES, attributes, counter, metrics_enabled
 
 log = get_logger(__name__)
 
@@ -201,6 +202,9 @@ class StreamFollower:
         self._stopped = False
         # The upstream log's positions seen, with their event ids (the latest REMEMBERED_ENVELOPES).
         self._seen: OrderedDict[int, str] = OrderedDict()
+        # Messages handled, counted for the metrics when they are exported.
+        self._counted = counter(FOLLOWER_MESSAGES) if metrics_enabled() else None
+        self._counted_as = attributes(FOLLOWER_MESSAGES, stream, consumer)
 
     async def start(self) -> None:
         await wait_for_streams(self.js, [self.stream])  # another service may own it and not be up yet
@@ -281,8 +285,18 @@ class StreamFollower:
                 return sequence <= through
         return False
 
+    async def lag(self) -> int:
+        """Messages of its filters not yet handled: those the server has not delivered yet, and those delivered and
+        still waiting in the client."""
+        if self._sub is None:
+            return 0
+        info = await self._sub.consumer_info()  # type: ignore[attr-defined]
+        return int(info.num_pending or 0) + int(self._sub.pending_msgs)  # type: ignore[attr-defined]
+
     async def _on_message(self, msg: Msg) -> None:
         sequence, pending = delivered(msg)
+        if self._counted is not None:
+            self._counted.add(1, self._counted_as)
         if sequence <= self._folded_through and self._folded_already(msg.subject, sequence):
             if not pending:
                 self.caught_up.set()

@@ -29,7 +29,7 @@ from libs.contracts.jobspec import SpecError, field_error_from_msgspec
 from libs.contracts.messages import CommandError, Reply
 from libs.contracts.strict import decode_strict
 from libs.outages import OUTAGES
-from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, messaging_attributes, tracer
 
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
@@ -138,59 +138,73 @@ def register_all_authenticated(broker: NatsBroker, service: str,
 def _register(broker: NatsBroker, service: str, subject: str, request_type: object,
               handler: Callable[[Any, Any], Awaitable[Any]], secret: str | None,
               queue: str | None, *, workers: int = 1) -> None:
+    from opentelemetry.trace import Span, SpanKind
+
     from libs.eventstore.store import EventTooLarge
     from libs.telemetry.logs import get_logger
+    from libs.telemetry.metrics import REQUEST_DURATION, attributes, histogram
 
     log = get_logger(__name__)
     span_tracer = tracer(f"trainyard.{service}")
+    durations = histogram(REQUEST_DURATION)
+    span_attributes = messaging_attributes(subject, "process")
 
     # The handler takes the message whole (`subscribe_whole`).
     async def respond(msg: Any) -> bytes:
-        parent = context_from_headers(msg.headers)
-        with span_tracer.start_as_current_span(f"{service} {subject}", context=parent) as span:
-            identity: Identity | None = None
-            if secret is not None:
-                try:
-                    identity = identity_from_headers(secret, msg.headers)
-                except AuthError as exc:
-                    return encode(CommandError(code="unauthenticated", message=str(exc)))
-                span.set_attribute("trainyard.user", identity.user)
-            request = decode_request(msg.body, request_type)
-            if isinstance(request, CommandError):
-                return encode(request)
-            reply_to = msg.reply_to
+        began = time.perf_counter()
+        with span_tracer.start_as_current_span(f"process {subject}", context=context_from_headers(msg.headers),
+                                               kind=SpanKind.SERVER, attributes=span_attributes) as span:
+            body, error = await answer(msg, span)
+            if error:
+                span.set_attribute("error.type", error)
+        durations.record(time.perf_counter() - began, attributes(REQUEST_DURATION, "nats", subject, error))
+        return body
 
-            async def progress(update: msgspec.Struct) -> None:
-                if reply_to:
-                    await broker.publish(encode(update), reply_to)
-
-            _progress.set(progress)
+    async def answer(msg: Any, span: Span) -> tuple[bytes, str]:
+        """The reply's body, and the code of the error it tells of (empty for none)."""
+        identity: Identity | None = None
+        if secret is not None:
             try:
-                # without a secret the handler gets the headers (register_with_headers) or ignores them
-                reply = await handler(request, identity if secret is not None else msg.headers)
-            except SpecError as exc:
-                reply = CommandError(code="invalid-spec", message=f"the job spec is invalid: {exc}",
-                                     errors=exc.errors)
-            except EventTooLarge as exc:
-                log.warning("rpc.event_too_large", subject=subject, error=str(exc))
-                reply = CommandError(code="invalid-request", message=f"the request was not recorded: {exc}",
-                                     hint="shorten the longest fields of the request; nothing was changed")
-            except OUTAGES as exc:  # nothing was done: the caller may try again once it passes
-                log.warning("rpc.outage", subject=subject, error=bounded(repr(exc)))
-                reply = CommandError(code="unavailable", hint="try again in a few seconds",
-                                     message=f"the {service} cannot reach its database or NATS right now: {exc!r:.200}")
-            except Exception as exc:
-                log.exception("rpc.handler_failed", subject=subject)
-                span.record_exception(exc)
-                reply = CommandError(code="internal", message=bounded(f"{service} failed: {exc}"),
-                                     hint=f"see the {service} log for details")
+                identity = identity_from_headers(secret, msg.headers)
+            except AuthError as exc:
+                return encode(CommandError(code="unauthenticated", message=str(exc))), "unauthenticated"
+            span.set_attribute("enduser.id", identity.user)
+        request = decode_request(msg.body, request_type)
+        if isinstance(request, CommandError):
+            return encode(request), request.code
+        reply_to = msg.reply_to
+
+        async def progress(update: msgspec.Struct) -> None:
+            if reply_to:
+                await broker.publish(encode(update), reply_to)
+
+        _progress.set(progress)
+        try:
+            # without a secret the handler gets the headers (register_with_headers) or ignores them
+            reply = await handler(request, identity if secret is not None else msg.headers)
+        except SpecError as exc:
+            reply = CommandError(code="invalid-spec", message=f"the job spec is invalid: {exc}",
+                                 errors=exc.errors)
+        except EventTooLarge as exc:
+            log.warning("rpc.event_too_large", subject=subject, error=str(exc))
+            reply = CommandError(code="invalid-request", message=f"the request was not recorded: {exc}",
+                                 hint="shorten the longest fields of the request; nothing was changed")
+        except OUTAGES as exc:  # nothing was done: the caller may try again once it passes
+            log.warning("rpc.outage", subject=subject, error=bounded(repr(exc)))
+            reply = CommandError(code="unavailable", hint="try again in a few seconds",
+                                 message=f"the {service} cannot reach its database or NATS right now: {exc!r:.200}")
+        except Exception as exc:
+            log.exception("rpc.handler_failed", subject=subject)
+            span.record_exception(exc)
+            reply = CommandError(code="internal", message=bounded(f"{service} failed: {exc}"),
+                                 hint=f"see the {service} log for details")
+        body = encode(reply)
+        if len(body) > MAX_REPLY_BYTES:
+            log.error("rpc.reply_too_large", subject=subject, size=len(body))
+            reply = CommandError(code="internal", message=f"the reply of {len(body)} bytes is over the limit of "
+                                 f"{MAX_REPLY_BYTES}", hint="ask for less at once (fewer jobs, a shorter range)")
             body = encode(reply)
-            if len(body) > MAX_REPLY_BYTES:
-                log.error("rpc.reply_too_large", subject=subject, size=len(body))
-                body = encode(CommandError(code="internal", message=f"the reply of {len(body)} bytes is over "
-                                           f"the limit of {MAX_REPLY_BYTES}",
-                                           hint="ask for less at once (fewer jobs, a shorter range)"))
-            return body
+        return body, reply.code if isinstance(reply, CommandError) else ""
 
     # The body is decoded above, as its contract type, and only there: faststream's own JSON decoding
     # of every body would raise on a deeply nested one before `respond` could refuse it.

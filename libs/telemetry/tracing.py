@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING
 
 # OpenTelemetry is imported by the functions that use it: a process that only sends requests (the
@@ -90,3 +91,28 @@ def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Cont
     return extract(headers) if headers else Context()  # no headers: no trace to continue
 
 
+
+
+def messaging_attributes(destination: str, operation: str) -> dict[str, str]:
+    """A span's attributes for handling a NATS message, as OpenTelemetry's messaging conventions name them:
+    `operation` is `process` (a request answered, an event reacted to), `send` or `receive`."""
+    kind = operation if operation in ("process", "send", "receive") else "process"
+    return {"messaging.system": "nats", "messaging.destination.name": destination,
+            "messaging.operation.name": operation, "messaging.operation.type": kind}
+
+
+def send_span(span_tracer: trace.Tracer, subject_of: Callable[[str], str], node: str, *, job_id: str,
+              trace_headers: Mapping[str, str] | None = None,
+              **attributes: str | int) -> AbstractContextManager[trace.Span]:
+    """The client span of a request to `node`'s agent on `subject_of(node)`, continuing `trace_headers` (else the
+    current context), named as OpenTelemetry's messaging conventions name a send, after the subject's template
+    (`send trainyard.agent.{node}.start`) so that names stay few; `attributes` are set as `trainyard.<name>`."""
+    from opentelemetry.trace import SpanKind
+
+    template = subject_of("{node}")
+    return span_tracer.start_as_current_span(
+        f"send {template}", context=context_from_headers(trace_headers) if trace_headers is not None else None,
+        kind=SpanKind.CLIENT,
+        attributes={**messaging_attributes(subject_of(node), "send"), "messaging.destination.template": template,
+                    "trainyard.job.id": job_id, "trainyard.node": node,
+                    **{f"trainyard.{key}": value for key, value in attributes.items()}})

@@ -36,6 +36,7 @@ from libs.messaging.rpc import register_authenticated
 from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
+from services.autoscaler import metrics
 from services.autoscaler.providers import NoCapacity, Provider, ProvisionError
 from services.autoscaler.providers.ec2 import Ec2Provider
 from services.autoscaler.providers.local import LocalProvider
@@ -97,8 +98,7 @@ class Autoscaler(EventSourcedService):
                      reactions=False),
             Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("monitor", "node"),
                      consumer="monitor-events", message_type=EventEnvelope, fold=self.state.apply_monitor,
-                     react=lambda envelope: registered(self.state, self.cluster, envelope),
-                     span="autoscaler instance ready"),
+                     react=lambda envelope: registered(self.state, self.cluster, envelope)),
         ]
 
     def handlers(self) -> None:
@@ -108,6 +108,9 @@ class Autoscaler(EventSourcedService):
 
     def loops(self) -> Mapping[str, Loop]:
         return {"scale": self.scale_loop}
+
+    def sample_metrics(self) -> None:
+        metrics.sample(self.state, [kind.name for kind in self.config.instance_types])
 
     # --- handlers -------------------------------------------------------------------------------------
 

@@ -14,15 +14,22 @@ once, and those on a node that never answers a stop after a while, since nothing
 
 What was sent and confirmed is kept in memory only, so after a restart everything unconfirmed is sent
 again; what the answers settle is decided by the pure rules in rules.py and recorded under the lock.
+
+Every request to an agent is sent in a client span of its job's trace named as OpenTelemetry's messaging
+conventions name a send, after its subject with the node as `{node}` (`send trainyard.agent.{node}.start`),
+with the messaging attributes and the job, attempt, node and rank; what the launcher decides and records
+itself (`launcher plan`, `launcher stopped`, `launcher give up`) is in internal spans with the job's id.
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable
-from contextlib import suppress
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager, suppress
 from typing import cast
+
+from opentelemetry import trace as otel_trace
 
 from libs.auth import issue_job_token
 from libs.contracts import subjects
@@ -35,6 +42,7 @@ from libs.eventstore import NewEvent
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+from libs.telemetry.tracing import send_span as agent_request_span
 from services.launcher.rules import fenced, give_up_node, needs_ports, plan_admission, stopped
 from services.launcher.state import Admitted, Launch, LauncherState, Unit
 from services.launcher.stopping import reply_timeout, stop_request
@@ -49,6 +57,23 @@ span_tracer = tracer("trainyard.launcher")
 
 class AgentRefused(Exception):
     """The agent answered that it could not do what was asked."""
+
+
+def internal_span(name: str, trace: Mapping[str, str] | None, job_id: str, **attributes: str | int
+                  ) -> AbstractContextManager[otel_trace.Span]:
+    """A span of the launcher's own work for a job (no message), continuing the job's trace."""
+    return span_tracer.start_as_current_span(name, context=context_from_headers(trace),
+                                             attributes={"trainyard.job.id": job_id, **_named(attributes)})
+
+
+def send_span(subject_of: Callable[[str], str], node: str, trace: Mapping[str, str] | None, job_id: str,
+              **attributes: str | int) -> AbstractContextManager[otel_trace.Span]:
+    """The client span of a request to `node`'s agent, in the job's trace (`send trainyard.agent.{node}.start`)."""
+    return agent_request_span(span_tracer, subject_of, node, job_id=job_id, trace_headers=trace or {}, **attributes)
+
+
+def _named(attributes: Mapping[str, str | int]) -> dict[str, str | int]:
+    return {f"trainyard.{key}": value for key, value in attributes.items()}
 
 
 class Dispatcher:
@@ -111,7 +136,7 @@ class Dispatcher:
         for launch in self.state.active():
             changes = stopped(self.state, launch, self._confirmed(launch))
             if changes:
-                with span_tracer.start_as_current_span("launcher stopped", context=context_from_headers(launch.trace)):
+                with internal_span("launcher stopped", launch.trace, launch.job_id, attempt=launch.attempt):
                     await self.service.record(changes)
 
     async def _plan_admitted(self) -> None:
@@ -129,7 +154,7 @@ class Dispatcher:
             if silent:
                 log.warning("launch.ports_not_chosen", job_id=job_id, attempt=key[1], nodes=silent,
                             waited_seconds=PORTS_WAIT_SECONDS)
-            with span_tracer.start_as_current_span("launcher plan", context=context_from_headers(admitted.trace)):
+            with internal_span("launcher plan", admitted.trace, job_id, attempt=admitted.event.attempt):
                 trace = current_trace_headers()
                 plans += [NewEvent(change.aggregate_type, change.aggregate_id, change.event, trace=trace)
                           for change in plan_admission(self.state, self.cluster, job_id, chosen)]
@@ -143,7 +168,7 @@ class Dispatcher:
         """Record the node's running processes lost and count it as stopped (the caller holds the lock)."""
         changes = give_up_node(launch, node, reason)
         if changes:
-            with span_tracer.start_as_current_span("launcher give up", context=context_from_headers(launch.trace)):
+            with internal_span("launcher give up", launch.trace, launch.job_id, attempt=launch.attempt, node=node):
                 await self.service.record(changes)
         self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
         self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
@@ -210,9 +235,14 @@ class Dispatcher:
                    timeout: float) -> AgentReply:
         """Send a request to an agent; an agent that could not do it answers a CommandError, which counts
         as no answer: the request is sent again, and a stop never answered leads to giving up the node."""
-        reply = await call(self.service.rt.nc, subject, request, timeout=timeout, reply_type=AgentReply | CommandError,
-                           signer=self.signer)
+        try:
+            reply = await call(self.service.rt.nc, subject, request, timeout=timeout,
+                               reply_type=AgentReply | CommandError, signer=self.signer)
+        except ServiceUnavailable:
+            otel_trace.get_current_span().set_attribute("error.type", "unavailable")
+            raise
         if isinstance(reply, CommandError):
+            otel_trace.get_current_span().set_attribute("error.type", reply.code)
             raise AgentRefused(f"{subject}: {reply.code}: {reply.message}")
         return cast(AgentReply, reply)
 
@@ -226,7 +256,7 @@ class Dispatcher:
         job_id, attempt = admitted.event.job_id, admitted.event.attempt
         request = ReservePorts(job_id=job_id, attempt=attempt, count=count)
         try:
-            with span_tracer.start_as_current_span("launcher ports", context=context_from_headers(admitted.trace)):
+            with send_span(subjects.agent_ports, node, admitted.trace, job_id, attempt=attempt):
                 reply = await self._ask(subjects.agent_ports(node), request, timeout=2.0)
         except (ServiceUnavailable, AgentRefused) as exc:
             log.warning(_failure(exc), job_id=job_id, node=node, error=str(exc))
@@ -242,7 +272,8 @@ class Dispatcher:
         request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node,
                                job_token=self._job_token(launch))
         try:
-            with span_tracer.start_as_current_span("launcher start", context=context_from_headers(launch.trace)):
+            with send_span(subjects.agent_start, node.node, launch.trace, launch.job_id, attempt=launch.attempt,
+                           task=node.task, rank=node.rank):
                 await self._ask(subjects.agent_start(node.node), request, timeout=5.0)
                 log.info("launch.start_sent", job_id=launch.job_id, task=node.task, rank=node.rank, node=node.node)
         except (ServiceUnavailable, AgentRefused) as exc:
@@ -254,11 +285,13 @@ class Dispatcher:
                                default_grace=settings.stop_grace_seconds, task=task)
         timeout = reply_timeout(request)
         if task is not None:  # ending one finished task's helpers; the launch goes on
-            with suppress(ServiceUnavailable, AgentRefused):
+            sending = send_span(subjects.agent_stop, node, launch.trace, launch.job_id, attempt=launch.attempt,
+                                task=task)
+            with suppress(ServiceUnavailable, AgentRefused), sending:
                 await self._ask(subjects.agent_stop(node), request, timeout=timeout)
             return
         try:
-            with span_tracer.start_as_current_span("launcher stop", context=context_from_headers(launch.trace)):
+            with send_span(subjects.agent_stop, node, launch.trace, launch.job_id, attempt=launch.attempt):
                 await self._ask(subjects.agent_stop(node), request, timeout=timeout)
             self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
             self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
@@ -276,8 +309,10 @@ class Dispatcher:
         """Ask a node whose processes of `attempt` were given up to end them, at once and without a checkpoint
         (the next attempt may already write one); asked again until the node answers."""
         request = StopProcesses(job_id=job_id, attempt=attempt, grace_seconds=0)
+        launch = self.state.launches.get(job_id)
         try:
-            await self._ask(subjects.agent_stop(node), request, timeout=5.0)
+            with send_span(subjects.agent_stop, node, launch.trace if launch else None, job_id, attempt=attempt):
+                await self._ask(subjects.agent_stop(node), request, timeout=5.0)
         except (ServiceUnavailable, AgentRefused):
             return  # still away: asked again later
         async with self.service.lock:

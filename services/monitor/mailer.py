@@ -3,6 +3,9 @@
 What is still to send is rebuilt from the log at start, so an alert raised just before a crash is
 mailed after it. A send that fails is retried with a growing delay. The message id is the alert id,
 so a mail sent again (a crash between sending and recording) can be recognised by mail clients.
+
+Each send is a client span `monitor mail` in the trace of the alert's raising, with the SMTP server and the
+alert (and its job) as attributes; a failed send marks it an error.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
 import aiosmtplib
+from opentelemetry.trace import SpanKind, Status, StatusCode
 
 from libs.contracts.events import AlertRaised
 from libs.telemetry.logs import get_logger
@@ -103,12 +107,20 @@ class Mailer:
 
     async def _send(self, server: SmtpServer, item: PendingMail) -> None:
         alert = item.alert
-        with span_tracer.start_as_current_span("monitor mail", context=context_from_headers(item.trace)):
+        attributes: dict[str, str | int] = {"server.address": server.hostname, "server.port": server.port,
+                                            "trainyard.alert.id": alert.alert_id, "trainyard.alert.kind": alert.kind}
+        if alert.job_id:
+            attributes["trainyard.job.id"] = alert.job_id
+        with span_tracer.start_as_current_span("monitor mail", context=context_from_headers(item.trace),
+                                               kind=SpanKind.CLIENT, attributes=attributes) as span:
             try:
                 await aiosmtplib.send(compose(alert, self.sender), hostname=server.hostname, port=server.port,
                                       use_tls=server.use_tls, username=server.username, password=server.password,
                                       timeout=30)
             except (aiosmtplib.SMTPException, OSError) as exc:
+                span.record_exception(exc)
+                span.set_attribute("error.type", type(exc).__qualname__)
+                span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
                 _, delay = self._retry.get(alert.alert_id, (0.0, FIRST_RETRY_SECONDS / 2))
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
                 self._retry[alert.alert_id] = (time.monotonic() + delay, delay)

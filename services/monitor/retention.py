@@ -17,6 +17,7 @@ from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
+from opentelemetry.trace import Span, Status, StatusCode
 
 from libs.contracts import subjects
 from libs.contracts.agent import Released, ReleaseWorkspaces
@@ -24,7 +25,7 @@ from libs.contracts.messages import CommandError
 from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, tracer
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, send_span, tracer
 from services.monitor.state import KeptEnvironment, MonitoredNode
 
 log = get_logger(__name__)
@@ -34,20 +35,28 @@ RETRY_SECONDS = 30.0
 CHECK_SECONDS = 5.0
 
 
+def failed(span: Span, code: str, message: str) -> None:
+    span.set_attribute("error.type", code)
+    span.set_status(Status(StatusCode.ERROR, message[:200]))
+
+
 async def release(nc: Client, signer: ControlSigner, job_id: str, nodes: Iterable[str]) -> set[str]:
     """Ask every node's agent to remove the job's kept workspaces; the nodes that confirmed."""
     async def one(node: str) -> str | None:
-        try:
-            reply = await call(nc, subjects.agent_release(node), ReleaseWorkspaces(job_id=job_id),
-                               timeout=AGENT_TIMEOUT_SECONDS, reply_type=Released | CommandError, signer=signer)
-        except (ServiceUnavailable, NatsError) as exc:  # no answer, or the connection is closing
-            log.warning("debug.release_unanswered", job_id=job_id, node=node, error=str(exc))
-            return None
-        if isinstance(reply, CommandError):
-            log.warning("debug.release_refused", job_id=job_id, node=node, error=reply.message)
-            return None
-        log.info("debug.released", job_id=job_id, node=node, removed=reply.removed)
-        return node
+        with send_span(span_tracer, subjects.agent_release, node, job_id=job_id) as span:
+            try:
+                reply = await call(nc, subjects.agent_release(node), ReleaseWorkspaces(job_id=job_id),
+                                   timeout=AGENT_TIMEOUT_SECONDS, reply_type=Released | CommandError, signer=signer)
+            except (ServiceUnavailable, NatsError) as exc:  # no answer, or the connection is closing
+                log.warning("debug.release_unanswered", job_id=job_id, node=node, error=str(exc))
+                failed(span, "unavailable", str(exc))
+                return None
+            if isinstance(reply, CommandError):
+                log.warning("debug.release_refused", job_id=job_id, node=node, error=reply.message)
+                failed(span, reply.code, reply.message)
+                return None
+            log.info("debug.released", job_id=job_id, node=node, removed=reply.removed)
+            return node
     return {n for n in await asyncio.gather(*(one(node) for node in dict.fromkeys(nodes))) if n}
 
 
@@ -70,33 +79,37 @@ class Retention:
         self.released = released
         self.wake = asyncio.Event()
         self._retry_at: dict[str, datetime] = {}  # job id -> when to ask unanswered nodes again
-        self._queue: asyncio.Queue[tuple[str, list[str]]] = asyncio.Queue()
+        # job id, nodes, and the trace of what decided the release
+        self._queue: asyncio.Queue[tuple[str, list[str], dict[str, str]]] = asyncio.Queue()
 
     def release_soon(self, job_id: str, nodes: Iterable[str]) -> None:
-        """Release now, in the background (see `run_releases`)."""
+        """Release now, in the background (see `run_releases`), in the trace of the caller's span."""
         wanted = list(nodes)
         if wanted:
-            self._queue.put_nowait((job_id, wanted))
+            self._queue.put_nowait((job_id, wanted, current_trace_headers()))
 
     async def run_releases(self, attempts: int = 3) -> None:
         """Release what `release_soon` asked for, each job on its own, retried a few times (an agent may
         be restarting); the releases in flight end with the service."""
         tasks: set[asyncio.Task[None]] = set()
 
-        async def release_with_retries(job_id: str, nodes: list[str]) -> None:
+        async def release_with_retries(job_id: str, nodes: list[str], trace: dict[str, str]) -> None:
             left = set(nodes)
             for attempt in range(attempts):
                 if attempt:
                     await asyncio.sleep(2.0 ** attempt)
-                left -= await release(self.nc, self.signer, job_id, left)
+                with span_tracer.start_as_current_span("monitor release", context=context_from_headers(trace),
+                                                       attributes={"trainyard.job.id": job_id}):
+                    left -= await release(self.nc, self.signer, job_id, left)
                 if not left:
                     return
             log.warning("debug.release_given_up", job_id=job_id, nodes=sorted(left))
 
         try:
             while True:
-                job_id, nodes = await self._queue.get()
-                task = asyncio.create_task(release_with_retries(job_id, nodes), name=f"monitor.release.{job_id}")
+                job_id, nodes, trace = await self._queue.get()
+                task = asyncio.create_task(release_with_retries(job_id, nodes, trace),
+                                           name=f"monitor.release.{job_id}")
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
         finally:
@@ -122,7 +135,8 @@ class Retention:
         return max(0.05, min([CHECK_SECONDS, *((t - now).total_seconds() for t in times)]))
 
     async def _release(self, kept: KeptEnvironment) -> None:
-        with span_tracer.start_as_current_span("monitor release", context=context_from_headers(kept.trace)):
+        with span_tracer.start_as_current_span("monitor release", context=context_from_headers(kept.trace),
+                                               attributes={"trainyard.job.id": kept.job_id}):
             nodes = self._reachable(kept.nodes)
             confirmed = await release(self.nc, self.signer, kept.job_id, nodes)
             if set(nodes) - confirmed:

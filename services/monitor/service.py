@@ -27,11 +27,13 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Mapping, Sequence
+from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Self
 
 import msgspec
 from nats.aio.msg import Msg
+from opentelemetry.trace import Span, Tracer
 
 from libs.auth import AuthError, node_from_headers
 from libs.contracts import subjects
@@ -67,14 +69,14 @@ from libs.contracts.messages import (
     TerminalOpened,
 )
 from libs.controlsign import ControlSigner
-from libs.eventsourced import EventSourcedService, Loop, Upstream
+from libs.eventsourced import EventSourcedService, Loop, Upstream, consumer_span
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
 from libs.messaging.rpc import register_authenticated, register_with_headers, subscribe_whole
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
-from services.monitor import alerts, caches, decisions, precheck, runlife, terminal
+from services.monitor import alerts, caches, decisions, metrics, precheck, runlife, terminal
 from services.monitor.decisions import Outcome
 from services.monitor.logfeed import follow_logs
 from services.monitor.mailer import Mailer
@@ -92,6 +94,12 @@ LOGS_CONSUMER = "monitor-logs"  # durable JetStream consumer on TRAINYARD_LOGS
 LAUNCHER_CONSUMER = "launcher-events"  # R1: the launcher's process events, for the runs' lives
 SET_ASIDE_CONSUMER = "set-aside-events"  # every service's UpstreamMessageSetAside, its own included
 log = get_logger(__name__)
+
+
+def event_span(tracer: Tracer, envelope: EventEnvelope, consumer: str) -> AbstractContextManager[Span]:
+    """The consumer span of handling one event, continuing its trace (`process
+    trainyard.events.scheduler.job.{job}.JobSucceeded`)."""
+    return consumer_span(tracer, envelope, None, consumer=consumer)
 
 
 class Monitor(EventSourcedService):
@@ -136,15 +144,13 @@ class Monitor(EventSourcedService):
                                                                                    "preload"),
                          consumer=SCHEDULER_CONSUMER, message_type=EventEnvelope, handle=self.on_scheduler_event),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.SET_ASIDE_ALL, consumer=SET_ASIDE_CONSUMER,
-                         message_type=EventEnvelope, react=self.alert_set_aside, span="monitor alert set-aside"),
+                         message_type=EventEnvelope, react=self.alert_set_aside),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("autoscaler", "instance"),
                          consumer="autoscaler-events", message_type=EventEnvelope, fold=self.state.apply_autoscaler,
                          react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
-                                                                           self.operators).changes,
-                         span="monitor autoscaler event"),
+                                                                           self.operators).changes),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("launcher", "launch"),
-                         consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
-                         span="monitor run"),
+                         consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
                          consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report)]
 
@@ -216,7 +222,11 @@ class Monitor(EventSourcedService):
             self.retention.release_soon(release.job_id, release.nodes)
         return bool(recorded)
 
+    def sample_metrics(self) -> None:
+        metrics.sample(self.state)
+
     def recorded(self, envelope: EventEnvelope) -> None:
+        metrics.count(envelope)
         event, name = envelope.event, type(envelope.event).name()
         if isinstance(event, AlertRaised):
             log.info("alert.raised", alert_id=event.alert_id, kind=event.kind, job_id=event.job_id, node=event.node)
@@ -358,8 +368,7 @@ class Monitor(EventSourcedService):
                 self._stage_on(event.job_id, warm)  # D1: a job that waits starts with its data in the cache
                 return False
             if not isinstance(event, JobPrechecking):
-                with self._tracer.start_as_current_span(f"monitor react {type(event).name()}",
-                                                        context=context_from_headers(envelope.trace)):
+                with event_span(self._tracer, envelope, SCHEDULER_CONSUMER):
                     job = self.jobs.jobs.get(envelope.aggregate_id)
                     outcome = decisions.reaction(envelope, job, self.jobs.settings, self.operators)
                     outcome.events += runlife.on_job_event(envelope, self.state.runs.get(envelope.aggregate_id),
@@ -368,7 +377,7 @@ class Monitor(EventSourcedService):
             if (event.job_id, event.attempt) in self.state.prechecked:
                 return False
             plan = precheck.plan(event, self.cluster.flavor(event.flavor), self.state.nodes)
-        with self._tracer.start_as_current_span("monitor precheck", context=context_from_headers(envelope.trace)):
+        with event_span(self._tracer, envelope, SCHEDULER_CONSUMER):
             checks = await precheck.check_nodes(self.rt.nc, self.signer, event.job_id, plan)
             async with self.lock:
                 if (event.job_id, event.attempt) in self.state.prechecked:
@@ -389,8 +398,10 @@ class Monitor(EventSourcedService):
                 recorded = self.state.incidents.get((incident.job_id, incident.attempt, incident.rank), 0)
                 outcome = decisions.performance(incident, recorded, job, self.operators)
                 if outcome.events:
-                    with self._tracer.start_as_current_span("monitor performance",
-                                                            context=context_from_headers(job.trace if job else None)):
+                    with self._tracer.start_as_current_span(
+                            "monitor performance", context=context_from_headers(job.trace if job else None),
+                            attributes={"trainyard.job.id": incident.job_id, "trainyard.attempt": incident.attempt,
+                                        "trainyard.rank": incident.rank, "trainyard.node": incident.node}):
                         await self.carry_out(outcome)
 
     # --- alerts, for people (M7) ------------------------------------------------------------------------

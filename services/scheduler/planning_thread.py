@@ -12,12 +12,14 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import time
 from collections.abc import Callable, Collection
 from datetime import datetime
 from typing import TypeVar
 
 from libs.contracts.jobspec import JobSpec
 from libs.eventsourced import collector_paused
+from services.scheduler.metrics import prediction_durations
 from services.scheduler.prediction import Forecast
 from services.scheduler.prediction_cache import PlanInputs, PredictionCache
 
@@ -92,5 +94,8 @@ class PlanningThread:
 def _paused(plan: Callable[[], T]) -> T:
     """`plan` with Python's cycle collector paused: a plan makes many objects that live on (its kept cycles and
     copies) and little cyclic garbage, and the collector would scan the whole state again and again meanwhile."""
+    began = time.perf_counter()
     with collector_paused():
-        return plan()
+        planned = plan()
+    prediction_durations.record(time.perf_counter() - began)
+    return planned

@@ -32,7 +32,7 @@ from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.scheduler import cycle, past, predicted, start_snapshots
+from services.scheduler import cycle, metrics, past, predicted, start_snapshots
 from services.scheduler.commands import JobCommands
 from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
@@ -128,6 +128,10 @@ class Scheduler(EventSourcedService):
         self._search_wake.set()
         if isinstance(envelope.event, JobSubmitted):
             self._predict_wake.set()
+        metrics.count(envelope, self.state)
+
+    def sample_metrics(self) -> None:
+        metrics.sample(self.state)
 
     async def prepare(self) -> None:
         await self.search.migrate()
@@ -192,8 +196,10 @@ class Scheduler(EventSourcedService):
             await self.pacer.turn()  # what came meanwhile is folded first, and decided on in one cycle
             await period.turn()
             async with self.lock:
+                began = time.perf_counter()
                 with self.pacer.run():
                     decided = await self.run_cycle()
+                metrics.cycle_durations.record(time.perf_counter() - began)
                 # It decided on everything folded so far, and what it recorded itself leaves nothing more to decide
                 # (nothing else is folded while the lock is held).
                 self._changed.clear()
@@ -219,7 +225,8 @@ class Scheduler(EventSourcedService):
         traced = []
         for change in changes:
             trace = self.state.jobs[change.aggregate_id].trace
-            with span_tracer.start_as_current_span(f"scheduler {what}", context=context_from_headers(trace)):
+            with span_tracer.start_as_current_span(f"scheduler {what}", context=context_from_headers(trace),
+                                                   attributes={"trainyard.job.id": change.aggregate_id}):
                 traced.append(NewEvent(change.aggregate_type, change.aggregate_id, change.event,
                                        trace=current_trace_headers()))
         await self.record(traced)
