@@ -7,6 +7,8 @@ STAMP  := $(VENV)/.installed
 REPLICAS ?= 1
 # `make up OPS=1`: also Prometheus (Debian's package) scraping every process's metrics, on 127.0.0.1:9090.
 OPS ?=
+# `make up NATS=3`: a cluster of three NATS servers, every stream kept on all three.
+NATS ?= 1
 
 .PHONY: install up demo down status test lint schemas clean
 
@@ -22,7 +24,7 @@ $(STAMP): pyproject.toml deploy/local/system-packages.sh
 ## Start NATS, PostgreSQL, and a supervisor that runs (and restarts) the four services and two node agents;
 ## then run the example job. `make status` lists every process, `make down` stops them all.
 up: install
-	$(PY) -m libs.devstack up --replicas $(REPLICAS) $(if $(OPS),--ops,)
+	$(PY) -m libs.devstack up --replicas $(REPLICAS) --nats $(NATS) $(if $(OPS),--ops,)
 	$(PY) -m client.demo
 
 demo: install
@@ -42,6 +44,7 @@ lint: install
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports
+	$(PY) deploy/k8s/validate.py
 
 ## Regenerate docs/schemas/ from the contracts.
 schemas: install

@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 
 from libs.eventstore import EventStore, OutboxRelay
 from libs.eventstore.lease import Lease, LeaseLost
-from libs.messaging.connection import NatsLogin, connect, ensure_streams
+from libs.messaging.connection import NatsLogin, connect, ensure_streams, server_urls
 from libs.natsauth import read_issuer_seed
 from libs.natsauth import serve as serve_logins
 from libs.settings import Settings
@@ -81,8 +81,8 @@ class ServiceRuntime:
         await self._serve_nats_logins()
         security = NatsUserPassword(login.user, login.password or "") if login.user is not None else None
         # Reconnecting for as long as the process lives: an outage of NATS must not end its subscriptions.
-        self.broker = NatsBroker(self.settings.nats_url, logger=None, security=security, inbox_prefix=login.inbox,
-                                 max_reconnect_attempts=-1, reconnect_time_wait=1,
+        self.broker = NatsBroker(server_urls(self.settings.nats_url), logger=None, security=security,
+                                 inbox_prefix=login.inbox, max_reconnect_attempts=-1, reconnect_time_wait=1,
                                  disconnected_cb=self.stopped_hearing, reconnected_cb=self.heard_again)
         self.relay = OutboxRelay(self.store, self.js)
         self.spawn(self.relay.run(), "relay")

@@ -17,7 +17,8 @@ from rich.console import Console
 from rich.markup import escape
 
 from libs.contracts.cluster import ClusterConfig
-from libs.devstack.natslogins import provision_nats_logins
+from libs.devstack.natscluster import NatsCluster, jetstream_ready
+from libs.devstack.natslogins import provision_nats_logins, service_login
 from libs.devstack.ops import metrics_env, start_prometheus
 from libs.devstack.processes import alive, forget_stopped, recorded_pids, stack_processes, stop_recorded
 from libs.devstack.servers import (
@@ -44,6 +45,7 @@ from libs.devstack.stack import (
     seed_storage,
     stack_env,
 )
+from libs.messaging.connection import STREAM_REPLICAS_VARIABLE
 
 app = typer.Typer(help="Run Trainyard locally.", no_args_is_help=True, add_completion=False)
 # Piped or redirected (make up | tee), lines stay whole: rich would otherwise cut them at 80 columns.
@@ -60,7 +62,9 @@ def supervisor_argv(home: Path, cluster: Path, replicas: int = 1) -> list[str]:
 def up(replicas: int = typer.Option(1, min=1, max=5,
                                     help="Processes per service: one acts, the others stand by to take over."),
        ops: bool = typer.Option(False, "--ops", help="Also start Prometheus scraping every process's metrics "
-                                "(Debian's `prometheus`; port TRAINYARD_PROMETHEUS_PORT, 9090 by default).")) -> None:
+                                "(Debian's `prometheus`; port TRAINYARD_PROMETHEUS_PORT, 9090 by default)."),
+       nats: int = typer.Option(1, "--nats", min=1, max=5, help="NATS servers: more than one make a cluster whose "
+                                "streams are kept on three servers (or all, when fewer).")) -> None:
     """Start NATS, PostgreSQL, the services and the node agents; leave them running."""
     home = home_dir()
     run = home / "run"
@@ -74,14 +78,18 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
     own = local_stack_urls()
     nats_url = os.environ.get("NATS_URL") if os.environ.get("NATS_URL") not in own else None
     database_url = os.environ.get("DATABASE_URL") if os.environ.get("DATABASE_URL") not in own else None
+    streams: dict[str, str] = {}  # on a cluster, how many servers keep each stream
     try:
-        if nats_url is None:
+        if nats_url is None and nats > 1:
+            nats_url = _start_nats_cluster(home, nats)
+            streams = {STREAM_REPLICAS_VARIABLE: str(min(3, nats))}
+        elif nats_url is None:
             if port_open(NATS_PORT):
                 raise ServerError(f"port {NATS_PORT} is taken; set TRAINYARD_NATS_PORT or NATS_URL")
             console.print(f"[dim]starting nats-server (JetStream, a login per role) on 127.0.0.1:{NATS_PORT}[/]")
-            nats = start_nats(home / "nats", NATS_PORT, provision_nats_logins(home))
+            server = start_nats(home / "nats", NATS_PORT, provision_nats_logins(home))
             run.mkdir(parents=True, exist_ok=True)
-            (run / "nats.pid").write_text(str(nats.pid))
+            (run / "nats.pid").write_text(str(server.pid))
             nats_url = LOCAL_NATS_URL
         if database_url is None:
             console.print(f"[dim]starting PostgreSQL on 127.0.0.1:{PG_PORT}[/]")
@@ -94,7 +102,7 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
     storage = home / "storage"
     seed_storage(storage)
     env = stack_env(nats_url=nats_url, database_url=database_url, storage=storage, cluster=CLUSTER,
-                    extra=provision_auth(home))
+                    extra={**provision_auth(home), **streams})
     (home / STACK_ENV_FILE).write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
     # Every process serves its metrics and says where (not variables for clients: stack.env has none of them).
     processes = ProcessSet(home, {**env, **metrics_env(home)})
@@ -121,6 +129,26 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
         console.print(f"[red]error:[/] {exc}; see the logs in {home / 'logs'}")
         raise typer.Exit(1) from None
     console.print(f"[green]the stack is up[/]: NATS {nats_url}, logs in {home / 'logs'}, storage in {storage}")
+
+
+def _start_nats_cluster(home: Path, size: int) -> str:
+    """`size` NATS servers in a cluster on ports TRAINYARD_NATS_PORT and up (routes 100 above), with the stack's
+    logins; their URLs, once JetStream answers."""
+    ports = [NATS_PORT + i for i in range(size)]
+    route_ports = [port + 100 for port in ports]
+    if taken := [port for port in ports + route_ports if port_open(port)]:
+        raise ServerError(f"ports {taken} are taken; set TRAINYARD_NATS_PORT or NATS_URL")
+    console.print(f"[dim]starting a cluster of {size} nats-servers (JetStream, every stream on {min(3, size)} of them, "
+                  f"a login per role) on 127.0.0.1:{ports[0]}-{ports[-1]}[/]")
+    cluster = NatsCluster(home, provision_nats_logins(home), size=size, ports=ports, route_ports=route_ports)
+    cluster.start_all()
+    run = home / "run"
+    run.mkdir(parents=True, exist_ok=True)
+    for index, server in enumerate(cluster.servers):
+        assert server is not None
+        (run / f"nats-{index + 1}.pid").write_text(str(server.pid))
+    jetstream_ready(cluster.url, service_login(home, "scheduler"))
+    return cluster.url
 
 
 async def _wait_for_nodes(nats_url: str, token: str, expected: set[str], timeout: float) -> None:

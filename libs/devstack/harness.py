@@ -20,7 +20,8 @@ from typing import Generic, Protocol, TypeVar
 from libs.contracts.agent import LogChunk
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.messages import JobDetails, JobView, NodeView, QueueStatus
-from libs.devstack.natslogins import provision_nats_logins
+from libs.devstack.natscluster import NatsCluster, jetstream_ready
+from libs.devstack.natslogins import provision_nats_logins, service_login
 from libs.devstack.servers import free_port, start_nats
 from libs.devstack.stack import (
     REPO_ROOT,
@@ -33,6 +34,7 @@ from libs.devstack.stack import (
     start_agent,
     start_service,
 )
+from libs.messaging.connection import STREAM_REPLICAS_VARIABLE
 from libs.messaging.rpc import ServiceUnavailable
 
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
@@ -77,16 +79,26 @@ class Stack(Generic[ClientT]):
 
     def __init__(self, home: Path, nats_url: str | None, database_url: str, *, connect: Connect[ClientT],
                  cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None,
-                 timings: dict[str, str] | None = None, env: Mapping[str, str] | None = None) -> None:
+                 timings: dict[str, str] | None = None, env: Mapping[str, str] | None = None,
+                 nats_servers: int = 1) -> None:
         """`nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
         per role (libs/natsroles.py), as `make up` does. `algorithms`: a folder whose algorithms are copied
         into shared storage beside the examples. `timings`: the fault timings (FAST_TIMINGS unless given;
         `{}` for the platform's defaults, as a benchmark of steady work wants). `env`: more variables for every
-        process (traces or metrics exported, say)."""
+        process (traces or metrics exported, say). `nats_servers`: with no `nats_url`, a cluster of that many
+        servers of the stack's own, every stream kept on three of them (or all, when fewer)."""
         self.home = home
         self.nats_process: subprocess.Popen[bytes] | None = None
+        self.nats_cluster: NatsCluster | None = None
         self.nats_port = 0
-        if nats_url is None:
+        replicas: dict[str, str] = {}
+        if nats_url is None and nats_servers > 1:
+            self.nats_cluster = NatsCluster(home, provision_nats_logins(home), size=nats_servers)
+            self.nats_cluster.start_all()
+            jetstream_ready(self.nats_cluster.url, service_login(home, "scheduler"))
+            nats_url = self.nats_cluster.url
+            replicas = {STREAM_REPLICAS_VARIABLE: str(min(3, nats_servers))}
+        elif nats_url is None:
             self.nats_port = free_port()
             self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home))
             nats_url = f"nats://127.0.0.1:{self.nats_port}"
@@ -101,7 +113,7 @@ class Stack(Generic[ClientT]):
         env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=cluster,
                         extra={**(FAST_TIMINGS if timings is None else timings),
                                **({"TRAINYARD_SMTP_URL": smtp_url} if smtp_url else {}),
-                               **provision_auth(home, user=TESTER, email=TESTER_EMAIL), **(env or {})})
+                               **provision_auth(home, user=TESTER, email=TESTER_EMAIL), **replicas, **(env or {})})
         self.token = Path(env["TRAINYARD_TOKEN_FILE"]).read_text()
         self.processes = ProcessSet(home, env)
         self.nats_url = nats_url
@@ -212,6 +224,8 @@ class Stack(Generic[ClientT]):
             await self.client.close()
         self.processes.stop_all()
         end_platform(self.nodes, self.home)  # a stopped agent leaves its jobs running
+        if self.nats_cluster is not None:
+            self.nats_cluster.stop_all()
         if self.nats_process is not None:
             self.nats_process.terminate()
             self.nats_process.wait(timeout=10)

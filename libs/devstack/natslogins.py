@@ -10,9 +10,9 @@ from __future__ import annotations
 import secrets
 from pathlib import Path
 
-from libs.messaging.connection import NATS_PASSWORD_FILE_VARIABLE
+from libs.messaging.connection import NATS_PASSWORD_FILE_VARIABLE, NatsLogin
 from libs.natsauth import ISSUER_SEED_FILE_VARIABLE, issuer_public_key, new_issuer_seed
-from libs.natsroles import CALLOUT_SERVICES, SERVICES, callout_config
+from libs.natsroles import CALLOUT_SERVICES, SERVICES, callout_config, inbox_prefix
 
 FOLDER = "nats-auth"
 CONFIG = "nats-server.conf"
@@ -49,3 +49,9 @@ def nats_login_env(home: Path, service: str) -> dict[str, str]:
     if service in CALLOUT_SERVICES:
         env[ISSUER_SEED_FILE_VARIABLE] = str(folder / "issuer.nk")
     return env
+
+
+def service_login(home: Path, service: str) -> NatsLogin:
+    """Service `service`'s login to the stack's NATS (its password from `home`), as the service itself logs in."""
+    password = (home / FOLDER / f"{service}.password").read_text().strip()
+    return NatsLogin(user=service, password=password, inbox=inbox_prefix(service))

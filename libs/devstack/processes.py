@@ -78,6 +78,11 @@ def _supervised_detail(pid: int | None, running: bool, state: dict[str, Any], no
     return ", ".join(parts)
 
 
+def _is_nats(name: str) -> bool:
+    """A NATS server's record: `nats`, or `nats-<i>` of a cluster."""
+    return name == NATS or (name.startswith(f"{NATS}-") and name[len(NATS) + 1:].isdigit())
+
+
 def stack_processes(home: Path, now: float | None = None) -> list[ProcessStatus]:
     """The supervisor, what it supervises, any other recorded process, NATS and PostgreSQL, in that order."""
     now = time.time() if now is None else now
@@ -88,15 +93,15 @@ def stack_processes(home: Path, now: float | None = None) -> list[ProcessStatus]
         running = alive(pids[PID_NAME])
         found.append(ProcessStatus(PID_NAME, running, f"pid {pids[PID_NAME]}" if running else
                                    "exited: nothing restarts the others; `make down`, then `make up`"))
-    others = [name for name in pids if name not in supervised and name not in (PID_NAME, NATS)]
+    others = [name for name in pids if name not in supervised and name != PID_NAME and not _is_nats(name)]
     for name in [*supervised, *others]:
         pid = pids.get(name)
         running = pid is not None and alive(pid)
         detail = _supervised_detail(pid, running, supervised.get(name, {}), now)
         found.append(ProcessStatus(name, running, detail or ("exited" if not running else "")))
-    if NATS in pids:
-        running = alive(pids[NATS])
-        found.append(ProcessStatus(NATS, running, f"pid {pids[NATS]}" if running else "exited"))
+    for name in sorted(name for name in pids if _is_nats(name)):  # one server, or a cluster's nats-1, nats-2...
+        running = alive(pids[name])
+        found.append(ProcessStatus(name, running, f"pid {pids[name]}" if running else "exited"))
     if (pg := postgres_pid(home / "postgres")) is not None:
         running = alive(pg)
         found.append(ProcessStatus("postgres", running, f"pid {pg}" if running else "exited"))
@@ -123,7 +128,7 @@ def stop_recorded(run_dir: Path, *, timeout: float = 15.0) -> list[str]:
     restarted; it stops what it supervises), then what is still recorded (left by a supervisor that
     died), NATS last. Their pid files are removed."""
     stopped: list[str] = []
-    for group in (lambda name: name == PID_NAME, lambda name: name != NATS, lambda name: True):
+    for group in (lambda name: name == PID_NAME, lambda name: not _is_nats(name), lambda name: True):
         pids = {name: pid for name, pid in recorded_pids(run_dir).items() if group(name)}
         # The supervisor waits `timeout` for its processes, then kills them: give it that and a little more.
         _terminate(pids, timeout + 10 if PID_NAME in pids else timeout)

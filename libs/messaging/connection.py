@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -38,6 +38,26 @@ DEFAULT_INBOX = "_INBOX"
 # A service's NATS password: a file (preferred) or the password itself.
 NATS_PASSWORD_FILE_VARIABLE = "TRAINYARD_NATS_PASSWORD_FILE"
 NATS_PASSWORD_VARIABLE = "TRAINYARD_NATS_PASSWORD"
+
+# How many servers of a NATS cluster keep each stream (and the usage bucket): 1 on one server; 3 on a cluster of
+# three, so that any one may be lost (its leader included) without losing an acknowledged message.
+STREAM_REPLICAS_VARIABLE = "TRAINYARD_STREAM_REPLICAS"
+
+
+def stream_replicas() -> int:
+    value = os.environ.get(STREAM_REPLICAS_VARIABLE, "1").strip() or "1"
+    if not value.isdigit() or not 1 <= int(value) <= 5:
+        raise ValueError(f"{STREAM_REPLICAS_VARIABLE}={value!r}: give the number of servers that keep each stream, "
+                         "1 to 5 (JetStream's limit), at most the servers of the cluster")
+    return int(value)
+
+
+def server_urls(url: str) -> list[str]:
+    """`NATS_URL` as the servers to try: one URL, or several separated by commas (the servers of a cluster; a
+    client learns the rest of a cluster from the one it reaches, but needs another to start from when that one is
+    down)."""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
 
 # Every stream drops messages re-published within two minutes with the same Nats-Msg-Id.
 STREAMS: tuple[StreamConfig, ...] = (
@@ -123,7 +143,7 @@ async def connect(url: str, name: str, login: NatsLogin | None = None, *, retry_
     attempt = 0
     while True:
         try:
-            return await _connected(await nats.connect(url, name=name, max_reconnect_attempts=-1,
+            return await _connected(await nats.connect(server_urls(url), name=name, max_reconnect_attempts=-1,
                                                        reconnect_time_wait=0.5, connect_timeout=5,
                                                        error_cb=errors.record, **(login or NatsLogin()).options()))
         except Exception as exc:
@@ -162,7 +182,8 @@ async def connect_once(url: str, name: str, login: NatsLogin | None = None) -> C
         seen.append(str(exc) or type(exc).__name__)
 
     try:
-        return await _connected(await nats.connect(url, name=name, allow_reconnect=True, max_reconnect_attempts=3,
+        return await _connected(await nats.connect(server_urls(url), name=name, allow_reconnect=True,
+                                                   max_reconnect_attempts=3,
                                                    reconnect_time_wait=0.5, connect_timeout=3, error_cb=remember,
                                                    **(login or NatsLogin()).options()))
     except Exception:
@@ -187,13 +208,15 @@ async def ensure_streams(js: JetStreamContext, owner: str | None = None) -> None
     with `wait_for_streams`.
     """
     streams, usage = owned_streams(owner)
+    replicas = stream_replicas()
     for config in streams:
+        config = replace(config, num_replicas=replicas)
         try:
             await js.add_stream(config)
         except BadRequestError:
             await js.update_stream(config)
     if usage:
-        await js.create_key_value(USAGE_BUCKET_CONFIG)
+        await js.create_key_value(replace(USAGE_BUCKET_CONFIG, replicas=replicas))
 
 
 async def wait_for_streams(js: JetStreamContext, names: Sequence[str], *, poll: float = 0.5) -> None:

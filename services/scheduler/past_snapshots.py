@@ -35,10 +35,11 @@ from libs.eventsourced import collector_paused
 from services.scheduler.prediction_cache import PredictionCache
 from services.scheduler.state import Job, SchedulerState
 
-# Events folded between two snapshots, so that a view folds at most that many after restoring one: a state of
-# 250,000 jobs took some 4.5 s to save and 6.5 s to restore, and reading and folding 100,000 events some 3.5 s, on
-# the slower of the machines measured (benchmarks.md).
-SNAPSHOT_EVENTS = 100_000
+# Events folded between two snapshots, so that a view or a start folds at most that many after restoring one: a
+# state of 250,000 jobs took some 4.5 s to save and 4 s to restore, and 100,000 of its own events and 100,000
+# followed messages some 5 s to fold, on the slower of the machines measured (benchmarks.md); 50,000 keeps the worst
+# case within 10 s there, for a snapshot made in the background every 50,000 events (some 10 s of a worker thread).
+SNAPSHOT_EVENTS = 50_000
 _ROOT = Path(__file__).resolve().parents[2]
 
 
