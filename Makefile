@@ -10,7 +10,7 @@ OPS ?=
 # `make up NATS=3`: a cluster of three NATS servers, every stream kept on all three.
 NATS ?= 1
 
-.PHONY: install up demo down status test lint schemas clean
+.PHONY: install up demo down status test test-hosts lint schemas clean
 
 install: $(STAMP)
 
@@ -39,6 +39,10 @@ status:
 ## Every test: unit, integration (real NATS and PostgreSQL) and end to end (the whole stack).
 test: install
 	$(PY) -m pytest
+
+## The end-to-end tests on separate hosts: every node agent in a network namespace of its own (root, iproute2).
+test-hosts: install
+	$(PY) -m pytest tests/e2e/test_hosts.py -v
 
 lint: install
 	$(VENV)/bin/ruff check .

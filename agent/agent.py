@@ -42,10 +42,10 @@ from nats.js.kv import KeyValue
 from opentelemetry import trace as otel_trace
 
 from agent.datacache import DatasetCache, StagingError
-from agent.health import probe, resource_checks
+from agent.health import host_addresses, probe, resource_checks
 from agent.held import HeldProcess, HolderFailed, HoldServer, OutputTail, append_note
 from agent.holder import OUTPUT_NAME
-from agent.jobenv import job_environment, passed_on
+from agent.jobenv import job_environment, network_env, passed_on
 from agent.kept import (
     SAFE_ID,
     Environment,
@@ -229,6 +229,7 @@ class NodeAgent:
         self.holders = HoldServer()  # starts and waits for each rank's command (agent/holder.py)
         # What jobs may take from the agent's environment (agent/jobenv.py), read once: it is fixed while it runs.
         self.job_basics = passed_on(os.environ)
+        self.job_network = network_env(self.info.address, host_addresses())
         self._usage: KeyValue | None = None  # the usage bucket, once looked up
 
     async def start(self) -> None:
@@ -647,7 +648,8 @@ class NodeAgent:
              "TRAINYARD_TASK": str(node.task), "TRAINYARD_RANK": str(node.rank), "TRAINYARD_NODE": self.info.name,
              "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend,
              RUN_SOCKET_VARIABLE: f"{RUN_FOLDER}/{relay.path.name}" if workspace.backend == BWRAP else str(relay.path)},
-            python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token)
+            python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token,
+            network=self.job_network)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
         environment = Environment(workspace=workspace, env=env)

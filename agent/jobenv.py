@@ -5,7 +5,8 @@ signing secret (TRAINYARD_AUTH_SECRET or …_FILE), token files and every other 
 None of them reaches a job. A job gets, later entries winning:
 
 1. from the agent's environment, only what any process needs (`BASIC_VARIABLES`, LC_*) and the boards
-   the node lets jobs see (CUDA_VISIBLE_DEVICES);
+   the node lets jobs see (CUDA_VISIBLE_DEVICES); the interface that holds the node's address, for the
+   communication libraries (`network_env`: Gloo, NCCL, TensorPipe, OpenMPI);
 2. the plan's env (the spec's env, checkpoint variables, the mode's variables);
 3. PATH: the agent's interpreter directory first, then the agent's PATH;
 4. NATS_URL (without user or password) and the job's own token (TRAINYARD_JOB_TOKEN: exec on its own
@@ -68,10 +69,29 @@ def passed_on(agent_env: Mapping[str, str]) -> dict[str, str]:
     return {name: value for name, value in agent_env.items() if is_basic(name) or name == "PATH"}
 
 
+# What tells the communication libraries which interface to use between nodes: they otherwise take the address the
+# host's name resolves to, which on many hosts (Debian's /etc/hosts) is a loopback address no other node reaches.
+INTERFACE_VARIABLES = ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME", "TP_SOCKET_IFNAME", "OMPI_MCA_btl_tcp_if_include",
+                       "OMPI_MCA_oob_tcp_if_include")
+
+
+def network_env(address: str, interfaces: Mapping[str, list[str]]) -> dict[str, str]:
+    """The variables naming the interface that holds the node's `address` (`interfaces`: name -> its addresses),
+    so that ranks on other nodes reach it there; none when the address is a loopback one (every rank on this one
+    host) or on no interface (a name, or an address NAT maps to this host)."""
+    if address.startswith("127.") or address in ("::1", "localhost"):
+        return {}
+    holding = next((name for name, addresses in interfaces.items() if address in addresses), None)
+    return {variable: holding for variable in INTERFACE_VARIABLES} if holding else {}
+
+
 def job_environment(agent_env: Mapping[str, str], plan_env: Mapping[str, str], platform: Mapping[str, str], *,
-                    python_dir: Path, nats_url: str, job_token: str | None = None) -> dict[str, str]:
-    """The environment of one job process; `plan_env` is already translated to the workspace."""
+                    python_dir: Path, nats_url: str, job_token: str | None = None,
+                    network: Mapping[str, str] | None = None) -> dict[str, str]:
+    """The environment of one job process; `plan_env` is already translated to the workspace; `network` names the
+    node's interface for the communication libraries (`network_env`; the spec's env may set them otherwise)."""
     env = {name: value for name, value in agent_env.items() if is_basic(name)}
+    env.update(network or {})
     env.update(plan_env)
     # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
     env["PATH"] = f"{python_dir}{os.pathsep}{agent_env.get('PATH', '')}"

@@ -17,9 +17,12 @@ from collections.abc import AsyncIterator, Awaitable, Mapping
 from pathlib import Path
 from typing import Generic, Protocol, TypeVar
 
+import yaml
+
 from libs.contracts.agent import LogChunk
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.messages import JobDetails, JobView, NodeView, QueueStatus
+from libs.devstack.hosts import Hosts
 from libs.devstack.natscluster import NatsCluster, jetstream_ready
 from libs.devstack.natslogins import provision_nats_logins, service_login
 from libs.devstack.servers import free_port, start_nats
@@ -80,17 +83,25 @@ class Stack(Generic[ClientT]):
     def __init__(self, home: Path, nats_url: str | None, database_url: str, *, connect: Connect[ClientT],
                  cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None,
                  timings: dict[str, str] | None = None, env: Mapping[str, str] | None = None,
-                 nats_servers: int = 1) -> None:
+                 nats_servers: int = 1, separate_hosts: bool = False) -> None:
         """`nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
         per role (libs/natsroles.py), as `make up` does. `algorithms`: a folder whose algorithms are copied
         into shared storage beside the examples. `timings`: the fault timings (FAST_TIMINGS unless given;
         `{}` for the platform's defaults, as a benchmark of steady work wants). `env`: more variables for every
         process (traces or metrics exported, say). `nats_servers`: with no `nats_url`, a cluster of that many
-        servers of the stack's own, every stream kept on three of them (or all, when fewer)."""
+        servers of the stack's own, every stream kept on three of them (or all, when fewer). `separate_hosts`: each
+        node agent on a host of its own (a network namespace with its own address, libs/devstack/hosts.py), the
+        stack's own NATS listening on the control host's address; the cluster config's addresses become the hosts'."""
         self.home = home
         self.nats_process: subprocess.Popen[bytes] | None = None
         self.nats_cluster: NatsCluster | None = None
         self.nats_port = 0
+        self.hosts: Hosts | None = None
+        if separate_hosts:
+            config = ClusterConfig.load(cluster)
+            self.hosts = Hosts([node.name for node in config.nodes])
+            self.hosts.create()
+            cluster = self._on_hosts(cluster, self.hosts)
         replicas: dict[str, str] = {}
         if nats_url is None and nats_servers > 1:
             self.nats_cluster = NatsCluster(home, provision_nats_logins(home), size=nats_servers)
@@ -100,8 +111,9 @@ class Stack(Generic[ClientT]):
             replicas = {STREAM_REPLICAS_VARIABLE: str(min(3, nats_servers))}
         elif nats_url is None:
             self.nats_port = free_port()
-            self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home))
-            nats_url = f"nats://127.0.0.1:{self.nats_port}"
+            address = self.hosts.control if self.hosts is not None else "127.0.0.1"
+            self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home), address=address)
+            nats_url = f"nats://{address}:{self.nats_port}"
         self.cluster = cluster
         config = ClusterConfig.load(cluster)
         # A cluster the autoscaler grows may start without a node.
@@ -120,11 +132,23 @@ class Stack(Generic[ClientT]):
         self.connect = connect
         self.client: ClientT | None = None
 
+    def _on_hosts(self, cluster: Path, hosts: Hosts) -> Path:
+        """A copy of the cluster config whose nodes have their hosts' addresses."""
+        config = yaml.safe_load(cluster.read_text())
+        for node in config.get("nodes") or []:
+            node["address"] = hosts.address(node["name"])
+        self.home.mkdir(parents=True, exist_ok=True)
+        path = self.home / f"cluster-on-hosts-{cluster.name}"
+        path.write_text(yaml.safe_dump(config))
+        return path
+
     def start(self, name: str) -> None:
         if name in SERVICES:
             start_service(self.processes, name)
         else:
-            start_agent(self.processes, name.removeprefix("agent-"), self.cluster, self.home / "agents")
+            node = name.removeprefix("agent-")
+            start_agent(self.processes, node, self.cluster, self.home / "agents",
+                        self.hosts.prefix(node) if self.hosts is not None else None)
 
     def start_standby(self, service: str) -> str:
         """A second process of `service` (`<service>-2`), waiting to take over from the active one."""
@@ -162,7 +186,8 @@ class Stack(Generic[ClientT]):
         self.nats_process.kill()
         self.nats_process.wait(timeout=10)
         time.sleep(down_seconds)
-        self.nats_process = start_nats(self.home / "nats", self.nats_port, provision_nats_logins(self.home))
+        self.nats_process = start_nats(self.home / "nats", self.nats_port, provision_nats_logins(self.home),
+                                       address=self.hosts.control if self.hosts is not None else "127.0.0.1")
 
     async def api(self, timeout: float = 30) -> ClientT:
         """The stack's client, opened on first use: retried while NATS refuses the login, as it does until
@@ -229,3 +254,5 @@ class Stack(Generic[ClientT]):
         if self.nats_process is not None:
             self.nats_process.terminate()
             self.nats_process.wait(timeout=10)
+        if self.hosts is not None:
+            self.hosts.delete()

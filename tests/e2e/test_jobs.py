@@ -18,7 +18,7 @@ from libs.contracts.events import LaunchPlanned
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, LifecycleScripts, OutputRef, decode_spec
 from libs.devstack.stack import REPO_ROOT
 from tests.support.runs import finished_run
-from tests.support.specs import sleeper
+from tests.support.specs import mpi_hello, sleeper
 from tests.support.stack import Stack, process_alive
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
@@ -273,9 +273,7 @@ async def test_a_batch_job_runs_its_tasks_in_turn_each_writing_to_its_own_folder
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI (Debian: openmpi-bin) is not installed")
 async def test_horovod_mode_runs_mpirun_across_both_nodes_through_their_agents(stack: Stack) -> None:
     api = await stack.up()
-    spec = JobSpec(name="mpi", mode="horovod", nodes=2, flavors=["cpu-1"], algorithm=AlgorithmRef(name="mpi-hello"),
-                   command="python3 /workspace/algorithm/hello.py", output=OutputRef(name="mpi"))
-    accepted = await api.submit(spec)
+    accepted = await api.submit(mpi_hello())
     job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
     assert job.status == "succeeded", job.reason
     lines = await stack.logs(accepted.job_id, 0)
@@ -290,9 +288,7 @@ async def test_an_mpi_program_started_by_a_written_out_mpirun_communicates_acros
     # A command with mpirun runs as written (L2); outputs is shared storage, so both nodes see the binary.
     command = ('bash -c "mpicc -O2 -o /workspace/outputs/hello /workspace/algorithm/hello.c && '
                'exec mpirun --allow-run-as-root -np 2 -bind-to none -map-by slot /workspace/outputs/hello"')
-    spec = JobSpec(name="mpi-c", mode="horovod", nodes=2, flavors=["cpu-1"], algorithm=AlgorithmRef(name="mpi-hello"),
-                   command=command, output=OutputRef(name="mpi-c"))
-    accepted = await api.submit(spec)
+    accepted = await api.submit(mpi_hello("mpi-c", command))
     job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
     assert job.status == "succeeded", job.reason
     lines = await stack.logs(accepted.job_id, 0)

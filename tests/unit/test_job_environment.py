@@ -10,7 +10,7 @@ import msgspec
 import pytest
 
 from agent.agent import NodeAgent
-from agent.jobenv import job_environment, without_credentials
+from agent.jobenv import job_environment, network_env, without_credentials
 from agent.kept import ENVIRONMENT_NAME, Environment, read_environment, write_environment
 from agent.runs import runs_folder, socket_path
 from agent.sandbox import Bind, Hidden, HostEntry, SandboxSpec, bwrap_argv
@@ -171,3 +171,28 @@ def test_an_agent_hides_its_folder_and_every_ranks_run_socket(tmp_path: Path) ->
     # A rank's own socket folder is bound where its job finds it; the others' stay out of sight.
     assert {tmp_path / "agent", Path(runs_folder())} <= set(agent.hidden_paths)
     assert socket_path(tmp_path / "rank-0").parent.parent == Path(runs_folder())
+
+
+HOST_INTERFACES = {"lo": ["127.0.0.1", "::1"], "eth0": ["10.0.0.2", "fe80::1"], "ib0": ["192.168.7.2"]}
+
+
+def test_ranks_talk_over_the_interface_that_holds_their_nodes_address() -> None:
+    network = network_env("10.0.0.2", HOST_INTERFACES)
+    env = job_environment(AGENT_ENV, planned_env("pytorch"), PLATFORM, python_dir=Path("/opt/venv/bin"),
+                          nats_url=AGENT_ENV["NATS_URL"], network=network)
+    # Gloo and NCCL would otherwise bind the address the host's name resolves to, often a loopback one.
+    assert env["GLOO_SOCKET_IFNAME"] == env["NCCL_SOCKET_IFNAME"] == "eth0"
+    assert env["OMPI_MCA_btl_tcp_if_include"] == env["OMPI_MCA_oob_tcp_if_include"] == "eth0"
+    assert network_env("192.168.7.2", HOST_INTERFACES)["GLOO_SOCKET_IFNAME"] == "ib0"
+
+
+def test_a_job_on_one_host_or_behind_a_name_is_left_to_its_libraries_defaults() -> None:
+    assert network_env("127.0.0.1", HOST_INTERFACES) == {}
+    assert network_env("node-7.cluster.example", HOST_INTERFACES) == {}
+
+
+def test_the_specs_own_choice_of_interface_wins() -> None:
+    env = job_environment(AGENT_ENV, {**planned_env("pytorch"), "NCCL_SOCKET_IFNAME": "ib0"}, PLATFORM,
+                          python_dir=Path("/opt/venv/bin"), nats_url=AGENT_ENV["NATS_URL"],
+                          network=network_env("10.0.0.2", HOST_INTERFACES))
+    assert env["NCCL_SOCKET_IFNAME"] == "ib0" and env["GLOO_SOCKET_IFNAME"] == "eth0"
