@@ -103,17 +103,25 @@ class Stack(Generic[ClientT]):
             self.hosts.create()
             cluster = self._on_hosts(cluster, self.hosts)
         replicas: dict[str, str] = {}
-        if nats_url is None and nats_servers > 1:
-            self.nats_cluster = NatsCluster(home, provision_nats_logins(home), size=nats_servers)
-            self.nats_cluster.start_all()
-            jetstream_ready(self.nats_cluster.url, service_login(home, "scheduler"))
-            nats_url = self.nats_cluster.url
-            replicas = {STREAM_REPLICAS_VARIABLE: str(min(3, nats_servers))}
-        elif nats_url is None:
-            self.nats_port = free_port()
-            address = self.hosts.control if self.hosts is not None else "127.0.0.1"
-            self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home), address=address)
-            nats_url = f"nats://{address}:{self.nats_port}"
+        try:
+            if nats_url is None and nats_servers > 1:
+                self.nats_cluster = NatsCluster(home, provision_nats_logins(home), size=nats_servers)
+                self.nats_cluster.start_all()
+                jetstream_ready(self.nats_cluster.url, service_login(home, "scheduler"))
+                nats_url = self.nats_cluster.url
+                replicas = {STREAM_REPLICAS_VARIABLE: str(min(3, nats_servers))}
+            elif nats_url is None:
+                self.nats_port = free_port()
+                address = self.hosts.control if self.hosts is not None else "127.0.0.1"
+                self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home),
+                                               address=address)
+                nats_url = f"nats://{address}:{self.nats_port}"
+        except BaseException:  # no stack to close yet: leave no server, namespace or bridge behind
+            if self.nats_cluster is not None:
+                self.nats_cluster.stop_all()
+            if self.hosts is not None:
+                self.hosts.delete()
+            raise
         self.cluster = cluster
         config = ClusterConfig.load(cluster)
         # A cluster the autoscaler grows may start without a node.

@@ -68,7 +68,7 @@ class Hosts:
     def namespace(self, host: str) -> str:
         return f"ty{self.tag}-{host}"
 
-    def _link(self, host: str) -> str:
+    def link(self, host: str) -> str:
         """The control host's end of `host`'s cable."""
         return f"ty{self.tag}h{self.names.index(host)}"
 
@@ -77,12 +77,20 @@ class Hosts:
         return ["ip", "netns", "exec", self.namespace(host)]
 
     def create(self) -> None:
+        """Make the bridge and every host; what was made is removed again when a step fails."""
         self.made = True
+        try:
+            self._create()
+        except BaseException:
+            self.delete()
+            raise
+
+    def _create(self) -> None:
         _ip("link", "add", self.bridge, "type", "bridge")
         _ip("addr", "add", f"{self.control}/24", "dev", self.bridge)
         _ip("link", "set", self.bridge, "up")
         for host in self.names:
-            namespace, link, inside = self.namespace(host), self._link(host), f"ty{self.tag}x"
+            namespace, link, inside = self.namespace(host), self.link(host), f"ty{self.tag}x"
             _ip("netns", "add", namespace)
             _ip("link", "add", link, "type", "veth", "peer", "name", inside)
             _ip("link", "set", link, "master", self.bridge, "up")
@@ -95,10 +103,10 @@ class Hosts:
 
     def cut(self, host: str) -> None:
         """Pull `host`'s cable: nothing reaches it or leaves it until `mend`."""
-        _ip("link", "set", self._link(host), "down")
+        _ip("link", "set", self.link(host), "down")
 
     def mend(self, host: str) -> None:
-        _ip("link", "set", self._link(host), "up")
+        _ip("link", "set", self.link(host), "up")
 
     def delete(self) -> None:
         """Remove the namespaces (their ends of the cables go with them) and the bridge; what is gone already is
@@ -107,5 +115,7 @@ class Hosts:
             return
         for host in self.names:
             subprocess.run(["ip", "netns", "del", self.namespace(host)], capture_output=True, check=False)
+            subprocess.run(["ip", "link", "del", self.link(host)], capture_output=True, check=False)  # both ends
+        subprocess.run(["ip", "link", "del", f"ty{self.tag}x"], capture_output=True, check=False)  # one not moved yet
         subprocess.run(["ip", "link", "del", self.bridge], capture_output=True, check=False)
         self.made = False
