@@ -30,14 +30,14 @@ import msgspec
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from opentelemetry.trace import Span, SpanKind, Status, StatusCode, use_span
+from opentelemetry.trace import Span, SpanKind, use_span
 
 from libs.contracts.codec import encode
 from libs.contracts.messages import CommandError
 from libs.messaging.rpc import bounded, decode_request
 from libs.telemetry.logs import get_logger
 from libs.telemetry.metrics import REQUEST_DURATION, attributes, histogram
-from libs.telemetry.tracing import context_from_headers, messaging_attributes, tracer
+from libs.telemetry.tracing import context_from_headers, messaging_attributes, span_failed, tracer
 
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.agent")
@@ -159,8 +159,7 @@ class Responder:
         error_type = ""
         if isinstance(reply, CommandError):
             error_type = reply.code
-            span.set_attribute("error.type", error_type)
-            span.set_status(Status(StatusCode.ERROR, bounded(reply.message)))
+            span_failed(span, error_type, bounded(reply.message))
         _durations.record(time.perf_counter() - began, attributes(REQUEST_DURATION, "nats", template, error_type))
 
     async def _send(self, msg: Msg, reply: msgspec.Struct) -> None:

@@ -247,11 +247,11 @@ class EventSourcedService:
             # Another writer moved an aggregate on: fold what it wrote, so the next decision sees it.
             await self._catch_up(expected)
             raise
+        counting = metrics_enabled()
         for envelope in stored:
             self.apply(envelope)
             self.recorded(envelope)
-        if metrics_enabled():
-            for envelope in stored:
+            if counting:
                 _events_recorded.add(1, {"trainyard.event.type": _kind(envelope)})
         self.wake.set()
         return stored

@@ -62,13 +62,14 @@ class Metric:
         return base + suffix + ("_total" if self.kind == "counter" else "")
 
 
-STREAM, CONSUMER, SUBJECT = "messaging.destination.name", "messaging.consumer.group.name", "messaging.destination.name"
+# A request's subject, or the stream a follower reads; and the follower's consumer.
+DESTINATION, CONSUMER = "messaging.destination.name", "messaging.consumer.group.name"
 
 # Every process.
 REQUEST_DURATION = Metric(
     "messaging.process.duration", "histogram", "s",
     "How long a request took to answer, by subject; `error.type` is the error's code when it was refused",
-    ("messaging.system", SUBJECT, "error.type"), "every service and agent")
+    ("messaging.system", DESTINATION, "error.type"), "every service and agent")
 # Every service.
 ACTIVE = Metric("trainyard.service.active", "gauge", "1",
                 "1 when this process is the service's active instance, 0 while it stands by")
@@ -77,9 +78,9 @@ EVENTS_RECORDED = Metric("trainyard.events.recorded", "counter", "{event}",
 OUTBOX_LAG = Metric("trainyard.outbox.lag", "gauge", "{event}",
                     "Events stored in the service's log but not yet published to JetStream")
 FOLLOWER_LAG = Metric("trainyard.follower.lag", "gauge", "{message}",
-                      "Messages of a followed stream not yet handled, by stream and consumer", (STREAM, CONSUMER))
+                      "Messages of a followed stream not yet handled, by stream and consumer", (DESTINATION, CONSUMER))
 FOLLOWER_MESSAGES = Metric("trainyard.follower.messages", "counter", "{message}",
-                           "Messages of a followed stream handled, by stream and consumer", (STREAM, CONSUMER))
+                           "Messages of a followed stream handled, by stream and consumer", (DESTINATION, CONSUMER))
 # The scheduler.
 JOBS_QUEUED = Metric("trainyard.jobs.queued", "gauge", "{job}",
                      "Jobs waiting in the queue, by priority and the first flavor they ask for",

@@ -91,8 +91,6 @@ def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Cont
     return extract(headers) if headers else Context()  # no headers: no trace to continue
 
 
-
-
 def messaging_attributes(destination: str, operation: str) -> dict[str, str]:
     """A span's attributes for handling a NATS message, as OpenTelemetry's messaging conventions name them:
     `operation` is `process` (a request answered, an event reacted to), `send` or `receive`."""
@@ -114,5 +112,18 @@ def send_span(span_tracer: trace.Tracer, subject_of: Callable[[str], str], node:
         f"send {template}", context=context_from_headers(trace_headers) if trace_headers is not None else None,
         kind=SpanKind.CLIENT,
         attributes={**messaging_attributes(subject_of(node), "send"), "messaging.destination.template": template,
-                    "trainyard.job.id": job_id, "trainyard.node": node,
-                    **{f"trainyard.{key}": value for key, value in attributes.items()}})
+                    **job_attributes(job_id, node=node, **attributes)})
+
+
+def job_attributes(job_id: str, **attributes: str | int) -> dict[str, str | int]:
+    """A span's attributes about a job: its id as `trainyard.job.id`, and each of `attributes` as `trainyard.<name>`."""
+    return {"trainyard.job.id": job_id, **{f"trainyard.{key}": value for key, value in attributes.items()}}
+
+
+def span_failed(span: trace.Span, error_type: str, message: str) -> None:
+    """Mark `span` as failed: its `error.type` (a refusal's code, an exception's kind) and why (`message`, which the
+    caller keeps short)."""
+    from opentelemetry.trace import Status, StatusCode
+
+    span.set_attribute("error.type", error_type)
+    span.set_status(Status(StatusCode.ERROR, message))

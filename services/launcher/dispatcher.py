@@ -41,7 +41,7 @@ from libs.eventsourced import EventSourcedService
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, job_attributes, tracer
 from libs.telemetry.tracing import send_span as agent_request_span
 from services.launcher.rules import fenced, give_up_node, needs_ports, plan_admission, stopped
 from services.launcher.state import Admitted, Launch, LauncherState, Unit
@@ -63,17 +63,13 @@ def internal_span(name: str, trace: Mapping[str, str] | None, job_id: str, **att
                   ) -> AbstractContextManager[otel_trace.Span]:
     """A span of the launcher's own work for a job (no message), continuing the job's trace."""
     return span_tracer.start_as_current_span(name, context=context_from_headers(trace),
-                                             attributes={"trainyard.job.id": job_id, **_named(attributes)})
+                                             attributes=job_attributes(job_id, **attributes))
 
 
 def send_span(subject_of: Callable[[str], str], node: str, trace: Mapping[str, str] | None, job_id: str,
               **attributes: str | int) -> AbstractContextManager[otel_trace.Span]:
     """The client span of a request to `node`'s agent, in the job's trace (`send trainyard.agent.{node}.start`)."""
     return agent_request_span(span_tracer, subject_of, node, job_id=job_id, trace_headers=trace or {}, **attributes)
-
-
-def _named(attributes: Mapping[str, str | int]) -> dict[str, str | int]:
-    return {f"trainyard.{key}": value for key, value in attributes.items()}
 
 
 class Dispatcher:

@@ -19,11 +19,11 @@ from email.message import EmailMessage
 from urllib.parse import unquote, urlsplit
 
 import aiosmtplib
-from opentelemetry.trace import SpanKind, Status, StatusCode
+from opentelemetry.trace import SpanKind
 
 from libs.contracts.events import AlertRaised
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, tracer
+from libs.telemetry.tracing import context_from_headers, span_failed, tracer
 from services.monitor.state import PendingMail
 
 log = get_logger(__name__)
@@ -119,8 +119,7 @@ class Mailer:
                                       timeout=30)
             except (aiosmtplib.SMTPException, OSError) as exc:
                 span.record_exception(exc)
-                span.set_attribute("error.type", type(exc).__qualname__)
-                span.set_status(Status(StatusCode.ERROR, str(exc)[:200]))
+                span_failed(span, type(exc).__qualname__, str(exc)[:200])
                 _, delay = self._retry.get(alert.alert_id, (0.0, FIRST_RETRY_SECONDS / 2))
                 delay = min(delay * 2, MAX_RETRY_SECONDS)
                 self._retry[alert.alert_id] = (time.monotonic() + delay, delay)

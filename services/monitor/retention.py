@@ -17,7 +17,6 @@ from datetime import UTC, datetime, timedelta
 
 from nats.aio.client import Client
 from nats.errors import Error as NatsError
-from opentelemetry.trace import Span, Status, StatusCode
 
 from libs.contracts import subjects
 from libs.contracts.agent import Released, ReleaseWorkspaces
@@ -25,7 +24,7 @@ from libs.contracts.messages import CommandError
 from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, current_trace_headers, send_span, tracer
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, send_span, span_failed, tracer
 from services.monitor.state import KeptEnvironment, MonitoredNode
 
 log = get_logger(__name__)
@@ -33,11 +32,6 @@ span_tracer = tracer("trainyard.monitor")
 AGENT_TIMEOUT_SECONDS = 10.0
 RETRY_SECONDS = 30.0
 CHECK_SECONDS = 5.0
-
-
-def failed(span: Span, code: str, message: str) -> None:
-    span.set_attribute("error.type", code)
-    span.set_status(Status(StatusCode.ERROR, message[:200]))
 
 
 async def release(nc: Client, signer: ControlSigner, job_id: str, nodes: Iterable[str]) -> set[str]:
@@ -49,11 +43,11 @@ async def release(nc: Client, signer: ControlSigner, job_id: str, nodes: Iterabl
                                    timeout=AGENT_TIMEOUT_SECONDS, reply_type=Released | CommandError, signer=signer)
             except (ServiceUnavailable, NatsError) as exc:  # no answer, or the connection is closing
                 log.warning("debug.release_unanswered", job_id=job_id, node=node, error=str(exc))
-                failed(span, "unavailable", str(exc))
+                span_failed(span, "unavailable", str(exc)[:200])
                 return None
             if isinstance(reply, CommandError):
                 log.warning("debug.release_refused", job_id=job_id, node=node, error=reply.message)
-                failed(span, reply.code, reply.message)
+                span_failed(span, reply.code, reply.message[:200])
                 return None
             log.info("debug.released", job_id=job_id, node=node, removed=reply.removed)
             return node

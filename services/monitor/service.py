@@ -27,13 +27,11 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from datetime import UTC, datetime
 from typing import Any, Self
 
 import msgspec
 from nats.aio.msg import Msg
-from opentelemetry.trace import Span, Tracer
 
 from libs.auth import AuthError, node_from_headers
 from libs.contracts import subjects
@@ -94,12 +92,6 @@ LOGS_CONSUMER = "monitor-logs"  # durable JetStream consumer on TRAINYARD_LOGS
 LAUNCHER_CONSUMER = "launcher-events"  # R1: the launcher's process events, for the runs' lives
 SET_ASIDE_CONSUMER = "set-aside-events"  # every service's UpstreamMessageSetAside, its own included
 log = get_logger(__name__)
-
-
-def event_span(tracer: Tracer, envelope: EventEnvelope, consumer: str) -> AbstractContextManager[Span]:
-    """The consumer span of handling one event, continuing its trace (`process
-    trainyard.events.scheduler.job.{job}.JobSucceeded`)."""
-    return consumer_span(tracer, envelope, None, consumer=consumer)
 
 
 class Monitor(EventSourcedService):
@@ -368,7 +360,7 @@ class Monitor(EventSourcedService):
                 self._stage_on(event.job_id, warm)  # D1: a job that waits starts with its data in the cache
                 return False
             if not isinstance(event, JobPrechecking):
-                with event_span(self._tracer, envelope, SCHEDULER_CONSUMER):
+                with consumer_span(self._tracer, envelope, None, consumer=SCHEDULER_CONSUMER):
                     job = self.jobs.jobs.get(envelope.aggregate_id)
                     outcome = decisions.reaction(envelope, job, self.jobs.settings, self.operators)
                     outcome.events += runlife.on_job_event(envelope, self.state.runs.get(envelope.aggregate_id),
@@ -377,7 +369,7 @@ class Monitor(EventSourcedService):
             if (event.job_id, event.attempt) in self.state.prechecked:
                 return False
             plan = precheck.plan(event, self.cluster.flavor(event.flavor), self.state.nodes)
-        with event_span(self._tracer, envelope, SCHEDULER_CONSUMER):
+        with consumer_span(self._tracer, envelope, None, consumer=SCHEDULER_CONSUMER):
             checks = await precheck.check_nodes(self.rt.nc, self.signer, event.job_id, plan)
             async with self.lock:
                 if (event.job_id, event.attempt) in self.state.prechecked:
