@@ -1,18 +1,23 @@
 """Capacity: the real services driven by simulated node agents, by the thousand.
 
     python -m bench.capacity [--nodes 1000,10000] [--per-connection 500] [--seconds 30] [--queued 200]
+                             [--jobs 10000] [--job-seconds 5]
 
 For each node count, a fresh stack of the four real services (no real agent) on the tests' NATS and PostgreSQL, and
 simulated agents in this process: each registers with its own node credential (which the monitor checks, as for a
-real agent) and then heartbeats every 2 s (the platform's default), with an empty probe; nothing is started on
-them. One NATS connection carries `--per-connection` simulated agents, so the NATS server is one without role
-enforcement: what is measured is the services, not the auth callout of 10,000 logins. `--queued` jobs wait in a
-pool no node serves, so every scheduling cycle looks at them and at every node.
+real agent) and from then on heartbeats every 2 s (the platform's default), with an empty probe. One NATS connection
+carries `--per-connection` simulated agents, so the NATS server is one without role enforcement: what is measured
+is the services, not the auth callout of 10,000 logins. `--queued` jobs wait in a pool no node serves, so every
+scheduling cycle looks at them and at every node.
 
-Measured: how long all nodes took to register, then over `--seconds` of heartbeats: each service's CPU (from
-/proc) and memory, the monitor's CPU per heartbeat, whether any node was counted lost (the monitor falling behind
-its heartbeats), and the scheduler's cycles (from its own metrics endpoint). The first component to saturate is
-the one whose CPU share nears a core.
+Measured: how long all nodes took to register; then over `--seconds` of heartbeats alone: each service's CPU (from
+/proc), NATS's and PostgreSQL's, the monitor's CPU per heartbeat, the events recorded (none should be), whether any
+node was counted lost (the monitor falling behind its heartbeats), and the scheduler's cycles (from its own metrics
+endpoint). Then one array of `--jobs` single-node jobs, each a simulated process that exits after `--job-seconds`
+(bench/simagents.py: the launcher's ports, start and stop requests answered, start and exit reported as an agent
+reports them): how fast the jobs are admitted and ended, what each component spends meanwhile, the database's
+commits, rows and write-ahead log, and each service's memory at the end. The first component to saturate is the
+one whose CPU share nears a core.
 """
 
 from __future__ import annotations
@@ -24,14 +29,18 @@ import json
 import re
 import time
 import urllib.request
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 
+import asyncpg
 import nats
 from nats.aio.client import Client
 
-from bench.cpu import look, spent
+from bench.cpu import Spent, look, spent
 from bench.servers import bench_servers
+from bench.simagents import SimulatedAgents
+from bench.throughput import trivial_spec
 from client.api import NoAnswer, TrainyardClient
 from libs.auth import bearer_headers, issue_node_token
 from libs.contracts import subjects
@@ -53,8 +62,8 @@ def node_name(index: int) -> str:
     return f"sim-{index:05d}"
 
 
-async def register_all(nc: Client, names: list[str], secret: str) -> list[str]:
-    """Register `names` (at most REGISTERING_AT_ONCE at once); their tokens."""
+async def register_all(nc: Client, names: list[str], secret: str, beats: Heartbeats) -> None:
+    """Register `names` (at most REGISTERING_AT_ONCE at once), then have them heartbeat."""
     gate = asyncio.Semaphore(REGISTERING_AT_ONCE)
 
     async def one(name: str) -> str:
@@ -67,23 +76,124 @@ async def register_all(nc: Client, names: list[str], secret: str) -> list[str]:
             raise RuntimeError(f"{name} was refused: {reply.message}")
         return token
 
-    return list(await asyncio.gather(*(one(name) for name in names)))
+    tokens = await asyncio.gather(*(one(name) for name in names))
+    beats.start(nc, list(zip(names, tokens, strict=True)))
 
 
-async def heartbeats(nc: Client, nodes: list[tuple[str, str]], until: float) -> int:
-    """Every node's heartbeat every HEARTBEAT_SECONDS, spread evenly over the period, until `until`; how many."""
-    sent = 0
-    gap = HEARTBEAT_SECONDS / max(1, len(nodes))
-    while time.monotonic() < until:
+class Heartbeats:
+    """The simulated nodes' heartbeats, each group's from the moment it registered (a node that waited for all
+    10,000 to register would be lost meanwhile), every node's every HEARTBEAT_SECONDS, spread evenly; counted."""
+
+    def __init__(self) -> None:
+        self.sent = 0
+        self._tasks: list[asyncio.Task[None]] = []
+
+    def start(self, nc: Client, nodes: list[tuple[str, str]]) -> None:
+        self._tasks.append(asyncio.create_task(self._beat(nc, nodes)))
+
+    async def stop(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _beat(self, nc: Client, nodes: list[tuple[str, str]]) -> None:
+        gap = HEARTBEAT_SECONDS / max(1, len(nodes))
+        while True:
+            began = time.monotonic()
+            for index, (name, token) in enumerate(nodes):
+                beat = Heartbeat(node=name, sent_at=datetime.now(UTC))
+                await nc.publish(subjects.heartbeat(name), encode(beat), headers=bearer_headers(token))
+                self.sent += 1
+                if index % 50 == 49 and (ahead := began + gap * (index + 1) - time.monotonic()) > 0:
+                    await asyncio.sleep(ahead)
+            await asyncio.sleep(max(0.0, began + HEARTBEAT_SECONDS - time.monotonic()))
+
+
+@dataclass(frozen=True)
+class Load:
+    """What the database had done by one moment: its commits, rows written and write-ahead log, and the events the
+    services recorded."""
+
+    commits: int
+    rows: int
+    wal_bytes: int
+    events: int  # recorded by the services, all together
+
+
+def nats_and_postgres(used: Spent) -> tuple[float, float]:
+    """The CPU seconds of the run's NATS server and of its PostgreSQL (its backends included: those that ended
+    meanwhile in what the server reaped)."""
+    return (used.by_role.get("nats-server", 0.0),
+            sum(seconds for role, seconds in used.by_role.items() if role.startswith("postgres")))
+
+
+async def load(database_url: str) -> Load:
+    connection = await asyncpg.connect(database_url)
+    try:
+        row = await connection.fetchrow(
+            "SELECT xact_commit, tup_inserted + tup_updated + tup_deleted AS rows,"
+            " pg_wal_lsn_diff(pg_current_wal_lsn(), '0/0')::bigint AS wal"
+            " FROM pg_stat_database WHERE datname = current_database()")
+        events = sum([int(await connection.fetchval(f"SELECT coalesce(max(position), 0) FROM {role}.events"))
+                      for role in SERVICES])
+    finally:
+        await connection.close()
+    assert row is not None
+    return Load(int(row["xact_commit"]), int(row["rows"]), int(row["wal"]), events)
+
+
+ENDED = ("succeeded", "failed", "stopped", "expired")
+
+
+async def run_jobs(api: TrainyardClient, connections: list[Client], args: argparse.Namespace, database_url: str,
+                   *folders: Path) -> dict[str, float]:
+    """One array of `--jobs` single-node jobs on the simulated nodes (each a simulated process of `--job-seconds`),
+    heartbeats going on: from the submit to every job admitted and to every job ended, and what it cost."""
+    agents = SimulatedAgents(connections[0].jetstream(), seconds=args.job_seconds)
+    for nc in connections:
+        await agents.serve(nc)
+    try:
+        cpu_before, load_before = look(*folders), await load(database_url)
         began = time.monotonic()
-        for index, (name, token) in enumerate(nodes):
-            beat = Heartbeat(node=name, sent_at=datetime.now(UTC))
-            await nc.publish(subjects.heartbeat(name), encode(beat), headers=bearer_headers(token))
-            sent += 1
-            if index % 50 == 49 and (ahead := began + gap * (index + 1) - time.monotonic()) > 0:
-                await asyncio.sleep(ahead)
-        await asyncio.sleep(max(0.0, began + HEARTBEAT_SECONDS - time.monotonic()))
-    return sent
+        accepted = await api.submit_array(trivial_spec("{index}", output="capacity"), indices=f"0-{args.jobs - 1}")
+        answered = time.monotonic()
+        admitted_at, shown = 0.0, began
+        while True:
+            statuses = (await api.get_array(accepted.array_id, limit=1)).array.statuses
+            now = time.monotonic()
+            if not admitted_at and not statuses.get("queued"):
+                admitted_at = now
+            if sum(statuses.get(status, 0) for status in ENDED) >= args.jobs:
+                break
+            if now - shown >= 5:
+                shown = now
+                print(f"  {now - began:5.0f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())),
+                      flush=True)
+            await asyncio.sleep(0.25)
+        ended = time.monotonic()
+        cpu_after, load_after = look(*folders), await load(database_url)
+    finally:
+        await agents.close()
+    print(f"  {args.jobs} jobs: submitted in {answered - began:.1f} s, admitted by {admitted_at - began:.1f} s, "
+          f"ended by {ended - began:.1f} s: " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items())), flush=True)
+    seconds = ended - began
+    used = spent(cpu_before, cpu_after)
+    figures = {"jobs_submit_seconds": answered - began,
+               "jobs_admitted_per_second": args.jobs / (admitted_at - answered) if admitted_at > answered else 0.0,
+               "jobs_ended_per_second": args.jobs / seconds,
+               "jobs_failed": float(args.jobs - statuses.get("succeeded", 0)),
+               "jobs_machine_busy_share": used.busy / used.total if used.total else 0.0,
+               "jobs_simulated_agents_cpu_share": used.by_role.get("benchmark client", 0.0) / seconds,
+               "jobs_nats_cpu_share": nats_and_postgres(used)[0] / seconds,
+               "jobs_postgres_cpu_share": nats_and_postgres(used)[1] / seconds,
+               "jobs_commits_per_second": (load_after.commits - load_before.commits) / seconds,
+               "jobs_rows_per_second": (load_after.rows - load_before.rows) / seconds,
+               "jobs_wal_mib_per_second": (load_after.wal_bytes - load_before.wal_bytes) / seconds / 2**20,
+               "jobs_events_per_job": (load_after.events - load_before.events) / args.jobs,
+               "jobs_simulated_exits": float(agents.exited)}
+    for role in SERVICES:
+        figures[f"jobs_{role}_cpu_share"] = used.by_role.get(role, 0.0) / seconds
+    return figures
 
 
 def scrape(home: Path, service: str) -> str:
@@ -128,25 +238,22 @@ async def one_size(count: int, args: argparse.Namespace) -> dict[str, float | st
             names = [node_name(i) for i in range(count)]
             groups = [names[i:i + args.per_connection] for i in range(0, count, args.per_connection)]
             connections = [await nats.connect(servers.nats_url) for _ in groups]
+            beats = Heartbeats()
             began = time.monotonic()
-            tokens = await asyncio.gather(*(register_all(nc, group, secret) for nc, group in zip(connections, groups,
-                                                                                                  strict=True)))
+            await asyncio.gather(*(register_all(nc, group, secret, beats)
+                                   for nc, group in zip(connections, groups, strict=True)))
             registered = time.monotonic() - began
             print(f"  {count} nodes registered in {registered:.1f} s", flush=True)
             for index in range(args.queued):
                 await api.submit(JobSpec(name=f"held-{index}", flavors=["cpu-1"], pool="held", command="true",
                                          algorithm=AlgorithmRef(name="pytorch-ddp"), output=OutputRef(name="held")))
-            # Heartbeats for a while before measuring, so that the monitor is in its steady state.
-            settle = time.monotonic() + 6
-            await asyncio.gather(*(heartbeats(nc, list(zip(group, group_tokens, strict=True)), settle)
-                                   for nc, group, group_tokens in zip(connections, groups, tokens, strict=True)))
+            await asyncio.sleep(6)  # every node heartbeating a while before measuring: the monitor's steady state
             scheduler_before = scrape(home, "scheduler")
-            before = look(home, servers.home)
-            until = time.monotonic() + args.seconds
-            sent = sum(await asyncio.gather(*(heartbeats(nc, list(zip(group, group_tokens, strict=True)), until)
-                                              for nc, group, group_tokens in zip(connections, groups, tokens,
-                                                                                 strict=True))))
-            after = look(home, servers.home)
+            before, load_before = look(home, servers.home), await load(servers.database_url)
+            sent_before = beats.sent
+            await asyncio.sleep(args.seconds)
+            sent = beats.sent - sent_before
+            after, load_after = look(home, servers.home), await load(servers.database_url)
             await asyncio.sleep(HEARTBEAT_SECONDS)
             scheduler_after, monitor = scrape(home, "scheduler"), scrape(home, "monitor")
             used = spent(before, after)
@@ -159,11 +266,19 @@ async def one_size(count: int, args: argparse.Namespace) -> dict[str, float | st
                 "up": metric(monitor, "trainyard_nodes", 'trainyard_node_state="up"'),
                 "cycles_per_second": cycles / args.seconds,
                 "cycle_ms": cycle_seconds / cycles * 1000 if cycles else 0.0,
-                "machine_busy_share": used.busy / used.total if used.total else 0.0}
+                "machine_busy_share": used.busy / used.total if used.total else 0.0,
+                "simulated_agents_cpu_share": used.by_role.get("benchmark client", 0.0) / args.seconds,
+                "nats_cpu_share": nats_and_postgres(used)[0] / args.seconds,
+                "postgres_cpu_share": nats_and_postgres(used)[1] / args.seconds,
+                "events_recorded": float(load_after.events - load_before.events)}
             for role in SERVICES:
                 figures[f"{role}_cpu_share"] = used.by_role.get(role, 0.0) / args.seconds
-                figures[f"{role}_rss_mib"] = rss_mib(stack.processes.processes[role].pid)
             figures["monitor_us_per_heartbeat"] = used.by_role.get("monitor", 0.0) / max(1, sent) * 1e6
+            if args.jobs:
+                figures |= await run_jobs(api, connections, args, servers.database_url, home, servers.home)
+            for role in SERVICES:  # with the jobs' state, when they ran
+                figures[f"{role}_rss_mib"] = rss_mib(stack.processes.processes[role].pid)
+            await beats.stop()
             for nc in connections:
                 await nc.close()
             return figures
@@ -173,9 +288,9 @@ async def one_size(count: int, args: argparse.Namespace) -> dict[str, float | st
 
 def report(rows: list[dict[str, float | str]]) -> None:
     keys = [key for key in rows[0] if key != "nodes"]
-    print(f"\n{'':<28}" + "".join(f"{int(row['nodes']):>12,}" for row in rows))
+    print(f"\n{'':<34}" + "".join(f"{int(row['nodes']):>12,}" for row in rows))
     for key in keys:
-        print(f"{key:<28}" + "".join(f"{float(row[key]):>12.2f}" for row in rows))
+        print(f"{key:<34}" + "".join(f"{float(row[key]):>12.2f}" for row in rows))
 
 
 def main() -> None:
@@ -184,6 +299,8 @@ def main() -> None:
     parser.add_argument("--per-connection", type=int, default=500)
     parser.add_argument("--seconds", type=float, default=30.0)
     parser.add_argument("--queued", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=10000, help="jobs of one array run on the simulated nodes")
+    parser.add_argument("--job-seconds", type=float, default=5.0, help="how long each simulated process runs")
     args = parser.parse_args()
     rows = []
     for count in (int(n) for n in args.nodes.split(",")):

@@ -66,8 +66,10 @@ def issue_token(secret: str, identity: Identity, *, ttl_seconds: int = DEFAULT_T
 # Checking a token's signature costs more than most requests it comes with, and a client sends the same
 # token with each of them: the claims of the tokens verified last are kept, by the exact token and the
 # secret that verified it. Only time can make a verified token invalid (its expiry), which is checked on
-# every use; a token that failed is never kept.
-VERIFIED_TOKENS_KEPT = 4096
+# every use; a token that failed is never kept. The monitor sees every node's credential with each of its
+# heartbeats, in turn, so more are kept than one deployment has nodes (about 1 KiB each): with fewer, the
+# oldest would always be the next to come, and none would be found.
+VERIFIED_TOKENS_KEPT = 32_768
 _verified: dict[tuple[str, str], tuple[dict[str, object], int]] = {}
 
 

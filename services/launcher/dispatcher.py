@@ -48,6 +48,10 @@ from services.launcher.state import Admitted, Launch, LauncherState, Unit
 from services.launcher.stopping import reply_timeout, stop_request
 
 RESEND_SECONDS = 5.0
+# A pass looks at the launches whose jobs changed since the last pass, and at all of them at most this often
+# (whatever is due again after a while, a start or a stop left unanswered, is found then): with thousands of
+# jobs running, a pass after every folded message over all of them was most of the launcher's time.
+LOOK_AT_ALL_SECONDS = 1.0
 PORTS_RESEND_SECONDS = 1.0
 PORTS_WAIT_SECONDS = 10.0
 SendKey = tuple[str, int, object, str]  # (what, attempt, rank or node, job id)
@@ -92,6 +96,7 @@ class Dispatcher:
         self._chosen: dict[tuple[str, int], dict[str, list[int]]] = {}
         self._wanted_since: dict[tuple[str, int], float] = {}
         self._outstanding: set[asyncio.Future[None]] = set()  # requests sent and not yet answered
+        self._looked_at_all = -LOOK_AT_ALL_SECONDS  # when a pass last looked at every launch under way
 
     async def dispatch_once(self) -> None:
         """Record what the agents' answers settled, then send what is due and wait for the answers."""
@@ -102,10 +107,15 @@ class Dispatcher:
         slow agent holds up neither the plans of new admissions nor the starts on other nodes (a request is
         never out twice at once, `_due`)."""
         async with self.service.lock:
-            await self._give_up_lost_nodes()
-            await self._record_finished_stops()
+            now = time.monotonic()
+            touched = self.state.take_touched()
+            among = None if now - self._looked_at_all >= LOOK_AT_ALL_SECONDS else touched
+            if among is None:
+                self._looked_at_all = now
+            await self._give_up_lost_nodes(among)
+            await self._record_finished_stops(among)
             await self._plan_admitted()
-            work = self._due_work()
+            work = self._due_work(among)
         for future in work:
             self._outstanding.add(future)
             future.add_done_callback(self._answered)
@@ -121,15 +131,15 @@ class Dispatcher:
 
     # --- what the answers settled (under the lock) ----------------------------------------------------
 
-    async def _give_up_lost_nodes(self) -> None:
-        for launch in self.state.active():
+    async def _give_up_lost_nodes(self, among: set[str] | None) -> None:
+        for launch in self.state.active(among):
             if not self.state.stop_wanted(launch):
                 continue
             for node in sorted(self.state.lost_nodes_of(launch) - self._confirmed(launch)):
                 await self._give_up_node(launch, node, f"node {node} was lost")
 
-    async def _record_finished_stops(self) -> None:
-        for launch in self.state.active():
+    async def _record_finished_stops(self, among: set[str] | None) -> None:
+        for launch in self.state.active(among):
             changes = stopped(self.state, launch, self._confirmed(launch))
             if changes:
                 with internal_span("launcher stopped", launch.trace, launch.job_id, attempt=launch.attempt):
@@ -168,11 +178,12 @@ class Dispatcher:
                 await self.service.record(changes)
         self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
         self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
+        self.state.touched.add(launch.job_id)
         self.service.wake.set()
 
     # --- what to send ---------------------------------------------------------------------------------
 
-    def _due_work(self) -> list[asyncio.Future[None]]:
+    def _due_work(self, among: set[str] | None) -> list[asyncio.Future[None]]:
         now = time.monotonic()
         work: list[asyncio.Future[None]] = []
         for job_id, admitted in self.state.unplanned.items():
@@ -182,7 +193,7 @@ class Dispatcher:
                 ports_key: SendKey = ("ports", attempt, node, job_id)
                 if node not in chosen and self._due(ports_key, now, PORTS_RESEND_SECONDS):
                     work.append(self._send(ports_key, self._reserve(admitted, node, count)))
-        for launch in self.state.active():
+        for launch in self.state.active(among):
             if self.state.stop_wanted(launch):
                 confirmed = self._confirmed(launch)
                 running = {launch.node_of(unit).node for unit in launch.running()}
@@ -291,6 +302,7 @@ class Dispatcher:
                 await self._ask(subjects.agent_stop(node), request, timeout=timeout)
             self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
             self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
+            self.state.touched.add(launch.job_id)
             self.service.wake.set()
             log.info("launch.stop_confirmed", job_id=launch.job_id, node=node)
         except (ServiceUnavailable, AgentRefused) as exc:

@@ -12,6 +12,7 @@ start once the scheduler knows nothing of this one still runs.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -134,12 +135,16 @@ class LauncherState:
     # The jobs whose launch may still need the dispatcher (`active`): a launch that ended for good leaves it,
     # so that every pass looks at the launches under way, however many ended before.
     unsettled: dict[str, None] = field(default_factory=dict)
+    # The jobs whose launch or lifecycle changed since the dispatcher last took them (`take_touched`): what a
+    # pass needs to look at between the passes over every launch under way.
+    touched: set[str] = field(default_factory=set)
 
     # --- folds ----------------------------------------------------------------------------------------
 
     def apply(self, envelope: EventEnvelope) -> None:
         """Fold one of the launcher's own events."""
         event = envelope.event
+        self.touched.add(envelope.aggregate_id)
         if isinstance(event, LaunchPlanned):
             self.launches[envelope.aggregate_id] = Launch(job_id=event.job_id, attempt=event.attempt,
                                                           nodes=list(event.nodes), trace=envelope.trace,
@@ -176,6 +181,7 @@ class LauncherState:
         if envelope.aggregate_type != "job":
             return
         job_id, event = envelope.aggregate_id, envelope.event
+        self.touched.add(job_id)
         if isinstance(event, JobAdmitted):
             if event.attempt > self.planned.get(job_id, 0):
                 self.unplanned[job_id] = Admitted(event, envelope.trace)
@@ -226,9 +232,15 @@ class LauncherState:
         attempt, nodes = self.lost_nodes.get(launch.job_id, (0, set()))
         return nodes & {n.node for n in launch.nodes} if attempt == launch.attempt else set()
 
-    def active(self) -> list[Launch]:
+    def take_touched(self) -> set[str]:
+        """The jobs touched since the last time they were taken."""
+        touched, self.touched = self.touched, set()
+        return touched
+
+    def active(self, among: Iterable[str] | None = None) -> list[Launch]:
+        """The launches under way: all of them, or those of the jobs `among`."""
         found = []
-        for job_id in list(self.unsettled):
+        for job_id in list(self.unsettled) if among is None else [j for j in among if j in self.unsettled]:
             launch = self.launches[job_id]
             if launch.outcome is None or launch.running() or self.reports_stop(launch):
                 found.append(launch)
@@ -253,6 +265,8 @@ class LauncherState:
     def fallback_ports(self, count: int) -> list[int]:
         """The launcher's own choice for a node that chose no ports: the lowest ones no active launch holds
         on any node."""
+        if count == 0:
+            return []
         used = {port for launch in self.active() for port in launch.ports.values()}
         chosen: list[int] = []
         port = FIRST_FALLBACK_PORT

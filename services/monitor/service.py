@@ -28,7 +28,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any, Self
+from typing import Self
 
 import msgspec
 from nats.aio.msg import Msg
@@ -70,7 +70,8 @@ from libs.controlsign import ControlSigner
 from libs.eventsourced import EventSourcedService, Loop, Upstream, consumer_span
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
-from libs.messaging.rpc import register_authenticated, register_with_headers, subscribe_whole
+from libs.messaging.batches import Batches
+from libs.messaging.rpc import register_authenticated, register_with_headers
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
@@ -81,7 +82,7 @@ from services.monitor.mailer import Mailer
 from services.monitor.performance import Incident, PerformanceDetector
 from services.monitor.retention import Retention
 from services.monitor.runs import RunReader
-from services.monitor.state import KeptEnvironment, MonitorState
+from services.monitor.state import KeptEnvironment, MonitoredNode, MonitorState
 
 SCHEDULER_CONSUMER = "scheduler-events"  # tracking row in the monitor's schema
 # An ignored heartbeat is logged at most this often per node: an agent without a valid credential
@@ -108,6 +109,7 @@ class Monitor(EventSourcedService):
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
         self.refused_beats_logged: dict[str, float] = {}  # node -> when its ignored heartbeat was last logged
+        self.heartbeats = Batches(self.on_heartbeats)
         self.unknown_asked: dict[str, float] = {}  # node -> when it was last asked to register
         self.lost_after = runtime.settings.node_lost_seconds
         self.operators = list(runtime.settings.alert_emails)
@@ -162,7 +164,6 @@ class Monitor(EventSourcedService):
     def handlers(self) -> None:
         broker = self.rt.broker
         register_with_headers(broker, self.name, subjects.REGISTER_NODE, RegisterNode, self.register_with_credential)
-        subscribe_whole(broker, subjects.HEARTBEAT_ALL, self.on_heartbeat, queue="trainyard-monitor")
         register_authenticated(broker, self.name, subjects.MARK_COMPONENT, MarkComponent, self.mark,
                                secret=self.secret)
         register_authenticated(broker, self.name, subjects.OPEN_TERMINAL, OpenTerminal, self.open_terminal,
@@ -175,10 +176,14 @@ class Monitor(EventSourcedService):
         register_authenticated(broker, self.name, subjects.GET_RUN, GetRun, runs.run, secret=self.secret)
         register_authenticated(broker, self.name, subjects.GET_SERIES, GetSeries, runs.series, secret=self.secret)
 
+    async def prepare(self) -> None:
+        # Heartbeats come by the thousand a second and mostly change nothing: taken in batches, not by faststream.
+        await self.heartbeats.subscribe(self.rt.nc, subjects.HEARTBEAT_ALL, queue="trainyard-monitor")
+
     def loops(self) -> Mapping[str, Loop]:
-        return {"patrol": self.patrol, "mailer": self.mailer.run, "retention": self.retention.run,
-                "release": self.retention.run_releases, "performance": self.performance_loop,
-                "announce": self.ask_nodes_to_register}
+        return {"heartbeats": self.heartbeats.run, "patrol": self.patrol, "mailer": self.mailer.run,
+                "retention": self.retention.run, "release": self.retention.run_releases,
+                "performance": self.performance_loop, "announce": self.ask_nodes_to_register}
 
     async def ask_nodes_to_register(self) -> None:
         """Every agent registers again once this monitor acts: whatever its log lost (or a standby that took
@@ -270,24 +275,39 @@ class Monitor(EventSourcedService):
         return NodeAccepted(heartbeat_seconds=self.heartbeat_seconds,
                             cache=decisions.cache_policy(self.jobs.settings))
 
-    async def on_heartbeat(self, msg: Any) -> None:
-        try:
-            beat = decode(msg.body, Heartbeat)
-        except msgspec.DecodeError:
-            return
-        credential = self.credential(msg.headers)
+    async def on_heartbeats(self, batch: Sequence[Msg]) -> None:
+        """Each node's latest heartbeat of the batch (an older one of the same node says nothing more), checked
+        and decided on under one hold of the lock; most change nothing but when the node was last seen. Every
+        node of the batch is seen before any decision is recorded, so that the database away for a while
+        loses no node its heartbeat."""
+        latest: dict[str, tuple[Heartbeat, str | AuthError]] = {}
+        for msg in batch:
+            try:
+                beat = decode(msg.data, Heartbeat)
+            except msgspec.DecodeError:
+                continue
+            latest[beat.node] = (beat, self.credential(msg.headers))
         async with self.lock:
-            node = self.state.nodes.get(beat.node)
-            if node is None:
-                await self._ask_unknown(beat.node)
-                return
-            if (refusal := decisions.credential_refusal(beat.node, credential)) is not None:
-                self._log_ignored_heartbeat(beat.node, refusal)
-                return
-            node.last_seen = time.monotonic()
-            node.probed = list(beat.health)
-            await self.carry_out(decisions.heartbeat(node, self.version("node", node.name), self.jobs, self.operators,
-                                                     disk_pressure=beat.disk_pressure))
+            heard = [found for beat, credential in latest.values()
+                     if (found := await self._heard(beat, credential)) is not None]
+            for node, beat in heard:
+                outcome = decisions.heartbeat(node, self.version("node", node.name), self.jobs, self.operators,
+                                              disk_pressure=beat.disk_pressure)
+                if outcome.changes or outcome.releases:
+                    await self.carry_out(outcome)
+
+    async def _heard(self, beat: Heartbeat, credential: str | AuthError) -> tuple[MonitoredNode, Heartbeat] | None:
+        """The node a heartbeat is from, seen now with its probe; None when the heartbeat is not taken."""
+        node = self.state.nodes.get(beat.node)
+        if node is None:
+            await self._ask_unknown(beat.node)
+            return None
+        if (refusal := decisions.credential_refusal(beat.node, credential)) is not None:
+            self._log_ignored_heartbeat(beat.node, refusal)
+            return None
+        node.last_seen = time.monotonic()
+        node.probed = list(beat.health)
+        return node, beat
 
     async def _ask_unknown(self, node: str) -> None:
         """A heartbeat of a node this monitor does not know (its log lost it): ask it, at most every

@@ -302,6 +302,31 @@ async def test_a_silent_node_is_lost_with_an_alert_and_recovers_on_its_next_hear
     await eventually(lambda: platform.recorded(NodeRecovered))
 
 
+async def test_in_a_batch_of_heartbeats_each_node_counts_by_its_latest_and_a_forged_one_not_at_all(
+        platform: Platform, nc: Client) -> None:
+    monitor = await platform.start()
+    await platform.register("node-a")
+    await platform.register("node-b")
+    faulty = [ComponentHealth(kind="nic", name="eth0", healthy=False, detail="link down")]
+
+    def beat(name: str, health: list[ComponentHealth], credential_of: str) -> Msg:
+        body = encode(Heartbeat(node=name, sent_at=datetime.now(UTC), health=health))
+        return Msg(nc, subject=subjects.heartbeat(name), data=body,
+                   headers=bearer_headers(issue_node_token(SECRET, credential_of)))
+
+    seen_b = monitor.state.nodes["node-b"].last_seen
+    # node-a's fault is over by the batch's end; node-b's heartbeat carries node-a's credential.
+    await monitor.on_heartbeats([beat("node-a", faulty, "node-a"), beat("node-b", faulty, "node-a"),
+                                 beat("node-a", HEALTHY, "node-a")])
+    assert await platform.recorded(NodeUnhealthy) == []
+    assert monitor.state.nodes["node-a"].probed == HEALTHY
+    assert monitor.state.nodes["node-b"].last_seen == seen_b
+    # Alone in its batch, the fault is recorded.
+    await monitor.on_heartbeats([beat("node-a", faulty, "node-a")])
+    [unhealthy] = await platform.recorded(NodeUnhealthy)
+    assert unhealthy.problems == ["nic:eth0 faulty (link down)"]
+
+
 async def test_only_administrators_mark_components_of_known_nodes(platform: Platform, nc: Client) -> None:
     await platform.start()
     await platform.register("node-a")
