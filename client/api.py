@@ -174,9 +174,28 @@ def default_token() -> str | None:
     return None
 
 
+class Reconnections:
+    """Tells a request that was out when the client's connection to NATS was made anew: its request or its
+    reply may have been lost with the server it was connected to (a server of a cluster killed)."""
+
+    def __init__(self) -> None:
+        self._next = asyncio.Event()
+
+    async def happened(self) -> None:
+        """nats-py's callback after a reconnection."""
+        self._next.set()
+        self._next = asyncio.Event()
+
+    def next(self) -> asyncio.Event:
+        """Set at the next reconnection."""
+        return self._next
+
+
 class TrainyardClient:
-    def __init__(self, nc: Client, *, token: str | None = None, timeout: float = 10.0) -> None:
+    def __init__(self, nc: Client, *, token: str | None = None, timeout: float = 10.0,
+                 reconnections: Reconnections | None = None) -> None:
         self.nc = nc
+        self.reconnections = reconnections
         self.token = token if token is not None else default_token()
         self.timeout = timeout
         # The instant the views of the state (jobs, arrays, nodes, resources, queue, why) are asked about: None
@@ -187,14 +206,16 @@ class TrainyardClient:
     async def open(cls, nats_url: str | None = None, *, token: str | None = None) -> TrainyardClient:
         url = nats_url or default_nats_url()
         token = token if token is not None else default_token()
+        reconnections = Reconnections()
         try:
-            nc = await connect_once(url, "trainyard-client", NatsLogin.for_token(token))
+            nc = await connect_once(url, "trainyard-client", NatsLogin.for_token(token),
+                                    reconnected=reconnections.happened)
         except LoginRefused as exc:  # the stack runs, and does not take this token
             raise TrainyardError(CommandError(code="unauthenticated", message=str(exc))) from None
         except Exception as exc:
             reason = str(exc) or type(exc).__name__
             raise ServiceUnavailable(f"cannot connect to NATS at {url} ({reason})") from None
-        return cls(nc, token=token)
+        return cls(nc, token=token, reconnections=reconnections)
 
     @classmethod
     def connect(cls, nats_url: str | None = None, *, token: str | None = None) -> _ClientContext:
@@ -263,7 +284,7 @@ class TrainyardClient:
         wait = CREATE_RETRY_SECONDS
         for next_attempt in range(2, CREATE_ATTEMPTS + 1):
             try:
-                return await self._call(subject, request, expected)
+                return await self._create_once(subject, request, expected)
             except (NoAnswer, TrainyardError) as exc:
                 if isinstance(exc, TrainyardError) and exc.error.code != "unavailable":
                     raise
@@ -272,9 +293,29 @@ class TrainyardClient:
                 await asyncio.sleep(wait)
                 wait *= 2
         try:
-            return await self._call(subject, request, expected)
+            return await self._create_once(subject, request, expected)
         except NoAnswer as exc:
             raise CreationUnanswered(subject, job_id, CREATE_ATTEMPTS, exc) from None
+
+    async def _create_once(self, subject: str, request: SubmitJob | CloneJob | SubmitArray, expected: type[Any]) -> Any:
+        """One attempt, given up as soon as the connection is made anew while it is out (the request or its reply
+        may be lost with the server): sent again then, rather than after the whole timeout."""
+        if self.reconnections is None:
+            return await self._call(subject, request, expected)
+        reconnected = self.reconnections.next()
+        calling = asyncio.ensure_future(self._call(subject, request, expected))
+        waiting = asyncio.ensure_future(reconnected.wait())
+        try:
+            await asyncio.wait({calling, waiting}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            waiting.cancel()
+            if not calling.done():
+                calling.cancel()
+                with contextlib.suppress(BaseException):  # its outcome no longer matters
+                    await calling
+        if calling.cancelled():
+            raise NoAnswer(subject, "the connection to NATS was made anew while the request was out")
+        return calling.result()
 
     async def stop(self, job_ids: Sequence[str], arrays: Sequence[ArraySelection] = ()) -> Done:
         """Stop jobs, and the jobs of arrays (all, or the indices an `ArraySelection` names)."""

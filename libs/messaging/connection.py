@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -171,8 +171,10 @@ class LoginRefused(ConnectionError):
     """NATS refused the credentials (a missing, expired or forged token, a wrong password)."""
 
 
-async def connect_once(url: str, name: str, login: NatsLogin | None = None) -> Client:
-    """A client's connection: fails fast when the server is not there, reconnects a while after.
+async def connect_once(url: str, name: str, login: NatsLogin | None = None, *,
+                       reconnected: Callable[[], Awaitable[None]] | None = None) -> Client:
+    """A client's connection: fails fast when the server is not there, reconnects a while after (and then
+    calls `reconnected`).
 
     Raises `LoginRefused` when the server answered but refused the login, so the caller can say so.
     """
@@ -185,7 +187,7 @@ async def connect_once(url: str, name: str, login: NatsLogin | None = None) -> C
         return await _connected(await nats.connect(server_urls(url), name=name, allow_reconnect=True,
                                                    max_reconnect_attempts=3,
                                                    reconnect_time_wait=0.5, connect_timeout=3, error_cb=remember,
-                                                   **(login or NatsLogin()).options()))
+                                                   reconnected_cb=reconnected, **(login or NatsLogin()).options()))
     except Exception:
         if any("authorization" in error.lower() for error in seen):
             raise LoginRefused("NATS refused the login (authorization violation): the token is missing, expired or "

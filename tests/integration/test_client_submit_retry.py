@@ -6,9 +6,11 @@ a stand-in on real NATS that records jobs by id, as the real one does."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
@@ -21,6 +23,7 @@ from libs.contracts import subjects
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.jobspec import JobSpec, decode_spec
 from libs.contracts.messages import CloneJob, CommandError, JobAccepted, SubmitJob
+from libs.devstack.servers import free_port, start_nats
 from libs.devstack.stack import REPO_ROOT
 from tests.support.schedulers import token
 
@@ -147,8 +150,9 @@ async def test_a_query_nothing_answers_names_its_subject(client: TrainyardClient
 class QuickClient(TrainyardClient):
     """The CLI's client, with the short request timeout of these tests."""
 
-    def __init__(self, nc: Client, *, token: str | None = None, timeout: float = ANSWER_SECONDS) -> None:
-        super().__init__(nc, token=token, timeout=ANSWER_SECONDS)
+    def __init__(self, nc: Client, *, token: str | None = None, timeout: float = ANSWER_SECONDS,
+                 reconnections: api.Reconnections | None = None) -> None:
+        super().__init__(nc, token=token, timeout=ANSWER_SECONDS, reconnections=reconnections)
 
 
 async def run_cli(monkeypatch: pytest.MonkeyPatch, nats_url: str, tmp_path: Path, *args: str) -> tuple[int, str]:
@@ -185,3 +189,35 @@ async def test_cli_names_the_scheduler_when_it_does_not_answer(nats_url: str, tm
     assert "hint: the scheduler does not answer (trainyard.cmd.jobs.submit): `make status` shows whether it runs; " \
            "its log is" in output
     assert f"scheduler.log; job {job_id} may have been created all the same: `trainyard show {job_id}` tells" in output
+
+
+async def test_a_submission_out_when_its_nats_server_restarts_is_sent_again_at_once(tmp_path: Path) -> None:
+    """The server the client and the scheduler reach is killed while the request is out (its reply lost with it):
+    the client sends the request again as soon as it is connected anew, not after its whole timeout."""
+    port = free_port()
+    server = start_nats(tmp_path / "nats", port)
+    url = f"nats://127.0.0.1:{port}"
+    scheduler = LosesFirstAnswers(answer_from=2)
+    scheduler_nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    client = await TrainyardClient.open(url, token=token("tester"))
+    client.timeout = 30.0
+    try:
+        await serve(scheduler_nc, subjects.SUBMIT_JOB, scheduler)
+        spec = decode_spec(EXAMPLE_JOB.read_bytes(), yaml=True)
+        began = time.monotonic()
+        submitting = asyncio.create_task(client.submit(spec))
+        async with asyncio.timeout(10):
+            while not scheduler.received:
+                await asyncio.sleep(0.02)
+        server.kill()
+        server.wait()
+        server = start_nats(tmp_path / "nats", port)
+        accepted = await asyncio.wait_for(submitting, 20)
+        assert time.monotonic() - began < client.timeout / 2  # not after the first attempt's whole timeout
+        assert scheduler.received == [accepted.job_id, accepted.job_id]
+        assert list(scheduler.jobs) == [accepted.job_id]
+    finally:
+        await client.close()
+        await scheduler_nc.close()
+        server.kill()
+        server.wait()
