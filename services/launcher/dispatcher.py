@@ -115,6 +115,8 @@ class Dispatcher:
             await self._give_up_lost_nodes(among)
             await self._record_finished_stops(among)
             await self._plan_admitted()
+            if among is not None:
+                among |= self.state.take_touched()  # what this pass recorded: its plans are started now
             work = self._due_work(among)
         for future in work:
             self._outstanding.add(future)

@@ -15,16 +15,19 @@ import pytest
 
 from libs.contracts.agent import ProcessExited
 from libs.contracts.events import (
+    JobAdmitted,
     JobFailed,
     JobRequeued,
     JobRestarting,
     JobResuming,
     JobStopRequested,
+    JobSubmitted,
     LaunchFailed,
     LaunchPlanned,
     LaunchStopped,
     LostProcessesStopped,
     NodeProcessLost,
+    Placement,
     SettingsChanged,
 )
 from libs.contracts.jobspec import CheckpointResume, DebugTerminal, FaultRestart
@@ -32,7 +35,7 @@ from libs.contracts.scheduling import AdminSettings
 from services.launcher.service import Launcher
 from tests.support.eventlog import fake_runtime
 from tests.support.launcher import GRACE, Site
-from tests.support.platform import CLUSTER, JOB, job_spec, plain_spec
+from tests.support.platform import CLUSTER, JOB, OTHER, job_spec, plain_spec
 
 
 @pytest.fixture
@@ -212,3 +215,25 @@ async def test_a_rank_that_could_not_start_for_its_nodes_fault_names_the_node_in
     [failed] = site.recorded(LaunchFailed)
     assert failed.fault_nodes == ["n2"]
     assert failed.reason == "rank 1 could not start: data preparation failed on node n2: cannot write /c: disk full"
+
+
+# --- passes between the passes over every launch --------------------------------------------------------------
+
+
+async def test_a_pass_between_full_ones_acts_on_what_changed_at_once(site: Site) -> None:
+    """Between the passes over every launch under way (once a second), a pass looks at the launches that changed:
+    a job asked to stop is stopped at once, and a job whose nodes chose their ports is planned and started in the
+    pass that plans it."""
+    await site.run(plain_spec(), ["n1"])  # full passes: the test's clock moves on a minute before each
+    dispatcher, calls = site.launcher.dispatcher, len(site.agents.calls)
+    await dispatcher.dispatch_once()  # from here the clock stands still
+    assert len(site.agents.calls) == calls  # nothing changed, nothing sent
+    await site.scheduler(JobStopRequested(job_id=JOB, by="alice"))
+    await site.scheduler(JobSubmitted(job_id=OTHER, spec=plain_spec(2), creator="alice"))
+    await site.scheduler(JobAdmitted(job_id=OTHER, attempt=1, flavor="cpu-4", placement=[
+        Placement(rank=rank, node=node, address=f"addr-{node}", slots=1) for rank, node in enumerate(["n2", "n3"])]))
+    await dispatcher.dispatch_once()  # the stop, and the ports asked of OTHER's nodes
+    assert [node for node, _, _ in site.agents.stops()] == ["n1"]
+    assert not [start for start in site.agents.starts() if start.job_id == OTHER]
+    await dispatcher.dispatch_once()  # OTHER planned with its ports, and started
+    assert sorted(start.launch.node for start in site.agents.starts() if start.job_id == OTHER) == ["n2", "n3"]
