@@ -120,11 +120,17 @@ class Load:
     events: int  # recorded by the services, all together
 
 
-def nats_and_postgres(used: Spent) -> tuple[float, float]:
-    """The CPU seconds of the run's NATS server and of its PostgreSQL (its backends included: those that ended
-    meanwhile in what the server reaped)."""
-    return (used.by_role.get("nats-server", 0.0),
-            sum(seconds for role, seconds in used.by_role.items() if role.startswith("postgres")))
+def shares(used: Spent, seconds: float, prefix: str = "") -> dict[str, float]:
+    """Where the CPU of `seconds` went, as shares of one core: the machine (both cores), the simulated agents (this
+    process), the run's NATS server, its PostgreSQL (its backends included: those that ended meanwhile in what the
+    server reaped) and each service."""
+    by_role = used.by_role
+    figures = {"machine_busy_share": used.busy / used.total if used.total else 0.0,
+               "simulated_agents_cpu_share": by_role.get("benchmark client", 0.0) / seconds,
+               "nats_cpu_share": by_role.get("nats-server", 0.0) / seconds,
+               "postgres_cpu_share": sum(cpu for role, cpu in by_role.items() if role.startswith("postgres")) / seconds,
+               **{f"{role}_cpu_share": by_role.get(role, 0.0) / seconds for role in SERVICES}}
+    return {prefix + key: value for key, value in figures.items()}
 
 
 async def load(database_url: str) -> Load:
@@ -182,17 +188,12 @@ async def run_jobs(api: TrainyardClient, connections: list[Client], args: argpar
                "jobs_admitted_per_second": args.jobs / (admitted_at - answered) if admitted_at > answered else 0.0,
                "jobs_ended_per_second": args.jobs / seconds,
                "jobs_failed": float(args.jobs - statuses.get("succeeded", 0)),
-               "jobs_machine_busy_share": used.busy / used.total if used.total else 0.0,
-               "jobs_simulated_agents_cpu_share": used.by_role.get("benchmark client", 0.0) / seconds,
-               "jobs_nats_cpu_share": nats_and_postgres(used)[0] / seconds,
-               "jobs_postgres_cpu_share": nats_and_postgres(used)[1] / seconds,
+               **shares(used, seconds, "jobs_"),
                "jobs_commits_per_second": (load_after.commits - load_before.commits) / seconds,
                "jobs_rows_per_second": (load_after.rows - load_before.rows) / seconds,
                "jobs_wal_mib_per_second": (load_after.wal_bytes - load_before.wal_bytes) / seconds / 2**20,
                "jobs_events_per_job": (load_after.events - load_before.events) / args.jobs,
                "jobs_simulated_exits": float(agents.exited)}
-    for role in SERVICES:
-        figures[f"jobs_{role}_cpu_share"] = used.by_role.get(role, 0.0) / seconds
     return figures
 
 
@@ -266,13 +267,8 @@ async def one_size(count: int, args: argparse.Namespace) -> dict[str, float | st
                 "up": metric(monitor, "trainyard_nodes", 'trainyard_node_state="up"'),
                 "cycles_per_second": cycles / args.seconds,
                 "cycle_ms": cycle_seconds / cycles * 1000 if cycles else 0.0,
-                "machine_busy_share": used.busy / used.total if used.total else 0.0,
-                "simulated_agents_cpu_share": used.by_role.get("benchmark client", 0.0) / args.seconds,
-                "nats_cpu_share": nats_and_postgres(used)[0] / args.seconds,
-                "postgres_cpu_share": nats_and_postgres(used)[1] / args.seconds,
+                **shares(used, args.seconds),
                 "events_recorded": float(load_after.events - load_before.events)}
-            for role in SERVICES:
-                figures[f"{role}_cpu_share"] = used.by_role.get(role, 0.0) / args.seconds
             figures["monitor_us_per_heartbeat"] = used.by_role.get("monitor", 0.0) / max(1, sent) * 1e6
             if args.jobs:
                 figures |= await run_jobs(api, connections, args, servers.database_url, home, servers.home)

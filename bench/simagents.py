@@ -43,16 +43,15 @@ class SimulatedAgents:
         self.tasks: dict[Key, asyncio.Task[None]] = {}
         self.stops: dict[Key, asyncio.Event] = {}  # a running process's: set when it is stopped
         self.known: set[Key] = set()
-        self.started = 0
         self.exited = 0
         self._pids = itertools.count(1000)
         self._ports = itertools.cycle(range(20000, 30000))
 
     async def serve(self, nc: Client) -> None:
         """Answer every simulated node's ports, start and stop requests arriving on `nc`."""
-        await nc.subscribe("trainyard.agent.*.ports", queue=QUEUE, cb=self._ports_asked)
-        await nc.subscribe("trainyard.agent.*.start", queue=QUEUE, cb=self._start_asked)
-        await nc.subscribe("trainyard.agent.*.stop", queue=QUEUE, cb=self._stop_asked)
+        await nc.subscribe(subjects.agent_ports("*"), queue=QUEUE, cb=self._ports_asked)
+        await nc.subscribe(subjects.agent_start("*"), queue=QUEUE, cb=self._start_asked)
+        await nc.subscribe(subjects.agent_stop("*"), queue=QUEUE, cb=self._stop_asked)
         await nc.flush()
 
     async def close(self) -> None:
@@ -80,7 +79,6 @@ class SimulatedAgents:
         started = ProcessStarted(job_id=job_id, attempt=attempt, rank=rank, task=task, node=node,
                                  pid=next(self._pids))
         await self._report(node, started, key, "started")
-        self.started += 1
         try:
             await asyncio.wait_for(self.stops[key].wait(), self.seconds)
             exit_code = -15  # stopped (SIGTERM)
