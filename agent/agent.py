@@ -45,14 +45,18 @@ from agent.datacache import DatasetCache, StagingError
 from agent.health import host_addresses, probe, resource_checks
 from agent.held import HeldProcess, HolderFailed, HoldServer, OutputTail, append_note
 from agent.holder import OUTPUT_NAME
+from agent.imageprep import ImageCacheError, ImagePreparation, ImageRoot, host_binds, on_agent_python
 from agent.jobenv import job_environment, network_env, passed_on
 from agent.kept import (
+    ENVIRONMENT_NAME,
     SAFE_ID,
     Environment,
     RemovalRefused,
     from_recorded,
     has_few_entries,
     kept_roots,
+    node_files,
+    rank_of_folder,
     rank_root,
     read_environment,
     recorded,
@@ -119,6 +123,7 @@ from libs.contracts.codec import decode, encode
 from libs.contracts.datacache import CacheReport, StagedDataset
 from libs.contracts.events import Mount
 from libs.contracts.health import ComponentHealth
+from libs.contracts.images import ImageUse
 from libs.contracts.messages import CommandError
 from libs.contracts.runs import RUN_SOCKET_VARIABLE, MetricBatch
 from libs.controlsign import ControlRole, ControlVerifier
@@ -169,6 +174,8 @@ class RunningNode:
     # The job attempt's token from the launcher: only a request carrying it may run a command in this node.
     job_token: str | None = None
     staged: list[StagedDataset] = field(default_factory=list)  # J14: its data preparation
+    image: str | None = None  # J10: the image it runs in (NAME:TAG@digest), pinned in the node's cache
+    image_unpacked: bool = False  # and whether its start unpacked it
     relay: RunRelay | None = None  # R1: where its processes log their metrics
 
     # Done once the process ended: its shipper wakes at once rather than at its next look.
@@ -215,6 +222,9 @@ class NodeAgent:
         self.ports = ports if ports is not None else PortBook.from_environment()
         # J14, D1, D2: datasets copied to this node's disk before a job's command, kept and reused.
         self.data = DataPreparation(DatasetCache.from_environment(root, storage), info.name)
+        # J10: images unpacked on this node's disk, kept by the dataset cache's policy.
+        self.images = ImagePreparation.from_environment(root, storage, info.name, lambda: self.data.cache.policy)
+        self.image_binds = host_binds()
         self.disk_pressure: str | None = None  # D1: why the node takes no new work, sent with heartbeats
         self.sessions: dict[str, Session] = {}
         self.nodes: dict[tuple[str, int, int, int], RunningNode] = {}  # (job, attempt, task, rank)
@@ -245,8 +255,13 @@ class NodeAgent:
         self.nc = await connect(self.nats_url, f"trainyard-agent-{self.info.name}", login)
         self.js = self.nc.jetstream()
         await asyncio.to_thread(self.data.cache.open)  # partial copies a crash left are removed
+        await asyncio.to_thread(self.images.cache.clean_partial)
         await self._adopt()  # before any request: a stop must find the jobs the agent before started
         self.data.keep_pins({node.holder for node in self.nodes.values()})
+        # An image stays pinned for its running ranks and for the environments kept for debugging (J15).
+        kept = {holder_of(path.parent.parent.name, *rank) for path in node_files(self.root, ENVIRONMENT_NAME)
+                if (rank := rank_of_folder(path.parent)) is not None}
+        await asyncio.to_thread(self.images.cache.unpin_all_but, {node.holder for node in self.nodes.values()} | kept)
         requests, name = Responder(self.nc, self.info.name), self.info.name
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(subjects.agent_ports(name), ReservePorts, self._on_ports, launcher)
@@ -264,6 +279,7 @@ class NodeAgent:
         self._tasks.append(asyncio.create_task(self._heartbeats()))
         self._tasks.append(asyncio.create_task(self._probe_periodically()))
         self._tasks.append(asyncio.create_task(self.data.housekeeping(self._on_disk_pressure)))
+        self._tasks.append(asyncio.create_task(self.images.housekeeping()))
         self._tasks.append(asyncio.create_task(self.data.reporting(self._publish_cache)))
         self.data.cache.changed.set()  # a first report: `trainyard cache` lists every node, its disk too
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
@@ -595,6 +611,8 @@ class NodeAgent:
             if directory in in_use:
                 continue
             await self._end_sessions([s for s in self.sessions.values() if s.directory == directory])
+            if (rank := rank_of_folder(directory)) is not None:
+                self.images.release(holder_of(request.job_id, *rank))
             remove_run_folder(directory)
             try:
                 await self._remove_node_root(directory)
@@ -633,11 +651,17 @@ class NodeAgent:
             if prepared is None:
                 return None
             staged = prepared
+        image: ImageRoot | None = None
+        if launch.image is not None:
+            image = await self._prepare_image(node, root, launch.image)
+            if image is None:
+                return None
         relay = node.relay = self._relay(node, root)
         try:
             await relay.start()
             workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths,
-                                               staged=staged, run_folder=relay.path.parent)
+                                               staged=staged, run_folder=relay.path.parent, image=image,
+                                               host_binds=self.image_binds)
         except (WorkspaceError, OSError) as exc:
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
@@ -649,8 +673,10 @@ class NodeAgent:
              "TRAINYARD_WORKSPACE": str(workspace.path), "TRAINYARD_WORKSPACE_BACKEND": workspace.backend,
              RUN_SOCKET_VARIABLE: f"{RUN_FOLDER}/{relay.path.name}" if workspace.backend == BWRAP else str(relay.path)},
             python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token,
-            network=self.job_network)
+            network=self.job_network, image_env=image.env if image is not None else None)
         argv = [workspace.translate(arg, files) for arg in launch.argv]
+        if image is not None:
+            argv, env = on_agent_python(argv, env, sys.executable)
         node.workspace, node.env, node.keep = workspace, env, launch.keep_workspace
         environment = Environment(workspace=workspace, env=env)
         if node.keep:  # written first: a session may be wanted however the command ends, even never started
@@ -701,6 +727,26 @@ class NodeAgent:
         await self._discard(node, root)
         return None
 
+    async def _prepare_image(self, node: RunningNode, root: Path, image: ImageUse) -> ImageRoot | None:
+        """J10: the job's image unpacked into the node's cache (or found there) and pinned; None when the command
+        is not to start (it cannot be, or the attempt was stopped meanwhile)."""
+        node_fault = False
+        reason: str | None = None
+        try:
+            found = await self.images.prepare(image, node.holder, root)
+            node.image, node.image_unpacked = f"{image.ref}@{image.digest}", found.cold
+            if (node.job_id, node.attempt) in self.stopped_attempts:
+                reason = "stopped while its image was prepared"
+        except ImageCacheError as exc:
+            reason, node_fault = f"image {image.ref} cannot be prepared on node {self.info.name}: {exc}", exc.node_fault
+        if reason is None:
+            return found
+        log.warning("agent.image_failed", job_id=node.job_id, attempt=node.attempt, rank=node.rank,
+                    node=self.info.name, image=image.ref, reason=reason)
+        await self._not_started(node, root, reason, node_fault=node_fault)
+        await self._discard(node, root)
+        return None
+
     async def _not_started(self, node: RunningNode, root: Path, reason: str, *, node_fault: bool = False) -> None:
         """The node's command never ran: its output says why, and it exits 127 without a start (saying the
         node is at fault, when it is, so that the job is tried elsewhere). Its copies and socket go with it."""
@@ -725,7 +771,8 @@ class NodeAgent:
         started = asyncio.create_task(self._report(
             ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                            node=self.info.name, pid=held.pid, staged=node.staged,
-                           backend=node.workspace.backend if node.workspace else self.backend), "started", node)
+                           backend=node.workspace.backend if node.workspace else self.backend, image=node.image,
+                           image_unpacked=node.image_unpacked), "started", node)
             if held.started else asyncio.sleep(0))
         shipper = asyncio.create_task(self._ship_continuously(node))
         sampler = asyncio.create_task(self._sample_usage(node, held.pid))
@@ -752,6 +799,7 @@ class NodeAgent:
         """Remove a node's folder (never what its links point to), ending the sessions still in it."""
         node.workspace = None  # no new session finds it
         await self._end_sessions([s for s in self.sessions.values() if s.directory == root])
+        self.images.release(node.holder)
         remove_run_folder(root)
         try:
             await self._remove_node_root(root)

@@ -13,6 +13,9 @@ None of them reaches a job. A job gets, later entries winning:
    nodes, nothing else) only when the plan names Trainyard's MPI remote shell,
    which reaches the other nodes' agents over NATS (agent/rsh.py);
 5. the platform's own job variables (TRAINYARD_JOB_ID, TRAINYARD_RANK, ...).
+
+A job that runs in an image (J10) gets the image's own environment between 1 and 2, without the agent's
+host paths (HOST_PATH_VARIABLES), and the image's PATH instead of 3.
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ BASIC_VARIABLES = frozenset({
     "CUDA_VISIBLE_DEVICES",
 })
 BASIC_PREFIXES = ("LC_",)
+# Basic variables that name the agent's host paths: meaningless inside an image, which has its own.
+HOST_PATH_VARIABLES = frozenset({"LD_LIBRARY_PATH", "VIRTUAL_ENV", "PYTHONPATH", "PYTHONHOME"})
+DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 # The plan's variable that points OpenMPI at a remote shell; Trainyard's is `python3 -m agent.rsh`.
 REMOTE_SHELL_VARIABLE = "OMPI_MCA_plm_rsh_agent"
 REMOTE_SHELL_MODULE = "agent.rsh"
@@ -87,14 +93,21 @@ def network_env(address: str, interfaces: Mapping[str, list[str]]) -> dict[str, 
 
 def job_environment(agent_env: Mapping[str, str], plan_env: Mapping[str, str], platform: Mapping[str, str], *,
                     python_dir: Path, nats_url: str, job_token: str | None = None,
-                    network: Mapping[str, str] | None = None) -> dict[str, str]:
+                    network: Mapping[str, str] | None = None,
+                    image_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of one job process; `plan_env` is already translated to the workspace; `network` names the
-    node's interface for the communication libraries (`network_env`; the spec's env may set them otherwise)."""
-    env = {name: value for name, value in agent_env.items() if is_basic(name)}
+    node's interface for the communication libraries (`network_env`; the spec's env may set them otherwise).
+    `image_env`: the environment of the image the job runs in (J10), under the job's own; its PATH is the job's
+    (unless the spec sets one), and the agent's host paths (its Python, its libraries) are not passed on."""
+    env = {name: value for name, value in agent_env.items()
+           if is_basic(name) and (image_env is None or name not in HOST_PATH_VARIABLES)}
+    env.update(image_env or {})
     env.update(network or {})
     env.update(plan_env)
-    # Jobs find the same Python (and its packages) the agent runs on, first on PATH.
-    env["PATH"] = f"{python_dir}{os.pathsep}{agent_env.get('PATH', '')}"
+    if image_env is not None:
+        env["PATH"] = plan_env.get("PATH") or image_env.get("PATH") or DEFAULT_PATH
+    else:  # jobs find the same Python (and its packages) the agent runs on, first on PATH
+        env["PATH"] = f"{python_dir}{os.pathsep}{agent_env.get('PATH', '')}"
     if uses_agent_remote_shell(plan_env):
         env["NATS_URL"] = without_credentials(nats_url)
         if job_token:  # the job's own login: exec on its own nodes, nothing else (libs/auth.py)

@@ -51,6 +51,7 @@ class _Sandbox(msgspec.Struct, frozen=True):
     keep: list[str]
     cwd: str
     hidden: list[_Hidden] = []  # absent from records written before paths were hidden
+    root: str | None = None  # J10: the unpacked image shown as / (None: the host's root)
 
 
 class _Workspace(msgspec.Struct, frozen=True):
@@ -93,6 +94,15 @@ def rank_root(root: Path, job_id: str, attempt: int, task: int, rank: int) -> Pa
     return Path(f"{root}/jobs/{job_id}/attempt-{attempt}.task-{task}.rank-{rank}")
 
 
+_RANK_FOLDER = re.compile(r"^attempt-(\d+)\.task-(\d+)\.rank-(\d+)$")
+
+
+def rank_of_folder(directory: Path) -> tuple[int, int, int] | None:
+    """The (attempt, task, rank) a node folder (`rank_root`) belongs to; None for another layout's."""
+    found = _RANK_FOLDER.match(directory.name)
+    return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
+
+
 # The node folders under an agent's root, as glob patterns: this layout's, and the one before it
 # (`<job>/<attempt>/task-<t>/rank-<r>`), so that an agent started on folders an older one left adopts,
 # resumes and releases them still.
@@ -109,7 +119,8 @@ def _to_record(workspace: Workspace) -> _Workspace:
     sandbox = None if spec is None else _Sandbox(
         binds=[_Bind(str(b.source), b.target, b.read_only) for b in spec.binds], dirs=list(spec.dirs),
         tmp=None if spec.tmp is None else str(spec.tmp), keep=[str(p) for p in spec.keep], cwd=spec.cwd,
-        hidden=[_Hidden(str(h.path), h.is_dir) for h in spec.hidden])
+        hidden=[_Hidden(str(h.path), h.is_dir) for h in spec.hidden],
+        root=None if spec.root is None else str(spec.root))
     return _Workspace(root=str(workspace.root), path=str(workspace.path), backend=workspace.backend, sandbox=sandbox)
 
 
@@ -118,7 +129,8 @@ def _from_record(record: _Workspace) -> Workspace:
     sandbox = None if found is None else SandboxSpec(
         binds=[Bind(source=Path(b.source), target=b.target, read_only=b.read_only) for b in found.binds],
         dirs=found.dirs, tmp=None if found.tmp is None else Path(found.tmp), keep=[Path(p) for p in found.keep],
-        cwd=found.cwd, hidden=[Hidden(path=Path(h.path), is_dir=h.is_dir) for h in found.hidden])
+        cwd=found.cwd, hidden=[Hidden(path=Path(h.path), is_dir=h.is_dir) for h in found.hidden],
+        root=None if found.root is None else Path(found.root))
     return Workspace(root=Path(record.root), path=Path(record.path), backend=record.backend, sandbox=sandbox)
 
 

@@ -51,6 +51,9 @@ HOST = "/.host"  # where the host root is bound whole, read-only
 EXEC = ("/bin/sh", "-c", 'exec "$@"', "sh")
 # Given mounts of their own: a new /proc (the same processes), the host's /dev, the job's /tmp.
 OWN_MOUNTS = ("/proc", "/dev", "/tmp")
+# What a job in an image still sees of the host (read-only): the kernel's view of the devices, which
+# communication libraries and accelerator runtimes read (topology, CPU and memory facts).
+IMAGE_HOST_MOUNTS = ("/sys",)
 # A directory listed within this long of its last change is listed again next time: a change made
 # within the same tick of the file system's clock could leave its modification time as it was.
 SETTLED_NS = 1_000_000_000
@@ -140,6 +143,9 @@ class SandboxSpec:
     cwd: str = WORKSPACE
     # Host paths the job must not see (folders, or single files); those it could not see anyway are skipped.
     hidden: Sequence[Hidden] = ()
+    # An unpacked image's root filesystem, shown as / instead of the host's (J10); the host's files are then not
+    # shown at all but for the binds, /dev, /sys and /proc.
+    root: Path | None = None
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -176,14 +182,20 @@ def _hide(place: str, is_dir: bool) -> list[str]:
 def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = host_listing,
                bwrap: str = "bwrap") -> list[str]:
     """The full command that runs `argv` in the sandbox `spec` describes."""
-    own = [WORKSPACE, *spec.dirs, *(b.target for b in spec.binds)]  # paths the sandbox provides
-    replaced = {*OWN_MOUNTS, *own}  # host paths the job sees something else at
-    holding = {parent for path in own for parent in _parents(path)}  # host folders that must hold new paths
-    args = ["--ro-bind", "/", HOST]
-    covered: list[tuple[str, bool]] = []  # host files the sandbox shows its own at: hidden under HOST too
+    image = spec.root is not None
+    binds = [*spec.binds, *_kept_binds(spec.keep)] if image else list(spec.binds)
+    own = [WORKSPACE, *spec.dirs, *(b.target for b in binds)]  # paths the sandbox provides
+    replaced = {*OWN_MOUNTS, *own, *(IMAGE_HOST_MOUNTS if image else ())}  # paths the job sees something else at
+    holding = {parent for path in own for parent in _parents(path)}  # folders that must hold new paths
+    root = str(spec.root) if spec.root is not None else "/"
+    args = ["--ro-bind", root, HOST]
+    covered: list[tuple[str, bool]] = []  # files of the root the sandbox shows its own at: hidden under HOST too
+
+    def listed(directory: str) -> Sequence[HostEntry]:
+        return list_dir(directory if not image else root.rstrip("/") + directory)
 
     def show(directory: str, depth: int) -> None:
-        for entry in list_dir(directory):
+        for entry in listed(directory):
             path = _join(directory, entry.name)
             if path in replaced or path == HOST:
                 if entry.link is None and path not in ("/proc", "/dev"):
@@ -198,21 +210,34 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
 
     show("/", 0)
     args.extend(["--proc", "/proc", "--dev-bind", "/dev", "/dev"])
+    for path in IMAGE_HOST_MOUNTS if image else ():
+        args.extend(["--ro-bind", path, path])
     args.extend(["--bind", str(spec.tmp), "/tmp"] if spec.tmp is not None else ["--tmpfs", "/tmp"])
     for place, is_dir in covered:
         args.extend(_hide(place, is_dir))
     hidden_dirs = [place for place, is_dir in covered if is_dir]
-    args.extend(_hidden_and_kept(spec, replaced, covered, hidden_dirs))
+    if not image:  # under an image the host's files are not there to hide, and kept paths are bound
+        args.extend(_hidden_and_kept(spec, replaced, covered, hidden_dirs))
     for directory in [WORKSPACE, *spec.dirs]:
         args.extend(["--dir", directory])
     # Parents before children, so that a mount never hides one made inside it.
-    for bind in sorted(spec.binds, key=lambda b: _depth(b.target)):
+    for bind in sorted(binds, key=lambda b: _depth(b.target)):
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
     for place in hidden_dirs:  # an empty folder the job cannot write to either
         args.extend(["--remount-ro", place])
     # The tmpfs root itself (and the folders made in it, such as /etc) takes no writes either.
     args.extend(["--remount-ro", "/", "--chdir", spec.cwd])
     return [bwrap, *args, "--", *EXEC, *argv]
+
+
+def _kept_binds(keep: Sequence[Path]) -> list[Bind]:
+    """Under an image, the kept host paths bound where they are on the host (those inside another once)."""
+    paths = sorted(dict.fromkeys(str(path) for path in keep), key=_depth)
+    outermost: list[str] = []
+    for path in paths:
+        if not any(_inside(path, other) for other in outermost):
+            outermost.append(path)
+    return [Bind(source=Path(path), target=path, read_only=True) for path in outermost]
 
 
 def _hidden_and_kept(spec: SandboxSpec, replaced: set[str], covered: list[tuple[str, bool]],

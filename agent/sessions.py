@@ -46,8 +46,9 @@ TAKE_TERMINAL = ("import fcntl, os, sys, termios; fcntl.ioctl(0, termios.TIOCSCT
 Input = bytes | SessionControl
 
 
-def interactive_shell() -> list[str]:
-    return ["/bin/bash", "-i"] if Path("/bin/bash").exists() else ["/bin/sh", "-i"]
+def interactive_shell(root: Path | None = None) -> list[str]:
+    """bash where the job's root filesystem (the host's, or its image's) has it, else sh."""
+    return ["/bin/bash", "-i"] if ((root or Path("/")) / "bin/bash").exists() else ["/bin/sh", "-i"]
 
 
 def _set_size(fd: int, columns: int, rows: int) -> None:
@@ -128,11 +129,12 @@ class Session:
 
     async def _start_shell(self) -> asyncio.subprocess.Process:
         workspace = self.environment.workspace
+        shell = interactive_shell(workspace.sandbox.root if workspace.sandbox else None)
         terminal, user_side = os.openpty()
         try:
             _set_size(terminal, self.request.columns, self.request.rows)
             proc = await asyncio.create_subprocess_exec(
-                sys.executable, "-I", "-c", TAKE_TERMINAL, *workspace.command(interactive_shell()),
+                sys.executable, "-I", "-c", TAKE_TERMINAL, *workspace.command(shell),
                 env=self._env(), cwd=workspace.cwd, stdin=user_side, stdout=user_side, stderr=user_side,
                 start_new_session=True)
         except OSError:

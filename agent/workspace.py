@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from agent.checkpoints import prepare_checkpoints
+from agent.imagecache import ImageRoot
 from agent.sandbox import WORKSPACE, Bind, Hidden, SandboxSpec, bwrap_argv
 from libs.contracts.events import NodeLaunch
 from libs.storage import CHECKPOINT_TARGET
@@ -39,6 +40,8 @@ SKELETON = ("algorithm", "anno_dataset", "dataset/private", "dataset/favorite", 
             "model/private", "model/favorite", "outputs", "volume")
 SKELETON_DIRS = tuple(f"{WORKSPACE}/{part}" for part in SKELETON)
 PROBE_TIMEOUT_SECONDS = 10.0
+# What a job in an image sees of the host's /etc: how names resolve here, so ranks find each other as on the host.
+HOST_FILES_IN_IMAGE = (Path("/etc/hosts"), Path("/etc/resolv.conf"))
 # Said at the agent's start when jobs run without a sandbox.
 PLAIN_WARNING = ("jobs run without a sandbox (plain backend): they can read every file the agent's user can, "
                  "including the platform's secrets and other jobs' files")
@@ -82,11 +85,16 @@ class Workspace:
 
 def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str = PLAIN,
                     hidden: Sequence[Path] = (), staged: Mapping[str, Path] | None = None,
-                    run_folder: Path | None = None) -> tuple[Workspace, dict[str, Path]]:
+                    run_folder: Path | None = None, image: ImageRoot | None = None,
+                    host_binds: Sequence[Path] = ()) -> tuple[Workspace, dict[str, Path]]:
     """Prepare one node's workspace; returns it and where each generated file was written. Under bwrap,
     the `hidden` host paths (the platform's secrets and state) are not visible to the job. `staged`: the
     local copies of datasets (by their source), mounted instead of shared storage (J14). `run_folder`: the
-    folder of the rank's run socket (R1), shown as /run/trainyard under bwrap."""
+    folder of the rank's run socket (R1), shown as /run/trainyard under bwrap. `image`: the unpacked image the
+    job runs in (J10), with the host's name resolution and `host_binds` (an accelerator's driver files) in it."""
+    if image is not None and backend != BWRAP:
+        raise WorkspaceError("the job runs in an image, which needs bubblewrap, and this node runs jobs without it "
+                             f"({BACKEND_VARIABLE}={backend})")
     storage = storage.absolute()
     sources = []
     for mount in launch.mounts:
@@ -118,8 +126,14 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
         binds += [Bind(source=path, target=name, read_only=True) for name, path in files.items()]
         if run_folder is not None:
             binds.append(Bind(source=run_folder, target=RUN_FOLDER, read_only=False))
-        sandbox = SandboxSpec(binds=binds, dirs=SKELETON_DIRS, tmp=tmp,
-                              keep=agent_paths(), cwd=f"{WORKSPACE}/algorithm", hidden=hidden_entries(hidden))
+        cwd = f"{WORKSPACE}/algorithm"
+        if image is not None:
+            binds += [Bind(source=path, target=str(path), read_only=True)
+                      for path in [*HOST_FILES_IN_IMAGE, *host_binds] if path.exists()]
+            if not any(mount.target == "algorithm" for mount in launch.mounts):
+                cwd = image.workdir or WORKSPACE  # nothing of the job's to start in: where the image says
+        sandbox = SandboxSpec(binds=binds, dirs=SKELETON_DIRS, tmp=tmp, keep=agent_paths(), cwd=cwd,
+                              hidden=hidden_entries(hidden), root=image.rootfs if image is not None else None)
         return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files
     workspace = Workspace(root=root, path=root / "workspace")
     if workspace.path.exists():

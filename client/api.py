@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import hashlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -30,6 +31,7 @@ from libs.contracts.arrays import SweepParameter, new_array_id
 from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
+from libs.contracts.images import MAX_CHUNK_BYTES, ImageRecord, parse_image_ref
 from libs.contracts.jobspec import Access, JobSpec, Priority
 from libs.contracts.messages import (
     MAX_ARRAY_PAGE,
@@ -46,6 +48,7 @@ from libs.contracts.messages import (
     ChangeSettings,
     CloneJob,
     CommandError,
+    DeleteImage,
     DeleteJobs,
     DevEnvSpec,
     Done,
@@ -65,6 +68,7 @@ from libs.contracts.messages import (
     GetSeries,
     GetSettings,
     IdentityView,
+    ImageList,
     JobAccepted,
     JobDetails,
     JobHistory,
@@ -76,11 +80,13 @@ from libs.contracts.messages import (
     ListAlerts,
     ListCache,
     ListFlavors,
+    ListImages,
     ListJobs,
     ListNodes,
     ListStorageAccess,
     LogPage,
     MarkComponent,
+    MarkImage,
     NodeCache,
     NodeList,
     NodeView,
@@ -90,6 +96,7 @@ from libs.contracts.messages import (
     PreloadAccepted,
     PreloadDataset,
     QueueStatus,
+    RegisterImage,
     ResourceList,
     RunView,
     SearchJobs,
@@ -106,6 +113,8 @@ from libs.contracts.messages import (
     SubmitArray,
     SubmitJob,
     TerminalOpened,
+    UploadImageChunk,
+    UploadReceived,
     WhoAmI,
     WhyReply,
 )
@@ -566,6 +575,48 @@ class TrainyardClient:
                                                     StorageAccessList)
         return reply.entries
 
+    # --- J10: training images ------------------------------------------------------------------------
+
+    async def register_image(self, ref: str, archive: Path, *, boards: list[str], training: bool = True,
+                             description: str = "", replace: bool = False,
+                             progress: Callable[[int, int], None] | None = None) -> ImageRecord:
+        """Upload the image archive `archive` (administrators) in chunks, then register it as `ref` (NAME[:TAG])
+        for `boards`; `progress(sent, total)` after each chunk. Raises ImageRefError for a bad reference and
+        OSError for an unreadable file, before anything is sent."""
+        name, tag = parse_image_ref(ref)
+        total = archive.stat().st_size
+        digest = await asyncio.to_thread(_file_sha256, archive)
+        upload_id = secrets.token_hex(16)
+        sent = 0
+        with archive.open("rb") as source:
+            while chunk := await asyncio.to_thread(source.read, MAX_CHUNK_BYTES):
+                received: UploadReceived = await self._call(
+                    subjects.UPLOAD_IMAGE, UploadImageChunk(upload_id=upload_id, offset=sent, data=chunk),
+                    UploadReceived)
+                sent = received.received_bytes
+                source.seek(sent)
+                if progress is not None:
+                    progress(sent, total)
+        request = RegisterImage(name=name, tag=tag, upload_id=upload_id, digest=digest, boards=boards,
+                                training=training, description=description, replace=replace)
+        reply: ImageList = await self._call(subjects.REGISTER_IMAGE, request, ImageList)
+        return reply.images[0]
+
+    async def images(self, ref: str | None = None) -> list[ImageRecord]:
+        """The catalogue of images (or the one `ref` names)."""
+        reply: ImageList = await self._call(subjects.LIST_IMAGES, ListImages(ref=ref), ImageList)
+        return reply.images
+
+    async def mark_image(self, ref: str, *, training: bool) -> ImageRecord:
+        """Mark an image for training jobs, or take the mark away (administrators)."""
+        reply: ImageList = await self._call(subjects.MARK_IMAGE, MarkImage(ref=ref, training=training), ImageList)
+        return reply.images[0]
+
+    async def delete_image(self, ref: str) -> str:
+        """Take an image out of the catalogue (administrators); what was done."""
+        reply: Done = await self._call(subjects.DELETE_IMAGE, DeleteImage(ref=ref), Done)
+        return reply.message
+
     async def settings(self) -> AdminSettings:
         reply: SettingsView = await self._call(subjects.GET_SETTINGS, GetSettings(), SettingsView)
         return reply.settings
@@ -727,3 +778,11 @@ class _ClientContext:
                         tb: TracebackType | None) -> None:
         if self.client is not None:
             await self.client.close()
+
+
+def _file_sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as source:
+        while block := source.read(2**20):
+            digest.update(block)
+    return f"sha256:{digest.hexdigest()}"

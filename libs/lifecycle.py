@@ -25,6 +25,7 @@ from libs.contracts.events import (
     Placement,
     SettingsChanged,
 )
+from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.messages import JobStatus
 from libs.contracts.scheduling import AdminSettings
@@ -49,6 +50,7 @@ class JobRecord:
     resumes: int = 0
     deleted: bool = False
     trace: dict[str, str] = field(default_factory=dict)  # of its latest admission (else its submission)
+    image: ImageUse | None = None  # J10: the image it runs in, as accepted
 
     @property
     def ended(self) -> bool:
@@ -92,7 +94,7 @@ class JobLifecycle:
             return None
         if isinstance(event, JobSubmitted):
             submitted = JobRecord(job_id=envelope.aggregate_id, spec=event.spec, creator=event.creator,
-                                  creator_email=event.creator_email, trace=envelope.trace)
+                                  creator_email=event.creator_email, trace=envelope.trace, image=event.image)
             self.jobs[submitted.job_id] = submitted
             return submitted
         job = self.jobs.get(envelope.aggregate_id)

@@ -1,6 +1,6 @@
 """`trainyard`: the command-line tool, a thin layer over `client.api.TrainyardClient` (SPEC X6).
 
-The commands live in one module per group (jobs, scheduling, cluster, exec, storage, admin); what
+The commands live in one module per group (jobs, scheduling, cluster, exec, storage, images, admin); what
 they show is built by `render` and written by `output`. Starting the CLI imports typer, the contracts
 and these modules only: the client (NATS, asyncio), rich, YAML and PyJWT are imported by the
 commands that use them, so `trainyard --help` and a query's start-up stay short.
@@ -18,6 +18,7 @@ from client.cli import (
     cache,
     cluster,
     execute,
+    images,
     jobs,
     metrics,
     past,
@@ -57,6 +58,7 @@ app.add_typer(cluster.commands)
 app.add_typer(execute.commands)
 app.add_typer(autoscaler.commands)
 app.add_typer(cache.commands)
+app.add_typer(images.commands)
 app.add_typer(metrics.commands)
 app.add_typer(tensorboard.commands)
 app.add_typer(admin.commands, name="admin")

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # System packages the local stack and the tests need beyond Python: PostgreSQL's server binaries,
-# bubblewrap (bwrap) for the node agents' workspace sandbox, OpenMPI for Horovod/MPI jobs, and
+# bubblewrap (bwrap) for the node agents' workspace sandbox, OpenMPI for Horovod/MPI jobs,
+# skopeo and umoci to unpack jobs' OCI images (debootstrap to build the tests' image), and
 # Prometheus (prometheus, promtool) for the stack's metrics and the alerting rules' checks.
 # Installs them with apt-get when they are missing and we may (root on Debian); otherwise says how.
-# bubblewrap, OpenMPI and Prometheus are optional: without them, agents build job workspaces as plain
-# folders, MPI jobs cannot run (their end-to-end test is skipped), and the stack runs no Prometheus
-# (the checks of deploy/prometheus are skipped).
+# bubblewrap, OpenMPI, the image tools and Prometheus are optional: without them, agents build job
+# workspaces as plain folders, MPI jobs cannot run (their end-to-end test is skipped), jobs with an
+# image cannot run (the image tests are skipped), and the stack runs no Prometheus (the checks of
+# deploy/prometheus are skipped).
 set -euo pipefail
 
 may_apt() {
@@ -46,6 +48,20 @@ if ! command -v mpicc >/dev/null 2>&1; then
   else
     echo "note: OpenMPI (mpirun, mpicc) is not installed, so Horovod/MPI jobs cannot run;" \
          "install 'openmpi-bin' and 'libopenmpi-dev'" >&2
+  fi
+fi
+
+missing_image_tools=()
+for tool in skopeo umoci debootstrap; do
+  command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing_image_tools+=("$tool")
+done
+if [ "${#missing_image_tools[@]}" -gt 0 ]; then
+  if may_apt && echo "installing image tools (apt-get install ${missing_image_tools[*]})" \
+      && apt_install "${missing_image_tools[@]}"; then
+    :
+  else
+    echo "note: ${missing_image_tools[*]} not installed, so jobs with an image cannot run on this node and" \
+         "the image tests are skipped; install the 'skopeo', 'umoci' and 'debootstrap' packages" >&2
   fi
 fi
 

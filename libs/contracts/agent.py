@@ -206,6 +206,9 @@ class ProcessStarted(_AgentMessage, frozen=True, tag="ProcessStarted.v1"):
     backend: str = "plain"
     task: int = 0  # J3: which task of a batch job
     staged: list[StagedDataset] = msgspec.field(default_factory=list)  # J14: its data preparation
+    # J10: the image it runs in (NAME:TAG@digest), and whether this start unpacked it (else: the node's cache).
+    image: Annotated[str, Meta(max_length=400)] | None = None
+    image_unpacked: bool = False
 
 
 class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):

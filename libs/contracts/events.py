@@ -18,6 +18,7 @@ from libs.contracts.arrays import ArrayMember, SweepParameter
 from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.datacache import CacheEntry, CacheEviction, StagedDataset
 from libs.contracts.health import AlertKind, NodeCheck
+from libs.contracts.images import ImageRecord, ImageUse
 from libs.contracts.jobspec import JobSpec, Priority
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 
@@ -59,6 +60,7 @@ class JobSubmitted(_Event, frozen=True, tag="JobSubmitted.v1"):
     cloned_from: str | None = None  # O1: the job this one was cloned from
     creator_email: str | None = None  # where alerts about the job go (M7)
     array: ArrayMember | None = None  # the array it belongs to, and its index there
+    image: ImageUse | None = None  # J10: the image its spec names, as the catalogue had it then
 
 
 class ArraySubmitted(_Event, frozen=True, tag="ArraySubmitted.v1"):
@@ -242,6 +244,31 @@ class StorageAccessSet(_Event, frozen=True, tag="StorageAccessSet.v1"):
     by: str
 
 
+# --- scheduler: aggregate "images" (id = "catalog") ----------------------------------------------------
+
+
+class ImageRegistered(_Event, frozen=True, tag="ImageRegistered.v1"):
+    """J10: an image joined the catalogue, or its NAME:TAG was given a new archive; `image` is the whole record."""
+
+    image: ImageRecord
+    by: str
+
+
+class ImageMarked(_Event, frozen=True, tag="ImageMarked.v1"):
+    """J10: an image was marked for training jobs (`training`), or the mark was taken away."""
+
+    ref: str
+    training: bool
+    by: str
+
+
+class ImageDeleted(_Event, frozen=True, tag="ImageDeleted.v1"):
+    """J10: an image left the catalogue; jobs accepted with it keep it (ImageUse)."""
+
+    ref: str
+    by: str
+
+
 # --- scheduler: aggregate "preload" (id = the preload's id) -------------------------------------------
 
 
@@ -297,6 +324,7 @@ class NodeLaunch(Struct, frozen=True, kw_only=True):
     # The port this rank listens on for the job's rendezvous (the master port, a TF task's port), chosen on
     # its node (ReservePorts); 0: none.
     port: int = 0
+    image: ImageUse | None = None  # J10: run inside this image (None: on the node's own files)
 
 
 class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
@@ -320,6 +348,8 @@ class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):
     pid: int
     backend: str = "plain"  # the workspace backend the agent used (L1)
     task: int = 0
+    image: str | None = None  # J10: the image it ran in (NAME:TAG@digest), and whether it was unpacked for it
+    image_unpacked: bool = False
     # J14: the datasets the node read from its cache, copied first unless they were there (a hit). The
     # time spent copying is not counted against the job's duration limit.
     staged: list[StagedDataset] = msgspec.field(default_factory=list)
@@ -691,14 +721,16 @@ AlertEvent = AlertRaised | AlertMailed
 CacheEvent = DatasetCached | DatasetEvicted
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
                  | InstanceReleased | ProvisionFailed)
-Event = (JobEvent | ArraySubmitted | SettingsChanged | StorageAccessSet | DatasetPreloadRequested | NodeDrained
-         | LaunchEvent | NodeEvent | MonitorJobEvent | RunEvent | AlertEvent | CacheEvent | InstanceEvent
+ImageEvent = ImageRegistered | ImageMarked | ImageDeleted
+Event = (JobEvent | ArraySubmitted | SettingsChanged | StorageAccessSet | ImageEvent | DatasetPreloadRequested
+         | NodeDrained | LaunchEvent | NodeEvent | MonitorJobEvent | RunEvent | AlertEvent | CacheEvent | InstanceEvent
          | WaitingJobsPacked | UpstreamMessageSetAside)
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, ArraySubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
     JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
     JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet,
+    ImageRegistered, ImageMarked, ImageDeleted,
     DatasetPreloadRequested, NodeDrained,
     LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost, LostProcessesStopped, LaunchSucceeded,
     LaunchFailed, LaunchStopped,

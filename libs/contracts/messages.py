@@ -20,6 +20,16 @@ from libs.contracts.cluster import NodeInfo, Resources
 from libs.contracts.datacache import CacheEntry, CopyUnderWay, StagingFailed
 from libs.contracts.events import EventEnvelope, Mount, Placement
 from libs.contracts.identity import Identity
+from libs.contracts.images import (
+    MAX_CHUNK_BYTES,
+    MAX_DESCRIPTION,
+    BoardName,
+    Digest,
+    ImageName,
+    ImageRecord,
+    ImageTag,
+    UploadId,
+)
 from libs.contracts.jobspec import Access, FieldError, JobSpec, NodeName, Priority, ResourceName
 from libs.contracts.scheduling import (
     AdminSettings,
@@ -394,6 +404,51 @@ class GetAutoscalerLog(_Request, frozen=True, tag="GetAutoscalerLog.v1"):
 
     after: Annotated[int, Meta(ge=0)] = 0
     limit: Annotated[int, Meta(ge=1, le=MAX_AUTOSCALER_LOG_PAGE)] = 200
+
+
+# --- J10: training images (libs/contracts/images.py) -----------------------------------------------
+
+
+class UploadImageChunk(_Request, frozen=True, tag="UploadImageChunk.v1"):
+    """A piece of an archive being uploaded (administrators). Chunks come in order: `offset` is where this
+    one begins; a chunk sent again after its answer was lost is answered as the first time."""
+
+    upload_id: UploadId
+    offset: Annotated[int, Meta(ge=0)]
+    data: Annotated[bytes, Meta(min_length=1, max_length=MAX_CHUNK_BYTES)]
+
+
+class RegisterImage(_Request, frozen=True, tag="RegisterImage.v1"):
+    """Make an upload an image of the catalogue (administrators). `digest` is the whole archive's, as the
+    client read it: an upload that differs is refused. `replace` gives an existing NAME:TAG a new archive."""
+
+    name: ImageName
+    tag: ImageTag
+    upload_id: UploadId
+    digest: Digest
+    boards: Annotated[list[BoardName], Meta(min_length=1, max_length=64)]
+    training: bool = True
+    description: Annotated[str, Meta(max_length=MAX_DESCRIPTION)] = ""
+    replace: bool = False
+
+
+class ListImages(_Request, frozen=True, tag="ListImages.v1"):
+    """The catalogue (everyone); with `ref`, that one image."""
+
+    ref: Annotated[str, Meta(max_length=300)] | None = None
+
+
+class MarkImage(_Request, frozen=True, tag="MarkImage.v1"):
+    """Mark an image for training jobs, or take the mark away (administrators)."""
+
+    ref: Annotated[str, Meta(max_length=300)]
+    training: bool
+
+
+class DeleteImage(_Request, frozen=True, tag="DeleteImage.v1"):
+    """Take an image out of the catalogue (administrators). Jobs that were accepted with it keep it."""
+
+    ref: Annotated[str, Meta(max_length=300)]
 
 
 # --- replies ---------------------------------------------------------------------------------------
@@ -876,6 +931,15 @@ class AutoscalerLog(_Reply, frozen=True, tag="AutoscalerLog.v1"):
     more: bool = False
 
 
+class UploadReceived(_Reply, frozen=True, tag="UploadReceived.v1"):
+    upload_id: str
+    received_bytes: int  # the upload's length so far: where the next chunk begins
+
+
+class ImageList(_Reply, frozen=True, tag="ImageList.v1"):
+    images: list[ImageRecord] = msgspec.field(default_factory=list)
+
+
 class QueueStatus(_Reply, frozen=True, tag="QueueStatus.v1"):
     """The autoscaler's view of demand: queued jobs and the nodes they ask for, per flavor; and its
     instances."""
@@ -893,9 +957,10 @@ Request = (SubmitJob | SubmitArray | GetArray | StopJobs | DeleteJobs | ChangePr
            | GetQueueStatus
            | MarkComponent
            | OpenTerminal | SetStorageAccess | ListStorageAccess | GetJobLogs | GetJobUsage | ListAlerts
-           | GetAutoscalerLog | ListCache | PreloadDataset | GetRun | GetSeries)
+           | GetAutoscalerLog | ListCache | PreloadDataset | GetRun | GetSeries | UploadImageChunk | RegisterImage
+           | ListImages | MarkImage | DeleteImage)
 Reply = (CommandError | JobAccepted | ArrayAccepted | ArrayDetails | JobList | JobDetails | NodeList | Done
          | QueueStatus | SearchResults | PredictionReply | WhyReply | DevEnvSpec | JobHistory | ResourceList
          | FlavorList | SettingsView | IdentityView | TerminalOpened | StorageAccessList | LogPage | JobUsage
          | AlertPage | AutoscalerLog | CacheListing | PreloadAccepted | RunView | SeriesPage | SimulationReport
-         | SimulationProgress)
+         | SimulationProgress | UploadReceived | ImageList)

@@ -89,6 +89,12 @@ WHOAMI = "trainyard.query.whoami"
 # J2: owners and access of resources in shared storage.
 SET_STORAGE_ACCESS = "trainyard.cmd.storage.access"
 LIST_STORAGE_ACCESS = "trainyard.query.storage.access"
+# J10: the catalogue of training images (answered by the scheduler).
+UPLOAD_IMAGE = "trainyard.cmd.images.upload"
+REGISTER_IMAGE = "trainyard.cmd.images.register"
+MARK_IMAGE = "trainyard.cmd.images.mark"
+DELETE_IMAGE = "trainyard.cmd.images.delete"
+LIST_IMAGES = "trainyard.query.images.list"
 # The monitor: component marks (administrators) and debug terminals (J15).
 MARK_COMPONENT = "trainyard.cmd.nodes.mark"
 OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"

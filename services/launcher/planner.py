@@ -13,6 +13,8 @@ import re
 import shlex
 from collections.abc import Mapping
 
+import msgspec
+
 from libs.contracts.cluster import Flavor
 from libs.contracts.events import Mount, NodeLaunch, Placement, Role
 from libs.contracts.health import (
@@ -22,6 +24,7 @@ from libs.contracts.health import (
     CHECKPOINT_SIGNAL_VARIABLE,
     RESUME_COUNT_VARIABLE,
 )
+from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.storage import workspace_mounts
 
@@ -110,16 +113,23 @@ def checkpoint_env(resumes: int) -> dict[str, str]:
 
 
 def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *, ports: Mapping[int, int],
-                job_id: str | None = None, attempt: int = 1, resumes: int = 0) -> list[NodeLaunch]:
+                job_id: str | None = None, attempt: int = 1, resumes: int = 0,
+                image: ImageUse | None = None) -> list[NodeLaunch]:
     """Every node's launch: for a regular job one per rank; for a batch job (J3) one per rank and
     task, the tasks to run one after another on the same nodes (sharing the ranks' `ports`, one for each
     of `listening_ranks`). A checkpoint-resume job (J12) also gets its checkpoint folder, which needs its
-    `job_id` and `attempt`, and `resumes`, its resumes so far."""
+    `job_id` and `attempt`, and `resumes`, its resumes so far. Every node runs in `image`, when given (J10)."""
     if spec.checkpoint_resume is not None and job_id is None:
         raise ValueError("a checkpoint-resume job's launch needs its job id (for its checkpoint folder)")
     missing = [rank for rank in listening_ranks(spec, placement) if rank not in ports]
     if missing:
         raise ValueError(f"ranks {missing} listen for the rendezvous and need a port")
+    launches = _plan_all(spec, flavor, placement, ports, job_id=job_id, attempt=attempt, resumes=resumes)
+    return launches if image is None else [msgspec.structs.replace(launch, image=image) for launch in launches]
+
+
+def _plan_all(spec: JobSpec, flavor: Flavor, placement: list[Placement], ports: Mapping[int, int], *,
+              job_id: str | None, attempt: int, resumes: int) -> list[NodeLaunch]:
     if spec.type == "batch":
         return [launch for index, task in enumerate(spec.tasks)
                 for launch in _plan_command(spec, task.command, flavor, placement, ports, task=index,

@@ -62,7 +62,7 @@ def _plan(state: LauncherState, cluster: ClusterConfig, job_id: str, admission: 
                             reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
     ports = _rank_ports(state, spec, admission.placement, chosen)
     nodes = plan_launch(spec, flavor, admission.placement, ports=ports, job_id=job_id,
-                        attempt=admission.attempt, resumes=state.resumes(job_id))
+                        attempt=admission.attempt, resumes=state.resumes(job_id), image=state.image(job_id))
     return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes, ports=ports)
 
 
@@ -110,7 +110,8 @@ def _report_events(state: LauncherState, launch: Launch, report: ProcessStarted 
             return []
         return [NodeProcessStarted(job_id=launch.job_id, attempt=launch.attempt, task=report.task, rank=report.rank,
                                    node=report.node, pid=report.pid, backend=report.backend,
-                                   staged=list(report.staged))]
+                                   staged=list(report.staged), image=report.image,
+                                   image_unpacked=report.image_unpacked)]
     if unit in launch.exited:
         return []
     events: list[Event] = [NodeProcessExited(job_id=launch.job_id, attempt=launch.attempt, task=report.task,

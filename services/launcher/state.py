@@ -37,6 +37,7 @@ from libs.contracts.events import (
     NodeProcessLost,
     NodeProcessStarted,
 )
+from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import AdminSettings
 from libs.lifecycle import JobLifecycle
@@ -203,6 +204,11 @@ class LauncherState:
     def spec(self, job_id: str) -> JobSpec | None:
         job = self.lifecycle.jobs.get(job_id)
         return job.spec if job is not None else None
+
+    def image(self, job_id: str) -> ImageUse | None:
+        """J10: the image the job runs in (None: on its nodes' own files)."""
+        job = self.lifecycle.jobs.get(job_id)
+        return job.image if job is not None else None
 
     def resumes(self, job_id: str) -> int:
         """M4: how often the job resumed so far, told to its next attempt."""

@@ -29,6 +29,7 @@ from libs.contracts.arrays import (
 )
 from libs.contracts.events import ArraySubmitted, JobSubmitted
 from libs.contracts.identity import Identity
+from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import FieldError, JobSpec
 from libs.contracts.messages import (
     ArrayAccepted,
@@ -89,8 +90,8 @@ def widest_spec(spec: JobSpec, array_id: str, indices: list[int], sweep: list[Sw
 
 
 def array_events(request: SubmitArray, identity: Identity, indices: list[int], values: list[dict[str, str]],
-                 max_running: int | None) -> list[NewEvent]:
-    """The array's ArraySubmitted and each job's JobSubmitted, in index order."""
+                 max_running: int | None, image: ImageUse | None = None) -> list[NewEvent]:
+    """The array's ArraySubmitted and each job's JobSubmitted, in index order; every job runs in `image` (J10)."""
     array_id, spec = request.array_id, request.spec
     submitted = ArraySubmitted(array_id=array_id, job_name=spec.name, project=spec.project, creator=identity.user,
                                indices=describe_indices(indices), size=len(indices), sweep=list(request.sweep),
@@ -100,7 +101,7 @@ def array_events(request: SubmitArray, identity: Identity, indices: list[int], v
         job_id = member_id(array_id, index)
         changes.append(NewEvent(JOB, job_id, JobSubmitted(
             job_id=job_id, spec=member_spec(spec, array_id, index, point), creator=identity.user,
-            creator_email=identity.email, array=ArrayMember(array_id=array_id, index=index))))
+            creator_email=identity.email, array=ArrayMember(array_id=array_id, index=index), image=image)))
     return changes
 
 

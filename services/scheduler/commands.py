@@ -51,6 +51,7 @@ from libs.storage import missing_inputs
 from libs.telemetry.tracing import current_trace_headers
 from services.scheduler import arrays
 from services.scheduler.access import access_error
+from services.scheduler.images import LIST_HINT, image_use
 from services.scheduler.names import job_change, settings_change, storage_change
 from services.scheduler.ports import Scheduling
 from services.scheduler.spec_checks import cap_errors, invalid_spec, spec_errors
@@ -128,7 +129,7 @@ class JobCommands:
     def _refusal(self, spec: JobSpec, identity: Identity) -> CommandError | None:
         """Everything that makes a spec unacceptable for this caller, in one answer."""
         settings = self.state.settings
-        errors = spec_errors(spec, self.state.cluster) + cap_errors(spec, settings)
+        errors = spec_errors(spec, self.state.cluster, self.state.images) + cap_errors(spec, settings)
         if errors:
             return invalid_spec(errors)
         if not identity.member_of(spec.project):
@@ -172,7 +173,11 @@ class JobCommands:
             if taken := arrays.taken_ids(self.state, request.array_id, indices):
                 return CommandError(code="conflict", message=f"the array's job ids are taken: {', '.join(taken[:5])}",
                                     hint="submit again without choosing the id")
-            changes = arrays.array_events(request, identity, indices, values, max_running)
+            try:
+                image = image_use(spec, self.state.images)
+            except LookupError as exc:
+                return CommandError(code="invalid-spec", message=str(exc), hint=LIST_HINT)
+            changes = arrays.array_events(request, identity, indices, values, max_running, image)
             await self.s.record(changes)
         return ArrayAccepted(array_id=request.array_id, job_ids=[c.aggregate_id for c in changes[1:]], created=True)
 

@@ -23,6 +23,7 @@ def upstream_consumer(upstream: str) -> str:
     return f"{upstream}-events"
 SETTINGS = ("settings", "platform")
 STORAGE = ("storage", "catalog")
+IMAGES = ("images", "catalog")  # J10: the catalogue of training images
 
 
 def job_change(event: JobEvent) -> NewEvent:
@@ -43,3 +44,7 @@ def settings_change(event: Event) -> NewEvent:
 
 def storage_change(event: Event) -> NewEvent:
     return NewEvent(*STORAGE, event)
+
+
+def image_change(event: Event) -> NewEvent:
+    return NewEvent(*IMAGES, event)

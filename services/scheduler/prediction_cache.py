@@ -41,6 +41,9 @@ from libs.contracts.events import (
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
+    ImageDeleted,
+    ImageMarked,
+    ImageRegistered,
     JobExpired,
     JobFailed,
     JobPredicted,
@@ -74,7 +77,7 @@ DEFAULT_MAX_AGE = timedelta(seconds=30)
 # Events that change nothing a plan is made from; any other event makes the next prediction plan anew.
 _UNPLANNED = (JobPredicted, LaunchPlanned, NodeProcessStarted, NodeProcessExited, NodeProcessLost,
               LostProcessesStopped, DebugEnvironmentKept, DebugEnvironmentReleased, AlertRaised, AlertMailed,
-              StorageAccessSet)
+              StorageAccessSet, ImageRegistered, ImageMarked, ImageDeleted)
 _ENDS = (JobSucceeded, JobFailed, JobStopped, JobExpired)
 _PRIORITIES: tuple[Priority, ...] = ("very-urgent", "urgent", "normal")
 

@@ -285,7 +285,7 @@ class JobQueries(StateQueries):
     async def predict(self, request: PredictJob, identity: Identity) -> PredictionReply | CommandError:
         """S6: answered before creation; nothing is recorded (a submitted job records its own). Planned
         off the event loop and without the scheduler's lock."""
-        if errors := spec_errors(request.spec, self.state.cluster):
+        if errors := spec_errors(request.spec, self.state.cluster, self.state.images):
             return invalid_spec(errors)
         reply = PredictionReply(prediction=await self.live.predict(request.spec))
         return hide_jobs(reply, self.state, identity)

@@ -34,6 +34,7 @@ from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 from services.scheduler import cycle, metrics, past, predicted, start_snapshots
 from services.scheduler.commands import JobCommands
+from services.scheduler.image_commands import ImageCommands
 from services.scheduler.logs import JobLogs
 from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
 from services.scheduler.past import PastStates
@@ -157,9 +158,10 @@ class Scheduler(EventSourcedService):
         logs = JobLogs(self, nc=self.rt.nc, js=self.rt.js)
         preloads = PreloadCommands(self, storage_root=self.rt.settings.storage_root)
         whatif = WhatIfQueries(self, queries.past)
+        images = ImageCommands(self, storage_root=self.rt.settings.storage_root)
         register_all_authenticated(self.rt.broker, self.name,
                                    [*commands.routes(), *queries.routes(), *logs.routes(), *preloads.routes(),
-                                    *whatif.routes()], secret=self.secret)
+                                    *whatif.routes(), *images.routes()], secret=self.secret)
 
     async def predict(self, spec: JobSpec) -> Prediction:
         """S6 for `spec` as if it were submitted now. Planned in a worker thread, without the lock: the

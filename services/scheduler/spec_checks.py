@@ -5,16 +5,20 @@ Used by submissions (commands.py) and predictions (queries.py), so both refuse a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 from libs.contracts.cluster import ClusterConfig
+from libs.contracts.images import ImageRecord
 from libs.contracts.jobspec import FieldError, JobSpec, validate_spec
 from libs.contracts.messages import CommandError
 from libs.contracts.scheduling import AdminSettings
+from services.scheduler.images import image_errors
 
 
-def spec_errors(spec: JobSpec, cluster: ClusterConfig) -> list[FieldError]:
-    """The spec's own rules (J1–J18), and flavors this cluster offers."""
+def spec_errors(spec: JobSpec, cluster: ClusterConfig, images: Mapping[str, ImageRecord]) -> list[FieldError]:
+    """The spec's own rules (J1–J18), flavors this cluster offers, and an image of its catalogue (J10)."""
     known = [f.name for f in cluster.flavors]
-    return validate_spec(spec) + [
+    return validate_spec(spec) + image_errors(spec, images, cluster.flavors) + [
         FieldError(field=f"flavors[{i}]", message=f"{name!r} is not a flavor of this cluster",
                    hint=f"choose from: {', '.join(known)}")
         for i, name in enumerate(spec.flavors) if name not in known

@@ -25,6 +25,9 @@ from libs.contracts.events import (
     DebugEnvironmentKept,
     DebugEnvironmentReleased,
     EventEnvelope,
+    ImageDeleted,
+    ImageMarked,
+    ImageRegistered,
     InstanceDraining,
     InstanceKept,
     InstanceLaunched,
@@ -59,6 +62,7 @@ from libs.contracts.events import (
     SettingsChanged,
     StorageAccessSet,
 )
+from libs.contracts.images import ImageRecord, ImageUse
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority, parse_duration
 from libs.contracts.messages import TERMINAL_STATUSES, InstanceView, JobStatus, JobView
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
@@ -66,6 +70,7 @@ from libs.nodes import NodeState, fold_node_event
 from libs.placement import NO_NODES, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings
 from libs.storage import staged_sources
+from services.scheduler.images import fold_image
 from services.scheduler.names import SERVICE
 
 
@@ -121,6 +126,7 @@ class Job:
     rescaling: JobRescaling | None = None  # S10: being moved to a new placement
     prediction: Prediction | None = None
     cloned_from: str | None = None
+    image: ImageUse | None = None  # J10: the image it runs in, as accepted
     precheck: JobPrechecking | None = None  # M1: placed, its nodes held while the monitor checks them
     resuming: JobResuming | None = None  # J12: its attempt is being stopped to resume elsewhere
     restarting: JobRestarting | None = None  # J13: its failed attempt is being stopped to restart
@@ -284,6 +290,7 @@ class SchedulerState:
     nodes: dict[str, NodeState] = field(default_factory=dict)
     settings: AdminSettings = field(default_factory=AdminSettings)
     storage: dict[tuple[str, str], StoredAccess] = field(default_factory=dict)  # J2: (kind, name) -> owner
+    images: dict[str, ImageRecord] = field(default_factory=dict)  # J10: the catalogue, by NAME:TAG
     provisioning: Provisioning = field(default_factory=Provisioning)  # A1: instances asked for queued jobs
     # D1 locality: what each node's dataset cache holds (node -> entry key -> (source, bytes)).
     cached: dict[str, dict[str, tuple[str, int]]] = field(default_factory=dict)
@@ -338,6 +345,9 @@ class SchedulerState:
         if isinstance(event, StorageAccessSet):
             self.storage[(event.entry.kind, event.entry.name)] = event.entry
             return
+        if isinstance(event, ImageRegistered | ImageMarked | ImageDeleted):
+            self.images = fold_image(self.images, event)
+            return
         if isinstance(event, ArraySubmitted):
             self.arrays[event.array_id] = Array(submitted=event, submitted_at=at)
             self.revision += 1
@@ -346,7 +356,8 @@ class SchedulerState:
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
                                           submitted_at=at, queue_order=envelope.position,
                                           trace=envelope.trace, priority=event.spec.priority,
-                                          duration=event.spec.duration, cloned_from=event.cloned_from)
+                                          duration=event.spec.duration, cloned_from=event.cloned_from,
+                                          image=event.image)
             self.unpredicted[event.job_id] = None
             self.active[event.job_id] = self.jobs[event.job_id]
             if event.array is not None and (array := self.arrays.get(event.array.array_id)) is not None:

@@ -21,6 +21,7 @@ from libs.contracts.jobspec import JobSpec, Priority
 from libs.contracts.messages import CommandError, JobAccepted
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import NewEvent
+from services.scheduler.images import LIST_HINT, image_use
 from services.scheduler.names import JOB
 from services.scheduler.state import SchedulerState
 
@@ -91,12 +92,17 @@ def accept(state: SchedulerState, submissions: Sequence[Submission]) -> tuple[li
         if error := urgent_cap_error(state, spec.project, user, spec.priority, also=urgent[(spec.project, user)]):
             answers.append(error)
             continue
+        try:
+            image = image_use(spec, state.images)
+        except LookupError as exc:
+            answers.append(CommandError(code="invalid-spec", message=str(exc), hint=LIST_HINT))
+            continue
         first[job_id] = submission
         if spec.priority == "urgent":
             urgent[(spec.project, user)] += 1
         changes.append(NewEvent(JOB, job_id, JobSubmitted(job_id=job_id, spec=spec, creator=user,
                                                           cloned_from=submission.cloned_from,
-                                                          creator_email=submission.identity.email),
+                                                          creator_email=submission.identity.email, image=image),
                                 trace=submission.trace))
         if submission.prediction is not None:
             changes.append(NewEvent(JOB, job_id, JobPredicted(job_id=job_id, prediction=submission.prediction),

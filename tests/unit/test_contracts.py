@@ -64,6 +64,9 @@ from libs.contracts.events import (
     DebugEnvironmentReleased,
     Event,
     EventEnvelope,
+    ImageDeleted,
+    ImageMarked,
+    ImageRegistered,
     InstanceDraining,
     InstanceKept,
     InstanceLaunched,
@@ -122,6 +125,7 @@ from libs.contracts.events import (
     set_aside_id,
 )
 from libs.contracts.health import PERFORMANCE_LINE, ComponentHealth, NodeCheck
+from libs.contracts.images import ImageRecord
 from libs.contracts.jobspec import (
     AlgorithmRef,
     CheckpointResume,
@@ -149,6 +153,7 @@ from libs.contracts.messages import (
     ChangeSettings,
     CloneJob,
     CommandError,
+    DeleteImage,
     DeleteJobs,
     Done,
     ExplainJob,
@@ -166,6 +171,7 @@ from libs.contracts.messages import (
     GetRun,
     GetSeries,
     GetSettings,
+    ImageList,
     InstanceView,
     JobAccepted,
     JobDetails,
@@ -175,11 +181,13 @@ from libs.contracts.messages import (
     ListAlerts,
     ListCache,
     ListFlavors,
+    ListImages,
     ListJobs,
     ListNodes,
     ListStorageAccess,
     LogPage,
     MarkComponent,
+    MarkImage,
     MovedJob,
     NodeCache,
     NodeList,
@@ -190,6 +198,7 @@ from libs.contracts.messages import (
     PreloadDataset,
     PriorityWaits,
     QueueStatus,
+    RegisterImage,
     Reply,
     Request,
     RunView,
@@ -208,6 +217,8 @@ from libs.contracts.messages import (
     SubmitJob,
     TerminalOpened,
     TypeCooldown,
+    UploadImageChunk,
+    UploadReceived,
     WhoAmI,
 )
 from libs.contracts.runs import MetricBatch, MetricPoint
@@ -233,6 +244,8 @@ LAUNCH = NodeLaunch(rank=0, node="gpu-node-1", address="10.0.0.7", argv=["python
                     env={"RANK": "0"}, mounts=[Mount(source="outputs/o", target="outputs", read_only=False)],
                     files={"/job/hostfile": "gpu-node-1 slots=4\n"}, master=True)
 
+IMAGE = ImageRecord(name="team/torch", tag="2.13", digest="sha256:" + "0" * 64, format="oci-archive", size_bytes=10,
+                    boards=["cpu", "sim-a100"], training=True, registered_by="root", registered_at=AT)
 EVENT_SAMPLES: list[Any] = [
     JobSubmitted(job_id="job-000000000001", spec=SPEC, creator="alice"),
     JobAdmitted(job_id="job-000000000001", attempt=1, flavor="gpu-4", placement=PLACEMENT),
@@ -266,6 +279,9 @@ EVENT_SAMPLES: list[Any] = [
     SettingsChanged(settings=AdminSettings(urgent_cap=2, sharing_enabled=False), by="root"),
     StorageAccessSet(entry=StoredAccess(kind="dataset", name="imgs", owner="bob", project="vision",
                                         others="read-only"), by="bob"),
+    ImageRegistered(image=IMAGE, by="root"),
+    ImageMarked(ref="team/torch:2.13", training=False, by="root"),
+    ImageDeleted(ref="team/torch:2.13", by="root"),
     JobPrechecking(job_id="job-000000000001", attempt=2, flavor="gpu-4", placement=PLACEMENT),
     JobPrecheckFailed(job_id="job-000000000001", attempt=2, reason="board:0 faulty on gpu-node-2",
                       nodes=["gpu-node-2"]),
@@ -459,6 +475,11 @@ REQUEST_SAMPLES: list[Any] = [
     OpenTerminal(job_id="job-000000000001", node="gpu-node-1", command="ls /workspace"),
     SetStorageAccess(kind="algorithm", name="resnet", project="vision", others="none", owner="alice"),
     ListStorageAccess(kind="dataset"),
+    UploadImageChunk(upload_id="0" * 32, offset=0, data=b"\x00\x01"),
+    RegisterImage(name="team/torch", tag="2.13", upload_id="0" * 32, digest="sha256:" + "0" * 64, boards=["cpu"]),
+    ListImages(ref="team/torch:2.13"),
+    MarkImage(ref="team/torch:2.13", training=True),
+    DeleteImage(ref="team/torch:2.13"),
     GetJobLogs(job_id="job-000000000001", rank=1, after=42, max_chunks=50),
     GetJobUsage(job_id="job-000000000001"),
 ]
@@ -596,6 +617,8 @@ REPLY_SAMPLES: list[Any] = [
     SeriesPage(points=[SeriesPoint(rank=0, step=2, value=0.5, at=AT)], next_after=7, more=True),
     TerminalOpened(session_id="3f2a", node="gpu-node-1", rank=0, attempt=1),
     StorageAccessList(entries=[StoredAccess(kind="output", name="out", owner="alice", project="default")]),
+    UploadReceived(upload_id="0" * 32, received_bytes=2),
+    ImageList(images=[IMAGE]),
     LogPage(chunks=[LogChunk(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", seq=3,
                              lines=["epoch 1"])], next_after=43, more=True, ended=False),
     JobUsage(samples=[UsageSample(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1",

@@ -253,3 +253,52 @@ def test_a_host_directory_is_listed_once_and_again_after_it_changed(tmp_path: Pa
     assert [e.name for e in listing(str(etc))] == [e.name for e in listing(str(etc))] == ["group", "hosts", "passwd"]
     assert len(listed) == 4
     assert listing(str(tmp_path / "missing")) == ()
+
+
+# --- J10: a sandbox over an image's root filesystem ------------------------------------------------
+
+IMAGE = "/cache/images/entries/abc/rootfs"
+IMAGE_FILES: dict[str, list[HostEntry]] = {
+    IMAGE + "/": [HostEntry(name="bin", is_dir=True, link="usr/bin"), HostEntry(name="etc", is_dir=True),
+                  HostEntry(name="root", is_dir=True), HostEntry(name="sys", is_dir=True),
+                  HostEntry(name="usr", is_dir=True), HostEntry(name="srv", is_dir=True)],
+    IMAGE + "/etc": [HostEntry(name="os-release", is_dir=False, link="../usr/lib/os-release"),
+                     HostEntry(name="hosts", is_dir=False)],
+    IMAGE + "/root": [HostEntry(name=".bashrc", is_dir=False)],
+}
+
+
+def image_dir(path: str) -> list[HostEntry]:
+    return IMAGE_FILES.get(path, [])
+
+
+def test_under_an_image_its_root_filesystem_is_the_jobs_and_the_host_shows_only_where_asked() -> None:
+    spec = SandboxSpec(binds=[*SPEC.binds, Bind(source=Path("/etc/hosts"), target="/etc/hosts", read_only=True)],
+                       dirs=SPEC.dirs, tmp=SPEC.tmp, cwd="/srv", root=Path(IMAGE),
+                       keep=[Path("/opt/agent/venv"), Path("/opt/agent"), Path("/root/.pyenv/versions/3.11")],
+                       hidden=[])
+    found = ops(bwrap_argv(spec, ["true"], list_dir=image_dir))
+    assert found[0] == ("--ro-bind", IMAGE, HOST)  # never the host's /
+    assert not any(op[0] in ("--bind", "--ro-bind") and op[1] == "/" for op in found)
+    assert ("--symlink", ".host/usr", "/usr") in found  # the image's /usr
+    assert ("--symlink", "usr/bin", "/bin") in found
+    assert ("--symlink", "../usr/lib/os-release", "/etc/os-release") in found  # the image's link, as written
+    # How names resolve is the host's; the image's own /etc/hosts is covered.
+    assert ("--ro-bind", "/etc/hosts", "/etc/hosts") in found
+    assert not any(op[:2] == ("--symlink", "../.host/etc/hosts") for op in found)
+    assert ("--ro-bind", "/sys", "/sys") in found and ("--dev-bind", "/dev", "/dev") in found
+    # The agent's interpreter and code are bound where they are on the host, once each, the image's /root kept.
+    assert ("--ro-bind", "/opt/agent", "/opt/agent") in found
+    assert not any(op[-1] == "/opt/agent/venv" for op in found)
+    assert ("--ro-bind", "/root/.pyenv/versions/3.11", "/root/.pyenv/versions/3.11") in found
+    assert ("--dir", "/root") in found and ("--symlink", "../.host/root/.bashrc", "/root/.bashrc") in found
+    assert ("--ro-bind", "/srv/storage/datasets/mnist", "/workspace/dataset/private/mnist") in found
+    assert found[-1] == ("--chdir", "/srv")
+
+
+def test_a_plain_workspace_cannot_run_a_job_in_an_image(tmp_path: Path) -> None:
+    from agent.imagecache import ImageRoot
+
+    image = ImageRoot(key="abc", rootfs=tmp_path / "rootfs", env={}, workdir=None, cold=False)
+    with pytest.raises(WorkspaceError, match="needs bubblewrap"):
+        build_workspace(tmp_path / "node", tmp_path / "storage", launch(), PLAIN, image=image)
