@@ -31,6 +31,11 @@ the host, so they still work when their sources lie under a hidden folder, and t
 visible (the agent's Python environment and code) are bound again where a hidden or replaced path
 covers them.
 
+A job in an image (J10, `SandboxSpec.root`) is the same with the image's unpacked root filesystem bound at
+HOST instead of the host's, its entries linked the same way. The host's files are then not shown but for the
+paths to keep visible, bound at their host paths, and the host's /sys; a hidden path inside a kept one (the
+local stack's state folder inside the repository the agent runs from) is hidden there.
+
 `bwrap_argv` only builds the command. It reads the host through `list_dir`, so tests can describe
 a host instead of having one; an agent lists a host directory again only once it changed
 (`HostListing`).
@@ -223,6 +228,13 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     # Parents before children, so that a mount never hides one made inside it.
     for bind in sorted(binds, key=lambda b: _depth(b.target)):
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
+    if image:  # of the host, only the kept paths are there: what is hidden inside them is hidden there
+        kept = [str(path) for path in spec.keep]
+        for hidden in sorted(spec.hidden, key=lambda h: _depth(str(h.path))):
+            if any(_inside(str(hidden.path), path) for path in kept):
+                args.extend(_hide(str(hidden.path), hidden.is_dir))
+                if hidden.is_dir:
+                    hidden_dirs.append(str(hidden.path))
     for place in hidden_dirs:  # an empty folder the job cannot write to either
         args.extend(["--remount-ro", place])
     # The tmpfs root itself (and the folders made in it, such as /etc) takes no writes either.

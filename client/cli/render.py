@@ -233,6 +233,10 @@ def job_detail_rows(details: JobDetails) -> list[tuple[str, Styled]]:
         ("flavor", job.flavor or f"one of {', '.join(job.flavors)}"), ("attempt", str(job.attempt)),
         ("submitted", local_time(job.submitted_at)), ("started", local_time(job.started_at)),
         ("ended", local_time(job.ended_at)), ("output", job.output or "-")]
+    if job.image is not None:
+        ref, _, digest = job.image.partition("@")
+        rows.insert(rows.index(("mode", f"{job.mode}, {job.nodes} node(s)")) + 1,
+                    ("image", f"{ref} ({digest.removeprefix('sha256:')[:12]})"))
     if job.queue_position:
         rows.insert(5, ("queue position", str(job.queue_position)))
     if job.expected is not None:  # S6, as `why` and `predict` tell it

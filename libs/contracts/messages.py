@@ -528,6 +528,7 @@ class JobView(Struct, frozen=True, kw_only=True):
     excluded_nodes: list[str] = msgspec.field(default_factory=list)  # nodes it was moved away from
     kept_until: datetime | None = None  # J15: its environments are kept for the debug terminal until then
     array: ArrayMember | None = None  # the array it belongs to, and its index there
+    image: str | None = None  # J10: the image it runs in, NAME:TAG@digest
 
 
 class ArrayView(Struct, frozen=True, kw_only=True):

@@ -633,6 +633,7 @@ class SchedulerState:
             cloned_from=job.cloned_from, prediction=job.prediction,
             resumes=job.resumes, max_resumes=self.max_resumes(job), restarts=job.restarts,
             excluded_nodes=list(job.excluded_nodes), kept_until=job.kept_until, array=job.array,
+            image=f"{job.image.ref}@{job.image.digest}" if job.image is not None else None,
             instances=[
                 InstanceView(rank=i.rank, node=i.node, master=i.rank == 0, state=i.state,  # type: ignore[arg-type]
                              pid=i.pid, exit_code=i.exit_code, role=i.role)

@@ -552,6 +552,16 @@ def test_show_counts_restarts_and_says_how_long_the_environment_is_kept(fake: Fa
     assert "resumes" not in rows
 
 
+def test_show_names_the_image_a_job_runs_in_and_no_image_when_it_has_none(fake: FakeClient) -> None:
+    fake.answers["get_job"] = details(image="team/torch:2.13@sha256:" + "5a2e07c4bd31" + "0" * 52)
+    fake.answers["usage"] = []
+    result = invoke("show", SHOWN_JOB)
+    assert result.exit_code == 0, result.output
+    assert show_rows(result)["image"] == "team/torch:2.13 (5a2e07c4bd31)"
+    fake.answers["get_job"] = details()
+    assert "image" not in show_rows(invoke("show", SHOWN_JOB))
+
+
 def test_show_leaves_out_an_environment_no_longer_kept(fake: FakeClient) -> None:
     fake.answers["get_job"] = details(kept_until=datetime.now(UTC) - timedelta(minutes=1))
     fake.answers["usage"] = []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.sandbox import EXEC, HOST, Bind, HostEntry, HostListing, SandboxSpec, bwrap_argv, list_host_dir
+from agent.sandbox import EXEC, HOST, Bind, Hidden, HostEntry, HostListing, SandboxSpec, bwrap_argv, list_host_dir
 from agent.workspace import (
     BACKEND_VARIABLE,
     BWRAP,
@@ -302,3 +302,34 @@ def test_a_plain_workspace_cannot_run_a_job_in_an_image(tmp_path: Path) -> None:
     image = ImageRoot(key="abc", rootfs=tmp_path / "rootfs", env={}, workdir=None, cold=False)
     with pytest.raises(WorkspaceError, match="needs bubblewrap"):
         build_workspace(tmp_path / "node", tmp_path / "storage", launch(), PLAIN, image=image)
+
+
+def test_a_job_in_an_image_gets_the_hosts_name_resolution_and_driver_files(tmp_path: Path) -> None:
+    from agent.imagecache import ImageRoot
+
+    rootfs = tmp_path / "rootfs"
+    (rootfs / "etc").mkdir(parents=True)
+    driver = tmp_path / "libcuda.so.1"
+    driver.write_text("")
+    image = ImageRoot(key="abc", rootfs=rootfs, env={}, workdir="/srv", cold=True)
+    workspace, _ = build_workspace(tmp_path / "node", tmp_path / "storage", launch(), BWRAP, image=image,
+                                   host_binds=[driver, tmp_path / "absent.so"])
+    assert workspace.sandbox is not None and workspace.sandbox.root == rootfs
+    binds = {(str(b.source), b.target, b.read_only) for b in workspace.sandbox.binds}
+    assert (str(driver), str(driver), True) in binds  # at the same path, read-only
+    assert not any(target.endswith("absent.so") for _, target, _ in binds)  # a path the host lacks is skipped
+    assert ("/etc/hosts", "/etc/hosts", True) in binds
+    assert workspace.sandbox.cwd == "/srv"  # no algorithm of the job's: the image's working directory
+
+
+def test_under_an_image_the_platforms_secrets_inside_a_kept_path_stay_hidden() -> None:
+    spec = SandboxSpec(binds=[], tmp=None, root=Path(IMAGE), keep=[Path("/opt/agent")],
+                       hidden=[Hidden(path=Path("/opt/agent/.trainyard"), is_dir=True),
+                               Hidden(path=Path("/opt/agent/secret.key"), is_dir=False),
+                               Hidden(path=Path("/var/lib/trainyard"), is_dir=True)])
+    found = ops(bwrap_argv(spec, ["true"], list_dir=image_dir))
+    bound = found.index(("--ro-bind", "/opt/agent", "/opt/agent"))
+    assert found.index(("--tmpfs", "/opt/agent/.trainyard")) > bound  # hidden after the bind it lies in
+    assert ("--remount-ro", "/opt/agent/.trainyard") in found
+    assert found.index(("--ro-bind", "/dev/null", "/opt/agent/secret.key")) > bound
+    assert not any("/var/lib/trainyard" in part for op in found for part in op)  # not there to hide
