@@ -121,7 +121,7 @@ from libs.contracts.agent import (
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, encode
 from libs.contracts.datacache import CacheReport, StagedDataset
-from libs.contracts.events import Mount
+from libs.contracts.events import Mount, NodeLaunch
 from libs.contracts.health import ComponentHealth
 from libs.contracts.images import ImageUse
 from libs.contracts.messages import CommandError
@@ -482,7 +482,7 @@ class NodeAgent:
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
                                task=request.launch.task, trace=current_trace_headers(), job_token=request.job_token)
             self.nodes[key] = node  # before any wait: a repeated request finds it known
-            if any(mount.stage for mount in request.launch.mounts):  # staging takes a while: outlive a crash
+            if _prepares_first(request.launch):  # staging or unpacking takes a while: outlive a crash
                 root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
                 await asyncio.to_thread(write_pending, root, encode(PendingStart(request=request, trace=node.trace)))
             self._begin(node, request)
@@ -646,7 +646,7 @@ class NodeAgent:
         launch = request.launch
         root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
         staged: dict[str, Path] = {}
-        if staging := any(mount.stage for mount in launch.mounts):  # a pending start is kept on disk meanwhile
+        if any(mount.stage for mount in launch.mounts):  # a pending start is kept on disk meanwhile
             prepared = await self._prepare_data(node, root, launch.mounts)
             if prepared is None:
                 return None
@@ -690,7 +690,7 @@ class NodeAgent:
             if not node.keep:
                 await self._discard(node, root)
             return None
-        if staging:
+        if _prepares_first(launch):
             remove_pending(root)  # started, or known never to
         if held.started:
             write_record(root, Record(job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
@@ -875,6 +875,11 @@ class NodeAgent:
                 log.warning("agent.publish_retry", subject=subject, error=repr(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
+
+
+def _prepares_first(launch: NodeLaunch) -> bool:
+    """Whether a rank's start copies datasets (J14) or unpacks an image (J10) before its command: a while."""
+    return launch.image is not None or any(mount.stage for mount in launch.mounts)
 
 
 async def _nowhere(_: str) -> None:

@@ -14,6 +14,7 @@ import argparse
 import asyncio
 import shutil
 import statistics
+import time
 from datetime import UTC, datetime
 from pathlib import Path
 
@@ -60,8 +61,11 @@ async def measure(runs: int, image_format: str) -> dict[str, list[float]]:
                       env={BACKEND_VARIABLE: "bwrap"})
         try:
             api = await stack.up()
+            began = time.perf_counter()
             record = await api.register_image(IMAGE, archive, boards=["cpu"])
-            print(f"registered {IMAGE}: {record.format}, {record.size_bytes / 2**20:.0f} MiB", flush=True)
+            seconds = time.perf_counter() - began
+            print(f"registered {IMAGE}: {record.format}, {record.size_bytes / 2**20:.0f} MiB uploaded and checked in "
+                  f"{seconds:.1f} s ({record.size_bytes / 2**20 / seconds:.0f} MiB/s)", flush=True)
             for run in range(runs):
                 found["no image"].append(await start_seconds(api, stack, job(f"plain-{run}", None)))
                 forget_unpacked(stack.home)
