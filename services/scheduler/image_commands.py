@@ -127,6 +127,10 @@ class ImageCommands:
                              description=request.description, registered_by=identity.user,
                              registered_at=datetime.now(UTC))
         async with self.s.lock:
+            now = self.s.state.images.get(ref)
+            if now is not None and now != known and not request.replace:  # registered meanwhile by another request
+                return CommandError(code="conflict", message=f"{ref} was registered meanwhile ({now.digest[:19]})",
+                                    hint="register it with --replace to give it this archive, or choose another tag")
             await self.s.record([image_change(ImageRegistered(image=record, by=identity.user))])
         self._uploading.pop(request.upload_id, None)
         log.info("scheduler.image_registered", image=ref, digest=request.digest, format=image_format, bytes=size)
