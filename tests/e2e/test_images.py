@@ -8,6 +8,7 @@ import re
 import msgspec
 import pytest
 
+from agent.jobenv import DEFAULT_PATH
 from agent.workspace import BACKEND_VARIABLE, bwrap_problem
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, DebugTerminal, JobSpec, LifecycleScripts, OutputRef
@@ -79,11 +80,12 @@ async def test_a_two_node_job_runs_inside_its_image(image_stack: Stack) -> None:
 async def test_a_kept_failed_job_is_debugged_inside_its_image(image_stack: Stack) -> None:
     stack = image_stack
     api = await stack.up()
-    await api.register_image(IMAGE, test_image().docker_archive, boards=["cpu"])  # `docker save` writes these
+    await api.register_image(IMAGE, test_image().rootfs_tar, boards=["cpu"])
     accepted = await api.submit(probe("failing", nodes=1, mode="single-node", env={"PROBE_EXIT": "3"},
                                       debug_terminal=DebugTerminal(enabled=True), lifecycle=None))
     job = await stack.wait_until(accepted.job_id, "ended", timeout=240)
     assert job.status == "failed"
     code, output = await api.run_in_job(accepted.job_id, "cat /etc/trainyard-test-image; ls /workspace/outputs; "
-                                        'echo "$TRAINYARD_IMAGE_VAR"', timeout=60)
-    assert (code, output.decode().splitlines()) == (0, [MARK, "rank-0.txt", "from-image"])
+                                        'echo "$PATH"', timeout=60)
+    # In the image, with its files, the job's workspace and the image's PATH (not the agent's interpreter first).
+    assert (code, output.decode().splitlines()) == (0, [MARK, "rank-0.txt", DEFAULT_PATH])

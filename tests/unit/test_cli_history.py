@@ -40,7 +40,7 @@ def test_a_time_ago_and_iso_times_name_one_instant() -> None:
 
 
 @pytest.mark.parametrize(("text", "said"), [("-2 hours", "is not a time ago"), ("yesterday", "is not a time"),
-                                            ("2026-11-28T00:00Z", "is in the future"), ("-0h", "is not a time ago")])
+                                            ("2999-01-01T00:00Z", "is in the future"), ("-0h", "is not a time ago")])
 def test_what_is_not_a_past_instant_is_refused(text: str, said: str) -> None:
     with pytest.raises(typer.Exit):
         past_instant(text, now=NOW)
