@@ -45,7 +45,8 @@ from agent.datacache import DatasetCache, StagingError
 from agent.health import host_addresses, probe, resource_checks
 from agent.held import HeldProcess, HolderFailed, HoldServer, OutputTail, append_note
 from agent.holder import OUTPUT_NAME
-from agent.imageprep import ImageCacheError, ImagePreparation, ImageRoot, host_binds, on_agent_python
+from agent.imagecache import ImageCacheError, ImageRoot
+from agent.imageprep import ImagePreparation, host_binds, on_agent_python
 from agent.jobenv import job_environment, network_env, passed_on
 from agent.kept import (
     ENVIRONMENT_NAME,

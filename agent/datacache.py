@@ -20,13 +20,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import fcntl
 import hashlib
 import json
 import os
 import secrets
 import shutil
-import stat
 import threading
 import time
 from collections import deque
@@ -37,6 +35,7 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
+from agent.cachefiles import holder_of_pin, locked, pin_name, remove_folder
 from agent.cachepolicy import Held, SourceFile, cache_key, evictions, under_pressure
 from libs.contracts.datacache import (
     CacheEntry,
@@ -185,38 +184,6 @@ def _read_only(folder: Path) -> None:
         path.chmod(0o555 if path.is_dir() else 0o444)
 
 
-def _remove(folder: Path) -> None:
-    """Remove a folder of read-only files (and read-only folders)."""
-    if not folder.exists():
-        return
-    for path in folder.rglob("*"):
-        if path.is_dir() and not path.is_symlink():
-            with contextlib.suppress(OSError):
-                path.chmod(stat.S_IRWXU)
-    folder.chmod(stat.S_IRWXU)
-    shutil.rmtree(folder, ignore_errors=True)
-
-
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-def _pin_name(holder: str) -> str:
-    """A pin's file name: its holder (<job>/<attempt>/<task>/<rank>, or a preload's id) without slashes."""
-    return holder.replace("/", "_")
-
-
-def _holder(pin_name: str) -> str:
-    return pin_name.replace("_", "/")
-
-
 @dataclass
 class _Fetch:
     progress: Progress
@@ -253,7 +220,7 @@ class DatasetCache:
                 folder.mkdir(parents=True, exist_ok=True)
             for partial in self.partial_dir.iterdir():
                 with contextlib.suppress(OSError):
-                    _remove(partial)
+                    remove_folder(partial)
         except OSError as exc:
             log.error("cache.unusable", root=str(self.root), error=str(exc))
 
@@ -299,7 +266,7 @@ class DatasetCache:
         lock = self.locks_dir / f"{key}.lock"
         held = contextlib.ExitStack()
         try:
-            await asyncio.to_thread(held.enter_context, _locked(lock))
+            await asyncio.to_thread(held.enter_context, locked(lock))
             made = await asyncio.to_thread(self._entry, key)
             if made is not None:
                 return made, False
@@ -320,7 +287,7 @@ class DatasetCache:
                     raise StagingError(f"{source} changed in shared storage while it was copied")
                 return await asyncio.to_thread(self._commit, key, source, listing, digests, partial), True
             except BaseException:
-                await asyncio.to_thread(_remove, partial)
+                await asyncio.to_thread(remove_folder, partial)
                 raise
         except OSError as exc:  # the cache's own folders (its lock, renaming into place): the node's disk
             raise NodeStagingError(f"cannot copy {source} into the cache at {self.root}: {exc}") from exc
@@ -359,7 +326,7 @@ class DatasetCache:
             pins = sorted(p.name for p in (self.pins_dir / key).iterdir()) if (self.pins_dir / key).is_dir() else []
             return CacheEntry(key=key, source=found["source"], bytes=found["bytes"], files=found["files"],
                               staged_at=datetime.fromisoformat(found["staged_at"]), last_used=used,
-                              pins=[_holder(pin) for pin in pins])
+                              pins=[holder_of_pin(pin) for pin in pins])
         except (OSError, ValueError, KeyError):
             return None
 
@@ -384,12 +351,12 @@ class DatasetCache:
         """`holder` (<job>/<attempt>/<task>/<rank>) uses the entry: it is not removed until unpinned."""
         folder = self.pins_dir / key
         folder.mkdir(parents=True, exist_ok=True)
-        (folder / _pin_name(holder)).touch()
+        (folder / pin_name(holder)).touch()
         self.changed.set()
 
     def unpin(self, holder: str) -> None:
         """`holder` uses no entry any more."""
-        for pin in self.pins_dir.glob(f"*/{_pin_name(holder)}"):
+        for pin in self.pins_dir.glob(f"*/{pin_name(holder)}"):
             with contextlib.suppress(OSError):
                 pin.unlink()
             self.changed.set()
@@ -399,7 +366,7 @@ class DatasetCache:
         that hold pins."""
         kept = set()
         for pin in self.pins_dir.glob("*/*"):
-            if (holder := _holder(pin.name)) in holders:
+            if (holder := holder_of_pin(pin.name)) in holders:
                 kept.add(holder)
                 continue
             with contextlib.suppress(OSError):
@@ -435,7 +402,7 @@ class DatasetCache:
 
     def _evict(self, entry: CacheEntry, cause: EvictionCause, now: datetime) -> bool:
         """Whether it was evicted (it was not pinned since it was listed)."""
-        with _locked(self.locks_dir / f"{entry.key}.lock"):
+        with locked(self.locks_dir / f"{entry.key}.lock"):
             if (self.pins_dir / entry.key).is_dir() and any((self.pins_dir / entry.key).iterdir()):
                 return False  # pinned since it was listed
             doomed = self.partial_dir / f"{entry.key}-evicted-{secrets.token_hex(4)}"
@@ -443,7 +410,7 @@ class DatasetCache:
                 os.rename(self.entries_dir / entry.key, doomed)  # gone for every reader at once
             except OSError:
                 return False
-        _remove(doomed)
+        remove_folder(doomed)
         self.evicted.append(CacheEviction(key=entry.key, source=entry.source, bytes=entry.bytes, cause=cause,
                                           evicted_at=now))
         self.changed.set()

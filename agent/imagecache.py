@@ -29,7 +29,6 @@ import os
 import re
 import secrets
 import shutil
-import stat
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, replace
@@ -37,7 +36,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+from agent.cachefiles import locked, pin_name, remove_folder
 from agent.cachepolicy import Held, evictions
+from agent.jobenv import DEFAULT_PATH
 from libs.contracts.datacache import CachePolicy, EvictionCause
 from libs.contracts.images import ImageFormat
 from libs.imagefiles import file_digest
@@ -46,7 +47,6 @@ from libs.telemetry.logs import get_logger
 log = get_logger(__name__)
 DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 KEY_DIGITS = 24
-DEFAULT_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TAG = "image"  # the reference of the image in the temporary OCI layout
 NODE_FAULTS = ("no space left on device", "read-only file system", "disk quota exceeded")
 
@@ -80,17 +80,6 @@ def image_key(digest: str) -> str:
 
 
 @contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
-@contextlib.contextmanager
 def _cache_writes(root: Path) -> Iterator[None]:
     """An OSError inside is the node's disk failing the cache."""
     try:
@@ -98,21 +87,6 @@ def _cache_writes(root: Path) -> Iterator[None]:
     except OSError as exc:
         raise ImageCacheError(f"cannot write the image cache at {root}: {exc.strerror or exc}",
                               node_fault=True) from exc
-
-
-def _remove(folder: Path) -> None:
-    """Remove a folder, its read-only subfolders too; symbolic links are removed, never followed."""
-    if not folder.exists():
-        return
-    for parent, dirs, _ in os.walk(folder):
-        for name in dirs:
-            path = os.path.join(parent, name)
-            with contextlib.suppress(OSError):
-                if not os.path.islink(path):
-                    os.chmod(path, stat.S_IRWXU)
-    with contextlib.suppress(OSError):
-        folder.chmod(stat.S_IRWXU)
-    shutil.rmtree(folder, ignore_errors=True)
 
 
 def _disk_bytes(folder: Path) -> int:
@@ -208,7 +182,7 @@ async def _unpack_into(source: str, archive: Path, image_format: ImageFormat, pa
     await _tool(["umoci", "unpack", *(["--rootless"] if rootless else []), "--image", f"{layout}:{TAG}", bundle],
                 archive)
     await asyncio.to_thread(os.rename, bundle / "rootfs", rootfs)
-    await asyncio.to_thread(_remove, work)
+    await asyncio.to_thread(remove_folder, work)
     return env, workdir
 
 
@@ -255,7 +229,7 @@ class ImageCache:
         held = contextlib.ExitStack()
         try:
             with _cache_writes(self.root):
-                await asyncio.to_thread(held.enter_context, _locked(self.locks_dir / f"{key}.lock"))
+                await asyncio.to_thread(held.enter_context, locked(self.locks_dir / f"{key}.lock"))
             if found := await asyncio.to_thread(self._root, key):
                 return found
             started = time.monotonic()
@@ -278,7 +252,7 @@ class ImageCache:
                         return await asyncio.to_thread(self._commit, key, digest, image_format, env, workdir,
                                                        partial, time.monotonic() - started)
                 except BaseException:
-                    await asyncio.to_thread(_remove, partial)
+                    await asyncio.to_thread(remove_folder, partial)
                     raise
         finally:
             await asyncio.to_thread(held.close)
@@ -324,7 +298,7 @@ class ImageCache:
                          workdir=found.get("workdir"), cold=False)
 
     def _root_locked(self, key: str) -> ImageRoot | None:
-        with _cache_writes(self.root), _locked(self.locks_dir / f"{key}.lock"):
+        with _cache_writes(self.root), locked(self.locks_dir / f"{key}.lock"):
             return self._root(key)
 
     def _touch(self, key: str) -> None:
@@ -337,21 +311,21 @@ class ImageCache:
         with _cache_writes(self.root):
             folder = self.pins_dir / key
             folder.mkdir(parents=True, exist_ok=True)
-            (folder / _pin_name(holder)).touch()
+            (folder / pin_name(holder)).touch()
 
     def _unpin(self, key: str, holder: str) -> None:
         with contextlib.suppress(OSError):
-            (self.pins_dir / key / _pin_name(holder)).unlink()
+            (self.pins_dir / key / pin_name(holder)).unlink()
 
     def release(self, holder: str) -> None:
         """`holder` uses no image any more (nothing happens when it used none)."""
-        for pin in self.pins_dir.glob(f"*/{_pin_name(holder)}"):
+        for pin in self.pins_dir.glob(f"*/{pin_name(holder)}"):
             with contextlib.suppress(OSError):
                 pin.unlink()
 
     def unpin_all_but(self, holders: set[str]) -> None:
         """At start: pins of holders that no longer use an image here are gone (a crashed agent's)."""
-        keep = {_pin_name(holder) for holder in holders}
+        keep = {pin_name(holder) for holder in holders}
         for pin in self.pins_dir.glob("*/*"):
             if pin.name not in keep:
                 with contextlib.suppress(OSError):
@@ -388,7 +362,7 @@ class ImageCache:
 
     def _evict(self, key: str, cause: EvictionCause) -> bool:
         """Whether the entry was removed (not when it was pinned since it was listed)."""
-        with _locked(self.locks_dir / f"{key}.lock"):
+        with locked(self.locks_dir / f"{key}.lock"):
             if self._pinned(key):
                 return False
             doomed = self.partial_dir / f"{key}-evicted-{secrets.token_hex(4)}"
@@ -397,7 +371,7 @@ class ImageCache:
                 os.rename(self.entries_dir / key, doomed)  # gone for every user at once
             except OSError:
                 return False
-        _remove(doomed)
+        remove_folder(doomed)
         log.info("imagecache.evicted", key=key, cause=cause)
         return True
 
@@ -413,9 +387,4 @@ class ImageCache:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # being unpacked
-                _remove(leftover)  # the lock goes with the file's closing
-
-
-def _pin_name(holder: str) -> str:
-    """A pin's file name: its holder (<job>/<attempt>/<task>/<rank>) without slashes."""
-    return holder.replace("/", "_")
+                remove_folder(leftover)  # the lock goes with the file's closing

@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.held import append_note
-from agent.imagecache import ImageCache, ImageCacheError, ImageRoot
+from agent.imagecache import ImageCache, ImageRoot
 from agent.jobenv import REMOTE_SHELL_MODULE, REMOTE_SHELL_VARIABLE, uses_agent_remote_shell
 from libs.contracts.datacache import CachePolicy
 from libs.contracts.images import ImageUse
@@ -94,5 +94,3 @@ class ImagePreparation:
                 await asyncio.wait_for(self.wake.wait(), HOUSEKEEP_SECONDS)
             self.wake.clear()
 
-
-__all__ = ["ImageCacheError", "ImagePreparation", "ImageRoot", "host_binds", "on_agent_python"]

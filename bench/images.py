@@ -15,13 +15,12 @@ import asyncio
 import shutil
 import statistics
 import time
-from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.workspace import BACKEND_VARIABLE, bwrap_problem
+from bench.datacache import start_seconds
 from bench.servers import bench_servers
 from client.api import TrainyardClient
-from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.devstack.harness import Stack
 from libs.devstack.stack import REPO_ROOT
@@ -33,15 +32,6 @@ IMAGE = "bench/bookworm:1"
 def job(name: str, image: str | None) -> JobSpec:
     return JobSpec(name=name, flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"), command="true",
                    node_names=["node-a"], output=OutputRef(name=name), image=image)
-
-
-async def start_seconds(api: TrainyardClient, stack: Stack[TrainyardClient], spec: JobSpec) -> float:
-    submitted = datetime.now(UTC)
-    accepted = await api.submit(spec)
-    found = await stack.wait_until(accepted.job_id, "ended", timeout=600)
-    assert found.status == "succeeded", found.reason
-    started = next(e.recorded_at for e in await api.events(accepted.job_id) if isinstance(e.event, NodeProcessStarted))
-    return (started - submitted).total_seconds()
 
 
 def forget_unpacked(home: Path) -> None:

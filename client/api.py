@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -119,6 +118,7 @@ from libs.contracts.messages import (
     WhyReply,
 )
 from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
+from libs.imagefiles import file_digest
 from libs.messaging.connection import LoginRefused, NatsLogin, connect_once
 from libs.messaging.rpc import ServiceUnavailable, call, call_with_progress
 from libs.natsroles import nats_user_for
@@ -585,7 +585,7 @@ class TrainyardClient:
         OSError for an unreadable file, before anything is sent."""
         name, tag = parse_image_ref(ref)
         total = archive.stat().st_size
-        digest = await asyncio.to_thread(_file_sha256, archive)
+        digest = await asyncio.to_thread(file_digest, archive)
         upload_id = secrets.token_hex(16)
         sent = 0
         with archive.open("rb") as source:
@@ -779,10 +779,3 @@ class _ClientContext:
         if self.client is not None:
             await self.client.close()
 
-
-def _file_sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as source:
-        while block := source.read(2**20):
-            digest.update(block)
-    return f"sha256:{digest.hexdigest()}"

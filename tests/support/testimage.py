@@ -18,7 +18,6 @@ test processes never build it twice and a half-built image is never used.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import functools
 import json
 import os
@@ -30,10 +29,13 @@ import sys
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
+
+from agent.cachefiles import locked
+from agent.jobenv import DEFAULT_PATH
 
 CACHE_VARIABLE = "TRAINYARD_TEST_IMAGE_CACHE"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -46,7 +48,7 @@ MARK_TEXT = "the Trainyard test image, not the host\n"
 VARIANT = "trainyard-test-image"
 IMAGE_VARIABLE = ("TRAINYARD_IMAGE_VAR", "from-image")
 WORKDIR = "/srv"
-PATH_VALUE = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
+PATH_VALUE = DEFAULT_PATH  # the PATH the OCI and docker archives set
 TOOLS = ("debootstrap", "umoci", "skopeo", "tar")
 
 
@@ -189,16 +191,6 @@ def _build(work: Path) -> None:
     _say(f"built in {seconds} s: " + ", ".join(f"{name} {size / 2**20:.1f} MiB" for name, size in sizes.items()))
 
 
-@contextlib.contextmanager
-def _locked(path: Path) -> Iterator[None]:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
 
 def test_image() -> TestImage:
     """The test image's archives, built now unless this machine has them (check `test_image_problem` first)."""
@@ -206,7 +198,7 @@ def test_image() -> TestImage:
     final = root / RECIPE
     if found := _complete(final):
         return found
-    with _locked(root / f"{RECIPE}.lock"):
+    with locked(root / f"{RECIPE}.lock"):
         if found := _complete(final):  # another process built it while this one waited
             return found
         for leftover in [*root.glob(f"{RECIPE}-building-*"), final]:  # an interrupted build's

@@ -21,7 +21,8 @@ import pytest
 
 from agent import imagecache
 from agent.cachepolicy import Held
-from agent.imagecache import DEFAULT_PATH, ImageCache, ImageCacheError
+from agent.imagecache import ImageCache, ImageCacheError
+from agent.jobenv import DEFAULT_PATH
 from libs.contracts.datacache import CachePolicy
 from libs.imagefiles import file_digest
 
