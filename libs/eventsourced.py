@@ -27,9 +27,9 @@ import gc
 import re
 import threading
 import time
-from collections.abc import Callable, Coroutine, Iterable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self
 
 from nats.aio.msg import Msg
@@ -38,7 +38,7 @@ from opentelemetry.trace import Span, SpanKind, Tracer
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.contracts.subjects import event_subject
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
-from libs.messaging.follower import Handler, StreamFollower
+from libs.messaging.follower import Arrival, GroupBroken, GroupHandler, Handler, StreamFollower
 from libs.outages import OUTAGES
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
@@ -85,6 +85,13 @@ class Upstream:
     whole handler, see `libs.messaging.follower.Handler`). `reactions=False`: fold only. A reaction is
     recorded in a consumer span (`consumer_span`).
 
+    `key`: what a message's reaction belongs to (the job it is about). With a key, the messages that arrive
+    together are decided together and their reactions recorded in one append (`on_upstream_group`), each
+    message still folded and reacted to in order; the run is cut before a message whose key has a reaction
+    waiting, and before a reaction that writes an aggregate another one waiting writes, so a reaction sees
+    everything recorded for its own key. A reaction must read of other keys only what a slightly earlier
+    view would do as well with: it sees their messages folded and their reactions in the run not yet.
+
     `subject` is what NATS delivers: of another service's events, name the aggregates the service reads
     (`subjects.events_of`), so that the server leaves out the others; a new kind of aggregate upstream then
     reaches no follower that did not ask for it, while new events of a kind it reads reach it.
@@ -98,6 +105,12 @@ class Upstream:
     react: Rule | None = None
     handle: Handler | None = None
     reactions: bool = True
+    key: Callable[[Any], Hashable] | None = None
+
+
+def aggregate_of(envelope: EventEnvelope) -> str:
+    """An upstream event's key (`Upstream.key`): its aggregate, for events each about one job."""
+    return envelope.aggregate_id
 
 
 class EventSourcedService:
@@ -213,7 +226,8 @@ class EventSourcedService:
         return StreamFollower(self.rt.js, self.rt.store, stream=upstream.stream, subject=upstream.subject,
                               consumer=upstream.consumer, message_type=upstream.message_type,
                               handle=upstream.handle or self._handler(upstream), reactions=upstream.reactions,
-                              record_set_aside=self._record_set_aside, folded=self._upstream_after)
+                              record_set_aside=self._record_set_aside, folded=self._upstream_after,
+                              handle_group=self._group_handler(upstream))
 
     async def caught_up(self) -> None:
         """Decisions that need a complete view wait until every upstream is replayed."""
@@ -273,6 +287,72 @@ class EventSourcedService:
             return await self.on_upstream(upstream, message, msg, tracking)
 
         return handle
+
+    def _group_handler(self, upstream: Upstream) -> GroupHandler | None:
+        if upstream.key is None or upstream.react is None or upstream.handle is not None:
+            return None
+
+        async def handle_group(arrivals: Sequence[Arrival]) -> Tracking | None:
+            return await self.on_upstream_group(upstream, arrivals)
+
+        return handle_group
+
+    async def on_upstream_group(self, upstream: Upstream, arrivals: Sequence[Arrival]) -> Tracking | None:
+        """Fold and react to a run of new messages under one hold of the lock, recording their reactions in as
+        few appends as `Upstream.key` allows, each with the position of the last message it covers. The last
+        position recorded (None: no reaction recorded anything); GroupBroken on any failure."""
+        assert upstream.react is not None and upstream.key is not None
+        waiting: list[NewEvent] = []
+        keys: set[Hashable] = set()  # of the messages whose reactions wait
+        written: set[tuple[str, str]] = set()  # the aggregates they write
+        decided: Tracking | None = None  # the last message decided so far
+        recorded: Tracking | None = None
+        async with self.lock:
+            try:
+                for arrival in arrivals:
+                    key = upstream.key(arrival.message)
+                    if key in keys:
+                        recorded = await self._record_waiting(waiting, decided) or recorded
+                        keys.clear()
+                        written.clear()
+                    if upstream.fold is not None:
+                        upstream.fold(arrival.message)
+                    changes = self._reaction(upstream, arrival)
+                    if changes and not written.isdisjoint((c.aggregate_type, c.aggregate_id) for c in changes):
+                        recorded = await self._record_waiting(waiting, decided) or recorded
+                        keys.clear()
+                        written.clear()
+                        changes = self._reaction(upstream, arrival)  # on the state with those folded
+                    if changes:
+                        waiting.extend(changes)
+                        keys.add(key)
+                        written.update((c.aggregate_type, c.aggregate_id) for c in changes)
+                    decided = arrival.tracking
+                recorded = await self._record_waiting(waiting, decided) or recorded
+            except Exception as exc:
+                raise GroupBroken(recorded, exc) from exc
+            finally:
+                self.wake.set()
+        return recorded
+
+    def _reaction(self, upstream: Upstream, arrival: Arrival) -> list[NewEvent]:
+        """What the upstream's rule answers to one message of a run, each event carrying the message's trace."""
+        assert upstream.react is not None
+        changes = upstream.react(arrival.message)
+        if not changes:
+            return []
+        with consumer_span(self._tracer, arrival.message, arrival.msg, consumer=upstream.consumer,
+                           subject=upstream.subject):
+            headers = current_trace_headers()
+        return [change if change.trace is not None else replace(change, trace=headers) for change in changes]
+
+    async def _record_waiting(self, waiting: list[NewEvent], decided: Tracking | None) -> Tracking | None:
+        """Record the reactions waiting, with the position of the last message decided; empties `waiting`."""
+        if not waiting:
+            return None
+        await self.record(list(waiting), decided)
+        waiting.clear()
+        return decided
 
     async def on_upstream(self, upstream: Upstream, message: Any, msg: Msg | None,
                           tracking: Tracking | None) -> bool:

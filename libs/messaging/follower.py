@@ -31,6 +31,13 @@ position, folds nothing of it and goes on. That happens when
 - folding or reacting raises an error that `classify` does not know as passing, `attempts` times
   in a row (`failed`).
 
+A follower given `handle_group` decides runs of new messages together: the messages that arrived while it
+handled the last ones (up to GROUP_MESSAGES) go to `handle_group` at once, which records their reactions in as
+few appends as it can, each with the position of the last message it covers (`Upstream.key`). Should that
+break part-way, the messages past the last position recorded are handled again one at a time, as any message
+is; a run of one, a message replayed or set aside, and everything a follower without `handle_group` reads are
+handled one at a time.
+
 Passing outages (`classify(...) == "transient"`: PostgreSQL or NATS away, connection errors, timeouts)
 are retried every `retry_seconds` until they pass, without a limit, so a service outlives its
 database going away without skipping a message.
@@ -42,6 +49,7 @@ import asyncio
 import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import msgspec
@@ -66,6 +74,33 @@ Handler = Callable[[Any, Msg, Tracking | None], Awaitable[bool]]
 """handle(decoded, message, tracking): fold the decoded message into the view; when `tracking` is
 given, also react to it and return True if the reaction's append carried `tracking` (False: the
 follower records it)."""
+
+
+@dataclass(frozen=True)
+class Arrival:
+    """A new upstream message of a run decided together: decoded, as delivered, and its tracking position."""
+
+    message: Any
+    msg: Msg
+    tracking: Tracking
+
+
+GroupHandler = Callable[[Sequence[Arrival]], Awaitable[Tracking | None]]
+"""handle_group(arrivals): fold every message of the run into the view, react to each and record the reactions
+(each append carrying the position of the last message it covers); the last position an append carried (None:
+no reaction recorded anything, the follower records the run's last position). Raises GroupBroken on any
+failure."""
+
+
+class GroupBroken(Exception):
+    """Deciding a run failed part-way: the messages up to `recorded` have their reactions recorded, the rest
+    are to be handled again one at a time."""
+
+    def __init__(self, recorded: Tracking | None, cause: BaseException) -> None:
+        super().__init__(f"{type(cause).__name__}: {cause}")
+        self.recorded = recorded
+        self.cause = cause
+
 
 RecordSetAside = Callable[[NewEvent, Tracking], Awaitable[None]]
 """record(change, tracking): append the set-aside record together with the message's tracking."""
@@ -147,6 +182,9 @@ _REPEATED = object()  # what an envelope published again decodes to: applied onc
 # restart before the write reacts to them again, which the rules answer as they did (nothing, or what the
 # state rebuilt since asks for), as after a crash between a fold and its record.
 UNRECORDED_WRITE_SECONDS = 0.5
+# At most this many messages are decided together (`handle_group`), and at most twice as many wait for it in
+# the follower: beyond that the client's queue and JetStream's flow control hold the rest back.
+GROUP_MESSAGES = 64
 
 
 async def still_holds(js: JetStreamContext, stream: str, sequence: int, upstream: int | None) -> bool:
@@ -169,7 +207,8 @@ class StreamFollower:
     def __init__(self, js: JetStreamContext, store: EventStore, *, stream: str, subject: str | Sequence[str],
                  consumer: str, message_type: object, handle: Handler, reactions: bool = True,
                  retry_seconds: float = 0.5, attempts: int = 3, source: str | None = None,
-                 record_set_aside: RecordSetAside | None = None, folded: Mapping[str, int] | None = None) -> None:
+                 record_set_aside: RecordSetAside | None = None, folded: Mapping[str, int] | None = None,
+                 handle_group: GroupHandler | None = None) -> None:
         self.js = js
         self.store = store
         self.stream = stream
@@ -178,6 +217,10 @@ class StreamFollower:
         self.consumer = consumer
         self.message_type = message_type
         self.handle = handle
+        self.handle_group = handle_group
+        # Messages waiting for the run that decides them together (with `handle_group` only).
+        self._inbox: asyncio.Queue[Msg] | None = asyncio.Queue(2 * GROUP_MESSAGES) if handle_group else None
+        self._worker: asyncio.Task[None] | None = None
         # A follower without reactions only folds: it never writes a tracking position.
         self.reactions = reactions
         self.retry_seconds = retry_seconds
@@ -219,6 +262,8 @@ class StreamFollower:
         policy = DeliverPolicy.ALL
         if first := min(self.folded.values(), default=0):
             policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, first + 1
+        if self._inbox is not None:
+            self._worker = asyncio.create_task(self._work(self._inbox), name=f"{self.consumer}.runs")
         sub = await self.js.subscribe(self.subjects[0], stream=self.stream, config=config, ordered_consumer=True,
                                       idle_heartbeat=HEARTBEAT_SECONDS, deliver_policy=policy, cb=self._on_message)
         self._sub = sub
@@ -232,6 +277,10 @@ class StreamFollower:
         self._stopped = True  # a message still being handled must not start a writer that outlives the store
         if self._sub is not None:
             await self._sub.unsubscribe()  # type: ignore[attr-defined]
+        if self._worker is not None:
+            self._worker.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._worker
         if self._writer is not None:
             self._writer.cancel()
         if (unrecorded := self._unrecorded) is not None:
@@ -294,27 +343,104 @@ class StreamFollower:
         return int(info.num_pending or 0) + int(self._sub.pending_msgs)  # type: ignore[attr-defined]
 
     async def _on_message(self, msg: Msg) -> None:
-        sequence, pending = delivered(msg)
-        if self._counted is not None:
-            self._counted.add(1, self._counted_as)
-        if sequence <= self._folded_through and self._folded_already(msg.subject, sequence):
-            if not pending:
-                self.caught_up.set()
+        if self._inbox is not None:
+            await self._inbox.put(msg)  # a full inbox holds the client's delivery back
             return
-        tracking: Tracking | None = None
-        try:
-            decoded = self._accepted(msg)
+        await self._take([msg])
+
+    async def _work(self, inbox: asyncio.Queue[Msg]) -> None:
+        """Take what waits in the inbox, GROUP_MESSAGES at most, and decide it: the messages that came while the
+        last run was decided are decided together."""
+        while True:
+            run = [await inbox.get()]
+            while len(run) < GROUP_MESSAGES and not inbox.empty():
+                run.append(inbox.get_nowait())
+            try:
+                await self._take(run)
+            except asyncio.CancelledError:
+                raise
+            except Exception:  # as the client's own error callback would: logged, and the follower goes on
+                log.exception("follower.run_failed", consumer=self.consumer)
+
+    async def _take(self, run: Sequence[Msg]) -> None:
+        """Handle delivered messages in order: new ones together when the follower decides runs, the others (and
+        every message of a follower that does not) one at a time."""
+        together: list[tuple[Arrival, bool]] = []  # with whether more of the stream was pending behind it
+        for msg in run:
+            sequence, pending = delivered(msg)
+            if self._counted is not None:
+                self._counted.add(1, self._counted_as)
+            if sequence <= self._folded_through and self._folded_already(msg.subject, sequence):
+                continue
+            try:
+                decoded = self._accepted(msg)
+            except _SetAside as refused:
+                await self._decide(together)
+                together = []
+                await self._refuse(msg, sequence, refused)
+                self._handled(sequence, self._tracking(sequence, None), pending)
+                continue
             tracking = self._tracking(sequence, decoded)
-            await self._apply(self._unless_repeated(decoded), msg, tracking)
+            decoded = self._unless_repeated(decoded)
+            if self.handle_group is not None and tracking is not None and decoded is not _REPEATED:
+                together.append((Arrival(decoded, msg, tracking), bool(pending)))
+                continue
+            await self._decide(together)
+            together = []
+            await self._one(decoded, msg, sequence, tracking)
+            self._handled(sequence, tracking, pending)
+        await self._decide(together)
+        if run and not delivered(run[-1])[1]:
+            self.caught_up.set()  # the stream's end when the last one came: the view is complete
+
+    async def _one(self, decoded: Any, msg: Msg, sequence: int, tracking: Tracking | None) -> None:
+        """Fold (and react to) one message, or set it aside."""
+        try:
+            await self._apply(decoded, msg, tracking)
         except _SetAside as refused:
-            tracking = self._tracking(sequence, None)
-            await self._set_aside(msg, claims(msg.data), refused, tracking)
+            await self._refuse(msg, sequence, refused)
+
+    async def _refuse(self, msg: Msg, sequence: int, refused: _SetAside) -> None:
+        await self._set_aside(msg, claims(msg.data), refused, self._tracking(sequence, None))
+
+    def _handled(self, sequence: int, tracking: Tracking | None, pending: int | bool) -> None:
         if tracking is not None:
             self.tracked = max(self.tracked, sequence)
             if tracking.by_upstream and tracking.upstream is not None:
                 self.anew_upstream = tracking.upstream
         if not pending:
             self.caught_up.set()
+
+    async def _decide(self, together: Sequence[tuple[Arrival, bool]]) -> None:
+        """Decide a run of new messages together; one alone, or what follows a run that broke part-way, one at a
+        time."""
+        if not together:
+            return
+        if len(together) == 1 or self.handle_group is None:
+            for arrival, pending in together:
+                await self._one(arrival.message, arrival.msg, arrival.tracking.position, arrival.tracking)
+                self._handled(arrival.tracking.position, arrival.tracking, pending)
+            return
+        try:
+            recorded = await self.handle_group([arrival for arrival, _ in together])
+        except GroupBroken as broken:
+            log.warning("follower.run_broken", consumer=self.consumer, messages=len(together),
+                        recorded=broken.recorded.position if broken.recorded else None, error=str(broken))
+            done = broken.recorded.position if broken.recorded is not None else 0
+            if broken.recorded is not None:
+                self._recorded(broken.recorded)
+            for arrival, pending in together:
+                if arrival.tracking.position > done:
+                    await self._one(arrival.message, arrival.msg, arrival.tracking.position, arrival.tracking)
+                self._handled(arrival.tracking.position, arrival.tracking, pending)
+            return
+        last = together[-1][0].tracking
+        if recorded is not None:
+            self._recorded(recorded)
+        if recorded is None or recorded.position < last.position:
+            self._passed(last)
+        for arrival, pending in together:
+            self._handled(arrival.tracking.position, arrival.tracking, pending)
 
     def _accepted(self, msg: Msg) -> Any:
         """The message decoded, if it is what this follower reads and where it should come from."""

@@ -58,7 +58,8 @@ class Launcher(EventSourcedService):
                      reactions=False),
             Upstream(stream=subjects.AGENT_REPORTS_STREAM, subject=subjects.AGENT_REPORTS_ALL,
                      consumer="agent-reports", message_type=ProcessReport,
-                     react=partial(record_report, self.state)),
+                     react=partial(record_report, self.state),
+                     key=lambda report: report.job_id),
         ]
 
     # --- loops ----------------------------------------------------------------------------------------

@@ -67,7 +67,7 @@ from libs.contracts.messages import (
     TerminalOpened,
 )
 from libs.controlsign import ControlSigner
-from libs.eventsourced import EventSourcedService, Loop, Upstream, consumer_span
+from libs.eventsourced import EventSourcedService, Loop, Upstream, aggregate_of, consumer_span
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
 from libs.messaging.batches import Batches
@@ -144,7 +144,8 @@ class Monitor(EventSourcedService):
                          react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
                                                                            self.operators).changes),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("launcher", "launch"),
-                         consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction),
+                         consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
+                         key=aggregate_of),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
                          consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report)]
 

@@ -25,7 +25,7 @@ from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import EventEnvelope, JobSubmitted
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
-from libs.eventsourced import EventSourcedService, Loop, Pacer, Restored, Upstream
+from libs.eventsourced import EventSourcedService, Loop, Pacer, Restored, Upstream, aggregate_of
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import register_all_authenticated
 from libs.outages import OUTAGES
@@ -143,7 +143,7 @@ class Scheduler(EventSourcedService):
     def upstreams(self) -> Sequence[Upstream]:
         return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of(upstream, *aggregates),
                          consumer=upstream_consumer(upstream), message_type=EventEnvelope, fold=self.fold,
-                         react=self.react)
+                         react=self.react, key=aggregate_of if upstream == "launcher" else None)
                 for upstream, aggregates in UPSTREAM_AGGREGATES.items()]
 
     def react(self, envelope: EventEnvelope) -> list[NewEvent]:

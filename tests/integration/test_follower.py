@@ -19,6 +19,7 @@ from libs.eventstore import EventStore, NewEvent, Tracking
 from libs.messaging.connection import ensure_streams
 from libs.messaging.follower import StreamFollower
 from tests.support.stores import StoreFactory
+from tests.support.upstream import publish_upstream
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -28,13 +29,6 @@ async def store(make_store: StoreFactory) -> EventStore:
     return await make_store("launcher")
 
 
-async def publish_upstream(nc: Client, job_ids: list[str]) -> None:
-    for position, job_id in enumerate(job_ids, start=1):
-        envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type="job",
-                                 aggregate_id=job_id, version=1, position=position,
-                                 recorded_at=datetime.now(UTC), event=JobStopped(job_id=job_id, by="bob"))
-        await nc.jetstream().publish(subjects.event_subject("scheduler", "job", job_id, "JobStopped"),
-                                     encode(envelope))
 
 
 class Recorder:

@@ -1,0 +1,146 @@
+"""Reactions to a run of upstream messages decided together (`Upstream.key`): recorded in few appends, each
+message still answered once and on a view holding everything recorded for its own key."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from types import SimpleNamespace
+from typing import Any, cast
+
+import pytest
+import pytest_asyncio
+from nats.aio.client import Client
+
+from libs.contracts import subjects
+from libs.contracts.events import EventEnvelope, NodeRecovered
+from libs.eventsourced import EventSourcedService, Upstream, aggregate_of
+from libs.eventstore import EventStore, NewEvent
+from libs.runtime import ServiceRuntime
+from tests.support.stores import StoreFactory
+from tests.support.upstream import publish_upstream
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def store(make_store: StoreFactory) -> EventStore:
+    return await make_store("launcher")
+
+
+class CountingAppends:
+    """The real store, counting the appends that carry events."""
+
+    def __init__(self, store: EventStore) -> None:
+        self.store = store
+        self.appends = 0
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.store, name)
+
+    async def append(self, changes: Sequence[NewEvent], **kwargs: Any) -> Any:
+        self.appends += 1
+        return await self.store.append(changes, **kwargs)
+
+
+class Answering(EventSourcedService):
+    """Answers each job's n-th message with an event on `node/<job>-<n>`, n read from what it recorded for the
+    job so far: a reaction decided on a view missing the job's earlier answer would write `<job>-0` twice."""
+
+    name = "launcher"
+
+    def __init__(self, runtime: ServiceRuntime, fail_once: str | None = None) -> None:
+        super().__init__(runtime)
+        self.answered: dict[str, int] = {}
+        self.seen: list[str] = []
+        self.fail_once = fail_once
+
+    def fold(self, envelope: EventEnvelope) -> None:
+        job = envelope.aggregate_id.rsplit("-", 1)[0]
+        self.answered[job] = self.answered.get(job, 0) + 1
+
+    def upstreams(self) -> Sequence[Upstream]:
+        return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of_service("scheduler"),
+                         consumer="scheduler-events", message_type=EventEnvelope, fold=self.note,
+                         react=self.answer, key=aggregate_of)]
+
+    def note(self, envelope: EventEnvelope) -> None:
+        self.seen.append(envelope.aggregate_id)
+
+    def answer(self, envelope: EventEnvelope) -> list[NewEvent]:
+        job = envelope.aggregate_id
+        if job == self.fail_once:
+            self.fail_once = None
+            raise RuntimeError("a passing failure")
+        name = f"{job}-{self.answered.get(job, 0)}"
+        return [NewEvent("node", name, NodeRecovered(node_name=name))]
+
+
+
+
+async def run(nc: Client, store: CountingAppends, expected: int, fail_once: str | None = None) -> Answering:
+    runtime = cast(ServiceRuntime, SimpleNamespace(js=nc.jetstream(), store=store))
+    service = Answering(runtime, fail_once)
+    await service.rebuild()
+    for upstream in service.upstreams():
+        follower = service.follower(upstream)
+        await follower.start()
+        service.followers.append(follower)
+    await asyncio.wait_for(service.caught_up(), 10)
+    for _ in range(200):
+        if await store.tracked_position("scheduler-events") >= expected:
+            break
+        await asyncio.sleep(0.05)
+    for follower in service.followers:
+        await follower.stop()
+    return service
+
+
+async def answers(store: EventStore) -> list[str]:
+    return [envelope.aggregate_id async for envelope in store.read_all()]
+
+
+async def test_a_burst_is_answered_in_few_appends_each_message_once_and_in_order(nc: Client,
+                                                                                 store: EventStore) -> None:
+    jobs = [f"j{i}" for i in range(30)]
+    await publish_upstream(nc, jobs + jobs)  # each job twice: its second answer must see its first
+    counting = CountingAppends(store)
+    service = await run(nc, counting, expected=60)
+
+    assert service.seen == jobs + jobs
+    assert await answers(store) == [f"{job}-0" for job in jobs] + [f"{job}-1" for job in jobs]
+    assert counting.appends <= 20  # one a message would be 60
+    assert await store.tracked_position("scheduler-events") == 60
+
+    again = CountingAppends(store)  # a restart folds it all again and answers nothing twice
+    restarted = await run(nc, again, expected=60)
+    assert restarted.seen == jobs + jobs
+    assert again.appends == 0
+    assert restarted.answered == {job: 2 for job in jobs}
+
+
+async def test_a_run_that_fails_part_way_is_answered_one_message_at_a_time_nothing_lost_or_doubled(
+        nc: Client, store: EventStore) -> None:
+    jobs = [f"k{i}" for i in range(20)]
+    await publish_upstream(nc, jobs)
+    await run(nc, CountingAppends(store), expected=20, fail_once="k12")
+    assert await answers(store) == [f"{job}-0" for job in jobs]
+    assert await store.tracked_position("scheduler-events") == 20
+
+
+async def test_the_last_position_is_written_when_no_message_of_a_run_needed_an_answer(
+        nc: Client, store: EventStore) -> None:
+    class Silent(Answering):
+        def answer(self, envelope: EventEnvelope) -> list[NewEvent]:
+            return []
+
+    await publish_upstream(nc, [f"s{i}" for i in range(10)])
+    runtime = cast(ServiceRuntime, SimpleNamespace(js=nc.jetstream(), store=store))
+    service = Silent(runtime)
+    follower = service.follower(service.upstreams()[0])
+    await follower.start()
+    await asyncio.wait_for(follower.caught_up.wait(), 10)
+    await follower.stop()  # writes the position left unwritten
+    assert service.seen == [f"s{i}" for i in range(10)]
+    assert await store.tracked_position("scheduler-events") == 10
+    assert await answers(store) == []
