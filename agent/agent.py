@@ -683,7 +683,7 @@ class NodeAgent:
         if node.keep:  # written first: a session may be wanted however the command ends, even never started
             write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                               node=self.info.name, environment=environment)
-        command = workspace.command(argv)  # under bwrap, the sandbox runs argv
+        command = workspace.command(argv, env.get("PATH"))  # under bwrap, the sandbox runs argv
         try:
             held = await HeldProcess.start(root, command, env, workspace.cwd, self.holders)
         except (HolderFailed, OSError) as exc:

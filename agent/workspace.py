@@ -68,11 +68,12 @@ class Workspace:
             return str(self.path) + text.removeprefix("/workspace")
         return text.replace("=/workspace/", f"={self.path}/")
 
-    def command(self, argv: list[str]) -> list[str]:
-        """What the agent starts: the job's command itself, or bwrap running it."""
+    def command(self, argv: list[str], search_path: str | None = None) -> list[str]:
+        """What the agent starts: the job's command itself, or bwrap running it (`search_path`: the PATH it is
+        started with)."""
         if self.sandbox is None:
             return argv
-        return bwrap_argv(self.sandbox, argv, bwrap=_bwrap_path())
+        return bwrap_argv(self.sandbox, argv, bwrap=_bwrap_path(), search_path=search_path)
 
     @property
     def cwd(self) -> Path:

@@ -109,6 +109,38 @@ def test_the_python_environment_stays_visible() -> None:
                                                                              "/tmp/python"))
 
 
+def command_after_options(argv: list[str]) -> list[str]:
+    return argv[argv.index("--") + 1:]
+
+
+@pytest.mark.parametrize(("argv", "search_path", "direct"), [
+    (["python3", "train.py"], "/usr/local/bin:/usr/bin", True),  # found where the job sees the host's file
+    (["/usr/bin/python3", "train.py"], None, True),
+    (["python3"], "/workspace/bin:/usr/bin", False),  # a folder the job sees otherwise comes first
+    (["python3"], "bin:/usr/bin", False),  # relative to where it starts: as the shell finds it
+    (["python3"], None, False),  # no PATH given
+    (["trainer"], "/usr/bin", False),  # not found: the shell says so, with exit code 127
+    (["/tmp/python/bin/python3"], None, False),  # the job's /tmp is its own
+    (["/workspace/algorithm/run.sh"], None, False),
+    (["/home/secret/tool"], None, False),  # hidden from the job
+])
+def test_an_executable_the_job_sees_as_on_the_host_runs_without_a_shell_in_between(
+        argv: list[str], search_path: str | None, direct: bool) -> None:
+    on_host = {"/usr/bin/python3", "/tmp/python/bin/python3", "/workspace/algorithm/run.sh", "/home/secret/tool"}
+    spec = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, keep=SPEC.keep, cwd=SPEC.cwd,
+                       hidden=[Hidden(path=Path("/home/secret"), is_dir=True)])
+    command = command_after_options(bwrap_argv(spec, argv, list_dir=list_dir, search_path=search_path,
+                                               executable=on_host.__contains__))
+    assert command == (argv if direct else [*EXEC, *argv])
+
+
+def test_a_job_in_an_image_always_starts_through_the_shell_of_the_image() -> None:
+    spec = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, cwd=SPEC.cwd, root=Path("/images/x"))
+    command = command_after_options(bwrap_argv(spec, ["/usr/bin/python3"], list_dir=list_dir,
+                                               search_path="/usr/bin", executable=lambda _: True))
+    assert command == [*EXEC, "/usr/bin/python3"]
+
+
 def test_the_command_keeps_the_host_network_pids_and_process_group() -> None:
     argv = bwrap_argv(SPEC, ["python3", "train.py", "--lr", "0.1"], list_dir=list_dir, bwrap="/usr/bin/bwrap")
     assert argv[0] == "/usr/bin/bwrap"
