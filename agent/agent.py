@@ -80,7 +80,7 @@ from agent.requests import Later, Responder
 from agent.runs import RunRelay, remove_run_folder, runs_folder, socket_path
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
-from agent.usage import GroupSampler, accelerator_percent, system_values
+from agent.usage import GroupSampler, ProcessTree, accelerator_percent, system_values
 from agent.workspace import (
     BWRAP,
     PLAIN,
@@ -242,6 +242,7 @@ class NodeAgent:
         self.job_basics = passed_on(os.environ)
         self.job_network = network_env(self.info.address, host_addresses())
         self._usage: KeyValue | None = None  # the usage bucket, once looked up
+        self._processes = ProcessTree()  # one look at the host's processes serves every rank sampled meanwhile
 
     async def start(self) -> None:
         try:
@@ -819,7 +820,7 @@ class NodeAgent:
         """Keep the node's latest usage in the usage bucket while it runs (L9)."""
         if pid <= 0:
             return
-        sampler = GroupSampler(pid)
+        sampler = GroupSampler(pid, self._processes)
         key = subjects.usage_key(node.job_id, node.attempt, node.rank)
         pause = min(USAGE_SECONDS, FIRST_SAMPLE_SECONDS)
         while True:

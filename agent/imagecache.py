@@ -317,11 +317,14 @@ class ImageCache:
         with contextlib.suppress(OSError):
             (self.pins_dir / key / pin_name(holder)).unlink()
 
-    def release(self, holder: str) -> None:
-        """`holder` uses no image any more (nothing happens when it used none)."""
+    def release(self, holder: str) -> bool:
+        """`holder` uses no image any more; whether it used one (nothing happens when it used none)."""
+        released = False
         for pin in self.pins_dir.glob(f"*/{pin_name(holder)}"):
             with contextlib.suppress(OSError):
                 pin.unlink()
+                released = True
+        return released
 
     def unpin_all_but(self, holders: set[str]) -> None:
         """At start: pins of holders that no longer use an image here are gone (a crashed agent's)."""

@@ -78,9 +78,10 @@ class ImagePreparation:
         return found
 
     def release(self, holder: str) -> None:
-        """The rank's folder is gone: its image may be evicted again (by the next round)."""
-        self.cache.release(holder)
-        self.wake.set()
+        """The rank's folder is gone: its image may be evicted again (by the next round, at once when it used one:
+        a rank without an image, most of them, costs no look at the cache)."""
+        if self.cache.release(holder):
+            self.wake.set()
 
     async def housekeeping(self) -> None:
         """Evict unpinned images by the dataset cache's policy every HOUSEKEEP_SECONDS (and when woken)."""

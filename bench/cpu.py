@@ -35,7 +35,8 @@ REAPED = {"holder servers": "jobs (sandboxes, commands)", "benchmark client": "b
 
 @dataclass(frozen=True)
 class Look:
-    processes: dict[int, tuple[str, float, float]]  # pid -> (role, own seconds, reaped children's seconds)
+    # pid -> (role, own seconds, reaped children's seconds, and of each the seconds in the kernel)
+    processes: dict[int, tuple[str, float, float, float, float]]
     busy: float  # the machine's busy CPU seconds since boot
     total: float  # all its CPU seconds since boot, idle included
 
@@ -50,7 +51,7 @@ def role_of(command: str) -> str:
 def look(*folders: Path) -> Look:
     """The CPU of this run's processes: this one's descendants, and those whose command line names one of its
     `folders`, with their descendants."""
-    found: dict[int, tuple[int, str, float, float]] = {}  # pid -> (parent, command, own, children)
+    found: dict[int, tuple[int, str, float, float, float, float]] = {}  # pid -> (parent, command, times...)
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -62,8 +63,9 @@ def look(*folders: Path) -> Look:
         fields = stat.rsplit(")", 1)[1].split()
         own = (int(fields[11]) + int(fields[12])) / TICKS
         children = (int(fields[13]) + int(fields[14])) / TICKS
-        found[int(entry.name)] = (int(fields[1]), command, own, children)
-    roots = {os.getpid()} | {pid for pid, (_, command, _, _) in found.items()
+        found[int(entry.name)] = (int(fields[1]), command, own, children, int(fields[12]) / TICKS,
+                                  int(fields[14]) / TICKS)
+    roots = {os.getpid()} | {pid for pid, (_, command, *_) in found.items()
                              if any(str(folder) in command for folder in folders)}
 
     def ours(pid: int) -> bool:
@@ -75,8 +77,8 @@ def look(*folders: Path) -> Look:
             pid = found[pid][0]
         return False
 
-    processes = {pid: (role_of(command), own, children)
-                 for pid, (_, command, own, children) in found.items() if ours(pid)}
+    processes = {pid: (role_of(command), own, children, own_system, children_system)
+                 for pid, (_, command, own, children, own_system, children_system) in found.items() if ours(pid)}
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = values[3] + values[4]
     return Look(processes, (sum(values) - idle) / TICKS, sum(values) / TICKS)
@@ -85,27 +87,32 @@ def look(*folders: Path) -> Look:
 @dataclass(frozen=True)
 class Spent:
     by_role: dict[str, float]  # CPU seconds
+    system: dict[str, float]  # of which in the kernel
     busy: float  # the machine's busy CPU seconds between the looks
     total: float
 
 
 def spent(before: Look, after: Look) -> Spent:
     by_role: dict[str, float] = {}
-    for pid, (role, own, children) in after.processes.items():
-        was_own, was_children = before.processes.get(pid, (role, 0.0, 0.0))[1:]
-        by_role[role] = by_role.get(role, 0.0) + own - was_own
+    system: dict[str, float] = {}
+    for pid, (role, own, children, own_system, children_system) in after.processes.items():
+        was = before.processes.get(pid, (role, 0.0, 0.0, 0.0, 0.0))
         reaped = REAPED.get(role, f"{role}: what it reaped")
-        by_role[reaped] = by_role.get(reaped, 0.0) + children - was_children
+        for name, seconds, kernel, was_seconds, was_kernel in ((role, own, own_system, was[1], was[3]),
+                                                               (reaped, children, children_system, was[2], was[4])):
+            by_role[name] = by_role.get(name, 0.0) + seconds - was_seconds
+            system[name] = system.get(name, 0.0) + kernel - was_kernel
     ranked = sorted(by_role.items(), key=lambda item: -item[1])
-    return Spent({role: seconds for role, seconds in ranked if seconds > 0.005},
+    return Spent({role: seconds for role, seconds in ranked if seconds > 0.005}, system,
                  after.busy - before.busy, after.total - before.total)
 
 
 def table(spent: Spent, jobs: int) -> list[str]:
     """The CPU of each role in seconds and in milliseconds per job."""
-    lines = [f"  {'CPU':<36} {'seconds':>8} {'ms/job':>7}"]
+    lines = [f"  {'CPU':<36} {'seconds':>8} {'ms/job':>7} {'in the kernel':>14}"]
     for role, seconds in spent.by_role.items():
-        lines.append(f"  {role:<36} {seconds:>8.2f} {seconds / jobs * 1000:>7.2f}")
+        lines.append(f"  {role:<36} {seconds:>8.2f} {seconds / jobs * 1000:>7.2f}"
+                     f" {spent.system.get(role, 0.0) / jobs * 1000:>14.2f}")
     counted = sum(spent.by_role.values())
     lines.append(f"  {'counted':<36} {counted:>8.2f} {counted / jobs * 1000:>7.2f}")
     lines.append(f"  {'the machine busy':<36} {spent.busy:>8.2f} {spent.busy / jobs * 1000:>7.2f}"

@@ -227,10 +227,10 @@ async def test_release_unpins_every_image_of_its_holder_and_nothing_else(
     a = await cached(cache, tmp_path, "a", HOLDER, used=now)
     b = await cached(cache, tmp_path, "b", HOLDER, used=now)
     await cached(cache, tmp_path, "b", OTHER, used=now)
-    cache.release(HOLDER)
+    assert cache.release(HOLDER)
     assert {h.key: h.pinned for h in cache.entries()} == {a: False, b: True}
-    cache.release(HOLDER)  # again: nothing happens
-    cache.release("job-000000000009/1/0/0")  # one that never held any
+    assert not cache.release(HOLDER)  # again: nothing happens
+    assert not cache.release("job-000000000009/1/0/0")  # one that never held any
     assert {h.key: h.pinned for h in cache.entries()} == {a: False, b: True}
 
 

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from agent.usage import GroupSampler
+from agent.usage import GroupSampler, ProcessTree
 
 BUSY_CHILD = """
 import subprocess, sys, time
@@ -53,3 +53,22 @@ def test_a_finished_group_samples_as_nothing() -> None:
     done = subprocess.Popen([sys.executable, "-c", "pass"])
     done.wait()
     assert GroupSampler(done.pid).sample() == (0.0, 0, 0)
+
+
+def test_ranks_sampled_together_share_one_look_at_the_host_processes() -> None:
+    tree = ProcessTree(max_age=60.0)
+    first = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        assert GroupSampler(first.pid, tree).sample()[2] == 1
+        parent = psutil.Process().pid
+        assert first.pid in tree.descendants(parent)
+        second = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+        try:
+            assert second.pid not in tree.descendants(parent)  # started after the look, which still serves
+            assert second.pid in ProcessTree(max_age=0.0).descendants(parent)
+        finally:
+            second.kill()
+            second.wait()
+    finally:
+        first.kill()
+        first.wait()
