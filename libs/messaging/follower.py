@@ -336,11 +336,12 @@ class StreamFollower:
 
     async def lag(self) -> int:
         """Messages of its filters not yet handled: those the server has not delivered yet, and those delivered and
-        still waiting in the client."""
+        still waiting in the client or in the follower's inbox."""
         if self._sub is None:
             return 0
         info = await self._sub.consumer_info()  # type: ignore[attr-defined]
-        return int(info.num_pending or 0) + int(self._sub.pending_msgs)  # type: ignore[attr-defined]
+        waiting = self._inbox.qsize() if self._inbox is not None else 0  # taken from the client, not yet decided
+        return int(info.num_pending or 0) + int(self._sub.pending_msgs) + waiting  # type: ignore[attr-defined]
 
     async def _on_message(self, msg: Msg) -> None:
         if self._inbox is not None:
