@@ -33,6 +33,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, ClassVar, Self
 
 from nats.aio.msg import Msg
+from opentelemetry import context as otel_context
 from opentelemetry.trace import Span, SpanKind, Tracer
 
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
@@ -254,17 +255,24 @@ class EventSourcedService:
         for change in changes:
             key = (change.aggregate_type, change.aggregate_id)
             expected.setdefault(key, self.version(*key))
+        trace = current_trace_headers()
         try:
-            stored = await self.rt.store.append(changes, expected_versions=expected, tracking=tracking,
-                                                trace=current_trace_headers())
+            stored = await self.rt.store.append(changes, expected_versions=expected, tracking=tracking, trace=trace)
         except ConcurrencyConflict:
             # Another writer moved an aggregate on: fold what it wrote, so the next decision sees it.
             await self._catch_up(expected)
             raise
         counting = metrics_enabled()
         for envelope in stored:
-            self.apply(envelope)
-            self.recorded(envelope)
+            # An event of a batch that continues a trace of its own is folded (and logged) in that trace.
+            own = envelope.trace if envelope.trace and envelope.trace != trace else None
+            token = otel_context.attach(context_from_headers(own)) if own else None
+            try:
+                self.apply(envelope)
+                self.recorded(envelope)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
             if counting:
                 _events_recorded.add(1, {"trainyard.event.type": _kind(envelope)})
         self.wake.set()

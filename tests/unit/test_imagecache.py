@@ -20,8 +20,9 @@ from typing import Any
 import pytest
 
 from agent import imagecache
+from agent.cachefiles import locked, pin_name
 from agent.cachepolicy import Held
-from agent.imagecache import ImageCache, ImageCacheError
+from agent.imagecache import ImageCache, ImageCacheError, image_key
 from agent.jobenv import DEFAULT_PATH
 from libs.contracts.datacache import CachePolicy
 from libs.imagefiles import file_digest
@@ -200,8 +201,16 @@ async def test_a_failed_unpack_fails_every_acquire_waiting_for_it(
         cache: ImageCache, tmp_path: Path, tool_runs: list[str]) -> None:
     archive = tmp_path / "image.tar"
     archive.write_text("no tar at all\n")
-    results = await asyncio.gather(*(cache.acquire(archive, file_digest(archive), "rootfs", h)
-                                     for h in (HOLDER, OTHER)), return_exceptions=True)
+    digest = file_digest(archive)
+    key = image_key(digest)
+    # The entry's lock held (as by another agent) until both wait for the one unpack: however slow the machine,
+    # the second acquire comes while the first's unpack is still under way.
+    with locked(cache.locks_dir / f"{key}.lock"):
+        acquires = [asyncio.create_task(cache.acquire(archive, digest, "rootfs", h)) for h in (HOLDER, OTHER)]
+        while not all((cache.pins_dir / key / pin_name(h)).exists() for h in (HOLDER, OTHER)):
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.1)  # the second has gone on from its pin to the unpack under way
+    results = await asyncio.gather(*acquires, return_exceptions=True)
     assert all(isinstance(r, ImageCacheError) for r in results) and tool_runs == ["tar"]
     assert cache.entries() == [] and leftovers(cache) == []
 
