@@ -43,6 +43,7 @@ a host instead of having one; an agent lists a host directory again only once it
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -186,6 +187,14 @@ def _hide(place: str, is_dir: bool) -> list[str]:
     return ["--tmpfs", place] if is_dir else ["--ro-bind", "/dev/null", place]
 
 
+@functools.lru_cache(maxsize=1024)
+def _real_path(path: str) -> str:
+    """A path with its links resolved, remembered: the few folders and executables jobs start from, looked up on
+    every start. A link changed since only ever costs a start through the shell being left out where it
+    was wanted (bwrap's own message then), never what the sandbox hides."""
+    return os.path.realpath(path)
+
+
 def is_executable_file(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
@@ -261,7 +270,7 @@ def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | Non
     hidden = {str(entry.path) for entry in spec.hidden}
 
     def seen_as_on_host(path: str) -> bool:
-        real = os.path.realpath(path)
+        real = _real_path(path)
         return not any(_under(p, replaced) or _under(p, hidden) for p in (path, real))
 
     name = argv[0]
