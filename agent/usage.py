@@ -64,19 +64,16 @@ class GroupSampler:
 
     def sample(self) -> tuple[float, int, int]:
         """(CPU percent where 100 is one busy CPU, resident memory in MiB, process count)."""
-        try:
-            leader = psutil.Process(self.pid)
-        except psutil.NoSuchProcess:
+        if not psutil.pid_exists(self.pid):
             return 0.0, 0, 0
-        members = [leader, *(self._known.get(pid) or _process(pid) for pid in self.tree.descendants(self.pid))]
         cpu, rss, alive = 0.0, 0, {}
-        for member in members:
-            if member is None:
-                continue  # ended since the look
+        for pid in [self.pid, *self.tree.descendants(self.pid)]:
             # Reuse the Process object seen last time: its cpu_percent() measures since then. A process seen
             # for the first time is measured since it started.
-            known = self._known.get(member.pid)
-            process = known or member
+            known = self._known.get(pid)
+            process = known or _process(pid)
+            if process is None:
+                continue  # ended since the look
             with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
                 busy = process.cpu_percent(interval=None)
                 if known is None:
@@ -84,7 +81,7 @@ class GroupSampler:
                     busy = 100 * (times.user + times.system) / ran if ran > 0 else 0.0
                 cpu += busy
                 rss += process.memory_info().rss
-                alive[member.pid] = process
+                alive[pid] = process
         self._known = alive
         return cpu, rss // 2**20, len(alive)
 

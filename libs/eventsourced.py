@@ -315,28 +315,34 @@ class EventSourcedService:
         written: set[tuple[str, str]] = set()  # the aggregates they write
         decided: Tracking | None = None  # the last message decided so far
         recorded: Tracking | None = None
+
+        async def record_waiting() -> None:
+            nonlocal recorded
+            if waiting:
+                await self.record(list(waiting), decided)
+                recorded = decided
+            waiting.clear()
+            keys.clear()
+            written.clear()
+
         async with self.lock:
             try:
                 for arrival in arrivals:
                     key = upstream.key(arrival.message)
                     if key in keys:
-                        recorded = await self._record_waiting(waiting, decided) or recorded
-                        keys.clear()
-                        written.clear()
+                        await record_waiting()
                     if upstream.fold is not None:
                         upstream.fold(arrival.message)
                     changes = self._reaction(upstream, arrival)
                     if changes and not written.isdisjoint((c.aggregate_type, c.aggregate_id) for c in changes):
-                        recorded = await self._record_waiting(waiting, decided) or recorded
-                        keys.clear()
-                        written.clear()
+                        await record_waiting()
                         changes = self._reaction(upstream, arrival)  # on the state with those folded
                     if changes:
                         waiting.extend(changes)
                         keys.add(key)
                         written.update((c.aggregate_type, c.aggregate_id) for c in changes)
                     decided = arrival.tracking
-                recorded = await self._record_waiting(waiting, decided) or recorded
+                await record_waiting()
             except Exception as exc:
                 raise GroupBroken(recorded, exc) from exc
             finally:
@@ -353,14 +359,6 @@ class EventSourcedService:
                            subject=upstream.subject):
             headers = current_trace_headers()
         return [change if change.trace is not None else replace(change, trace=headers) for change in changes]
-
-    async def _record_waiting(self, waiting: list[NewEvent], decided: Tracking | None) -> Tracking | None:
-        """Record the reactions waiting, with the position of the last message decided; empties `waiting`."""
-        if not waiting:
-            return None
-        await self.record(list(waiting), decided)
-        waiting.clear()
-        return decided
 
     async def on_upstream(self, upstream: Upstream, message: Any, msg: Msg | None,
                           tracking: Tracking | None) -> bool:

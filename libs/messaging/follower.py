@@ -378,8 +378,7 @@ class StreamFollower:
             except _SetAside as refused:
                 await self._decide(together)
                 together = []
-                await self._refuse(msg, sequence, refused)
-                self._handled(sequence, self._tracking(sequence, None), pending)
+                self._handled(sequence, await self._refuse(msg, sequence, refused), pending)
                 continue
             tracking = self._tracking(sequence, decoded)
             decoded = self._unless_repeated(decoded)
@@ -401,8 +400,11 @@ class StreamFollower:
         except _SetAside as refused:
             await self._refuse(msg, sequence, refused)
 
-    async def _refuse(self, msg: Msg, sequence: int, refused: _SetAside) -> None:
-        await self._set_aside(msg, claims(msg.data), refused, self._tracking(sequence, None))
+    async def _refuse(self, msg: Msg, sequence: int, refused: _SetAside) -> Tracking | None:
+        """Set the message aside; the tracking position recorded with it (None: it was handled before)."""
+        tracking = self._tracking(sequence, None)
+        await self._set_aside(msg, claims(msg.data), refused, tracking)
+        return tracking
 
     def _handled(self, sequence: int, tracking: Tracking | None, pending: int | bool) -> None:
         if tracking is not None:
