@@ -13,9 +13,9 @@ event at or below the checkpoint is never applied again. The checkpoint row is l
 
 from __future__ import annotations
 
-import itertools
+import collections
 import zlib
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
 import asyncpg
@@ -131,11 +131,9 @@ class JobSearchProjection:
                 pending = [envelope for envelope in batch if envelope.position > checkpoint]
                 if not pending:
                     continue
-                # A run of events of one kind (a burst of submissions) is one statement for all its rows; runs
-                # stay in order, so a job's row sees its events as they came.
                 statements = [found for envelope in pending if (found := self._statement(envelope)) is not None]
-                for sql, run in itertools.groupby(statements, key=lambda statement: statement[0]):
-                    await conn.executemany(sql, [values for _, values in run])
+                for sql, rows in in_runs(statements):
+                    await conn.executemany(sql, rows)
                 await conn.execute(
                     f"UPDATE {self.schema}.projection_checkpoints SET position = $2 WHERE name = $1",
                     PROJECTION, pending[-1].position,
@@ -273,6 +271,23 @@ class JobSearchProjection:
             return (f"UPDATE {table} SET deleted = true, position = $2 WHERE job_id = $1",
                     (event.job_id, envelope.position))
         return None
+
+
+def in_runs(statements: Sequence[tuple[str, tuple[Any, ...]]]) -> list[tuple[str, list[tuple[Any, ...]]]]:
+    """The statements of a batch as runs of one kind, each run one `executemany` for all its rows. Every
+    statement writes only the row of its job (its first value), so those of different jobs may go in any order:
+    the first statement of each job comes first, in runs by kind, then the second of each, and so on. A job's
+    row still sees its events as they came, and a batch of interleaved jobs (submitted, admitted, ended) is a
+    few runs instead of one for nearly every event."""
+    layers: list[dict[str, list[tuple[Any, ...]]]] = []
+    seen: collections.Counter[Any] = collections.Counter()
+    for sql, values in statements:
+        layer = seen[values[0]]
+        seen[values[0]] += 1
+        if layer == len(layers):
+            layers.append({})
+        layers[layer].setdefault(sql, []).append(values)
+    return [(sql, rows) for layer in layers for sql, rows in layer.items()]
 
 
 def _unique(names: Iterable[str]) -> list[str]:

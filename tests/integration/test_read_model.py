@@ -219,6 +219,37 @@ async def test_a_job_moved_after_a_fault_is_queued_again(store: EventStore, log:
     assert RESNET not in await ids(projection, statuses=["running"])
 
 
+async def test_a_batch_of_interleaved_jobs_leaves_each_row_as_its_last_event_did(store: EventStore, log: Log) -> None:
+    """Jobs submitted, admitted, moved and ended in turn, all caught up in one batch: each row ends where its
+    own events, in their order, left it."""
+    jobs = [f"job-{n:012x}" for n in range(1, 13)]
+    for job_id in jobs:
+        await log.submit(job_id, "alice")
+    for job_id in jobs[:9]:
+        await log.add(job_id, admitted(job_id, "cpu-1"))
+    for job_id in jobs[:3]:
+        await log.add(job_id, JobSucceeded(job_id=job_id))
+    for job_id in jobs[3:6]:  # moved after a fault, then admitted again: running, not queued
+        await log.add(job_id, JobRequeued(job_id=job_id, attempt=1, reason="node n1 was lost", resumes=1))
+    for job_id in jobs[3:6]:
+        await log.add(job_id, admitted(job_id, "cpu-2"))
+    for job_id in jobs[6:9]:  # moved and left waiting
+        await log.add(job_id, JobRequeued(job_id=job_id, attempt=1, reason="node n1 was lost", resumes=1))
+    await log.add(jobs[9], JobPriorityChanged(job_id=jobs[9], priority="urgent", by="alice"))
+    await log.add(jobs[9], JobStopped(job_id=jobs[9], by="alice"), JobDeleted(job_id=jobs[9], by="alice"))
+
+    projection = await projection_of(store)
+    assert await projection.catch_up() == await event_count(store)
+
+    rows = {row["job_id"]: row for row in await table(projection)}
+    assert [rows[job_id]["status"] for job_id in jobs] == (["succeeded"] * 3 + ["running"] * 3 + ["queued"] * 3
+                                                           + ["stopped", "queued", "queued"])
+    assert [rows[job_id]["flavor"] for job_id in jobs[:9]] == ["cpu-1"] * 3 + ["cpu-2"] * 3 + ["cpu-1"] * 3
+    assert rows[jobs[9]]["deleted"] and rows[jobs[9]]["priority"] == "urgent"
+    assert all(rows[job_id]["ended_at"] is not None for job_id in jobs[:3])
+    assert await ids(projection, statuses=["running"]) == sorted(jobs[3:6], reverse=True)
+
+
 async def test_limit_is_capped(store: EventStore) -> None:
     job_ids = [f"job-{n:012x}" for n in range(MAX_LIMIT + 5)]
     spec = JobSpec(name="many", flavors=["cpu-1"], algorithm=AlgorithmRef(name="algo"), command="python3 a.py",
