@@ -55,6 +55,7 @@ from agent.kept import (
     RemovalRefused,
     from_recorded,
     has_few_entries,
+    job_of_folder,
     kept_roots,
     node_files,
     rank_of_folder,
@@ -261,7 +262,7 @@ class NodeAgent:
         await self._adopt()  # before any request: a stop must find the jobs the agent before started
         self.data.keep_pins({node.holder for node in self.nodes.values()})
         # An image stays pinned for its running ranks and for the environments kept for debugging (J15).
-        kept = {holder_of(path.parent.parent.name, *rank) for path in node_files(self.root, ENVIRONMENT_NAME)
+        kept = {holder_of(job_of_folder(path.parent), *rank) for path in node_files(self.root, ENVIRONMENT_NAME)
                 if (rank := rank_of_folder(path.parent)) is not None}
         await asyncio.to_thread(self.images.cache.unpin_all_but, {node.holder for node in self.nodes.values()} | kept)
         requests, name = Responder(self.nc, self.info.name), self.info.name
@@ -791,6 +792,7 @@ class NodeAgent:
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=code, exited_at=exited_at), "exited", node)
         remove_record(root)  # reported: nothing left to adopt
+        await held.reported()  # nor for its holder to write down
         self.data.release(node.holder)
         if node.relay is not None:  # what the process logged last is published
             await node.relay.close()

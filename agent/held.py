@@ -60,7 +60,9 @@ class HoldServer:
         self._read = b""
         self._answers: collections.deque[asyncio.Future[int]] = collections.deque()
         self._ended: dict[int, asyncio.Event] = {}  # command pid -> set once it ended
+        self._exits: dict[int, tuple[int, datetime]] = {}  # command pid -> its exit, as the holder told it
         self._turn = asyncio.Lock()  # one request on its way at a time, so answers come in order
+        self._writing = asyncio.Lock()  # one line at a time into the holder's input
 
     async def hold(self, folder: Path, argv: list[str], env: dict[str, str], cwd: Path) -> int:
         """Have the holder start a command for the rank `folder`: its pid, 0 when it could not start
@@ -76,7 +78,8 @@ class HoldServer:
                 try:
                     async with asyncio.timeout(HOLDER_START_SECONDS):
                         assert process.stdin is not None
-                        await _write(process.stdin.fileno(), request)
+                        async with self._writing:
+                            await _write(process.stdin.fileno(), request)
                         return await answer
                 except HolderFailed:  # it answered: nothing could be started nor recorded for this folder
                     raise
@@ -95,14 +98,30 @@ class HoldServer:
         """Set once the command `pid`, started by this holder, ended."""
         return self._ended.setdefault(pid, asyncio.Event())
 
+    def exit_of(self, pid: int) -> tuple[int, datetime] | None:
+        """The exit of the command `pid` as the holder told it, if it did."""
+        return self._exits.get(pid)
+
     def forget(self, pid: int) -> None:
         self._ended.pop(pid, None)
+        self._exits.pop(pid, None)
+
+    async def reported(self, pid: int) -> None:
+        """The exit of the command `pid` is reported and its record removed: the holder need not write it down.
+        A holder gone meanwhile, or started again since, has nothing of it to forget."""
+        process = self._process
+        if process is None or process.poll() is not None or process.stdin is None:
+            return
+        with contextlib.suppress(OSError, ValueError):
+            async with self._writing:
+                await _write(process.stdin.fileno(), f"reported {pid}\n".encode())
 
     def _running(self) -> subprocess.Popen[bytes]:
         if self._process is None or self._process.poll() is not None:
             self._forget()
             self._process = subprocess.Popen(
-                [sys.executable, "-I", "-S", str(HOLDER), "--serve"], env={}, cwd="/", start_new_session=True,
+                [sys.executable, "-I", "-S", str(HOLDER), "--serve", "--tell-exits"], env={}, cwd="/",
+                start_new_session=True,
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
             self.since = start_ticks(self._process.pid) or 0
             assert self._process.stdin is not None and self._process.stdout is not None
@@ -129,6 +148,8 @@ class HoldServer:
             line, _, self._read = self._read.partition(b"\n")
             kind, *values = line.decode(errors="replace").split()
             if kind == "ended" and values and values[0].isdigit():
+                if len(values) == 2 and (told := _exit_of(values[1])) is not None:
+                    self._exits[int(values[0])] = told
                 self.ended(int(values[0])).set()
             elif kind in ("started", "failed") and self._answers:
                 answer = self._answers.popleft()
@@ -155,10 +176,21 @@ class HoldServer:
             if not answer.done():
                 answer.set_exception(error or EOFError("the holder was closed"))
         self._process, self._read = None, b""
+        # The exits told and not reported yet stay known (`exit_of`): the holder wrote them down as its input
+        # ended, unless it ended first.
 
     def close(self) -> None:
         """No more commands: the holder ends once those it started have ended (it is not killed)."""
         self._forget()
+
+
+def _exit_of(record: str) -> tuple[int, datetime] | None:
+    """An exit record's code and time (agent/holder.py `exit_record`); None when it is not one."""
+    try:
+        found = json.loads(record)
+        return int(found["exit_code"]), datetime.fromisoformat(found["exited_at"])
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 async def _write(fd: int, data: bytes) -> None:
@@ -205,6 +237,7 @@ class HeldProcess:
         self.holder_pid = holder_pid or 0
         self.holder_since = holder_since
         self._server: HoldServer | None = None  # the holder that started it, when this agent's
+        self._exit: tuple[int, datetime] | None = None  # once known
 
     @classmethod
     async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path,
@@ -223,15 +256,21 @@ class HeldProcess:
 
     @property
     def running(self) -> bool:
-        return self.started and not (self.folder / EXIT_NAME).exists()
+        return self.started and self.exit() is None
 
     def exit(self) -> tuple[int, datetime] | None:
-        """The command's exit code and time, once its holder recorded them."""
-        try:
-            record = json.loads((self.folder / EXIT_NAME).read_text())
-            return int(record["exit_code"]), datetime.fromisoformat(record["exited_at"])
-        except (OSError, ValueError, KeyError, TypeError):
-            return None
+        """The command's exit code and time, once its holder told or recorded them."""
+        if self._exit is None and self._server is not None and self.pid > 0:
+            self._exit = self._server.exit_of(self.pid)
+        if self._exit is None:
+            with contextlib.suppress(OSError):
+                self._exit = _exit_of((self.folder / EXIT_NAME).read_text())
+        return self._exit
+
+    async def reported(self) -> None:
+        """Its exit is reported and its record gone: the holder that told it need not write it down."""
+        if self._server is not None and self.pid > 0:
+            await self._server.reported(self.pid)
 
     async def wait(self) -> int:
         code, _ = await self.wait_exit()

@@ -4,12 +4,19 @@ An agent runs one holder (`holder.py --serve`, in a session of its own) and give
 command as a line on its standard input: the rank's folder, argv, environment and working directory.
 The holder starts the command in a session and process group of its own (so a stop reaches every
 child it forks), its output to the folder's `output.log`, and answers `started <pid>`; once the
-command ended, it writes its exit code to `exit.json`, reaps it and tells `ended <pid>`. Nothing of
-the command hangs on the agent: no pipe breaks when the agent is killed or restarted, and a new agent
-adopts the command from these files (agent/held.py): it ships the output from where the last one
-stopped and reports the exit when it comes. Once its input ends (the agent is gone), the holder waits
-for the commands it started, then ends, so none is left a zombie; a restarted agent starts a holder
-of its own.
+command ended, it reaps it and tells `ended <pid> <exit record>`; the exit is written to `exit.json` in
+the rank's folder only while nobody was told of it: once the agent, having reported the exit, answers
+`reported <pid>`, the holder forgets it, so a short job's end costs no file of its own (each file made
+and removed for every job costs the file system more the more of them it freed lately). When the agent
+goes away (its input ends, or its pipe breaks), every exit it was told of and did not confirm is
+written to `exit.json`, and so is every later one. Nothing of the command hangs on the agent: no pipe
+breaks when the agent is killed or restarted, and a new agent adopts the command from these files
+(agent/held.py): it ships the output from where the last one stopped and reports the exit when it
+comes. Once its input ends (the agent is gone), the holder waits for the commands it started, then
+ends, so none is left a zombie; a restarted agent starts a holder of its own.
+
+Started without `--tell-exits` (by an agent from before it), the holder writes every exit to `exit.json`
+before it tells `ended <pid>`, as that agent expects.
 
 One holder holds every command of its agent, each started with posix_spawn: a Python started for
 each rank cost about 20 ms of CPU, a holder forked for each rank about 3 ms (a Python process, its
@@ -49,9 +56,10 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def exit_record(code: int, *, started: bool) -> str:
-    # A process killed by signal N reports -N; shells report 128+N. Use the shell convention.
+    # A process killed by signal N reports -N; shells report 128+N. Use the shell convention. No spaces: it
+    # is told on one line, as the last word of `ended <pid> <record>`.
     return json.dumps({"exit_code": 128 - code if code < 0 else code, "started": started,
-                       "exited_at": datetime.now(UTC).isoformat()})
+                       "exited_at": datetime.now(UTC).isoformat()}, separators=(",", ":"))
 
 
 def start_ticks(pid: int, *, ended: bool = False) -> int | None:
@@ -128,11 +136,18 @@ def _reaped() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def serve() -> int:
+def record_exit(folder: Path, record: str) -> None:
+    with contextlib.suppress(OSError):  # the folder is gone: the agent counts it as killed
+        write_atomically(folder / EXIT_NAME, record)
+
+
+def serve(tell_exits: bool = False) -> int:
     """Start a command for each request line on standard input, answering `started <pid>` on standard
     output (`started 0`: it could not start, and says so in its output; `failed`: not even that could be
-    recorded), and tell `ended <pid>` once one ended and its exit is recorded, so the agent learns it at
-    once. Once the input ends (the agent is gone), wait for the commands, then end."""
+    recorded), and tell `ended <pid>` once one ended, so the agent learns it at once. `tell_exits`: with
+    its exit record (`ended <pid> <record>`), which is written to the rank's folder only when the agent
+    goes away before it answers `reported <pid>`; otherwise every exit is written there before it is told.
+    Once the input ends (the agent is gone), wait for the commands, then end."""
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
         os.set_blocking(fd, False)
@@ -142,6 +157,7 @@ def serve() -> int:
     selector.register(0, selectors.EVENT_READ)
     selector.register(wake_read, selectors.EVENT_READ)
     running: dict[int, Path] = {}  # pid -> its rank's folder
+    told: dict[int, tuple[Path, str]] = {}  # pid -> its folder and exit record, told and not yet reported
     pending, listening, telling = b"", True, True
     while listening or running:
         lines: list[str] = []
@@ -157,6 +173,10 @@ def serve() -> int:
             pending += data
             while b"\n" in pending:
                 line, _, pending = pending.partition(b"\n")
+                if line.startswith(b"reported "):  # the agent reported that exit: nothing to keep of it
+                    with contextlib.suppress(ValueError):
+                        told.pop(int(line.split()[1]), None)
+                    continue
                 started = start(line)
                 if started is None:
                     lines.append("failed\n")
@@ -167,14 +187,22 @@ def serve() -> int:
                 lines.append(f"started {pid}\n")
         for pid, code in _reaped():  # after the answers: a command's start is told before its end
             if (rank := running.pop(pid, None)) is not None:
-                with contextlib.suppress(OSError):  # the folder is gone: the agent counts it as killed
-                    write_atomically(rank / EXIT_NAME, exit_record(code, started=True))
-                lines.append(f"ended {pid}\n")
+                record = exit_record(code, started=True)
+                if tell_exits and telling and listening:
+                    told[pid] = (rank, record)
+                    lines.append(f"ended {pid} {record}\n")
+                else:
+                    record_exit(rank, record)
+                    lines.append(f"ended {pid}\n")
         if lines and telling:
             try:
                 os.write(1, "".join(lines).encode())
             except BrokenPipeError:  # the agent is gone: its commands are still waited for
                 telling = False
+        if told and not (telling and listening):  # nobody will report these: a next agent reads them
+            for rank, record in told.values():
+                record_exit(rank, record)
+            told.clear()
     return 0
 
 
@@ -182,7 +210,7 @@ def main() -> int:
     # A terminal's hang-up or interrupt is not meant for the holder; a stop is sent to the command.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    return serve()
+    return serve(tell_exits="--tell-exits" in sys.argv[1:])
 
 
 if __name__ == "__main__":

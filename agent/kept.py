@@ -1,6 +1,6 @@
 """Node environments on disk (SPEC J15): each rank's folder, kept for debug sessions or removed.
 
-A node's folder is `<agent root>/jobs/<job>/attempt-<a>.task-<t>.rank-<r>`. When the launch keeps
+A node's folder is `<agent root>/jobs/<job>.attempt-<a>.task-<t>.rank-<r>`. When the launch keeps
 the workspace, the agent writes `session.json` there before the command starts: the job's variables
 and how the workspace was made (backend, paths, sandbox binds), so that a session can run commands
 in the same environment after the process ended, however it ended. Every node's environment is also
@@ -89,24 +89,35 @@ class Environment:
 
 
 def rank_root(root: Path, job_id: str, attempt: int, task: int, rank: int) -> Path:
-    # One folder per rank inside the job's: each folder made and removed costs a journalled change of the
-    # file system, and a folder per attempt and per task cost 1.3 ms of system CPU a job more (ext4, 8 agents).
-    return Path(f"{root}/jobs/{job_id}/attempt-{attempt}.task-{task}.rank-{rank}")
+    # One folder per rank, named for its job too rather than inside a folder of the job's: a folder made and
+    # removed for every job is an inode allocated and freed, which costs the file system more the more of them
+    # it freed in the last minutes (ext4 looks past each recently freed inode before it takes one).
+    return Path(f"{root}/jobs/{job_id}.attempt-{attempt}.task-{task}.rank-{rank}")
 
 
-_RANK_FOLDER = re.compile(r"^attempt-(\d+)\.task-(\d+)\.rank-(\d+)$")
+# This layout's folder name, and the one before it (`attempt-<a>.task-<t>.rank-<r>` inside the job's folder).
+_RANK_FOLDER = re.compile(r"^(?:(?P<job>[^/.]+)\.)?attempt-(\d+)\.task-(\d+)\.rank-(\d+)$")
 
 
 def rank_of_folder(directory: Path) -> tuple[int, int, int] | None:
     """The (attempt, task, rank) a node folder (`rank_root`) belongs to; None for another layout's."""
     found = _RANK_FOLDER.match(directory.name)
-    return None if found is None else (int(found[1]), int(found[2]), int(found[3]))
+    return None if found is None else (int(found[2]), int(found[3]), int(found[4]))
 
 
-# The node folders under an agent's root, as glob patterns: this layout's, and the one before it
-# (`<job>/<attempt>/task-<t>/rank-<r>`), so that an agent started on folders an older one left adopts,
-# resumes and releases them still.
-NODE_FOLDERS = ("jobs/{job}/attempt-*.task-*.rank-*", "jobs/{job}/*/task-*/rank-*")
+def job_of_folder(directory: Path) -> str:
+    """The job a node folder (`rank_root`, or one of a layout before) belongs to."""
+    found = _RANK_FOLDER.match(directory.name)
+    if found is not None and found["job"] is not None:
+        return found["job"]
+    return directory.parent.name if found is not None else directory.parent.parent.parent.name
+
+
+# The node folders under an agent's root, as glob patterns: this layout's, and the two before it
+# (`<job>/attempt-<a>.task-<t>.rank-<r>`, `<job>/<attempt>/task-<t>/rank-<r>`), so that an agent started on
+# folders an older one left adopts, resumes and releases them still.
+NODE_FOLDERS = ("jobs/{job}.attempt-*.task-*.rank-*", "jobs/{job}/attempt-*.task-*.rank-*",
+                "jobs/{job}/*/task-*/rank-*")
 
 
 def node_files(root: Path, name: str, job_id: str = "*") -> list[Path]:

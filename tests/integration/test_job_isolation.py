@@ -103,7 +103,7 @@ def assert_no_control_plane_variables(env: dict[str, str]) -> None:
 
 async def test_a_job_sees_neither_the_agents_secrets_nor_the_stack_state(node: Node, state: Path) -> None:
     assert await node.run(probe(node, state)) == 3
-    output = next((state / "agents" / node.name / "jobs").glob("*/attempt-1.task-0.rank-0/output.log")).read_text()
+    output = next((state / "agents" / node.name / "jobs").glob("*.attempt-1.task-0.rank-0/output.log")).read_text()
     job = seen(output)
 
     assert_no_control_plane_variables(job["env"])

@@ -19,6 +19,7 @@ from hypothesis import strategies as st
 
 from agent.held import (
     CHUNK_LINES,
+    HOLDER,
     MAX_LINE_BYTES,
     HeldProcess,
     HoldServer,
@@ -111,13 +112,57 @@ async def test_a_command_that_cannot_start_exits_127_and_says_why(tmp_path: Path
 
 @on_loop
 async def test_another_agent_adopts_the_command_and_sees_its_exit(tmp_path: Path) -> None:
-    started = await held(tmp_path, "import time; time.sleep(0.5); print('late')")
+    server = HoldServer()
+    started = await HeldProcess.start(tmp_path, [sys.executable, "-c", "import time; time.sleep(0.5); print('late')"],
+                                      {}, tmp_path, server)
+    server.close()  # the agent that started it is gone
     # What a restarted agent makes of the record.
     adopted = HeldProcess(tmp_path, started.pid, started.holder_pid, started.holder_since)
     assert adopted.running
     assert (await adopted.wait_exit())[0] == 0
     assert shipped_lines(tmp_path, final=True) == ["late"]
-    await started.wait_exit()  # reaps the holder
+    assert (await started.wait_exit())[0] == 0
+
+
+@on_loop
+async def test_an_exit_is_written_down_only_when_its_agent_did_not_report_it(tmp_path: Path) -> None:
+    """The holder tells its agent each exit; it writes one to the rank's folder only when the agent went away
+    before it reported it, for the next agent to find."""
+    server = HoldServer()
+    reported, unreported = tmp_path / "a", tmp_path / "b"
+    processes = []
+    for folder, code in ((reported, 5), (unreported, 6)):
+        folder.mkdir()
+        processes.append(await HeldProcess.start(folder, [sys.executable, "-c", f"raise SystemExit({code})"], {},
+                                                 folder, server))
+    assert [(await process.wait_exit())[0] for process in processes] == [5, 6]
+    assert not (reported / EXIT_NAME).exists() and not (unreported / EXIT_NAME).exists()
+    await processes[0].reported()
+    holder = processes[0].holder_pid
+    server.close()  # gone before it reported the second
+    async with asyncio.timeout(10):
+        while start_ticks(holder) is not None:
+            await asyncio.sleep(0.05)
+    assert not (reported / EXIT_NAME).exists()
+    assert json.loads((unreported / EXIT_NAME).read_text())["exit_code"] == 6
+    second = processes[1]
+    assert HeldProcess(unreported, second.pid, second.holder_pid, second.holder_since).exit() is not None
+
+
+def test_a_holder_started_by_an_agent_before_writes_every_exit_before_it_tells_it(tmp_path: Path) -> None:
+    """An agent from before `--tell-exits` reads each exit from the rank's folder once told `ended <pid>`."""
+    holder = subprocess.Popen([sys.executable, "-I", "-S", str(HOLDER), "--serve"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, env={}, cwd="/")
+    assert holder.stdin is not None and holder.stdout is not None
+    request = {"folder": str(tmp_path), "argv": [sys.executable, "-c", "raise SystemExit(7)"], "env": {},
+               "cwd": str(tmp_path)}
+    holder.stdin.write(json.dumps(request).encode() + b"\n")
+    holder.stdin.flush()
+    started, ended = holder.stdout.readline().split(), holder.stdout.readline().split()
+    assert started[0] == b"started" and ended == [b"ended", started[1]]
+    assert json.loads((tmp_path / EXIT_NAME).read_text())["exit_code"] == 7
+    holder.stdin.close()
+    assert holder.wait(timeout=10) == 0
 
 
 @on_loop
@@ -186,14 +231,23 @@ async def test_a_command_starts_with_every_signal_at_its_default(tmp_path: Path)
 
 
 @on_loop
-async def test_an_exit_that_cannot_be_recorded_counts_as_a_kill(tmp_path: Path) -> None:
-    folder = tmp_path / "rank-0"
-    process = await held(folder, "import time; time.sleep(0.3)")
-    for path in folder.iterdir():
-        path.unlink()
-    folder.rmdir()  # removed under the command: its holder has nowhere to record the exit
+async def test_an_exit_told_needs_no_folder_and_one_that_cannot_be_recorded_counts_as_a_kill(tmp_path: Path) -> None:
+    told, lost = tmp_path / "told", tmp_path / "lost"
+    servers = [HoldServer(), HoldServer()]
+    processes = []
+    for folder, server in zip((told, lost), servers, strict=True):
+        folder.mkdir()
+        processes.append(await HeldProcess.start(folder, [sys.executable, "-c", "import time; time.sleep(0.3)"], {},
+                                                 folder, server))
+    servers[1].close()  # nobody to tell that one's exit to
+    for folder in (told, lost):
+        for path in folder.iterdir():
+            path.unlink()
+        folder.rmdir()  # removed under the command: its holder has nowhere to record the exit
     async with asyncio.timeout(10):
-        assert (await process.wait_exit())[0] == 137
+        assert (await processes[0].wait_exit())[0] == 0  # its agent was told
+        adopted = HeldProcess(lost, processes[1].pid, processes[1].holder_pid, processes[1].holder_since)
+        assert (await adopted.wait_exit())[0] == 137
 
 
 def test_a_holder_recorded_by_an_older_agent_is_told_by_its_command_line(tmp_path: Path) -> None:

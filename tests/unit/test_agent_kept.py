@@ -8,7 +8,16 @@ from pathlib import Path
 
 import pytest
 
-from agent.kept import ENVIRONMENT_NAME, RemovalRefused, has_few_entries, kept_roots, rank_root, remove_node_root
+from agent.kept import (
+    ENVIRONMENT_NAME,
+    RemovalRefused,
+    has_few_entries,
+    job_of_folder,
+    kept_roots,
+    rank_of_folder,
+    rank_root,
+    remove_node_root,
+)
 from agent.process import RECORD_NAME, Record, read_records, write_record
 
 
@@ -45,7 +54,7 @@ def test_a_link_or_a_folder_outside_the_jobs_folder_is_refused(tmp_path: Path) -
     folder = node_folder(root, 0)
     elsewhere.mkdir()
     link = rank_root(root, "job-2", 1, 0, 0)
-    link.parent.mkdir(parents=True)
+    link.parent.mkdir(parents=True, exist_ok=True)
     link.symlink_to(elsewhere, target_is_directory=True)
     for refused in (link, elsewhere, root / "jobs", root / "jobs" / ".." / ".." / "elsewhere"):
         with pytest.raises(RemovalRefused):
@@ -83,17 +92,26 @@ def test_a_folder_counts_as_small_by_all_its_entries_and_never_through_a_link(tm
     assert has_few_entries(tmp_path / "gone")
 
 
-def test_folders_of_the_layout_before_are_still_found_and_removed(tmp_path: Path) -> None:
-    """An agent started on the folders an older one left (`<job>/<attempt>/task-<t>/rank-<r>`) still adopts
-    their processes, finds their kept environments and removes them."""
-    old = tmp_path / "jobs" / "job-1" / "1" / "task-0" / "rank-0"
-    new = rank_root(tmp_path, "job-1", 2, 0, 0)
-    for folder, attempt in ((old, 1), (new, 2)):
+def test_folders_of_the_layouts_before_are_still_found_and_removed(tmp_path: Path) -> None:
+    """An agent started on the folders older ones left (`<job>/attempt-<a>.task-<t>.rank-<r>`, and before it
+    `<job>/<attempt>/task-<t>/rank-<r>`) still adopts their processes, finds their kept environments, tells
+    whose they are and removes them, the job's folder with its last rank's."""
+    oldest = tmp_path / "jobs" / "job-1" / "1" / "task-0" / "rank-0"
+    old = tmp_path / "jobs" / "job-1" / "attempt-2.task-1.rank-3"
+    new = rank_root(tmp_path, "job-1", 3, 0, 0)
+    assert new.parent == tmp_path / "jobs"  # no folder of the job's around its ranks' any more
+    for folder, attempt in ((oldest, 1), (old, 2), (new, 3)):
         folder.mkdir(parents=True)
         write_record(folder, Record(job_id="job-1", attempt=attempt, rank=0, pid=1))
         (folder / ENVIRONMENT_NAME).write_text("{}")
-    assert sorted((folder, record.attempt) for folder, record in read_records(tmp_path)) == [(old, 1), (new, 2)]
-    assert sorted(kept_roots(tmp_path, "job-1")) == sorted([old, new])
+    assert sorted(record.attempt for _, record in read_records(tmp_path)) == [1, 2, 3]
+    assert sorted(kept_roots(tmp_path, "job-1")) == sorted([oldest, old, new])
     assert kept_roots(tmp_path, "job-2") == []
+    assert [job_of_folder(folder) for folder in (oldest, old, new)] == ["job-1"] * 3
+    assert [rank_of_folder(folder) for folder in (oldest, old, new)] == [None, (2, 1, 3), (3, 0, 0)]
+    remove_node_root(tmp_path, oldest)
+    assert not (tmp_path / "jobs" / "job-1" / "1").exists() and (old / RECORD_NAME).exists()
     remove_node_root(tmp_path, old)
-    assert not (tmp_path / "jobs" / "job-1" / "1").exists() and (new / RECORD_NAME).exists()
+    assert not (tmp_path / "jobs" / "job-1").exists() and (new / RECORD_NAME).exists()
+    remove_node_root(tmp_path, new)
+    assert list((tmp_path / "jobs").iterdir()) == []
