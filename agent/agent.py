@@ -81,6 +81,7 @@ from agent.requests import Later, Responder
 from agent.runs import RunRelay, remove_run_folder, runs_folder, socket_path
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
+from agent.spread import spread_subfolders
 from agent.usage import GroupSampler, ProcessTree, accelerator_percent, system_values
 from agent.workspace import (
     BWRAP,
@@ -260,6 +261,7 @@ class NodeAgent:
         await asyncio.to_thread(self.data.cache.open)  # partial copies a crash left are removed
         await asyncio.to_thread(self.images.cache.clean_partial)
         await self._adopt()  # before any request: a stop must find the jobs the agent before started
+        self._spread_job_folders()
         self.data.keep_pins({node.holder for node in self.nodes.values()})
         # An image stays pinned for its running ranks and for the environments kept for debugging (J15).
         kept = {holder_of(job_of_folder(path.parent), *rank) for path in node_files(self.root, ENVIRONMENT_NAME)
@@ -321,6 +323,15 @@ class NodeAgent:
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
         self.holders.close()  # it ends once its commands have
         self.data.cache.close()
+
+    def _spread_job_folders(self) -> None:
+        """The folders every job makes subfolders in and removes them from: spread apart where the file system
+        can (agent/spread.py), so that making them stays cheap however many jobs ended lately."""
+        jobs, runs = self.root / "jobs", Path(runs_folder())
+        jobs.mkdir(parents=True, exist_ok=True)
+        runs.mkdir(mode=0o700, parents=True, exist_ok=True)
+        spread = [str(folder) for folder in (jobs, runs) if spread_subfolders(folder)]
+        log.info("agent.job_folders", node=self.info.name, spread=spread)
 
     async def _adopt(self) -> None:
         """Take over the nodes the agent before started: they ran on under their holder meanwhile."""

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.kept import kept_roots
 from client.api import TrainyardError
 from libs.contracts.events import AlertRaised, JobResuming, LostProcessesStopped
 from libs.contracts.jobspec import (
@@ -199,10 +200,10 @@ async def test_a_failed_jobs_environment_is_kept_for_the_debug_terminal_then_rem
     assert code == 7
 
     node = ended.placement[0].node
-    kept = stack.home / "agents" / node / "jobs" / job.job_id
-    assert kept.exists()
+    agent_root = stack.home / "agents" / node
+    assert kept_roots(agent_root, job.job_id)
     async with asyncio.timeout(90):  # retention 20 s, then the monitor releases it
-        while kept.exists() and any(kept.iterdir()):
+        while kept_roots(agent_root, job.job_id):
             await asyncio.sleep(0.5)
     with pytest.raises(TrainyardError) as refused:
         await api.run_in_job(job.job_id, "true")

@@ -165,7 +165,7 @@ async def test_a_released_environment_is_gone_and_refuses_sessions(node: Node) -
                           reply_type=Released | CommandError, signer=MONITOR)
 
     assert released == Released(removed=2)
-    assert not (node.agent.root / "jobs" / JOB).exists()
+    assert not root.exists() and not rank_root(node.agent.root, JOB, 1, 0, 1).exists()
     assert await idle.exit_code() == 137  # a session in it ends with it
     # Shared storage is untouched: the workspace's links were removed, not followed.
     assert (node.storage / "algorithms" / "demo" / "hello.txt").read_text() == "hello from storage\n"
@@ -183,8 +183,9 @@ async def test_a_workspace_not_kept_is_removed_once_the_process_ended(node: Node
     assert await node.run(launch(node, FAILING_JOB, keep=False)) == 3
 
     async with asyncio.timeout(WAIT_SECONDS):  # removed right after the exit was reported
-        while (node.agent.root / "jobs" / JOB).exists():
+        while rank_root(node.agent.root, JOB, 1, 0, 0).exists():
             await asyncio.sleep(0.05)
+    assert list((node.agent.root / "jobs").iterdir()) == []
     assert (node.storage / "outputs" / "demo" / "result.txt").read_text() == "written by the job\n"
     assert (node.storage / "algorithms" / "demo" / "hello.txt").exists()
     refused = await node.session().open(attempt=1, rank=0, command="true")

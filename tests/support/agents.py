@@ -104,7 +104,8 @@ class Node:
                 await asyncio.sleep(0.05)
 
     def nothing_started(self) -> bool:
-        return not self.agent.nodes and not (self.agent.root / "jobs").exists() and not self.reports
+        jobs = self.agent.root / "jobs"  # made at the agent's start, empty until a job's folder is made
+        return not self.agent.nodes and not (jobs.exists() and any(jobs.iterdir())) and not self.reports
 
     def session(self) -> Session:
         """A debug session in this node's job, not opened yet."""
