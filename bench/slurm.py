@@ -9,7 +9,9 @@ localhost with a port of its own: 8 nodes of 16 CPUs and 4000 MiB by default, wh
 have (`SlurmdParameters=config_overrides`). Its ports are free ones between 20000 and 30000 (below the ephemeral
 range), so a Slurm already on 6817/6818 is left alone. Scheduling is `select/cons_tres` with `CR_Core_Memory` and
 the throughput settings of Slurm's high-throughput guide; no accounting database, no cgroups
-(`proctrack/linuxproc`, `task/none`).
+(`proctrack/linuxproc`, `task/none`). The folders Slurm makes a folder in for each job (its state's `hash.N`,
+each node's spool) are marked for their subfolders to be spread apart, as Trainyard's agents mark theirs
+(agent/spread.py): on ext4 that keeps each job's inodes cheap to allocate for both.
 
 Every job really runs: a trivial job is `sbatch --wrap true` on one CPU; a gang job takes k whole nodes
 (`--exclusive -N k`) and runs `srun true` in its batch script, so that a step with one `true` is launched by
@@ -47,6 +49,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
+
+from agent.spread import spread_subfolders
 
 COMMANDS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "munged")
 POLL_SECONDS = 0.2
@@ -216,8 +220,12 @@ class SlurmPeer:
 
     def start(self) -> None:
         """Write slurm.conf, start munged, slurmctld and the slurmds, and wait until every node is idle."""
-        for sub in ("state", "log", "jobs", "munge", *(f"spool/node{k}" for k in range(1, self.nodes + 1))):
+        spread = ("jobs", *(f"state/hash.{k}" for k in range(10)),
+                  *(f"spool/node{k}" for k in range(1, self.nodes + 1)))
+        for sub in ("state", "log", "munge", *spread):
             (self.folder / sub).mkdir(parents=True, exist_ok=True)
+        for sub in spread:  # where Slurm makes a folder for each job: spread apart, as the agents' are
+            spread_subfolders(self.folder / sub)
         (self.folder / "munge").chmod(0o711)  # munged wants its socket's folder searchable by all
         self._write_munge_key()
         ports = free_ports(1 + self.nodes)
