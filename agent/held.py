@@ -60,7 +60,8 @@ class HoldServer:
         self._read = b""
         self._answers: collections.deque[asyncio.Future[int]] = collections.deque()
         self._ended: dict[int, asyncio.Event] = {}  # command pid -> set once it ended
-        self._exits: dict[int, tuple[int, datetime]] = {}  # command pid -> its exit, as the holder told it
+        # (command pid, its folder) -> its exit, as the holder told it
+        self._exits: dict[tuple[int, str], tuple[int, datetime]] = {}
         self._turn = asyncio.Lock()  # one request on its way at a time, so answers come in order
         self._writing = asyncio.Lock()  # one line at a time into the holder's input
 
@@ -98,13 +99,13 @@ class HoldServer:
         """Set once the command `pid`, started by this holder, ended."""
         return self._ended.setdefault(pid, asyncio.Event())
 
-    def exit_of(self, pid: int) -> tuple[int, datetime] | None:
-        """The exit of the command `pid` as the holder told it, if it did."""
-        return self._exits.get(pid)
+    def exit_of(self, pid: int, folder: Path) -> tuple[int, datetime] | None:
+        """The exit of the command `pid` of the rank `folder` as the holder told it, if it did."""
+        return self._exits.get((pid, str(folder)))
 
-    def forget(self, pid: int) -> None:
+    def forget(self, pid: int, folder: Path) -> None:
         self._ended.pop(pid, None)
-        self._exits.pop(pid, None)
+        self._exits.pop((pid, str(folder)), None)
 
     async def reported(self, pid: int) -> None:
         """The exit of the command `pid` is reported and its record removed: the holder need not write it down.
@@ -146,10 +147,10 @@ class HoldServer:
         self._read += data
         while b"\n" in self._read:
             line, _, self._read = self._read.partition(b"\n")
-            kind, *values = line.decode(errors="replace").split()
+            kind, *values = line.decode(errors="replace").split(" ", 2)
             if kind == "ended" and values and values[0].isdigit():
-                if len(values) == 2 and (told := _exit_of(values[1])) is not None:
-                    self._exits[int(values[0])] = told
+                if len(values) == 2 and (told := _told_exit(values[1])) is not None:
+                    self._exits[(int(values[0]), told[0])] = told[1]
                 self.ended(int(values[0])).set()
             elif kind in ("started", "failed") and self._answers:
                 answer = self._answers.popleft()
@@ -182,6 +183,15 @@ class HoldServer:
     def close(self) -> None:
         """No more commands: the holder ends once those it started have ended (it is not killed)."""
         self._forget()
+
+
+def _told_exit(told: str) -> tuple[str, tuple[int, datetime]] | None:
+    """The folder and exit of `ended <pid> <told>` (agent/holder.py `told_exit`); None when it is not one."""
+    try:
+        found = json.loads(told)
+        return str(found["folder"]), (int(found["exit_code"]), datetime.fromisoformat(found["exited_at"]))
+    except (ValueError, KeyError, TypeError):
+        return None
 
 
 def _exit_of(record: str) -> tuple[int, datetime] | None:
@@ -261,7 +271,7 @@ class HeldProcess:
     def exit(self) -> tuple[int, datetime] | None:
         """The command's exit code and time, once its holder told or recorded them."""
         if self._exit is None and self._server is not None and self.pid > 0:
-            self._exit = self._server.exit_of(self.pid)
+            self._exit = self._server.exit_of(self.pid, self.folder)
         if self._exit is None:
             with contextlib.suppress(OSError):
                 self._exit = _exit_of((self.folder / EXIT_NAME).read_text())
@@ -302,7 +312,7 @@ class HeldProcess:
             return found
         finally:
             if self._server is not None:
-                self._server.forget(self.pid)
+                self._server.forget(self.pid, self.folder)
 
     def _holder_alive(self) -> bool:
         """Whether the holder still runs: that pid, started then (not a pid the system gave to something

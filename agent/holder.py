@@ -4,7 +4,7 @@ An agent runs one holder (`holder.py --serve`, in a session of its own) and give
 command as a line on its standard input: the rank's folder, argv, environment and working directory.
 The holder starts the command in a session and process group of its own (so a stop reaches every
 child it forks), its output to the folder's `output.log`, and answers `started <pid>`; once the
-command ended, it reaps it and tells `ended <pid> <exit record>`; the exit is written to `exit.json` in
+command ended, it reaps it and tells `ended <pid> <folder and exit record>`; the exit is written to `exit.json` in
 the rank's folder only while nobody was told of it: once the agent, having reported the exit, answers
 `reported <pid>`, the holder forgets it, so a short job's end costs no file of its own (each file made
 and removed for every job costs the file system more the more of them it freed lately). When the agent
@@ -56,8 +56,7 @@ def write_atomically(path: Path, text: str) -> None:
 
 
 def exit_record(code: int, *, started: bool) -> str:
-    # A process killed by signal N reports -N; shells report 128+N. Use the shell convention. No spaces: it
-    # is told on one line, as the last word of `ended <pid> <record>`.
+    # A process killed by signal N reports -N; shells report 128+N. Use the shell convention.
     return json.dumps({"exit_code": 128 - code if code < 0 else code, "started": started,
                        "exited_at": datetime.now(UTC).isoformat()}, separators=(",", ":"))
 
@@ -136,6 +135,12 @@ def _reaped() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
+def told_exit(folder: Path, record: str) -> str:
+    """An exit as the agent is told it, on one line: the rank's folder with the record (a pid alone could name
+    an earlier command whose exit is not read yet)."""
+    return json.dumps({"folder": str(folder), **json.loads(record)}, separators=(",", ":"))
+
+
 def record_exit(folder: Path, record: str) -> None:
     with contextlib.suppress(OSError):  # the folder is gone: the agent counts it as killed
         write_atomically(folder / EXIT_NAME, record)
@@ -189,8 +194,11 @@ def serve(tell_exits: bool = False) -> int:
             if (rank := running.pop(pid, None)) is not None:
                 record = exit_record(code, started=True)
                 if tell_exits and telling and listening:
-                    told[pid] = (rank, record)
-                    lines.append(f"ended {pid} {record}\n")
+                    if pid in told:  # its pid was used again before the agent reported the last exit under it
+                        record_exit(rank, record)
+                    else:
+                        told[pid] = (rank, record)
+                    lines.append(f"ended {pid} {told_exit(rank, record)}\n")
                 else:
                     record_exit(rank, record)
                     lines.append(f"ended {pid}\n")

@@ -129,7 +129,7 @@ async def test_an_exit_is_written_down_only_when_its_agent_did_not_report_it(tmp
     """The holder tells its agent each exit; it writes one to the rank's folder only when the agent went away
     before it reported it, for the next agent to find."""
     server = HoldServer()
-    reported, unreported = tmp_path / "a", tmp_path / "b"
+    reported, unreported = tmp_path / "rank a", tmp_path / "rank b"  # told with their folders, spaces and all
     processes = []
     for folder, code in ((reported, 5), (unreported, 6)):
         folder.mkdir()
