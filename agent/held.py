@@ -22,6 +22,7 @@ import sys
 import weakref
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import Any
 
 from agent.holder import EXIT_NAME, OUTPUT_NAME, start_ticks, write_atomically
 from agent.process import Record, read_records
@@ -189,7 +190,7 @@ def _told_exit(told: str) -> tuple[str, tuple[int, datetime]] | None:
     """The folder and exit of `ended <pid> <told>` (agent/holder.py `told_exit`); None when it is not one."""
     try:
         found = json.loads(told)
-        return str(found["folder"]), (int(found["exit_code"]), datetime.fromisoformat(found["exited_at"]))
+        return str(found["folder"]), _code_and_time(found)
     except (ValueError, KeyError, TypeError):
         return None
 
@@ -197,10 +198,13 @@ def _told_exit(told: str) -> tuple[str, tuple[int, datetime]] | None:
 def _exit_of(record: str) -> tuple[int, datetime] | None:
     """An exit record's code and time (agent/holder.py `exit_record`); None when it is not one."""
     try:
-        found = json.loads(record)
-        return int(found["exit_code"]), datetime.fromisoformat(found["exited_at"])
+        return _code_and_time(json.loads(record))
     except (ValueError, KeyError, TypeError):
         return None
+
+
+def _code_and_time(found: dict[str, Any]) -> tuple[int, datetime]:
+    return int(found["exit_code"]), datetime.fromisoformat(found["exited_at"])
 
 
 async def _write(fd: int, data: bytes) -> None:

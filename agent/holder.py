@@ -55,10 +55,15 @@ def write_atomically(path: Path, text: str) -> None:
     partial.replace(path)
 
 
-def exit_record(code: int, *, started: bool) -> str:
+def exit_fields(code: int, *, started: bool) -> dict[str, object]:
     # A process killed by signal N reports -N; shells report 128+N. Use the shell convention.
-    return json.dumps({"exit_code": 128 - code if code < 0 else code, "started": started,
-                       "exited_at": datetime.now(UTC).isoformat()}, separators=(",", ":"))
+    return {"exit_code": 128 - code if code < 0 else code, "started": started,
+            "exited_at": datetime.now(UTC).isoformat()}
+
+
+def exit_record(code: int, *, started: bool) -> str:
+    """What `exit.json` holds."""
+    return json.dumps(exit_fields(code, started=started), separators=(",", ":"))
 
 
 def start_ticks(pid: int, *, ended: bool = False) -> int | None:
@@ -135,10 +140,10 @@ def _reaped() -> list[tuple[int, int]]:
         ended.append((pid, os.waitstatus_to_exitcode(status)))
 
 
-def told_exit(folder: Path, record: str) -> str:
+def told_exit(folder: Path, fields: dict[str, object]) -> str:
     """An exit as the agent is told it, on one line: the rank's folder with the record (a pid alone could name
     an earlier command whose exit is not read yet)."""
-    return json.dumps({"folder": str(folder), **json.loads(record)}, separators=(",", ":"))
+    return json.dumps({"folder": str(folder), **fields}, separators=(",", ":"))
 
 
 def record_exit(folder: Path, record: str) -> None:
@@ -150,8 +155,9 @@ def serve(tell_exits: bool = False) -> int:
     """Start a command for each request line on standard input, answering `started <pid>` on standard
     output (`started 0`: it could not start, and says so in its output; `failed`: not even that could be
     recorded), and tell `ended <pid>` once one ended, so the agent learns it at once. `tell_exits`: with
-    its exit record (`ended <pid> <record>`), which is written to the rank's folder only when the agent
-    goes away before it answers `reported <pid>`; otherwise every exit is written there before it is told.
+    its folder and exit record (`ended <pid> <told_exit>`), the record written to the rank's folder only
+    when the agent goes away before it answers `reported <pid>`; otherwise every exit is written there before
+    it is told.
     Once the input ends (the agent is gone), wait for the commands, then end."""
     wake_read, wake_write = os.pipe()
     for fd in (wake_read, wake_write):
@@ -192,13 +198,14 @@ def serve(tell_exits: bool = False) -> int:
                 lines.append(f"started {pid}\n")
         for pid, code in _reaped():  # after the answers: a command's start is told before its end
             if (rank := running.pop(pid, None)) is not None:
-                record = exit_record(code, started=True)
+                fields = exit_fields(code, started=True)
+                record = json.dumps(fields, separators=(",", ":"))
                 if tell_exits and telling and listening:
                     if pid in told:  # its pid was used again before the agent reported the last exit under it
                         record_exit(rank, record)
                     else:
                         told[pid] = (rank, record)
-                    lines.append(f"ended {pid} {told_exit(rank, record)}\n")
+                    lines.append(f"ended {pid} {told_exit(rank, fields)}\n")
                 else:
                     record_exit(rank, record)
                     lines.append(f"ended {pid}\n")

@@ -26,29 +26,27 @@ _FLAGS = struct.Struct("l")
 
 def spread_subfolders(folder: Path) -> bool:
     """Mark `folder` so that its subfolders are spread apart; whether the file system took the mark."""
+    return _topdir(folder, mark=True)
+
+
+def subfolders_spread(folder: Path) -> bool:
+    """Whether `folder` carries the mark."""
+    return _topdir(folder, mark=False)
+
+
+def _topdir(folder: Path, *, mark: bool) -> bool:
+    """Whether `folder` carries the mark, given it first when `mark`; False where the file system has no such
+    flags (tmpfs, overlay, xfs, ...), the folder is not ours to mark, or is not there."""
     try:
         fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
         return False
     try:
         flags = _FLAGS.unpack(fcntl.ioctl(fd, GET_FLAGS, bytes(_FLAGS.size)))[0]
-        if not flags & TOPDIR:
+        if mark and not flags & TOPDIR:
             fcntl.ioctl(fd, SET_FLAGS, _FLAGS.pack(flags | TOPDIR))
-        return True
-    except OSError:  # a file system without such flags (tmpfs, overlay, xfs, ...), or not ours to mark
-        return False
-    finally:
-        os.close(fd)
-
-
-def subfolders_spread(folder: Path) -> bool:
-    """Whether `folder` carries the mark."""
-    try:
-        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
-    except OSError:
-        return False
-    try:
-        return bool(_FLAGS.unpack(fcntl.ioctl(fd, GET_FLAGS, bytes(_FLAGS.size)))[0] & TOPDIR)
+            flags |= TOPDIR
+        return bool(flags & TOPDIR)
     except OSError:
         return False
     finally:
