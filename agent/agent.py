@@ -318,6 +318,9 @@ class NodeAgent:
             node.runner.cancel()  # a shipment cut short here is shipped again by the next agent
         if running:
             log.info("agent.jobs_left_running", node=self.info.name, processes=len(running))
+        for node in self.nodes.values():
+            if node.relay is not None:
+                node.relay.abandon()
         with contextlib.suppress(Exception):
             await self.nc.drain()
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
@@ -887,6 +890,8 @@ class NodeAgent:
                 await self.js.publish(subject, payload, headers={"Nats-Msg-Id": msg_id, **(trace or {})})
                 return
             except Exception as exc:  # JetStream unavailable or timed out: try again
+                if self.nc.is_closed:  # the agent closed: what it did not publish, the next one does
+                    raise
                 log.warning("agent.publish_retry", subject=subject, error=repr(exc))
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)

@@ -119,6 +119,17 @@ class RunRelay:
         with contextlib.suppress(OSError):
             self.path.unlink()  # its folder stays while the rank's environment is kept (debug sessions bind it)
 
+    def abandon(self) -> None:
+        """Stop listening and publishing: the agent is going away. What was not acknowledged yet its processes
+        send again to the next agent's socket."""
+        if self._server is not None:
+            self._server.close()
+        if self._flusher is not None:
+            self._flusher.cancel()
+        for writer in self._writers.values():
+            for connection in writer.connections:
+                connection.close()
+
     async def _serve(self, reader: asyncio.StreamReader, connection: asyncio.StreamWriter) -> None:
         processes: set[str] = set()
         try:

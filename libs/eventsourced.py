@@ -203,6 +203,7 @@ class EventSourcedService:
             follower = self.follower(upstream)
             await follower.start()
             self.followers.append(follower)
+            self.rt.on_close(follower.stop)
         self.handlers()
         for name, loop in self.loops().items():
             self.rt.spawn(weathering(name, loop), name)

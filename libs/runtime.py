@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
 
 import asyncpg
@@ -54,6 +54,7 @@ class ServiceRuntime:
         self.name = name
         self.settings = settings or Settings()
         self._tasks: list[asyncio.Task[Any]] = []
+        self._closers: list[Callable[[], Awaitable[None]]] = []
         self._stopping = asyncio.Event()
         # Whether the connection that carries requests and subscriptions is up, and since when: what
         # could not arrive while it was down (heartbeats) counts from then, not from before.
@@ -109,6 +110,11 @@ class ServiceRuntime:
         self._tasks.append(task)
         return task
 
+    def on_close(self, stop: Callable[[], Awaitable[None]]) -> None:
+        """Run `stop` when the service closes, while its connections are still open: a part with tasks of its
+        own (a stream follower) ends them there, or they would outlive the service in a process that goes on."""
+        self._closers.append(stop)
+
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
             return
@@ -147,6 +153,9 @@ class ServiceRuntime:
         # Stop answering first, so no request reaches a service that is half shut down.
         with contextlib.suppress(Exception):
             await asyncio.wait_for(self.broker.stop(), timeout)
+        for stop in self._closers:
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(stop(), timeout)
         for task in self._tasks:
             task.cancel()
         with contextlib.suppress(Exception):

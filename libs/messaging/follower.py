@@ -276,7 +276,8 @@ class StreamFollower:
     async def stop(self) -> None:
         self._stopped = True  # a message still being handled must not start a writer that outlives the store
         if self._sub is not None:
-            await self._sub.unsubscribe()  # type: ignore[attr-defined]
+            with contextlib.suppress(Exception):  # the connection closed already: so is the subscription
+                await self._sub.unsubscribe()  # type: ignore[attr-defined]
         if self._worker is not None:
             self._worker.cancel()
             with contextlib.suppress(asyncio.CancelledError):

@@ -541,3 +541,20 @@ async def test_every_message_set_aside_becomes_one_alert_its_own_included(platfo
 async def _at_least(found: Awaitable[list[T]], count: int) -> list[T]:
     items = await found
     return items if len(items) >= count else []
+
+
+async def test_a_stopped_monitor_leaves_nothing_of_its_own_running(platform: Platform) -> None:
+    before = asyncio.all_tasks()
+    monitor = await platform.start()
+    # A scheduler event the monitor only folds: its follower writes the position down a while later.
+    await platform.scheduler_records("job-000000000011", submitted("job-000000000011", spec("quiet")))
+    await eventually(lambda: _folded(monitor, "job-000000000011"))
+    await platform.stop()
+    await asyncio.sleep(0.1)
+    # The monitor's tasks are named (its loops, and each follower's worker and position writer).
+    left = [t.get_name() for t in asyncio.all_tasks() - before if not t.done() and not t.get_name().startswith("Task-")]
+    assert left == []
+
+
+async def _folded(monitor: Monitor, job_id: str) -> bool:
+    return job_id in monitor.jobs.jobs

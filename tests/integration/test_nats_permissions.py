@@ -274,7 +274,7 @@ async def test_a_user_takes_part_in_her_own_debug_sessions_only(connect: Connect
     seen = await alice.nc.subscribe(alices)
     await alice.nc.flush()
     await agent.nc.publish(alices, b"alice's output")
-    assert (await seen.next_msg(timeout=2)).data == b"alice's output"
+    assert (await seen.next_msg(timeout=5)).data == b"alice's output"
 
     for wildcard in (subjects.session("*", "*", "*", "out"), alices):
         await bob.nc.subscribe(wildcard)

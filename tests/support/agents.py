@@ -122,6 +122,7 @@ async def registered_node(nc: Client, nats_url: str, home: Path, *, job_id: str,
 
     name = f"node-{uuid.uuid4().hex[:8]}"
     storage = storage or home / "storage"
+    before = asyncio.all_tasks()
     registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
     agent = await start_agent(nats_url, name, home, storage=storage, health_probe_seconds=health_probe_seconds)
     node = Node(agent=agent, nc=nc, storage=storage, job_id=job_id)
@@ -136,6 +137,22 @@ async def registered_node(nc: Client, nats_url: str, home: Path, *, job_id: str,
         await node.agent.close()
         await reports.unsubscribe()
         await registrar.unsubscribe()
+        await _left_nothing_running(before)
+
+
+async def _left_nothing_running(before: set[asyncio.Task[Any]]) -> None:
+    """An agent closed in a process that goes on (an upgrade in place, these tests) leaves no task behind: one
+    retrying to publish on its closed connection would do so for as long as the process lives. (The agent's
+    connection is closed, and its subscriptions with it; those still open are the test's own.)"""
+    def ours(task: asyncio.Task[Any]) -> bool:
+        return getattr(task.get_coro(), "__qualname__", None) != "Subscription._wait_for_msgs"
+
+    for _ in range(50):
+        left = [t for t in asyncio.all_tasks() - before if not t.done() and t is not asyncio.current_task() and ours(t)]
+        if not left:
+            return
+        await asyncio.sleep(0.1)
+    raise AssertionError(f"the closed agent left tasks running: {[t.get_coro() for t in left]}")
 
 
 @dataclass
