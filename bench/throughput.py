@@ -2,6 +2,7 @@
 
     python -m bench.throughput [--jobs 1000] [--agents 8] [--in-flight 16] [--submits 5000] [--array 10000]
                                [--workloads trivial,gang,submit,array] [--no-slurm] [--cpu] [--metrics]
+                               [--rounds 1]
 
 Runs the whole local stack as `make up` does (NATS enforcing a login per role, PostgreSQL, the four
 services, `--agents` node agents of 16 CPUs and 4000 MiB each), and through the Python client:
@@ -17,7 +18,9 @@ services, `--agents` node agents of 16 CPUs and 4000 MiB each), and through the 
 
 Every job is a real process started by a real agent. Where Slurm is installed (`apt-get install
 slurm-wlm`), the same workloads run on it in the same run (bench/slurm.py: 8 emulated nodes of the same
-size, throughput tuning) and the ratio is printed.
+size, throughput tuning) and the ratio is printed. With `--rounds N`, Trainyard and Slurm take turns N times
+(each on a fresh stack), so that a machine whose speed drifts within minutes weighs on both alike; each round's
+ratio is printed, and their median.
 """
 
 from __future__ import annotations
@@ -303,25 +306,49 @@ def main() -> None:
     parser.add_argument("--cpu", action="store_true", help="where the CPU went in the trivial and gang workloads")
     parser.add_argument("--metrics", action="store_true",
                         help="every process serves its metrics, as `make up` runs them (what they cost)")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="Trainyard and Slurm take turns this many times; each round's ratio and their median")
     args = parser.parse_args()
 
     def progress(line: str) -> None:
         print(line, flush=True)
 
+    rounds: list[tuple[Figures, dict[str, float] | None]] = []
     with tempfile.TemporaryDirectory(prefix="trainyard-throughput-") as workdir:
-        home = Path(workdir)
-        home.chmod(0o755)
-        figures = asyncio.run(trainyard(args, home, progress))
-        slurm = None
-        if args.no_slurm:
-            pass
-        elif (missing := slurm_missing()) is not None:
+        top = Path(workdir)
+        top.chmod(0o755)
+        missing = None if args.no_slurm else slurm_missing()
+        if missing is not None:
             progress(f"no Slurm beside it: {missing}")
-        else:
-            slurm = asyncio.run(slurm_side(args, home / "slurm", progress))
-    print()
-    print("\n".join(report(figures, slurm)))
+        for turn in range(1, args.rounds + 1):
+            if args.rounds > 1:
+                progress(f"round {turn} of {args.rounds}")
+            home = top / f"round-{turn}"
+            home.mkdir(mode=0o755)
+            figures = asyncio.run(trainyard(args, home, progress))
+            slurm = None if args.no_slurm or missing is not None else asyncio.run(
+                slurm_side(args, home / "slurm", progress))
+            rounds.append((figures, slurm))
+    for turn, (figures, slurm) in enumerate(rounds, 1):
+        print()
+        if args.rounds > 1:
+            print(f"round {turn}")
+        print("\n".join(report(figures, slurm)))
+    if len(rounds) > 1:
+        print()
+        print("\n".join(summary(rounds)))
 
+
+def summary(rounds: Sequence[tuple[Figures, dict[str, float] | None]]) -> list[str]:
+    """Per workload run on both sides: each round's ratio and their median."""
+    lines = []
+    for name in rounds[0][0].runs:
+        ratios = [figures.runs[name].rate / slurm[name] for figures, slurm in rounds
+                  if slurm and slurm.get(name) and figures.runs[name].seconds]
+        if ratios:
+            lines.append(f"{name}: ratio to Slurm by round {', '.join(f'{r:.2f}' for r in ratios)}; "
+                         f"median {statistics.median(ratios):.2f}")
+    return lines
 
 if __name__ == "__main__":
     main()
