@@ -24,7 +24,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.holder import EXIT_NAME, OUTPUT_NAME, start_ticks, write_atomically
+from agent.holder import EXIT_NAME, OUTPUT_NAME, exit_fields, exit_record, start_ticks, write_atomically
 from agent.process import Record, read_records
 from agent.signals import Attempt, attempt_processes, send
 
@@ -305,8 +305,7 @@ class HeldProcess:
                     if not self.folder.exists():  # the node was reported and its folder removed meanwhile
                         return 137, datetime.now(UTC)
                     self.signal(signal.SIGKILL)  # unwatched, it would run on without anyone to report it
-                    write_atomically(self.folder / EXIT_NAME, json.dumps(
-                        {"exit_code": 137, "started": self.started, "exited_at": datetime.now(UTC).isoformat()}))
+                    write_atomically(self.folder / EXIT_NAME, exit_record(exit_fields(137, started=self.started)))
                     continue
                 if ended is None:
                     await asyncio.sleep(POLL_SECONDS)

@@ -61,9 +61,9 @@ def exit_fields(code: int, *, started: bool) -> dict[str, object]:
             "exited_at": datetime.now(UTC).isoformat()}
 
 
-def exit_record(code: int, *, started: bool) -> str:
-    """What `exit.json` holds."""
-    return json.dumps(exit_fields(code, started=started), separators=(",", ":"))
+def exit_record(fields: dict[str, object]) -> str:
+    """What `exit.json` holds: the fields of `exit_fields`."""
+    return json.dumps(fields, separators=(",", ":"))
 
 
 def start_ticks(pid: int, *, ended: bool = False) -> int | None:
@@ -119,7 +119,7 @@ def start(request: bytes) -> tuple[int, Path] | None:
     except Exception as exc:  # whatever a request holds, the holder goes on holding every other command
         try:
             os.write(output, f"[trainyard] cannot start {argv[0] if argv else ''!r}: {exc}\n".encode())
-            write_atomically(folder / EXIT_NAME, exit_record(127, started=False))
+            write_atomically(folder / EXIT_NAME, exit_record(exit_fields(127, started=False)))
         except OSError:
             return None
         return 0, folder
@@ -199,7 +199,7 @@ def serve(tell_exits: bool = False) -> int:
         for pid, code in _reaped():  # after the answers: a command's start is told before its end
             if (rank := running.pop(pid, None)) is not None:
                 fields = exit_fields(code, started=True)
-                record = json.dumps(fields, separators=(",", ":"))
+                record = exit_record(fields)
                 if tell_exits and telling and listening:
                     if pid in told:  # its pid was used again before the agent reported the last exit under it
                         record_exit(rank, record)

@@ -113,9 +113,7 @@ class RunRelay:
             with contextlib.suppress(asyncio.CancelledError):
                 await self._flusher
         await self.flush()
-        for writer in self._writers.values():
-            for connection in writer.connections:
-                connection.close()
+        self._hang_up()
         with contextlib.suppress(OSError):
             self.path.unlink()  # its folder stays while the rank's environment is kept (debug sessions bind it)
 
@@ -126,6 +124,9 @@ class RunRelay:
             self._server.close()
         if self._flusher is not None:
             self._flusher.cancel()
+        self._hang_up()
+
+    def _hang_up(self) -> None:
         for writer in self._writers.values():
             for connection in writer.connections:
                 connection.close()

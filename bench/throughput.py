@@ -350,5 +350,6 @@ def summary(rounds: Sequence[tuple[Figures, dict[str, float] | None]]) -> list[s
                          f"median {statistics.median(ratios):.2f}")
     return lines
 
+
 if __name__ == "__main__":
     main()
