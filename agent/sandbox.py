@@ -48,6 +48,7 @@ import functools
 import os
 import time
 from collections.abc import Callable, Sequence
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -161,7 +162,7 @@ def _inside(path: str, parent: str) -> bool:
     return path == parent or path.startswith(parent.rstrip("/") + "/")
 
 
-def _under(path: str, roots: set[str]) -> bool:
+def _under(path: str, roots: AbstractSet[str]) -> bool:
     """Whether `path` is one of `roots` or lies in one (a look at each of its folders)."""
     while path not in roots:
         if path in ("/", ""):
@@ -194,6 +195,13 @@ def _real_path(path: str) -> str:
     every start. A link changed since only ever costs a start through the shell being left out where it
     was wanted (bwrap's own message then), never what the sandbox hides."""
     return os.path.realpath(path)
+
+
+@functools.lru_cache(maxsize=4096)
+def _seen_as_on_host(path: str, covered: frozenset[str]) -> bool:
+    """Whether the host's `path`, as written and resolved, lies outside every path the sandbox shows something else
+    at or hides (`covered`), remembered: every start looks along the same PATH with the same covered paths."""
+    return not any(_under(p, covered) for p in (path, _real_path(path)))
 
 
 def is_executable_file(path: str) -> bool:
@@ -272,11 +280,10 @@ def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | Non
     `search_path`, in the first folder holding it, with no folder before that the sandbox shows otherwise."""
     if spec.root is not None or not argv:
         return False
-    hidden = {str(entry.path) for entry in spec.hidden}
+    covered = frozenset(replaced).union(str(entry.path) for entry in spec.hidden)
 
     def seen_as_on_host(path: str) -> bool:
-        real = _real_path(path)
-        return not any(_under(p, replaced) or _under(p, hidden) for p in (path, real))
+        return _seen_as_on_host(path, covered)
 
     name = argv[0]
     if "/" in name:

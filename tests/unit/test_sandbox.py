@@ -140,6 +140,20 @@ def test_an_executable_the_job_sees_as_on_the_host_runs_without_a_shell_in_betwe
     assert command == (argv if direct else [*EXEC, *argv])
 
 
+def test_a_folder_hidden_from_one_job_only_is_looked_at_for_each() -> None:
+    """Where the command is found is remembered per start's hidden paths: one job's sandbox hiding a folder
+    on the PATH must not make another's skip the shell, nor the other way round."""
+    plain = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, keep=SPEC.keep, cwd=SPEC.cwd)
+    hiding = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, keep=SPEC.keep, cwd=SPEC.cwd,
+                         hidden=[Hidden(path=Path("/home/tools"), is_dir=True)])
+
+    def command(spec: SandboxSpec) -> list[str]:
+        return command_after_options(bwrap_argv(spec, ["tool"], list_dir=list_dir, search_path="/home/tools/bin",
+                                                executable={"/home/tools/bin/tool"}.__contains__))
+
+    assert [command(plain), command(hiding), command(plain)] == [["tool"], [*EXEC, "tool"], ["tool"]]
+
+
 def test_a_job_in_an_image_always_starts_through_the_shell_of_the_image() -> None:
     spec = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, cwd=SPEC.cwd, root=Path("/images/x"))
     command = command_after_options(bwrap_argv(spec, ["/usr/bin/python3"], list_dir=list_dir,
