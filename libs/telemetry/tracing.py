@@ -11,6 +11,7 @@ logs still carry trace ids, and a job's ids still join one trace across processe
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 from collections.abc import Callable, Mapping
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from opentelemetry import context as otel_context
     from opentelemetry import trace
+    from opentelemetry.propagators.textmap import TextMapPropagator
 
 _configured = False
 
@@ -86,9 +88,26 @@ def current_trace_headers() -> dict[str, str]:
 
 def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Context:
     from opentelemetry.context import Context
-    from opentelemetry.propagate import extract
+    from opentelemetry.propagate import get_global_textmap
 
-    return extract(headers) if headers else Context()  # no headers: no trace to continue
+    if not headers:
+        return Context()  # no headers: no trace to continue
+    propagator = get_global_textmap()
+    fields = _fields_read(propagator)
+    return _extracted(propagator, tuple(headers.get(name) for name in fields), fields)
+
+
+# A job's trace headers are extracted again for every message about it, in every process it passes through:
+# the contexts (immutable) of the last few traces are kept, by the values of the fields the propagator reads.
+@functools.lru_cache(maxsize=4)
+def _fields_read(propagator: object) -> tuple[str, ...]:
+    return tuple(sorted(getattr(propagator, "fields", ()) or ()))
+
+
+@functools.lru_cache(maxsize=1024)
+def _extracted(propagator: TextMapPropagator, values: tuple[str | None, ...],
+               fields: tuple[str, ...]) -> otel_context.Context:
+    return propagator.extract({name: value for name, value in zip(fields, values, strict=True) if value is not None})
 
 
 def messaging_attributes(destination: str, operation: str) -> dict[str, str]:

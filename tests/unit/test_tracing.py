@@ -50,3 +50,22 @@ def test_with_traces_on_spans_are_recorded_for_the_exporter() -> None:
             assert current_trace_headers()["traceparent"].startswith(f"00-{PARENT_TRACE}-")
     finally:
         provider.shutdown()  # type: ignore[attr-defined]
+
+
+def test_each_message_continues_its_own_trace_whatever_else_its_headers_carry() -> None:
+    """Extracted contexts are kept by the trace fields only: the same trace with another message id is the same
+    context, another trace (or its sampling flag) is never mistaken for one seen before."""
+    from opentelemetry import trace
+
+    def continued(headers: dict[str, str]) -> trace.SpanContext:
+        return trace.get_current_span(context_from_headers(headers)).get_span_context()
+
+    first = continued({**traceparent(), "Nats-Msg-Id": "a"})
+    again = continued({**traceparent(), "Nats-Msg-Id": "b"})
+    other = continued({"traceparent": f"00-{'1' * 32}-{PARENT_SPAN}-01", "Nats-Msg-Id": "a"})
+    unsampled = continued(traceparent("00"))
+    assert (format(first.trace_id, "032x"), first.is_remote) == (PARENT_TRACE, True)
+    assert again == first
+    assert format(other.trace_id, "032x") == "1" * 32
+    assert (unsampled.trace_id, unsampled.trace_flags.sampled) == (first.trace_id, False)
+    assert not trace.get_current_span(context_from_headers({"Nats-Msg-Id": "a"})).get_span_context().is_valid
