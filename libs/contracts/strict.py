@@ -29,6 +29,8 @@ def _type_info(kind: Any) -> inspect.Type:
 
 
 def _walk(value: Any, info: inspect.Type, path: str, found: list[tuple[str, str]]) -> None:
+    if not isinstance(value, dict | list):
+        return  # a field's name is a key of an object, and only objects and arrays hold objects
     if isinstance(info, inspect.UnionType):
         info = _member_for(value, info)
     if isinstance(info, inspect.StructType) and isinstance(value, dict):
