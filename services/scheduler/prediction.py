@@ -164,7 +164,8 @@ def forecast_queued(job_ids: Collection[str], queue: list[QueuedJob], nodes: lis
                     expected: Expected | None = None) -> dict[str, Forecast]:
     """S6 for jobs already queued, played together: when each starts with the queue as it is. Those of
     `job_ids` not in `queue` get none."""
-    wanted = {job.job_id for job in queue if job.job_id in set(job_ids)}
+    asked = set(job_ids)
+    wanted = {job.job_id for job in queue if job.job_id in asked}
     if not wanted:
         return {}
     decision = schedule(queue, nodes, flavors, running=running, now=now)
