@@ -1,13 +1,16 @@
 """What the scheduler records of the predictions it plans after jobs are accepted (S6).
 
-A job submitted without asking for its prediction has it planned a moment later, together with those of
-the other jobs submitted meanwhile (`forecast_queued`), and recorded in one append. A job still queued
-gets what the plan says; one the scheduler admitted before its prediction was recorded gets the start it
-had. A job that ended without ever starting needs none (the state forgets it).
+A job submitted without asking for its prediction has it planned a moment later, once a scheduling cycle
+left it waiting, together with those of the other jobs submitted meanwhile (`forecast_queued`), and recorded
+in one append. A job still queued gets what the plan says; one the scheduler admitted before its prediction
+was recorded gets the start it had (most jobs on a cluster with room: their next cycle admits them, and
+playing the queue forward for them would only have said so). A job that ended without ever starting needs
+none (the state forgets it).
 """
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping, Sequence
 
 from libs.contracts.events import JobPredicted
@@ -19,10 +22,25 @@ from services.scheduler.state import SchedulerState
 MAX_PLANNED = 1000  # jobs whose predictions are planned and recorded together
 
 
-def to_plan(state: SchedulerState) -> list[str]:
-    """The queued jobs, oldest first, whose predictions the next plan makes."""
-    return [job_id for job_id in list(state.unpredicted)[:MAX_PLANNED]
-            if state.jobs[job_id].status == "queued" and not state.jobs[job_id].prechecking]
+def to_plan(state: SchedulerState, cycle_saw: int) -> list[str]:
+    """The queued jobs, oldest first, whose predictions the next plan makes: those a scheduling cycle already
+    looked at and left waiting (`cycle_saw`: the log position of the newest submission the last cycle saw). A job
+    the next cycle admits has its start recorded as its prediction then, with no plan played for it."""
+    return [job_id for job_id in itertools.islice(state.unpredicted, MAX_PLANNED)
+            if (job := state.jobs[job_id]).queue_order <= cycle_saw and job.status == "queued"
+            and not job.prechecking]
+
+
+def left_waiting(state: SchedulerState, cycle_saw: int) -> bool:
+    """Whether a job a cycle looked at still waits for its prediction (the oldest waiting one tells)."""
+    oldest = next(iter(state.unpredicted), None)
+    return oldest is not None and state.jobs[oldest].queue_order <= cycle_saw
+
+
+def newest_waiting(state: SchedulerState) -> int:
+    """The log position of the newest submission still waiting for its prediction (0: none waits)."""
+    newest = next(reversed(state.unpredicted), None)
+    return state.jobs[newest].queue_order if newest is not None else 0
 
 
 def predictions(state: SchedulerState, forecasts: Mapping[str, Forecast]) -> list[NewEvent]:

@@ -22,7 +22,7 @@ from typing import Self
 
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.events import EventEnvelope, JobSubmitted
+from libs.contracts.events import EventEnvelope
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
 from libs.eventsourced import EventSourcedService, Loop, Pacer, Restored, Upstream, aggregate_of
@@ -104,7 +104,8 @@ class Scheduler(EventSourcedService):
         self.predictions = PredictionCache()  # S6: the plan of the queue, kept until the state changes
         self.planning = PlanningThread(self.predictions)
         self.submissions = SubmissionBatches(self.state, self.lock, self.record)  # group commit
-        self._predict_wake = asyncio.Event()
+        self._predict_wake = asyncio.Event()  # set after a cycle that left jobs without a prediction
+        self.cycle_saw = 0  # the log position of the newest submission the last cycle saw (predicted.py)
         self.pacer = Pacer(share=CYCLE_SHARE)
         self._changed = asyncio.Event()  # set by every event that changes what a cycle decides on
         self.past: PastStates | None = None  # the states of past instants (`trainyard at`), once it answers
@@ -127,8 +128,6 @@ class Scheduler(EventSourcedService):
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("job.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
         self._search_wake.set()
-        if isinstance(envelope.event, JobSubmitted):
-            self._predict_wake.set()
         metrics.count(envelope, self.state)
 
     def sample_metrics(self) -> None:
@@ -212,6 +211,15 @@ class Scheduler(EventSourcedService):
     async def run_cycle(self) -> bool:
         """Expire, fail what settled, then admit and grow; each recorded in a span continuing its job's trace.
         Whether it recorded anything."""
+        saw = predicted.newest_waiting(self.state)
+        try:
+            return await self._decide_cycle()
+        finally:  # what it left queued without a prediction has one planned now (predicted.py)
+            self.cycle_saw = max(self.cycle_saw, saw)
+            if predicted.left_waiting(self.state, self.cycle_saw):
+                self._predict_wake.set()
+
+    async def _decide_cycle(self) -> bool:
         now = self.clock()
         expired = await self._record_each("expire", cycle.expirations(self.state, now))
         failed = await self._record_each("fail", cycle.settled_failures(self.state, now, self.settle))
@@ -274,11 +282,11 @@ class Scheduler(EventSourcedService):
             if not self.state.unpredicted:
                 continue
             with pacer.run():
-                queued = predicted.to_plan(self.state)
+                queued = predicted.to_plan(self.state, self.cycle_saw)
                 forecasts = await self.forecast_queued(queued) if queued else {}
                 async with self.lock:
                     await self.record(predicted.predictions(self.state, forecasts))
-            if len(self.state.unpredicted) > len(queued):  # more came meanwhile, or a batch's worth is left
+            if predicted.to_plan(self.state, self.cycle_saw):  # more were left waiting meanwhile, or a batch's worth
                 self._predict_wake.set()
 
     async def projection_loop(self) -> None:

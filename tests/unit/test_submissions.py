@@ -171,7 +171,8 @@ def test_the_prediction_loop_records_plans_for_queued_jobs_and_starts_for_admitt
     for job in ("job-00000000000a", "job-00000000000b"):
         fold.job(job, job, ["cpu-4"])
     fold.admit("job-00000000000a", "cpu-4", ["n1"])  # admitted before its prediction was planned
-    assert predicted.to_plan(fold.state) == ["job-00000000000b"]
+    assert predicted.to_plan(fold.state, cycle_saw=fold.state.jobs["job-00000000000b"].queue_order) == [
+        "job-00000000000b"]
     planned = forecast(spec(), [], [], {}, now=NOW)
     changes = predicted.predictions(fold.state, {"job-00000000000b": planned})
     assert kinds(changes) == [("job-00000000000a", "JobPredicted"), ("job-00000000000b", "JobPredicted")]
@@ -179,6 +180,21 @@ def test_the_prediction_loop_records_plans_for_queued_jobs_and_starts_for_admitt
     for change in changes:
         fold.apply(change.event, aggregate=change.aggregate_id)
     assert not fold.state.unpredicted
+
+
+def test_only_jobs_a_cycle_left_waiting_have_their_prediction_planned() -> None:
+    """A job's next cycle usually admits it, and its start is then its prediction: the plan of the queue is played
+    only for the jobs a cycle has looked at and left queued."""
+    fold = Fold()
+    for job in ("job-00000000000a", "job-00000000000b"):
+        fold.job(job, job, ["cpu-4"])
+    assert predicted.to_plan(fold.state, cycle_saw=0) == []
+    assert not predicted.left_waiting(fold.state, cycle_saw=0)
+    seen = predicted.newest_waiting(fold.state)
+    fold.job("job-00000000000c", "c", ["cpu-4"])  # submitted after the cycle looked
+    assert predicted.to_plan(fold.state, cycle_saw=seen) == ["job-00000000000a", "job-00000000000b"]
+    assert predicted.left_waiting(fold.state, cycle_saw=seen)
+    assert predicted.newest_waiting(fold.state) == fold.state.jobs["job-00000000000c"].queue_order
 
 
 def test_a_job_that_ends_without_starting_needs_no_prediction_any_more() -> None:
