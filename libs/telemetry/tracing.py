@@ -100,8 +100,8 @@ def context_from_headers(headers: Mapping[str, str] | None) -> otel_context.Cont
 # A job's trace headers are extracted again for every message about it, in every process it passes through:
 # the contexts (immutable) of the last few traces are kept, by the values of the fields the propagator reads.
 @functools.lru_cache(maxsize=4)
-def _fields_read(propagator: object) -> tuple[str, ...]:
-    return tuple(sorted(getattr(propagator, "fields", ()) or ()))
+def _fields_read(propagator: TextMapPropagator) -> tuple[str, ...]:
+    return tuple(sorted(propagator.fields))
 
 
 @functools.lru_cache(maxsize=1024)

@@ -47,7 +47,7 @@ def predictions(state: SchedulerState, forecasts: Mapping[str, Forecast]) -> lis
     """A prediction for every job that waits for one and can have it now: from `forecasts` for a job still
     queued, or the start it had for a job admitted since (traced as the job is)."""
     changes: list[NewEvent] = []
-    waiting: Sequence[str] = list(state.unpredicted)[:MAX_PLANNED]
+    waiting: Sequence[str] = list(itertools.islice(state.unpredicted, MAX_PLANNED))
     for job_id in waiting:
         job = state.jobs[job_id]
         forecast = forecasts.get(job_id) if job.status == "queued" else None
