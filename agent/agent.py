@@ -142,6 +142,9 @@ log = get_logger(__name__)
 _processes = SampledGauge(AGENT_PROCESSES)  # set with every heartbeat
 span_tracer = tracer("trainyard.agent")
 LOG_FLUSH_SECONDS = 0.2  # how often a node's output file is read for lines to ship
+# A start is reported once the command has run this long; one that ends sooner has its start reported with its
+# exit, so that the launcher records both at once (a sweep's short jobs cost a report and an append less each).
+START_REPORT_SECONDS = 0.1
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 FIRST_SAMPLE_SECONDS = 0.5
 # How long closing the agent waits for its debug sessions to report their end.
@@ -784,27 +787,34 @@ class NodeAgent:
     async def _follow(self, node: RunningNode, held: HeldProcess, root: Path) -> None:
         """Ship the node's output and report its start and exit, whichever agent started it."""
         node.group, node.output = held, OutputTail(root)
-        # Whether or not NATS takes the reports and the log right now: a job never waits on its agent.
-        started = asyncio.create_task(self._report(
-            ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                           node=self.info.name, pid=held.pid, staged=node.staged,
-                           backend=node.workspace.backend if node.workspace else self.backend, image=node.image,
-                           image_unpacked=node.image_unpacked), "started", node)
-            if held.started else asyncio.sleep(0))
+        start = ProcessStarted(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
+                               node=self.info.name, pid=held.pid, staged=node.staged,
+                               backend=node.workspace.backend if node.workspace else self.backend, image=node.image,
+                               image_unpacked=node.image_unpacked, started_at=held.started_at) if held.started else None
+        exiting = asyncio.create_task(held.wait_exit())
         shipper = asyncio.create_task(self._ship_continuously(node))
         sampler = asyncio.create_task(self._sample_usage(node, held.pid))
+        started: asyncio.Task[None] | None = None
         try:
-            code, exited_at = await held.wait_exit()
+            if start is not None:  # a command that ends at once has its start reported with its exit
+                await asyncio.wait([exiting], timeout=START_REPORT_SECONDS)
+                if not exiting.done():
+                    # Whether or not NATS takes the reports and the log right now: a job never waits on its agent.
+                    started = asyncio.create_task(self._report(start, "started", node))
+            code, exited_at = await exiting
             node.process_ended()
             await shipper
-            await started  # the start is reported before the exit
+            if started is not None:
+                await started  # the start is reported before the exit
         finally:
-            for task in (started, shipper, sampler):
-                task.cancel()
+            for task in (exiting, started, shipper, sampler):
+                if task is not None:
+                    task.cancel()
         log.info("agent.process_exited", job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                  node=self.info.name, exit_code=code)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
-                                         node=self.info.name, exit_code=code, exited_at=exited_at), "exited", node)
+                                         node=self.info.name, exit_code=code, exited_at=exited_at,
+                                         started=start if started is None else None), "exited", node)
         remove_record(root)  # reported: nothing left to adopt
         await held.reported()  # nor for its holder to write down
         self.data.release(node.holder)

@@ -252,6 +252,7 @@ class HeldProcess:
         self.holder_since = holder_since
         self._server: HoldServer | None = None  # the holder that started it, when this agent's
         self._exit: tuple[int, datetime] | None = None  # once known
+        self.started_at: datetime | None = None  # when this agent had it started (None: adopted)
 
     @classmethod
     async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path,
@@ -262,6 +263,7 @@ class HeldProcess:
         pid = await server.hold(folder, argv, env, cwd)
         held = cls(folder, pid=pid, holder_pid=server.pid, holder_since=server.since)
         held._server = server
+        held.started_at = datetime.now(UTC)
         return held
 
     @property

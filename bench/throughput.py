@@ -218,7 +218,10 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
             if "submit" in workloads:
                 progress(f"submit: {args.submits} jobs from {SUBMIT_CLIENTS} clients, left queued")
                 specs = [trivial_spec(i, output="held", pool="held") for i in range(args.submits)]
+                before = cpu.look(*ours)
                 ids, latencies, began, answered = await submit_all(clients, specs, args.in_flight)
+                if ours:
+                    progress("\n".join(cpu.table(cpu.spent(before, cpu.look(*ours)), len(ids))))
                 figures.runs["submit"] = Run(jobs=len(ids), seconds=0.0, submit_seconds=answered - began,
                                              latencies=latencies)
                 progress(f"  {len(ids)} accepted in {answered - began:.1f} s")
@@ -303,7 +306,8 @@ def main() -> None:
     parser.add_argument("--array", type=int, default=10000)
     parser.add_argument("--workloads", default="trivial,gang,submit,array")
     parser.add_argument("--no-slurm", action="store_true")
-    parser.add_argument("--cpu", action="store_true", help="where the CPU went in the trivial and gang workloads")
+    parser.add_argument("--cpu", action="store_true",
+                        help="where the CPU went in the trivial, gang and submit workloads")
     parser.add_argument("--metrics", action="store_true",
                         help="every process serves its metrics, as `make up` runs them (what they cost)")
     parser.add_argument("--rounds", type=int, default=1,

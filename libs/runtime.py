@@ -82,9 +82,12 @@ class ServiceRuntime:
         await self._serve_nats_logins()
         security = NatsUserPassword(login.user, login.password or "") if login.user is not None else None
         # Reconnecting for as long as the process lives: an outage of NATS must not end its subscriptions.
+        # Without FastDepends (apply_types): every subscriber takes the message whole and decodes it as its
+        # contract type itself (libs.messaging.rpc), so injection would only cost a fifth of a request's time.
         self.broker = NatsBroker(server_urls(self.settings.nats_url), logger=None, security=security,
-                                 inbox_prefix=login.inbox, max_reconnect_attempts=-1, reconnect_time_wait=1,
-                                 disconnected_cb=self.stopped_hearing, reconnected_cb=self.heard_again)
+                                 apply_types=False, inbox_prefix=login.inbox, max_reconnect_attempts=-1,
+                                 reconnect_time_wait=1, disconnected_cb=self.stopped_hearing,
+                                 reconnected_cb=self.heard_again)
         self.relay = OutboxRelay(self.store, self.js)
         self.spawn(self.relay.run(), "relay")
         self.spawn(self.lease.keep(self._lease_lost), "lease")

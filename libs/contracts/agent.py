@@ -209,6 +209,9 @@ class ProcessStarted(_AgentMessage, frozen=True, tag="ProcessStarted.v1"):
     # J10: the image it runs in (NAME:TAG@digest), and whether this start unpacked it (else: the node's cache).
     image: Annotated[str, Meta(max_length=400)] | None = None
     image_unpacked: bool = False
+    # When the process started, by the node's clock: a start reported with its exit reaches the launcher after
+    # the process ended. None from older agents.
+    started_at: datetime | None = None
 
 
 class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
@@ -224,6 +227,15 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
     # When the process ended, by the node's clock: the report may reach the launcher much later (NATS or
     # the launcher away). None from older agents.
     exited_at: datetime | None = None
+    # The process's start, when it is reported with its exit (a command that ended within moments): one
+    # report, and one record of both, instead of two. None when the start was reported on its own, or never.
+    started: ProcessStarted | None = None
+
+    def __post_init__(self) -> None:
+        started = self.started
+        if started is not None and (started.job_id, started.attempt, started.task, started.rank, started.node) != (
+                self.job_id, self.attempt, self.task, self.rank, self.node):
+            raise ValueError("the start reported with an exit must be of the same process")
 
 
 class LogChunk(Struct, frozen=True, kw_only=True):

@@ -353,6 +353,9 @@ class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):
     # J14: the datasets the node read from its cache, copied first unless they were there (a hit). The
     # time spent copying is not counted against the job's duration limit.
     staged: list[StagedDataset] = msgspec.field(default_factory=list)
+    # When it started, by its node's clock, where the agent said (a start reported with the exit is recorded
+    # after the process ended); None from older agents: the event's recording time stands for it.
+    started_at: datetime | None = None
 
     @property
     def staging_seconds(self) -> float:

@@ -7,6 +7,7 @@ type alone cannot express and returns every problem at once, each naming its fie
 
 from __future__ import annotations
 
+import functools
 import re
 import shlex
 from typing import Annotated, Literal
@@ -317,11 +318,13 @@ def parse_duration(text: str) -> int:
     return int(match.group(1)) * _DURATION_UNITS[match.group(2)]
 
 
+@functools.lru_cache(maxsize=1024)
 def command_problem(command: str) -> str | None:
     """J11: why `command` does not begin with an executable, or None when it is fine.
 
     Shell syntax (variable assignments, `&&`, pipes, redirections) is refused because the
-    platform runs the command directly, not through a shell.
+    platform runs the command directly, not through a shell. Remembered per command: a sweep's
+    thousands of jobs share a few, and parsing one costs more than the rest of a spec's checks.
     """
     if not command.strip():
         return "is empty"

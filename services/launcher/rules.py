@@ -103,20 +103,28 @@ def record_report(state: LauncherState, report: ProcessStarted | ProcessExited) 
     return launch_events(launch.job_id, _report_events(state, launch, report))
 
 
+def _started(launch: Launch, report: ProcessStarted) -> list[Event]:
+    """The start of a unit not known to have started or ended yet."""
+    unit = (report.task, report.rank)
+    if unit in launch.started or unit in launch.exited:
+        return []
+    return [NodeProcessStarted(job_id=launch.job_id, attempt=launch.attempt, task=report.task, rank=report.rank,
+                               node=report.node, pid=report.pid, backend=report.backend, staged=list(report.staged),
+                               image=report.image, image_unpacked=report.image_unpacked,
+                               started_at=report.started_at)]
+
+
 def _report_events(state: LauncherState, launch: Launch, report: ProcessStarted | ProcessExited) -> list[Event]:
     unit = (report.task, report.rank)
     if isinstance(report, ProcessStarted):
-        if unit in launch.started or unit in launch.exited:
-            return []
-        return [NodeProcessStarted(job_id=launch.job_id, attempt=launch.attempt, task=report.task, rank=report.rank,
-                                   node=report.node, pid=report.pid, backend=report.backend,
-                                   staged=list(report.staged), image=report.image,
-                                   image_unpacked=report.image_unpacked)]
+        return _started(launch, report)
     if unit in launch.exited:
         return []
-    events: list[Event] = [NodeProcessExited(job_id=launch.job_id, attempt=launch.attempt, task=report.task,
-                                             rank=report.rank, node=report.node, exit_code=report.exit_code,
-                                             exited_at=report.exited_at)]
+    # A start reported with the exit is recorded first, in the same append.
+    started = _started(launch, report.started) if report.started is not None else []
+    events: list[Event] = [*started, NodeProcessExited(job_id=launch.job_id, attempt=launch.attempt, task=report.task,
+                                                       rank=report.rank, node=report.node, exit_code=report.exit_code,
+                                                       exited_at=report.exited_at)]
     if launch.outcome is not None:
         return events
     if state.stop_wanted(launch):

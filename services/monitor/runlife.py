@@ -81,8 +81,8 @@ def on_process_event(envelope: EventEnvelope, life: RunLife | None, tasks: int) 
     many tasks the job has (1 unless it is a batch job)."""
     event, at = envelope.event, envelope.recorded_at
     if isinstance(event, NodeProcessStarted):
-        if life is None:
-            return [_run_event(RunBegan(job_id=event.job_id, attempt=event.attempt, began_at=at))]
+        if life is None:  # when the process started, even where that was recorded with its exit
+            return [_run_event(RunBegan(job_id=event.job_id, attempt=event.attempt, began_at=event.started_at or at))]
         if event.attempt > life.attempt:
             return [_run_event(RunContinued(job_id=event.job_id, attempt=event.attempt))]
         return []

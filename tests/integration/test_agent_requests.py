@@ -19,6 +19,7 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
+import agent.agent as agent_module
 from agent.workspace import BACKEND_VARIABLE, PLAIN
 from libs.auth import bearer_headers
 from libs.contracts import subjects
@@ -111,7 +112,33 @@ async def test_a_good_start_still_runs_and_a_repeated_one_is_already_known(node:
 
     exited = await node.report(ProcessExited)
     assert isinstance(exited, ProcessExited) and exited.exit_code == 6
-    assert len([r for r in node.reports if isinstance(r, ProcessStarted)]) == 1
+    assert len(node.starts()) == 1
+
+
+async def test_a_command_that_ends_at_once_has_its_start_reported_with_its_exit(
+        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(agent_module, "START_REPORT_SECONDS", 30.0)  # "at once", however busy the machine is
+    assert await node.ask(subjects.agent_start, encode(start_request("pass"))) == ProcessAccepted(already_known=False)
+
+    exited = await node.report(ProcessExited)
+
+    assert isinstance(exited, ProcessExited) and exited.exit_code == 0
+    assert exited.started is not None and exited.started.pid > 0  # one report: the launcher records both at once
+    assert exited.started.started_at is not None and exited.exited_at is not None
+    assert exited.started.started_at <= exited.exited_at
+    assert not [r for r in node.reports if isinstance(r, ProcessStarted)]
+
+
+async def test_a_command_that_runs_on_has_its_start_reported_before_it_ends(node: Node) -> None:
+    assert await node.ask(subjects.agent_start, encode(start_request(SLEEPER))) == ProcessAccepted(already_known=False)
+    started = await node.report(ProcessStarted)
+    assert started in node.reports  # on its own, while the command runs
+
+    assert await node.ask(subjects.agent_stop, encode(StopProcesses(job_id=JOB, attempt=1, grace_seconds=1))) \
+        == Stopped(stopped=1)
+    exited = await node.report(ProcessExited)
+    assert isinstance(exited, ProcessExited) and exited.started is None  # reported already
+    assert node.starts() == [started]
 
 
 async def test_a_malformed_stop_is_refused_and_leaves_the_job_running(node: Node) -> None:

@@ -25,6 +25,7 @@ from libs.contracts.agent import (
     ProcessAccepted,
     ProcessExited,
     ProcessReport,
+    ProcessStarted,
     SessionControl,
     SessionExited,
     SessionOpened,
@@ -96,12 +97,18 @@ class Node:
         return decode_any(reply.data, ProcessAccepted | PortsReserved | Stopped | CommandError)
 
     async def report(self, kind: type[ProcessReport], attempt: int = 1, *, rank: int | None = None) -> ProcessReport:
+        """The first report of `kind`: a start reported with its exit is a start too."""
         async with asyncio.timeout(WAIT_SECONDS):
             while True:
-                for report in self.reports:
+                for report in [*self.reports, *self.starts()]:
                     if isinstance(report, kind) and report.attempt == attempt and rank in (None, report.rank):
                         return report
                 await asyncio.sleep(0.05)
+
+    def starts(self) -> list[ProcessStarted]:
+        """The starts reported, on their own or with their exits."""
+        return [report for report in self.reports if isinstance(report, ProcessStarted)] + [
+            report.started for report in self.reports if isinstance(report, ProcessExited) and report.started]
 
     def nothing_started(self) -> bool:
         jobs = self.agent.root / "jobs"  # made at the agent's start, empty until a job's folder is made

@@ -655,6 +655,9 @@ AGENT_SAMPLES: list[Any] = [
     Stopped(stopped=2),
     ProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=99),
     ProcessExited(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", exit_code=0),
+    ProcessExited(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", exit_code=0, exited_at=AT,
+                  started=ProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=99,
+                                         started_at=AT)),
 ]
 HEALTH_SAMPLES: list[Any] = [
     Heartbeat(node="gpu-node-1", sent_at=AT, health=[ComponentHealth(kind="nic", name="eth0", healthy=True)]),
@@ -743,6 +746,16 @@ def test_a_port_request_asks_for_at_least_one_port_and_a_bounded_number(count: i
     body = f'{{"type": "ReservePorts.v1", "job_id": "job-000000000001", "attempt": 1, "count": {count}}}'.encode()
     with pytest.raises(msgspec.ValidationError, match="count"):
         decode_any(body, AgentMessage)
+
+
+@pytest.mark.parametrize("other", [{"rank": 1}, {"attempt": 2}, {"node": "gpu-node-2"}, {"task": 1},
+                                   {"job_id": "job-000000000002"}], ids=lambda o: next(iter(o)))
+def test_an_exit_report_refuses_a_start_of_another_process(other: dict[str, Any]) -> None:
+    start = {"job_id": "job-000000000001", "attempt": 1, "rank": 0, "node": "gpu-node-1", "pid": 99, **other}
+    report = {"type": "ProcessExited.v1", "job_id": "job-000000000001", "attempt": 1, "rank": 0,
+              "node": "gpu-node-1", "exit_code": 0, "started": start}
+    with pytest.raises(msgspec.ValidationError, match="the start reported with an exit must be of the same process"):
+        decode_any(json.dumps(report).encode(), ProcessReport)
 
 
 def test_a_process_report_is_not_an_agent_reply() -> None:

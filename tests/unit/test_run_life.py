@@ -3,8 +3,10 @@ every task, or the job's end) finishes it; each event is decided once, whatever 
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Any
 
+import msgspec
 from hypothesis import example, given
 from hypothesis import strategies as st
 
@@ -66,6 +68,16 @@ def test_the_first_process_begins_the_run_and_the_other_ranks_join_it() -> None:
     assert [type(e) for e in runs.launcher(started(1, 0))] == [RunBegan]
     assert runs.launcher(started(1, 1)) == []
     assert runs.life.attempts == [1] and runs.life.finished is None
+
+
+def test_a_run_begins_when_its_process_started_even_where_that_was_recorded_with_its_end() -> None:
+    runs = Runs()
+    began = runs.log.now - timedelta(seconds=2)  # by the node's clock; recorded with the exit, later
+    [run] = runs.launcher(msgspec.structs.replace(started(1, 0), started_at=began))
+    assert isinstance(run, RunBegan) and run.began_at == began and runs.life.began_at == began
+    unknown = Runs()
+    [run] = unknown.launcher(started(1, 0))  # from an older agent: when it was recorded
+    assert isinstance(run, RunBegan) and run.began_at == unknown.log.envelopes[0].recorded_at
 
 
 def test_a_worker_that_crashes_does_not_finish_the_run_and_the_restart_continues_it() -> None:
