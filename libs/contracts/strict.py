@@ -9,58 +9,123 @@ file, a request) `decode_strict` refuses what the types do not know, with msgspe
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 from msgspec import inspect
 
+Found = list[tuple[str, str]]
+Check = Callable[[Any, str, Found], None]  # check(value, path, found): adds the unknown keys under `value`
 
-def unknown_fields(value: Any, kind: Any) -> list[tuple[str, str]]:
+
+def unknown_fields(value: Any, kind: Any) -> Found:
     """(parent path, field name) of every key in `value` that `kind` does not define."""
-    found: list[tuple[str, str]] = []
-    _walk(value, _type_info(kind), "", found)
+    found: Found = []
+    check = _check_for(kind)
+    if check is not None:
+        check(value, "", found)
     return found
 
 
 @functools.lru_cache(maxsize=256)
-def _type_info(kind: Any) -> inspect.Type:
-    """What msgspec knows of `kind`: worked out once per type (it costs a millisecond for a request type)."""
-    return inspect.type_info(kind)
+def _check_for(kind: Any) -> Check | None:
+    """What checks a decoded `kind`, made once per type from what msgspec knows of it (a millisecond for a
+    request type): a value is then looked at only where an object can be (a field's name is a key of an
+    object), so a request's scalars and lists of scalars cost nothing. None: `kind` holds no object."""
+    return _Checks().of(inspect.type_info(kind))
 
 
-def _walk(value: Any, info: inspect.Type, path: str, found: list[tuple[str, str]]) -> None:
-    if not isinstance(value, dict | list):
-        return  # a field's name is a key of an object, and only objects and arrays hold objects
-    if isinstance(info, inspect.UnionType):
-        info = _member_for(value, info)
-    if isinstance(info, inspect.StructType) and isinstance(value, dict):
-        fields = {field.encode_name: field for field in info.fields}
-        for key, item in value.items():
-            if key == info.tag_field:
-                continue
-            if key not in fields:
-                found.append((path, key))
-            else:
-                _walk(item, fields[key].type, f"{path}.{key}" if path else key, found)
-    elif isinstance(info, inspect.ListType | inspect.SetType | inspect.FrozenSetType | inspect.VarTupleType):
+class _Checks:
+    """The checks of one type's parts, each made once (a type may hold itself: a struct's check is found
+    through its entry while it is being made)."""
+
+    def __init__(self) -> None:
+        self._made: dict[int, Check | None] = {}
+        self._kept: list[inspect.Type] = []  # the types the ids above name, alive as long as their checks
+
+    def of(self, info: inspect.Type) -> Check | None:
+        key = id(info)
+        if key in self._made:
+            return self._made[key]
+        self._kept.append(info)
+        if isinstance(info, inspect.StructType):
+            return self._struct(info, key)
+        check: Check | None = None
+        if isinstance(info, inspect.UnionType):
+            check = self._union(info)
+        elif isinstance(info, inspect.ListType | inspect.SetType | inspect.FrozenSetType | inspect.VarTupleType):
+            check = _items(self.of(info.item_type))
+        elif isinstance(info, inspect.DictType):
+            check = _values(self.of(info.value_type))
+        self._made[key] = check
+        return check
+
+    def _struct(self, info: inspect.StructType, key: int) -> Check:
+        fields: dict[str, Check | None] = {}
+        tag_field = info.tag_field
+
+        def check(value: Any, path: str, found: Found) -> None:
+            if not isinstance(value, dict):
+                return
+            for name, item in value.items():
+                if name not in fields:
+                    if name != tag_field:
+                        found.append((path, name))
+                elif (inner := fields[name]) is not None and isinstance(item, dict | list):
+                    inner(item, f"{path}.{name}" if path else name, found)
+
+        self._made[key] = check  # before its fields: one of them may hold this struct again
+        fields.update((field.encode_name, self.of(field.type)) for field in info.fields)
+        return check
+
+    def _union(self, info: inspect.UnionType) -> Check | None:
+        """An object in a union is checked as the struct it decodes as (by its tag, or the only struct of an
+        Optional); anything else in it is not looked into."""
+        structs = [(member, self.of(member)) for member in info.types if isinstance(member, inspect.StructType)]
+        if not structs:
+            return None
+        tagged = {member.tag: check for member, check in structs if member.tag_field is not None}
+        tag_fields = {member.tag_field for member, _ in structs if member.tag_field is not None}
+        only = structs[0][1] if len(structs) == 1 else None
+
+        def check(value: Any, path: str, found: Found) -> None:
+            if not isinstance(value, dict):
+                return
+            for tag_field in tag_fields:
+                if (member := tagged.get(value.get(tag_field))) is not None:
+                    member(value, path, found)
+                    return
+            if only is not None:
+                only(value, path, found)
+
+        return check
+
+
+def _items(inner: Check | None) -> Check | None:
+    if inner is None:
+        return None
+
+    def check(value: Any, path: str, found: Found) -> None:
         if isinstance(value, list):
             for index, item in enumerate(value):
-                _walk(item, info.item_type, f"{path}[{index}]", found)
-    elif isinstance(info, inspect.DictType) and isinstance(value, dict):
-        for key, item in value.items():
-            _walk(item, info.value_type, f"{path}.{key}" if path else str(key), found)
+                if isinstance(item, dict | list):
+                    inner(item, f"{path}[{index}]", found)
+
+    return check
 
 
-def _member_for(value: Any, union: inspect.UnionType) -> inspect.Type:
-    """The struct a union value decodes as: by its tag, or the only struct in an Optional."""
-    structs = [t for t in union.types if isinstance(t, inspect.StructType)]
-    if isinstance(value, dict):
-        for struct in structs:
-            if struct.tag_field is not None and value.get(struct.tag_field) == struct.tag:
-                return struct
-        if len(structs) == 1:
-            return structs[0]
-    return inspect.AnyType()
+def _values(inner: Check | None) -> Check | None:
+    if inner is None:
+        return None
+
+    def check(value: Any, path: str, found: Found) -> None:
+        if isinstance(value, dict):
+            for key, item in value.items():
+                if isinstance(item, dict | list):
+                    inner(item, f"{path}.{key}" if path else str(key), found)
+
+    return check
 
 
 def decode_strict(data: bytes | str, kind: Any, *, yaml: bool = False) -> Any:
