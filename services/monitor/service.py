@@ -381,11 +381,13 @@ class Monitor(EventSourcedService):
                 self._stage_on(event.job_id, warm)  # D1: a job that waits starts with its data in the cache
                 return False
             if not isinstance(event, JobPrechecking):
+                job = self.jobs.jobs.get(envelope.aggregate_id)
+                outcome = decisions.reaction(envelope, job, self.jobs.settings, self.operators)
+                outcome.events += runlife.on_job_event(envelope, self.state.runs.get(envelope.aggregate_id),
+                                                       self._tasks(envelope.aggregate_id))
+                if not outcome.changes and not outcome.releases:
+                    return False  # most of a job's events ask nothing of the monitor: no span for them
                 with consumer_span(self._tracer, envelope, None, consumer=SCHEDULER_CONSUMER):
-                    job = self.jobs.jobs.get(envelope.aggregate_id)
-                    outcome = decisions.reaction(envelope, job, self.jobs.settings, self.operators)
-                    outcome.events += runlife.on_job_event(envelope, self.state.runs.get(envelope.aggregate_id),
-                                                           self._tasks(envelope.aggregate_id))
                     return await self.carry_out(outcome, tracking)
             if (event.job_id, event.attempt) in self.state.prechecked:
                 return False
