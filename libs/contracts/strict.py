@@ -38,17 +38,15 @@ def _check_for(kind: Any) -> Check | None:
 
 class _Checks:
     """The checks of one type's parts, each made once (a type may hold itself: a struct's check is found
-    through its entry while it is being made)."""
+    through its entry while it is being made). Parts are known by id: the type being made holds them all."""
 
     def __init__(self) -> None:
         self._made: dict[int, Check | None] = {}
-        self._kept: list[inspect.Type] = []  # the types the ids above name, alive as long as their checks
 
     def of(self, info: inspect.Type) -> Check | None:
         key = id(info)
         if key in self._made:
             return self._made[key]
-        self._kept.append(info)
         if isinstance(info, inspect.StructType):
             return self._struct(info, key)
         check: Check | None = None
