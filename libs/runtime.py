@@ -83,7 +83,7 @@ class ServiceRuntime:
         security = NatsUserPassword(login.user, login.password or "") if login.user is not None else None
         # Reconnecting for as long as the process lives: an outage of NATS must not end its subscriptions.
         # Without FastDepends (apply_types): every subscriber takes the message whole and decodes it as its
-        # contract type itself (libs.messaging.rpc), so injection would only cost a fifth of a request's time.
+        # contract type itself (libs.messaging.rpc), so injection would only add work to every request.
         self.broker = NatsBroker(server_urls(self.settings.nats_url), logger=None, security=security,
                                  apply_types=False, inbox_prefix=login.inbox, max_reconnect_attempts=-1,
                                  reconnect_time_wait=1, disconnected_cb=self.stopped_hearing,
