@@ -145,6 +145,8 @@ LOG_FLUSH_SECONDS = 0.2  # how often a node's output file is read for lines to s
 # A start is reported once the command has run this long; one that ends sooner has its start reported with its
 # exit, so that the launcher records both at once (a sweep's short jobs cost a report and an append less each).
 START_REPORT_SECONDS = 0.1
+# How long a closing agent waits for NATS to take what it still has to send.
+CLOSE_DRAIN_SECONDS = 2.0
 USAGE_SECONDS = float(os.environ.get("TRAINYARD_USAGE_SECONDS", "2"))
 FIRST_SAMPLE_SECONDS = 0.5
 # How long closing the agent waits for its debug sessions to report their end.
@@ -324,8 +326,13 @@ class NodeAgent:
         for node in self.nodes.values():
             if node.relay is not None:
                 node.relay.abandon()
+        # NATS may be out of reach (a cut link): the agent goes all the same, as what it did not publish the
+        # next one does; drain would wait for it for half a minute.
         with contextlib.suppress(Exception):
-            await self.nc.drain()
+            await asyncio.wait_for(self.nc.drain(), timeout=CLOSE_DRAIN_SECONDS)
+        if not self.nc.is_closed:
+            with contextlib.suppress(Exception):
+                await self.nc.close()
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
         self.holders.close()  # it ends once its commands have
         self.data.cache.close()

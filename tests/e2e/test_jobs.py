@@ -20,6 +20,7 @@ from libs.devstack.stack import REPO_ROOT
 from tests.support.runs import finished_run
 from tests.support.specs import mpi_hello, sleeper
 from tests.support.stack import Stack, process_alive
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 
@@ -307,8 +308,14 @@ async def test_a_batch_tensorflow_job_stops_each_tasks_parameter_servers_before_
     job = await stack.wait_until(accepted.job_id, "ended", timeout=90)
     # Task 2's parameter server listens on the port task 1's used: it only can once that one is gone.
     assert job.status == "succeeded", job.reason
-    ps_lines = await stack.logs(accepted.job_id, 1)
-    assert sum("parameter server serving" in line for line in ps_lines) == 2
+
+    async def both_servers_logged() -> bool:
+        # A parameter server's output reaches the log store as its agent ships it, which may be after the
+        # worker that ended the job: the last server's lines come with its stop.
+        lines = await stack.logs(accepted.job_id, 1)
+        return sum("parameter server serving" in line for line in lines) == 2
+
+    await eventually(both_servers_logged, timeout=15)
     workers = await stack.logs(accepted.job_id, 0)
     assert sum("reached parameter server" in line for line in workers) == 2
 

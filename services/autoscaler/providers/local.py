@@ -162,8 +162,8 @@ async def end_all(folder: Path) -> list[str]:
     """End every instance in `folder`, and their jobs: the local stack went down."""
     provider = LocalProvider(folder)
     names = [home.name for home in sorted(folder.iterdir()) if home.is_dir()] if folder.is_dir() else []
-    for name in names:
-        await provider.terminate(name)
+    # Side by side: each waits for its agent to go, then for a Python that ends its jobs.
+    await asyncio.gather(*(provider.terminate(name) for name in names))
     return names
 
 
