@@ -185,6 +185,9 @@ class RunningNode:
     image: str | None = None  # J10: the image it runs in (NAME:TAG@digest), pinned in the node's cache
     image_unpacked: bool = False  # and whether its start unpacked it
     relay: RunRelay | None = None  # R1: where its processes log their metrics
+    # A parameter server or standby: it runs until stopped, and the launcher must know it runs before the
+    # workers' exits end their task, so its start is reported at once.
+    helper: bool = False
 
     # Done once the process ended: its shipper wakes at once rather than at its next look.
     _ended: asyncio.Future[None] | None = field(default=None, init=False, repr=False)
@@ -507,7 +510,8 @@ class NodeAgent:
         if not known:
             # The node's reports continue the trace of this request.
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
-                               task=request.launch.task, trace=current_trace_headers(), job_token=request.job_token)
+                               task=request.launch.task, trace=current_trace_headers(), job_token=request.job_token,
+                               helper=request.launch.role != "worker")
             self.nodes[key] = node  # before any wait: a repeated request finds it known
             if _prepares_first(request.launch):  # staging or unpacking takes a while: outlive a crash
                 root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
@@ -803,8 +807,9 @@ class NodeAgent:
         sampler = asyncio.create_task(self._sample_usage(node, held.pid))
         started: asyncio.Task[None] | None = None
         try:
-            if start is not None:  # a command that ends at once has its start reported with its exit
-                await asyncio.wait([exiting], timeout=START_REPORT_SECONDS)
+            if start is not None:
+                if not node.helper:  # a worker that ends at once has its start reported with its exit
+                    await asyncio.wait([exiting], timeout=START_REPORT_SECONDS)
                 if not exiting.done():
                     # Whether or not NATS takes the reports and the log right now: a job never waits on its agent.
                     started = asyncio.create_task(self._report(start, "started", node))

@@ -165,6 +165,9 @@ class LauncherState:
             return
         if isinstance(event, NodeProcessStarted):
             launch.started[(event.task, event.rank)] = event.pid
+            # A start reported after the launch had its outcome (a parameter server whose workers ended at
+            # once, their starts reported with their exits) is a process to stop: the launch is under way again.
+            self.unsettled[envelope.aggregate_id] = None
         elif isinstance(event, NodeProcessExited):
             launch.exited[(event.task, event.rank)] = event.exit_code
         elif isinstance(event, NodeProcessLost):

@@ -129,6 +129,21 @@ async def test_a_command_that_ends_at_once_has_its_start_reported_with_its_exit(
     assert not [r for r in node.reports if isinstance(r, ProcessStarted)]
 
 
+async def test_a_parameter_server_has_its_start_reported_at_once_however_soon_it_ends(
+        node: Node, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The launcher stops a task's parameter servers once its workers end, and starts the next task after:
+    # it must know a server runs before the workers' exits (each with its start) can come.
+    monkeypatch.setattr(agent_module, "START_REPORT_SECONDS", 30.0)
+    request = start_request("import time; time.sleep(0.3)")
+    request = msgspec.structs.replace(request, launch=msgspec.structs.replace(request.launch, role="ps"))
+    assert await node.ask(subjects.agent_start, encode(request)) == ProcessAccepted(already_known=False)
+
+    exited = await node.report(ProcessExited)
+
+    assert isinstance(exited, ProcessExited) and exited.started is None
+    assert len(node.starts()) == 1 and isinstance(node.starts()[0], ProcessStarted)
+
+
 async def test_a_command_that_runs_on_has_its_start_reported_before_it_ends(node: Node) -> None:
     assert await node.ask(subjects.agent_start, encode(start_request(SLEEPER))) == ProcessAccepted(already_known=False)
     started = await node.report(ProcessStarted)

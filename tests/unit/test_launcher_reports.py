@@ -21,7 +21,7 @@ from libs.contracts.events import (
     Placement,
 )
 from tests.support.launcher import Site
-from tests.support.platform import JOB, plain_spec
+from tests.support.platform import JOB, job_spec, plain_spec
 
 STARTED_AT = datetime(2024, 5, 1, 8, 59, 58, tzinfo=UTC)
 EXITED_AT = datetime(2024, 5, 1, 8, 59, 59, tzinfo=UTC)
@@ -75,3 +75,27 @@ async def test_a_start_reported_before_is_not_recorded_again_with_the_exit(site:
     assert kinds(site) == [NodeProcessStarted, NodeProcessExited, NodeProcessStarted, NodeProcessExited,
                            LaunchSucceeded]
     assert [e.rank for e in site.recorded(NodeProcessStarted)] == [0, 1]
+
+
+async def test_a_parameter_server_reported_started_after_its_workers_ended_is_stopped(site: Site) -> None:
+    # Both workers end at once, each reporting its start with its exit: the launch succeeds before the
+    # parameter server's start (reported once it ran a while) arrives.
+    spec = job_spec(2, mode="tensorflow", parameter_servers=1, checkpoint_resume=None)
+    await site.scheduler(JobSubmitted(job_id=JOB, spec=spec, creator="alice"))
+    placement = [Placement(rank=0, node="n1", address="addr-n1", slots=1),
+                 Placement(rank=1, node="n2", address="addr-n2", slots=1),
+                 Placement(rank=2, node="n1", address="addr-n1", slots=1, role="ps")]
+    await site.scheduler(JobAdmitted(job_id=JOB, attempt=1, flavor="cpu-4", placement=placement))
+    await site.dispatch()
+    await site.dispatch()
+    for rank, node in ((0, "n1"), (1, "n2")):
+        await site.report(ProcessExited(job_id=JOB, attempt=1, rank=rank, node=node, exit_code=0,
+                                        started=start(rank, node)))
+    assert site.recorded(LaunchSucceeded)
+    await site.dispatch()
+    assert not site.agents.stops()  # nothing known to run
+
+    await site.report(start(2, "n1"))
+    await site.dispatch()
+
+    assert "n1" in {node for node, request, _ in site.agents.stops() if request.task is None}
