@@ -29,6 +29,7 @@ from libs.contracts.agent import (
     StopProcesses,
 )
 from libs.contracts.codec import decode, encode
+from libs.messaging.connection import round_trip
 
 QUEUE = "simulated-agents"
 Key = tuple[str, int, int, int, str]  # job, attempt, task, rank, node
@@ -52,7 +53,7 @@ class SimulatedAgents:
         await nc.subscribe(subjects.agent_ports("*"), queue=QUEUE, cb=self._ports_asked)
         await nc.subscribe(subjects.agent_start("*"), queue=QUEUE, cb=self._start_asked)
         await nc.subscribe(subjects.agent_stop("*"), queue=QUEUE, cb=self._stop_asked)
-        await nc.flush()
+        await round_trip(nc)
 
     async def close(self) -> None:
         for task in self.tasks.values():

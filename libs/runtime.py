@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 
 from libs.eventstore import EventStore, OutboxRelay
 from libs.eventstore.lease import Lease, LeaseLost
-from libs.messaging.connection import NatsLogin, connect, ensure_streams, server_urls
+from libs.messaging.connection import NatsLogin, connect, ensure_streams, round_trip, server_urls
 from libs.natsauth import read_issuer_seed
 from libs.natsauth import serve as serve_logins
 from libs.settings import Settings
@@ -142,7 +142,7 @@ class ServiceRuntime:
         # A round trip makes the server hold every subscription before anyone is told we are ready.
         connection = self.broker.connection
         if isinstance(connection, Client):
-            await connection.flush()
+            await round_trip(connection)
         log.info("service.ready")
 
     async def stopped(self) -> None:

@@ -167,6 +167,18 @@ async def _connected(nc: Client) -> Client:
     raise ConnectionError("the NATS server hung up during the handshake (its login service may be starting)")
 
 
+async def round_trip(nc: Client, timeout: int = 10) -> None:
+    """Return once the server has read everything written on `nc` before the call, so a subscription
+    made just now hears what another connection publishes next.
+
+    nats-py's `flush()` writes its PING straight to the socket, ahead of the commands still waiting in
+    its write buffer: its PONG can come back before a SUB queued earlier is read. The first flush moves
+    that buffer to the socket behind its PING; the second PING follows it there.
+    """
+    await nc.flush(timeout)
+    await nc.flush(timeout)
+
+
 class LoginRefused(ConnectionError):
     """NATS refused the credentials (a missing, expired or forged token, a wrong password)."""
 

@@ -11,6 +11,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from libs.messaging.batches import Batches
+from libs.messaging.connection import round_trip
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -39,7 +40,7 @@ async def test_what_arrives_while_the_handler_works_comes_in_one_batch_in_order(
         await asyncio.wait_for(handle.first_taken.wait(), 5)
         for index in range(1, 201):  # while the first batch is still being handled
             await nc.publish("trainyard.test.batches.one", str(index).encode())
-        await nc.flush()
+        await round_trip(nc)
         await asyncio.sleep(0.2)
         handle.go_on.set()
         async with asyncio.timeout(5):
@@ -64,7 +65,7 @@ async def test_beyond_its_bound_a_batch_drops_what_comes_and_says_how_much(nc: C
         await asyncio.wait_for(handle.first_taken.wait(), 5)
         for index in range(25):
             await nc.publish("trainyard.test.batches.bound", str(index).encode())
-        await nc.flush()
+        await round_trip(nc)
         await asyncio.sleep(0.2)
         assert batched.dropped == 15
         handle.go_on.set()
@@ -92,7 +93,7 @@ async def test_a_handler_that_fails_loses_its_batch_and_gets_the_next(nc: Client
     running = asyncio.create_task(batched.run())
     try:
         await nc.publish("trainyard.test.batches.failing", b"bad")
-        await nc.flush()
+        await round_trip(nc)
         async with asyncio.timeout(5):
             while not taken:
                 await asyncio.sleep(0.02)

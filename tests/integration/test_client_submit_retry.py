@@ -25,6 +25,7 @@ from libs.contracts.jobspec import JobSpec, decode_spec
 from libs.contracts.messages import CloneJob, CommandError, JobAccepted, SubmitJob
 from libs.devstack.servers import free_port, start_nats
 from libs.devstack.stack import REPO_ROOT
+from libs.messaging.connection import round_trip
 from tests.support.schedulers import token
 
 EXAMPLE_JOB = REPO_ROOT / "examples" / "pytorch-ddp.yaml"
@@ -70,7 +71,7 @@ async def client(nats_url: str) -> AsyncIterator[TrainyardClient]:
 
 async def serve(nc: Client, subject: str, scheduler: LosesFirstAnswers) -> None:
     await nc.subscribe(subject, cb=scheduler.handle)
-    await nc.flush()
+    await round_trip(nc)
 
 
 async def test_a_submission_whose_answer_is_lost_creates_one_job(nc: Client, client: TrainyardClient) -> None:

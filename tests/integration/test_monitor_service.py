@@ -83,6 +83,7 @@ from libs.contracts.messages import (
 )
 from libs.controlsign import ControlVerifier
 from libs.eventstore import EventStore, NewEvent, OutboxRelay
+from libs.messaging.connection import round_trip
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import call
 from libs.runtime import ServiceRuntime
@@ -184,7 +185,7 @@ class Platform:
 
         for subject in (subjects.agent_precheck(name), subjects.agent_release(name), subjects.agent_open_session(name)):
             await self.nc.subscribe(subject, cb=answer)
-        await self.nc.flush()
+        await round_trip(self.nc)
 
     def requests(self, kind: type[T]) -> list[tuple[str, T]]:
         return [(node, r) for node, r in self.agent_requests if isinstance(r, kind)]

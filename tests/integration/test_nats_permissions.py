@@ -26,7 +26,7 @@ from libs.contracts import subjects
 from libs.contracts.identity import Identity
 from libs.devstack.natslogins import FOLDER, provision_nats_logins
 from libs.devstack.servers import free_port, nats_server_binary, start_nats
-from libs.messaging.connection import STREAMS, NatsLogin
+from libs.messaging.connection import STREAMS, NatsLogin, round_trip
 from libs.messaging.reader import read_subject
 from libs.natsauth import serve
 from libs.natsroles import MONITOR_LOGS_CONSUMER, SERVICES, STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
@@ -93,7 +93,7 @@ async def callout(server: Server) -> AsyncIterator[None]:
     nc = await nats.connect(server.url, **login(server, "scheduler").options())
     await serve(nc, seed=(server.folder / "issuer.nk").read_bytes().strip(), secret=server.secret,
                 service="scheduler")
-    await nc.flush()
+    await round_trip(nc)
     yield
     await nc.close()
 
@@ -202,12 +202,12 @@ async def test_an_agent_answers_its_own_requests_and_cannot_listen_to_another_no
 
     await agent.nc.subscribe(subjects.agent_start("node-a"), cb=answer)
     await agent.nc.subscribe(subjects.agent_start("node-b"), cb=overhear)
-    await agent.nc.flush()
+    await round_trip(agent.nc)
     assert await agent.refused("subscription", subjects.agent_start("node-b"))
     reply = await launcher.nc.request(subjects.agent_start("node-a"), b"{}", timeout=2)
     assert reply.data == b"accepted"
     await launcher.nc.publish(subjects.agent_start("node-b"), b"{}")
-    await launcher.nc.flush()
+    await round_trip(launcher.nc)
     await asyncio.sleep(0.2)
     assert overheard == []
 
@@ -246,8 +246,8 @@ async def test_a_user_sends_requests_but_reads_no_stream_and_starts_nothing(conn
 
     await scheduler.nc.subscribe(subjects.SUBMIT_JOB, queue="trainyard-scheduler", cb=answer)
     await agent.nc.subscribe(subjects.agent_start("node-a"), cb=on_start)
-    await scheduler.nc.flush()
-    await agent.nc.flush()
+    await round_trip(scheduler.nc)
+    await round_trip(agent.nc)
     assert (await alice.nc.request(subjects.SUBMIT_JOB, b"{}", timeout=2)).data == b"accepted"
 
     for subject in (subjects.EVENTS_ALL, subjects.LOGS_ALL):
@@ -269,10 +269,10 @@ async def test_a_user_takes_part_in_her_own_debug_sessions_only(connect: Connect
         typed.append(msg.data)
 
     await agent.nc.subscribe(subjects.session("node-a", "*", "*", "in"), cb=on_input)
-    await agent.nc.flush()
+    await round_trip(agent.nc)
     alices = subjects.session("node-a", "user-alice", "s1", "out")
     seen = await alice.nc.subscribe(alices)
-    await alice.nc.flush()
+    await round_trip(alice.nc)
     await agent.nc.publish(alices, b"alice's output")
     assert (await seen.next_msg(timeout=5)).data == b"alice's output"
 
@@ -335,7 +335,7 @@ async def test_no_one_reads_another_persons_replies(connect: ConnectAs) -> None:
         await msg.respond(b"bob's jobs")
 
     await scheduler.nc.subscribe(subjects.LIST_JOBS, queue="trainyard-scheduler", cb=answer)
-    await scheduler.nc.flush()
+    await round_trip(scheduler.nc)
     overheard: list[Msg] = []
 
     async def overhear(msg: Msg) -> None:
@@ -387,7 +387,7 @@ async def test_a_job_token_asks_only_its_own_nodes_and_reads_only_its_own_inbox(
         await msg.respond(b"accepted")
 
     await agent.nc.subscribe(subjects.agent_exec("node-a"), cb=answer)
-    await agent.nc.flush()
+    await round_trip(agent.nc)
     assert (await conn.nc.request(subjects.agent_exec("node-a"), b"{}", timeout=2)).data == b"accepted"
     # The agent may answer the exit into this job's inbox, not anyone else's.
     await agent.nc.publish(f"{job_inbox(job)}.exit", b"0")

@@ -28,6 +28,7 @@ from libs.contracts.identity import Identity
 from libs.contracts.messages import CommandError
 from libs.controlsign import ControlVerifier
 from libs.eventstore import EventStore
+from libs.messaging.connection import round_trip
 from libs.messaging.rpc import call
 from libs.settings import Settings
 from services.monitor.service import Monitor
@@ -72,7 +73,7 @@ async def register(nc: Client, info: NodeInfo, token: str | None) -> NodeAccepte
 async def beat(nc: Client, node: str, token: str | None, health: list[ComponentHealth]) -> None:
     await nc.publish(subjects.heartbeat(node), encode(Heartbeat(node=node, sent_at=datetime.now(UTC), health=health)),
                      headers=bearer_headers(token) or None)
-    await nc.flush()
+    await round_trip(nc)
 
 
 

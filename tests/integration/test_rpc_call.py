@@ -11,6 +11,7 @@ from nats.aio.msg import Msg
 
 from libs.contracts.codec import encode
 from libs.contracts.messages import Done, MarkComponent, Reply
+from libs.messaging.connection import round_trip
 from libs.messaging.rpc import NO_RESPONDER_PAUSES, ServiceUnavailable, call
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -31,7 +32,7 @@ async def test_a_responder_that_subscribes_a_moment_late_still_answers(nc: Clien
     async def subscribe_late() -> None:
         await asyncio.sleep(NO_RESPONDER_PAUSES[0] + NO_RESPONDER_PAUSES[1] / 2)
         await nc.subscribe(SUBJECT, cb=answer)
-        await nc.flush()
+        await round_trip(nc)
 
     late = asyncio.create_task(subscribe_late())
     reply = await call(nc, SUBJECT, request(), timeout=2.0, reply_type=Reply)

@@ -36,6 +36,7 @@ from libs.contracts.events import AlertMailed, AlertRaised, EventEnvelope
 from libs.contracts.identity import AUTH_HEADER, Identity
 from libs.contracts.messages import CommandError, ListAlerts, OpenTerminal, TerminalOpened
 from libs.lifecycle import JobLifecycle
+from libs.messaging.connection import round_trip
 from services.monitor.alerts import page as alert_page
 
 JOB = "job-0123456789ab"
@@ -70,7 +71,7 @@ class FakeNode:
         await self.nc.subscribe(subjects.OPEN_TERMINAL, cb=self.on_open)
         await self.nc.subscribe(subjects.session(self.node, "*", "*", "in"), cb=self.on_input)
         await self.nc.subscribe(subjects.session(self.node, "*", "*", "control"), cb=self.on_control)
-        await self.nc.flush()
+        await round_trip(self.nc)
 
     async def on_open(self, msg: Msg) -> None:
         request = decode(msg.data, OpenTerminal)
@@ -83,7 +84,7 @@ class FakeNode:
             return
         await self.nc.publish(subjects.session("node-z", OWNER, "other", "out"), b"someone else's output\n")
         await self.nc.publish(self.subject("out"), self.early)
-        await self.nc.flush()
+        await round_trip(self.nc)
         await asyncio.sleep(0.2)  # the early output is surely there before the reply
         await msg.respond(encode(TerminalOpened(session_id=self.session_id, node=self.node, rank=0, attempt=2)))
 
@@ -302,7 +303,7 @@ class FakeMonitor:
             await msg.respond(encode(alert_page(self.raised, request, admin, JobLifecycle())))
 
         await nc.subscribe(subjects.LIST_ALERTS, cb=answer)
-        await nc.flush()
+        await round_trip(nc)
 
 
 RESUMING = AlertRaised(alert_id="a1", kind="job-resuming", title="job-0123456789ab resumes away from node-b",
