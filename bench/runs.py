@@ -3,7 +3,7 @@
     python -m bench.runs [--points 100000] [--repeats 3] [--ranks 8] [--rank-points 100000]
                          [--read 1000000] [--peer-read 100000] [--quick]
 
-Everything runs against a nats-server of the benchmark's own, with `sync_interval: always` as the stack
+Everything runs against a nats-server of the benchmark's own, with `sync_interval: always` as deploy/
 runs it, and the `TRAINYARD_METRICS` stream as the monitor declares it. This process plays the node's
 agent: a `RunRelay` per rank (agent/runs.py), each publishing its batches as agent/agent.py does (on the
 job's metrics subject, with a Nats-Msg-Id). Each rank is a process of its own that imports only what a job

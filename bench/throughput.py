@@ -2,10 +2,13 @@
 
     python -m bench.throughput [--jobs 1000] [--agents 8] [--in-flight 16] [--submits 5000] [--array 10000]
                                [--workloads trivial,gang,submit,array] [--no-slurm] [--cpu] [--metrics]
-                               [--rounds 1]
+                               [--sync-nats] [--rounds 1]
 
 Runs the whole local stack as `make up` does (NATS enforcing a login per role, PostgreSQL, the four
-services, `--agents` node agents of 16 CPUs and 4000 MiB each), and through the Python client:
+services, `--agents` node agents of 16 CPUs and 4000 MiB each), whose servers keep what they acknowledge as
+`make up`'s do: handed to the operating system, not synced to disk (a crash of either server loses nothing, a
+crash of the machine may; `--sync-nats`: NATS syncs every write first, as deploy/ runs it). Through the Python
+client:
 
 - trivial: `--jobs` single-node jobs of one CPU running `true`, `--in-flight` submissions at a time;
   the seconds from the first submit to the last success (each job's `ended_at`), and the submit rate;
@@ -199,7 +202,7 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
     async with bench_servers("throughput") as servers:
         stack = Stack(home / "stack", None, servers.database_url, connect=TrainyardClient.open,
                       cluster=cluster_config(home / "cluster.yaml", args.agents), timings={},
-                      env=metrics_env(home / "stack") if args.metrics else None)
+                      env=metrics_env(home / "stack") if args.metrics else None, sync_nats_writes=args.sync_nats)
         clients: list[TrainyardClient] = []
         try:
             progress(f"starting the stack with {args.agents} agents")
@@ -310,6 +313,8 @@ def main() -> None:
                         help="where the CPU went in the trivial, gang and submit workloads")
     parser.add_argument("--metrics", action="store_true",
                         help="every process serves its metrics, as `make up` runs them (what they cost)")
+    parser.add_argument("--sync-nats", action="store_true",
+                        help="the stack's NATS syncs every write to disk before it acknowledges it, as deploy/ runs it")
     parser.add_argument("--rounds", type=int, default=1,
                         help="Trainyard and Slurm take turns this many times; each round's ratio and their median")
     args = parser.parse_args()

@@ -349,15 +349,21 @@ def render_config(nodes: Sequence[str], credentials: Mapping[str, Credential], u
 
 
 # JetStream writes every acknowledged message to disk before it acknowledges it: the event history, the
-# agents' reports and the logs survive a crash of the server (or of its machine), not only of the process.
-# The default flushes every two minutes (docs/benchmarks.md measures what this costs).
+# agents' reports and the logs survive a crash of the server's machine, not only of its process. What deploy/
+# runs, beside a PostgreSQL that syncs its commits as well. The default syncs every two minutes; a message is
+# still handed to the operating system before it is acknowledged (a single server's streams flush in place),
+# so it survives a crash of nats-server itself: the durability of the local stack's PostgreSQL, which does not
+# fsync either (docs/local-stack.md). docs/benchmarks.md measures what the sync costs.
 DURABLE_JETSTREAM = "jetstream {\n sync_interval: always\n}\n"
+DEVELOPMENT_JETSTREAM = "jetstream {\n}\n"
 
 
-def callout_config(credentials: Mapping[str, Credential], issuer: str) -> str:
+def callout_config(credentials: Mapping[str, Credential], issuer: str, *, sync_every_write: bool = True) -> str:
     """The configuration of a cluster whose services are static users and everyone else logs in with a
-    token through the auth callout, with JetStream syncing every write: what the local stack and deploy/ run."""
-    return render_config((), credentials, (), issuer=issuer) + DURABLE_JETSTREAM
+    token through the auth callout: what deploy/ runs (JetStream syncing every write) and, with
+    `sync_every_write=False`, the local stack."""
+    jetstream = DURABLE_JETSTREAM if sync_every_write else DEVELOPMENT_JETSTREAM
+    return render_config((), credentials, (), issuer=issuer) + jetstream
 
 
 def placeholder_credentials(nodes: Sequence[str] = (), users: Sequence[str] = ()) -> dict[str, Credential]:

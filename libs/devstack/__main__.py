@@ -31,7 +31,6 @@ from libs.devstack.servers import (
     stop_postgres,
 )
 from libs.devstack.stack import (
-    LOCAL_DATABASE_URL,
     LOCAL_NATS_URL,
     NATS_PORT,
     PG_PORT,
@@ -40,6 +39,7 @@ from libs.devstack.stack import (
     STACK_ENV_FILE,
     ProcessSet,
     home_dir,
+    local_socket_url,
     local_stack_urls,
     provision_auth,
     seed_storage,
@@ -94,8 +94,8 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
         if database_url is None:
             console.print(f"[dim]starting PostgreSQL on 127.0.0.1:{PG_PORT}[/]")
             start_postgres(home / "postgres", PG_PORT)
-            asyncio.run(create_database(postgres_url(PG_PORT, "postgres"), "trainyard"))
-            database_url = LOCAL_DATABASE_URL
+            asyncio.run(create_database(postgres_url(PG_PORT, "postgres", socket_dir=home / "postgres"), "trainyard"))
+            database_url = local_socket_url(home)  # LOCAL_DATABASE_URL, through the server's Unix socket
     except ServerError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None

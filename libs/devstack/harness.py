@@ -83,7 +83,7 @@ class Stack(Generic[ClientT]):
     def __init__(self, home: Path, nats_url: str | None, database_url: str, *, connect: Connect[ClientT],
                  cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None,
                  timings: dict[str, str] | None = None, env: Mapping[str, str] | None = None,
-                 nats_servers: int = 1, separate_hosts: bool = False) -> None:
+                 nats_servers: int = 1, separate_hosts: bool = False, sync_nats_writes: bool = False) -> None:
         """`nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
         per role (libs/natsroles.py), as `make up` does. `algorithms`: a folder whose algorithms are copied
         into shared storage beside the examples. `timings`: the fault timings (FAST_TIMINGS unless given;
@@ -91,8 +91,11 @@ class Stack(Generic[ClientT]):
         process (traces or metrics exported, say). `nats_servers`: with no `nats_url`, a cluster of that many
         servers of the stack's own, every stream kept on three of them (or all, when fewer). `separate_hosts`: each
         node agent on a host of its own (a network namespace with its own address, libs/devstack/hosts.py), the
-        stack's own NATS listening on the control host's address; the cluster config's addresses become the hosts'."""
+        stack's own NATS listening on the control host's address; the cluster config's addresses become the hosts'.
+        `sync_nats_writes`: the stack's own NATS syncs every write to disk before it acknowledges it, as deploy/ runs it
+        (by default, as `make up` runs it, it hands each to the operating system only)."""
         self.home = home
+        self.sync_nats_writes = sync_nats_writes
         self.nats_process: subprocess.Popen[bytes] | None = None
         self.nats_cluster: NatsCluster | None = None
         self.nats_port = 0
@@ -105,7 +108,7 @@ class Stack(Generic[ClientT]):
         replicas: dict[str, str] = {}
         try:
             if nats_url is None and nats_servers > 1:
-                self.nats_cluster = NatsCluster(home, provision_nats_logins(home), size=nats_servers)
+                self.nats_cluster = NatsCluster(home, self._nats_config(), size=nats_servers)
                 self.nats_cluster.start_all()
                 jetstream_ready(self.nats_cluster.url, service_login(home, "scheduler"))
                 nats_url = self.nats_cluster.url
@@ -113,7 +116,7 @@ class Stack(Generic[ClientT]):
             elif nats_url is None:
                 self.nats_port = free_port()
                 address = self.hosts.control if self.hosts is not None else "127.0.0.1"
-                self.nats_process = start_nats(home / "nats", self.nats_port, provision_nats_logins(home),
+                self.nats_process = start_nats(home / "nats", self.nats_port, self._nats_config(),
                                                address=address)
                 nats_url = f"nats://{address}:{self.nats_port}"
         except BaseException:  # no stack to close yet: leave no server, namespace or bridge behind
@@ -188,13 +191,16 @@ class Stack(Generic[ClientT]):
     def resume(self, name: str) -> None:
         self.processes.send(name, signal.SIGCONT)
 
+    def _nats_config(self) -> Path:
+        return provision_nats_logins(self.home, sync_every_write=self.sync_nats_writes)
+
     def restart_nats(self, down_seconds: float = 0.0) -> None:
         """kill -9 the stack's own NATS server, then start it again on the same port, store and logins."""
         assert self.nats_process is not None, "the stack was given a NATS server: it is not the stack's to kill"
         self.nats_process.kill()
         self.nats_process.wait(timeout=10)
         time.sleep(down_seconds)
-        self.nats_process = start_nats(self.home / "nats", self.nats_port, provision_nats_logins(self.home),
+        self.nats_process = start_nats(self.home / "nats", self.nats_port, self._nats_config(),
                                        address=self.hosts.control if self.hosts is not None else "127.0.0.1")
 
     async def api(self, timeout: float = 30) -> ClientT:

@@ -24,8 +24,12 @@ def _secret_file(path: Path, content: bytes) -> None:
         path.write_bytes(content)
 
 
-def provision_nats_logins(home: Path) -> Path:
-    """Create (once) the service passwords and the issuer key; write the server configuration; return its path."""
+def provision_nats_logins(home: Path, *, sync_every_write: bool = False) -> Path:
+    """Create (once) the service passwords and the issuer key; write the server configuration; return its path.
+
+    JetStream hands every message to the operating system before it acknowledges it, and syncs it to disk
+    first only with `sync_every_write` (as deploy/ runs it): the stack's own PostgreSQL does not fsync either,
+    so both survive a crash of their own process, not of the machine (docs/local-stack.md)."""
     folder = home / FOLDER
     folder.mkdir(mode=0o700, parents=True, exist_ok=True)
     _secret_file(folder / "issuer.nk", new_issuer_seed())
@@ -34,7 +38,8 @@ def provision_nats_logins(home: Path) -> Path:
     credentials = {service: (folder / f"{service}.password").read_text().strip() for service in SERVICES}
     config = folder / CONFIG
     config.touch(mode=0o600)
-    config.write_text(callout_config(credentials, issuer_public_key((folder / "issuer.nk").read_bytes().strip())))
+    config.write_text(callout_config(credentials, issuer_public_key((folder / "issuer.nk").read_bytes().strip()),
+                                     sync_every_write=sync_every_write))
     return config
 
 

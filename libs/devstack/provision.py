@@ -70,7 +70,7 @@ def _local_binaries(need_nats: bool, need_postgres: bool, workdir: Path) -> Iter
         if need_postgres:
             port = free_port()
             start_postgres(pg_dir, port)
-            postgres = postgres_url(port, "postgres")
+            postgres = postgres_url(port, "postgres", socket_dir=pg_dir)
         yield nats_url, postgres
     finally:
         if nats_process is not None:

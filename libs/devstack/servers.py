@@ -14,6 +14,7 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.parse
 from pathlib import Path
 
 UNPRIVILEGED_USER = "nobody"
@@ -144,8 +145,13 @@ def stop_postgres(data_dir: Path, mode: str = "fast") -> None:
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
-def postgres_url(port: int, database: str) -> str:
-    return f"postgresql://postgres@127.0.0.1:{port}/{database}"
+def postgres_url(port: int, database: str, *, socket_dir: Path | None = None) -> str:
+    """The server on 127.0.0.1:`port`, or with `socket_dir` (the folder `start_postgres` gives it) through its Unix
+    socket there: a round trip over loopback TCP costs the machine about a third more CPU (docs/benchmarks.md),
+    and a service makes several for every job. The folder goes where the host goes, percent-encoded, as
+    libpq and asyncpg both read it."""
+    host = urllib.parse.quote(str(socket_dir), safe="") if socket_dir is not None else "127.0.0.1"
+    return f"postgresql://postgres@{host}:{port}/{database}"
 
 
 async def create_database(admin_url: str, name: str, *, drop_first: bool = False) -> None:

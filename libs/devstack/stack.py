@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.devstack.natslogins import nats_login_env
+from libs.devstack.servers import postgres_url
 from libs.settings import LOCAL_INSTANCES_VARIABLE
 
 SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
@@ -33,9 +34,14 @@ LOCAL_NATS_URL = f"nats://127.0.0.1:{NATS_PORT}"
 LOCAL_DATABASE_URL = f"postgresql://postgres@127.0.0.1:{PG_PORT}/trainyard"
 
 
+def local_socket_url(home: Path) -> str:
+    """LOCAL_DATABASE_URL through the Unix socket of the stack's own PostgreSQL, as its processes connect."""
+    return postgres_url(PG_PORT, "trainyard", socket_dir=home / "postgres")
+
+
 def local_stack_urls() -> set[str]:
     """The addresses of the local stack's own servers, whether it runs now or not."""
-    return {LOCAL_NATS_URL, LOCAL_DATABASE_URL, *read_stack_env().values()}
+    return {LOCAL_NATS_URL, LOCAL_DATABASE_URL, local_socket_url(home_dir()), *read_stack_env().values()}
 
 
 def home_dir() -> Path:
