@@ -13,7 +13,8 @@ from nats.js.api import DeliverPolicy, PubAck
 
 from libs.contracts import subjects
 from libs.contracts.codec import decode
-from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, NodeRecovered
+from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, JobSubmitted, NodeRecovered
+from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.eventstore import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, OutboxRelay, Tracking
 from libs.eventstore.relay import PublishUnacknowledged
 from libs.messaging.connection import ensure_streams
@@ -155,6 +156,30 @@ async def test_relay_restart_republishes_without_duplicates(store: EventStore, n
     assert len(envelopes) == 5
     subjects_seen = {type(e.event).name() for e in envelopes}
     assert subjects_seen == {"JobStopped"}
+
+
+async def test_published_events_are_what_the_log_holds_on_their_own_subjects(store: EventStore, nc: Client) -> None:
+    """Followers get each event, its trace and its place in the log as the service recorded them, on the subject
+    named for its service, aggregate and type; and its trace in the message's headers."""
+    trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
+    spec = JobSpec(name="ünïcode \"quoted\" name", flavors=["cpu-1"], algorithm=AlgorithmRef(name="pytorch-ddp"),
+                   command="python train.py --lr 0.001", env={"EMOJI": "🚀", "EMPTY": ""}, output=OutputRef(name="out"))
+    events = [NewEvent("job", "job-p1", JobSubmitted(job_id="job-p1", spec=spec, creator="alice"),
+                       trace=trace),
+              stopped("job-p1"), NewEvent("node", "node-a", NodeRecovered(node_name="node-a"))]
+    await store.append(events, expected_versions={("job", "job-p1"): 0, ("node", "node-a"): 0})
+    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 3
+    logged = [*await store.read_aggregate("job", "job-p1"), *await store.read_aggregate("node", "node-a")]
+    sub = await nc.jetstream().subscribe(subjects.EVENTS_ALL, stream=subjects.EVENTS_STREAM, ordered_consumer=True,
+                                         deliver_policy=DeliverPolicy.ALL)
+    messages = [await sub.next_msg(timeout=5) for _ in range(3)]
+    await sub.unsubscribe()
+    assert [decode(m.data, EventEnvelope) for m in messages] == logged
+    assert [m.subject for m in messages] == [
+        "trainyard.events.scheduler.job.job-p1.JobSubmitted", "trainyard.events.scheduler.job.job-p1.JobStopped",
+        "trainyard.events.scheduler.node.node-a.NodeRecovered"]
+    assert messages[0].headers is not None and messages[0].headers["traceparent"] == trace["traceparent"]
+    assert decode(messages[0].data, EventEnvelope).trace == trace
 
 
 class BrokenAfter:
