@@ -32,7 +32,7 @@ from nats.js.errors import NotFoundError
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import Event, EventEnvelope
 from libs.contracts.subjects import EVENTS_STREAM, event_subject, events_of_service
-from libs.eventstore.store import ENVELOPE_BYTES, EventStore
+from libs.eventstore.store import ENVELOPE_BYTES, MAX_EVENT_BYTES, EventStore
 from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
@@ -67,15 +67,17 @@ class Outgoing:
     data: bytes
 
 
-def outgoing(service: str, row: asyncpg.Record) -> Outgoing:
-    """The message that publishes the event of `row`, one of `service`'s."""
+def outgoing(store: EventStore, row: asyncpg.Record) -> Outgoing:
+    """The message that publishes the event of `row`, one of `store`'s."""
     event_id = str(row["event_id"])
     trace: dict[str, str] = msgspec.json.decode(row["trace"], type=dict[str, str])
-    data = encode(_Published(event_id=event_id, service=service, aggregate_type=row["aggregate_type"],
+    data = encode(_Published(event_id=event_id, service=store.service, aggregate_type=row["aggregate_type"],
                              aggregate_id=row["aggregate_id"], version=row["version"], position=row["position"],
                              recorded_at=row["recorded_at"], event=msgspec.Raw(row["data"]),
                              trace=msgspec.Raw(row["trace"])))
-    subject = event_subject(service, row["aggregate_type"], row["aggregate_id"], EVENT_NAMES[row["type"]])
+    if len(data) > MAX_EVENT_BYTES:  # PostgreSQL's text of it is roomier than ours, which the append kept within
+        data = encode(store.envelope(row))
+    subject = event_subject(store.service, row["aggregate_type"], row["aggregate_id"], EVENT_NAMES[row["type"]])
     return Outgoing(row["position"], subject, {"Nats-Msg-Id": event_id, **trace}, data)
 
 
@@ -187,7 +189,7 @@ class OutboxRelay:
         published = 0
         try:
             for run in _runs(rows):
-                acknowledged = await self._publish_run([outgoing(self.store.service, row) for row in run])
+                acknowledged = await self._publish_run([outgoing(self.store, row) for row in run])
                 published += acknowledged
                 if acknowledged < len(run):
                     raise PublishUnacknowledged(f"JetStream acknowledged {acknowledged} of {len(run)} events")

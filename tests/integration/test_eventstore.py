@@ -12,12 +12,14 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
 
 from libs.contracts import subjects
-from libs.contracts.codec import decode
+from libs.contracts.codec import decode, encode
 from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, JobSubmitted, NodeRecovered
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.eventstore import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, OutboxRelay, Tracking
+from libs.eventstore import relay as relay_module
 from libs.eventstore.relay import PublishUnacknowledged
 from libs.messaging.connection import ensure_streams
+from libs.messaging.reader import read_subject
 from tests.support.stores import StoreFactory
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
@@ -180,6 +182,20 @@ async def test_published_events_are_what_the_log_holds_on_their_own_subjects(sto
         "trainyard.events.scheduler.node.node-a.NodeRecovered"]
     assert messages[0].headers is not None and messages[0].headers["traceparent"] == trace["traceparent"]
     assert decode(messages[0].data, EventEnvelope).trace == trace
+
+
+async def test_an_event_whose_stored_text_is_too_roomy_is_published_compact(store: EventStore, nc: Client,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """PostgreSQL keeps an event's JSON with a space after every comma and colon: an event the append kept within
+    the limit as it encodes it must not go over it as published, so one that would is encoded again."""
+    await store.append([stopped("job-big")], expected_versions={("job", "job-big"): 0})
+    (row,) = await store.pool.fetch("SELECT * FROM scheduler.events WHERE aggregate_id = 'job-big'")
+    roomy = relay_module.outgoing(store, row).data
+    assert b'", "' in roomy  # the stored text, spliced in
+    monkeypatch.setattr(relay_module, "MAX_EVENT_BYTES", len(roomy) - 1)
+    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 1
+    (message,) = [m async for m in read_subject(nc.jetstream(), subjects.EVENTS_STREAM, subjects.EVENTS_ALL)]
+    assert message.data == encode(store.envelope(row)) and len(message.data) < len(roomy)
 
 
 class BrokenAfter:
