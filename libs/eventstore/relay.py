@@ -46,7 +46,7 @@ ACK_SECONDS = 5.0
 
 
 # The name an event's subject ends with (`_Event.name`), by the tag its row keeps.
-EVENT_NAMES = {member.__struct_config__.tag: member.__name__ for member in typing.get_args(Event)}
+EVENT_NAMES = {member.__struct_config__.tag: member.name() for member in typing.get_args(Event)}
 
 
 # An `EventEnvelope` as the relay publishes it from its row: the fields of the envelope, in its order (so that a

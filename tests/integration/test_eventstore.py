@@ -172,10 +172,7 @@ async def test_published_events_are_what_the_log_holds_on_their_own_subjects(sto
     await store.append(events, expected_versions={("job", "job-p1"): 0, ("node", "node-a"): 0})
     assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 3
     logged = [*await store.read_aggregate("job", "job-p1"), *await store.read_aggregate("node", "node-a")]
-    sub = await nc.jetstream().subscribe(subjects.EVENTS_ALL, stream=subjects.EVENTS_STREAM, ordered_consumer=True,
-                                         deliver_policy=DeliverPolicy.ALL)
-    messages = [await sub.next_msg(timeout=5) for _ in range(3)]
-    await sub.unsubscribe()
+    messages = [m async for m in read_subject(nc.jetstream(), subjects.EVENTS_STREAM, subjects.EVENTS_ALL)]
     assert [decode(m.data, EventEnvelope) for m in messages] == logged
     assert [m.subject for m in messages] == [
         "trainyard.events.scheduler.job.job-p1.JobSubmitted", "trainyard.events.scheduler.job.job-p1.JobStopped",
