@@ -61,6 +61,9 @@ _follower_lag = SampledGauge(FOLLOWER_LAG)
 
 Fold = Callable[[Any], None]
 Rule = Callable[[Any], Sequence[NewEvent]]
+# A rule that also sees the reactions to earlier messages of the message's key that wait to be recorded in the
+# same append (`Upstream.react_after`).
+RuleAfter = Callable[[Any, Sequence[NewEvent]], Sequence[NewEvent]]
 """A pure reaction: the upstream message (already folded) in, the events to record out."""
 Loop = Callable[[], Coroutine[Any, Any, None]]
 
@@ -93,6 +96,12 @@ class Upstream:
     everything recorded for its own key. A reaction must read of other keys only what a slightly earlier
     view would do as well with: it sees their messages folded and their reactions in the run not yet.
 
+    `react_after`, with `key`: the rule once more, also given the reactions to the earlier messages of the
+    message's key that wait in the run (in order), which it takes into account as if recorded (a pure fold of
+    them onto its own view): the run is then not cut before a message whose key has a reaction waiting, and
+    a job's start and end that arrive together are recorded in one append. `react` is still the rule for a
+    message decided alone, and must answer as `react_after` with nothing waiting.
+
     `subject` is what NATS delivers: of another service's events, name the aggregates the service reads
     (`subjects.events_of`), so that the server leaves out the others; a new kind of aggregate upstream then
     reaches no follower that did not ask for it, while new events of a kind it reads reach it.
@@ -107,6 +116,7 @@ class Upstream:
     handle: Handler | None = None
     reactions: bool = True
     key: Callable[[Any], Hashable] | None = None
+    react_after: RuleAfter | None = None
 
 
 def aggregate_of(envelope: EventEnvelope) -> str:
@@ -312,8 +322,8 @@ class EventSourcedService:
         position recorded (None: no reaction recorded anything); GroupBroken on any failure."""
         assert upstream.react is not None and upstream.key is not None
         waiting: list[NewEvent] = []
-        keys: set[Hashable] = set()  # of the messages whose reactions wait
-        written: set[tuple[str, str]] = set()  # the aggregates they write
+        waiting_of: dict[Hashable, list[NewEvent]] = {}  # the reactions waiting, by the key of their message
+        written: dict[tuple[str, str], Hashable] = {}  # the aggregates they write, and by which key
         decided: Tracking | None = None  # the last message decided so far
         recorded: Tracking | None = None
 
@@ -323,25 +333,28 @@ class EventSourcedService:
                 await self.record(list(waiting), decided)
                 recorded = decided
             waiting.clear()
-            keys.clear()
+            waiting_of.clear()
             written.clear()
+
+        def others_write(key: Hashable, changes: Sequence[NewEvent]) -> bool:
+            return any(written.get((c.aggregate_type, c.aggregate_id), key) != key for c in changes)
 
         async with self.lock:
             try:
                 for arrival in arrivals:
                     key = upstream.key(arrival.message)
-                    if key in keys:
+                    if key in waiting_of and upstream.react_after is None:
                         await record_waiting()
                     if upstream.fold is not None:
                         upstream.fold(arrival.message)
-                    changes = self._reaction(upstream, arrival)
-                    if changes and not written.isdisjoint((c.aggregate_type, c.aggregate_id) for c in changes):
+                    changes = self._reaction(upstream, arrival, waiting_of.get(key, ()))
+                    if changes and others_write(key, changes):
                         await record_waiting()
-                        changes = self._reaction(upstream, arrival)  # on the state with those folded
+                        changes = self._reaction(upstream, arrival, ())  # on the state with those folded
                     if changes:
                         waiting.extend(changes)
-                        keys.add(key)
-                        written.update((c.aggregate_type, c.aggregate_id) for c in changes)
+                        waiting_of.setdefault(key, []).extend(changes)
+                        written.update(((c.aggregate_type, c.aggregate_id), key) for c in changes)
                     decided = arrival.tracking
                 await record_waiting()
             except Exception as exc:
@@ -350,10 +363,12 @@ class EventSourcedService:
                 self.wake.set()
         return recorded
 
-    def _reaction(self, upstream: Upstream, arrival: Arrival) -> list[NewEvent]:
-        """What the upstream's rule answers to one message of a run, each event carrying the message's trace."""
+    def _reaction(self, upstream: Upstream, arrival: Arrival, waiting: Sequence[NewEvent]) -> list[NewEvent]:
+        """What the upstream's rule answers to one message of a run, after the reactions `waiting` for its key,
+        each event carrying the message's trace."""
         assert upstream.react is not None
-        changes = upstream.react(arrival.message)
+        changes = (upstream.react_after(arrival.message, waiting) if upstream.react_after is not None
+                   else upstream.react(arrival.message))
         if not changes:
             return []
         with consumer_span(self._tracer, arrival.message, arrival.msg, consumer=upstream.consumer,

@@ -11,6 +11,7 @@ are pure, and decide each event once, whatever is replayed.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -55,11 +56,26 @@ class RunLife:
 
 def fold(runs: dict[str, RunLife], envelope: EventEnvelope) -> None:
     """Apply one of the monitor's run events."""
-    event = envelope.event
+    _fold_event(runs, envelope.aggregate_id, envelope.event)
+
+
+def life_after(life: RunLife | None, job_id: str, waiting: Sequence[NewEvent]) -> RunLife | None:
+    """The run's life once the run events `waiting` to be recorded are (a copy: `life` is left as it is)."""
+    if not waiting:
+        return life
+    runs = {} if life is None else {job_id: RunLife(began_at=life.began_at, attempts=list(life.attempts),
+                                                    ended=dict(life.ended), finished=life.finished)}
+    for change in waiting:
+        if change.aggregate_type == "run":
+            _fold_event(runs, change.aggregate_id, change.event)
+    return runs.get(job_id)
+
+
+def _fold_event(runs: dict[str, RunLife], run_id: str, event: object) -> None:
     if isinstance(event, RunBegan):
         runs[event.job_id] = RunLife(began_at=event.began_at, attempts=[event.attempt])
         return
-    life = runs.get(envelope.aggregate_id)
+    life = runs.get(run_id)
     if life is None:
         return
     if isinstance(event, RunContinued):

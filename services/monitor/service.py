@@ -145,14 +145,16 @@ class Monitor(EventSourcedService):
                                                                            self.operators).changes),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("launcher", "launch"),
                          consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
-                         key=aggregate_of),
+                         key=aggregate_of, react_after=self.run_reaction),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
                          consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report)]
 
-    def run_reaction(self, envelope: EventEnvelope) -> list[NewEvent]:
-        """R1: a launcher event's answer for the job's run (it begins, goes on, a rank ends, it finishes)."""
-        return runlife.on_process_event(envelope, self.state.runs.get(envelope.aggregate_id),
-                                        self._tasks(envelope.aggregate_id))
+    def run_reaction(self, envelope: EventEnvelope, waiting: Sequence[NewEvent] = ()) -> list[NewEvent]:
+        """R1: a launcher event's answer for the job's run (it begins, goes on, a rank ends, it finishes), after
+        the run events `waiting` to be recorded with it (a start and an end that arrived together)."""
+        job_id = envelope.aggregate_id
+        life = runlife.life_after(self.state.runs.get(job_id), job_id, waiting)
+        return runlife.on_process_event(envelope, life, self._tasks(job_id))
 
     def _tasks(self, job_id: str) -> int:
         """How many tasks the job has: its rank 0s make its run's primary (1 unless it is a batch job)."""

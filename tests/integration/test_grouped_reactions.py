@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Sequence
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any, cast
 
@@ -15,7 +16,8 @@ from nats.aio.client import Client
 from libs.contracts import subjects
 from libs.contracts.events import EventEnvelope, NodeRecovered
 from libs.eventsourced import EventSourcedService, Upstream, aggregate_of
-from libs.eventstore import EventStore, NewEvent
+from libs.eventstore import EventStore, NewEvent, Tracking
+from libs.messaging.follower import Arrival
 from libs.runtime import ServiceRuntime
 from tests.support.stores import StoreFactory
 from tests.support.upstream import publish_upstream
@@ -117,6 +119,45 @@ async def test_a_burst_is_answered_in_few_appends_each_message_once_and_in_order
     assert restarted.seen == jobs + jobs
     assert again.appends == 0
     assert restarted.answered == {job: 2 for job in jobs}
+
+
+class AnsweringAfter(Answering):
+    """Answering, its rule also given the answers waiting for the job in the run (`Upstream.react_after`)."""
+
+    runs = 0  # the runs of messages decided together
+
+    def upstreams(self) -> Sequence[Upstream]:
+        return [replace(upstream, react_after=self.answer_after) for upstream in super().upstreams()]
+
+    def answer_after(self, envelope: EventEnvelope, waiting: Sequence[NewEvent]) -> list[NewEvent]:
+        name = f"{envelope.aggregate_id}-{self.answered.get(envelope.aggregate_id, 0) + len(waiting)}"
+        return [NewEvent("node", name, NodeRecovered(node_name=name))]
+
+    async def on_upstream_group(self, upstream: Upstream, arrivals: Sequence[Arrival]) -> Tracking | None:
+        self.runs += 1
+        return await super().on_upstream_group(upstream, arrivals)
+
+
+async def test_a_rule_that_sees_the_answers_waiting_for_its_job_records_a_whole_run_in_one_append(
+        nc: Client, store: EventStore) -> None:
+    jobs = [f"a{i}" for i in range(30)]
+    await publish_upstream(nc, [job for job in jobs for _ in range(2)])  # each job's two messages together
+    counting = CountingAppends(store)
+    runtime = cast(ServiceRuntime, SimpleNamespace(js=nc.jetstream(), store=counting))
+    service = AnsweringAfter(runtime)
+    follower = service.follower(service.upstreams()[0])
+    await follower.start()
+    await asyncio.wait_for(follower.caught_up.wait(), 10)
+    for _ in range(200):
+        if await store.tracked_position("scheduler-events") >= 60:
+            break
+        await asyncio.sleep(0.05)
+    await follower.stop()
+
+    assert await answers(store) == [f"{job}-{n}" for job in jobs for n in range(2)]  # the second after the first
+    assert await store.tracked_position("scheduler-events") == 60
+    assert counting.appends <= service.runs + 1  # not cut at each job's second message (a run may be of one)
+    assert counting.appends < 30
 
 
 async def test_a_run_that_fails_part_way_is_answered_one_message_at_a_time_nothing_lost_or_doubled(

@@ -23,7 +23,7 @@ from libs.contracts.events import (
 )
 from services.monitor import runlife
 from services.monitor.runlife import RunLife
-from tests.support.eventlog import EventLog
+from tests.support.eventlog import T0, EventLog
 
 JOB = "job-000000000001"
 
@@ -176,3 +176,41 @@ def test_every_event_is_decided_once_and_only_a_primary_or_the_job_finishes_the_
         assert runlife.on_process_event(envelope, runs.lives.get(JOB), 1) == []
     if JOB in runs.lives:
         assert runs.life.attempts == sorted(set(runs.life.attempts))
+
+
+def launcher_event(what: str, attempt: int, rank: int, code: int) -> Any:
+    return (started(attempt, rank) if what == "start" else exited(attempt, rank, code) if what == "exit"
+            else NodeProcessLost(job_id=JOB, attempt=attempt, rank=rank, node=f"n{rank}", reason="lost"))
+
+
+def launcher_envelope(runs: Runs, index: int, step: Step) -> Any:
+    """The launcher's `index`th event of a plan, recorded at a time of its own whatever else the log holds."""
+    envelope = runs.log.record("launcher", "launch", JOB, launcher_event(*step))
+    return msgspec.structs.replace(envelope, recorded_at=T0 + timedelta(minutes=index))
+
+
+@example([("start", 1, 0, 0), ("exit", 1, 0, 0)], [2])  # a short job's start and end arrive together
+@given(steps, st.lists(st.integers(1, 5), max_size=10))
+def test_events_decided_together_before_any_is_recorded_are_decided_as_one_by_one(plan: list[Step],
+                                                                                 cuts: list[int]) -> None:
+    """The monitor decides the launcher events that arrive together in one append, each after the run events
+    waiting for its job (`life_after`): the same run events as when each was recorded before the next."""
+    one_by_one = Runs()
+    expected = [event for index, step in enumerate(plan) for event in one_by_one._record(
+        runlife.on_process_event(launcher_envelope(one_by_one, index, step), one_by_one.lives.get(JOB), 1))]
+    together = Runs()
+    decided: list[Any] = []
+    index = 0
+    for size in [*cuts, len(plan)]:
+        run = plan[index:index + size]
+        before = together.lives.get(JOB)
+        snapshot = None if before is None else (list(before.attempts), dict(before.ended), before.finished)
+        waiting: list[Any] = []
+        for step in run:
+            envelope = launcher_envelope(together, index, step)
+            waiting += runlife.on_process_event(envelope, runlife.life_after(before, JOB, waiting), 1)
+            index += 1
+        if before is not None:  # the recorded life is left as it was until the run's events are recorded
+            assert (before.attempts, before.ended, before.finished) == snapshot
+        decided += together._record(waiting)
+    assert decided == expected
