@@ -39,11 +39,13 @@ local stack's state folder inside the repository the agent runs from) is hidden 
 
 `bwrap_argv` only builds the command. It reads the host through `list_dir`, so tests can describe
 a host instead of having one; an agent lists a host directory again only once it changed
-(`HostListing`).
+(`HostListing`), and works out the host's part of the command (the root's entries, what is hidden and kept)
+once for every job of the same shape, again once a directory it listed changed (`_layout`).
 """
 
 from __future__ import annotations
 
+import collections
 import functools
 import os
 import time
@@ -215,15 +217,70 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     looked up on inside, when it is known."""
     image = spec.root is not None
     binds = [*spec.binds, *_kept_binds(spec.keep)] if image else list(spec.binds)
-    own = [WORKSPACE, *spec.dirs, *(b.target for b in binds)]  # paths the sandbox provides
+    layout = _layout(spec, tuple(b.target for b in binds), list_dir)
+    # The sandbox's own mounts before the host's root: bwrap reads the whole mount table after each mount it
+    # makes (11 times a start), and the host's root bound at HOST doubles that table, so each of these reads
+    # costs half as much before it. None of them lies under HOST; the hidden and kept paths, which do, come after.
+    args = [*layout.before, "--proc", "/proc", "--dev-bind", "/dev", "/dev"]
+    for path in IMAGE_HOST_MOUNTS if image else ():
+        args.extend(["--ro-bind", path, path])
+    args.extend(["--bind", str(spec.tmp), "/tmp"] if spec.tmp is not None else ["--tmpfs", "/tmp"])
+    for directory in [WORKSPACE, *spec.dirs]:
+        args.extend(["--dir", directory])
+    # Parents before children, so that a mount never hides one made inside it.
+    for bind in sorted(binds, key=lambda b: _depth(b.target)):
+        args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
+    wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable) else EXEC
+    return [bwrap, *args, *layout.after, "--", *wrapper, *argv]
+
+
+@dataclass(frozen=True)
+class _Layout:
+    """A sandbox's command but for its own mounts: the root's entries (before them), then the host's root, the
+    hidden and kept paths and the last remounts. It depends on where the sandbox's mounts go, never on what they
+    bind (a rank's own folders), and on the listings of the host directories shown, which it keeps."""
+
+    before: tuple[str, ...]
+    after: tuple[str, ...]
+    replaced: frozenset[str]  # the paths the job sees something else at
+    listings: tuple[tuple[str, Sequence[HostEntry]], ...]  # each directory listed, and what it held
+
+
+# The layouts of the last few sandbox shapes (every job of a kind has the same), kept only for an agent's
+# HostListing: its listings are tuples, the same one as long as the directory is unchanged, so a layout whose
+# directories all list as the very tuples it was made from is the one they would make again.
+_LAYOUTS: collections.OrderedDict[tuple[object, ...], _Layout] = collections.OrderedDict()
+LAYOUTS_KEPT = 32
+
+
+def _layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir) -> _Layout:
+    if not isinstance(list_dir, HostListing):
+        return _make_layout(spec, targets, list_dir)
+    key = (list_dir, spec.root, targets, tuple(spec.dirs), tuple(spec.keep), tuple(spec.hidden), spec.cwd)
+    known = _LAYOUTS.get(key)
+    if known is not None and all(list_dir(path) is entries for path, entries in known.listings):
+        _LAYOUTS.move_to_end(key)
+        return known
+    layout = _LAYOUTS[key] = _make_layout(spec, targets, list_dir)
+    if len(_LAYOUTS) > LAYOUTS_KEPT:
+        _LAYOUTS.popitem(last=False)
+    return layout
+
+
+def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir) -> _Layout:
+    image = spec.root is not None
+    own = [WORKSPACE, *spec.dirs, *targets]  # paths the sandbox provides
     replaced = {*OWN_MOUNTS, *own, *(IMAGE_HOST_MOUNTS if image else ())}  # paths the job sees something else at
     holding = {parent for path in own for parent in _parents(path)}  # folders that must hold new paths
     root = str(spec.root) if spec.root is not None else "/"
     args: list[str] = []
     covered: list[tuple[str, bool]] = []  # files of the root the sandbox shows its own at: hidden under HOST too
+    listings: list[tuple[str, Sequence[HostEntry]]] = []
 
     def listed(directory: str) -> Sequence[HostEntry]:
-        return list_dir(directory if not image else root.rstrip("/") + directory)
+        path = directory if not image else root.rstrip("/") + directory
+        listings.append((path, list_dir(path)))
+        return listings[-1][1]
 
     def show(directory: str, depth: int) -> None:
         for entry in listed(directory):
@@ -240,19 +297,8 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
                              "../" * depth + HOST.lstrip("/") + path, path])
 
     show("/", 0)
-    # The sandbox's own mounts before the host's root: bwrap reads the whole mount table after each mount it
-    # makes (11 times a start), and the host's root bound at HOST doubles that table, so each of these reads
-    # costs half as much before it. None of them lies under HOST; the hidden and kept paths, which do, come after.
-    args.extend(["--proc", "/proc", "--dev-bind", "/dev", "/dev"])
-    for path in IMAGE_HOST_MOUNTS if image else ():
-        args.extend(["--ro-bind", path, path])
-    args.extend(["--bind", str(spec.tmp), "/tmp"] if spec.tmp is not None else ["--tmpfs", "/tmp"])
-    for directory in [WORKSPACE, *spec.dirs]:
-        args.extend(["--dir", directory])
-    # Parents before children, so that a mount never hides one made inside it.
-    for bind in sorted(binds, key=lambda b: _depth(b.target)):
-        args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
-    args.extend(["--ro-bind", root, HOST])
+    before = tuple(args)
+    args = ["--ro-bind", root, HOST]
     for place, is_dir in covered:
         args.extend(_hide(place, is_dir))
     hidden_dirs = [place for place, is_dir in covered if is_dir]
@@ -269,11 +315,10 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
         args.extend(["--remount-ro", place])
     # The tmpfs root itself (and the folders made in it, such as /etc) takes no writes either.
     args.extend(["--remount-ro", "/", "--chdir", spec.cwd])
-    wrapper = () if runs_directly(spec, argv, search_path, replaced, executable) else EXEC
-    return [bwrap, *args, "--", *wrapper, *argv]
+    return _Layout(before=before, after=tuple(args), replaced=frozenset(replaced), listings=tuple(listings))
 
 
-def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | None, replaced: set[str],
+def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | None, replaced: AbstractSet[str],
                   executable: Callable[[str], bool] = is_executable_file) -> bool:
     """Whether argv[0] is found, inside the sandbox, as the executable host file at the same path: on the host's
     root (no image), neither at nor under a path the sandbox shows something else at or hides, and, looked up on
@@ -309,7 +354,7 @@ def _kept_binds(keep: Sequence[Path]) -> list[Bind]:
     return [Bind(source=Path(path), target=path, read_only=True) for path in outermost]
 
 
-def _hidden_and_kept(spec: SandboxSpec, replaced: set[str], covered: list[tuple[str, bool]],
+def _hidden_and_kept(spec: SandboxSpec, replaced: AbstractSet[str], covered: list[tuple[str, bool]],
                      hidden_dirs: list[str]) -> list[str]:
     """Hide each hidden path where the job would see it, and bind each kept path the job would not see
     again where it is looked for; parents first, so that a path kept inside a hidden folder is bound

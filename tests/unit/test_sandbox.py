@@ -9,9 +9,11 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from agent import sandbox
 from agent.sandbox import EXEC, HOST, Bind, Hidden, HostEntry, HostListing, SandboxSpec, bwrap_argv, list_host_dir
 from agent.workspace import (
     BACKEND_VARIABLE,
@@ -305,6 +307,49 @@ def test_a_host_directory_is_listed_once_and_again_after_it_changed(tmp_path: Pa
     assert [e.name for e in listing(str(etc))] == [e.name for e in listing(str(etc))] == ["group", "hosts", "passwd"]
     assert len(listed) == 4
     assert listing(str(tmp_path / "missing")) == ()
+
+
+def test_jobs_of_one_shape_share_their_sandbox_s_layout_until_the_host_changes(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent works out the host's part of a sandbox once for every job of the same shape (where its mounts go),
+    each job's own folders still bound; a host directory that changed is shown as it is now."""
+    rootfs, settled = tmp_path / "rootfs", time.time() - 3600
+    for name in ("etc", "usr", "srv"):
+        (rootfs / name).mkdir(parents=True)
+    (rootfs / "etc" / "hosts").write_text("")
+    for folder in (rootfs, rootfs / "etc"):
+        os.utime(folder, (settled, settled))
+    made: list[str] = []
+    make_layout = sandbox._make_layout
+
+    def counted(spec: SandboxSpec, targets: tuple[str, ...], list_dir: Any) -> Any:
+        made.append(str(spec.tmp))
+        return make_layout(spec, targets, list_dir)
+
+    monkeypatch.setattr(sandbox, "_make_layout", counted)
+
+    def spec(job: str) -> SandboxSpec:
+        return SandboxSpec(binds=[Bind(source=tmp_path / job / "outputs", target="/workspace/outputs", read_only=False),
+                                  Bind(source=tmp_path / job / "hostfile", target="/etc/mpi/hostfile", read_only=True)],
+                           tmp=tmp_path / job / "tmp", root=rootfs)
+
+    listing = HostListing()
+    for job in ("job-1", "job-2"):
+        command = bwrap_argv(spec(job), ["true"], list_dir=listing)
+        assert command == bwrap_argv(spec(job), ["true"], list_dir=list_host_dir)  # as worked out afresh
+        assert ("--bind", str(tmp_path / job / "outputs"), "/workspace/outputs") in ops(command)
+    assert made == [str(tmp_path / "job-1" / "tmp")] + [str(tmp_path / job / "tmp") for job in ("job-1", "job-2")]
+
+    (rootfs / "opt").mkdir()  # the root changed: its new entry is shown
+    os.utime(rootfs, (settled + 60, settled + 60))
+    command = bwrap_argv(spec("job-3"), ["true"], list_dir=listing)
+    assert command == bwrap_argv(spec("job-3"), ["true"], list_dir=list_host_dir)
+    assert ("--symlink", ".host/opt", "/opt") in ops(command)
+    (rootfs / "etc" / "group").write_text("")  # and so is a folder that must hold new paths (/etc for the hostfile)
+    os.utime(rootfs / "etc", (settled + 60, settled + 60))
+    command = bwrap_argv(spec("job-4"), ["true"], list_dir=listing)
+    assert ("--symlink", "../.host/etc/group", "/etc/group") in ops(command)
+    assert command == bwrap_argv(spec("job-4"), ["true"], list_dir=list_host_dir)
 
 
 # --- J10: a sandbox over an image's root filesystem ------------------------------------------------
