@@ -61,10 +61,10 @@ _follower_lag = SampledGauge(FOLLOWER_LAG)
 
 Fold = Callable[[Any], None]
 Rule = Callable[[Any], Sequence[NewEvent]]
-# A rule that also sees the reactions to earlier messages of the message's key that wait to be recorded in the
-# same append (`Upstream.react_after`).
-RuleAfter = Callable[[Any, Sequence[NewEvent]], Sequence[NewEvent]]
 """A pure reaction: the upstream message (already folded) in, the events to record out."""
+RuleAfter = Callable[[Any, Sequence[NewEvent]], Sequence[NewEvent]]
+"""A rule also given the reactions to earlier messages of the message's key that wait to be recorded in the
+same append (`Upstream.react_after`)."""
 Loop = Callable[[], Coroutine[Any, Any, None]]
 
 
