@@ -12,7 +12,7 @@ are pure, and decide each event once, whatever is replayed.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from libs.contracts.events import (
@@ -63,8 +63,7 @@ def life_after(life: RunLife | None, job_id: str, waiting: Sequence[NewEvent]) -
     """The run's life once the run events `waiting` to be recorded are (a copy: `life` is left as it is)."""
     if not waiting:
         return life
-    runs = {} if life is None else {job_id: RunLife(began_at=life.began_at, attempts=list(life.attempts),
-                                                    ended=dict(life.ended), finished=life.finished)}
+    runs = {} if life is None else {job_id: replace(life, attempts=list(life.attempts), ended=dict(life.ended))}
     for change in waiting:
         if change.aggregate_type == "run":
             _fold_event(runs, change.aggregate_id, change.event)
