@@ -10,16 +10,35 @@ OPS ?=
 # `make up NATS=3`: a cluster of three NATS servers, every stream kept on all three.
 NATS ?= 1
 
-.PHONY: install up demo down status test test-hosts lint schemas clean
+# Every Python package, direct and transitive, pinned with its hashes: deploy/lock/dev.txt here and in CI,
+# deploy/lock/runtime.txt (its subset for the services, agents and CLI) in the images. `make lock` changes them.
+LOCK   := deploy/lock/dev.txt
+PIP    := $(PY) -m pip --disable-pip-version-check
+COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --strip-extras --all-build-deps \
+          --no-emit-index-url --no-emit-find-links --no-emit-trusted-host $(if $(UPGRADE),--upgrade,)
+
+.PHONY: install lock up demo down status test test-hosts lint schemas clean
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml deploy/local/system-packages.sh
+## The Debian packages of deploy/lock/debian.txt, then .venv built anew from the lock: exactly its packages, at
+## its versions and hashes (pip refuses anything else), and the project itself, editable, without dependencies.
+$(STAMP): $(LOCK) deploy/lock/debian.txt deploy/local/system-packages.sh
 	bash deploy/local/system-packages.sh
-	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --disable-pip-version-check torch==2.13.0 numpy
-	$(PY) -m pip install -q --disable-pip-version-check -e '.[dev]'
+	$(PYTHON) -m venv --clear $(VENV)
+	$(PIP) install -q --require-hashes -r $(LOCK)
+	$(PIP) install -q --no-deps --no-build-isolation -e .
+	$(PY) deploy/lock/verify.py
 	touch $(STAMP)
+
+## Compile deploy/lock/ from pyproject.toml: pins that still fit are kept (`make lock UPGRADE=1` moves every
+## package to its newest release); then .venv is rebuilt from it. Run `make test` before committing the change.
+## PyTorch's CPU build (torch==2.13.0+cpu) is found in pip's find-links of this kind of machine.
+lock:
+	test -x $(VENV)/bin/pip-compile || $(MAKE) install
+	$(COMPILE) -o deploy/lock/runtime.txt pyproject.toml
+	$(COMPILE) --extra dev --extra jobs -c deploy/lock/runtime.txt -o $(LOCK) pyproject.toml
+	$(MAKE) install
 
 ## Start NATS, PostgreSQL, and a supervisor that runs (and restarts) the four services and two node agents;
 ## then run the example job. `make status` lists every process, `make down` stops them all.
@@ -36,15 +55,20 @@ down:
 status:
 	$(PY) -m libs.devstack status
 
-## Every test: unit, integration (real NATS and PostgreSQL) and end to end (the whole stack).
+## Every test: unit, integration (real NATS and PostgreSQL) and end to end (the whole stack), on a worker process
+## per core (pytest-xdist; `make test WORKERS=0` runs them in this one). Each worker starts NATS and PostgreSQL of
+## its own, and every test has its own database, streams and stack; idle workers take tests from busy ones.
+## Tests empty the streams of the NATS server they use: one given by NATS_URL is used by a single worker.
+WORKERS ?= $(if $(NATS_URL),0,auto)
 test: install
-	$(PY) -m pytest
+	$(PY) -m pytest -n $(WORKERS) --dist worksteal
 
 ## The end-to-end tests on separate hosts: every node agent in a network namespace of its own (root, iproute2).
 test-hosts: install
 	$(PY) -m pytest tests/e2e/test_hosts.py -v
 
 lint: install
+	$(PY) deploy/lock/verify.py
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mypy .
 	$(VENV)/bin/lint-imports

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import tempfile
 import uuid
 from collections.abc import AsyncIterator, Iterator
@@ -18,13 +19,25 @@ from agent.held import end_recorded_jobs
 from libs.contracts import subjects
 from libs.devstack.provision import Servers, provide_servers
 from libs.devstack.servers import create_database
+from libs.devstack.stack import local_stack_urls
 from libs.messaging.connection import ensure_streams
 
 STORE_NOT_CREATED = 10049  # JetStream's "error creating store for stream"
 
+# pytest-xdist's workers tell their children that the terminal is 80 columns by 24 lines: the CLI sizes its
+# tables by COLUMNS when its output is not a terminal, and the tests read its output as a pipe gets it.
+for _variable in ("COLUMNS", "LINES"):
+    os.environ.pop(_variable, None)
+
 
 @pytest.fixture(scope="session")
 def servers() -> Iterator[Servers]:
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if os.environ.get("NATS_URL") not in (None, "", *local_stack_urls()) and workers > 1:
+        # Each test empties the streams of its NATS server: workers sharing one would empty each other's.
+        pytest.exit(f"NATS_URL is set and {workers} test workers would share its server: run the tests in one "
+                    "worker (`make test WORKERS=0`, pytest -n 0), or unset NATS_URL so each worker starts its own",
+                    returncode=4)
     # Postgres runs as an unprivileged user when we are root, so its folder must be reachable.
     with tempfile.TemporaryDirectory(prefix="trainyard-servers-") as workdir:
         Path(workdir).chmod(0o755)

@@ -1,14 +1,21 @@
 #!/usr/bin/env bash
-# System packages the local stack and the tests need beyond Python: PostgreSQL's server binaries,
-# bubblewrap (bwrap) for the node agents' workspace sandbox, OpenMPI for Horovod/MPI jobs,
-# skopeo and umoci to unpack jobs' OCI images (debootstrap to build the tests' image), and
+# System packages the local stack and the tests need beyond Python, named with the versions the tests were
+# run with in deploy/lock/debian.txt: PostgreSQL's server binaries, bubblewrap (bwrap) for the node agents'
+# job sandbox, OpenMPI for Horovod/MPI jobs, skopeo, umoci and debootstrap for jobs' OCI images, and
 # Prometheus (prometheus, promtool) for the stack's metrics and the alerting rules' checks.
-# Installs them with apt-get when they are missing and we may (root on Debian); otherwise says how.
-# bubblewrap, OpenMPI, the image tools and Prometheus are optional: without them, agents build job
-# workspaces as plain folders, MPI jobs cannot run (their end-to-end test is skipped), jobs with an
-# image cannot run (the image tests are skipped), and the stack runs no Prometheus (the checks of
+# Installs the missing ones with apt-get when we may (root on Debian); otherwise says how. Then says which
+# installed versions differ from the tested ones.
+# All but PostgreSQL are optional: without bubblewrap, agents build job workspaces as plain folders; without
+# OpenMPI, MPI jobs cannot run (their end-to-end test is skipped); without the image tools, jobs with an
+# image cannot run (the image tests are skipped); without Prometheus, the stack runs none (the checks of
 # deploy/prometheus are skipped).
 set -euo pipefail
+LIST="$(dirname "$0")/../lock/debian.txt"
+
+# The packages of one group of the list.
+packages() {
+  awk -v group="$1" '$1 == group { print $2 }' "$LIST"
+}
 
 may_apt() {
   [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1
@@ -28,42 +35,29 @@ apt_install() {
   DEBIAN_FRONTEND=noninteractive apt-get "${APT_WAIT[@]}" install -y -qq "$@" >/dev/null
 }
 
+# install_group GROUP NOTE: installs the group's packages unless `present` (a command) says they are there.
+install_group() {
+  local group="$1" note="$2" present="$3"
+  local names
+  names="$(packages "$group" | tr '\n' ' ')"
+  if eval "$present"; then return 0; fi
+  if may_apt && echo "installing $group packages (apt-get install ${names% })" && apt_install $names; then
+    return 0
+  fi
+  echo "note: ${names% } not installed: $note; install them with apt-get (deploy/lock/debian.txt)" >&2
+  return 1
+}
+
+have() {
+  local tool
+  for tool in "$@"; do
+    command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || return 1
+  done
+}
+
 have_postgres() {
   command -v pg_ctl >/dev/null 2>&1 || compgen -G "/usr/lib/postgresql/*/bin/pg_ctl" >/dev/null
 }
-
-if ! command -v bwrap >/dev/null 2>&1; then
-  if may_apt && echo "installing bubblewrap (apt-get install bubblewrap)" && apt_install bubblewrap; then
-    :
-  else
-    echo "note: bubblewrap (bwrap) is not installed, so node agents will build job workspaces as plain" \
-         "folders; install the 'bubblewrap' package for a real /workspace with read-only mounts" >&2
-  fi
-fi
-
-if ! command -v mpicc >/dev/null 2>&1; then
-  if may_apt && echo "installing OpenMPI (apt-get install openmpi-bin libopenmpi-dev)" \
-      && apt_install openmpi-bin libopenmpi-dev; then
-    :
-  else
-    echo "note: OpenMPI (mpirun, mpicc) is not installed, so Horovod/MPI jobs cannot run;" \
-         "install 'openmpi-bin' and 'libopenmpi-dev'" >&2
-  fi
-fi
-
-missing_image_tools=()
-for tool in skopeo umoci debootstrap; do
-  command -v "$tool" >/dev/null 2>&1 || [ -x "/usr/sbin/$tool" ] || missing_image_tools+=("$tool")
-done
-if [ "${#missing_image_tools[@]}" -gt 0 ]; then
-  if may_apt && echo "installing image tools (apt-get install ${missing_image_tools[*]})" \
-      && apt_install "${missing_image_tools[@]}"; then
-    :
-  else
-    echo "note: ${missing_image_tools[*]} not installed, so jobs with an image cannot run on this node and" \
-         "the image tests are skipped; install the 'skopeo', 'umoci' and 'debootstrap' packages" >&2
-  fi
-fi
 
 # Debian's package starts (and enables) a system-wide Prometheus on port 9090 as it installs. The stack
 # runs its own, on its own port, only when asked: stop and disable the packaged service at once, and end
@@ -84,25 +78,43 @@ stop_packaged_prometheus() {
   done
 }
 
-if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
-  running_before="$(pgrep -x prometheus 2>/dev/null | tr '\n' ' ' || true)"
+# Which installed packages are not at the tested version (a missing one was named above).
+report_versions() {
+  command -v dpkg-query >/dev/null 2>&1 || return 0
+  local group name tested installed differ=0
+  while read -r group name tested _; do
+    case "$group" in ''|'#'*) continue ;; esac
+    installed="$(dpkg-query -W -f '${Version}' "$name" 2>/dev/null || true)"
+    if [ -n "$installed" ] && [ "$installed" != "$tested" ]; then
+      [ "$differ" = 1 ] || echo "note: these Debian packages differ from the versions the tests were run with" \
+                                "(deploy/lock/debian.txt); the tests may behave differently:" >&2
+      differ=1
+      printf '  %-16s %-26s tested with %s\n' "$name" "$installed" "$tested" >&2
+    fi
+  done < "$LIST"
+}
+
+install_group sandbox "node agents will build job workspaces as plain folders, without a sandbox" \
+  "have bwrap" || true
+install_group mpi "Horovod/MPI jobs cannot run" "have mpirun mpicc" || true
+install_group images "jobs with an image cannot run on this node and the image tests are skipped" \
+  "have skopeo umoci debootstrap" || true
+
+running_before="$(pgrep -x prometheus 2>/dev/null | tr '\n' ' ' || true)"
+if ! have prometheus promtool; then
   # --no-install-recommends: the recommended node exporter would be one more system service.
-  if may_apt && echo "installing Prometheus (apt-get install --no-install-recommends prometheus)" \
-      && apt_install --no-install-recommends prometheus; then
+  if may_apt && echo "installing metrics packages (apt-get install --no-install-recommends prometheus)" \
+      && apt_install --no-install-recommends $(packages metrics); then
     stop_packaged_prometheus "$running_before"
   else
-    echo "note: Prometheus (prometheus, promtool) is not installed, so the local stack runs no Prometheus" \
-         "and the checks of deploy/prometheus are skipped; install the 'prometheus' package" >&2
+    echo "note: prometheus not installed: the local stack runs no Prometheus and the checks of deploy/prometheus" \
+         "are skipped; install it with apt-get (deploy/lock/debian.txt)" >&2
   fi
 fi
 
-if have_postgres || [ -n "${DATABASE_URL:-}" ]; then
-  exit 0
+if ! have_postgres && [ -z "${DATABASE_URL:-}" ]; then
+  if ! install_group database "the stack and the tests need PostgreSQL, or DATABASE_URL" "have_postgres"; then
+    exit 1
+  fi
 fi
-if may_apt; then
-  echo "installing PostgreSQL server binaries (apt-get install postgresql)"
-  apt_install postgresql
-else
-  echo "PostgreSQL server binaries are missing: install the 'postgresql' package, or set DATABASE_URL" >&2
-  exit 1
-fi
+report_versions

@@ -15,6 +15,7 @@ on every object they define.
 from __future__ import annotations
 
 import argparse
+import inspect
 import json
 import sys
 from collections.abc import Sequence
@@ -75,9 +76,20 @@ GROUPS: tuple[Group, ...] = (
 )
 
 
+def _cleaned(value: Any) -> Any:
+    """`value` with every title and description dedented as `inspect.cleandoc` does: msgspec releases differ
+    in whether they keep a docstring's indentation, and the same contracts must give the same schema."""
+    if isinstance(value, dict):
+        return {key: inspect.cleandoc(item) if key in ("title", "description") and isinstance(item, str)
+                else _cleaned(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_cleaned(item) for item in value]
+    return value
+
+
 def group_schema(group: Group) -> dict[str, Any]:
     """The JSON Schema document of one group, with every referenced type under `$defs`."""
-    roots, definitions = msgspec.json.schema_components(group.types, ref_template="#/$defs/{name}")
+    roots, definitions = _cleaned(msgspec.json.schema_components(group.types, ref_template="#/$defs/{name}"))
     document: dict[str, Any] = {"$schema": JSON_SCHEMA_DIALECT, "title": group.title,
                                 "description": group.description}
     if len(roots) == 1:

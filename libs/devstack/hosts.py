@@ -44,13 +44,20 @@ def unavailable() -> str | None:
     return None
 
 
+def _free_subnet() -> str:
+    """A 10.77.x of its own: stacks made side by side (tests on several workers) must not share a /24."""
+    shown = subprocess.run(["ip", "-o", "-4", "addr", "show"], capture_output=True, text=True, check=False).stdout
+    free = [f"10.77.{x}" for x in range(20, 220) if f" 10.77.{x}." not in shown]
+    return secrets.choice(free) if free else f"10.77.{secrets.randbelow(200) + 20}"
+
+
 @dataclass
 class Hosts:
     """Hosts named `names` on a /24 of 10.77.x of their own: the control host at .1, host i at .(11 + i)."""
 
     names: list[str]
     tag: str = field(default_factory=lambda: secrets.token_hex(2))  # interface names stay within 15 characters
-    subnet: str = field(default_factory=lambda: f"10.77.{secrets.randbelow(200) + 20}")
+    subnet: str = field(default_factory=_free_subnet)
     made: bool = False
 
     @property

@@ -37,6 +37,7 @@ async def instances_until(stack: Stack, done: Callable[[QueueStatus], bool], tim
             await asyncio.sleep(0.3)
 
 
+@pytest.mark.slow_loss  # its agent must be back, or its heartbeats keep coming, however busy the machine
 @pytest.mark.cluster(AUTOSCALED)
 async def test_a_gang_job_on_an_empty_pool_gets_two_instances_and_runs_on_them(stack: Stack) -> None:
     api = await stack.up()
@@ -63,7 +64,7 @@ async def test_a_gang_job_on_an_empty_pool_gets_two_instances_and_runs_on_them(s
 
     # Idle for the type's 5 s, they are drained, then released; their nodes retire without a lost-node alert.
     await instances_until(stack, lambda status: not status.instances)
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(90):
         while await api.nodes():
             await asyncio.sleep(0.3)
     assert not (stack.home / "instances").exists() or not any((stack.home / "instances").iterdir())

@@ -57,7 +57,7 @@ async def ran(stack: Stack, spec: JobSpec) -> tuple[str, list[str]]:
 
 async def cache_until(stack: Stack, done: Callable[[NodeCache], bool], node: str = "node-a") -> NodeCache:
     api = await stack.api()
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(90):
         while True:
             found = await api.cache(node)
             if found and done(found[0]):
@@ -99,7 +99,7 @@ async def test_datasets_are_staged_side_by_side_reused_and_copied_again_once_cha
 
 async def node_until(stack: Stack, name: str, done: Callable[[NodeView], bool]) -> NodeView:
     api = await stack.api()
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(90):
         while True:
             node = next(n for n in await api.nodes() if n.info.name == name)
             if done(node):
@@ -124,6 +124,7 @@ async def test_a_disk_under_pressure_takes_no_new_work_until_relieved(stack: Sta
     assert job.status == "succeeded", job.reason
 
 
+@pytest.mark.slow_loss  # its agent must be back, or its heartbeats keep coming, however busy the machine
 async def test_an_agent_killed_mid_copy_begins_again_and_no_partial_copy_is_used(
         stack: Stack, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("TRAINYARD_STAGE_MIB_PER_SECOND", "8")  # the agents' setting: a copy of some seconds
@@ -205,11 +206,18 @@ async def test_a_node_that_cannot_hold_the_copy_sends_the_job_to_another_node(st
     # node-a's cache is where a file stands: nothing can be written there, as on a broken or full disk.
     blocked = stack.home / "blocked"
     blocked.write_text("not a folder")
+    readied = stack.processes.log("agent-node-a").count("agent.ready")
     stack.crash("agent-node-a")
     secret = Path(stack.processes.env["TRAINYARD_AUTH_SECRET_FILE"])
     stack.processes.start("agent-node-a", agent_argv("node-a", stack.cluster, stack.home / "agents"),
                           env={**provision_node_token(stack.processes.home, "node-a", secret),
                                "TRAINYARD_DATA_CACHE": str(blocked / "cache")})
+    # Submitted once the new agent is up and node-a ready: a job placed while the node was counted lost (its new
+    # agent slow to start) would go to node-b without ever being sent to node-a.
+    async with asyncio.timeout(120):
+        while stack.processes.log("agent-node-a").count("agent.ready") <= readied:
+            await asyncio.sleep(0.2)
+    await node_until(stack, "node-a", lambda n: n.status == "ready")
     api = await stack.api()
     spec = msgspec.structs.replace(reader("moved"), node_names=[])
 

@@ -188,7 +188,7 @@ async def test_a_failed_jobs_environment_is_kept_for_the_debug_terminal_then_rem
     job = await api.submit(spec)
     ended = await stack.wait_until(job.job_id, "ended", timeout=60)
     assert ended.status == "failed"
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(120):
         while (await api.get_job(job.job_id)).job.kept_until is None:
             await asyncio.sleep(0.2)
 
@@ -226,7 +226,7 @@ async def test_an_agent_back_after_its_node_was_lost_ends_the_old_attempt_at_onc
             await asyncio.sleep(0.5)
     stack.resume(f"agent-{paused}")
 
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(120):
         while True:
             fenced = [e.event for e in await api.history(job.job_id) if isinstance(e.event, LostProcessesStopped)]
             if fenced:

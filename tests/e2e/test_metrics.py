@@ -41,7 +41,7 @@ async def watched(tmp_path: Path, database_url: str) -> AsyncIterator[tuple[Stac
 
 def query(prometheus: str, expression: str) -> list[dict[str, Any]]:
     url = f"{prometheus}/api/v1/query?{urllib.parse.urlencode({'query': expression})}"
-    with urllib.request.urlopen(url, timeout=5) as answer:
+    with urllib.request.urlopen(url, timeout=60) as answer:
         body = json.load(answer)
     assert body["status"] == "success", body
     return list(body["data"]["result"])
@@ -53,7 +53,7 @@ def value(prometheus: str, expression: str) -> float | None:
     return float(found[0]["value"][1]) if found else None
 
 
-async def until(prometheus: str, expression: str, wanted: float, timeout: float = 60) -> None:
+async def until(prometheus: str, expression: str, wanted: float, timeout: float = 180) -> None:
     """Wait until `expression` is `wanted` (scrapes every 5 s, gauges sampled every 5 s)."""
     deadline = time.monotonic() + timeout
     seen: float | None = None

@@ -68,7 +68,7 @@ async def test_killing_a_server_then_the_streams_leader_fails_no_job_and_loses_n
         leader = await events_leader(stack)
         cluster.kill(cluster.index_of(leader))
         await submit(10)
-        async with asyncio.timeout(30):  # the two left elect a new leader
+        async with asyncio.timeout(90):  # the two left elect a new leader
             while await events_leader(stack) == leader:
                 await asyncio.sleep(0.2)
         cluster.start(cluster.index_of(leader))

@@ -18,7 +18,7 @@ pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 
 async def autoscaler_sees_queued(api: TrainyardClient, by_flavor: dict[str, int]) -> None:
     """Wait until the autoscaler (which follows the scheduler's events) counts these queued jobs."""
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(90):
         while True:
             with contextlib.suppress(ServiceUnavailable):
                 if (await api.queue_status()).queued_by_flavor == by_flavor:
@@ -70,6 +70,7 @@ async def test_launcher_killed_while_a_job_runs_neither_relaunches_nor_forgets_i
     assert sorted(e.event.rank for e in history if isinstance(e.event, NodeProcessStarted)) == [0, 1]
 
 
+@pytest.mark.slow_loss  # its agent must be back, or its heartbeats keep coming, however busy the machine
 async def test_a_job_outlives_its_killed_agent_and_the_restarted_agent_adopts_it(stack: Stack) -> None:
     api = await stack.up()
     accepted = await api.submit(sleeper("outlives-its-agent", nodes=2, seconds=6))

@@ -69,6 +69,7 @@ async def test_a_killed_worker_does_not_finish_the_run_and_the_restarted_attempt
     assert any(p.attempt == 1 for p in await points(api, accepted.job_id, rank=1))
 
 
+@pytest.mark.slow_loss  # its agent must be back, or its heartbeats keep coming, however busy the machine
 async def test_the_job_logs_on_through_an_agent_restart_and_a_follower_sees_every_point_once(stack: Stack) -> None:
     api = await stack.up()
     accepted = await api.submit(logger("agent-restarts", nodes=1, steps=150, step_seconds=0.05))
@@ -86,7 +87,7 @@ async def test_the_job_logs_on_through_an_agent_restart_and_a_follower_sees_ever
     [loss] = [s for s in run.series if s.name == "loss"]
     assert (loss.count, loss.last_step) == (150, 149)
     assert [p.step for p in await points(api, accepted.job_id)] == list(range(150))  # none lost, none twice
-    async with asyncio.timeout(30):
+    async with asyncio.timeout(120):
         assert [p.step for p in await followed] == list(range(150))
     assert any(s.name == "system/cpu_percent" for s in run.series)
 

@@ -38,7 +38,7 @@ def free_port() -> int:
 
 
 def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as reply:
+    with urllib.request.urlopen(url, timeout=60) as reply:
         return json.loads(reply.read())
 
 
@@ -95,7 +95,7 @@ async def test_tensorboard_shows_each_task_of_a_batch_job_as_a_run(stack: Stack)
         assert [value for _, _, value in values] == pytest.approx([2 / step for step in range(1, 11)])
 
         cli.send_signal(signal.SIGINT)  # Ctrl-C
-        async with asyncio.timeout(30):
+        async with asyncio.timeout(120):
             output, errors = await cli.communicate()
     finally:
         if cli.returncode is None:

@@ -5,6 +5,7 @@ described as OpenTelemetry's messaging conventions say for NATS."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
@@ -107,11 +108,12 @@ async def test_the_spans_of_a_job_arrive_as_one_trace_from_submit_to_end(stack: 
                 and sum(span.name == RANK_START for span in spans) >= len(NODES)
                 and recorders <= ids and not broken_links(spans))
 
-    # Spans are exported in batches as they end, a parent after its children: wait until the tree is whole.
-    for _ in range(300):  # 30 s at most
-        if arrived():
-            break
-        await asyncio.sleep(0.1)
+    # Spans are exported in batches as they end, a parent after its children: wait until the tree is whole (what
+    # is missing after that, the assertions below name).
+    with contextlib.suppress(TimeoutError):
+        async with asyncio.timeout(120):
+            while not arrived():
+                await asyncio.sleep(0.1)
     spans = receiver.trace(trace_id)
     by_id = {span.span_id: span for span in spans}
     assert receiver.refused == []

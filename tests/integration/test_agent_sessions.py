@@ -199,10 +199,14 @@ async def test_a_session_in_a_running_job_and_one_left_idle(node: Node) -> None:
     session = node.session()
     async with asyncio.timeout(WAIT_SECONDS):
         while not isinstance(opened := await session.open(attempt=2, rank=0, command="echo $TRAINYARD_ATTEMPT; "
-                                                          "sleep 600", idle_seconds=0.5), SessionOpened):
+                                                          "sleep 600", idle_seconds=2.0), SessionOpened):
             assert opened.code == "not-found"  # not started yet
             await asyncio.sleep(0.05)
-    await session.until_output("2\n")
+    # Kept alive until its command printed, however slowly its shell started; left idle from then on.
+    async with asyncio.timeout(WAIT_SECONDS):
+        while b"2\n" not in session.out:
+            await session.control(SessionControl())
+            await asyncio.sleep(0.1)
 
     assert await session.exit_code() == 137  # no keep-alive came: the session was ended
 

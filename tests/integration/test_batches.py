@@ -14,6 +14,15 @@ from libs.messaging.batches import Batches
 from libs.messaging.connection import round_trip
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
+WAIT_SECONDS = 30
+
+
+async def arrived(batched: Batches, count: int) -> None:
+    """Until `count` messages came while the handler held its batch: waiting for it, or dropped beyond its bound
+    (the round trip got them to this connection; its subscription hands them over a moment later)."""
+    async with asyncio.timeout(WAIT_SECONDS):
+        while len(batched._waiting) + batched.dropped < count:
+            await asyncio.sleep(0.01)
 
 
 class HeldHandler:
@@ -37,13 +46,13 @@ async def test_what_arrives_while_the_handler_works_comes_in_one_batch_in_order(
     running = asyncio.create_task(batched.run())
     try:
         await nc.publish("trainyard.test.batches.one", b"0")
-        await asyncio.wait_for(handle.first_taken.wait(), 5)
+        await asyncio.wait_for(handle.first_taken.wait(), WAIT_SECONDS)
         for index in range(1, 201):  # while the first batch is still being handled
             await nc.publish("trainyard.test.batches.one", str(index).encode())
         await round_trip(nc)
-        await asyncio.sleep(0.2)
+        await arrived(batched, 200)
         handle.go_on.set()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_SECONDS):
             while sum(map(len, batches)) < 201:
                 await asyncio.sleep(0.05)
         assert batches[0] == [b"0"]
@@ -62,14 +71,14 @@ async def test_beyond_its_bound_a_batch_drops_what_comes_and_says_how_much(nc: C
     running = asyncio.create_task(batched.run())
     try:
         await nc.publish("trainyard.test.batches.bound", b"first")
-        await asyncio.wait_for(handle.first_taken.wait(), 5)
+        await asyncio.wait_for(handle.first_taken.wait(), WAIT_SECONDS)
         for index in range(25):
             await nc.publish("trainyard.test.batches.bound", str(index).encode())
         await round_trip(nc)
-        await asyncio.sleep(0.2)
+        await arrived(batched, 25)
         assert batched.dropped == 15
         handle.go_on.set()
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_SECONDS):
             while len(taken) < 2:
                 await asyncio.sleep(0.05)
         assert taken[1] == [str(index).encode() for index in range(10)]  # the first ten, the rest dropped
@@ -94,11 +103,11 @@ async def test_a_handler_that_fails_loses_its_batch_and_gets_the_next(nc: Client
     try:
         await nc.publish("trainyard.test.batches.failing", b"bad")
         await round_trip(nc)
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_SECONDS):
             while not taken:
                 await asyncio.sleep(0.02)
         await nc.publish("trainyard.test.batches.failing", b"good")
-        async with asyncio.timeout(5):
+        async with asyncio.timeout(WAIT_SECONDS):
             while taken[-1] != b"good":
                 await asyncio.sleep(0.02)
         assert not running.done()

@@ -6,7 +6,6 @@ a stand-in on real NATS that records jobs by id, as the real one does."""
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -29,7 +28,9 @@ from libs.messaging.connection import round_trip
 from tests.support.schedulers import token
 
 EXAMPLE_JOB = REPO_ROOT / "examples" / "pytorch-ddp.yaml"
-ANSWER_SECONDS = 0.5  # the client's request timeout here: the stand-in's silence ends the first attempt fast
+# The client's request timeout here: the stand-in's silence ends an attempt within it, and an answer it does send
+# comes well within it on a loaded machine too (an answer later than that would be counted a lost one).
+ANSWER_SECONDS = 2.0
 
 
 class LosesFirstAnswers:
@@ -201,20 +202,20 @@ async def test_a_submission_out_when_its_nats_server_restarts_is_sent_again_at_o
     scheduler = LosesFirstAnswers(answer_from=2)
     scheduler_nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     client = await TrainyardClient.open(url, token=token("tester"))
-    client.timeout = 30.0
+    # An attempt's timeout far beyond the test's patience: an answer within it came from the attempt sent again on
+    # the new connection, not from a retry after the first attempt's timeout.
+    client.timeout = 3600.0
     try:
         await serve(scheduler_nc, subjects.SUBMIT_JOB, scheduler)
         spec = decode_spec(EXAMPLE_JOB.read_bytes(), yaml=True)
-        began = time.monotonic()
         submitting = asyncio.create_task(client.submit(spec))
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(60):
             while not scheduler.received:
                 await asyncio.sleep(0.02)
         server.kill()
         server.wait()
         server = start_nats(tmp_path / "nats", port)
-        accepted = await asyncio.wait_for(submitting, 20)
-        assert time.monotonic() - began < client.timeout / 2  # not after the first attempt's whole timeout
+        accepted = await asyncio.wait_for(submitting, 120)
         assert scheduler.received == [accepted.job_id, accepted.job_id]
         assert list(scheduler.jobs) == [accepted.job_id]
     finally:

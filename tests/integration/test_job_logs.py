@@ -153,7 +153,7 @@ async def test_following_a_log_ends_once_the_job_has_ended(login: Login, nc: Cli
     await asyncio.sleep(0.3)
     await publish_chunk(nc, job, 0, 1, ["while queued"])
     await alice.stop([job])
-    await asyncio.wait_for(follower, 10)
+    await asyncio.wait_for(follower, 60)
     assert lines_of(seen) == ["before", "while queued"]
 
 

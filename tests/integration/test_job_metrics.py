@@ -20,6 +20,7 @@ from libs.contracts.codec import decode
 from libs.contracts.events import NodeLaunch
 from libs.contracts.runs import MetricBatch
 from tests.support.agents import Node, registered_node
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -34,7 +35,10 @@ for step in range(200):
 subprocess.run([sys.executable, "-c", "from trainyard import run; run.log({'val_acc': 0.75}, step=199)"],
                env={**__import__("os").environ, "TRAINYARD_RUN_PROCESS": "evaluator"}, check=True)
 run.summary({"final_loss": 1.0 / 200})
-__import__("time").sleep(1.0)  # long enough for the agent to sample the rank
+# Running on until the test saw the agent's sample of the rank (the file named first on the command line).
+import os, time
+while not os.path.exists(sys.argv[1]):
+    time.sleep(0.05)
 """
 
 
@@ -46,19 +50,34 @@ async def node(nc: Client, nats_url: str, tmp_path: Path, monkeypatch: pytest.Mo
 
 
 async def test_every_point_a_ranks_processes_log_reaches_jetstream_once_named_by_who_logged_it(
-        node: Node, nc: Client) -> None:
+        node: Node, nc: Client, tmp_path: Path) -> None:
     batches: list[MetricBatch] = []
+    sampled = tmp_path / "sampled"
 
     async def collect(msg: Msg) -> None:
         batches.append(decode(msg.data, MetricBatch))
 
+    def names(process: str | None = None) -> list[str]:
+        return [p.name for b in batches if process in (None, b.process) for p in b.points]
+
+    async def seen_sampled() -> bool:
+        return "system/cpu_percent" in names("system")
+
+    async def all_arrived() -> bool:  # what the rank logged reaches the subject a moment after its exit is reported
+        return (names().count("loss") >= 200 and "val_acc" in names("evaluator")
+                and any("final_loss" in b.summary for b in batches))
+
     subscription = await nc.subscribe(subjects.job_metrics(JOB, node.name), cb=collect)
     try:
-        code = await node.run(NodeLaunch(rank=0, node=node.name, address="127.0.0.1",
-                                         argv=[sys.executable, "-c", TRAINING], env={}, mounts=[]))
-        assert code == 0
-        await asyncio.sleep(0.5)
+        running = asyncio.create_task(node.run(NodeLaunch(rank=0, node=node.name, address="127.0.0.1",
+                                                          argv=[sys.executable, "-c", TRAINING, str(sampled)],
+                                                          env={}, mounts=[])))
+        await eventually(seen_sampled)
+        sampled.touch()
+        assert await running == 0
+        await eventually(all_arrived)
     finally:
+        sampled.touch()  # nothing is left waiting, whatever failed
         await subscription.unsubscribe()
     points = [(b.process, p.name, p.step, p.value) for b in batches for p in b.points]
     losses = [step for process, name, step, _ in points if name == "loss"]

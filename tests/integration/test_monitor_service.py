@@ -9,6 +9,7 @@ subscriptions answering the monitor's requests.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator, Awaitable
@@ -551,8 +552,14 @@ async def test_a_stopped_monitor_leaves_nothing_of_its_own_running(platform: Pla
     await platform.scheduler_records("job-000000000011", submitted("job-000000000011", spec("quiet")))
     await eventually(lambda: _folded(monitor, "job-000000000011"))
     await platform.stop()
-    await asyncio.sleep(0.1)
-    # The monitor's tasks are named (its loops, and each follower's worker and position writer).
+
+    # The monitor's tasks are named (its loops, and each follower's worker and position writer); a cancelled one
+    # ends when the loop next runs it, one still running after that never does.
+    async def none_left() -> bool:
+        return not [t for t in asyncio.all_tasks() - before if not t.done() and not t.get_name().startswith("Task-")]
+
+    with contextlib.suppress(TimeoutError):
+        await eventually(none_left)
     left = [t.get_name() for t in asyncio.all_tasks() - before if not t.done() and not t.get_name().startswith("Task-")]
     assert left == []
 

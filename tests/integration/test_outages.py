@@ -144,7 +144,7 @@ async def test_a_nats_outage_loses_no_node_and_the_monitor_answers_again(
         nc = await nats.connect(own_nats.url)
         try:
             admin = issue_token(SECRET, Identity(user="root", projects=[], admin=True))
-            async with asyncio.timeout(20):
+            async with asyncio.timeout(60):
                 while True:
                     with contextlib.suppress(ServiceUnavailable):
                         page = await call(nc, subjects.LIST_ALERTS, ListAlerts(), token=admin, timeout=2,
@@ -185,11 +185,13 @@ JOB = "job-0a7a6e000001"
 LINES = 30_000
 
 
-def chatty(flag: Path, done: Path) -> str:
+def chatty(flag: Path, done: Path, halfway: Path | None = None) -> str:
     """A job that waits for `flag`, then writes LINES lines (about 2 MB) over a second or so and leaves `done`
-    behind."""
+    behind; with `halfway`, it waits for that too once it wrote half of them."""
+    pause = (f"    if i == {LINES // 2}:\n"
+             f"        while not os.path.exists({str(halfway)!r}):\n            time.sleep(0.05)\n") if halfway else ""
     return (f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.05)\n"
-            f"for i in range({LINES}):\n    print(f'line {{i}} ' + 'x' * 60)\n"
+            f"for i in range({LINES}):\n{pause}    print(f'line {{i}} ' + 'x' * 60)\n"
             f"    if i % 1000 == 999:\n        time.sleep(0.03)\n"
             f"open({str(done)!r}, 'w').close()\n")
 
@@ -211,11 +213,12 @@ async def agent_on_own_nats(own_nats: Nats, tmp_path: Path,
     await nc.close()
 
 
-async def start_chatty(nc: Client, home: Path) -> tuple[Path, Path]:
-    """Start the chatty job on node-a; it writes once `flag` exists, and leaves `done` when it has."""
+async def start_chatty(nc: Client, home: Path, halfway: Path | None = None) -> tuple[Path, Path]:
+    """Start the chatty job on node-a; it writes once `flag` exists (and goes on past half its lines once `halfway`
+    does), and leaves `done` when it has."""
     flag, done = home / "go", home / "done"
-    launch = NodeLaunch(rank=0, node="node-a", address="127.0.0.1", argv=[sys.executable, "-c", chatty(flag, done)],
-                        env={}, mounts=[])
+    launch = NodeLaunch(rank=0, node="node-a", address="127.0.0.1",
+                        argv=[sys.executable, "-c", chatty(flag, done, halfway)], env={}, mounts=[])
     accepted = await call(nc, subjects.agent_start("node-a"), StartProcess(job_id=JOB, attempt=1, launch=launch),
                           reply_type=ProcessAccepted | CommandError, signer=LAUNCHER)
     assert accepted == ProcessAccepted(already_known=False)
@@ -263,12 +266,14 @@ async def test_a_job_writes_on_through_a_nats_outage_and_its_log_and_exit_arrive
 async def test_a_job_outlives_its_agent_and_the_next_agent_ships_its_log_once_and_reports_its_exit(
         own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
     first, nc = agent_on_own_nats
-    flag, done = await start_chatty(nc, tmp_path)
+    halfway = tmp_path / "halfway"
+    flag, done = await start_chatty(nc, tmp_path, halfway)
 
     flag.touch()
     await asyncio.sleep(0.3)  # the job is writing, and some of it is shipped
     await first.close()  # an agent stopped for an upgrade, in the middle of a shipment
-    assert not done.exists()
+    assert not done.exists()  # held at half its lines, however long the close took
+    halfway.touch()
     await until_done(done)  # the job writes on without its agent
     second = await start_agent(own_nats.url, "node-a", tmp_path)  # adopts it
     try:

@@ -47,7 +47,7 @@ async def test_inputs_missing_from_storage_are_refused_by_field(client: Trainyar
 
 async def test_unknown_request_fields_are_refused(client: TrainyardClient) -> None:
     payload = {"type": "ListJobs.v1", "statuses": [], "colour": "blue"}
-    msg = await client.nc.request(subjects.LIST_JOBS, json.dumps(payload).encode(), timeout=5,
+    msg = await client.nc.request(subjects.LIST_JOBS, json.dumps(payload).encode(), timeout=30,
                                   headers=bearer_headers(client.token))
     reply = json.loads(msg.data)
     assert reply["type"] == "Error.v1"
@@ -58,7 +58,7 @@ async def test_unknown_request_fields_are_refused(client: TrainyardClient) -> No
 async def test_a_spec_error_inside_a_submit_names_the_spec_field(client: TrainyardClient) -> None:
     payload = {"type": "SubmitJob.v1", "job_id": "job-000000000001",
                "spec": {**msgspec.to_builtins(spec()), "nodes": 0}}
-    msg = await client.nc.request(subjects.SUBMIT_JOB, json.dumps(payload).encode(), timeout=5,
+    msg = await client.nc.request(subjects.SUBMIT_JOB, json.dumps(payload).encode(), timeout=30,
                                   headers=bearer_headers(client.token))
     reply = json.loads(msg.data)
     assert (reply["code"], reply["errors"][0]["field"]) == ("invalid-spec", "nodes")

@@ -87,7 +87,7 @@ async def follow(nc: Client, store: EventStore, reactor: Reactor, expected: int)
                               subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
                               message_type=EventEnvelope, handle=reactor.handle, retry_seconds=0.01)
     await follower.start()
-    await asyncio.wait_for(follower.caught_up.wait(), 10)
+    await asyncio.wait_for(follower.caught_up.wait(), 60)
     await eventually(lambda: _at_least(reactor.folded, expected))
     return follower
 

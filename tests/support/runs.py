@@ -9,7 +9,7 @@ from client.api import TrainyardClient
 from libs.contracts.messages import RunView
 
 
-async def finished_run(api: TrainyardClient, job_id: str, timeout: float = 30) -> RunView:
+async def finished_run(api: TrainyardClient, job_id: str, timeout: float = 90) -> RunView:
     async with asyncio.timeout(timeout):
         while (run := await api.run(job_id)).state != "finished":
             await asyncio.sleep(0.2)

@@ -30,8 +30,10 @@ from agent.held import (
 from agent.holder import EXIT_NAME, OUTPUT_NAME, start_ticks
 from agent.kept import rank_root
 from agent.process import Record, read_records, write_record
+from tests.support.strategies import SETTINGS
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
+WAIT_SECONDS = 30  # for what happens at once, on a machine that may be slow to get to it
 
 
 def shipped_lines(folder: Path, *, final: bool) -> list[str]:
@@ -59,6 +61,7 @@ def test_a_long_line_comes_in_pieces_and_a_chunk_holds_at_most_its_lines() -> No
     assert len(split_lines(many, final=True)[0]) == CHUNK_LINES
 
 
+@SETTINGS
 @given(st.lists(st.text(alphabet="abc é\t", max_size=40), max_size=600), st.booleans())
 def test_every_line_is_taken_once_and_in_order(lines: list[str], newline_at_end: bool) -> None:
     data = "\n".join(lines).encode() + (b"\n" if newline_at_end and lines else b"")
@@ -110,15 +113,21 @@ async def test_a_command_that_cannot_start_exits_127_and_says_why(tmp_path: Path
     assert shipped_lines(tmp_path, final=True)[0].startswith("[trainyard] cannot start '/no/such/program'")
 
 
+def until(flag: Path) -> str:
+    """Python that waits for `flag` to exist: a command that runs until the test lets it end."""
+    return f"import os, time\nwhile not os.path.exists({str(flag)!r}):\n    time.sleep(0.02)\n"
+
+
 @on_loop
 async def test_another_agent_adopts_the_command_and_sees_its_exit(tmp_path: Path) -> None:
-    server = HoldServer()
-    started = await HeldProcess.start(tmp_path, [sys.executable, "-c", "import time; time.sleep(0.5); print('late')"],
+    server, flag = HoldServer(), tmp_path / "go"
+    started = await HeldProcess.start(tmp_path, [sys.executable, "-c", until(flag) + "print('late')"],
                                       {}, tmp_path, server)
     server.close()  # the agent that started it is gone
     # What a restarted agent makes of the record.
     adopted = HeldProcess(tmp_path, started.pid, started.holder_pid, started.holder_since)
     assert adopted.running
+    flag.touch()
     assert (await adopted.wait_exit())[0] == 0
     assert shipped_lines(tmp_path, final=True) == ["late"]
     assert (await started.wait_exit())[0] == 0
@@ -140,7 +149,7 @@ async def test_an_exit_is_written_down_only_when_its_agent_did_not_report_it(tmp
     await processes[0].reported()
     holder = processes[0].holder_pid
     server.close()  # gone before it reported the second
-    async with asyncio.timeout(10):
+    async with asyncio.timeout(WAIT_SECONDS):
         while start_ticks(holder) is not None:
             await asyncio.sleep(0.05)
     assert not (reported / EXIT_NAME).exists()
@@ -172,27 +181,28 @@ async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_
     os.kill(process.holder_pid, signal.SIGKILL)
     assert (await process.wait_exit())[0] == 137  # the agent that started it learns it from the holder's pipe
     assert (await adopted.wait_exit())[0] == 137
-    await asyncio.sleep(0.2)
-    assert not Path(f"/proc/{process.pid}").exists() or "Z" in Path(f"/proc/{process.pid}/stat").read_text()
+    async with asyncio.timeout(WAIT_SECONDS):  # taken along: gone once the kernel got to it
+        while Path(f"/proc/{process.pid}").exists() and "Z" not in Path(f"/proc/{process.pid}/stat").read_text():
+            await asyncio.sleep(0.05)
     assert json.loads((tmp_path / EXIT_NAME).read_text())["exit_code"] == 137
 
 
 @on_loop
 async def test_commands_outlive_their_agent_and_the_holder_ends_after_the_last(tmp_path: Path) -> None:
-    server = HoldServer()
+    server, flag = HoldServer(), tmp_path / "go"
     sleeping = []
     for folder in (tmp_path / "a", tmp_path / "b"):
         folder.mkdir()
-        sleeping.append(await HeldProcess.start(folder, [sys.executable, "-c", "import time; time.sleep(0.6)"], {},
-                                                folder, server))
+        sleeping.append(await HeldProcess.start(folder, [sys.executable, "-c", until(flag)], {}, folder, server))
     [holder] = {process.holder_pid for process in sleeping}  # one holder holds both
     assert start_ticks(holder) == sleeping[0].holder_since
     parents = {int(Path(f"/proc/{p.pid}/stat").read_text().rsplit(")", 1)[1].split()[1]) for p in sleeping}
     assert parents == {holder}
     server.close()  # the agent is gone: its input ends
     assert all(process.running for process in sleeping)  # the jobs run on
+    flag.touch()
     assert [(await process.wait_exit())[0] for process in sleeping] == [0, 0]
-    async with asyncio.timeout(10):  # once its commands ended, the holder ends too, having reaped them
+    async with asyncio.timeout(WAIT_SECONDS):  # once its commands ended, the holder ends too, having reaped them
         while start_ticks(holder) is not None:
             await asyncio.sleep(0.05)
 
@@ -201,7 +211,7 @@ async def test_commands_outlive_their_agent_and_the_holder_ends_after_the_last(t
 async def test_the_holder_tells_its_agent_when_a_command_ended(tmp_path: Path) -> None:
     server = HoldServer()
     process = await HeldProcess.start(tmp_path, [sys.executable, "-c", "raise SystemExit(4)"], {}, tmp_path, server)
-    async with asyncio.timeout(10):  # told, not found by looking at the folder
+    async with asyncio.timeout(WAIT_SECONDS):  # told, not found by looking at the folder
         await server.ended(process.pid).wait()
     assert (await process.wait_exit())[0] == 4
     server.close()
@@ -232,19 +242,19 @@ async def test_a_command_starts_with_every_signal_at_its_default(tmp_path: Path)
 
 @on_loop
 async def test_an_exit_told_needs_no_folder_and_one_that_cannot_be_recorded_counts_as_a_kill(tmp_path: Path) -> None:
-    told, lost = tmp_path / "told", tmp_path / "lost"
+    told, lost, flag = tmp_path / "told", tmp_path / "lost", tmp_path / "go"
     servers = [HoldServer(), HoldServer()]
     processes = []
     for folder, server in zip((told, lost), servers, strict=True):
         folder.mkdir()
-        processes.append(await HeldProcess.start(folder, [sys.executable, "-c", "import time; time.sleep(0.3)"], {},
-                                                 folder, server))
+        processes.append(await HeldProcess.start(folder, [sys.executable, "-c", until(flag)], {}, folder, server))
     servers[1].close()  # nobody to tell that one's exit to
     for folder in (told, lost):
         for path in folder.iterdir():
             path.unlink()
         folder.rmdir()  # removed under the command: its holder has nowhere to record the exit
-    async with asyncio.timeout(10):
+    flag.touch()
+    async with asyncio.timeout(WAIT_SECONDS):
         assert (await processes[0].wait_exit())[0] == 0  # its agent was told
         adopted = HeldProcess(lost, processes[1].pid, processes[1].holder_pid, processes[1].holder_since)
         assert (await adopted.wait_exit())[0] == 137

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from agent.ports import PortBook, PortRangeError, parse_range
+from tests.support.strategies import SETTINGS
 
 LIVE: set[tuple[str, int]] = set()
 
@@ -110,7 +111,7 @@ def test_the_default_range_lies_below_the_kernels_ephemeral_ports() -> None:
     assert parse_range("29500-32767") == (29500, 32767)
 
 
-@settings(max_examples=60, deadline=None)
+@settings(SETTINGS, max_examples=60)
 @given(st.lists(st.tuples(st.integers(0, 2), st.integers(1, 4), st.integers(1, 3), st.booleans()),
                 min_size=1, max_size=30))
 def test_no_port_is_ever_held_for_two_attempts_on_one_host(tmp_path_factory: pytest.TempPathFactory,

@@ -68,7 +68,7 @@ def alive(pid: int) -> bool:
 async def all_gone(attempt: Attempt, *pids: int) -> bool:
     """Whether the attempt's processes (and `pids`) end; a killed process takes a moment to be gone."""
     with contextlib.suppress(TimeoutError):
-        async with asyncio.timeout(10):
+        async with asyncio.timeout(30):
             while attempt_processes(attempt) or any(alive(pid) for pid in pids):
                 await asyncio.sleep(0.05)
     return not attempt_processes(attempt) and not any(alive(pid) for pid in pids)

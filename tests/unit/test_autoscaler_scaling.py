@@ -26,6 +26,7 @@ from libs.placement import NodeCapacity, QueuedJob
 from services.autoscaler.rules import packing, requested
 from services.autoscaler.scaling import Demand, scale_up
 from services.autoscaler.state import AutoscalerState
+from tests.support.strategies import SETTINGS
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 CPU1 = Flavor(name="cpu-1", cpus=1, memory_mib=1024)
@@ -121,7 +122,7 @@ def test_the_cheapest_in_instances_wins_and_the_first_type_on_a_tie() -> None:
 jobs = st.lists(st.tuples(st.sampled_from(["cpu-1", "cpu-4", "gpu-1"]), st.integers(1, 3)), max_size=12)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(SETTINGS, max_examples=150)
 @given(jobs, st.integers(0, 12), st.integers(0, 3))
 def test_no_instance_is_asked_for_twice_and_the_limits_hold(shapes: list[tuple[str, int]], max_instances: int,
                                                             coming: int) -> None:
@@ -150,7 +151,7 @@ def test_no_instance_is_asked_for_twice_and_the_limits_hold(shapes: list[tuple[s
         assert again.requests == []
 
 
-@settings(max_examples=100, deadline=None)
+@settings(SETTINGS, max_examples=100)
 @given(jobs)
 def test_without_limits_every_waiting_job_gets_room(shapes: list[tuple[str, int]]) -> None:
     """With room in the limits, the instances asked for hold every job a type can serve, all at once."""
@@ -172,7 +173,7 @@ def _replayed(state: AutoscalerState, changes: list[NewEvent], log: list[EventEn
         state.apply(stored)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(SETTINGS, max_examples=150)
 @given(st.lists(jobs.filter(bool), min_size=1, max_size=4))
 def test_a_restarted_autoscaler_packs_as_before_and_asks_for_nothing_more(batches: list[list[tuple[str, int]]]) -> None:
     """Jobs arrive in batches, a decision after each; the autoscaler is then started again from its log. It

@@ -38,6 +38,7 @@ from libs.contracts.messages import CommandError, ListAlerts, OpenTerminal, Term
 from libs.lifecycle import JobLifecycle
 from libs.messaging.connection import round_trip
 from services.monitor.alerts import page as alert_page
+from tests.support.waiting import eventually
 
 JOB = "job-0123456789ab"
 TOKEN = issue_token("client-terminal-tests-" * 3, Identity(user="alice", projects=["default"]))
@@ -153,7 +154,11 @@ async def test_a_long_command_is_kept_alive(nats_url: str, monkeypatch: pytest.M
         client = await TrainyardClient.open(nats_url, token=TOKEN)
         try:
             running = asyncio.create_task(client.run_in_job(JOB, "sleep 600"))
-            await asyncio.sleep(0.6)
+
+            async def kept_alive() -> bool:  # three keep-alives came while the command ran, however slowly
+                return node.controls.count(SessionControl()) >= 3
+
+            await eventually(kept_alive)
             node.hold.set()
             assert await running == (0, b"early\ngot:")
         finally:
@@ -246,12 +251,21 @@ async def test_a_shell_gets_the_terminal_raw_and_its_size_then_restores_it(nats_
                 async with client.session(JOB) as session:
                     attached = asyncio.create_task(terminal.attach(session, stdin=stdin, raw=True,
                                                                    stdout=Sink()))  # type: ignore[arg-type]
-                    await asyncio.sleep(0.3)
+
+                    async def attached_raw() -> bool:  # its size sent, its terminal raw
+                        return (SessionControl(columns=100, rows=30) in node.controls
+                                and termios.tcgetattr(follower)[3] & termios.ICANON == 0)
+
+                    await eventually(attached_raw)
                     raw = termios.tcgetattr(follower)
                     set_size(follower, 120, 40)
                     os.kill(os.getpid(), signal.SIGWINCH)
                     os.write(leader, b"\x03")  # Ctrl-C goes to the remote shell, not to this process
-                    await asyncio.sleep(0.3)
+
+                    async def resized_and_interrupted() -> bool:
+                        return SessionControl(columns=120, rows=40) in node.controls and bytes(node.input) == b"\x03"
+
+                    await eventually(resized_and_interrupted)
                     await node.nc.publish(node.subject("exit"), encode(SessionExited(exit_code=130)))
                     assert await attached == 130
             after = termios.tcgetattr(follower)
@@ -351,7 +365,7 @@ async def test_following_alerts_gives_new_ones_as_they_come(nats_url: str) -> No
         following = asyncio.create_task(follow())
         await asyncio.sleep(0.3)
         monitor.add(2, UNHEALTHY)
-        await asyncio.wait_for(following, 5)
+        await asyncio.wait_for(following, 30)
     finally:
         await client.close()
         await nc.close()

@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 from agent.__main__ import control_of
 from libs.auth import issue_node_token
 from libs.controlsign import MAX_SKEW_SECONDS, SIGNATURE_HEADER, ControlSigner, ControlVerifier
+from tests.support.strategies import SETTINGS
 
 SECRET = "control-signing-tests-secret-" * 2
 NOW = 1_800_000_000.0
@@ -21,6 +22,7 @@ def verifier() -> ControlVerifier:
     return ControlVerifier.of_secret(SECRET)
 
 
+@SETTINGS
 @given(body=st.binary(max_size=2048), flip=st.integers(min_value=0))
 def test_a_signature_covers_every_byte_of_the_body(body: bytes, flip: int) -> None:
     headers = LAUNCHER.headers(SUBJECT, body, NOW)

@@ -21,6 +21,7 @@ from agent.datacache import DatasetCache, Progress, StagingError
 from agent.preparation import DataPreparation
 from libs.contracts.datacache import MAX_CACHE_ENTRIES_REPORTED, CacheEviction, CachePolicy, CacheReport
 from libs.contracts.events import Mount
+from tests.support.strategies import SETTINGS
 
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 HOLDER = "job-000000000001/1/0/0"
@@ -81,7 +82,7 @@ def test_disk_pressure_does_not_flap_between_its_thresholds() -> None:
 entries_strategy = st.lists(st.tuples(st.integers(0, 30), st.integers(0, 400), st.booleans()), max_size=12)
 
 
-@settings(max_examples=200, deadline=None)
+@settings(SETTINGS, max_examples=200)
 @given(entries_strategy, st.integers(0, 100))
 def test_eviction_never_takes_a_pinned_entry_and_takes_the_least_recently_used_first(
         shapes: list[tuple[int, int, bool]], other_gib: int) -> None:

@@ -6,7 +6,6 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ PROGRAM = textwrap.dedent("""
             if sys.argv[1] == "crash":
                 await asyncio.sleep(0.2)
                 return
+            print("waiting", flush=True)  # asked once the signal handlers are set
             await asyncio.Event().wait()
 
         async def close(self) -> None:
@@ -47,7 +47,10 @@ def test_a_process_asked_to_stop_closes_and_exits_zero(tmp_path: Path, sig: sign
     process = start(tmp_path, "serve")
     assert process.stdout is not None
     assert process.stdout.readline().strip() == "started"
-    time.sleep(0.2)  # the signal handlers are set once the factory returned
+    line = process.stdout.readline()  # the signal handlers are set once the factory returned
+    while line and line.strip() != "waiting":
+        line = process.stdout.readline()
+    assert line, "the process ended before it waited to be asked to stop"
     process.send_signal(sig)
     assert process.wait(timeout=20) == 0
     # Read on through the same buffered reader: communicate() would read the pipe beneath it and miss what

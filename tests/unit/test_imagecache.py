@@ -11,6 +11,7 @@ import json
 import os
 import shutil
 import tarfile
+import threading
 from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -20,9 +21,8 @@ from typing import Any
 import pytest
 
 from agent import imagecache
-from agent.cachefiles import locked, pin_name
 from agent.cachepolicy import Held
-from agent.imagecache import ImageCache, ImageCacheError, image_key
+from agent.imagecache import ImageCache, ImageCacheError, ImageRoot
 from agent.jobenv import DEFAULT_PATH
 from libs.contracts.datacache import CachePolicy
 from libs.imagefiles import file_digest
@@ -198,19 +198,23 @@ async def test_an_agent_that_looked_before_another_finished_unpacking_does_not_u
 
 
 async def test_a_failed_unpack_fails_every_acquire_waiting_for_it(
-        cache: ImageCache, tmp_path: Path, tool_runs: list[str]) -> None:
+        cache: ImageCache, tmp_path: Path, tool_runs: list[str], monkeypatch: pytest.MonkeyPatch) -> None:
     archive = tmp_path / "image.tar"
     archive.write_text("no tar at all\n")
     digest = file_digest(archive)
-    key = image_key(digest)
-    # The entry's lock held (as by another agent) until both wait for the one unpack: however slow the machine,
-    # the second acquire comes while the first's unpack is still under way.
-    with locked(cache.locks_dir / f"{key}.lock"):
-        acquires = [asyncio.create_task(cache.acquire(archive, digest, "rootfs", h)) for h in (HOLDER, OTHER)]
-        while not all((cache.pins_dir / key / pin_name(h)).exists() for h in (HOLDER, OTHER)):
-            await asyncio.sleep(0.01)
-        await asyncio.sleep(0.1)  # the second has gone on from its pin to the unpack under way
-    results = await asyncio.gather(*acquires, return_exceptions=True)
+    # Neither goes on before both looked for the entry and found nothing: however slow the machine, the second
+    # acquire comes while the first's unpack is still under way, and waits for it.
+    both_looked = threading.Barrier(2, timeout=60)
+    look = cache._root_locked
+
+    def looked(key: str) -> ImageRoot | None:
+        found = look(key)
+        both_looked.wait()
+        return found
+
+    monkeypatch.setattr(cache, "_root_locked", looked)
+    results = await asyncio.gather(*(cache.acquire(archive, digest, "rootfs", h) for h in (HOLDER, OTHER)),
+                                   return_exceptions=True)
     assert all(isinstance(r, ImageCacheError) for r in results) and tool_runs == ["tar"]
     assert cache.entries() == [] and leftovers(cache) == []
 

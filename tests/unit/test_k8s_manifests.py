@@ -4,16 +4,13 @@ accepts."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import re
 import shutil
 import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -22,21 +19,12 @@ import yaml
 from libs.devstack.servers import nats_server_binary
 from libs.devstack.stack import REPO_ROOT
 from libs.natsauth import issuer_public_key, new_issuer_seed
+from tests.support.scripts import load_script
 
 K8S = REPO_ROOT / "deploy" / "k8s"
 
 
-def load_validator() -> ModuleType:
-    """The script as a module (it is not in a package)."""
-    spec = importlib.util.spec_from_file_location("trainyard_k8s_validate", K8S / "validate.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-validator = load_validator()
+validator = load_script(K8S / "validate.py", "trainyard_k8s_validate")
 
 
 def documents(path: Path) -> list[Any]:

@@ -3,17 +3,18 @@
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Collection
 from types import SimpleNamespace
 from typing import cast
 
+import pytest
 from nats.js.client import JetStreamContext
 
 from libs.contracts.identity import Identity
 from libs.contracts.messages import GetJob, ListJobs
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import EventStore
+from services.scheduler import queries as queries_module
 from services.scheduler.ports import Scheduling
 from services.scheduler.prediction import Forecast
 from services.scheduler.queries import JobQueries
@@ -51,7 +52,10 @@ def expected(listed: object) -> dict[str, bool]:
     return {job.job_id: job.expected is not None for job in listed.jobs}  # type: ignore[attr-defined]
 
 
-async def test_listings_of_the_same_jobs_share_one_plan_and_others_go_without_meanwhile() -> None:
+async def test_listings_of_the_same_jobs_share_one_plan_and_others_go_without_meanwhile(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    clock = [100.0]  # the listings' clock, moved by the test: how long a plan took is what it says
+    monkeypatch.setattr(queries_module, "time", SimpleNamespace(monotonic=lambda: clock[0]))
     views, planner = queries()
     newest = ListJobs(statuses=["queued"], limit=1)  # the newest: the second
     both = ListJobs(statuses=["queued"])
@@ -59,16 +63,18 @@ async def test_listings_of_the_same_jobs_share_one_plan_and_others_go_without_me
     await asyncio.sleep(0.05)
     assert planner.asked == [{SECOND}]  # one plan for the three
     assert expected(await views.list_jobs(both, ALICE)) == {SECOND: False, FIRST: False}  # not planned, no new plan
-    await asyncio.sleep(0.1)
+    clock[0] += 1.0  # the plan takes a second
     planner.release.set()
     assert [expected(listed) for listed in await asyncio.gather(*polls)] == [{SECOND: True}] * 3
-    # Fresh for as long as it rested: answered from that plan, none started for others.
+    # Rested four times as long as it planned (at most a fifth of the time)...
+    assert views._listings.rest_until == pytest.approx(101.0 + 4 * 1.0)
+    # ... and fresh for as long as it rests: answered from that plan, none started for others.
+    clock[0] = 104.99
     assert expected(await views.list_jobs(newest, ALICE)) == {SECOND: True}
     assert expected(await views.list_jobs(both, ALICE)) == {SECOND: False, FIRST: False}
     assert planner.asked == [{SECOND}]
-    # Rested four times as long as it planned (at most a fifth of the time): the next listing plans again.
-    assert views._listings.rest_until - time.monotonic() > 0.4
-    await asyncio.sleep(views._listings.rest_until - time.monotonic() + 0.01)
+    # Once it rested, the next listing plans again.
+    clock[0] = views._listings.rest_until
     assert expected(await views.list_jobs(both, ALICE)) == {SECOND: True, FIRST: True}
     assert planner.asked == [{SECOND}, {SECOND, FIRST}]
 

@@ -32,7 +32,7 @@ EXPORTER = textwrap.dedent("""
         else:
             gauges[metric.name].set({values: 3})
     target = json.loads(next(Path(os.environ["TRAINYARD_METRICS_TARGETS"]).glob("agent-n1-*.json")).read_text())
-    served = urllib.request.urlopen(f"http://127.0.0.1:{m.served_port()}/metrics", timeout=5).read().decode()
+    served = urllib.request.urlopen(f"http://127.0.0.1:{m.served_port()}/metrics", timeout=60).read().decode()
     m.shutdown_metrics()
     left = list(Path(os.environ["TRAINYARD_METRICS_TARGETS"]).iterdir())
     print(json.dumps({"target": target, "served": served, "left": [p.name for p in left],

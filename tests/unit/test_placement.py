@@ -39,6 +39,7 @@ from tests.support.placement import (
     run_on,
     spec,
 )
+from tests.support.strategies import SETTINGS
 
 # --- place_gang: S4 ------------------------------------------------------------------------------------
 
@@ -431,7 +432,7 @@ def admitted_one(decision: Decision) -> Any:
     return admission
 
 
-@settings(max_examples=300, deadline=None)
+@settings(SETTINGS, max_examples=300)
 @given(st.lists(st.tuples(st.sampled_from([0, 2, 4, 8, 16]), st.integers(0, 3)), min_size=1, max_size=8),
        st.integers(1, 4))
 def test_locality_changes_where_a_job_goes_never_whether_it_fits(shapes: list[tuple[int, int]], size: int) -> None:

@@ -6,6 +6,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from services.scheduler.read_model import in_runs
+from tests.support.strategies import SETTINGS
 
 KINDS = ("insert", "admit", "requeue", "end")
 
@@ -13,6 +14,7 @@ statements = st.lists(st.tuples(st.sampled_from(KINDS), st.integers(min_value=0,
     lambda drawn: [(kind, (f"job-{job}", number)) for number, (kind, job) in enumerate(drawn)])
 
 
+@SETTINGS
 @given(statements)
 def test_every_statement_runs_once_and_each_job_sees_its_own_in_order(batch: list[tuple[str, tuple[str, int]]]) -> None:
     runs = in_runs(batch)

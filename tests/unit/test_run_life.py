@@ -24,6 +24,7 @@ from libs.contracts.events import (
 from services.monitor import runlife
 from services.monitor.runlife import RunLife
 from tests.support.eventlog import T0, EventLog
+from tests.support.strategies import SETTINGS
 
 JOB = "job-000000000001"
 
@@ -160,6 +161,7 @@ steps = st.lists(st.tuples(st.sampled_from(["start", "exit", "lost"]), st.intege
                            st.sampled_from([0, 1, -9])), max_size=30)
 
 
+@SETTINGS
 @example([("start", 1, 0, 0), ("exit", 2, 0, 0), ("start", 2, 0, 0), ("exit", 2, 1, 0)])  # ends heard out of order
 @given(steps)
 def test_every_event_is_decided_once_and_only_a_primary_or_the_job_finishes_the_run(plan: list[Step]) -> None:
@@ -189,6 +191,7 @@ def launcher_envelope(runs: Runs, index: int, step: Step) -> Any:
     return msgspec.structs.replace(envelope, recorded_at=T0 + timedelta(minutes=index))
 
 
+@SETTINGS
 @example([("start", 1, 0, 0), ("exit", 1, 0, 0)], [2])  # a short job's start and end arrive together
 @given(steps, st.lists(st.integers(1, 5), max_size=10))
 def test_events_decided_together_before_any_is_recorded_are_decided_as_one_by_one(plan: list[Step],

@@ -46,7 +46,7 @@ async def started_relay(folder: Path, published: Published) -> RunRelay:
     return relay
 
 
-async def flushed(run: Run, relay: RunRelay, timeout: float = 10.0) -> None:
+async def flushed(run: Run, relay: RunRelay, timeout: float = 60.0) -> None:
     """Until the agent took every line the process kept."""
     async with asyncio.timeout(timeout):
         while not await asyncio.to_thread(run.flush, 0.05) and run.waiting:
@@ -205,8 +205,8 @@ async def test_a_process_that_finishes_records_its_own_end_and_logs_no_more(tmp_
     relay = await started_relay(tmp_path, published)
     worker = Run(path=str(relay.path), process="worker")
     worker.log({"loss": 0.5}, step=1)
-    finishing = asyncio.create_task(asyncio.to_thread(worker.finish, 10.0))
-    async with asyncio.timeout(10):
+    finishing = asyncio.create_task(asyncio.to_thread(worker.finish, 60.0))
+    async with asyncio.timeout(60):
         while not finishing.done():
             await relay.flush()
             await asyncio.sleep(0.02)

@@ -88,3 +88,15 @@ def test_request_reply_and_agent_schemas_name_their_tags() -> None:
     for name in ("RegisterNode", "Heartbeat", "StartProcess", "StopProcesses", "NodeAccepted", "ProcessAccepted",
                  "Stopped", "ProcessStarted", "ProcessExited", "LogChunk"):
         assert name in agent["$defs"], name
+
+
+def test_docstrings_are_exported_dedented_whatever_msgspec_keeps() -> None:
+    # Some msgspec releases keep a docstring's indentation in `description`, others dedent it: the export
+    # must give one text either way, so the committed schemas do not depend on the installed release.
+    indented = {"title": "Thing", "description": "First line,\n    second line.",
+                "properties": {"description": {"type": "string", "description": "  Its text.\n    More."}},
+                "required": ["description"]}
+    assert schema_export._cleaned(indented) == {
+        "title": "Thing", "description": "First line,\nsecond line.",
+        "properties": {"description": {"type": "string", "description": "Its text.\nMore."}},
+        "required": ["description"]}

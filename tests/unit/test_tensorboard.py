@@ -205,11 +205,11 @@ def test_the_command_says_when_the_run_may_not_be_read(monkeypatch: pytest.Monke
 
 
 def get_json(url: str) -> Any:
-    with urllib.request.urlopen(url, timeout=5) as reply:
+    with urllib.request.urlopen(url, timeout=60) as reply:
         return json.loads(reply.read())
 
 
-def wait_for_runs(url: str, count: int, timeout: float = 30.0) -> list[str]:
+def wait_for_runs(url: str, count: int, timeout: float = 120.0) -> list[str]:
     """TensorBoard's runs once it lists `count` (it loads the folder after it starts answering)."""
     deadline = time.monotonic() + timeout
     while True:

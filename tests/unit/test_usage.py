@@ -17,19 +17,32 @@ time.sleep(30)
 """
 
 
+def cpu_seconds(process: psutil.Process) -> float:
+    times = process.cpu_times()
+    return float(times.user + times.system)
+
+
 def test_the_sample_covers_the_children_and_sees_them_busy() -> None:
+    """However little CPU a loaded machine gives the spinning child, the sample counts at least what it used."""
     leader = subprocess.Popen([sys.executable, "-c", BUSY_CHILD])
     try:
         sampler = GroupSampler(leader.pid)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
+        deadline = time.monotonic() + 60
+        while True:
+            # The child's CPU time read between two samples: the second sample's interval holds that one.
+            began = time.monotonic()
+            _, _, before = sampler.sample()
+            children = psutil.Process(leader.pid).children()
+            spun = cpu_seconds(children[0]) if children else 0.0
             time.sleep(0.5)
+            spun = cpu_seconds(children[0]) - spun if children else 0.0
             cpu, memory_mib, processes = sampler.sample()
-            if processes == 2 and cpu > 50 and memory_mib >= 64:
+            ended = time.monotonic()
+            if (before == processes == 2 and spun > 0 and memory_mib >= 64) or time.monotonic() > deadline:
                 break
         assert processes == 2
-        assert cpu > 50  # the child spins on a CPU
-        assert memory_mib >= 64  # and holds its 64 MiB buffer
+        assert cpu >= 100 * spun / (ended - began) > 0  # the child's spinning is in it
+        assert memory_mib >= 64  # and its 64 MiB buffer
     finally:
         for child in psutil.Process(leader.pid).children(recursive=True):
             child.kill()
@@ -41,9 +54,15 @@ def test_the_first_sample_measures_the_cpu_since_each_process_started() -> None:
     spin_then_sleep = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\ntime.sleep(30)"
     leader = subprocess.Popen([sys.executable, "-c", spin_then_sleep])
     try:
-        time.sleep(1.0)  # busy all along so far
+        process = psutil.Process(leader.pid)
+        deadline = time.monotonic() + 60
+        while (used := cpu_seconds(process)) == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)  # busy all along so far, however little CPU it got
         cpu, _, processes = GroupSampler(leader.pid).sample()
-        assert processes == 1 and cpu > 30  # not the 0 a first measurement of an interval would give
+        lived = time.time() - process.create_time()
+        # At least what it had used by then, over at most how long it had lived: not the 0 a first measurement
+        # of an interval would give.
+        assert processes == 1 and cpu >= 100 * used / lived > 0
     finally:
         leader.kill()
         leader.wait()
