@@ -796,7 +796,8 @@ class NodeAgent:
         await self._ship_continuously(node)
         await self._report(ProcessExited(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                                          node=self.info.name, exit_code=127,
-                                         node_fault=reason[:1000] if node_fault else None), "exited", node)
+                                         node_fault=reason[:1000] if node_fault else None,
+                                         not_started=None if node_fault else reason[:1000]), "exited", node)
 
     async def _follow(self, node: RunningNode, held: HeldProcess, root: Path) -> None:
         """Ship the node's output and report its start and exit, whichever agent started it."""
@@ -862,7 +863,7 @@ class NodeAgent:
         if pid <= 0:
             return
         sampler = GroupSampler(pid, self._processes)
-        key = subjects.usage_key(node.job_id, node.attempt, node.rank)
+        key = subjects.usage_key(node.job_id, node.attempt, node.rank, self.info.name)
         pause = min(USAGE_SECONDS, FIRST_SAMPLE_SECONDS)
         while True:
             # A sample costs a scan of every process on the host: a job that ends within FIRST_SAMPLE_SECONDS
@@ -900,7 +901,7 @@ class NodeAgent:
             chunk = LogChunk(job_id=node.job_id, attempt=node.attempt, rank=node.rank, task=node.task,
                              node=self.info.name, seq=seq, lines=lines)
             msg_id = f"{node.job_id}.{node.attempt}.{node.task}.{node.rank}.log.{seq}"
-            await self._publish(subjects.job_logs(node.job_id, node.rank), encode(chunk), msg_id)
+            await self._publish(subjects.node_logs(node.job_id, node.rank, self.info.name), encode(chunk), msg_id)
             await asyncio.to_thread(node.output.shipped)
 
     async def _report(self, report: ProcessStarted | ProcessExited, kind: str, node: RunningNode) -> None:

@@ -14,17 +14,25 @@ from shared storage and again as written, and its size is checked against the li
 listed again once done, and a dataset that changed meanwhile is not kept. Only then is the copy renamed
 into place, in one step: a crash mid-copy leaves a partial folder, which is removed at the next start and
 never used. What the cache keeps is decided by agent/cachepolicy.py.
+
+A copy never leaves its dataset: the folder is walked, and each file opened, one step at a time from the
+dataset's folder without following a link, so what is read is what was listed, whatever is swapped in
+meanwhile. A link is copied as a link, as listed, and only once every link of the listing is known to lead
+to a place inside the dataset (cachepolicy.links_refused); a dataset with one that does not is refused,
+naming it, before anything is copied.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from collections import deque
@@ -35,8 +43,16 @@ from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 
-from agent.cachefiles import holder_of_pin, locked, pin_name, remove_folder
-from agent.cachepolicy import Held, SourceFile, cache_key, evictions, under_pressure
+from agent.cachefiles import (
+    FOLDER_FLAGS,
+    holder_of_pin,
+    locked,
+    open_beneath,
+    open_file_beneath,
+    pin_name,
+    remove_folder,
+)
+from agent.cachepolicy import Held, SourceFile, cache_key, evictions, links_refused, under_pressure
 from libs.contracts.datacache import (
     CacheEntry,
     CacheEviction,
@@ -128,27 +144,91 @@ class Progress:
                 f"({rate:.1f} MiB/s)")
 
 
-def list_source(folder: Path) -> list[SourceFile]:
-    """Every file under a dataset folder (links followed as a job would read them)."""
-    if not folder.is_dir():
-        raise StagingError(f"{folder} is not a folder in shared storage")
-    files = []
-    for path in sorted(folder.rglob("*")):
-        if path.is_file():
-            info = path.stat()
-            files.append(SourceFile(path=str(path.relative_to(folder)), size=info.st_size, mtime_ns=info.st_mtime_ns))
-    return files
+@dataclass(frozen=True)
+class Listing:
+    """A dataset folder as listed: shared storage's real path, the folder's real path inside it, and its files
+    and links (walked without following a link)."""
+
+    storage: str
+    folder: str
+    files: tuple[SourceFile, ...]
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(f.size for f in self.files)
+
+    @property
+    def file_count(self) -> int:
+        """Plain files: links are not counted, what they lead to is."""
+        return sum(1 for f in self.files if f.link is None)
+
+    def shown(self, file: SourceFile) -> str:
+        return os.path.join(self.storage, self.folder, file.path)
 
 
-def copy_verified(source: Path, target: Path, size: int, progress: Progress, throttle: Throttle = UNLIMITED) -> str:
-    """Copy one file, hashing what is read and, once on disk, what was written; its digest. What fails on
-    the node's side (writing, reading back) is a NodeStagingError; on shared storage's, a StagingError."""
+def list_source(storage: Path, source: str) -> Listing:
+    """Every plain file and link under the dataset folder `source` of shared storage, walked from descriptors
+    without following links. The folder itself may be a link inside shared storage; a link of the dataset that
+    does not stay inside it is refused (StagingError naming it: nothing is copied)."""
+    root, real = os.path.realpath(storage), os.path.realpath(storage / source)
+    if os.path.commonpath([root, real]) != root or real == root:
+        raise StagingError(f"refused {source}: a link that leads out of its place in shared storage (to {real})")
+    folder = os.path.relpath(real, root)
+    try:
+        descriptor = open_beneath(root, folder, FOLDER_FLAGS)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        raise StagingError(f"{source} is not a folder in shared storage") from exc
+    try:
+        files = tuple(sorted(_walk(descriptor, ""), key=lambda f: f.path))
+    finally:
+        os.close(descriptor)
+    if refused := links_refused(files, real):
+        path, why = refused[0]
+        more = f" (and {len(refused) - 1} other link(s))" if len(refused) > 1 else ""
+        raise StagingError(f"refused {source}/{path}: a link that {why}{more}")
+    return Listing(storage=root, folder=folder, files=files)
+
+
+def _walk(folder: int, prefix: str) -> Iterator[SourceFile]:
+    """The plain files and links under an open folder; each subfolder is opened from it, never through a link
+    (one swapped in meanwhile fails the open). Anything else (FIFOs, sockets, devices) is left out."""
+    with os.scandir(folder) as found:
+        entries = list(found)
+    for entry in entries:
+        path = prefix + entry.name
+        info = entry.stat(follow_symlinks=False)
+        if stat.S_ISLNK(info.st_mode):
+            yield SourceFile(path=path, size=0, mtime_ns=info.st_mtime_ns, link=os.readlink(entry.name, dir_fd=folder))
+        elif stat.S_ISREG(info.st_mode):
+            yield SourceFile(path=path, size=info.st_size, mtime_ns=info.st_mtime_ns)
+        elif stat.S_ISDIR(info.st_mode):
+            inner = os.open(entry.name, FOLDER_FLAGS, dir_fd=folder)
+            try:
+                yield from _walk(inner, f"{path}/")
+            finally:
+                os.close(inner)
+
+
+def copy_verified(listing: Listing, file: SourceFile, target: Path, progress: Progress,
+                  throttle: Throttle = UNLIMITED) -> str:
+    """Copy one file of a listing, hashing what is read and, once on disk, what was written; its digest. The
+    file is opened from the dataset's folder without following links: a link put in its place (or in a folder's)
+    since it was listed fails the copy. A link is made as the link listed (and checked), never followed. What
+    fails on the node's side (writing, reading back) is a NodeStagingError; on shared storage's, a StagingError."""
+    if file.link is not None:
+        return _copy_link(file.link, target)
+    source = listing.shown(file)
     reading = partial(_failing_as, StagingError, f"cannot read {source}")  # a context each time: they are single-use
     writing = partial(_failing_as, NodeStagingError, f"cannot write {target}")
     read = hashlib.sha256()
-    with reading():
-        src = source.open("rb")
-    with src:
+    try:
+        descriptor = open_file_beneath(listing.storage, f"{listing.folder}/{file.path}")
+    except OSError as exc:
+        if exc.errno in (errno.ELOOP, errno.ENOTDIR, errno.EINVAL):
+            raise StagingError(f"{source} changed while it was copied: it is no longer a plain file of the "
+                               "dataset") from exc
+        raise StagingError(f"cannot read {source}: {exc.strerror or exc}") from exc
+    with open(descriptor, "rb") as src:
         with writing():
             target.parent.mkdir(parents=True, exist_ok=True)
             dst = target.open("wb")
@@ -172,16 +252,27 @@ def copy_verified(source: Path, target: Path, size: int, progress: Progress, thr
             while chunk := check.read(CHUNK):
                 written.update(chunk)
         copied = target.stat().st_size
-    if copied != size:
-        raise StagingError(f"{source} changed while it was copied ({size} bytes listed, {copied} copied)")
+    if copied != file.size:
+        raise StagingError(f"{source} changed while it was copied ({file.size} bytes listed, {copied} copied)")
     if written.digest() != read.digest():
         raise NodeStagingError(f"the copy of {source} does not read back as written")
     return read.hexdigest()
 
 
+def _copy_link(link: str, target: Path) -> str:
+    """Make a link of the copy, as listed; its digest covers what it leads to by name."""
+    with _failing_as(NodeStagingError, f"cannot write {target}"):
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.symlink(link, target)
+        if os.readlink(target) != link:
+            raise NodeStagingError(f"the copy of link {target} does not read back as written")
+    return hashlib.sha256(f"link\0{link}".encode()).hexdigest()
+
+
 def _read_only(folder: Path) -> None:
-    for path in folder.rglob("*"):
-        path.chmod(0o555 if path.is_dir() else 0o444)
+    for path in folder.rglob("*"):  # links are not descended into
+        if not path.is_symlink():  # a link's mode means nothing, and chmod would follow it
+            path.chmod(0o555 if path.is_dir() else 0o444)
 
 
 @dataclass
@@ -236,7 +327,7 @@ class DatasetCache:
         cancels; every caller waiting for it gets its progress through `on_copy`."""
         started = time.monotonic()
         listing = await self._listing(source)
-        key = cache_key(source, listing)
+        key = cache_key(source, listing.files)
         with self._writing_the_cache():  # pinned before it is looked for: no eviction takes it after
             await asyncio.to_thread(self.pin, key, holder)
         entry = await asyncio.to_thread(self._entry, key)
@@ -244,7 +335,7 @@ class DatasetCache:
         if entry is None:
             fetch = self._fetching.get(key)
             if fetch is None:
-                progress = Progress(source=source, total_bytes=sum(f.size for f in listing), total_files=len(listing))
+                progress = Progress(source=source, total_bytes=listing.total_bytes, total_files=listing.file_count)
                 fetch = self._fetching[key] = _Fetch(progress, asyncio.create_task(
                     self._fetch(source, key, listing, progress)))
                 fetch.task.add_done_callback(lambda _: self._fetching.pop(key, None))
@@ -258,7 +349,7 @@ class DatasetCache:
         _requests.add(1, {"trainyard.cache.result": "miss" if copied else "hit"})
         return self.entries_dir / key / "data", staged
 
-    async def _fetch(self, source: str, key: str, listing: list[SourceFile],
+    async def _fetch(self, source: str, key: str, listing: Listing,
                      progress: Progress) -> tuple[CacheEntry, bool]:
         """Copy under the entry's lock; the entry, and whether it was copied now (not by another agent sharing
         the cache meanwhile)."""
@@ -276,9 +367,9 @@ class DatasetCache:
             try:
                 # Every copy ends before a failure is raised: none writes into a folder being removed.
                 results = await asyncio.gather(*(
-                    loop.run_in_executor(self._pool, copy_verified, self.storage / source / f.path,
-                                         partial / "data" / f.path, f.size, progress, self._throttle)
-                    for f in listing), return_exceptions=True)
+                    loop.run_in_executor(self._pool, copy_verified, listing, f, partial / "data" / f.path, progress,
+                                         self._throttle)
+                    for f in listing.files), return_exceptions=True)
                 if failed := next((r for r in results if isinstance(r, BaseException)), None):
                     raise failed
                 digests = [r for r in results if isinstance(r, str)]
@@ -294,19 +385,18 @@ class DatasetCache:
         finally:
             await asyncio.to_thread(held.close)
 
-    async def _listing(self, source: str) -> list[SourceFile]:
+    async def _listing(self, source: str) -> Listing:
         with _failing_as(StagingError, f"cannot list {source} in shared storage"):
-            return await asyncio.to_thread(list_source, self.storage / source)
+            return await asyncio.to_thread(list_source, self.storage, source)
 
     def _writing_the_cache(self) -> contextlib.AbstractContextManager[None]:
         return _failing_as(NodeStagingError, f"cannot write the cache at {self.root}")
 
-    def _commit(self, key: str, source: str, listing: list[SourceFile], digests: list[str],
-                partial: Path) -> CacheEntry:
+    def _commit(self, key: str, source: str, listing: Listing, digests: list[str], partial: Path) -> CacheEntry:
         checksum = hashlib.sha256("".join(digests).encode()).hexdigest()
         now = datetime.now(UTC)
-        entry = CacheEntry(key=key, source=source, bytes=sum(f.size for f in listing), files=len(listing),
-                           staged_at=now, last_used=now)
+        entry = CacheEntry(key=key, source=source, bytes=listing.total_bytes, files=listing.file_count, staged_at=now,
+                           last_used=now)
         (partial / "data").mkdir(exist_ok=True)  # an empty dataset is a folder too
         (partial / "entry.json").write_text(json.dumps({"key": key, "source": source, "bytes": entry.bytes,
                                                         "files": entry.files, "sha256": checksum,

@@ -102,6 +102,9 @@ class Upstream:
     a job's start and end that arrive together are recorded in one append. `react` is still the rule for a
     message decided alone, and must answer as `react_after` with nothing waiting.
 
+    `check`: why a message cannot have come from where it was published (an agent's report naming another node
+    than the one NATS let publish it); such a message is set aside (`inconsistent`), neither folded nor reacted to.
+
     `subject` is what NATS delivers: of another service's events, name the aggregates the service reads
     (`subjects.events_of`), so that the server leaves out the others; a new kind of aggregate upstream then
     reaches no follower that did not ask for it, while new events of a kind it reads reach it.
@@ -117,6 +120,8 @@ class Upstream:
     reactions: bool = True
     key: Callable[[Any], Hashable] | None = None
     react_after: RuleAfter | None = None
+    # Why a message cannot have come from where it was published (its sender): it is then set aside.
+    check: Callable[[Any, str], str | None] | None = None
 
 
 def aggregate_of(envelope: EventEnvelope) -> str:
@@ -239,7 +244,7 @@ class EventSourcedService:
                               consumer=upstream.consumer, message_type=upstream.message_type,
                               handle=upstream.handle or self._handler(upstream), reactions=upstream.reactions,
                               record_set_aside=self._record_set_aside, folded=self._upstream_after,
-                              handle_group=self._group_handler(upstream))
+                              handle_group=self._group_handler(upstream), check=upstream.check)
 
     async def caught_up(self) -> None:
         """Decisions that need a complete view wait until every upstream is replayed."""

@@ -6,9 +6,10 @@ Each process gets its own NATS user, whose permissions follow what the code does
   (`trainyard.events.<service>.>`), the requests it sends and the replies it gives (`allow_responses`),
   subscribes to the subjects it answers, and uses the JetStream API only for the streams it owns
   (`STREAM_OWNERS`), the consumers it reads through and the key-value bucket where it uses it;
-- a node agent publishes only its own node's reports, registration, heartbeat and session output (log
-  chunks and usage samples name a job, not a node, so those cannot be narrowed), answers only its own
-  `trainyard.agent.<node>.>` requests and manages no stream at all;
+- a node agent publishes only its own node's reports, registration, heartbeat, session output, log chunks,
+  metrics and usage samples (each subject, or usage key, ends with the node: the services compare it with
+  the node the message names), answers only its own `trainyard.agent.<node>.>` requests and manages no
+  stream at all;
 - a person (CLI, client) sends command and query requests and takes part in their own debug sessions
   (the session subjects name their owner); nothing else;
 - a job (MPI's remote shell) asks only the agents of its own nodes to run a command inside it.
@@ -225,9 +226,9 @@ def agent_permissions(node: str) -> Permissions:
     user = agent_user(node)
     publish = [
         subjects.REGISTER_NODE, subjects.heartbeat(node), subjects.agent_report(node), subjects.agent_cache(node),
-        subjects.LOGS_ALL,  # chunks name a job, not a node: any job's logs
+        subjects.agent_logs(node),  # any job's log chunks, as its own node's
         subjects.agent_metrics(node),  # any job's metrics, as its own node's (R1)
-        f"$KV.{subjects.USAGE_BUCKET}.>",  # likewise any job's usage samples
+        subjects.agent_usage(node),  # likewise any job's usage samples
         f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
         subjects.session(node, "*", "*", "out"), subjects.session(node, "*", "*", "exit"),
         f"{JOB_INBOXES}.*.>",  # the exit of an exec, to the inbox of the job whose remote shell asked

@@ -11,7 +11,7 @@ import typer
 
 from client.cli.output import fail, print_json, print_table, say, stdout
 from client.cli.params import JsonOption, refusing
-from client.cli.render import CACHE_COLUMNS, cache_rows, cache_summary
+from client.cli.render import CACHE_COLUMNS, cache_rows, cache_summary, shown
 from client.cli.runner import connected, with_client
 
 if TYPE_CHECKING:
@@ -79,12 +79,13 @@ async def preload(client: TrainyardClient,
     if sys.stdout.isatty() and not as_json:
         from rich.progress import BarColumn, DownloadColumn, Progress, TaskID, TextColumn, TransferSpeedColumn
 
-        with Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
-                      console=stdout()) as bars:
-            tasks: dict[str, TaskID] = {node: bars.add_task(node, total=None) for node in accepted.nodes}
+        # Node names are not the CLI's own text: not read as markup, their control characters written out.
+        with Progress(TextColumn("{task.description}", markup=False), BarColumn(), DownloadColumn(),
+                      TransferSpeedColumn(), console=stdout()) as bars:
+            tasks: dict[str, TaskID] = {node: bars.add_task(shown(node), total=None) for node in accepted.nodes}
             async for states in client.preload_progress(accepted, since):
                 for state in states:
-                    bars.update(tasks[state.node], description=f"{state.node} {state.state}",
+                    bars.update(tasks[state.node], description=shown(f"{state.node} {state.state}"),
                                 completed=state.done_bytes, total=state.total_bytes or None)
     else:
         async for states in client.preload_progress(accepted, since):

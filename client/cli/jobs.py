@@ -257,11 +257,15 @@ async def show_job(client: TrainyardClient, job_id: str, *, as_json: bool) -> No
 @connected
 async def logs(client: TrainyardClient, job_id: JobIdArgument,
                node: Annotated[int | None, typer.Option("--node", "-n", help="Only this rank.")] = None,
-               follow: FollowOption = False) -> None:
+               follow: FollowOption = False,
+               raw: Annotated[bool, typer.Option(
+                   "--raw", help="Print the lines exactly as the job wrote them: its escape sequences (colours, "
+                   "cursor moves, carriage returns) act on this terminal instead of being shown as \\x1b and "
+                   "the like.")] = False) -> None:
     """Print a job's logs: every node merged with rank prefixes, or one node."""
     await client.get_job(job_id)  # a clear error for an unknown job
     async for chunk in client.logs(job_id, node, follow=follow):
-        print_log_lines(chunk.rank, chunk.lines, prefix=node is None)
+        print_log_lines(chunk.rank, chunk.lines, prefix=node is None, raw=raw)
 
 
 @commands.command()

@@ -18,7 +18,15 @@ import typer
 
 from client.cli.output import fail, note, print_json, print_json_line, print_pairs, print_table, say
 from client.cli.params import JobIdArgument, JsonOption
-from client.cli.render import SERIES_COLUMNS, VALUE_COLUMNS, run_life_lines, series_rows, value_line, value_row
+from client.cli.render import (
+    SERIES_COLUMNS,
+    VALUE_COLUMNS,
+    run_life_lines,
+    series_rows,
+    shown,
+    value_line,
+    value_row,
+)
 from client.cli.runner import connected
 
 if TYPE_CHECKING:
@@ -64,9 +72,10 @@ async def metrics(client: TrainyardClient, job_id: JobIdArgument,
     elif as_csv:
         out = csv.writer(sys.stdout)
         out.writerow(["step", "rank", "task", "attempt", "value", "at", "node", "process"])
+        # CSV is read in terminals too: the job's own labels have their control characters written out.
         async for point in points:
             out.writerow([point.step if point.step is not None else "", point.rank, point.task, point.attempt,
-                          point.value, point.at.isoformat(), point.node, point.process])
+                          point.value, point.at.isoformat(), shown(point.node), shown(point.process)])
     elif follow:
         say(value_line(VALUE_COLUMNS), style="bold")
         async for point in points:
@@ -112,4 +121,4 @@ async def draw(points: AsyncIterator[SeriesPoint], job_id: str, name: str, whose
         png_chart(lines, title, png)
         note(f"wrote {png} ({len(collected):,} values)")
     if terminal:
-        sys.stdout.write(terminal_chart(lines, title, color=sys.stdout.isatty()) + "\n")
+        sys.stdout.write(terminal_chart(lines, shown(title), color=sys.stdout.isatty()) + "\n")

@@ -1,7 +1,10 @@
 """Everything the CLI writes: lines, tables, JSON, log lines and errors.
 
 Text is written as given, never read as markup, so names, reasons and log lines from the services
-print as they are; styles come with the text as `(text, style)`. rich is imported when something is
+print as they are; styles come with the text as `(text, style)`. What a terminal would obey in them
+(escape sequences, other control characters) is written out visibly (`render.shown`), here, for every
+piece of text printed, so a job's name or log line cannot recolour, move, retitle or clear the
+caller's terminal; only `logs --raw` prints log lines as received. rich is imported when something is
 first written, which keeps it out of the start-up of a command that fails early or only connects.
 """
 
@@ -16,7 +19,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 import typer
 
-from client.cli.render import Styled
+from client.cli.render import Styled, shown
 
 if TYPE_CHECKING:
     from rich.console import Console
@@ -41,10 +44,18 @@ def stderr() -> Console:
     return Console(stderr=True, highlight=False, soft_wrap=True)
 
 
-def text(*parts: Styled, style: str = "") -> Text:
+def text(*parts: Styled, style: str = "", layout: bool = False) -> Text:
+    """The parts as one rich Text, their control characters written out (`layout`: but newlines and tabs)."""
     from rich.text import Text
 
-    return Text.assemble(*parts, style=style)
+    return Text.assemble(*(visible(part, layout=layout) for part in parts), style=style)
+
+
+def visible(part: Styled, *, layout: bool = False) -> Styled:
+    if isinstance(part, str):
+        return shown(part, layout=layout)
+    content, style = part
+    return shown(content, layout=layout), style
 
 
 def say(*parts: Styled, style: str = "", soft_wrap: bool = False) -> None:
@@ -60,7 +71,9 @@ def note(*parts: Styled) -> None:
 def table(columns: Sequence[str], rows: Iterable[Sequence[Styled]], *, title: str | None = None) -> Table:
     from rich.table import Table
 
-    grid = Table(box=None, header_style="bold", title=title, title_justify="left")
+    # A title given as a string would be read as markup.
+    grid = Table(box=None, header_style="bold", title=text(title) if title is not None else None,
+                 title_justify="left")
     for column in columns:
         grid.add_column(column)
     for row in rows:
@@ -94,16 +107,23 @@ def print_json_line(value: Any) -> None:
     sys.stdout.flush()
 
 
-def print_log_lines(rank: int, lines: Iterable[str], *, prefix: bool) -> None:
-    # Log lines are the job's text: never re-wrapped.
+def print_log_lines(rank: int, lines: Iterable[str], *, prefix: bool, raw: bool = False) -> None:
+    """A job's log lines, never re-wrapped; `raw`: exactly as received, escape sequences and all."""
+    if raw:
+        head = f"[rank {rank}] " if prefix else ""
+        sys.stdout.write("".join(f"{head}{line}\n" for line in lines))
+        sys.stdout.flush()
+        return
     for line in lines:
-        say(*(((f"[rank {rank}] ", "blue"), line) if prefix else (line,)), soft_wrap=True)
+        parts: tuple[Styled, ...] = ((f"[rank {rank}] ", "blue"), line) if prefix else (line,)
+        stdout().print(text(*parts, layout=True), soft_wrap=True)
 
 
 def print_field_errors(errors: Iterable[FieldError]) -> None:
     for error in errors:
-        hint: tuple[Styled, ...] = (("\n    hint: " + error.hint, "dim"),) if error.hint else ()
-        stderr().print(text("  ", (error.field, "red"), f": {error.message}", *hint))
+        stderr().print(text("  ", (error.field, "red"), f": {error.message}"))
+        if error.hint:
+            stderr().print(text(("    hint: " + error.hint, "dim")))
 
 
 def fail(message: str, hint: str | None = None) -> typer.Exit:

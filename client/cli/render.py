@@ -1,11 +1,13 @@
 """What the CLI shows, as text: pure functions from the services' answers to sentences and table rows.
 
 Nothing here writes or connects, so it can be checked without a stack. A table cell is plain text or
-`(text, style)` (a rich style name); text from the services is never read as markup.
+`(text, style)` (a rich style name); text from the services is never read as markup, and `shown` writes
+out the control characters in it (output.py applies it to everything it prints).
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TYPE_CHECKING
@@ -49,6 +51,27 @@ if TYPE_CHECKING:
 
 Styled = str | tuple[str, str]
 """A piece of output: plain text, or (text, rich style)."""
+
+# What a terminal obeys rather than shows: C0 controls (ESC opens colour, cursor, title and hyperlink
+# sequences), DEL, C1 controls (CSI alone moves the cursor) and the bidirectional overrides and isolates
+# (they reorder what follows on screen). `_LAYOUT` spares newline and tab, a log's own line breaks and indents.
+_CONTROLS = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_LAYOUT = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+_NAMED = {"\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
+def _written_out(match: re.Match[str]) -> str:
+    char = match.group()
+    code = ord(char)
+    return _NAMED.get(char) or (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+
+
+def shown(text: str, *, layout: bool = False) -> str:
+    """`text` with every character a terminal would obey written out as an escape (ESC as `\\x1b`, CSI as
+    `\\x9b`, a newline as `\\n`), so that what someone else wrote is read, never executed; with `layout`,
+    newlines and tabs stay as they are."""
+    return (_LAYOUT if layout else _CONTROLS).sub(_written_out, text)
+
 
 STATUS_STYLE = {"queued": "yellow", "running": "cyan", "succeeded": "green", "failed": "red",
                 "stopped": "magenta", "expired": "magenta"}

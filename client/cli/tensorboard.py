@@ -14,6 +14,7 @@ import typer
 
 from client.cli.output import fail, note, print_table, say, stderr
 from client.cli.params import JobIdArgument
+from client.cli.render import shown
 from client.cli.runner import with_client
 
 if TYPE_CHECKING:
@@ -70,7 +71,8 @@ def write(job_id: str, folder: Path, *, all_ranks: bool) -> list[WrittenRun]:
     written: list[WrittenRun] = []
 
     async def action(client: TrainyardClient) -> None:
-        columns = (TextColumn("reading {task.description}"), BarColumn(), MofNCompleteColumn(),
+        # Series names are the job's text: not read as markup, their control characters written out.
+        columns = (TextColumn("reading {task.description}", markup=False), BarColumn(), MofNCompleteColumn(),
                    TextColumn("series, {task.fields[points]} points"))
         # Progress is for a terminal: piped, stderr gets none of it.
         with Progress(*columns, console=stderr(), transient=True, disable=not stderr().is_terminal) as progress:
@@ -88,7 +90,7 @@ def write(job_id: str, folder: Path, *, all_ranks: bool) -> list[WrittenRun]:
 
 
 def show_progress(progress: Progress, bar: TaskID, read: ReadProgress) -> None:
-    progress.update(bar, description=read.name or "the run", completed=read.series_done, total=read.series_total,
+    progress.update(bar, description=shown(read.name or "the run"), completed=read.series_done, total=read.series_total,
                     points=read.points)
 
 

@@ -196,6 +196,11 @@ class Stopped(_AgentMessage, frozen=True, tag="Stopped.v1"):
     stopped: int
 
 
+# A process report (ProcessStarted, ProcessExited) is published on `subjects.agent_report(node)`, which only
+# `node`'s agent may publish on; the launcher takes it only when `node` is that subject's and the one the attempt's
+# plan put the rank on (services.launcher.rules.report_refusal).
+
+
 class ProcessStarted(_AgentMessage, frozen=True, tag="ProcessStarted.v1"):
     job_id: str
     attempt: int
@@ -224,6 +229,9 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
     # Why the command never started, when the node is at fault (J14: its data could not be prepared on
     # its disk); the job is then tried on other nodes.
     node_fault: Annotated[str, Meta(max_length=1000)] | None = None
+    # Why the command never started when its node is not at fault (J14: a dataset refused or gone from shared
+    # storage); the job fails with it. None from older agents, and for a command that ran.
+    not_started: Annotated[str, Meta(max_length=1000)] | None = None
     # When the process ended, by the node's clock: the report may reach the launcher much later (NATS or
     # the launcher away). None from older agents.
     exited_at: datetime | None = None
@@ -240,7 +248,8 @@ class ProcessExited(_AgentMessage, frozen=True, tag="ProcessExited.v1"):
 
 class LogChunk(Struct, frozen=True, kw_only=True):
     """Consecutive lines of one node's output; `seq` numbers chunks from 0 for dedupe, across restarts
-    of the agent (-1 marked a notice of agents that ended their predecessor's processes)."""
+    of the agent (-1 marked a notice of agents that ended their predecessor's processes). Published on
+    `subjects.node_logs(job_id, rank, node)`, which only `node`'s agent may publish on."""
 
     job_id: str
     attempt: int
@@ -255,7 +264,8 @@ class UsageSample(Struct, frozen=True, kw_only=True):
     """What one node of a job uses now (L9), sampled by its agent over the whole process group.
 
     Kept as the latest value per node in the key-value bucket `subjects.USAGE_BUCKET`, under the key
-    `<job id>.<attempt>.<rank>`.
+    `<job id>.<attempt>.<rank>.<node>` (`subjects.usage_key`): NATS lets an agent write only its own node's keys,
+    and a sample whose `node` is not its key's is no sample of that node.
     """
 
     job_id: str

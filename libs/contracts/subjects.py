@@ -177,6 +177,7 @@ def agent_cache(node: str) -> str:
     return f"trainyard.agent-cache.{node}"
 
 
+# Log chunks: trainyard.logs.<job>.<rank>.<node>, published by the node's agent (LogChunk).
 LOGS_ALL = "trainyard.logs.>"
 # R1, R2: the metrics a job's processes log into its run, as their nodes' agents publish them (MetricBatch).
 METRICS_STREAM = "TRAINYARD_METRICS"
@@ -195,12 +196,19 @@ def metrics_of_job(job_id: str) -> str:
 def agent_metrics(node: str) -> str:
     return f"trainyard.metrics.*.{node}"
 
-# Key-value bucket with each running node's latest resource usage (key: <job>.<attempt>.<rank>).
+# Key-value bucket with each running node's latest resource usage (key: <job>.<attempt>.<rank>.<node>).
 USAGE_BUCKET = "trainyard-usage"
 
 
-def usage_key(job_id: str, attempt: int, rank: int) -> str:
-    return f"{job_id}.{attempt}.{rank}"
+def usage_key(job_id: str, attempt: int, rank: int, node: str) -> str:
+    """The key of a rank's usage sample: it ends with the node whose agent wrote it (NATS lets an agent write
+    only its own node's keys)."""
+    return f"{job_id}.{attempt}.{rank}.{node}"
+
+
+def agent_usage(node: str) -> str:
+    """Every usage key `node`'s agent may write, as subjects of the bucket's stream."""
+    return f"$KV.{USAGE_BUCKET}.*.*.*.{node}"
 
 
 # The stream behind the bucket, and the subjects of one job's keys in it (nats-py's KV naming).
@@ -212,4 +220,48 @@ def usage_of_job(job_id: str) -> str:
 
 
 def job_logs(job_id: str, rank: int | str = "*") -> str:
-    return f"trainyard.logs.{job_id}.{rank}"
+    """The subjects of a job's log chunks (of one rank, or of all), whichever node published them."""
+    return f"trainyard.logs.{job_id}.{rank}.*"
+
+
+def node_logs(job_id: str, rank: int, node: str) -> str:
+    """Where `node`'s agent publishes a rank's log chunks: NATS lets an agent publish only its own node's."""
+    return f"trainyard.logs.{job_id}.{rank}.{node}"
+
+
+def agent_logs(node: str) -> str:
+    return f"trainyard.logs.*.*.{node}"
+
+
+# --- the node a subject of an agent's message names (bound to its sender by NATS) -----------------------
+
+# Per prefix, how many tokens such a subject has and which of them is the node.
+_SENDER_TOKEN: dict[str, tuple[int, int]] = {
+    "trainyard.agent-reports.": (3, 2),
+    "trainyard.agent-cache.": (3, 2),
+    "trainyard.nodes.heartbeat.": (4, 3),
+    "trainyard.logs.": (5, 4),
+    "trainyard.metrics.": (4, 3),
+    f"$KV.{USAGE_BUCKET}.": (6, 5),
+}
+
+
+def sender_of(subject: str) -> str | None:
+    """The node an agent's report, cache report, heartbeat, log chunk, metrics or usage sample was published
+    for, read from its subject (NATS permits an agent only its own node's); None for any other subject."""
+    for prefix, (length, index) in _SENDER_TOKEN.items():
+        if subject.startswith(prefix):
+            parts = subject.split(".")
+            return parts[index] if len(parts) == length else None
+    return None
+
+
+def sender_refusal(subject: str, node: str) -> str | None:
+    """Why a message naming `node` cannot have come from that node's agent, having been published on
+    `subject`; None when it can. A message of another node's is a forgery, never to be applied."""
+    sender = sender_of(subject)
+    if sender is None:
+        return f"published on {subject}, which names no node"
+    if sender != node:
+        return f"published by node {sender} on {subject} but it names node {node}"
+    return None

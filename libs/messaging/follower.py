@@ -25,7 +25,9 @@ position, folds nothing of it and goes on. That happens when
 - it does not decode as the expected type (`undecodable`);
 - its envelope disagrees with where it was published (`inconsistent`): the subject must be exactly
   `event_subject(envelope.service, aggregate type, aggregate id, event name)`, and the service must
-  be the one this follower follows (read from the subject filter, `subjects.service_of_events`);
+  be the one this follower follows (read from the subject filter, `subjects.service_of_events`); or
+  the follower's own `check` finds the message cannot have come from where it was published (an agent's
+  report naming another node than its subject's, `subjects.sender_refusal`);
 - the reaction raises `ConcurrencyConflict` (`conflict`): deciding again on the same view would give
   the same stale answer;
 - folding or reacting raises an error that `classify` does not know as passing, `attempts` times
@@ -55,7 +57,7 @@ from typing import Any, Literal
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from nats.js.api import ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from libs.contracts.codec import decode_any
@@ -69,6 +71,9 @@ from libs.telemetry.logs import get_logger
 from libs.telemetry.metrics import FOLLOWER_MESSAGES, attributes, counter, metrics_enabled
 
 log = get_logger(__name__)
+
+Check = Callable[[Any, str], str | None]
+"""check(decoded, subject): why the message cannot have come from where it was published (None: it can)."""
 
 Handler = Callable[[Any, Msg, Tracking | None], Awaitable[bool]]
 """handle(decoded, message, tracking): fold the decoded message into the view; when `tracking` is
@@ -185,6 +190,21 @@ UNRECORDED_WRITE_SECONDS = 0.5
 # At most this many messages are decided together (`handle_group`), and at most twice as many wait for it in
 # the follower: beyond that the client's queue and JetStream's flow control hold the rest back.
 GROUP_MESSAGES = 64
+CONSUMER_INFO_TRIES = 50  # 0.1 s apart
+
+
+async def _consumer_info(sub: Any) -> ConsumerInfo:
+    """The ordered consumer's info. One that missed two heartbeats (a busy machine) is replaced by nats-py: the old
+    consumer is gone at once and the new one made in the background, under another name: ask again meanwhile."""
+    for attempt in range(CONSUMER_INFO_TRIES):
+        try:
+            info: ConsumerInfo = await sub.consumer_info()
+            return info
+        except NotFoundError:
+            if attempt == CONSUMER_INFO_TRIES - 1:
+                raise
+            await asyncio.sleep(0.1)
+    raise AssertionError("unreachable")
 
 
 async def still_holds(js: JetStreamContext, stream: str, sequence: int, upstream: int | None) -> bool:
@@ -208,7 +228,7 @@ class StreamFollower:
                  consumer: str, message_type: object, handle: Handler, reactions: bool = True,
                  retry_seconds: float = 0.5, attempts: int = 3, source: str | None = None,
                  record_set_aside: RecordSetAside | None = None, folded: Mapping[str, int] | None = None,
-                 handle_group: GroupHandler | None = None) -> None:
+                 handle_group: GroupHandler | None = None, check: Check | None = None) -> None:
         self.js = js
         self.store = store
         self.stream = stream
@@ -228,6 +248,7 @@ class StreamFollower:
         # The service whose envelopes this follower accepts (None: any, as long as subject and envelope agree).
         self.source = source if source is not None else service_of_events(subject)
         self.record_set_aside = record_set_aside or self._append_set_aside
+        self.check = check  # a message it refuses is set aside as `inconsistent`
         # Per subject filter, the stream sequence up to which its messages are folded already (a restored state).
         self.folded = {subject: folded.get(subject, 0) for subject in self.subjects} if folded else {}
         for subject in self.folded:
@@ -269,7 +290,7 @@ class StreamFollower:
         self._sub = sub
         # Nothing matched the filter yet (the consumer sequence counts matching deliveries only; the
         # stream sequence may already point past other services' messages): the view is complete.
-        info = await sub.consumer_info()
+        info = await _consumer_info(sub)
         if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
             self.caught_up.set()
 
@@ -340,7 +361,7 @@ class StreamFollower:
         still waiting in the client or in the follower's inbox."""
         if self._sub is None:
             return 0
-        info = await self._sub.consumer_info()  # type: ignore[attr-defined]
+        info = await _consumer_info(self._sub)
         waiting = self._inbox.qsize() if self._inbox is not None else 0  # taken from the client, not yet decided
         return int(info.num_pending or 0) + int(self._sub.pending_msgs) + waiting  # type: ignore[attr-defined]
 
@@ -454,6 +475,8 @@ class StreamFollower:
             raise _SetAside("undecodable", str(exc)[:500]) from None
         if isinstance(decoded, EventEnvelope) and (why := inconsistency(decoded, msg.subject, self.source)):
             raise _SetAside("inconsistent", why)
+        if self.check is not None and (why := self.check(decoded, msg.subject)):
+            raise _SetAside("inconsistent", why[:500])
         return decoded
 
     def _unless_repeated(self, decoded: Any) -> Any:

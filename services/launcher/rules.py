@@ -5,6 +5,7 @@ record and never talk to anyone (the dispatcher does, service.py records).
   ports its nodes chose (`needs_ports` says which nodes to ask first).
 - `record_report`: an agent's process report becomes process events and, when it settles the
   attempt, its outcome.
+- `report_refusal`: why a report cannot be taken from where it came (another node's process).
 - `give_up_node` and `stopped`: what the dispatcher's confirmations (or their absence) settle.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 
+from libs.contracts import subjects
 from libs.contracts.agent import ProcessExited, ProcessStarted
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import (
@@ -103,6 +105,25 @@ def record_report(state: LauncherState, report: ProcessStarted | ProcessExited) 
     return launch_events(launch.job_id, _report_events(state, launch, report))
 
 
+def report_refusal(state: LauncherState, report: ProcessStarted | ProcessExited, subject: str) -> str | None:
+    """Why a report published on `subject` cannot be taken (None: it can): it must come from the node it names
+    (the subject's, which NATS binds to the publishing agent), and a report of the job's current attempt must
+    be about a process the plan put on that node, so no node ends or starts another node's process."""
+    if (why := subjects.sender_refusal(subject, report.node)) is not None:
+        return why
+    launch = state.launches.get(report.job_id)
+    if launch is None or launch.attempt != report.attempt:
+        return None  # nothing is recorded of it (`record_report`)
+    unit = (report.task, report.rank)
+    planned = next((n.node for n in launch.nodes if (n.task, n.rank) == unit), None)
+    if planned is None:
+        return f"{report.job_id} attempt {report.attempt} has no task {report.task} rank {report.rank}"
+    if planned != report.node:
+        return (f"node {report.node} reported task {report.task} rank {report.rank} of {report.job_id} attempt "
+                f"{report.attempt}, which runs on {planned}")
+    return None
+
+
 def _started(launch: Launch, report: ProcessStarted) -> list[Event]:
     """The start of a unit not known to have started or ended yet."""
     unit = (report.task, report.rank)
@@ -137,6 +158,10 @@ def _report_events(state: LauncherState, launch: Launch, report: ProcessStarted 
             events.append(LaunchFailed(job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,
                                        reason=f"{task}rank {report.rank} could not start: {report.node_fault}",
                                        fault_nodes=[report.node]))
+            return events
+        if report.not_started is not None:  # it never started, for a fault of the job's own (its data, say)
+            events.append(LaunchFailed(job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,
+                                       reason=f"{task}rank {report.rank} could not start: {report.not_started}"))
             return events
         events.append(LaunchFailed(
             job_id=launch.job_id, attempt=launch.attempt, exit_code=report.exit_code,

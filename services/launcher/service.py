@@ -1,6 +1,7 @@
 """The launcher service: turns admissions into processes on node agents and reports how they end.
 
-It follows the scheduler's job events (admissions and stops) and the agents' process reports. What
+It follows the scheduler's job events (admissions and stops) and the agents' process reports (each taken only
+from the node it names, about a process planned there; anything else is set aside, rules.report_refusal). What
 it decides (rules.py) is recorded first (LaunchPlanned, NodeProcessStarted, ...); talking to agents
 happens after, in the dispatcher (dispatcher.py), which re-sends until the agents confirm.
 """
@@ -21,7 +22,7 @@ from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
 from libs.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.launcher.dispatcher import Dispatcher
-from services.launcher.rules import record_report
+from services.launcher.rules import record_report, report_refusal
 from services.launcher.state import LauncherState
 
 log = get_logger(__name__)
@@ -59,7 +60,9 @@ class Launcher(EventSourcedService):
             Upstream(stream=subjects.AGENT_REPORTS_STREAM, subject=subjects.AGENT_REPORTS_ALL,
                      consumer="agent-reports", message_type=ProcessReport,
                      react=partial(record_report, self.state),
-                     key=lambda report: report.job_id),
+                     key=lambda report: report.job_id,
+                     # A report is taken only from the node it names, about its own processes.
+                     check=partial(report_refusal, self.state)),
         ]
 
     # --- loops ----------------------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 """The performance detector's input (M6): every job's log chunks, read as they stream.
 
 A durable pull consumer on TRAINYARD_LOGS, created at new messages: past lines are not the
-monitor's business. Only the chunks of jobs the detector watches are decoded. A batch is
+monitor's business. Only the chunks of jobs the detector watches are decoded, and only those published by
+the node that runs their rank are fed to it (the subject's node, which NATS binds to the publishing agent). A batch is
 acknowledged once what it opened is recorded; unacknowledged chunks come again, and a window that
 sees some lines twice still records each incident once (see `decisions.performance`).
 """
@@ -64,6 +65,11 @@ def scan(detector: PerformanceDetector, batch: Sequence[Msg]) -> list[Incident]:
         try:
             chunk = decode(msg.data, LogChunk)
         except msgspec.DecodeError:
+            continue
+        # Only the node that runs the rank speaks for it: another node's lines would blame that node.
+        if (why := subjects.sender_refusal(msg.subject, chunk.node) or detector.misplaced(chunk)) is not None:
+            log.warning("performance.chunk_refused", subject=msg.subject, job_id=chunk.job_id, rank=chunk.rank,
+                        node=chunk.node, reason=why)
             continue
         incidents += detector.feed(chunk)
     return incidents

@@ -157,6 +157,7 @@ class Incident:
 class _Watch:
     attempt: int
     rule: PerformanceDetection
+    nodes: dict[int, str] = field(default_factory=dict)  # rank -> the node its placement put it on
 
 
 class PerformanceDetector:
@@ -178,14 +179,16 @@ class PerformanceDetector:
         if isinstance(event, JobAdmitted):
             resume = job.spec.checkpoint_resume if job else None
             if resume is not None and resume.performance is not None:
-                self.watch(event.job_id, event.attempt, resume.performance)
+                self.watch(event.job_id, event.attempt, resume.performance,
+                           {place.rank: place.node for place in event.placement})
         elif isinstance(event, ATTEMPT_ENDING):
             self.unwatch(envelope.aggregate_id)
 
-    def watch(self, job_id: str, attempt: int, rule: PerformanceDetection) -> None:
-        """Follow `attempt` of the job (and forget its earlier attempts)."""
+    def watch(self, job_id: str, attempt: int, rule: PerformanceDetection,
+              nodes: dict[int, str] | None = None) -> None:
+        """Follow `attempt` of the job (and forget its earlier attempts), whose ranks run on `nodes`."""
         self.unwatch(job_id)
-        self._jobs[job_id] = _Watch(attempt, rule)
+        self._jobs[job_id] = _Watch(attempt, rule, dict(nodes or {}))
 
     def unwatch(self, job_id: str) -> None:
         if self._jobs.pop(job_id, None) is not None:
@@ -194,6 +197,16 @@ class PerformanceDetector:
 
     def watching(self, job_id: str) -> bool:
         return job_id in self._jobs
+
+    def misplaced(self, chunk: ChunkLike) -> str | None:
+        """Why a chunk of a watched attempt cannot be its rank's output: its node is not the rank's."""
+        watch = self._jobs.get(chunk.job_id)
+        if watch is None or watch.attempt != chunk.attempt or not watch.nodes:
+            return None
+        placed = watch.nodes.get(chunk.rank)
+        if placed == chunk.node:
+            return None
+        return f"node {chunk.node} sent output of {chunk.job_id} rank {chunk.rank}, which runs on {placed}"
 
     def feed(self, chunk: ChunkLike) -> list[Incident]:
         """The incidents a chunk of one rank's output opens (none for jobs or attempts not watched)."""

@@ -137,13 +137,12 @@ class RunReader:
         self.lives = lives  # each run's life, as the monitor recorded it (`runlife`)
 
     def refusal(self, job_id: str, identity: Identity) -> CommandError | None:
+        # A job the caller may not view is answered as one that does not exist (J2), so ids cannot be probed.
         job = self.jobs.jobs.get(job_id)
-        if job is None or job.deleted:
+        if job is None or job.deleted or not allowed(identity, job.spec, job.creator, "view",
+                                                     sharing_enabled=self.jobs.settings.sharing_enabled):
             return CommandError(code="not-found", message=f"no such job: {job_id}",
-                                hint="`trainyard list` shows your jobs")
-        if not allowed(identity, job.spec, job.creator, "view", sharing_enabled=self.jobs.settings.sharing_enabled):
-            return CommandError(code="forbidden", message=f"you may not view job {job_id}",
-                                hint="ask its creator to share it with your project")
+                                hint="`trainyard list` shows the jobs you can see")
         return None
 
     async def batches(self, job_id: str, after: int = 0) -> AsyncIterator[tuple[int, MetricBatch]]:

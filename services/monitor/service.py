@@ -147,7 +147,9 @@ class Monitor(EventSourcedService):
                          consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
                          key=aggregate_of, react_after=self.run_reaction),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
-                         consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report)]
+                         consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report,
+                         # Only the node's own agent reports its cache: another's report is set aside.
+                         check=lambda report, subject: subjects.sender_refusal(subject, report.node))]
 
     def run_reaction(self, envelope: EventEnvelope, waiting: Sequence[NewEvent] = ()) -> list[NewEvent]:
         """R1: a launcher event's answer for the job's run (it begins, goes on, a rank ends, it finishes), after
@@ -289,6 +291,9 @@ class Monitor(EventSourcedService):
                 beat = decode(msg.data, Heartbeat)
             except msgspec.DecodeError:
                 continue
+            if (why := subjects.sender_refusal(msg.subject, beat.node)) is not None:  # another node's name
+                self._log_ignored_heartbeat(beat.node, CommandError(code="forbidden", message=why))
+                continue
             latest[beat.node] = (beat, self.credential(msg.headers))
         async with self.lock:
             heard = [found for beat, credential in latest.values()
@@ -426,10 +431,8 @@ class Monitor(EventSourcedService):
     # --- the nodes' dataset caches (D1, D2) -----------------------------------------------------------------
 
     async def on_cache_report(self, report: CacheReport, msg: Msg, tracking: Tracking | None) -> bool:
-        """Keep a node's latest report; record what it changed (cached, evicted) once, with its position."""
-        if msg.subject != subjects.agent_cache(report.node):  # NATS lets a node publish only its own subject
-            log.warning("cache.report_ignored", subject=msg.subject, node=report.node)
-            return False
+        """Keep a node's latest report; record what it changed (cached, evicted) once, with its position. A report
+        not from the node it names never comes here (the upstream's `check` sets it aside)."""
         async with self.lock:
             self.reports[report.node] = report
             if tracking is None:

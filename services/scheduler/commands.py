@@ -50,7 +50,7 @@ from libs.messaging.rpc import AuthenticatedHandler
 from libs.storage import missing_inputs
 from libs.telemetry.tracing import current_trace_headers
 from services.scheduler import arrays
-from services.scheduler.access import access_error
+from services.scheduler.access import access_error, array_access_error
 from services.scheduler.images import LIST_HINT, image_use
 from services.scheduler.names import job_change, settings_change, storage_change
 from services.scheduler.ports import Scheduling
@@ -186,6 +186,8 @@ class JobCommands:
         """The jobs a stop or delete names, itself or as the selected jobs of arrays (under the lock)."""
         job_ids = list(request.job_ids)
         if request.arrays:
+            if error := array_access_error(self.state, [s.array_id for s in request.arrays], identity):
+                return error
             members = arrays.selected_jobs(self.state, request.arrays)
             if isinstance(members, CommandError):
                 return members

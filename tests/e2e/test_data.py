@@ -1,12 +1,14 @@
 """Data preparation and the nodes' dataset caches on the real stack (SPEC J14, D1, D2): datasets copied side by
 side before the command, read there, reused by the next job, copied again once changed; a disk under
-pressure takes no new work until it is relieved."""
+pressure takes no new work until it is relieved; a dataset whose links lead out of it is refused, never
+copied."""
 
 from __future__ import annotations
 
 import asyncio
 import hashlib
 import os
+import shlex
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -229,3 +231,67 @@ async def test_a_node_that_cannot_hold_the_copy_sends_the_job_to_another_node(st
     [moved] = [e for e in events if isinstance(e, JobResuming)]
     assert moved.before_start and moved.exclude_nodes == ["node-a"]
     assert "data preparation failed on node node-a: cannot write the cache" in moved.reason
+
+
+def read_all(name: str, dataset: str) -> JobSpec:
+    """A job that prints every file its staged dataset holds, following links as any reader would."""
+    command = f'find -L "$TRAINYARD_WORKSPACE/dataset/private/{dataset}" -type f -exec cat {{}} +'
+    return JobSpec(name=name, flavors=["cpu-1"], algorithm=AlgorithmRef(name="env-probe"),
+                   command=f"bash -c {shlex.quote(command)}", datasets=[DatasetRef(name=dataset)],
+                   data_preparation=True, node_names=["node-a"], output=OutputRef(name=name))
+
+
+async def test_a_dataset_whose_links_lead_out_of_it_is_refused_and_nothing_of_it_is_copied(stack: Stack) -> None:
+    secret = Path(stack.processes.env["TRAINYARD_AUTH_SECRET_FILE"])
+    seed(stack, "leaky-file", parts=1, size=1000)
+    (stack.storage / "datasets" / "leaky-file" / "secret").symlink_to(secret)  # a link to the signing secret
+    seed(stack, "leaky-dir", parts=1, size=1000)
+    (stack.storage / "datasets" / "leaky-dir" / "state").symlink_to(secret.parent, target_is_directory=True)
+    api = await stack.up()
+    content = secret.read_text().strip()
+    assert content
+
+    jobs = {dataset: (await api.submit(read_all(dataset, dataset))).job_id for dataset in ("leaky-file", "leaky-dir")}
+    refused = {"leaky-file": f"refused datasets/leaky-file/secret: a link that leads out of the dataset (to {secret})",
+               "leaky-dir": f"refused datasets/leaky-dir/state: a link that leads out of the dataset "
+                            f"(to {secret.parent})"}
+    for dataset, job_id in jobs.items():
+        job = await stack.wait_until(job_id, "ended", timeout=120)
+        assert job.status == "failed" and job.resumes == 0, job.reason  # the dataset at fault: no other node tried
+        lines = await stack.logs(job_id)
+        assert f"[0] [trainyard] data preparation failed on node node-a: {refused[dataset]}" in lines, lines
+        assert job.reason == f"rank 0 could not start: data preparation failed on node node-a: {refused[dataset]}"
+        assert not any(content in line for line in lines)
+
+    # A preload of it fails the same way, saying why where its progress shows.
+    since = datetime.now(UTC) - timedelta(seconds=2)
+    accepted = await api.preload("leaky-file", nodes=["node-a"])
+    progress = [states async for states in api.preload_progress(accepted, since)]
+    [node] = progress[-1]
+    assert (node.node, node.state) == ("node-a", "failed") and node.reason == refused["leaky-file"]
+
+    # Nothing of either dataset was copied: no entry, no partial copy, the secret nowhere in the cache.
+    cache = stack.home / "agents" / "node-a" / "dataset-cache"
+    assert list((cache / "entries").iterdir()) == [] and list((cache / "partial").iterdir()) == []
+    for path in cache.rglob("*"):
+        assert path.is_symlink() or not path.is_file() or content.encode() not in path.read_bytes(), path
+    assert not any(e.source.startswith("datasets/leaky") for c in await api.cache("node-a") for e in c.entries)
+
+
+async def test_links_inside_a_dataset_are_staged_as_links_and_read_as_in_shared_storage(stack: Stack) -> None:
+    seed(stack, "linked", parts=2, size=1000)
+    folder = stack.storage / "datasets" / "linked"
+    (folder / "sub").mkdir()
+    (folder / "sub" / "labels.txt").write_text("cat\n")
+    os.symlink("part-0", folder / "latest")
+    os.symlink("../part-1", folder / "sub" / "previous")
+    os.symlink("sub", folder / "annotations")
+    await stack.up()
+    command = ('cd "$TRAINYARD_WORKSPACE/dataset/private/linked" && readlink latest && '
+               'cat latest part-0 sub/previous part-1 | sha256sum && cat annotations/labels.txt')
+    spec = msgspec.structs.replace(read_all("linked", "linked"), command=f"bash -c {shlex.quote(command)}")
+    job_id, lines = await ran(stack, spec)
+    twice = b"".join((folder / part).read_bytes() for part in ("part-0", "part-0", "part-1", "part-1"))
+    expected = ["[0] part-0", f"[0] {hashlib.sha256(twice).hexdigest()}  -", "[0] cat"]
+    assert [line for line in lines if line in expected] == expected, lines
+    assert await staged(stack, job_id) == {"datasets/linked": False}

@@ -26,7 +26,7 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 async def publish_chunk(nc: Client, job_id: str, rank: int, seq: int, lines: list[str], attempt: int = 1) -> None:
     chunk = LogChunk(job_id=job_id, attempt=attempt, rank=rank, node=f"node-{rank}", seq=seq, lines=lines)
-    await nc.jetstream().publish(subjects.job_logs(job_id, rank), encode(chunk),
+    await nc.jetstream().publish(subjects.node_logs(job_id, rank, chunk.node), encode(chunk),
                                  headers={"Nats-Msg-Id": f"{job_id}.{attempt}.0.{rank}.log.{seq}"})
 
 
@@ -34,7 +34,7 @@ async def put_sample(nc: Client, job_id: str, attempt: int, rank: int, cpu: floa
     kv = await nc.jetstream().key_value(subjects.USAGE_BUCKET)
     sample = UsageSample(job_id=job_id, attempt=attempt, rank=rank, node=f"node-{rank}", cpu_percent=cpu,
                          memory_mib=512, processes=2, sampled_at=datetime.now(UTC))
-    await kv.put(subjects.usage_key(job_id, attempt, rank), encode(sample))
+    await kv.put(subjects.usage_key(job_id, attempt, rank, sample.node), encode(sample))
 
 
 async def page(client: TrainyardClient, request: GetJobLogs) -> LogPage:

@@ -399,7 +399,7 @@ async def test_slow_iterations_raise_one_incident_and_one_mail(platform: Platfor
                                    for r in ratios)]
         seqs["n"] += 1
         chunk = LogChunk(job_id=job_id, attempt=attempt, rank=0, node="node-a", seq=seqs["n"], lines=lines)
-        await js.publish(subjects.job_logs(job_id, 0), encode(chunk))
+        await js.publish(subjects.node_logs(job_id, 0, chunk.node), encode(chunk))
 
     await log_lines(job, 1, [0.5, 0.5, 0.5])
     await log_lines(other, 1, [0.95] * 5)  # no performance detection asked for

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,12 +24,12 @@ from client.cli.runner import UNAUTHENTICATED_HINT, error_hint
 from libs.auth import issue_job_token, issue_node_token, issue_token, new_secret
 from libs.contracts import subjects
 from libs.contracts.identity import Identity
-from libs.devstack.natslogins import FOLDER, provision_nats_logins
-from libs.devstack.servers import free_port, nats_server_binary, start_nats
+from libs.devstack.natslogins import FOLDER
 from libs.messaging.connection import STREAMS, NatsLogin, round_trip
 from libs.messaging.reader import read_subject
 from libs.natsauth import serve
 from libs.natsroles import MONITOR_LOGS_CONSUMER, SERVICES, STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
+from tests.support.roles_server import roles_server
 
 ALICE = "alice"  # a person, logged in with her user token as NATS user `user-alice`
 WAIT_SECONDS = 30  # for what the server answers at once, on a machine that may be slow to get to it
@@ -67,17 +66,8 @@ ConnectAs = Callable[[str], Awaitable[Conn]]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("nats-roles")
-    config = provision_nats_logins(home)
-    check = subprocess.run([nats_server_binary(), "-t", "-c", str(config)], capture_output=True, text=True,
-                           check=False)
-    assert check.returncode == 0, check.stderr + check.stdout
-    port = free_port()
-    process = start_nats(home / "data", port, config=config)
-    try:
-        yield Server(f"nats://127.0.0.1:{port}", home / FOLDER, new_secret())
-    finally:
-        process.terminate()
-        process.wait(timeout=10)
+    with roles_server(home) as url:
+        yield Server(url, home / FOLDER, new_secret())
 
 
 def login(server: Server, role: str) -> NatsLogin:
@@ -185,11 +175,18 @@ async def test_an_agent_reports_for_its_own_node_only(connect: ConnectAs) -> Non
     with pytest.raises(Exception):  # noqa: B017
         await js.publish(subjects.job_metrics("job-000000000002", "node-b"), b"{}", timeout=1)
     assert await agent.refused("publish", subjects.job_metrics("job-000000000002", "node-b"))
-    # Logs and usage samples are allowed (for any job: they name jobs, not nodes).
-    logs = await js.publish(subjects.job_logs("job-000000000002", 0), b"{}", timeout=WAIT_SECONDS)
+    # Any job's log chunks and usage samples, as its own node's only.
+    logs = await js.publish(subjects.node_logs("job-000000000002", 0, "node-a"), b"{}", timeout=WAIT_SECONDS)
     assert logs.stream == subjects.LOGS_STREAM
+    with pytest.raises(Exception):  # noqa: B017
+        await js.publish(subjects.node_logs("job-000000000002", 0, "node-b"), b"{}", timeout=1)
+    assert await agent.refused("publish", subjects.node_logs("job-000000000002", 0, "node-b"))
     kv = await js.key_value(subjects.USAGE_BUCKET)
-    await kv.put(subjects.usage_key("job-000000000002", 1, 0), b"{}")
+    await kv.put(subjects.usage_key("job-000000000002", 1, 0, "node-a"), b"{}")
+    for key in (subjects.usage_key("job-000000000002", 1, 0, "node-b"), "job-000000000002.1.0"):
+        with pytest.raises(Exception):  # noqa: B017
+            await kv.put(key, b"{}")
+        assert await agent.refused("publish", f"$KV.{subjects.USAGE_BUCKET}.{key}")
 
 
 async def test_an_agent_answers_its_own_requests_and_cannot_listen_to_another_nodes(connect: ConnectAs) -> None:
@@ -292,7 +289,8 @@ async def test_a_user_takes_part_in_her_own_debug_sessions_only(connect: Connect
 async def test_services_read_their_streams_as_their_code_does(connect: ConnectAs) -> None:
     await declare_owned_streams(connect)
     agent: Conn = await connect(agent_user("node-b"))
-    await agent.nc.jetstream().publish(subjects.job_logs("job-000000000003", 0), b"line", timeout=WAIT_SECONDS)
+    await agent.nc.jetstream().publish(subjects.node_logs("job-000000000003", 0, "node-b"), b"line",
+                                       timeout=WAIT_SECONDS)
     # The monitor's durable pull consumer on the logs, fetched and acknowledged.
     monitor: Conn = await connect("monitor")
     config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL)

@@ -84,9 +84,13 @@ async def test_a_run_is_read_only_by_those_who_may_view_the_job(nc: Client) -> N
     await ensure_streams(nc.jetstream())
     job_id = new_job_id()
     runs = reader(nc, job_id)
-    refused = await runs.run(GetRun(job_id=job_id), Identity(user="mallory", projects=["nlp"]))
-    assert isinstance(refused, CommandError) and refused.code == "forbidden"
-    missing = await runs.series(GetSeries(job_id=new_job_id(), name="loss"), ALICE)
-    assert isinstance(missing, CommandError) and missing.code == "not-found"
+    mallory = Identity(user="mallory", projects=["nlp"])
+    made_up = new_job_id()
+    for read in (lambda job: runs.run(GetRun(job_id=job), mallory),
+                 lambda job: runs.series(GetSeries(job_id=job, name="loss"), mallory)):
+        hidden, missing = await read(job_id), await read(made_up)  # J2: a hidden job is a missing one
+        assert isinstance(hidden, CommandError) and isinstance(missing, CommandError)
+        assert hidden.code == "not-found" and hidden == msgspec.structs.replace(
+            missing, message=missing.message.replace(made_up, job_id))
     empty = await runs.series(GetSeries(job_id=job_id, name="loss"), ALICE)  # nothing logged yet
     assert isinstance(empty, SeriesPage) and empty.points == [] and not empty.more

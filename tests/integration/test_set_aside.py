@@ -16,6 +16,7 @@ from nats.aio.msg import Msg
 
 from client.api import TrainyardClient
 from libs.contracts import subjects
+from libs.contracts.agent import ProcessStarted
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import encode
 from libs.contracts.events import (
@@ -219,3 +220,40 @@ async def test_the_scheduler_sets_aside_forged_and_conflicting_events_and_still_
 async def _count(found: Awaitable[list[T]], count: int) -> list[T]:
     items = await found
     return items if len(items) >= count else []
+
+
+async def test_a_report_its_sender_could_not_have_sent_is_set_aside_once(nc: Client, make_store: StoreFactory) -> None:
+    store = await make_store("launcher")
+    js = nc.jetstream()
+    for subject, node in ((subjects.agent_report("node-a"), "node-a"), (subjects.agent_report("node-b"), "node-a"),
+                          (subjects.agent_report("node-b"), "node-b")):
+        await js.publish(subject, encode(ProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node=node,
+                                                        pid=1)))
+    taken: list[str] = []
+
+    async def handle(report: ProcessStarted, _: Msg, tracking: Tracking | None) -> bool:
+        taken.append(report.node)
+        return False
+
+    async def follow_reports() -> None:
+        follower = StreamFollower(js, store, stream=subjects.AGENT_REPORTS_STREAM, subject=subjects.AGENT_REPORTS_ALL,
+                                  consumer="agent-reports", message_type=ProcessStarted, handle=handle,
+                                  retry_seconds=0.01,
+                                  check=lambda report, subject: subjects.sender_refusal(subject, report.node))
+        await follower.start()
+        await asyncio.wait_for(follower.caught_up.wait(), 60)
+        await eventually(lambda: _at_least(taken, 2))
+        await follower.stop()
+
+    await follow_reports()
+    assert taken == ["node-a", "node-b"]
+    [record] = await set_aside(store)
+    assert (record.sequence, record.cause, record.subject) == (2, "inconsistent", subjects.agent_report("node-b"))
+    assert record.reason == f"published by node node-b on {subjects.agent_report('node-b')} but it names node node-a"
+    assert record.claimed_type == "ProcessStarted.v1"
+
+    # Replayed on the next start: passed over again, not recorded twice.
+    taken.clear()
+    await follow_reports()
+    assert taken == ["node-a", "node-b"]
+    assert len(await set_aside(store)) == 1

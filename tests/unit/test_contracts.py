@@ -850,9 +850,31 @@ def test_an_alert_page_request_defaults_to_a_bounded_first_page_on_the_monitors_
 def test_log_and_usage_queries_are_scheduler_queries_and_name_one_jobs_subjects() -> None:
     assert subjects.JOB_LOGS == "trainyard.query.jobs.logs"
     assert subjects.JOB_USAGE == "trainyard.query.jobs.usage"
-    assert subjects.job_logs("job-000000000001") == "trainyard.logs.job-000000000001.*"
+    assert subjects.job_logs("job-000000000001") == "trainyard.logs.job-000000000001.*.*"
+    assert subjects.job_logs("job-000000000001", 2) == "trainyard.logs.job-000000000001.2.*"
     assert subjects.USAGE_STREAM == "KV_trainyard-usage"
     assert subjects.usage_of_job("job-000000000001") == "$KV.trainyard-usage.job-000000000001.>"
+
+
+def test_every_subject_an_agent_publishes_for_a_job_ends_with_its_node() -> None:
+    job = "job-000000000001"
+    assert subjects.node_logs(job, 2, "node-a") == "trainyard.logs.job-000000000001.2.node-a"
+    assert subjects.usage_key(job, 1, 2, "node-a") == "job-000000000001.1.2.node-a"
+    assert subjects.agent_usage("node-a") == "$KV.trainyard-usage.*.*.*.node-a"
+    for subject in (subjects.agent_report("node-a"), subjects.agent_cache("node-a"), subjects.heartbeat("node-a"),
+                    subjects.node_logs(job, 2, "node-a"), subjects.job_metrics(job, "node-a"),
+                    f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key(job, 1, 2, 'node-a')}"):
+        assert subjects.sender_of(subject) == "node-a", subject
+        assert subjects.sender_refusal(subject, "node-a") is None
+        assert subjects.sender_refusal(subject, "node-b") == (
+            f"published by node node-a on {subject} but it names node node-b")
+
+
+def test_a_subject_that_names_no_node_binds_no_message_to_a_sender() -> None:
+    for subject in ("trainyard.logs.job-000000000001.2", f"$KV.{subjects.USAGE_BUCKET}.job-000000000001.1.2",
+                    "trainyard.agent-reports.node-a.extra", subjects.SUBMIT_JOB):
+        assert subjects.sender_of(subject) is None, subject
+        assert subjects.sender_refusal(subject, "node-a") == f"published on {subject}, which names no node"
 
 
 def test_a_set_aside_record_is_one_aggregate_per_consumer_and_stream_sequence() -> None:

@@ -146,9 +146,10 @@ async def test_jobs_staging_the_same_dataset_at_once_share_one_copy(cache: Datas
     copies: list[str] = []
     real = datacache.copy_verified
 
-    def counting(src: Path, dst: Path, size: int, progress: Progress, throttle: datacache.Throttle) -> str:
-        copies.append(src.name)
-        return real(src, dst, size, progress, throttle)
+    def counting(listing: datacache.Listing, file: SourceFile, dst: Path, progress: Progress,
+                 throttle: datacache.Throttle) -> str:
+        copies.append(file.path)
+        return real(listing, file, dst, progress, throttle)
 
     monkeypatch.setattr(datacache, "copy_verified", counting)
     staged = await asyncio.gather(*(cache.stage(source, lambda _: None, HOLDER) for _ in range(3)))
@@ -169,7 +170,7 @@ async def test_a_changed_dataset_is_copied_again_and_the_old_copy_is_left_to_the
 
 async def test_a_partial_copy_a_crash_left_is_removed_at_start_and_never_used(cache: DatasetCache) -> None:
     source = dataset(cache.storage, "imgs", {"a.txt": b"whole"})
-    key = cache_key(source, datacache.list_source(cache.storage / source))
+    key = cache_key(source, datacache.list_source(cache.storage, source).files)
     crashed = cache.partial_dir / f"{key}-0badc0de" / "data"
     crashed.mkdir(parents=True)
     (crashed / "a.txt").write_bytes(b"wh")  # half a copy

@@ -11,6 +11,7 @@ from datetime import UTC, datetime
 
 import pytest
 
+from libs.contracts import subjects
 from libs.contracts.agent import ProcessExited, ProcessStarted
 from libs.contracts.events import (
     JobAdmitted,
@@ -20,6 +21,7 @@ from libs.contracts.events import (
     NodeProcessStarted,
     Placement,
 )
+from services.launcher.rules import report_refusal
 from tests.support.launcher import Site
 from tests.support.platform import JOB, job_spec, plain_spec
 
@@ -99,3 +101,23 @@ async def test_a_parameter_server_reported_started_after_its_workers_ended_is_st
     await site.dispatch()
 
     assert "n1" in {node for node, request, _ in site.agents.stops() if request.task is None}
+
+
+async def test_a_report_is_taken_only_from_the_node_that_runs_the_process_it_names(site: Site) -> None:
+    await admitted(site, ["n1", "n2"])
+    state = site.launcher.state
+    own = ProcessExited(job_id=JOB, attempt=1, rank=0, node="n1", exit_code=1)
+    assert report_refusal(state, own, subjects.agent_report("n1")) is None
+    # Published by n2 but naming n1: a forgery of another node's report.
+    assert report_refusal(state, own, subjects.agent_report("n2")) == (
+        f"published by node n2 on {subjects.agent_report('n2')} but it names node n1")
+    # n2 naming itself, about the rank the plan put on n1.
+    other = ProcessExited(job_id=JOB, attempt=1, rank=0, node="n2", exit_code=1)
+    assert report_refusal(state, other, subjects.agent_report("n2")) == (
+        f"node n2 reported task 0 rank 0 of {JOB} attempt 1, which runs on n1")
+    assert report_refusal(state, start(0, "n2"), subjects.agent_report("n2")) is not None
+    # A rank the plan does not have, and a report of an attempt not running (nothing is recorded of it).
+    assert report_refusal(state, start(5, "n2"), subjects.agent_report("n2")) == (
+        f"{JOB} attempt 1 has no task 0 rank 5")
+    stale = ProcessExited(job_id=JOB, attempt=7, rank=0, node="n2", exit_code=1)
+    assert report_refusal(state, stale, subjects.agent_report("n2")) is None

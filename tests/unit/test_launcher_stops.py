@@ -217,6 +217,15 @@ async def test_a_rank_that_could_not_start_for_its_nodes_fault_names_the_node_in
     assert failed.reason == "rank 1 could not start: data preparation failed on node n2: cannot write /c: disk full"
 
 
+async def test_a_rank_that_could_not_start_for_its_jobs_own_fault_says_why_and_blames_no_node(site: Site) -> None:
+    await site.run(plain_spec(nodes=2), ["n1", "n2"])
+    why = "data preparation failed on node n2: refused datasets/x/l: a link that leads out of the dataset (to /s)"
+    await site.report(ProcessExited(job_id=JOB, attempt=1, rank=1, node="n2", exit_code=127, not_started=why))
+    [failed] = site.recorded(LaunchFailed)
+    assert failed.fault_nodes == []
+    assert failed.reason == f"rank 1 could not start: {why}"
+
+
 # --- passes between the passes over every launch --------------------------------------------------------------
 
 

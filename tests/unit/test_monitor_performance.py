@@ -3,8 +3,16 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from types import SimpleNamespace
+from typing import cast
 
+from nats.aio.msg import Msg
+
+from libs.contracts import subjects
+from libs.contracts.agent import LogChunk
+from libs.contracts.codec import encode
 from libs.contracts.jobspec import PerformanceDetection
+from services.monitor.logfeed import scan
 from services.monitor.performance import PerformanceDetector, RankWindow, ratios
 
 
@@ -97,3 +105,27 @@ def test_recorded_incidents_number_the_next_one() -> None:
     assert detector.feed(Chunk("job-a", 1, 0, "n1", lines(0.9))) == []
     [incident] = detector.feed(Chunk("job-a", 1, 0, "n1", lines(0.1, 0.9)))
     assert incident.number == 2
+
+
+def test_only_the_node_that_runs_a_rank_speaks_for_it() -> None:
+    detector = PerformanceDetector()
+    detector.watch("job-a", 1, PerformanceDetection(threshold=0.8, window=1), {0: "n1", 1: "n2"})
+    assert detector.misplaced(Chunk("job-a", 1, 0, "n1", lines(0.9))) is None
+    assert detector.misplaced(Chunk("job-a", 1, 0, "n2", lines(0.9))) == (
+        "node n2 sent output of job-a rank 0, which runs on n1")
+    assert detector.misplaced(Chunk("job-a", 1, 7, "n2", lines(0.9))) is not None  # no such rank
+    assert detector.misplaced(Chunk("job-a", 2, 0, "n2", lines(0.9))) is None  # not watched: never fed
+
+
+def test_the_log_feed_takes_a_chunk_only_from_the_node_that_runs_its_rank() -> None:
+    detector = PerformanceDetector()
+    detector.watch("job-a", 1, PerformanceDetection(threshold=0.8, window=1), {0: "n1", 1: "n2"})
+
+    def msg(subject_node: str, node: str) -> Msg:
+        chunk = LogChunk(job_id="job-a", attempt=1, rank=0, node=node, seq=0, lines=lines(0.9))
+        return cast(Msg, SimpleNamespace(subject=subjects.node_logs("job-a", 0, subject_node), data=encode(chunk)))
+
+    # n2 speaking for rank 0 (n1's), under its own name or under n1's: nothing opens.
+    assert scan(detector, [msg("n2", "n2"), msg("n2", "n1")]) == []
+    [incident] = scan(detector, [msg("n1", "n1")])
+    assert (incident.rank, incident.node) == (0, "n1")

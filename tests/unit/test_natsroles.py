@@ -86,9 +86,16 @@ def test_an_agent_speaks_for_its_own_node_only() -> None:
     agent = agent_permissions("node-a")
     for own in (subjects.agent_report("node-a"), subjects.agent_cache("node-a"), subjects.heartbeat("node-a"),
                 subjects.REGISTER_NODE,
-                subjects.session("node-a", "user-alice", "s1", "out"), subjects.job_logs("job-000000000001", 0)):
+                subjects.session("node-a", "user-alice", "s1", "out"),
+                subjects.node_logs("job-000000000001", 0, "node-a"),
+                subjects.job_metrics("job-000000000001", "node-a"),
+                f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key('job-000000000001', 1, 0, 'node-a')}"):
         assert may_publish(agent, own), own
     for other in (subjects.agent_report("node-b"), subjects.agent_cache("node-b"), subjects.heartbeat("node-b"),
+                  subjects.node_logs("job-000000000001", 0, "node-b"),
+                  subjects.job_metrics("job-000000000001", "node-b"),
+                  f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key('job-000000000001', 1, 0, 'node-b')}",
+                  f"$KV.{subjects.USAGE_BUCKET}.job-000000000001.1.0",
                   subjects.session("node-b", "user-alice", "s1", "out"),
                   subjects.agent_exec("node-b"), subjects.agent_start("node-b"), subjects.SUBMIT_JOB):
         assert not may_publish(agent, other), other
