@@ -329,9 +329,7 @@ class NodeAgent:
             node.runner.cancel()  # a shipment cut short here is shipped again by the next agent
         if running:
             log.info("agent.jobs_left_running", node=self.info.name, processes=len(running))
-        for node in self.nodes.values():
-            if node.relay is not None:
-                node.relay.abandon()
+        self._abandon_relays()
         # NATS may be out of reach (a cut link): the agent goes all the same, as what it did not publish the
         # next one does; drain would wait for it for half a minute.
         with contextlib.suppress(Exception):
@@ -339,9 +337,15 @@ class NodeAgent:
         if not self.nc.is_closed:
             with contextlib.suppress(Exception):
                 await self.nc.close()
+        self._abandon_relays()  # and those of starts handled while the connection drained
         self.ports.close()  # the next agent holds again the ports of the jobs it adopts
         self.holders.close()  # it ends once its commands have
         self.data.cache.close()
+
+    def _abandon_relays(self) -> None:
+        for node in self.nodes.values():
+            if node.relay is not None:
+                node.relay.abandon()
 
     def _spread_job_folders(self) -> None:
         """The folders every job makes subfolders in and removes them from: spread apart where the file system
