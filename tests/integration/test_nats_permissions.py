@@ -7,9 +7,8 @@ what is not its own."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import nats
@@ -29,7 +28,7 @@ from libs.messaging.connection import STREAMS, NatsLogin, round_trip
 from libs.messaging.reader import read_subject
 from libs.natsauth import serve
 from libs.natsroles import MONITOR_LOGS_CONSUMER, SERVICES, STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
-from tests.support.roles_server import roles_server
+from tests.support.roles_server import Conn, roles_server
 
 ALICE = "alice"  # a person, logged in with her user token as NATS user `user-alice`
 WAIT_SECONDS = 30  # for what the server answers at once, on a machine that may be slow to get to it
@@ -43,21 +42,6 @@ class Server:
 
     def password(self, service: str) -> str:
         return (self.folder / f"{service}.password").read_text().strip()
-
-
-@dataclass
-class Conn:
-    nc: Client
-    errors: list[str] = field(default_factory=list)
-
-    async def refused(self, operation: str, subject: str, wait: float = WAIT_SECONDS) -> bool:
-        """Whether the server reported a permission violation for `operation` on `subject` within `wait` seconds."""
-        wanted = f"permissions violation for {operation} to \"{subject}\"".lower()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(wait):
-                while not any(wanted in error.lower() for error in self.errors):
-                    await asyncio.sleep(0.05)
-        return any(wanted in error.lower() for error in self.errors)
 
 
 ConnectAs = Callable[[str], Awaitable[Conn]]

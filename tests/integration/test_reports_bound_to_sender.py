@@ -8,10 +8,8 @@ callout, as it does in the stack); the scheduler's side is its log published by 
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TypeVar
@@ -48,7 +46,7 @@ from libs.settings import Settings
 from services.launcher.service import Launcher
 from tests.support.monitor import start_monitor
 from tests.support.platform import CLUSTER, JOB, plain_spec
-from tests.support.roles_server import roles_server
+from tests.support.roles_server import Conn, roles_server
 from tests.support.stores import StoreFactory
 from tests.support.waiting import eventually
 
@@ -72,22 +70,6 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("nats-senders")
     with roles_server(home) as url:
         yield Server(url, home)
-
-
-@dataclass
-class Agent:
-    """A node agent's connection, logged in with its node credential, with the server's refusals."""
-
-    nc: Client
-    errors: list[str] = field(default_factory=list)
-
-    async def refused(self, subject: str) -> bool:
-        wanted = f"permissions violation for publish to \"{subject}\"".lower()
-        with contextlib.suppress(TimeoutError):
-            async with asyncio.timeout(WAIT_SECONDS):
-                while not any(wanted in error.lower() for error in self.errors):
-                    await asyncio.sleep(0.05)
-        return any(wanted in error.lower() for error in self.errors)
 
 
 class Stack:
@@ -145,7 +127,7 @@ class Stack:
         await self.launcher.caught_up()
         self.runtimes.append(runtime)
 
-    async def agent(self, node: str) -> Agent:
+    async def agent(self, node: str) -> Conn:
         """An agent of `node`: it accepts every start the launcher sends it."""
         errors: list[str] = []
         nc = await self.connect(NatsLogin.for_token(issue_node_token(SECRET, node)), errors)
@@ -155,7 +137,7 @@ class Stack:
 
         await nc.subscribe(subjects.agent_start(node), cb=accept)
         await round_trip(nc)
-        return Agent(nc, errors)
+        return Conn(nc, errors)  # a node agent's connection, logged in with its node credential
 
     async def close(self) -> None:
         for nc in self.connections:
@@ -217,13 +199,13 @@ async def test_a_node_cannot_end_start_or_speak_for_another_nodes_processes_or_c
                     subjects.node_logs(JOB, 0, "node-a")):
         with pytest.raises(Exception):  # noqa: B017 - the server drops it
             await js_b.publish(subject, encode(exited(0, "node-a", 137)), timeout=1)
-        assert await node_b.refused(subject)
+        assert await node_b.refused("publish", subject)
     usage = await js_b.key_value(subjects.USAGE_BUCKET)
     sample = UsageSample(job_id=JOB, attempt=1, rank=0, node="node-a", cpu_percent=0.0, memory_mib=1, processes=1,
                          sampled_at=datetime.now(UTC))
     with pytest.raises(Exception):  # noqa: B017
         await usage.put(subjects.usage_key(JOB, 1, 0, "node-a"), encode(sample))
-    assert await node_b.refused(f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key(JOB, 1, 0, 'node-a')}")
+    assert await node_b.refused("publish", f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key(JOB, 1, 0, 'node-a')}")
 
     # On its own subject, node-b ends rank 0 (node-a's) naming node-a, then naming itself; and reports node-a's
     # cache. Each is set aside, once, and alerted.

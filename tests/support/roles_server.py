@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import subprocess
 from collections.abc import Iterator
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from nats.aio.client import Client
 
 from libs.devstack.natslogins import provision_nats_logins
 from libs.devstack.servers import free_port, nats_server_binary, start_nats
@@ -25,3 +29,20 @@ def roles_server(home: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@dataclass
+class Conn:
+    """A connection to such a server, with the errors the server reported to it (its refusals)."""
+
+    nc: Client
+    errors: list[str] = field(default_factory=list)
+
+    async def refused(self, operation: str, subject: str, wait: float = 30) -> bool:
+        """Whether the server reported a permission violation for `operation` on `subject` within `wait` seconds."""
+        wanted = f"permissions violation for {operation} to \"{subject}\"".lower()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(wait):
+                while not any(wanted in error.lower() for error in self.errors):
+                    await asyncio.sleep(0.05)
+        return any(wanted in error.lower() for error in self.errors)
