@@ -77,8 +77,9 @@ from agent.process import (
     write_pending,
     write_record,
 )
-from agent.requests import Later, Responder
+from agent.requests import Later, Responder, reply_refused, subject_template
 from agent.runs import RunRelay, remove_run_folder, runs_folder, socket_path
+from agent.seen import remember_across_restarts
 from agent.sessions import Session
 from agent.signals import Attempt, Leader, parse_signal, send, session_processes, stop_attempt
 from agent.spread import spread_subfolders
@@ -92,6 +93,7 @@ from agent.workspace import (
     WorkspaceError,
     build_workspace,
     choose_backend,
+    job_user,
 )
 from libs.auth import AuthError, bearer_headers, bearer_token
 from libs.contracts import subjects
@@ -278,6 +280,8 @@ class NodeAgent:
         kept = {holder_of(job_of_folder(path.parent), *rank) for path in node_files(self.root, ENVIRONMENT_NAME)
                 if (rank := rank_of_folder(path.parent)) is not None}
         await asyncio.to_thread(self.images.cache.unpin_all_but, {node.holder for node in self.nodes.values()} | kept)
+        # What the agents before obeyed stays spent, and nothing signed before now is obeyed (agent/seen.py).
+        await asyncio.to_thread(remember_across_restarts, self.control, self.root, time.time())
         requests, name = Responder(self.nc, self.info.name), self.info.name
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(subjects.agent_ports(name), ReservePorts, self._on_ports, launcher)
@@ -558,6 +562,8 @@ class NodeAgent:
         """Start the command now and answer; its exit code goes to `reply_to` when it ends."""
         if not request.reply_to.startswith(job_inbox(request.job_id) + "."):
             # Only the job's own inbox: a request cannot make the agent publish anywhere else.
+            reply_refused(self.info.name, subject_template(subjects.agent_exec(self.info.name), self.info.name),
+                          request.job_id, request.reply_to, "the exit's reply_to is not under the job's inbox")
             return CommandError(code="invalid-request", message=f"reply_to must be under {job_inbox(request.job_id)}.")
         node = next((n for n in self.nodes.values()
                      if (n.job_id, n.attempt, n.task) == (request.job_id, request.attempt, request.task)
@@ -699,7 +705,7 @@ class NodeAgent:
             await relay.start()
             workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths,
                                                staged=staged, run_folder=relay.path.parent, image=image,
-                                               host_binds=self.image_binds)
+                                               host_binds=self.image_binds, run_as=job_user(launch, node.job_id))
         except (WorkspaceError, OSError) as exc:
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
@@ -712,6 +718,8 @@ class NodeAgent:
              RUN_SOCKET_VARIABLE: f"{RUN_FOLDER}/{relay.path.name}" if workspace.backend == BWRAP else str(relay.path)},
             python_dir=Path(sys.executable).parent, nats_url=self.nats_url, job_token=request.job_token,
             network=self.job_network, image_env=image.env if image is not None else None)
+        if workspace.sandbox is not None and workspace.sandbox.run_as is not None:
+            env["HOME"] = "/tmp"  # its own: the agent's home is neither shown nor the job user's
         argv = [workspace.translate(arg, files) for arg in launch.argv]
         if image is not None:
             argv, env = on_agent_python(argv, env, sys.executable)

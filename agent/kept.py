@@ -52,6 +52,8 @@ class _Sandbox(msgspec.Struct, frozen=True):
     cwd: str
     hidden: list[_Hidden] = []  # absent from records written before paths were hidden
     root: str | None = None  # J10: the unpacked image shown as / (None: the host's root)
+    run_as: int | None = None  # L1: the job's user (None: root without capabilities, or an older record)
+    devices: list[str] = []
 
 
 class _Workspace(msgspec.Struct, frozen=True):
@@ -131,7 +133,7 @@ def _to_record(workspace: Workspace) -> _Workspace:
         binds=[_Bind(str(b.source), b.target, b.read_only) for b in spec.binds], dirs=list(spec.dirs),
         tmp=None if spec.tmp is None else str(spec.tmp), keep=[str(p) for p in spec.keep], cwd=spec.cwd,
         hidden=[_Hidden(str(h.path), h.is_dir) for h in spec.hidden],
-        root=None if spec.root is None else str(spec.root))
+        root=None if spec.root is None else str(spec.root), run_as=spec.run_as, devices=list(spec.devices))
     return _Workspace(root=str(workspace.root), path=str(workspace.path), backend=workspace.backend, sandbox=sandbox)
 
 
@@ -141,7 +143,7 @@ def _from_record(record: _Workspace) -> Workspace:
         binds=[Bind(source=Path(b.source), target=b.target, read_only=b.read_only) for b in found.binds],
         dirs=found.dirs, tmp=None if found.tmp is None else Path(found.tmp), keep=[Path(p) for p in found.keep],
         cwd=found.cwd, hidden=[Hidden(path=Path(h.path), is_dir=h.is_dir) for h in found.hidden],
-        root=None if found.root is None else Path(found.root))
+        root=None if found.root is None else Path(found.root), run_as=found.run_as, devices=found.devices)
     return Workspace(root=Path(record.root), path=Path(record.path), backend=record.backend, sandbox=sandbox)
 
 

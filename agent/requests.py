@@ -10,7 +10,13 @@ requests meanwhile.
 
 Before a request reaches its handler, its gate says whether its sender may ask it: the launcher's or the
 monitor's signature (libs/controlsign.py) on what only they send, the job's own token on an exec. A
-refused request gets `unauthenticated` with the reason, and nothing is done.
+signed request let through is written down first, so that the next agent on the node refuses it too
+(agent/seen.py). A refused request gets `unauthenticated` with the reason, and nothing is done.
+
+An answer goes only to the caller's own inbox: the launcher's or the monitor's for what only that service
+sends, a job's for its exec (the job its token names). A request naming any other reply subject (a
+stream's, the JetStream API, another's inbox) is neither answered nor carried out: it is logged and
+counted in `trainyard.requests.reply_refused` (libs/natsroles.py `reply_refusal`).
 
 Each request is handled in a span `process <subject template>` (the subject with the node's name as `{node}`,
 so that names stay few), a server span with OpenTelemetry's messaging attributes that continues the sender's
@@ -34,7 +40,8 @@ from opentelemetry.trace import Span, SpanKind, use_span
 
 from libs.contracts.codec import encode
 from libs.contracts.messages import CommandError
-from libs.messaging.rpc import bounded, decode_request
+from libs.messaging.rpc import bounded, claimed_caller, count_refused_reply, decode_request
+from libs.natsroles import agent_request_sender, reply_refusal
 from libs.telemetry.logs import get_logger
 from libs.telemetry.metrics import REQUEST_DURATION, attributes, histogram
 from libs.telemetry.tracing import context_from_headers, messaging_attributes, span_failed, tracer
@@ -73,6 +80,13 @@ def failure(node: str, request_type: type[Any], exc: Exception) -> CommandError:
                         hint=f"see the log of the node agent on {node}")
 
 
+def reply_refused(node: str, template: str, caller: str | None, reply: str, reason: str) -> None:
+    """Log and count a request refused for where it asks the answer to go (nothing is sent there)."""
+    log.warning("agent.reply_refused", node=node, subject=template, caller=caller or "unknown",
+                reply_to=bounded(reply), reason=reason)
+    count_refused_reply(template)
+
+
 def subject_template(subject: str, node: str) -> str:
     """`subject` with the node's name as `{node}`: what spans and metrics name, the same for every node."""
     return ".".join("{node}" if part == node else part for part in subject.split("."))
@@ -97,8 +111,17 @@ class Responder:
 
         await self.nc.subscribe(subject, cb=on_request)
 
+    def caller(self, msg: Msg) -> str | None:
+        """Who asks (its NATS user): the service that alone sends this request, or else (an exec) the job its
+        token names; the gate checks the signature or the token before anything is done."""
+        return agent_request_sender(self.node, msg.subject) or claimed_caller(msg.headers)
+
     async def _answer(self, msg: Msg, template: str, request_type: type[Request], handler: Handler[Request],
                       gate: Gate[Request]) -> None:
+        caller = self.caller(msg)
+        if msg.reply and (reason := reply_refusal(caller, msg.reply)) is not None:
+            reply_refused(self.node, template, caller, msg.reply, reason)  # no answer anywhere, nothing done
+            return
         began = time.perf_counter()
         span = span_tracer.start_span(
             f"process {template}", context=context_from_headers(msg.headers), kind=SpanKind.SERVER,

@@ -98,6 +98,9 @@ class RunRelay:
             self.path.unlink()  # a socket an agent before left
         self._server = await asyncio.start_unix_server(self._serve, path=str(self.path),
                                                        limit=MAX_RUN_LINE_BYTES + 1)
+        folder = self.path.parent.stat()
+        if folder.st_uid != os.geteuid():  # given to the job's user (agent/workspace.py): so is a socket made again
+            os.chown(self.path, folder.st_uid, folder.st_gid)
 
     def _taken(self) -> None:
         """A line was taken: flushed within FLUSH_SECONDS from now on (a rank that logs nothing costs no timer)."""

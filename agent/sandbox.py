@@ -1,15 +1,25 @@
 """The bubblewrap command that runs one node of a job in a mount namespace of its own (SPEC L1).
 
-Inside, the job sees the host's files read-only, with its own /workspace made of bind mounts of
-shared storage (read-only ones really read-only, writable ones writing to storage), its generated
-files at their absolute paths (/etc/mpi/hostfile, /job/hostfile, ...), a writable /tmp of its own,
-the host's /dev and a /proc of its own. Only the mount namespace is new: the network, process ids,
-users and the process group are the host's, so ranks reach each other as before and the agent's
-killpg reaches every process of the job. /dev is the host's so that accelerators stay usable.
-There is no --die-with-parent: bwrap itself dies of the SIGTERM that starts a stop, and the flag
-would then kill the job at once instead of leaving it its grace period. There is no --unshare-pid
-either: ranks sharing a host would see different process ids, which shared-memory transports
-between processes rely on.
+Inside, the job sees the host's system folders read-only (`SYSTEM_PATHS`: /usr, /etc, /opt, /sys and the
+links beside them; nothing else of the host's: no /home, /root, /var, /run or /srv), with its own /workspace
+made of bind mounts of shared storage (read-only ones really read-only, writable ones writing to storage), its
+generated files at their absolute paths (/etc/mpi/hostfile, /job/hostfile, ...), a writable /tmp of its own,
+a /dev of its own (with the host's accelerator devices, `ACCELERATOR_DEVICES`) and its own process, IPC, host
+name and cgroup namespaces with a /proc of its own: it sees only its own processes. The network is the host's,
+so that ranks reach each other as before, and so is the process group: the agent's killpg reaches every
+process of the job.
+
+A job is untrusted code. Where the agent runs as root, bwrap runs as root too (it mounts what the agent may
+read, whatever the permissions of the folders above it), and the first process inside drops to the job's own
+user and group (`SandboxSpec.run_as`, NodeLaunch.run_as) with no supplementary groups, no capabilities (none
+kept, none to gain: an empty bounding set) and `no_new_privs`, then runs the job's command (`dropper`): the
+host's setpriv, or under an image, whose files may lack it, the agent's own Python. Where the agent is not
+root, bwrap makes a user namespace and the job runs as the agent's user, with no capabilities either. An
+agent allowed to run jobs as root (`run_as` None while root) runs them as root without any capability.
+There is no --die-with-parent: bwrap itself dies of the SIGTERM that starts a stop, and the flag would then
+kill the job at once instead of leaving it its grace period. Ranks of one job on one host that are not in one
+sandbox (several agents on one machine, the local stack) do not share memory: each sandbox is a host of its
+own to them.
 
 bwrap starts from an empty tmpfs root. The host root is bound there once, whole and read-only, at
 one hidden place (HOST, /.host), and each host root entry is a symbolic link into it (/usr ->
@@ -48,6 +58,7 @@ from __future__ import annotations
 import collections
 import functools
 import os
+import sys
 import time
 from collections.abc import Callable, Sequence
 from collections.abc import Set as AbstractSet
@@ -61,8 +72,36 @@ HOST = "/.host"  # where the host root is bound whole, read-only
 # (bwrap then executes argv itself, a process less: about 1 ms of CPU a start) when the executable is known
 # to be there: a host file the job sees at the same path (`runs_directly`).
 EXEC = ("/bin/sh", "-c", 'exec "$@"', "sh")
-# Given mounts of their own: a new /proc (the same processes), the host's /dev, the job's /tmp.
+# Given mounts of their own: a new /proc (the job's own processes), a new /dev, the job's /tmp.
 OWN_MOUNTS = ("/proc", "/dev", "/tmp")
+# The host root's entries a job sees (read-only) when it runs on the host's files: the programs, libraries and
+# settings it runs with (accelerator drivers and toolkits included: /usr/local, /opt) and the kernel's view of
+# the devices. Links at the root (/bin -> usr/bin) are shown as written.
+SYSTEM_PATHS = ("bin", "etc", "lib", "lib32", "lib64", "libx32", "opt", "sbin", "sys", "usr")
+# The namespaces every sandbox has of its own (the mount namespace besides).
+NAMESPACES = ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try")
+# Host devices shown in a sandbox's own /dev, by the start of their names: NVIDIA GPUs, AMD GPUs (kfd, dri),
+# Huawei Ascend NPUs (davinci*, devmm_svm, hisi_hdc), AWS Neuron, other accelerators (accel), RDMA NICs.
+ACCELERATOR_DEVICES = ("nvidia", "kfd", "dri", "davinci", "devmm_svm", "hisi_hdc", "neuron", "accel",
+                       "infiniband")
+# What the first process inside runs to become the job's user, in an image (whose files may lack setpriv):
+# every capability out of the bounding set, then no groups, the job's group and user, no new privileges.
+PYTHON_DROPPER = """import ctypes, os, sys
+libc = ctypes.CDLL(None, use_errno=True)
+for cap in range(64):
+    libc.prctl(24, cap, 0, 0, 0)  # PR_CAPBSET_DROP (past the last capability: EINVAL, ignored)
+uid = int(sys.argv[1])
+os.setgroups([])
+os.setresgid(uid, uid, uid)
+os.setresuid(uid, uid, uid)
+if libc.prctl(38, 1, 0, 0, 0) != 0:  # PR_SET_NO_NEW_PRIVS
+    sys.exit("cannot set no_new_privs")
+try:
+    os.execvp(sys.argv[2], sys.argv[2:])
+except OSError as exc:
+    sys.stderr.write(f"{sys.argv[2]}: {exc.strerror}\\n")
+    sys.exit(126 if isinstance(exc, PermissionError) else 127)
+"""
 # What a job in an image still sees of the host (read-only): the kernel's view of the devices, which
 # communication libraries and accelerator runtimes read (topology, CPU and memory facts).
 IMAGE_HOST_MOUNTS = ("/sys",)
@@ -158,6 +197,10 @@ class SandboxSpec:
     # An unpacked image's root filesystem, shown as / instead of the host's (J10); the host's files are then not
     # shown at all but for the binds, /dev, /sys and /proc.
     root: Path | None = None
+    # The user and group id the job runs as where bwrap runs as root; None: as root, without capabilities.
+    run_as: int | None = None
+    devices: Sequence[str] = ()  # host device paths shown in its /dev (accelerators)
+    system: Sequence[str] = SYSTEM_PATHS  # the host root's entries shown (without an image)
 
 
 def _inside(path: str, parent: str) -> bool:
@@ -200,10 +243,14 @@ def _real_path(path: str) -> str:
 
 
 @functools.lru_cache(maxsize=4096)
-def _seen_as_on_host(path: str, covered: frozenset[str]) -> bool:
-    """Whether the host's `path`, as written and resolved, lies outside every path the sandbox shows something else
-    at or hides (`covered`), remembered: every start looks along the same PATH with the same covered paths."""
-    return not any(_under(p, covered) for p in (path, _real_path(path)))
+def _seen_as_on_host(path: str, covered: frozenset[str], shown: frozenset[str], kept: frozenset[str]) -> bool:
+    """Whether the host's `path`, as written and resolved, lies in a shown entry of the host's root or a kept path,
+    and outside every path the sandbox shows something else at or hides (`covered`), remembered: every start looks
+    along the same PATH with the same paths."""
+    def seen(p: str) -> bool:
+        return (p.split("/", 2)[1] in shown or _under(p, kept)) and not _under(p, covered)
+
+    return path.startswith("/") and all(seen(p) for p in (path, _real_path(path)))
 
 
 def is_executable_file(path: str) -> bool:
@@ -212,26 +259,57 @@ def is_executable_file(path: str) -> bool:
 
 def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = host_listing,
                bwrap: str = "bwrap", search_path: str | None = None,
-               executable: Callable[[str], bool] = is_executable_file) -> list[str]:
+               executable: Callable[[str], bool] = is_executable_file, as_root: bool | None = None,
+               python: str = sys.executable, setpriv: str = "/usr/bin/setpriv") -> list[str]:
     """The full command that runs `argv` in the sandbox `spec` describes; `search_path`: the PATH argv[0] is
-    looked up on inside, when it is known."""
+    looked up on inside, when it is known; `as_root`: whether bwrap runs as root (the agent's user, by default)."""
     image = spec.root is not None
+    as_root = os.geteuid() == 0 if as_root is None else as_root
     binds = [*spec.binds, *_kept_binds(spec.keep)] if image else list(spec.binds)
     layout = _layout(spec, tuple(b.target for b in binds), list_dir)
     # The sandbox's own mounts before the host's root: bwrap reads the whole mount table after each mount it
     # makes (11 times a start), and the host's root bound at HOST doubles that table, so each of these reads
     # costs half as much before it. None of them lies under HOST; the hidden and kept paths, which do, come after.
-    args = [*layout.before, "--proc", "/proc", "--dev-bind", "/dev", "/dev"]
+    args = [*NAMESPACES, *(() if as_root else ("--unshare-user",)), *layout.before, "--proc", "/proc",
+            "--dev", "/dev"]
+    for device in spec.devices:
+        args.extend(["--dev-bind-try", device, device])
     for path in IMAGE_HOST_MOUNTS if image else ():
         args.extend(["--ro-bind", path, path])
     args.extend(["--bind", str(spec.tmp), "/tmp"] if spec.tmp is not None else ["--tmpfs", "/tmp"])
     for directory in [WORKSPACE, *spec.dirs]:
         args.extend(["--dir", directory])
     # Parents before children, so that a mount never hides one made inside it.
+    made = {WORKSPACE, *spec.dirs}
     for bind in sorted(binds, key=lambda b: _depth(b.target)):
+        args.extend(_folders_for(bind.target, made))
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
     wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable) else EXEC
-    return [bwrap, *args, *layout.after, "--", *wrapper, *argv]
+    drop: Sequence[str] = ()
+    if as_root and spec.run_as is not None:
+        drop = dropper(spec.run_as, image=image, python=python, setpriv=setpriv)
+    elif as_root:
+        args.extend(["--cap-drop", "ALL"])  # root allowed: still without any capability
+    return [bwrap, *args, *layout.after, "--", *drop, *wrapper, *argv]
+
+
+def _folders_for(target: str, made: set[str]) -> list[str]:
+    """The folders a mount at `target` goes into, made first where not made yet: bwrap, as root, would make them
+    for the mount itself readable by root alone, and the job's user must go through them. `made` is added to."""
+    args: list[str] = []
+    for parent in _parents(target):
+        if parent not in made and parent not in OWN_MOUNTS:
+            made.add(parent)
+            args.extend(["--dir", parent])
+    return args
+
+
+def dropper(uid: int, *, image: bool, python: str = sys.executable, setpriv: str = "/usr/bin/setpriv") -> list[str]:
+    """What becomes user and group `uid` with no groups, capabilities or new privileges, then runs what follows."""
+    if image:
+        return [python, "-I", "-S", "-c", PYTHON_DROPPER, str(uid)]
+    return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
+            "--no-new-privs", "--"]
 
 
 @dataclass(frozen=True)
@@ -256,7 +334,8 @@ LAYOUTS_KEPT = 32
 def _layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir) -> _Layout:
     if not isinstance(list_dir, HostListing):
         return _make_layout(spec, targets, list_dir)
-    key = (list_dir, spec.root, targets, tuple(spec.dirs), tuple(spec.keep), tuple(spec.hidden), spec.cwd)
+    key = (list_dir, spec.root, targets, tuple(spec.dirs), tuple(spec.keep), tuple(spec.hidden), spec.cwd,
+           tuple(spec.system))
     known = _LAYOUTS.get(key)
     if known is not None and all(list_dir(path) is entries for path, entries in known.listings):
         _LAYOUTS.move_to_end(key)
@@ -273,9 +352,11 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
     replaced = {*OWN_MOUNTS, *own, *(IMAGE_HOST_MOUNTS if image else ())}  # paths the job sees something else at
     holding = {parent for path in own for parent in _parents(path)}  # folders that must hold new paths
     root = str(spec.root) if spec.root is not None else "/"
+    visible = _visibility(spec)
     args: list[str] = []
     covered: list[tuple[str, bool]] = []  # files of the root the sandbox shows its own at: hidden under HOST too
     listings: list[tuple[str, Sequence[HostEntry]]] = []
+    host_entries: list[str] = []  # the host root's entries bound under HOST (without an image)
 
     def listed(directory: str) -> Sequence[HostEntry]:
         path = directory if not image else root.rstrip("/") + directory
@@ -285,20 +366,25 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
     def show(directory: str, depth: int) -> None:
         for entry in listed(directory):
             path = _join(directory, entry.name)
+            if depth == 0 and entry.link is None and visible(path):
+                host_entries.append(path)
             if path in replaced or path == HOST:
-                if entry.link is None and path not in ("/proc", "/dev"):
+                if entry.link is None and path not in ("/proc", "/dev") and visible(path):
                     covered.append((HOST + path, entry.is_dir))
             elif path in holding:
-                if entry.is_dir:  # made here, its entries shown one by one
+                if entry.is_dir:  # made here, its entries (of a folder shown) shown one by one
                     args.extend(["--dir", path])
-                    show(path, depth + 1)
-            else:
-                args.extend(["--symlink", entry.link if entry.link is not None else
-                             "../" * depth + HOST.lstrip("/") + path, path])
+                    if visible(path):
+                        show(path, depth + 1)
+            elif entry.link is not None:
+                args.extend(["--symlink", entry.link, path])
+            elif visible(path):
+                args.extend(["--symlink", "../" * depth + HOST.lstrip("/") + path, path])
 
     show("/", 0)
     before = tuple(args)
-    args = ["--ro-bind", root, HOST]
+    args = ["--ro-bind", root, HOST] if image else ["--dir", HOST, *(
+        arg for path in host_entries for arg in ("--ro-bind", path, HOST + path))]
     for place, is_dir in covered:
         args.extend(_hide(place, is_dir))
     hidden_dirs = [place for place, is_dir in covered if is_dir]
@@ -318,6 +404,15 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
     return _Layout(before=before, after=tuple(args), replaced=frozenset(replaced), listings=tuple(listings))
 
 
+def _visibility(spec: SandboxSpec) -> Callable[[str], bool]:
+    """Whether the host's file at a path is there to see under HOST: in a shown entry of the host's root (every
+    entry of an image's)."""
+    if spec.root is not None:
+        return lambda path: True
+    shown = frozenset(spec.system)
+    return lambda path: path == "/" or path.split("/", 2)[1] in shown
+
+
 def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | None, replaced: AbstractSet[str],
                   executable: Callable[[str], bool] = is_executable_file) -> bool:
     """Whether argv[0] is found, inside the sandbox, as the executable host file at the same path: on the host's
@@ -326,9 +421,11 @@ def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | Non
     if spec.root is not None or not argv:
         return False
     covered = frozenset(replaced).union(str(entry.path) for entry in spec.hidden)
+    shown = frozenset(spec.system)
+    kept = frozenset(str(path) for path in spec.keep)
 
     def seen_as_on_host(path: str) -> bool:
-        return _seen_as_on_host(path, covered)
+        return _seen_as_on_host(path, covered, shown, kept)
 
     name = argv[0]
     if "/" in name:
@@ -362,13 +459,15 @@ def _hidden_and_kept(spec: SandboxSpec, replaced: AbstractSet[str], covered: lis
     args: list[str] = []
     kept: list[tuple[str, str]] = []  # kept host path, and where it is bound
     layers: list[tuple[str, bool, bool]] = [(place, is_dir, True) for place, is_dir in covered]  # place, dir, hides
+    visible = _visibility(spec)
+    made: set[str] = set()
 
     def place_of(path: str) -> str | None:
-        """Where the host's `path` is inside; None where the sandbox shows something else."""
+        """Where the host's `path` is inside; None where the sandbox shows something else, or nothing."""
         for host, at in reversed(kept):
             if _inside(path, host):
                 return at + path[len(host):]
-        if _under(path, replaced):
+        if _under(path, replaced) or not visible(path):
             return None
         return HOST + path
 
@@ -390,7 +489,9 @@ def _hidden_and_kept(spec: SandboxSpec, replaced: AbstractSet[str], covered: lis
         else:
             if place is not None and not hidden(place):
                 continue  # the job sees it already
-            place = place or path  # under a path the sandbox replaces: bound where it is looked for
+            place = place or path  # under a path the sandbox replaces or does not show: bound where it is looked for
+            if not _inside(place, HOST):
+                args.extend(_folders_for(place, made))
             args.extend(["--ro-bind", path, place])
             kept.append((path, place))
         layers.append((place, is_dir, hides))

@@ -27,19 +27,25 @@ from pathlib import Path
 
 from agent.checkpoints import prepare_checkpoints
 from agent.imagecache import ImageRoot
-from agent.sandbox import WORKSPACE, Bind, Hidden, SandboxSpec, bwrap_argv
+from agent.sandbox import ACCELERATOR_DEVICES, WORKSPACE, Bind, Hidden, SandboxSpec, bwrap_argv, host_listing
+from libs.contracts.cluster import JobUsers
 from libs.contracts.events import NodeLaunch
+from libs.jobusers import job_uid
 from libs.storage import CHECKPOINT_TARGET
 
 PLAIN = "plain"
 RUN_FOLDER = "/run/trainyard"  # where a bubblewrapped job finds its run socket (agent/runs.py)
 BWRAP = "bwrap"
 BACKEND_VARIABLE = "TRAINYARD_WORKSPACE_BACKEND"
+# An administrator's leave for the jobs of this node (of its pool) to run as root, in their sandbox and without any
+# capability all the same: `1`. Otherwise an agent running as root runs each job as its own user (L1).
+JOBS_AS_ROOT_VARIABLE = "TRAINYARD_JOBS_AS_ROOT"
 # The skeleton every node gets, even when the job mounts nothing there.
 SKELETON = ("algorithm", "anno_dataset", "dataset/private", "dataset/favorite", "model/pretrained",
             "model/private", "model/favorite", "outputs", "volume")
 SKELETON_DIRS = tuple(f"{WORKSPACE}/{part}" for part in SKELETON)
 PROBE_TIMEOUT_SECONDS = 10.0
+PROBE_UID = 65534  # nobody: who the trial run of a sandbox runs as, where the agent is root
 # What a job in an image sees of the host's /etc: how names resolve here, so ranks find each other as on the host.
 HOST_FILES_IN_IMAGE = (Path("/etc/hosts"), Path("/etc/resolv.conf"))
 # Said at the agent's start when jobs run without a sandbox.
@@ -87,12 +93,13 @@ class Workspace:
 def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str = PLAIN,
                     hidden: Sequence[Path] = (), staged: Mapping[str, Path] | None = None,
                     run_folder: Path | None = None, image: ImageRoot | None = None,
-                    host_binds: Sequence[Path] = ()) -> tuple[Workspace, dict[str, Path]]:
+                    host_binds: Sequence[Path] = (), run_as: int | None = None) -> tuple[Workspace, dict[str, Path]]:
     """Prepare one node's workspace; returns it and where each generated file was written. Under bwrap,
     the `hidden` host paths (the platform's secrets and state) are not visible to the job. `staged`: the
     local copies of datasets (by their source), mounted instead of shared storage (J14). `run_folder`: the
     folder of the rank's run socket (R1), shown as /run/trainyard under bwrap. `image`: the unpacked image the
-    job runs in (J10), with the host's name resolution and `host_binds` (an accelerator's driver files) in it."""
+    job runs in (J10), with the host's name resolution and `host_binds` (an accelerator's driver files) in it.
+    `run_as`: the user the job runs as under bwrap, which gets the folders the job writes to (None: as root)."""
     if image is not None and backend != BWRAP:
         raise WorkspaceError("the job runs in an image, which needs bubblewrap, and this node runs jobs without it "
                              f"({BACKEND_VARIABLE}={backend})")
@@ -107,6 +114,7 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
                 raise WorkspaceError(f"{mount.source} does not exist in shared storage ({storage})")
             source.mkdir(parents=True, exist_ok=True)
         sources.append(source)
+    writable = [source for mount, source in zip(launch.mounts, sources, strict=True) if not mount.read_only]
     files: dict[str, Path] = {}
     for name, content in launch.files.items():
         path = root / "files" / name.lstrip("/")
@@ -133,8 +141,13 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
                       for path in [*HOST_FILES_IN_IMAGE, *host_binds] if path.exists()]
             if not any(mount.target == "algorithm" for mount in launch.mounts):
                 cwd = image.workdir or WORKSPACE  # nothing of the job's to start in: where the image says
+        if run_as is not None and os.geteuid() == 0:
+            give_to(run_as, [tmp, *(() if run_folder is None else (run_folder,))], writable,
+                    [source for mount, source in zip(launch.mounts, sources, strict=True)
+                     if mount.target == CHECKPOINT_TARGET and not mount.read_only])
         sandbox = SandboxSpec(binds=binds, dirs=SKELETON_DIRS, tmp=tmp, keep=agent_paths(), cwd=cwd,
-                              hidden=hidden_entries(hidden), root=image.rootfs if image is not None else None)
+                              hidden=hidden_entries(hidden), root=image.rootfs if image is not None else None,
+                              run_as=run_as if os.geteuid() == 0 else None, devices=accelerator_devices())
         return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files
     workspace = Workspace(root=root, path=root / "workspace")
     if workspace.path.exists():
@@ -148,6 +161,30 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
         target.parent.mkdir(parents=True, exist_ok=True)
         target.symlink_to(source, target_is_directory=True)
     return workspace, files
+
+
+def give_to(uid: int, own: Sequence[Path], writable: Sequence[Path], whole: Sequence[Path]) -> None:
+    """Let the job's user `uid` write where the job writes: the node's own folders (`own`: its /tmp, its run
+    socket's folder and what is in it), the writable folders of shared storage it mounts (`writable`) where the
+    agent made them (those of another owner stay theirs: a volume another user's job made), and `whole` (its
+    checkpoint folder, copied from the last attempt's by the agent) with everything inside."""
+    for path in own:
+        os.chown(path, uid, uid)
+        for child in path.iterdir():
+            os.chown(child, uid, uid, follow_symlinks=False)
+    for path in writable:
+        if path.stat().st_uid == 0:
+            os.chown(path, uid, uid)
+    for path in whole:
+        for folder, dirs, names in os.walk(path):
+            os.chown(folder, uid, uid)
+            for name in [*dirs, *names]:
+                os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+
+
+def accelerator_devices(dev: str = "/dev") -> tuple[str, ...]:
+    """The host's accelerator and RDMA devices (`ACCELERATOR_DEVICES`), shown in a sandbox's own /dev."""
+    return tuple(f"{dev}/{entry.name}" for entry in host_listing(dev) if entry.name.startswith(ACCELERATOR_DEVICES))
 
 
 def hidden_entries(paths: Sequence[Path]) -> list[Hidden]:
@@ -190,8 +227,9 @@ def bwrap_problem() -> str | None:
     if found is None:
         return "bwrap is not installed (Debian package bubblewrap)"
     with tempfile.TemporaryDirectory(prefix="trainyard-bwrap-probe-") as tmp:
+        # As a job runs: as its own user where the agent is root, so that a host where that cannot work is known.
         spec = SandboxSpec(binds=[], dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=Path(tmp),
-                           keep=agent_paths(), cwd=WORKSPACE)
+                           keep=agent_paths(), cwd=WORKSPACE, run_as=PROBE_UID if os.geteuid() == 0 else None)
         try:
             result = subprocess.run(bwrap_argv(spec, ["true"], bwrap=found), capture_output=True, text=True,
                                     stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_SECONDS, check=False)
@@ -201,6 +239,14 @@ def bwrap_problem() -> str | None:
         detail = (result.stderr.strip().splitlines() or [f"exit code {result.returncode}"])[-1]
         return f"a trial run of {found} failed: {detail}"
     return None
+
+
+def job_user(launch: NodeLaunch, job_id: str, environ: Mapping[str, str] = os.environ) -> int | None:
+    """The user the node's processes run as (None: root, where the administrator allows it): the launcher's choice,
+    or for a plan of a launcher before it, the job's own by the default settings."""
+    if environ.get(JOBS_AS_ROOT_VARIABLE, "").strip() == "1":
+        return None
+    return launch.run_as if launch.run_as is not None else job_uid(JobUsers(), job_id, "")
 
 
 def choose_backend(environ: Mapping[str, str] = os.environ) -> tuple[str, str]:

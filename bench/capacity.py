@@ -235,6 +235,8 @@ async def one_size(count: int, args: argparse.Namespace) -> dict[str, float | st
                         await api.list_jobs()
                         break
                     await asyncio.sleep(0.5)
+            # One user submits every job, more of them than a person's limits allow.
+            await api.change_settings(max_queued_jobs_per_user=0, submit_rate=0)
             secret = Path(stack.processes.env["TRAINYARD_AUTH_SECRET_FILE"]).read_text().strip()
             names = [node_name(i) for i in range(count)]
             groups = [names[i:i + args.per_connection] for i in range(0, count, args.per_connection)]

@@ -22,7 +22,7 @@ from pathlib import Path
 from client.api import TrainyardClient
 from libs.devstack.chaos import Drill, Postgres, job_mix, recovery_table
 from libs.devstack.harness import Stack
-from libs.devstack.servers import create_database, free_port, postgres_url, start_postgres, stop_postgres
+from libs.devstack.servers import admin_url, create_database, free_port, start_postgres, stop_postgres
 from libs.devstack.stack import REPO_ROOT, SERVICES
 
 ALGORITHMS = REPO_ROOT / "tests" / "e2e" / "algorithms"  # the sleeper the jobs run
@@ -40,8 +40,8 @@ async def drill(args: argparse.Namespace, home: Path) -> None:
     folder, port = home / "postgres", free_port()
     start_postgres(folder, port)
     try:
-        await create_database(postgres_url(port, "postgres"), "trainyard")
-        database_url = postgres_url(port, "trainyard")
+        await create_database(admin_url(folder, port, "postgres", socket=False), "trainyard")
+        database_url = admin_url(folder, port, "trainyard", socket=False)
         stack = Stack(home / "stack", None, database_url, connect=TrainyardClient.open,
                       cluster=cluster_config(home / "cluster.yaml", args.agents), algorithms=ALGORITHMS)
         try:

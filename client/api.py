@@ -366,14 +366,18 @@ class TrainyardClient:
                               debug_retention: str | None = None, cache_retention: str | None = None,
                               cache_high_percent: float | None = None, cache_low_percent: float | None = None,
                               disk_high_percent: float | None = None,
-                              disk_low_percent: float | None = None) -> AdminSettings:
-        """Administrators only: change the given settings (None keeps one) and return all of them."""
+                              disk_low_percent: float | None = None, max_queued_jobs_per_user: int | None = None,
+                              submit_rate: int | None = None, submit_burst: int | None = None) -> AdminSettings:
+        """Administrators only: change the given settings (None keeps one) and return all of them.
+        `max_queued_jobs_per_user` and `submit_rate` take 0 for no limit."""
         request = ChangeSettings(urgent_cap=urgent_cap, sharing_enabled=sharing_enabled,
                                  max_resumes_cap=max_resumes_cap,
                                  max_graceful_shutdown_seconds=max_graceful_shutdown_seconds,
                                  debug_retention=debug_retention, cache_retention=cache_retention,
                                  cache_high_percent=cache_high_percent, cache_low_percent=cache_low_percent,
-                                 disk_high_percent=disk_high_percent, disk_low_percent=disk_low_percent)
+                                 disk_high_percent=disk_high_percent, disk_low_percent=disk_low_percent,
+                                 max_queued_jobs_per_user=max_queued_jobs_per_user, submit_rate=submit_rate,
+                                 submit_burst=submit_burst)
         reply: SettingsView = await self._call(subjects.CHANGE_SETTINGS, request, SettingsView)
         return reply.settings
 

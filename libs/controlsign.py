@@ -6,6 +6,11 @@ alone: each of those requests carries an ed25519 signature of the service that s
 subject, the time and the body, and the agent refuses one that is unsigned, signed by the wrong
 service or with another key, older than `MAX_SKEW_SECONDS` (or as far in the future), or seen before.
 
+What an agent has seen outlives it: before it obeys a request it writes the signature down (a `SeenJournal`,
+agent/seen.py), and the next agent on the node reads them back; that one also refuses anything signed before
+it started, which covers a disk that lost them. So a start captured on the wire and sent again after the
+agent restarted does not run a finished job again.
+
 The two services hold no key of their own to provision: each derives its signing key from the platform
 secret it already holds (an HMAC of the role's name), and a node credential, issued with the same
 secret (`trainyard admin node-token`), carries the public keys its agent trusts. Rotating the secret
@@ -21,7 +26,7 @@ import hmac
 import secrets
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Literal, get_args
+from typing import Literal, Protocol, get_args
 
 from nacl.exceptions import BadSignatureError
 from nacl.signing import SigningKey, VerifyKey
@@ -96,21 +101,39 @@ def parse_control_keys(keys: object) -> dict[ControlRole, VerifyKey]:
     return parsed
 
 
+class SeenJournal(Protocol):
+    """Where a verifier writes down the requests it accepts, for the next agent on the node to refuse them."""
+
+    def remember(self, signature: bytes, until: float, now: float) -> None:
+        """Write `signature` down to stay until `until`, on disk before returning; OSError when it cannot."""
+
+
 @dataclass
 class ControlVerifier:
     """An agent's check of the signatures on the requests it obeys."""
 
     keys: Mapping[ControlRole, VerifyKey]
     max_skew_seconds: float = MAX_SKEW_SECONDS
+    # Nothing signed before this (the agent's start) is obeyed: the agent before may have obeyed it.
+    not_before: float = 0.0
+    journal: SeenJournal | None = None
     _seen: dict[bytes, float] = field(default_factory=dict)  # signature -> when it can be forgotten
 
     @classmethod
     def of_secret(cls, secret: str) -> ControlVerifier:
         return cls(parse_control_keys(control_public_keys(secret)))
 
+    def restore(self, journal: SeenJournal, seen: Mapping[bytes, float], now: float) -> None:
+        """Go on from what the agents before accepted (`seen`, read back from `journal`), writing into
+        `journal` from now on, and refuse whatever was signed before `now`, this agent's start."""
+        self.journal, self.not_before = journal, now
+        for signature, until in seen.items():
+            self._seen[signature] = max(until, self._seen.get(signature, until))
+
     def refusal(self, role: ControlRole, subject: str, body: bytes, headers: Mapping[str, str] | None,
                 now: float) -> str | None:
-        """Why a request on `subject` is not `role`'s own, recent and new; None when it is (and is now spent)."""
+        """Why a request on `subject` is not `role`'s own, recent and new; None when it is (and is now spent,
+        written down in the journal first)."""
         value = (headers or {}).get(SIGNATURE_HEADER)
         if not value:
             return f"only the {role} may send this, and the request is not signed"
@@ -132,7 +155,17 @@ class ControlVerifier:
         self._forget(now)
         if signature in self._seen:  # the decoded bytes: another base64 spelling of it is the same signature
             return "the request was already received once: a replay is refused"
-        self._seen[signature] = millis / 1000 + self.max_skew_seconds
+        if millis < int(self.not_before * 1000):  # compared in the header's milliseconds, which round down
+            return ("the request was signed before this agent started, and the agent before may have obeyed "
+                    "it: it is refused (its sender sends it again, signed anew)")
+        until = millis / 1000 + self.max_skew_seconds
+        if self.journal is not None:
+            try:
+                self.journal.remember(signature, until, now)
+            except OSError as exc:  # obeyed unwritten, it could be replayed to the next agent
+                return (f"this node cannot write the request down before obeying it ({exc.strerror or exc}): "
+                        "free space on the agent's disk, or let its user write its folder")
+        self._seen[signature] = until
         return None
 
     def _forget(self, now: float) -> None:

@@ -39,10 +39,12 @@ from nacl.signing import VerifyKey
 from libs.auth import AuthError, verify_job_token, verify_node_token, verify_token
 from libs.natsroles import (
     AUTH_CALLOUT_SUBJECT,
+    CALLOUT_REPLIES,
     Permissions,
     agent_permissions,
     job_permissions,
     nats_user_of,
+    subject_matches,
     user_permissions,
 )
 
@@ -144,13 +146,11 @@ def decode_request(data: bytes) -> dict[str, Any]:
 
 
 def _permissions_claims(permissions: Permissions) -> dict[str, Any]:
-    found: dict[str, Any] = {
+    """No `resp` claim: replies go only to the inboxes the permissions name (libs/natsroles.py)."""
+    return {
         "pub": {"allow": list(permissions.publish_allow), "deny": list(permissions.publish_deny)},
         "sub": {"allow": list(permissions.subscribe_allow), "deny": list(permissions.subscribe_deny)},
     }
-    if permissions.allow_responses:
-        found["resp"] = {"max": permissions.max_responses, "ttl": 0}
-    return found
 
 
 def user_jwt(login: Login, *, user_nkey: str, seed: bytes, account: str, now: int) -> str:
@@ -238,6 +238,14 @@ async def serve(nc: Any, *, seed: bytes, secret: str, service: str) -> None:
     group with every other service that holds the issuer key."""
 
     async def on_request(msg: Any) -> None:
+        if msg.reply and not subject_matches(CALLOUT_REPLIES, msg.reply):
+            # Only nats-server asks here, and it reads answers in an inbox of its own: nothing is sent elsewhere.
+            log.warning("nats_auth.reply_refused", reply_to=msg.reply[:200], service=service,
+                        reason=f"the reply subject is not the server's ({CALLOUT_REPLIES})")
+            from libs.telemetry.metrics import REPLIES_REFUSED, attributes, counter
+
+            counter(REPLIES_REFUSED).add(1, attributes(REPLIES_REFUSED, AUTH_CALLOUT_SUBJECT))
+            return
         reply, outcome = answer(msg.data, seed=seed, secret=secret)
         log.info("nats_auth.login", outcome=outcome, service=service)
         if reply is not None and msg.reply:

@@ -3,19 +3,22 @@
 Each process gets its own NATS user, whose permissions follow what the code does on NATS:
 
 - a service (scheduler, launcher, monitor, autoscaler) publishes only its own events
-  (`trainyard.events.<service>.>`), the requests it sends and the replies it gives (`allow_responses`),
-  subscribes to the subjects it answers, and uses the JetStream API only for the streams it owns
-  (`STREAM_OWNERS`), the consumers it reads through and the key-value bucket where it uses it;
+  (`trainyard.events.<service>.>`), the requests it sends and its replies, into the inboxes of those who
+  ask it (`reply_inboxes`), subscribes to the subjects it answers, and uses the JetStream API only for the
+  streams it owns (`STREAM_OWNERS`), the consumers it reads through and the key-value bucket where it uses it;
 - a node agent publishes only its own node's reports, registration, heartbeat, session output, log chunks,
   metrics and usage samples (each subject, or usage key, ends with the node: the services compare it with
-  the node the message names), answers only its own `trainyard.agent.<node>.>` requests and manages no
-  stream at all;
+  the node the message names), answers only its own `trainyard.agent.<node>.>` requests, into the
+  inboxes of the launcher, the monitor and jobs, and manages no stream at all;
 - a person (CLI, client) sends command and query requests and takes part in their own debug sessions
   (the session subjects name their owner); nothing else;
 - a job (MPI's remote shell) asks only the agents of its own nodes to run a command inside it.
 
 Every user receives replies only on its own inbox prefix (`inbox_prefix`), so nobody reads another's
-replies. Services are static users of the rendered configuration; everyone else logs in with a token
+replies. No role may publish to the reply subject a request names unless the subject is an inbox of
+a role that asks it (no `allow_responses`): a request cannot lend its responder's rights to whatever
+subject it names, and the responders check that it is the caller's own inbox (`reply_refusal`).
+Services are static users of the rendered configuration; everyone else logs in with a token
 through the auth callout (libs/natsauth.py), which grants these same permissions. docs/security.md
 has the table.
 """
@@ -83,22 +86,34 @@ def _checked(kind: str, name: str) -> str:
 
 @dataclass(frozen=True)
 class Permissions:
-    """One NATS user's permissions, as nats-server's `permissions` block takes them."""
+    """One NATS user's permissions, as nats-server's `permissions` block takes them. There is no
+    `allow_responses`: it would let a role publish to any reply subject a request names, past its deny list;
+    replies go only to the inboxes listed in `publish_allow`."""
 
     publish_allow: tuple[str, ...]
     subscribe_allow: tuple[str, ...]
     publish_deny: tuple[str, ...] = ()
     subscribe_deny: tuple[str, ...] = ()
-    allow_responses: bool = False
-    max_responses: int = 1  # messages it may send to one request's reply subject (progress, then the reply)
+
+
+INBOX = "_INBOX"  # nats-py's default inbox prefix, and the root of every role's own
+# People's, agents' and jobs' inboxes each lie under a token of their kind: NATS wildcards match whole tokens
+# only, so this is how a responder may be let publish into every person's inbox and nowhere else.
+USERS, AGENTS, JOBS = "users", "agents", "jobs"
 
 
 def inbox_prefix(nats_user: str) -> str:
     """The inbox prefix a process connects with (`nats.connect(inbox_prefix=…)`): its replies,
-    JetStream acknowledgements and consumer deliveries arrive under it, and only it may subscribe there."""
+    JetStream acknowledgements and consumer deliveries arrive under it, and only it may subscribe there.
+    A service's is `_INBOX.<service>`; a person's `_INBOX.users.user-<name>`, an agent's
+    `_INBOX.agents.agent-<node>`, a job's `_INBOX.jobs.<job>`."""
     if is_job_id(nats_user):
         return job_inbox(nats_user)
-    return f"_INBOX.{nats_user}"
+    if nats_user.startswith("user-"):
+        return f"{INBOX}.{USERS}.{nats_user}"
+    if nats_user.startswith("agent-"):
+        return f"{INBOX}.{AGENTS}.{nats_user}"
+    return f"{INBOX}.{nats_user}"
 
 
 def agent_user(node: str) -> str:
@@ -119,11 +134,81 @@ def job_user(job_id: str) -> str:
     return job_id
 
 
-JOB_INBOXES = "_INBOX.jobs"  # agents answer a job's remote shell here, under the job's own inbox
+JOB_INBOXES = f"{INBOX}.{JOBS}"  # agents answer a job's remote shell here, under the job's own inbox
 
 
 def job_inbox(job_id: str) -> str:
     return f"{JOB_INBOXES}.{job_user(job_id)}"
+
+
+# --- where replies may go ---------------------------------------------------------------------------
+#
+# Who asks whom: people ask the scheduler, the monitor and the autoscaler; node agents ask the monitor
+# (registration); the launcher and the monitor ask agents, and so do jobs (an exec); nats-server asks the
+# services that answer its auth callout. Each responder may publish into the inboxes of those callers
+# only, and answers a request only in its own caller's inbox.
+
+USER_INBOXES = f"{INBOX}.{USERS}.*.>"
+AGENT_INBOXES = f"{INBOX}.{AGENTS}.*.>"
+EXEC_INBOXES = f"{JOB_INBOXES}.*.>"
+# nats-server asks the auth callout with a reply subject of its own, `$SYS._INBOX.<server hash>.<id>`
+# (newRespInbox in its server/events.go), and reads the answer in the account of the callout's users.
+CALLOUT_REPLIES = "$SYS._INBOX.*.*"
+
+# The requests each service sends to agents (only it may publish them): an agent answers them in its inbox.
+LAUNCHER_ASKS_AGENTS = (subjects.agent_ports, subjects.agent_start, subjects.agent_stop)
+MONITOR_ASKS_AGENTS = (subjects.agent_precheck, subjects.agent_release, subjects.agent_open_session,
+                       subjects.agent_stage)
+
+
+def agent_request_sender(node: str, subject: str) -> str | None:
+    """The service that sends the request `subject` to `node`'s agent; None for an exec (a job asks it)."""
+    for service, asks in (("launcher", LAUNCHER_ASKS_AGENTS), ("monitor", MONITOR_ASKS_AGENTS)):
+        if any(subject == ask(node) for ask in asks):
+            return service
+    return None
+
+
+def subject_matches(pattern: str, subject: str) -> bool:
+    """NATS subject matching: `*` one token, `>` one or more at the end."""
+    want, have = pattern.split("."), subject.split(".")
+    for index, token in enumerate(want):
+        if token == ">":
+            return len(have) > index
+        if index >= len(have) or token not in ("*", have[index]):
+            return False
+    return len(want) == len(have)
+
+
+def _literal(subject: str) -> bool:
+    """A subject one can publish to: tokens that are neither empty nor wildcards, no white space."""
+    return all(token and token not in ("*", ">") and not any(c.isspace() for c in token)
+               for token in subject.split("."))
+
+
+def anonymous_inbox(subject: str) -> bool:
+    """Whether `subject` is in an inbox no role owns (`_INBOX.<id>…`, nats-py's default): what a connection
+    without a login uses on a server that asks none. Where NATS enforces the roles, no role may publish or
+    subscribe there, so an answer sent there reaches nobody."""
+    parts = subject.split(".")
+    if len(parts) < 2 or parts[0] != INBOX:
+        return False
+    owner = parts[1]  # a role's inbox starts with a service's name or a kind of role (`users`, `agents`, `jobs`)
+    return owner.isalnum() and owner not in (*SERVICES, USERS, AGENTS, JOBS)
+
+
+def reply_refusal(caller: str | None, reply: str) -> str | None:
+    """Why a request from `caller` (its NATS user: who its credential names; None when it names nobody) must
+    not be answered on `reply`, or None when it may: only under the caller's own inbox prefix, or in an
+    anonymous inbox. Anything else (a stream's subject, the JetStream API, another's inbox) is refused."""
+    if not _literal(reply):
+        return f"the reply subject {reply!r} is no subject one can publish to"
+    if caller is not None and reply.startswith(inbox_prefix(caller) + "."):
+        return None
+    if anonymous_inbox(reply):
+        return None
+    own = f"the caller's inbox {inbox_prefix(caller)}." if caller is not None else "an inbox of its own"
+    return f"the reply subject is not under {own}"
 
 
 def nats_user_of(claims: Mapping[str, object]) -> str:
@@ -188,7 +273,19 @@ def _owned(service: str) -> list[str]:
 
 
 MONITOR_LOGS_CONSUMER = "monitor-logs"
-MAX_PROGRESS_RESPONSES = 4_000  # half an hour of progress reports of one request
+
+
+def reply_inboxes(answers: Sequence[str]) -> tuple[str, ...]:
+    """The inboxes a service that answers `answers` publishes its replies (and progress) to: those of whoever
+    may send it one of them."""
+    found: list[str] = []
+    if set(answers) & set(request_subjects()):
+        found.append(USER_INBOXES)
+    if subjects.REGISTER_NODE in answers:
+        found.append(AGENT_INBOXES)
+    if AUTH_CALLOUT_SUBJECT in answers:
+        found.append(CALLOUT_REPLIES)
+    return tuple(found)
 
 
 def service_permissions(service: str) -> Permissions:
@@ -201,12 +298,11 @@ def service_permissions(service: str) -> Permissions:
         answers = answered_by_scheduler()
         publish += [*_message_getter(subjects.LOGS_STREAM), *_message_getter(subjects.USAGE_STREAM)]
     elif service == "launcher":
-        publish += [subjects.agent_ports("*"), subjects.agent_start("*"), subjects.agent_stop("*"),
+        publish += [*(ask("*") for ask in LAUNCHER_ASKS_AGENTS),
                     *_ordered_reader(subjects.AGENT_REPORTS_STREAM), *_message_getter(subjects.AGENT_REPORTS_STREAM)]
     elif service == "monitor":
         answers = ANSWERED_BY_MONITOR
-        publish += [subjects.agent_precheck("*"), subjects.agent_release("*"), subjects.agent_open_session("*"),
-                    subjects.agent_stage("*"),
+        publish += [*(ask("*") for ask in MONITOR_ASKS_AGENTS),
                     subjects.ANNOUNCE_NODES,
                     *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER),
                     *_ordered_reader(subjects.CACHE_REPORTS_STREAM), *_message_getter(subjects.CACHE_REPORTS_STREAM),
@@ -215,11 +311,8 @@ def service_permissions(service: str) -> Permissions:
         answers = ANSWERED_BY_AUTOSCALER
     if service in CALLOUT_SERVICES:
         answers = (*answers, AUTH_CALLOUT_SUBJECT)
-    return Permissions(publish_allow=_unique(publish),
-                       subscribe_allow=(*answers, f"{inbox_prefix(service)}.>"),
-                       allow_responses=bool(answers),
-                       # A what-if replay reports its progress (at most twice a second) before its reply.
-                       max_responses=MAX_PROGRESS_RESPONSES if service == "scheduler" else 1)
+    return Permissions(publish_allow=_unique([*publish, *reply_inboxes(answers)]),
+                       subscribe_allow=(*answers, f"{inbox_prefix(service)}.>"))
 
 
 def agent_permissions(node: str) -> Permissions:
@@ -231,15 +324,15 @@ def agent_permissions(node: str) -> Permissions:
         subjects.agent_usage(node),  # likewise any job's usage samples
         f"{API}.STREAM.INFO.{subjects.USAGE_STREAM}",  # js.key_value looks the bucket up
         subjects.session(node, "*", "*", "out"), subjects.session(node, "*", "*", "exit"),
-        f"{JOB_INBOXES}.*.>",  # the exit of an exec, to the inbox of the job whose remote shell asked
+        # Replies to the launcher and the monitor; an exec's answer and exit to the job whose remote shell asked.
+        f"{inbox_prefix('launcher')}.>", f"{inbox_prefix('monitor')}.>", EXEC_INBOXES,
     ]
     return Permissions(publish_allow=tuple(publish),
                        subscribe_allow=(f"trainyard.agent.{node}.>", subjects.ANNOUNCE_NODES,
                                         f"{inbox_prefix(user)}.>"),
                        # Never the stream API beyond that lookup, whatever is allowed above.
                        publish_deny=(f"{API}.STREAM.CREATE.>", f"{API}.STREAM.UPDATE.>", f"{API}.STREAM.DELETE.>",
-                                     f"{API}.STREAM.PURGE.>"),
-                       allow_responses=True)
+                                     f"{API}.STREAM.PURGE.>"))
 
 
 def user_permissions(user: str) -> Permissions:
@@ -315,9 +408,6 @@ def _permissions(p: Permissions) -> str:
 
     lines = [f"publish: {half(p.publish_allow, p.publish_deny)}",
              f"subscribe: {half(p.subscribe_allow, p.subscribe_deny)}"]
-    if p.allow_responses:
-        lines.append("allow_responses: true" if p.max_responses == 1 else
-                     f"allow_responses: {{max: {p.max_responses}}}")
     return "{\n      " + "\n      ".join(lines) + "\n    }"
 
 

@@ -64,8 +64,7 @@ class ServiceRuntime:
     async def start(self) -> None:
         configure_logging(self.name)
         configure_tracing(self.name)
-        self.pool = await asyncpg.create_pool(self.settings.database_url, min_size=2, max_size=8,
-                                              reset=keep_session)
+        self.pool = await self._connect_database()
         self.store = EventStore(self.pool, self.name)
         await self.store.migrate()
         # One instance acts at a time: a standby waits here, answering nothing, until the lease is its own.
@@ -91,6 +90,17 @@ class ServiceRuntime:
         self.relay = OutboxRelay(self.store, self.js)
         self.spawn(self.relay.run(), "relay")
         self.spawn(self.lease.keep(self._lease_lost), "lease")
+
+    async def _connect_database(self) -> asyncpg.Pool:
+        """The service's pool, logged in as its own role when it has one (`make up`: DATABASE_URL names the role,
+        TRAINYARD_DATABASE_PASSWORD_FILE holds its password)."""
+        try:
+            return await asyncpg.create_pool(self.settings.database_url, password=self.settings.database_password,
+                                             min_size=2, max_size=8, reset=keep_session)
+        except asyncpg.InvalidAuthorizationSpecificationError as exc:  # a wrong password, an unknown role
+            raise SystemExit(f"PostgreSQL refused the {self.name} service's login: {exc}; check DATABASE_URL and "
+                             "TRAINYARD_DATABASE_PASSWORD_FILE (`make up` provisions them; deploy/k8s/README.md "
+                             "says how in Kubernetes)") from None
 
     async def _lease_lost(self, _: LeaseLost) -> None:
         """Another instance took over (this one was paused or cut off too long): stop, so that it restarts

@@ -21,6 +21,11 @@ NODE_TOKEN_FILE_VARIABLE = "TRAINYARD_NODE_TOKEN_FILE"
 # Where the autoscaler's local provider keeps its instances (services/autoscaler/providers/local.py).
 LOCAL_INSTANCES_VARIABLE = "TRAINYARD_LOCAL_INSTANCES"
 NODE_TOKEN_VARIABLE = "TRAINYARD_NODE_TOKEN"
+# A service's PostgreSQL password, in a file (the local stack's are in .trainyard/postgres-auth/): used with
+# DATABASE_URL, over any password that URL holds.
+DATABASE_PASSWORD_FILE_VARIABLE = "TRAINYARD_DATABASE_PASSWORD_FILE"
+# The database credentials only the services get: never a node agent, the CLI or a job.
+DATABASE_VARIABLES = ("DATABASE_URL", DATABASE_PASSWORD_FILE_VARIABLE, "PGPASSWORD", "PGPASSFILE")
 
 
 def _hidden_paths() -> tuple[Path, ...]:
@@ -28,6 +33,17 @@ def _hidden_paths() -> tuple[Path, ...]:
     files = ("TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN_FILE", NODE_TOKEN_FILE_VARIABLE)
     named += [os.environ[n] for n in files if os.environ.get(n)]
     return tuple(dict.fromkeys(Path(p.strip()).resolve() for p in named))
+
+
+def _database_password() -> str | None:
+    path = os.environ.get(DATABASE_PASSWORD_FILE_VARIABLE)
+    if not path:
+        return None
+    try:
+        return Path(path).read_text().strip()
+    except OSError as exc:
+        raise SystemExit(f"cannot read the database password: {DATABASE_PASSWORD_FILE_VARIABLE}={path}: "
+                         f"{exc.strerror}; `make up` writes it under .trainyard/postgres-auth/") from None
 
 
 @dataclass(frozen=True)
@@ -38,6 +54,8 @@ class Settings:
     database_url: str = field(
         default_factory=lambda: os.environ.get("DATABASE_URL", "postgresql://127.0.0.1:5432/trainyard")
     )
+    # The password of DATABASE_URL's role, when it is not in the URL (TRAINYARD_DATABASE_PASSWORD_FILE).
+    database_password: str | None = field(default_factory=_database_password)
     # Shared storage holding algorithms, datasets, models, volumes and outputs (SPEC L1).
     storage_root: Path = field(
         default_factory=lambda: Path(os.environ.get("TRAINYARD_STORAGE", ".trainyard/storage")).resolve()

@@ -77,18 +77,26 @@ async def admin_settings(
                                                         "takes no new work (D1).")] = None,
         disk_low: Annotated[float | None, typer.Option(min=0, max=100, help="Percent full at or below which such "
                                                        "a node takes work again.")] = None,
+        max_queued_jobs: Annotated[int | None, typer.Option(min=0, help="Jobs one user may have queued, all "
+                                                            "projects together; 0: no limit.")] = None,
+        submit_rate: Annotated[int | None, typer.Option(min=0, help="Jobs per second one user's submissions "
+                                                        "refill (an array of N counts N); 0: no limit.")] = None,
+        submit_burst: Annotated[int | None, typer.Option(min=1, help="Jobs one user may submit at once, also the "
+                                                         "largest array they may submit.")] = None,
         as_json: JsonOption = False) -> None:
     """Show the platform settings; with options, change them (administrators only)."""
     sharing_enabled = sharing_switch(sharing)
     changes = (urgent_cap, sharing_enabled, max_resumes_cap, max_graceful_shutdown_seconds, debug_retention,
-               cache_retention, cache_high, cache_low, disk_high, disk_low)
+               cache_retention, cache_high, cache_low, disk_high, disk_low, max_queued_jobs, submit_rate,
+               submit_burst)
     changing = any(value is not None for value in changes)
     if changing:
         settings = await client.change_settings(
             urgent_cap=urgent_cap, sharing_enabled=sharing_enabled, max_resumes_cap=max_resumes_cap,
             max_graceful_shutdown_seconds=max_graceful_shutdown_seconds, debug_retention=debug_retention,
             cache_retention=cache_retention, cache_high_percent=cache_high, cache_low_percent=cache_low,
-            disk_high_percent=disk_high, disk_low_percent=disk_low)
+            disk_high_percent=disk_high, disk_low_percent=disk_low, max_queued_jobs_per_user=max_queued_jobs,
+            submit_rate=submit_rate, submit_burst=submit_burst)
     else:
         settings = await client.settings()
     if as_json:

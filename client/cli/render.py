@@ -551,7 +551,11 @@ def settings_rows(settings: AdminSettings) -> list[tuple[str, str]]:
                               f"{settings.cache_high_percent:g}% of a node's disk, cut to "
                               f"{settings.cache_low_percent:g}% when above"),
             ("disk pressure", f"no new work above {settings.disk_high_percent:g}% full, again at or below "
-                              f"{settings.disk_low_percent:g}%")]
+                              f"{settings.disk_low_percent:g}%"),
+            ("max queued jobs", f"{settings.max_queued_jobs_per_user} per user, all projects together"
+             if settings.max_queued_jobs_per_user else "no limit"),
+            ("submit rate", f"{settings.submit_rate} jobs per second per user, up to {settings.submit_burst} at once"
+             if settings.submit_rate else "no limit")]
 
 
 def identity_rows(identity: Identity) -> list[tuple[str, str]]:

@@ -8,7 +8,8 @@
 - The pods of the Deployments and DaemonSets run as a non-root user, without privilege escalation or
   capabilities, with resource requests; the services' containers also with a read-only root file system
   and a memory limit. Every service Deployment runs two replicas or more and has a PodDisruptionBudget.
-- Every file of Kubernetes objects is in kustomization.yaml, but monitoring.yaml (it needs the operator).
+- Every file of Kubernetes objects is in kustomization.yaml, but monitoring.yaml (it needs the operator) and
+  database-roles.yaml (a Job run before the services, with the database administrator's Secret).
 - The NATS Helm values (helm/nats-values.yaml) run a JetStream cluster of at least as many servers as the
   streams' replicas (TRAINYARD_STREAM_REPLICAS in config.yaml), with the roles of libs/natsroles.py
   (`--print-nats-merge` prints the `config.merge` block they must hold).
@@ -37,8 +38,9 @@ KUBERNETES_VERSION = "1.31"
 HERE = Path(__file__).resolve().parent
 KUSTOMIZATION = "kustomization.yaml"
 NATS_VALUES = Path("helm") / "nats-values.yaml"
-# Needs the Prometheus Operator's CRDs, so it is applied on its own (README.md, "Metrics").
-OUTSIDE_KUSTOMIZATION = frozenset({"monitoring.yaml"})
+# Applied on its own: monitoring.yaml needs the Prometheus Operator's CRDs (README.md, "Metrics"); the Job of
+# database-roles.yaml needs the database administrator's Secret, before the services (README.md, "4. PostgreSQL").
+OUTSIDE_KUSTOMIZATION = frozenset({"monitoring.yaml", "database-roles.yaml"})
 OPERATOR_API = "monitoring.coreos.com/v1"
 DURATION = re.compile(r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$")  # a Prometheus duration: 30s, 1h30m
 
@@ -258,8 +260,6 @@ def nats_merge() -> dict[str, Any]:
         for half, allow, deny in (("publish", permissions.publish_allow, permissions.publish_deny),
                                   ("subscribe", permissions.subscribe_allow, permissions.subscribe_deny)):
             block[half] = {"allow": list(allow), **({"deny": list(deny)} if deny else {})}
-        if permissions.allow_responses:
-            block["allow_responses"] = True if permissions.max_responses == 1 else {"max": permissions.max_responses}
         users.append({"user": name, "password": f"<< {credentials[name]} >>", "permissions": block})
     return {"authorization": {"users": users,
                               "auth_callout": {"issuer": f"<< {natsroles.ISSUER_VARIABLE} >>",

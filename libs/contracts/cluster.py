@@ -176,6 +176,25 @@ class AutoscalerConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=
         return next((t for t in self.instance_types if t.name == name), None)
 
 
+# The highest user id a job runs as: many tools still take uids for signed 32-bit numbers.
+MAX_JOB_UID = 2**31 - 2
+
+
+class JobUsers(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
+    """L1: the Unix user (and group of the same number) a job's processes run as on nodes whose agent runs as
+    root: one per job, or one per user (the same on every node and in every job of theirs, so that what their
+    jobs write to shared storage is theirs alike). The number is `uid_base` plus a hash of the job's id or the
+    user's name modulo `uid_count`: every node works it out alike, with no table to keep."""
+
+    per: Literal["job", "user"] = "job"
+    uid_base: Annotated[int, Meta(ge=1000, le=MAX_JOB_UID)] = 1_000_000_000
+    uid_count: Annotated[int, Meta(ge=1, le=MAX_JOB_UID)] = 1_000_000_000
+
+    def __post_init__(self) -> None:
+        if self.uid_base + self.uid_count - 1 > MAX_JOB_UID:
+            raise ValueError(f"job_users: uid_base + uid_count - 1 must be at most {MAX_JOB_UID}")
+
+
 class ClusterConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """The flavors a deployment offers, for a local stack the agents it runs, and what the autoscaler may
     start."""
@@ -183,6 +202,7 @@ class ClusterConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     flavors: list[Flavor]
     nodes: list[AgentConfig] = msgspec.field(default_factory=list)
     autoscaler: AutoscalerConfig = msgspec.field(default_factory=AutoscalerConfig)
+    job_users: JobUsers = msgspec.field(default_factory=JobUsers)
 
     @classmethod
     def load(cls, path: str | Path) -> ClusterConfig:

@@ -9,13 +9,13 @@ events tolerate unknown fields so that older readers survive newer writers.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Annotated, Literal
 
 import msgspec
-from msgspec import Struct
+from msgspec import Meta, Struct
 
 from libs.contracts.arrays import ArrayMember, SweepParameter
-from libs.contracts.cluster import NodeInfo, Resources
+from libs.contracts.cluster import MAX_JOB_UID, NodeInfo, Resources
 from libs.contracts.datacache import CacheEntry, CacheEviction, StagedDataset
 from libs.contracts.health import AlertKind, NodeCheck
 from libs.contracts.images import ImageRecord, ImageUse
@@ -325,6 +325,9 @@ class NodeLaunch(Struct, frozen=True, kw_only=True):
     # its node (ReservePorts); 0: none.
     port: int = 0
     image: ImageUse | None = None  # J10: run inside this image (None: on the node's own files)
+    # L1: the user (and group) id its processes run as where its agent runs as root (cluster config `job_users`);
+    # None from a launcher before it: the agent then takes the job's own, by the default settings.
+    run_as: Annotated[int, Meta(ge=1, le=MAX_JOB_UID)] | None = None
 
 
 class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):

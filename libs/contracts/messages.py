@@ -224,6 +224,9 @@ class ChangeSettings(_Request, frozen=True, tag="ChangeSettings.v1"):
     cache_low_percent: Annotated[float, Meta(ge=0, le=100)] | None = None
     disk_high_percent: Annotated[float, Meta(gt=0, le=100)] | None = None
     disk_low_percent: Annotated[float, Meta(ge=0, le=100)] | None = None
+    max_queued_jobs_per_user: int | None = None  # 0: no limit
+    submit_rate: int | None = None  # jobs per second; 0: no limit
+    submit_burst: Annotated[int, Meta(ge=1)] | None = None
 
 
 class SetStorageAccess(_Request, frozen=True, tag="SetStorageAccess.v1"):

@@ -20,12 +20,13 @@ from libs.contracts.cluster import ClusterConfig
 from libs.devstack.natscluster import NatsCluster, jetstream_ready
 from libs.devstack.natslogins import provision_nats_logins, service_login
 from libs.devstack.ops import metrics_env, start_prometheus
+from libs.devstack.pglogins import provision_service_logins
 from libs.devstack.processes import alive, forget_stopped, recorded_pids, stack_processes, stop_recorded
 from libs.devstack.servers import (
     ServerError,
+    admin_url,
     create_database,
     port_open,
-    postgres_url,
     start_nats,
     start_postgres,
     stop_postgres,
@@ -92,17 +93,21 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
             (run / "nats.pid").write_text(str(server.pid))
             nats_url = LOCAL_NATS_URL
         if database_url is None:
-            console.print(f"[dim]starting PostgreSQL on 127.0.0.1:{PG_PORT}[/]")
+            console.print(f"[dim]starting PostgreSQL (a password for every login, a role per service) on "
+                          f"127.0.0.1:{PG_PORT}[/]")
             start_postgres(home / "postgres", PG_PORT)
-            asyncio.run(create_database(postgres_url(PG_PORT, "postgres", socket_dir=home / "postgres"), "trainyard"))
-            database_url = local_socket_url(home)  # LOCAL_DATABASE_URL, through the server's Unix socket
+            asyncio.run(create_database(admin_url(home / "postgres", PG_PORT, "postgres"), "trainyard"))
+            # Each service logs in as its own role, through the server's Unix socket (LOCAL_DATABASE_URL's).
+            provision_service_logins(home, SERVICES, local_socket_url(home),
+                                     admin_url=admin_url(home / "postgres", PG_PORT, "trainyard"))
+        else:
+            provision_service_logins(home, SERVICES, database_url, admin_url=None)  # their server, their roles
     except ServerError as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(1) from None
     storage = home / "storage"
     seed_storage(storage)
-    env = stack_env(nats_url=nats_url, database_url=database_url, storage=storage, cluster=CLUSTER,
-                    extra={**provision_auth(home), **streams})
+    env = stack_env(nats_url=nats_url, storage=storage, cluster=CLUSTER, extra={**provision_auth(home), **streams})
     (home / STACK_ENV_FILE).write_text("".join(f"export {k}={v}\n" for k, v in env.items()))
     # Every process serves its metrics and says where (not variables for clients: stack.env has none of them).
     processes = ProcessSet(home, {**env, **metrics_env(home)})

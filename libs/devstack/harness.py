@@ -25,6 +25,7 @@ from libs.contracts.messages import JobDetails, JobView, NodeView, QueueStatus
 from libs.devstack.hosts import Hosts
 from libs.devstack.natscluster import NatsCluster, jetstream_ready
 from libs.devstack.natslogins import provision_nats_logins, service_login
+from libs.devstack.pglogins import is_superuser, provision_service_logins, run_to_end
 from libs.devstack.servers import free_port, start_nats
 from libs.devstack.stack import (
     REPO_ROOT,
@@ -84,7 +85,9 @@ class Stack(Generic[ClientT]):
                  cluster: Path = CLUSTER, smtp_url: str | None = None, algorithms: Path | None = None,
                  timings: dict[str, str] | None = None, env: Mapping[str, str] | None = None,
                  nats_servers: int = 1, separate_hosts: bool = False, sync_nats_writes: bool = False) -> None:
-        """`nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
+        """`database_url`: the database the services keep their event logs in; when its user is a superuser (as
+        with the tests' own servers), each service logs in as a role of its own there, as with `make up`.
+        `nats_url`: a server to use as it is; None starts one of the stack's own that enforces a login
         per role (libs/natsroles.py), as `make up` does. `algorithms`: a folder whose algorithms are copied
         into shared storage beside the examples. `timings`: the fault timings (FAST_TIMINGS unless given;
         `{}` for the platform's defaults, as a benchmark of steady work wants). `env`: more variables for every
@@ -133,7 +136,11 @@ class Stack(Generic[ClientT]):
         seed_storage(self.storage)
         for algorithm in algorithms.iterdir() if algorithms else ():
             shutil.copytree(algorithm, self.storage / "algorithms" / algorithm.name)
-        env = stack_env(nats_url=nats_url, database_url=database_url, storage=self.storage, cluster=cluster,
+        # Each service logs in as its own role where the URL's user can make them (a superuser: the tests' own
+        # servers), as with `make up`; on a server of the caller's choosing otherwise, with that URL.
+        roles = run_to_end(is_superuser(database_url))
+        provision_service_logins(home, SERVICES, database_url, admin_url=database_url if roles else None)
+        env = stack_env(nats_url=nats_url, storage=self.storage, cluster=cluster,
                         extra={**(FAST_TIMINGS if timings is None else timings),
                                **({"TRAINYARD_SMTP_URL": smtp_url} if smtp_url else {}),
                                **provision_auth(home, user=TESTER, email=TESTER_EMAIL), **replicas, **(env or {})})

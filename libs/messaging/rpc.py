@@ -4,6 +4,12 @@ A responder decodes the request into its contract type, runs the handler inside 
 continues the caller's trace, and always answers: with the handler's reply, or with a
 `CommandError` that says what was wrong. Nothing reaches the handler that failed to decode.
 
+It answers only in the caller's own inbox (libs/natsroles.py `reply_refusal`): the caller is who the
+request's token names (verified, for a handler that authenticates). A request whose reply subject is
+anything else (another's inbox, a stream's subject, the JetStream API) gets no answer at all and is
+not carried out; it is logged with the subject and the caller, and counted in
+`trainyard.requests.reply_refused`.
+
 Callers (the CLI among them) import this module for `call` alone, so faststream and the service
 logger are imported by the functions that register responders, not here.
 """
@@ -22,12 +28,13 @@ from nats.aio.client import Client
 from nats.errors import ConnectionClosedError, NoRespondersError
 from nats.errors import TimeoutError as NatsTimeout
 
-from libs.auth import AuthError, bearer_headers, identity_from_headers
+from libs.auth import AuthError, bearer_headers, bearer_token, identity_from_headers
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import SpecError, field_error_from_msgspec
 from libs.contracts.messages import CommandError, Reply
 from libs.contracts.strict import decode_strict
+from libs.natsroles import nats_user_for, reply_refusal, user_nats_name
 from libs.outages import OUTAGES
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, messaging_attributes, tracer
 
@@ -96,6 +103,27 @@ def decode_request(body: bytes, request_type: Any, *, strict: bool = True) -> An
         return CommandError(code="invalid-request", message=bounded(f"the request cannot be decoded: {exc!r}"))
 
 
+def claimed_caller(headers: Mapping[str, str] | None) -> str | None:
+    """The NATS user the request's token names, unverified (None: no token of ours): whose inbox a reply may
+    go to before, or without, the token being checked."""
+    try:
+        return nats_user_for(bearer_token(headers))
+    except AuthError:
+        return None
+
+
+def count_refused_reply(destination: str) -> None:
+    """Count one request refused for its reply subject (`trainyard.requests.reply_refused`); rare, so the
+    instrument is looked up each time."""
+    from libs.telemetry.metrics import REPLIES_REFUSED, attributes, counter
+
+    counter(REPLIES_REFUSED).add(1, attributes(REPLIES_REFUSED, destination))
+
+
+# The code a refused reply subject is recorded with (span and request duration); no reply carries it.
+REPLY_REFUSED = "reply-refused"
+
+
 def _error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError) -> CommandError:
     if isinstance(exc, msgspec.ValidationError):
         error = field_error_from_msgspec(exc)
@@ -160,14 +188,30 @@ def _register(broker: NatsBroker, service: str, subject: str, request_type: obje
         durations.record(time.perf_counter() - began, attributes(REQUEST_DURATION, "nats", subject, error))
         return body
 
+    def refuse_reply(msg: Any, caller: str | None, reason: str) -> tuple[bytes, str]:
+        """Answer nothing: faststream sends the handler's return to `reply_to`, so it is cleared."""
+        log.warning("rpc.reply_refused", subject=subject, caller=caller or "unknown", reply_to=bounded(msg.reply_to),
+                    reason=reason)
+        count_refused_reply(subject)
+        msg.reply_to = ""
+        return b"", REPLY_REFUSED
+
     async def answer(msg: Any, span: Span) -> tuple[bytes, str]:
         """The reply's body, and the code of the error it tells of (empty for none)."""
         identity: Identity | None = None
+        caller = claimed_caller(msg.headers)
+        unauthenticated: AuthError | None = None
         if secret is not None:
             try:
                 identity = identity_from_headers(secret, msg.headers)
+                caller = user_nats_name(identity.user)
             except AuthError as exc:
-                return encode(CommandError(code="unauthenticated", message=str(exc))), "unauthenticated"
+                unauthenticated = exc
+        if msg.reply_to and (refused := reply_refusal(caller, msg.reply_to)) is not None:
+            return refuse_reply(msg, caller, refused)
+        if unauthenticated is not None:
+            return encode(CommandError(code="unauthenticated", message=str(unauthenticated))), "unauthenticated"
+        if identity is not None:
             span.set_attribute("enduser.id", identity.user)
         request = decode_request(msg.body, request_type)
         if isinstance(request, CommandError):

@@ -70,6 +70,10 @@ REQUEST_DURATION = Metric(
     "messaging.process.duration", "histogram", "s",
     "How long a request took to answer, by subject; `error.type` is the error's code when it was refused",
     ("messaging.system", DESTINATION, "error.type"), "every service and agent")
+REPLIES_REFUSED = Metric(
+    "trainyard.requests.reply_refused", "counter", "{request}",
+    "Requests neither answered nor carried out because their reply subject is not the caller's own inbox, by "
+    "subject", (DESTINATION,), "every service and agent")
 # Every service.
 ACTIVE = Metric("trainyard.service.active", "gauge", "1",
                 "1 when this process is the service's active instance, 0 while it stands by")
@@ -117,9 +121,9 @@ CACHE_SIZE = Metric("trainyard.dataset_cache.size", "gauge", "By", "Bytes the no
                     "node agent")
 
 CATALOGUE: tuple[Metric, ...] = (
-    REQUEST_DURATION, ACTIVE, EVENTS_RECORDED, OUTBOX_LAG, FOLLOWER_LAG, FOLLOWER_MESSAGES, JOBS_QUEUED, JOBS,
-    ADMISSIONS, CYCLE_DURATION, PREDICTION_DURATION, RESUMES, RESTARTS, NODES, ALERTS, INSTANCES, AGENT_PROCESSES,
-    CACHE_REQUESTS, CACHE_SIZE)
+    REQUEST_DURATION, REPLIES_REFUSED, ACTIVE, EVENTS_RECORDED, OUTBOX_LAG, FOLLOWER_LAG, FOLLOWER_MESSAGES,
+    JOBS_QUEUED, JOBS, ADMISSIONS, CYCLE_DURATION, PREDICTION_DURATION, RESUMES, RESTARTS, NODES, ALERTS, INSTANCES,
+    AGENT_PROCESSES, CACHE_REQUESTS, CACHE_SIZE)
 
 
 # --- set-up -------------------------------------------------------------------------------------------------

@@ -114,18 +114,21 @@ def checkpoint_env(resumes: int) -> dict[str, str]:
 
 def plan_launch(spec: JobSpec, flavor: Flavor, placement: list[Placement], *, ports: Mapping[int, int],
                 job_id: str | None = None, attempt: int = 1, resumes: int = 0,
-                image: ImageUse | None = None) -> list[NodeLaunch]:
+                image: ImageUse | None = None, run_as: int | None = None) -> list[NodeLaunch]:
     """Every node's launch: for a regular job one per rank; for a batch job (J3) one per rank and
     task, the tasks to run one after another on the same nodes (sharing the ranks' `ports`, one for each
     of `listening_ranks`). A checkpoint-resume job (J12) also gets its checkpoint folder, which needs its
-    `job_id` and `attempt`, and `resumes`, its resumes so far. Every node runs in `image`, when given (J10)."""
+    `job_id` and `attempt`, and `resumes`, its resumes so far. Every node runs in `image`, when given (J10), as
+    the user `run_as` (L1)."""
     if spec.checkpoint_resume is not None and job_id is None:
         raise ValueError("a checkpoint-resume job's launch needs its job id (for its checkpoint folder)")
     missing = [rank for rank in listening_ranks(spec, placement) if rank not in ports]
     if missing:
         raise ValueError(f"ranks {missing} listen for the rendezvous and need a port")
     launches = _plan_all(spec, flavor, placement, ports, job_id=job_id, attempt=attempt, resumes=resumes)
-    return launches if image is None else [msgspec.structs.replace(launch, image=image) for launch in launches]
+    if image is None and run_as is None:
+        return launches
+    return [msgspec.structs.replace(launch, image=image, run_as=run_as) for launch in launches]
 
 
 def _plan_all(spec: JobSpec, flavor: Flavor, placement: list[Placement], ports: Mapping[int, int], *,

@@ -31,6 +31,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import JobSpec
 from libs.eventstore import NewEvent
+from libs.jobusers import job_uid
 from services.launcher.planner import listening_ranks, plan_launch, ports_wanted
 from services.launcher.state import Launch, LauncherState
 
@@ -64,7 +65,8 @@ def _plan(state: LauncherState, cluster: ClusterConfig, job_id: str, admission: 
                             reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
     ports = _rank_ports(state, spec, admission.placement, chosen)
     nodes = plan_launch(spec, flavor, admission.placement, ports=ports, job_id=job_id,
-                        attempt=admission.attempt, resumes=state.resumes(job_id), image=state.image(job_id))
+                        attempt=admission.attempt, resumes=state.resumes(job_id), image=state.image(job_id),
+                        run_as=job_uid(cluster.job_users, job_id, state.creator(job_id)))
     return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes, ports=ports)
 
 

@@ -208,6 +208,11 @@ class LauncherState:
         job = self.lifecycle.jobs.get(job_id)
         return job.spec if job is not None else None
 
+    def creator(self, job_id: str) -> str:
+        """Who submitted the job (empty when unknown)."""
+        job = self.lifecycle.jobs.get(job_id)
+        return job.creator if job is not None else ""
+
     def image(self, job_id: str) -> ImageUse | None:
         """J10: the image the job runs in (None: on its nodes' own files)."""
         job = self.lifecycle.jobs.get(job_id)

@@ -52,6 +52,7 @@ from libs.telemetry.tracing import current_trace_headers
 from services.scheduler import arrays
 from services.scheduler.access import access_error, array_access_error
 from services.scheduler.images import LIST_HINT, image_use
+from services.scheduler.limits import TokenBucket, queued_counts, queued_error, rate_taken
 from services.scheduler.names import job_change, settings_change, storage_change
 from services.scheduler.ports import Scheduling
 from services.scheduler.spec_checks import cap_errors, invalid_spec, spec_errors
@@ -113,6 +114,8 @@ class JobCommands:
                                 hint="let the client choose it (job-<12 hex digits>)")
         if (answer := retried(self.state, job_id, spec, identity)) is not None:
             return answer
+        if error := self._too_fast(identity, 1):
+            return error
         if error := self._refusal(spec, identity):
             return error
         if errors := missing_inputs(spec, self.storage_root):
@@ -122,9 +125,25 @@ class JobCommands:
         # S6: planned off the event loop and without the lock, of the queue without this job; otherwise it is
         # planned with other new jobs' once the job is recorded (the scheduler's prediction loop).
         prediction = await self.s.predict(spec) if predict else None
+        # The batch it joins decides on the per-user limits, in the order submissions arrive.
         return await self.s.submissions.submit(Submission(job_id=job_id, spec=spec, identity=identity,
                                                           cloned_from=cloned_from, prediction=prediction,
-                                                          trace=current_trace_headers()))
+                                                          trace=current_trace_headers(), at=self.s.clock()))
+
+    def _too_fast(self, identity: Identity, count: int) -> CommandError | None:
+        """A submission the user's bucket could not take now, refused before any work is done for it (the
+        bucket is only looked at: what is accepted takes from it when it is recorded)."""
+        taken = rate_taken(identity.user, self.s.submissions.buckets.get(identity.user), count, self.s.clock(),
+                           self.state.settings)
+        return taken if isinstance(taken, CommandError) else None
+
+    def _within_limits(self, identity: Identity, count: int) -> TokenBucket | CommandError:
+        """The per-user limits (limits.py) for `count` new jobs, under the lock: the user's bucket once they
+        are taken from it, or the refusal."""
+        user = identity.user
+        if error := queued_error(user, queued_counts(self.state, {user})[user], count, self.state.settings):
+            return error
+        return rate_taken(user, self.s.submissions.buckets.get(user), count, self.s.clock(), self.state.settings)
 
     def _refusal(self, spec: JobSpec, identity: Identity) -> CommandError | None:
         """Everything that makes a spec unacceptable for this caller, in one answer."""
@@ -157,6 +176,8 @@ class JobCommands:
             return arrays.array_error(exc, "indices" if request.indices else "sweep")
         if (answer := arrays.retried_array(self.state, request, identity, indices, values, max_running)) is not None:
             return answer
+        if error := self._too_fast(identity, len(indices)):
+            return error
         # The job whose placeholders are filled longest is the one a length limit refuses first.
         if error := self._refusal(arrays.widest_spec(request.spec, request.array_id, indices, list(request.sweep)),
                                   identity):
@@ -177,8 +198,12 @@ class JobCommands:
                 image = image_use(spec, self.state.images)
             except LookupError as exc:
                 return CommandError(code="invalid-spec", message=str(exc), hint=LIST_HINT)
+            bucket = self._within_limits(identity, len(indices))
+            if isinstance(bucket, CommandError):
+                return bucket
             changes = arrays.array_events(request, identity, indices, values, max_running, image)
             await self.s.record(changes)
+            self.s.submissions.buckets[identity.user] = bucket
         return ArrayAccepted(array_id=request.array_id, job_ids=[c.aggregate_id for c in changes[1:]], created=True)
 
     def _selected(self, request: StopJobs | DeleteJobs, identity: Identity,

@@ -3,17 +3,19 @@
 Every submission that arrives while an append is being written joins the next one, so a burst of them
 costs one transaction and one hold of the append lock rather than one each; each is still answered only
 once its events are committed, and one that cannot be recorded (the database away) is answered with the
-error, never accepted. What a batch records is decided by `accept`, a pure rule on the state: in order,
-a job id seen before gets the first answer again (or `conflict`), and the urgent cap (S2) counts the
-urgent jobs accepted earlier in the same batch.
+error, never accepted. What a batch records is decided by `decide`, a pure rule on the state and the
+users' submission buckets: in order, a job id seen before gets the first answer again (or `conflict`), and
+the urgent cap (S2) and the per-user limits (limits.py) count the jobs accepted earlier in the same batch.
+The buckets the batch took from are kept only once its events are committed.
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
 
 from libs.contracts.events import JobPredicted, JobSubmitted
 from libs.contracts.identity import Identity
@@ -22,6 +24,7 @@ from libs.contracts.messages import CommandError, JobAccepted
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import NewEvent
 from services.scheduler.images import LIST_HINT, image_use
+from services.scheduler.limits import TokenBucket, queued_counts, queued_error, rate_taken
 from services.scheduler.names import JOB
 from services.scheduler.state import SchedulerState
 
@@ -41,6 +44,9 @@ class Submission:
     cloned_from: str | None = None
     prediction: Prediction | None = None  # planned before it joined, when the caller asked for it
     trace: dict[str, str] | None = None  # of the request that submitted it
+    # When it was asked for, by the scheduler's clock: its submission is taken from the user's bucket then. None
+    # (only tests of other rules) takes nothing.
+    at: datetime | None = None
 
 
 def retried(state: SchedulerState, job_id: str, spec: JobSpec, identity: Identity) -> Answer | None:
@@ -72,12 +78,32 @@ def urgent_cap_error(state: SchedulerState, project: str, user: str, priority: P
                         hint="wait for one to end, or lower one to normal: trainyard priority JOB normal")
 
 
+@dataclass(frozen=True)
+class Decided:
+    """A batch's answers, in order, the events that create the accepted jobs, and the buckets of the users
+    whose submissions were accepted, as they are once those are taken."""
+
+    answers: list[Answer]
+    changes: list[NewEvent]
+    buckets: dict[str, TokenBucket] = field(default_factory=dict)
+
+
 def accept(state: SchedulerState, submissions: Sequence[Submission]) -> tuple[list[Answer], list[NewEvent]]:
-    """Each submission's answer, in order, and the events that create the accepted ones."""
+    """Each submission's answer, in order, and the events that create the accepted ones (every bucket full)."""
+    decided = decide(state, submissions, {})
+    return decided.answers, decided.changes
+
+
+def decide(state: SchedulerState, submissions: Sequence[Submission],
+           buckets: Mapping[str, TokenBucket]) -> Decided:
+    """What a batch records, with the users' submission buckets as they are before it."""
     answers: list[Answer] = []
     changes: list[NewEvent] = []
     first: dict[str, Submission] = {}  # accepted in this batch, by job id
     urgent: Counter[tuple[str, str]] = Counter()  # urgent jobs accepted in this batch, per project and user
+    # Each submitter's jobs waiting to start, and then those the batch accepted; their buckets it took from.
+    queued = queued_counts(state, {submission.identity.user for submission in submissions})
+    taken: dict[str, TokenBucket] = {}
     for submission in submissions:
         job_id, spec, user = submission.job_id, submission.spec, submission.identity.user
         if (answer := retried(state, job_id, spec, submission.identity)) is not None:
@@ -97,6 +123,16 @@ def accept(state: SchedulerState, submissions: Sequence[Submission]) -> tuple[li
         except LookupError as exc:
             answers.append(CommandError(code="invalid-spec", message=str(exc), hint=LIST_HINT))
             continue
+        if error := queued_error(user, queued[user], 1, state.settings):
+            answers.append(error)
+            continue
+        if submission.at is not None:
+            bucket = rate_taken(user, taken.get(user, buckets.get(user)), 1, submission.at, state.settings)
+            if isinstance(bucket, CommandError):
+                answers.append(bucket)
+                continue
+            taken[user] = bucket
+        queued[user] += 1
         first[job_id] = submission
         if spec.priority == "urgent":
             urgent[(spec.project, user)] += 1
@@ -108,7 +144,7 @@ def accept(state: SchedulerState, submissions: Sequence[Submission]) -> tuple[li
             changes.append(NewEvent(JOB, job_id, JobPredicted(job_id=job_id, prediction=submission.prediction),
                                     trace=submission.trace))
         answers.append(JobAccepted(job_id=job_id, status="queued", created=True, prediction=submission.prediction))
-    return answers, changes
+    return Decided(answers=answers, changes=changes, buckets=taken)
 
 
 class SubmissionBatches:
@@ -116,6 +152,9 @@ class SubmissionBatches:
 
     def __init__(self, state: SchedulerState, lock: asyncio.Lock, record: Recorder) -> None:
         self.state, self.lock, self.record = state, lock, record
+        # Each user's submission bucket (limits.py), changed under `lock` once what took from it is committed.
+        # In memory only: a new scheduler starts with every bucket full.
+        self.buckets: dict[str, TokenBucket] = {}
         self._waiting: list[tuple[Submission, asyncio.Future[Answer]]] = []
         self._writer: asyncio.Task[None] | None = None
 
@@ -132,13 +171,14 @@ class SubmissionBatches:
             batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
             try:
                 async with self.lock:
-                    answers, changes = accept(self.state, [submission for submission, _ in batch])
-                    await self.record(changes)
+                    decided = decide(self.state, [submission for submission, _ in batch], self.buckets)
+                    await self.record(decided.changes)
+                    self.buckets.update(decided.buckets)
             except Exception as exc:  # nothing of the batch was recorded: each is told why
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(exc)
                 continue
-            for (_, future), answer in zip(batch, answers, strict=True):
+            for (_, future), answer in zip(batch, decided.answers, strict=True):
                 if not future.done():
                     future.set_result(answer)

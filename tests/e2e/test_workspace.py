@@ -8,6 +8,7 @@ import re
 import pytest
 
 from agent.kept import rank_root
+from agent.signals import tagged_processes
 from agent.workspace import BACKEND_VARIABLE, bwrap_problem
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
@@ -80,8 +81,8 @@ async def test_stopping_a_bwrap_job_leaves_no_process_behind(stack: Stack, monke
     accepted = await api.submit(probe("probe-stop", hold=300))
     running = await stack.wait_until(accepted.job_id, "running")
 
-    # Each rank reports its own pid and the pid of a child it started. Both ignore SIGTERM, so only
-    # the SIGKILL after the grace (TRAINYARD_STOP_GRACE_SECONDS) ends them.
+    # Each rank reports its own pid and the pid of a child it started, as its own process namespace numbers them.
+    # Both ignore SIGTERM, so only the SIGKILL after the grace (TRAINYARD_STOP_GRACE_SECONDS) ends them.
     holding: dict[int, tuple[int, int]] = {}
     async with asyncio.timeout(120):
         while len(holding) < 2:
@@ -90,11 +91,15 @@ async def test_stopping_a_bwrap_job_leaves_no_process_behind(stack: Stack, monke
                     holding[int(found[1])] = (int(found[2]), int(found[3]))
             await asyncio.sleep(0.2)
     assert await backends(stack, accepted.job_id) == {0: "bwrap", 1: "bwrap"}
+    # On the host: every process of the job (its variables name it), the probes and their children among them.
+    on_host = tagged_processes(lambda env: env.get("TRAINYARD_JOB_ID") == accepted.job_id)
+    assert len(on_host) >= 4
+    assert all(holding[rank][0] < 10 for rank in holding)  # a namespace of its own: the job's few processes
 
     await api.stop([accepted.job_id])
     job = await stack.wait_until(accepted.job_id, "ended")
     assert job.status == "stopped"
-    pids = [i.pid for i in running.instances] + [pid for pair in holding.values() for pid in pair]
+    pids = [i.pid for i in running.instances] + sorted(on_host)
     assert all(pid is not None for pid in pids)
     async with asyncio.timeout(60):  # reports may come before the last process is reaped
         while alive := [pid for pid in pids if pid is not None and process_alive(pid)]:

@@ -272,6 +272,41 @@ async def test_a_signed_request_replayed_or_altered_is_refused(node: Node) -> No
     assert await node.ask(subjects.agent_stop, stop, stop_headers) == Stopped(stopped=1)
 
 
+async def _runs_ended(node: Node) -> None:
+    """Wait until the agent is done with every rank it ran: reported, and its folder removed."""
+    runners = [n.runner for n in node.agent.nodes.values() if n.runner is not None]
+    async with asyncio.timeout(WAIT_SECONDS):
+        await asyncio.gather(*runners)
+
+
+RESTARTS = {
+    "with its folder": (False, "already received once: a replay is refused"),
+    "with its folder wiped": (True, "signed before this agent started"),
+}
+
+
+@pytest.mark.parametrize("wiped, reason", RESTARTS.values(), ids=RESTARTS.keys())
+async def test_a_start_obeyed_before_the_agent_restarted_is_refused_after_and_a_new_one_runs(
+        node: Node, tmp_path: Path, wiped: bool, reason: str) -> None:
+    runs = tmp_path / "runs"
+    payload = encode(start_request(f"open({str(runs)!r}, 'a').write('ran\\n')"))
+    captured = signed(subjects.agent_start, node.name, payload)  # the launcher's start, as seen on the wire
+    assert await node.ask(subjects.agent_start, payload, captured) == ProcessAccepted(already_known=False)
+    await node.report(ProcessExited)
+    await _runs_ended(node)  # nothing left for the next agent to adopt: the job is over
+    await node.restart(wiped=wiped)
+
+    replayed = await node.ask(subjects.agent_start, payload, captured)
+
+    assert isinstance(replayed, CommandError) and replayed.code == "unauthenticated", replayed
+    assert reason in replayed.message
+    assert not node.agent.nodes
+    # The launcher's own retries are signed anew, and run.
+    assert await node.ask(subjects.agent_start, payload) == ProcessAccepted(already_known=False)
+    await _runs_ended(node)
+    assert runs.read_text() == "ran\n" * 2
+
+
 async def test_the_node_chooses_ports_nothing_holds_and_answers_the_same_for_the_same_attempt(node: Node) -> None:
     request = encode(ReservePorts(job_id=JOB, attempt=1, count=2))
     chosen = await node.ask(subjects.agent_ports, request)

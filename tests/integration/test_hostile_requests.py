@@ -1,6 +1,7 @@
 """Hostile input against a scheduler on real NATS and PostgreSQL: oversized specs are refused by field,
 undecodable bodies get `invalid-request`, nothing is stored, and the scheduler goes on recording and
-publishing later jobs."""
+publishing later jobs. A request whose reply subject is not the caller's own inbox is not answered
+and not carried out, even on a NATS server that enforces no permissions."""
 
 from __future__ import annotations
 
@@ -10,16 +11,18 @@ from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
+import nats
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
 from client.api import TrainyardClient
 from libs.auth import bearer_headers, issue_token
 from libs.contracts import subjects
-from libs.contracts.codec import decode
+from libs.contracts.codec import decode, encode
 from libs.contracts.events import EventEnvelope, JobSubmitted
 from libs.contracts.identity import Identity
 from libs.contracts.messages import (
@@ -52,6 +55,9 @@ from libs.contracts.messages import (
 from libs.eventstore import EventStore, NewEvent
 from libs.eventstore import store as store_module
 from libs.eventstore.store import MAX_EVENT_BYTES, EventTooLarge
+from libs.messaging.connection import round_trip
+from libs.natsroles import inbox_prefix
+from tests.support.refusals import count_refusals
 from tests.support.schedulers import Schedulers, refused, spec
 from tests.support.stores import StoreFactory
 
@@ -141,6 +147,45 @@ async def test_an_event_too_large_to_publish_is_refused_and_nothing_stored(
     monkeypatch.undo()
     accepted = await client.submit(spec(env={"PAD": "x" * 1500}))
     assert await job_submitted_is_published(client.nc, accepted.job_id)
+
+
+# Where a hostile reply subject would have the scheduler publish with its own rights.
+LURES = {
+    "another service's event stream": subjects.event_subject("launcher", "launch", JOB, "LaunchSucceeded"),
+    "the usage bucket": f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key(JOB, 1, 0, 'node-a')}",
+    "the agent-report stream": subjects.agent_report("node-a"),
+    "another person's inbox": f"{inbox_prefix('user-bob')}.lure",
+    "the JetStream API": f"$JS.API.STREAM.PURGE.{subjects.AGENT_REPORTS_STREAM}",
+}
+
+
+@pytest.mark.parametrize("lure", LURES.values(), ids=LURES.keys())
+async def test_a_command_whose_reply_subject_is_not_the_callers_inbox_is_neither_answered_nor_recorded(
+        client: TrainyardClient, schedulers: Schedulers, nats_url: str, monkeypatch: pytest.MonkeyPatch,
+        lure: str) -> None:
+    refusals = count_refusals(monkeypatch)
+    store = scheduler_store(schedulers)
+    before = await store.last_position()
+    arrived: list[Msg] = []
+
+    async def on_lure(msg: Msg) -> None:
+        arrived.append(msg)
+
+    watcher = await nats.connect(nats_url)
+    try:
+        await watcher.subscribe(lure, cb=on_lure)  # this server enforces no permissions: anyone may listen
+        await round_trip(watcher)
+        await client.nc.publish(subjects.SUBMIT_JOB, encode(SubmitJob(job_id=JOB, spec=spec())), reply=lure,
+                                headers=bearer_headers(client.token))
+        await refusals.counted(subjects.SUBMIT_JOB, 1)
+        await round_trip(watcher)
+        assert arrived == []
+    finally:
+        await watcher.close()
+    assert await store.last_position() == before
+    accepted = await client.submit(spec(name="asked-in-her-own-inbox"))
+    assert await job_submitted_is_published(client.nc, accepted.job_id)
+    assert refusals.count(subjects.SUBMIT_JOB) == 1
 
 
 async def test_the_store_refuses_an_event_over_its_maximum(make_store: StoreFactory) -> None:
@@ -246,22 +291,29 @@ def generated_cases(count: int) -> list[tuple[str, str, bytes]]:
 
 
 async def test_ten_thousand_hostile_requests_are_refused_and_change_nothing(
-        client: TrainyardClient, schedulers: Schedulers) -> None:
+        client: TrainyardClient, schedulers: Schedulers, nats_url: str) -> None:
     cases = generated_cases(10_000)
     assert len(cases) >= 10_000 and {subject for subject, _, _ in cases} == set(REQUESTS)
     store = scheduler_store(schedulers)
     before = await store.last_position()
     accepted: list[tuple[str, str, dict[str, Any]]] = []
+    # A caller without a valid token has no inbox of its own: it is told `unauthenticated` in an inbox no role
+    # owns, as a connection without a login has on this server (it asks none).
+    anonymous = await nats.connect(nats_url)
 
     async def send(subject: str, kind: str, body: bytes) -> None:
-        reply = await reply_to(client.nc, subject, body, headers_for(kind, client.token or ""))
+        reply = await reply_to(client.nc if kind == "valid" else anonymous, subject, body,
+                               headers_for(kind, client.token or ""))
         if reply.get("type") != "Error.v1":
             accepted.append((subject, kind, reply))
         elif kind != "valid":
             assert reply["code"] == "unauthenticated"
 
-    for start in range(0, len(cases), 200):
-        await asyncio.gather(*(send(*case) for case in cases[start:start + 200]))
+    try:
+        for start in range(0, len(cases), 200):
+            await asyncio.gather(*(send(*case) for case in cases[start:start + 200]))
+    finally:
+        await anonymous.close()
     assert accepted == []
     assert await store.last_position() == before
     # still up, and still recording

@@ -112,7 +112,7 @@ async def test_a_job_sees_neither_the_agents_secrets_nor_the_stack_state(node: N
     assert (node.storage / "outputs" / "demo" / "written.txt").read_text() == "written by the job"
     if node.agent.backend == BWRAP:
         assert job["secret"] == "FileNotFoundError"
-        assert job["state"] == []  # secret, token, storage and agent folders: all hidden
+        assert job["state"] is None  # secret, token, storage and agent folders: not there at all
 
 
 async def test_a_debug_session_in_a_kept_environment_follows_the_same_rule(node: Node, state: Path) -> None:

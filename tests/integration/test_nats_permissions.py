@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
-from dataclasses import dataclass
-from pathlib import Path
 
 import nats
 import pytest
@@ -20,30 +18,20 @@ from nats.js.api import ConsumerConfig, DeliverPolicy, KeyValueConfig, StreamCon
 
 from client.api import TrainyardClient, TrainyardError
 from client.cli.runner import UNAUTHENTICATED_HINT, error_hint
-from libs.auth import issue_job_token, issue_node_token, issue_token, new_secret
+from libs.auth import issue_job_token, issue_token, new_secret
 from libs.contracts import subjects
 from libs.contracts.identity import Identity
-from libs.devstack.natslogins import FOLDER
 from libs.messaging.connection import STREAMS, NatsLogin, round_trip
 from libs.messaging.reader import read_subject
 from libs.natsauth import serve
-from libs.natsroles import MONITOR_LOGS_CONSUMER, SERVICES, STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
-from tests.support.roles_server import Conn, roles_server
+from libs.natsroles import MONITOR_LOGS_CONSUMER, STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
+from tests.support.roles_server import Conn, RolesServer, logins_folder, roles_server
 
 ALICE = "alice"  # a person, logged in with her user token as NATS user `user-alice`
 WAIT_SECONDS = 30  # for what the server answers at once, on a machine that may be slow to get to it
 
 
-@dataclass
-class Server:
-    url: str
-    folder: Path
-    secret: str
-
-    def password(self, service: str) -> str:
-        return (self.folder / f"{service}.password").read_text().strip()
-
-
+Server = RolesServer
 ConnectAs = Callable[[str], Awaitable[Conn]]
 
 
@@ -51,24 +39,14 @@ ConnectAs = Callable[[str], Awaitable[Conn]]
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("nats-roles")
     with roles_server(home) as url:
-        yield Server(url, home / FOLDER, new_secret())
-
-
-def login(server: Server, role: str) -> NatsLogin:
-    """How `role` logs in: a service by its password, an agent by its node credential, a person by her token."""
-    if role in SERVICES:
-        return NatsLogin(user=role, password=server.password(role), inbox=inbox_prefix(role))
-    if role.startswith("agent-"):
-        return NatsLogin.for_token(issue_node_token(server.secret, role.removeprefix("agent-")))
-    return NatsLogin.for_token(issue_token(server.secret, Identity(user=role, projects=["default"], admin=False)))
+        yield Server(url, logins_folder(home), new_secret())
 
 
 @pytest_asyncio.fixture
 async def callout(server: Server) -> AsyncIterator[None]:
     """The scheduler's answer to the auth callout, on its own service login."""
-    nc = await nats.connect(server.url, **login(server, "scheduler").options())
-    await serve(nc, seed=(server.folder / "issuer.nk").read_bytes().strip(), secret=server.secret,
-                service="scheduler")
+    nc = await nats.connect(server.url, **server.login("scheduler").options())
+    await serve(nc, seed=server.issuer_seed(), secret=server.secret, service="scheduler")
     await round_trip(nc)
     yield
     await nc.close()
@@ -79,12 +57,7 @@ async def connect(server: Server, callout: None) -> AsyncIterator[ConnectAs]:
     opened: list[Client] = []
 
     async def connect_as(user: str) -> Conn:
-        conn = Conn(nc=Client())
-
-        async def on_error(exc: Exception) -> None:
-            conn.errors.append(str(exc))
-
-        await conn.nc.connect(server.url, error_cb=on_error, allow_reconnect=False, **login(server, user).options())
+        conn = await server.connect(server.login(user))
         opened.append(conn.nc)
         return conn
 
@@ -360,13 +333,7 @@ async def test_a_job_token_asks_only_its_own_nodes_and_reads_only_its_own_inbox(
                                                                                   connect: ConnectAs) -> None:
     job = "job-0000000000aa"
     token = issue_job_token(server.secret, job, 1, ["node-a"])
-    conn = Conn(nc=Client())
-
-    async def on_error(exc: Exception) -> None:
-        conn.errors.append(str(exc))
-
-    await conn.nc.connect(server.url, error_cb=on_error, allow_reconnect=False,
-                          **NatsLogin.for_job(job, token).options())
+    conn = await server.connect(NatsLogin.for_job(job, token))
     agent: Conn = await connect(agent_user("node-a"))
 
     async def answer(msg: Msg) -> None:

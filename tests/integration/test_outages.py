@@ -42,7 +42,7 @@ from libs.contracts.events import NodeLaunch, NodeLost, NodeRegistered
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
 from libs.contracts.messages import AlertPage, CommandError, JobAccepted, ListAlerts, SubmitJob
-from libs.devstack.servers import create_database, free_port, postgres_url, start_nats, start_postgres
+from libs.devstack.servers import admin_url, create_database, free_port, start_nats, start_postgres
 from libs.eventstore import EventStore
 from libs.messaging.connection import ensure_streams
 from libs.messaging.reader import read_subject
@@ -297,10 +297,10 @@ def own_postgres(tmp_path: Path) -> Iterator[tuple[Path, int]]:
 async def test_the_scheduler_outlives_its_database_going_away_and_answers_honestly_meanwhile(
         own_postgres: tuple[Path, int], nats_url: str, tmp_path: Path) -> None:
     folder, port = own_postgres
-    await create_database(postgres_url(port, "postgres"), "trainyard")
+    await create_database(admin_url(folder, port, "postgres", socket=False), "trainyard")
     (tmp_path / "storage" / "algorithms" / "sleeper").mkdir(parents=True)  # what the jobs name must exist
-    settings = Settings(nats_url=nats_url, database_url=postgres_url(port, "trainyard"), auth_secret=SECRET,
-                        cluster_config=CLUSTER, storage_root=tmp_path / "storage")
+    settings = Settings(nats_url=nats_url, database_url=admin_url(folder, port, "trainyard", socket=False),
+                        auth_secret=SECRET, cluster_config=CLUSTER, storage_root=tmp_path / "storage")
     runtime = ServiceRuntime("scheduler", settings)
     await runtime.start()
     scheduler = Scheduler.create(runtime)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import shutil
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -117,6 +118,18 @@ class Node:
     def session(self) -> Session:
         """A debug session in this node's job, not opened yet."""
         return Session(self.nc, self.name, self.job_id)
+
+    async def restart(self, *, wiped: bool = False) -> None:
+        """Close the agent and start a new one, as a restart of `python -m agent` would: the same node and
+        folder, nothing else carried over (its verifier of signed requests is a new one too); `wiped`: its
+        folder removed in between, as a new disk would have it."""
+        name, root, nats_url = self.name, self.agent.root, self.agent.nats_url
+        probe_seconds = self.agent.health_probe_seconds
+        await self.agent.close()
+        if wiped:
+            shutil.rmtree(root)
+        self.agent = await start_agent(nats_url, name, root.parent.parent, storage=self.storage,
+                                       health_probe_seconds=probe_seconds)
 
 
 @contextlib.asynccontextmanager

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-# bwrap options that take one argument; every other option used takes two (source and target).
-_ONE_ARGUMENT = {"--dir": 1, "--proc": 1, "--tmpfs": 1, "--remount-ro": 1, "--chdir": 1}
+# bwrap options that take no argument or one; every other option used takes two (source and target).
+_ARGUMENTS = {"--dir": 1, "--proc": 1, "--tmpfs": 1, "--remount-ro": 1, "--chdir": 1, "--dev": 1, "--cap-drop": 1,
+              "--unshare-pid": 0, "--unshare-ipc": 0, "--unshare-uts": 0, "--unshare-cgroup-try": 0,
+              "--unshare-user": 0}
 
 
 def ops(argv: Sequence[str]) -> list[tuple[str, ...]]:
@@ -13,7 +15,7 @@ def ops(argv: Sequence[str]) -> list[tuple[str, ...]]:
     found: list[tuple[str, ...]] = []
     i = 1
     while argv[i] != "--":
-        n = _ONE_ARGUMENT.get(argv[i], 2)
+        n = _ARGUMENTS.get(argv[i], 2)
         found.append(tuple(argv[i:i + n + 1]))
         i += n + 1
     return found

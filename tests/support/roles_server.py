@@ -1,4 +1,5 @@
-"""A NATS server of a test's own with a login per role, as `make up` runs it (libs/devstack/natslogins.py)."""
+"""A NATS server of a test's own with a login per role, as `make up` runs it (libs/devstack/natslogins.py),
+how each role logs in to it, and a connection that keeps the server's refusals."""
 
 from __future__ import annotations
 
@@ -11,8 +12,12 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from libs.devstack.natslogins import provision_nats_logins
+from libs.auth import issue_node_token, issue_token
+from libs.contracts.identity import Identity
+from libs.devstack.natslogins import FOLDER, provision_nats_logins
 from libs.devstack.servers import free_port, nats_server_binary, start_nats
+from libs.messaging.connection import NatsLogin
+from libs.natsroles import SERVICES, inbox_prefix
 
 
 @contextlib.contextmanager
@@ -29,6 +34,44 @@ def roles_server(home: Path) -> Iterator[str]:
     finally:
         process.terminate()
         process.wait(timeout=10)
+
+
+@dataclass
+class RolesServer:
+    """Such a server: its URL, the folder of its logins and the platform secret tokens are signed with."""
+
+    url: str
+    folder: Path
+    secret: str
+
+    def password(self, service: str) -> str:
+        return (self.folder / f"{service}.password").read_text().strip()
+
+    def issuer_seed(self) -> bytes:
+        """The auth callout's key, as the services that answer it read it."""
+        return (self.folder / "issuer.nk").read_bytes().strip()
+
+    def login(self, role: str) -> NatsLogin:
+        """How `role` logs in: a service by its password, an agent by its node credential, a person by her token."""
+        if role in SERVICES:
+            return NatsLogin(user=role, password=self.password(role), inbox=inbox_prefix(role))
+        if role.startswith("agent-"):
+            return NatsLogin.for_token(issue_node_token(self.secret, role.removeprefix("agent-")))
+        return NatsLogin.for_token(issue_token(self.secret, Identity(user=role, projects=["default"], admin=False)))
+
+    async def connect(self, login: NatsLogin) -> Conn:
+        """A connection logged in with `login` that keeps what the server refuses it; the caller closes it."""
+        conn = Conn(nc=Client())
+
+        async def on_error(exc: Exception) -> None:
+            conn.errors.append(str(exc))
+
+        await conn.nc.connect(self.url, error_cb=on_error, allow_reconnect=False, **login.options())
+        return conn
+
+
+def logins_folder(home: Path) -> Path:
+    return home / FOLDER
 
 
 @dataclass

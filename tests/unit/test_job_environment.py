@@ -13,7 +13,7 @@ from agent.agent import NodeAgent
 from agent.jobenv import job_environment, network_env, without_credentials
 from agent.kept import ENVIRONMENT_NAME, Environment, read_environment, write_environment
 from agent.runs import runs_folder, socket_path
-from agent.sandbox import Bind, Hidden, HostEntry, SandboxSpec, bwrap_argv
+from agent.sandbox import SYSTEM_PATHS, Bind, Hidden, HostEntry, SandboxSpec, bwrap_argv
 from agent.workspace import BWRAP, Workspace, hidden_entries
 from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import Placement
@@ -110,7 +110,8 @@ HOST = {"/": _entries("etc", "srv", "tmp", "usr"), "/etc": [HostEntry("passwd", 
 def sandbox(*hidden: Hidden, keep: Sequence[Path] = ()) -> list[tuple[str, ...]]:
     spec = SandboxSpec(binds=[Bind(Path("/srv/ty/storage/algorithms/a"), "/workspace/algorithm", read_only=True),
                               Bind(Path("/srv/ty/agents/n/jobs/j/files/job/hostfile"), "/job/hostfile", True)],
-                       tmp=Path("/srv/ty/agents/n/jobs/j/tmp"), keep=keep, hidden=hidden)
+                       tmp=Path("/srv/ty/agents/n/jobs/j/tmp"), keep=keep, hidden=hidden,
+                       system=(*SYSTEM_PATHS, "srv"))  # a host folder shown that holds the platform's state
     return ops(bwrap_argv(spec, ["true"], list_dir=lambda p: HOST.get(p, [])))
 
 
@@ -118,7 +119,7 @@ def test_the_state_folder_is_an_empty_read_only_tmpfs_while_mounts_from_it_still
     found = sandbox(Hidden(Path("/srv/ty"), is_dir=True))
     # Hidden where the host's files are, so through /srv and /.host/srv alike.
     hide, remount = found.index(("--tmpfs", "/.host/srv/ty")), found.index(("--remount-ro", "/.host/srv/ty"))
-    assert found.index(("--ro-bind", "/", "/.host")) < hide < remount
+    assert found.index(("--ro-bind", "/srv", "/.host/srv")) < hide < remount
     assert ("--symlink", ".host/srv", "/srv") in found
     assert ("--ro-bind", "/srv/ty/storage/algorithms/a", "/workspace/algorithm") in found
     assert ("--ro-bind", "/srv/ty/agents/n/jobs/j/files/job/hostfile", "/job/hostfile") in found
@@ -129,8 +130,9 @@ def test_a_secret_file_reads_as_empty_and_paths_the_job_cannot_see_are_left_alon
     found = sandbox(Hidden(Path("/srv/auth-secret"), is_dir=False), Hidden(Path("/tmp/ty"), is_dir=True),
                     Hidden(Path("/workspace"), is_dir=True), Hidden(Path("/"), is_dir=True))
     assert ("--ro-bind", "/dev/null", "/.host/srv/auth-secret") in found
-    # /tmp/ty: under the host's /tmp, hidden whole; /workspace: the job's own; /: everything.
-    assert [o for o in found if o[0] == "--tmpfs"] == [("--tmpfs", "/.host/tmp")]
+    # /tmp/ty: the host's /tmp is not shown at all; /workspace: the job's own; /: everything.
+    assert [o for o in found if o[0] == "--tmpfs"] == []
+    assert not any(o[-1].startswith("/.host/tmp") for o in found)
 
 
 def test_the_agents_python_stays_visible_inside_a_hidden_folder() -> None:

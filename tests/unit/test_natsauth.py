@@ -36,7 +36,7 @@ def claims_of(token: str) -> dict[str, object]:
 
 def test_each_kind_of_token_logs_in_as_its_own_role() -> None:
     person = decide(issue_token(SECRET, Identity(user="alice", projects=["p"], admin=False)), secret=SECRET)
-    assert person.nats_user == "user-alice" and "_INBOX.user-alice.>" in person.permissions.subscribe_allow
+    assert person.nats_user == "user-alice" and "_INBOX.users.user-alice.>" in person.permissions.subscribe_allow
     agent = decide(issue_node_token(SECRET, "node-a"), secret=SECRET)
     assert agent.nats_user == "agent-node-a" and subjects.heartbeat("node-a") in agent.permissions.publish_allow
     job = decide(issue_job_token(SECRET, JOB, 2, ["node-b", "node-a"]), secret=SECRET)

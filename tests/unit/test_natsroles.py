@@ -27,6 +27,7 @@ from libs.natsroles import (
     request_subjects,
     roles,
     service_permissions,
+    subject_matches,
     user_nats_name,
     user_permissions,
 )
@@ -35,15 +36,7 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "deploy" / "nats" / "nats-server.conf"
 
 
-def matches(pattern: str, subject: str) -> bool:
-    """NATS subject matching: `*` one token, `>` the rest."""
-    want, have = pattern.split("."), subject.split(".")
-    for index, token in enumerate(want):
-        if token == ">":
-            return len(have) > index
-        if index >= len(have) or token not in ("*", have[index]):
-            return False
-    return len(want) == len(have)
+matches = subject_matches  # NATS subject matching: `*` one token, `>` the rest
 
 
 def may_publish(p: Permissions, subject: str) -> bool:

@@ -24,6 +24,7 @@ from agent.workspace import (
     build_workspace,
     bwrap_problem,
     choose_backend,
+    give_to,
     hidden_entries,
 )
 from libs.contracts.events import Mount, NodeLaunch
@@ -50,6 +51,9 @@ SPEC = SandboxSpec(
     keep=[Path("/venv"), Path("/tmp/python")],
     cwd="/workspace/algorithm",
 )
+
+
+JOB_UID = 1_000_000_007  # a job's user, in the default range
 
 
 def list_dir(path: str) -> list[HostEntry]:
@@ -82,36 +86,70 @@ def test_generated_files_appear_at_their_absolute_paths_read_only() -> None:
     assert found.index(("--dir", "/etc")) < found.index(("--symlink", "../.host/etc/hosts", "/etc/hosts"))
 
 
-def test_the_host_is_bound_once_read_only_and_its_entries_link_into_it() -> None:
+def test_only_the_host_s_system_folders_are_bound_read_only_and_its_entries_link_into_them() -> None:
     found = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir))
-    host = found.index(("--ro-bind", "/", HOST))
-    assert [op for op in found if op[0] in ("--bind", "--ro-bind", "--ro-bind-try") and op[1] == "/"] == [found[host]]
-    # The sandbox's own mounts first: bwrap reads the whole mount table after each mount, and the host's root
-    # doubles it. Whatever lies under HOST (the hidden host paths) comes after it.
-    own = [("--proc", "/proc"), ("--dev-bind", "/dev", "/dev"), ("--bind", "/agents/job/tmp", "/tmp"),
+    hosts = [op for op in found if op[0] == "--ro-bind" and op[2].startswith(HOST + "/")]
+    # Of the host's root, only the system folders: never / whole, nor /home or anything else of the host's.
+    assert hosts == [("--ro-bind", "/etc", f"{HOST}/etc"), ("--ro-bind", "/sys", f"{HOST}/sys"),
+                     ("--ro-bind", "/usr", f"{HOST}/usr")]
+    assert not any(op[0] in ("--bind", "--ro-bind") and op[1] in ("/", "/home") for op in found)
+    first = found.index(hosts[0])
+    # The sandbox's own mounts first: bwrap reads the whole mount table after each mount, and the host's folders
+    # make it longer. Whatever lies under HOST (the hidden host paths) comes after them.
+    own = [("--proc", "/proc"), ("--dev", "/dev"), ("--bind", "/agents/job/tmp", "/tmp"),
            *((("--ro-bind" if b.read_only else "--bind"), str(b.source), b.target) for b in SPEC.binds)]
-    assert all(found.index(op) < host for op in own)
-    assert all(index > host for index, op in enumerate(found) if op[-1].startswith(HOST + "/"))
+    assert all(found.index(op) < first for op in own)
+    assert all(index >= first for index, op in enumerate(found) if op[-1].startswith(HOST + "/"))
     assert ("--symlink", ".host/usr", "/usr") in found
     assert ("--symlink", ".host/sys", "/sys") in found
-    assert ("--symlink", ".host/home", "/home") in found
+    assert not any(op[-1] == "/home" for op in found)  # not shown at all
     assert ("--symlink", "usr/bin", "/bin") in found
-    assert ("--proc", "/proc") in found
-    assert ("--dev-bind", "/dev", "/dev") in found
     assert ("--bind", "/agents/job/tmp", "/tmp") in found
-    # The host's own /workspace and /tmp are the job's; the host's are hidden where the host's files are.
+    # The host's own /workspace and /tmp are neither shown nor bound under HOST.
     assert not any(op[-1] == "/workspace" for op in found if op[0] != "--dir")
-    assert ("--tmpfs", f"{HOST}/tmp") in found and ("--remount-ro", f"{HOST}/tmp") in found
-    assert ("--tmpfs", f"{HOST}/workspace") in found
-    assert not any(op[-1] in (f"{HOST}/proc", f"{HOST}/dev") for op in found)  # the same /proc and /dev
+    assert not any(op[-1].startswith((f"{HOST}/tmp", f"{HOST}/workspace", f"{HOST}/proc", f"{HOST}/dev"))
+                   for op in found)
     assert found[-2:] == [("--remount-ro", "/"), ("--chdir", "/workspace/algorithm")]
+
+
+def test_the_job_has_namespaces_and_a_dev_of_its_own_with_the_host_s_accelerators() -> None:
+    spec = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, keep=SPEC.keep, cwd=SPEC.cwd,
+                       devices=["/dev/nvidia0", "/dev/nvidiactl", "/dev/infiniband"])
+    argv = bwrap_argv(spec, ["true"], list_dir=list_dir)
+    found = ops(argv)
+    for flag in ("--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try"):
+        assert (flag,) in found
+    assert ("--dev", "/dev") in found and not any(op[0] == "--dev-bind" and op[1] == "/dev" for op in found)
+    for device in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/infiniband"):
+        assert ("--dev-bind-try", device, device) in found
+        assert found.index(("--dev", "/dev")) < found.index(("--dev-bind-try", device, device))
+
+
+def test_as_root_the_job_drops_to_its_own_user_without_capabilities() -> None:
+    spec = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, keep=SPEC.keep, cwd=SPEC.cwd, run_as=1_000_123)
+    argv = bwrap_argv(spec, ["/usr/bin/python3", "train.py"], list_dir=list_dir, as_root=True,
+                      executable=lambda _: True)
+    assert command_after_options(argv) == [
+        "/usr/bin/setpriv", "--reuid=1000123", "--regid=1000123", "--clear-groups", "--inh-caps=-all",
+        "--bounding-set=-all", "--no-new-privs", "--", "/usr/bin/python3", "train.py"]
+    assert ("--unshare-user",) not in ops(argv)  # bwrap mounts as root what the agent may read
+    # In an image, whose files may lack setpriv, the agent's own Python drops the privileges.
+    image = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, cwd=SPEC.cwd, root=Path(IMAGE), run_as=7000)
+    command = command_after_options(bwrap_argv(image, ["true"], list_dir=image_dir, as_root=True, python="/py"))
+    assert command[:4] == ["/py", "-I", "-S", "-c"] and command[5:] == ["7000", *EXEC, "true"]
+    # Root allowed (no user to drop to): root all the same, without any capability.
+    rooted = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir, as_root=True))
+    assert ("--cap-drop", "ALL") in rooted
+    # An agent that is not root: bwrap makes a user namespace, the job runs as the agent's user.
+    plain = bwrap_argv(spec, ["true"], list_dir=list_dir, as_root=False)
+    assert ("--unshare-user",) in ops(plain) and "/usr/bin/setpriv" not in plain
 
 
 def test_the_python_environment_stays_visible() -> None:
     found = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir))
-    # /venv is already shown through the host's entries; /tmp/python would be hidden by the job's /tmp.
-    assert not any(op[-1] == "/venv" and op[0] != "--symlink" for op in found)
-    assert ("--symlink", ".host/venv", "/venv") in found
+    # /venv is not a system folder and /tmp/python would be hidden by the job's /tmp: each bound where it is.
+    assert ("--ro-bind", "/venv", "/venv") in found
+    assert not any(op[0] == "--symlink" and op[-1] == "/venv" for op in found)
     assert ("--ro-bind", "/tmp/python", "/tmp/python") in found
     assert found.index(("--bind", "/agents/job/tmp", "/tmp")) < found.index(("--ro-bind", "/tmp/python",
                                                                              "/tmp/python"))
@@ -147,11 +185,11 @@ def test_a_folder_hidden_from_one_job_only_is_looked_at_for_each() -> None:
     on the PATH must not make another's skip the shell, nor the other way round."""
     plain = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, keep=SPEC.keep, cwd=SPEC.cwd)
     hiding = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, keep=SPEC.keep, cwd=SPEC.cwd,
-                         hidden=[Hidden(path=Path("/home/tools"), is_dir=True)])
+                         hidden=[Hidden(path=Path("/opt/tools"), is_dir=True)])
 
     def command(spec: SandboxSpec) -> list[str]:
-        return command_after_options(bwrap_argv(spec, ["tool"], list_dir=list_dir, search_path="/home/tools/bin",
-                                                executable={"/home/tools/bin/tool"}.__contains__))
+        return command_after_options(bwrap_argv(spec, ["tool"], list_dir=list_dir, search_path="/opt/tools/bin",
+                                                executable={"/opt/tools/bin/tool"}.__contains__, as_root=False))
 
     assert [command(plain), command(hiding), command(plain)] == [["tool"], [*EXEC, "tool"], ["tool"]]
 
@@ -163,12 +201,13 @@ def test_a_job_in_an_image_always_starts_through_the_shell_of_the_image() -> Non
     assert command == [*EXEC, "/usr/bin/python3"]
 
 
-def test_the_command_keeps_the_host_network_pids_and_process_group() -> None:
-    argv = bwrap_argv(SPEC, ["python3", "train.py", "--lr", "0.1"], list_dir=list_dir, bwrap="/usr/bin/bwrap")
+def test_the_command_keeps_the_host_network_and_process_group() -> None:
+    argv = bwrap_argv(SPEC, ["python3", "train.py", "--lr", "0.1"], list_dir=list_dir, bwrap="/usr/bin/bwrap",
+                      as_root=False)
     assert argv[0] == "/usr/bin/bwrap"
     assert argv[argv.index("--") + 1:] == [*EXEC, "python3", "train.py", "--lr", "0.1"]
     options = argv[:argv.index("--")]
-    for flag in ("--unshare-net", "--unshare-pid", "--unshare-all", "--new-session", "--die-with-parent"):
+    for flag in ("--unshare-net", "--unshare-all", "--new-session", "--die-with-parent"):
         assert flag not in options
 
 
@@ -235,7 +274,7 @@ echo "== hostfile"; cat /etc/mpi/hostfile
 echo "== hidden"; ls -A "$1" "/.host$1"; cat "$2" "/.host$2"
 echo "== refused"; for path in /usr/probe /etc/probe /etc/mpi/probe "$1/probe" "/.host$1/probe" /.host/tmp/probe; do
   touch "$path" 2>/dev/null && echo "$path"; done
-echo "== tmp"; touch /tmp/mine /workspace/outputs/mine; ls -A /.host/tmp
+echo "== tmp"; touch /tmp/mine /workspace/outputs/mine; ls -A /.host/tmp 2>/dev/null; true
 """
 
 
@@ -266,10 +305,13 @@ def test_a_job_sees_the_host_read_only_its_own_files_and_nothing_hidden(state: P
     (rank / "tmp").mkdir(parents=True)
     (rank / "files" / "etc" / "mpi").mkdir(parents=True)
     (rank / "files" / "etc" / "mpi" / "hostfile").write_text("node-a slots=2\n")
+    run_as = JOB_UID if os.geteuid() == 0 else None  # as a job runs: its own user where the agent is root
+    if run_as is not None:
+        give_to(run_as, [rank / "tmp"], [storage / "outputs"], [])
     spec = SandboxSpec(binds=[Bind(storage / "outputs", "/workspace/outputs", read_only=False),
                               Bind(rank / "files" / "etc" / "mpi" / "hostfile", "/etc/mpi/hostfile", read_only=True)],
                        tmp=rank / "tmp", keep=agent_paths(), cwd="/workspace",
-                       hidden=hidden_entries([state, state / "auth-secret"]))
+                       hidden=hidden_entries([state, state / "auth-secret"]), run_as=run_as)
 
     result = subprocess.run(bwrap_argv(spec, ["sh", "-c", LOOK, "sh", str(state), str(state / "auth-secret")],
                                        bwrap=shutil.which("bwrap") or "bwrap"),
@@ -383,7 +425,7 @@ def test_under_an_image_its_root_filesystem_is_the_jobs_and_the_host_shows_only_
     # How names resolve is the host's; the image's own /etc/hosts is covered.
     assert ("--ro-bind", "/etc/hosts", "/etc/hosts") in found
     assert not any(op[:2] == ("--symlink", "../.host/etc/hosts") for op in found)
-    assert ("--ro-bind", "/sys", "/sys") in found and ("--dev-bind", "/dev", "/dev") in found
+    assert ("--ro-bind", "/sys", "/sys") in found and ("--dev", "/dev") in found
     # The agent's interpreter and code are bound where they are on the host, once each, the image's /root kept.
     assert ("--ro-bind", "/opt/agent", "/opt/agent") in found
     assert not any(op[-1] == "/opt/agent/venv" for op in found)

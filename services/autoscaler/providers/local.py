@@ -26,7 +26,7 @@ import msgspec
 
 from libs.contracts.autoscaling import CPU_ONLY_ENV
 from libs.contracts.cluster import InstanceType
-from libs.settings import LOCAL_INSTANCES_VARIABLE
+from libs.settings import DATABASE_VARIABLES, LOCAL_INSTANCES_VARIABLE
 from libs.telemetry.logs import get_logger
 from services.autoscaler.providers import ProvisionError
 
@@ -35,7 +35,7 @@ log = get_logger(__name__)
 RECORD = "instance.json"
 INIT_SCRIPT_SECONDS = 600.0
 # What an agent must never see: it speaks NATS with its node credential alone.
-CONTROL_PLANE_VARIABLES = ("DATABASE_URL", "TRAINYARD_AUTH_SECRET", "TRAINYARD_AUTH_SECRET_FILE",
+CONTROL_PLANE_VARIABLES = (*DATABASE_VARIABLES, "TRAINYARD_AUTH_SECRET", "TRAINYARD_AUTH_SECRET_FILE",
                            "TRAINYARD_TOKEN_FILE", "TRAINYARD_NATS_PASSWORD", "TRAINYARD_NATS_PASSWORD_FILE",
                            "TRAINYARD_NATS_ISSUER_SEED_FILE", "TRAINYARD_NODE_TOKEN", "TRAINYARD_NODE_TOKEN_FILE")
 
