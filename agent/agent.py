@@ -94,6 +94,7 @@ from agent.workspace import (
     build_workspace,
     choose_backend,
     job_user,
+    jobs_as_root,
 )
 from libs.auth import AuthError, bearer_headers, bearer_token
 from libs.contracts import subjects
@@ -241,6 +242,7 @@ class NodeAgent:
         # J10: images unpacked on this node's disk, kept by the dataset cache's policy.
         self.images = ImagePreparation.from_environment(root, storage, info.name, lambda: self.data.cache.policy)
         self.image_binds = host_binds()
+        self.jobs_as_root = jobs_as_root()  # an administrator's setting, read once: fixed while it runs
         self.disk_pressure: str | None = None  # D1: why the node takes no new work, sent with heartbeats
         self.sessions: dict[str, Session] = {}
         self.nodes: dict[tuple[str, int, int, int], RunningNode] = {}  # (job, attempt, task, rank)
@@ -701,11 +703,12 @@ class NodeAgent:
             if image is None:
                 return None
         relay = node.relay = self._relay(node, root)
+        run_as = job_user(launch, node.job_id, as_root=self.jobs_as_root)
         try:
             await relay.start()
             workspace, files = build_workspace(root, self.storage, launch, self.backend, self.hidden_paths,
                                                staged=staged, run_folder=relay.path.parent, image=image,
-                                               host_binds=self.image_binds, run_as=job_user(launch, node.job_id))
+                                               host_binds=self.image_binds, run_as=run_as)
         except (WorkspaceError, OSError) as exc:
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in

@@ -280,7 +280,7 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     for directory in [WORKSPACE, *spec.dirs]:
         args.extend(["--dir", directory])
     # Parents before children, so that a mount never hides one made inside it.
-    made = {WORKSPACE, *spec.dirs}
+    made = {WORKSPACE, *spec.dirs, *layout.folders}
     for bind in sorted(binds, key=lambda b: _depth(b.target)):
         args.extend(_folders_for(bind.target, made))
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
@@ -321,6 +321,7 @@ class _Layout:
     before: tuple[str, ...]
     after: tuple[str, ...]
     replaced: frozenset[str]  # the paths the job sees something else at
+    folders: frozenset[str]  # the folders it makes in the sandbox's root (those that hold new paths)
     listings: tuple[tuple[str, Sequence[HostEntry]], ...]  # each directory listed, and what it held
 
 
@@ -357,6 +358,7 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
     covered: list[tuple[str, bool]] = []  # files of the root the sandbox shows its own at: hidden under HOST too
     listings: list[tuple[str, Sequence[HostEntry]]] = []
     host_entries: list[str] = []  # the host root's entries bound under HOST (without an image)
+    folders: set[str] = set()
 
     def listed(directory: str) -> Sequence[HostEntry]:
         path = directory if not image else root.rstrip("/") + directory
@@ -374,6 +376,7 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
             elif path in holding:
                 if entry.is_dir:  # made here, its entries (of a folder shown) shown one by one
                     args.extend(["--dir", path])
+                    folders.add(path)
                     if visible(path):
                         show(path, depth + 1)
             elif entry.link is not None:
@@ -401,7 +404,8 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
         args.extend(["--remount-ro", place])
     # The tmpfs root itself (and the folders made in it, such as /etc) takes no writes either.
     args.extend(["--remount-ro", "/", "--chdir", spec.cwd])
-    return _Layout(before=before, after=tuple(args), replaced=frozenset(replaced), listings=tuple(listings))
+    return _Layout(before=before, after=tuple(args), replaced=frozenset(replaced), folders=frozenset(folders),
+                   listings=tuple(listings))
 
 
 def _visibility(spec: SandboxSpec) -> Callable[[str], bool]:

@@ -241,10 +241,15 @@ def bwrap_problem() -> str | None:
     return None
 
 
-def job_user(launch: NodeLaunch, job_id: str, environ: Mapping[str, str] = os.environ) -> int | None:
-    """The user the node's processes run as (None: root, where the administrator allows it): the launcher's choice,
-    or for a plan of a launcher before it, the job's own by the default settings."""
-    if environ.get(JOBS_AS_ROOT_VARIABLE, "").strip() == "1":
+def jobs_as_root(environ: Mapping[str, str] = os.environ) -> bool:
+    """Whether the administrator lets this node's jobs run as root (`JOBS_AS_ROOT_VARIABLE`)."""
+    return environ.get(JOBS_AS_ROOT_VARIABLE, "").strip() == "1"
+
+
+def job_user(launch: NodeLaunch, job_id: str, *, as_root: bool) -> int | None:
+    """The user the node's processes run as (None: root, where the administrator allows it, `as_root`): the
+    launcher's choice, or for a plan of a launcher before it, the job's own by the default settings."""
+    if as_root:
         return None
     return launch.run_as if launch.run_as is not None else job_uid(JobUsers(), job_id, "")
 

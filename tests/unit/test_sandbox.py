@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import msgspec
 import pytest
 
 from agent import sandbox
@@ -18,6 +19,7 @@ from agent.sandbox import EXEC, HOST, Bind, Hidden, HostEntry, HostListing, Sand
 from agent.workspace import (
     BACKEND_VARIABLE,
     BWRAP,
+    JOBS_AS_ROOT_VARIABLE,
     PLAIN,
     WorkspaceError,
     agent_paths,
@@ -26,8 +28,12 @@ from agent.workspace import (
     choose_backend,
     give_to,
     hidden_entries,
+    job_user,
+    jobs_as_root,
 )
+from libs.contracts.cluster import JobUsers
 from libs.contracts.events import Mount, NodeLaunch
+from libs.jobusers import job_uid
 from tests.support.bwrap import ops
 
 # A small host: / with the usual entries, /etc with a few files and a relative symlink.
@@ -472,3 +478,19 @@ def test_under_an_image_the_platforms_secrets_inside_a_kept_path_stay_hidden() -
     assert ("--remount-ro", "/opt/agent/.trainyard") in found
     assert found.index(("--ro-bind", "/dev/null", "/opt/agent/secret.key")) > bound
     assert not any("/var/lib/trainyard" in part for op in found for part in op)  # not there to hide
+
+
+def test_each_folder_the_sandbox_makes_is_made_once() -> None:
+    found = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir))
+    made = [op[1] for op in found if op[0] == "--dir"]
+    assert "/etc" in made and "/etc/mpi" in made and "/job" in made  # /etc holds the hostfile's folder
+    assert len(made) == len(set(made))
+
+
+def test_a_node_runs_as_the_launchers_user_or_as_root_only_where_an_administrator_allows() -> None:
+    launch = NodeLaunch(rank=0, node="n", address="127.0.0.1", argv=["true"], env={}, mounts=[])
+    assert job_user(msgspec.structs.replace(launch, run_as=1_000_123), "job-1", as_root=False) == 1_000_123
+    assert job_user(launch, "job-1", as_root=False) == job_uid(JobUsers(), "job-1", "")  # a launcher before
+    assert job_user(msgspec.structs.replace(launch, run_as=1_000_123), "job-1", as_root=True) is None
+    assert jobs_as_root({JOBS_AS_ROOT_VARIABLE: "1"}) and not jobs_as_root({}) and not jobs_as_root(
+        {JOBS_AS_ROOT_VARIABLE: "yes"})
