@@ -88,12 +88,6 @@ class Decided:
     buckets: dict[str, TokenBucket] = field(default_factory=dict)
 
 
-def accept(state: SchedulerState, submissions: Sequence[Submission]) -> tuple[list[Answer], list[NewEvent]]:
-    """Each submission's answer, in order, and the events that create the accepted ones (every bucket full)."""
-    decided = decide(state, submissions, {})
-    return decided.answers, decided.changes
-
-
 def decide(state: SchedulerState, submissions: Sequence[Submission],
            buckets: Mapping[str, TokenBucket]) -> Decided:
     """What a batch records, with the users' submission buckets as they are before it."""

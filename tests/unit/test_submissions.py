@@ -25,7 +25,8 @@ from libs.eventstore import NewEvent
 from libs.placement import QueuedJob
 from services.scheduler import cycle, predicted
 from services.scheduler.prediction import forecast, forecast_queued
-from services.scheduler.submissions import Submission, SubmissionBatches, accept
+from services.scheduler.state import SchedulerState
+from services.scheduler.submissions import Answer, Submission, SubmissionBatches, decide
 from tests.support.placement import NOW, spec
 from tests.support.scheduler_state import Fold
 from tests.support.strategies import SETTINGS, Scenario, scenarios
@@ -46,6 +47,12 @@ def kinds(changes: Sequence[NewEvent]) -> list[tuple[str, str]]:
 
 
 # --- one batch, decided in order ---------------------------------------------------------------------------
+
+
+def accept(state: SchedulerState, submissions: Sequence[Submission]) -> tuple[list[Answer], list[NewEvent]]:
+    """A batch's answers and events, every user's submission bucket full."""
+    decided = decide(state, submissions, {})
+    return decided.answers, decided.changes
 
 
 def test_a_batch_creates_each_new_job_once_and_answers_a_repeated_id_as_the_first_time() -> None:
