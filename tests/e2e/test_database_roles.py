@@ -56,11 +56,15 @@ def attack(database_url: str) -> JobSpec:
                    command=f"python3 -c {shlex.quote(ATTACK)} {arguments}")
 
 
+def short_job(name: str) -> JobSpec:
+    """A job that sleeps a tenth of a second and succeeds."""
+    return JobSpec(name=name, mode="single-node", nodes=1, flavors=["cpu-1"], algorithm=AlgorithmRef(name="sleeper"),
+                   output=OutputRef(name=name), command="python3 run.py --seconds 0.1")
+
+
 async def test_a_job_cannot_log_in_to_the_stacks_database(stack: Stack, database_url: str) -> None:
     api = await stack.up()
-    victim = await api.submit(JobSpec(name="victims", mode="single-node", nodes=1, flavors=["cpu-1"],
-                                      algorithm=AlgorithmRef(name="sleeper"), output=OutputRef(name="victims"),
-                                      command="python3 run.py --seconds 0.1"))
+    victim = await api.submit(short_job("victims"))
     assert (await stack.wait_until(victim.job_id, "ended")).status == "succeeded"
     accepted = await api.submit(attack(database_url))
     job = await stack.wait_until(accepted.job_id, "ended", timeout=120)
@@ -76,9 +80,7 @@ async def test_a_job_cannot_log_in_to_the_stacks_database(stack: Stack, database
 
 async def test_each_service_does_its_work_as_its_own_role(stack: Stack, database_url: str) -> None:
     api = await stack.up()
-    accepted = await api.submit(JobSpec(name="as-roles", mode="single-node", nodes=1, flavors=["cpu-1"],
-                                        algorithm=AlgorithmRef(name="sleeper"), output=OutputRef(name="as-roles"),
-                                        command="python3 run.py --seconds 0.1"))
+    accepted = await api.submit(short_job("as-roles"))
     assert (await stack.wait_until(accepted.job_id, "ended")).status == "succeeded"
     admin = await asyncpg.connect(database_url)
     try:

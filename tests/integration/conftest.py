@@ -14,7 +14,7 @@ from nats.aio.client import Client
 from client.api import TrainyardClient
 from libs.eventstore import EventStore
 from libs.messaging.connection import ensure_streams
-from tests.support.schedulers import Login, Schedulers, token
+from tests.support.schedulers import Login, Schedulers, logins, token
 from tests.support.stores import StoreFactory
 
 
@@ -64,14 +64,6 @@ async def login(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterat
     """Starts a scheduler, then opens clients as whoever the test names."""
     schedulers = Schedulers(nats_url, database_url, tmp_path / "storage")
     await schedulers.start()
-    clients: list[TrainyardClient] = []
-
-    async def open_as(user: str, *projects: str, admin: bool = False) -> TrainyardClient:
-        client = await TrainyardClient.open(nats_url, token=token(user, *projects, admin=admin))
-        clients.append(client)
-        return client
-
-    yield open_as
-    for client in clients:
-        await client.close()
+    async with logins(nats_url) as open_as:
+        yield open_as
     await schedulers.stop_all()

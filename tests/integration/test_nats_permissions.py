@@ -25,7 +25,7 @@ from libs.messaging.connection import STREAMS, NatsLogin, round_trip
 from libs.messaging.reader import read_subject
 from libs.natsauth import serve
 from libs.natsroles import MONITOR_LOGS_CONSUMER, STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
-from tests.support.roles_server import Conn, RolesServer, logins_folder, roles_server
+from tests.support.roles_server import Conn, RolesServer, serving_roles
 
 ALICE = "alice"  # a person, logged in with her user token as NATS user `user-alice`
 WAIT_SECONDS = 30  # for what the server answers at once, on a machine that may be slow to get to it
@@ -38,8 +38,8 @@ ConnectAs = Callable[[str], Awaitable[Conn]]
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
     home = tmp_path_factory.mktemp("nats-roles")
-    with roles_server(home) as url:
-        yield Server(url, logins_folder(home), new_secret())
+    with serving_roles(home) as served:
+        yield served
 
 
 @pytest_asyncio.fixture

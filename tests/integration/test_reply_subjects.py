@@ -35,7 +35,7 @@ from libs.messaging.rpc import call_with_progress, progress_reporter, register_a
 from libs.natsauth import serve
 from libs.natsroles import STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
 from tests.support.refusals import Refusals, count_refusals
-from tests.support.roles_server import Conn, RolesServer, logins_folder, roles_server
+from tests.support.roles_server import Conn, RolesServer, serving_roles
 
 JOB = "job-0000000000aa"  # the job whose remote shell asks the agent
 OTHER_JOB = "job-0000000000bb"  # whose usage entry a hostile reply would overwrite
@@ -45,8 +45,8 @@ WAIT_SECONDS = 30
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolesServer]:
     home = tmp_path_factory.mktemp("nats-replies")
-    with roles_server(home) as url:
-        yield RolesServer(url, logins_folder(home), new_secret())
+    with serving_roles(home) as served:
+        yield served
 
 
 @pytest.fixture

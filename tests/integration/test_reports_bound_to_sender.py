@@ -9,9 +9,7 @@ callout, as it does in the stack); the scheduler's side is its log published by 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import TypeVar
 
 import pytest
@@ -20,7 +18,6 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig
 
-from libs.auth import issue_node_token
 from libs.contracts import subjects
 from libs.contracts.agent import ProcessAccepted, ProcessExited, ProcessStarted, UsageSample
 from libs.contracts.codec import encode
@@ -36,17 +33,17 @@ from libs.contracts.events import (
     Placement,
     UpstreamMessageSetAside,
 )
-from libs.devstack.natslogins import FOLDER, nats_login_env
+from libs.devstack.natslogins import nats_login_env
 from libs.eventstore import EventStore, NewEvent, OutboxRelay
-from libs.messaging.connection import STREAMS, NatsLogin, round_trip
+from libs.messaging.connection import STREAMS, round_trip
 from libs.natsauth import ISSUER_SEED_FILE_VARIABLE
-from libs.natsroles import STREAM_OWNERS, inbox_prefix
+from libs.natsroles import STREAM_OWNERS
 from libs.runtime import ServiceRuntime
 from libs.settings import Settings
 from services.launcher.service import Launcher
 from tests.support.monitor import start_monitor
 from tests.support.platform import CLUSTER, JOB, plain_spec
-from tests.support.roles_server import Conn, roles_server
+from tests.support.roles_server import Conn, RolesServer, logins_folder, roles_server
 from tests.support.stores import StoreFactory
 from tests.support.waiting import eventually
 
@@ -56,26 +53,17 @@ SECRET = "integration-tests-signing-secret-0123456789abcdef"
 WAIT_SECONDS = 30
 
 
-@dataclass
-class Server:
-    url: str
-    home: Path
-
-    def password(self, service: str) -> str:
-        return (self.home / FOLDER / f"{service}.password").read_text().strip()
-
-
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RolesServer]:
     home = tmp_path_factory.mktemp("nats-senders")
     with roles_server(home) as url:
-        yield Server(url, home)
+        yield RolesServer(url, logins_folder(home), SECRET)
 
 
 class Stack:
     """The launcher and the monitor on the permissioned server, the scheduler's log, and node agents."""
 
-    def __init__(self, server: Server, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, server: RolesServer, database_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
         self.server = server
         self.monkeypatch = monkeypatch
         self.settings = Settings(nats_url=server.url, database_url=database_url, auth_secret=SECRET,
@@ -85,20 +73,14 @@ class Stack:
         self.launcher: Launcher | None = None
         self.versions: dict[str, int] = {}
 
-    async def connect(self, login: NatsLogin, errors: list[str] | None = None) -> Client:
-        nc = Client()
-
-        async def on_error(exc: Exception) -> None:
-            if errors is not None:
-                errors.append(str(exc))
-
-        await nc.connect(self.server.url, error_cb=on_error, allow_reconnect=False, **login.options())
-        self.connections.append(nc)
-        return nc
+    async def connect(self, role: str) -> Conn:
+        """A connection logged in as `role` (libs/natsroles.py), closed with the stack."""
+        conn = await self.server.connect(self.server.login(role))
+        self.connections.append(conn.nc)
+        return conn
 
     async def as_service(self, service: str) -> Client:
-        return await self.connect(NatsLogin(user=service, password=self.server.password(service),
-                                            inbox=inbox_prefix(service)))
+        return (await self.connect(service)).nc
 
     async def declare_streams(self) -> None:
         """What each owner's `ensure_streams` declares (the scheduler's, whose service does not run here)."""
@@ -110,7 +92,7 @@ class Stack:
         await scheduler.jetstream().create_key_value(KeyValueConfig(bucket=subjects.USAGE_BUCKET, history=1))
 
     def _logged_in_as(self, service: str) -> None:
-        for name, value in nats_login_env(self.server.home, service).items():
+        for name, value in nats_login_env(self.server.folder.parent, service).items():
             self.monkeypatch.setenv(name, value)
 
     async def start(self) -> None:
@@ -129,15 +111,14 @@ class Stack:
 
     async def agent(self, node: str) -> Conn:
         """An agent of `node`: it accepts every start the launcher sends it."""
-        errors: list[str] = []
-        nc = await self.connect(NatsLogin.for_token(issue_node_token(SECRET, node)), errors)
+        conn = await self.connect(f"agent-{node}")  # logged in with its node credential
 
         async def accept(msg: Msg) -> None:
             await msg.respond(encode(ProcessAccepted(already_known=False)))
 
-        await nc.subscribe(subjects.agent_start(node), cb=accept)
-        await round_trip(nc)
-        return Conn(nc, errors)  # a node agent's connection, logged in with its node credential
+        await conn.nc.subscribe(subjects.agent_start(node), cb=accept)
+        await round_trip(conn.nc)
+        return conn
 
     async def close(self) -> None:
         for nc in self.connections:
@@ -147,7 +128,7 @@ class Stack:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def stack(server: Server, database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
+async def stack(server: RolesServer, database_url: str, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[Stack]:
     found = Stack(server, database_url, monkeypatch)
     await found.declare_streams()
     yield found

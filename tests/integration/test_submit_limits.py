@@ -9,14 +9,13 @@ No node agents run here, so every job stays queued.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from datetime import UTC, datetime, timedelta
 
 import pytest
 import pytest_asyncio
 
-from client.api import TrainyardClient
-from tests.support.schedulers import Schedulers, refused, spec, token
+from tests.support.schedulers import Login, Schedulers, logins, refused, spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -34,9 +33,6 @@ class Clock:
         self.now += timedelta(seconds=seconds)
 
 
-Open = Callable[..., Awaitable[TrainyardClient]]
-
-
 @pytest_asyncio.fixture(loop_scope="session")
 async def clock(schedulers: Schedulers) -> Clock:
     """A scheduler started, on a clock the test moves."""
@@ -47,20 +43,13 @@ async def clock(schedulers: Schedulers) -> Clock:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def login(nats_url: str, clock: Clock) -> AsyncIterator[Open]:
-    clients: list[TrainyardClient] = []
-
-    async def open_as(user: str, *projects: str, admin: bool = False) -> TrainyardClient:
-        client = await TrainyardClient.open(nats_url, token=token(user, *projects, admin=admin))
-        clients.append(client)
-        return client
-
-    yield open_as
-    for client in clients:
-        await client.close()
+async def login(nats_url: str, clock: Clock) -> AsyncIterator[Login]:
+    """Clients as whoever the test names, of the scheduler on the test's clock."""
+    async with logins(nats_url) as open_as:
+        yield open_as
 
 
-async def test_the_job_past_a_users_queued_limit_is_refused_while_others_submit(login: Open) -> None:
+async def test_the_job_past_a_users_queued_limit_is_refused_while_others_submit(login: Login) -> None:
     alice = await login("alice", "default", "vision")
     bob = await login("bob")
     admin = await login("root", admin=True)
@@ -89,7 +78,7 @@ async def test_the_job_past_a_users_queued_limit_is_refused_while_others_submit(
     await alice.submit(spec("d"))
 
 
-async def test_a_burst_past_the_bucket_is_refused_until_it_refills(login: Open, clock: Clock) -> None:
+async def test_a_burst_past_the_bucket_is_refused_until_it_refills(login: Login, clock: Clock) -> None:
     alice = await login("alice")
     bob = await login("bob")
     admin = await login("root", admin=True)

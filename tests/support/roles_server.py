@@ -12,7 +12,7 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
-from libs.auth import issue_node_token, issue_token
+from libs.auth import issue_node_token, issue_token, new_secret
 from libs.contracts.identity import Identity
 from libs.devstack.natslogins import FOLDER, provision_nats_logins
 from libs.devstack.servers import free_port, nats_server_binary, start_nats
@@ -72,6 +72,13 @@ class RolesServer:
 
 def logins_folder(home: Path) -> Path:
     return home / FOLDER
+
+
+@contextlib.contextmanager
+def serving_roles(home: Path) -> Iterator[RolesServer]:
+    """A roles server made under `home`, with a platform secret of its own, while the block runs."""
+    with roles_server(home) as url:
+        yield RolesServer(url, logins_folder(home), new_secret())
 
 
 @dataclass

@@ -3,7 +3,8 @@ queued), with the tokens and specs the tests send them and a helper for refused 
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 
 import msgspec
@@ -66,6 +67,23 @@ def spec(name: str = "train", **changes: object) -> JobSpec:
 
 # Opens a client as the named user, in the named projects (the `login` fixture).
 Login = Callable[..., Awaitable[TrainyardClient]]
+
+
+@contextlib.asynccontextmanager
+async def logins(nats_url: str) -> AsyncIterator[Login]:
+    """A `Login` on `nats_url`, whose clients are closed when the block ends."""
+    clients: list[TrainyardClient] = []
+
+    async def open_as(user: str, *projects: str, admin: bool = False) -> TrainyardClient:
+        client = await TrainyardClient.open(nats_url, token=token(user, *projects, admin=admin))
+        clients.append(client)
+        return client
+
+    try:
+        yield open_as
+    finally:
+        for client in clients:
+            await client.close()
 
 
 async def refused(call: Awaitable[object]) -> TrainyardError:
