@@ -52,7 +52,13 @@ from libs.telemetry.tracing import current_trace_headers
 from services.scheduler import arrays
 from services.scheduler.access import access_error, array_access_error
 from services.scheduler.images import LIST_HINT, image_use
-from services.scheduler.limits import TokenBucket, queued_counts, queued_error, rate_taken
+from services.scheduler.limits import (
+    TokenBucket,
+    queued_counts,
+    queued_error,
+    queued_limit_reachable,
+    rate_taken,
+)
 from services.scheduler.names import job_change, settings_change, storage_change
 from services.scheduler.ports import Scheduling
 from services.scheduler.spec_checks import cap_errors, invalid_spec, spec_errors
@@ -140,8 +146,9 @@ class JobCommands:
     def _within_limits(self, identity: Identity, count: int) -> TokenBucket | CommandError:
         """The per-user limits (limits.py) for `count` new jobs, under the lock: the user's bucket once they
         are taken from it, or the refusal."""
-        user = identity.user
-        if error := queued_error(user, queued_counts(self.state, {user})[user], count, self.state.settings):
+        user, settings = identity.user, self.state.settings
+        if queued_limit_reachable(self.state, count, settings) and (
+                error := queued_error(user, queued_counts(self.state, {user})[user], count, settings)):
             return error
         return rate_taken(user, self.s.submissions.buckets.get(user), count, self.s.clock(), self.state.settings)
 

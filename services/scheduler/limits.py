@@ -90,6 +90,14 @@ def queued_counts(state: SchedulerState, users: Collection[str]) -> Counter[str]
     return Counter(job.creator for job in state.active.values() if job.status == "queued" and job.creator in users)
 
 
+def queued_limit_reachable(state: SchedulerState, adding: int, settings: AdminSettings) -> bool:
+    """Whether `adding` more jobs could take any user past the queued limit: not while fewer jobs are active (a
+    user's queued ones among them) than it allows with those. The common case, and then nobody's jobs are counted:
+    counting goes through every active job."""
+    limit = settings.max_queued_jobs_per_user
+    return limit != 0 and len(state.active) + adding > limit
+
+
 def _what(count: int) -> str:
     return "this job" if count == 1 else f"this array of {count} jobs"
 

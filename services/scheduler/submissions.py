@@ -24,7 +24,13 @@ from libs.contracts.messages import CommandError, JobAccepted
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import NewEvent
 from services.scheduler.images import LIST_HINT, image_use
-from services.scheduler.limits import TokenBucket, queued_counts, queued_error, rate_taken
+from services.scheduler.limits import (
+    TokenBucket,
+    queued_counts,
+    queued_error,
+    queued_limit_reachable,
+    rate_taken,
+)
 from services.scheduler.names import JOB
 from services.scheduler.state import SchedulerState
 
@@ -96,7 +102,9 @@ def decide(state: SchedulerState, submissions: Sequence[Submission],
     first: dict[str, Submission] = {}  # accepted in this batch, by job id
     urgent: Counter[tuple[str, str]] = Counter()  # urgent jobs accepted in this batch, per project and user
     # Each submitter's jobs waiting to start, and then those the batch accepted; their buckets it took from.
-    queued = queued_counts(state, {submission.identity.user for submission in submissions})
+    users = {submission.identity.user for submission in submissions}
+    queued = (queued_counts(state, users) if queued_limit_reachable(state, len(submissions), state.settings)
+              else Counter[str]())  # no one can pass the limit: counting from none is as good
     taken: dict[str, TokenBucket] = {}
     for submission in submissions:
         job_id, spec, user = submission.job_id, submission.spec, submission.identity.user

@@ -22,6 +22,7 @@ from services.scheduler.limits import (
     microseconds,
     queued_counts,
     queued_error,
+    queued_limit_reachable,
     rate_taken,
     take,
 )
@@ -110,6 +111,18 @@ def test_microseconds_are_exact() -> None:
 
 
 # --- the rules as the scheduler applies them ------------------------------------------------------------------
+
+
+def test_jobs_are_counted_only_when_the_queued_limit_could_be_passed() -> None:
+    fold = Fold()
+    fold.job("job-000000000001", "a", ["cpu-4"])
+    fold.job("job-000000000002", "b", ["cpu-4"], project="vision")
+    limit = AdminSettings(max_queued_jobs_per_user=3)
+    assert not queued_limit_reachable(fold.state, 1, limit)  # 2 active + 1: nobody can pass 3
+    assert queued_error("alice", queued_counts(fold.state, {"alice"})["alice"], 1, limit) is None
+    assert queued_limit_reachable(fold.state, 2, limit)  # 2 + 2: alice could
+    assert queued_error("alice", queued_counts(fold.state, {"alice"})["alice"], 2, limit) is not None
+    assert not queued_limit_reachable(fold.state, 10**6, AdminSettings(max_queued_jobs_per_user=0))  # no limit
 
 
 def test_the_queued_limit_counts_the_users_queued_jobs_in_every_project_and_names_them() -> None:
