@@ -43,17 +43,17 @@ lock:
 ## Start NATS, PostgreSQL, and a supervisor that runs (and restarts) the four services and two node agents;
 ## then run the example job. `make status` lists every process, `make down` stops them all.
 up: install
-	$(PY) -m libs.devstack up --replicas $(REPLICAS) --nats $(NATS) $(if $(OPS),--ops,)
+	$(PY) -m devstack up --replicas $(REPLICAS) --nats $(NATS) $(if $(OPS),--ops,)
 	$(PY) -m client.demo
 
 demo: install
 	$(PY) -m client.demo
 
 down:
-	$(PY) -m libs.devstack down
+	$(PY) -m devstack down
 
 status:
-	$(PY) -m libs.devstack status
+	$(PY) -m devstack status
 
 ## Every test: unit, integration (real NATS and PostgreSQL) and end to end (the whole stack), on a worker process
 ## per core (pytest-xdist; `make test WORKERS=0` runs them in this one). Each worker starts NATS and PostgreSQL of
@@ -74,9 +74,10 @@ lint: install
 	$(VENV)/bin/lint-imports
 	$(PY) deploy/k8s/validate.py
 
-## Regenerate docs/schemas/ from the contracts.
+## Regenerate docs/schemas/ and docs/cli.md's table of operations from the contracts.
 schemas: install
 	$(PY) -m libs.contracts.schema_export docs/schemas
+	$(PY) -m libs.contracts.operations.catalogue docs/cli.md
 
 clean:
 	rm -rf $(VENV) .trainyard .pytest_cache .mypy_cache .ruff_cache

@@ -15,14 +15,14 @@ from pathlib import Path
 import msgspec
 
 from agent.agent import NodeAgent
-from agent.held import end_recorded_jobs
-from agent.ports import PortBook, PortRangeError
-from agent.resources import describe_host, parse_accelerators
+from agent.presence.resources import describe_host, parse_accelerators
+from agent.ranks.process import end_recorded_jobs
+from agent.ranks.tcp_ports import PortBook, PortRangeError
 from libs.auth import AuthError, node_token_control_keys
 from libs.contracts.cluster import AgentConfig, ClusterConfig
 from libs.controlsign import ControlKeysMissing, ControlVerifier, parse_control_keys
-from libs.entrypoint import run
 from libs.settings import NODE_TOKEN_FILE_VARIABLE, NODE_TOKEN_VARIABLE, Settings
+from libs.skeleton.entrypoint import run
 
 
 def _config(args: argparse.Namespace) -> AgentConfig:
@@ -103,7 +103,7 @@ def control_of(token: str, node: str) -> ControlVerifier:
 
 
 class RunningAgent:
-    """A started node agent as `libs.entrypoint.run` keeps it: up until SIGTERM or SIGINT, then closed."""
+    """A started node agent as `libs.skeleton.entrypoint.run` keeps it: up until SIGTERM or SIGINT, then closed."""
 
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent

@@ -12,12 +12,12 @@ import asyncio
 import os
 import sys
 
-from agent.jobenv import JOB_TOKEN_VARIABLE
+from agent.processes.jobenv import JOB_TOKEN_VARIABLE
 from libs.auth import bearer_headers
 from libs.contracts import subjects
 from libs.contracts.agent import ExecExited, ExecInJob, ProcessAccepted
 from libs.contracts.codec import decode, decode_any, encode
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.base import CommandError
 from libs.messaging.connection import NatsLogin, connect
 
 

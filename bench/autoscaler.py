@@ -27,11 +27,11 @@ import msgspec
 
 from bench.servers import bench_servers
 from client.api import TrainyardClient
+from devstack.harness import Stack
+from devstack.stack import REPO_ROOT
 from libs.contracts.cluster import Accelerators, AutoscalerConfig, Flavor, InstanceNode, InstanceType
 from libs.contracts.events import InstanceReady, InstanceReleased, InstanceRequested
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.devstack.harness import Stack
-from libs.devstack.stack import REPO_ROOT
 from libs.placement import QueuedJob
 from services.autoscaler.scaling import Demand, Nominations, scale_up
 

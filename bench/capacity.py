@@ -42,16 +42,17 @@ from bench.servers import bench_servers
 from bench.simagents import SimulatedAgents
 from bench.throughput import trivial_spec
 from client.api import NoAnswer, TrainyardClient
+from devstack.harness import Stack
+from devstack.ops import metrics_env
+from devstack.stack import SERVICES
 from libs.auth import bearer_headers, issue_node_token
 from libs.contracts import subjects
 from libs.contracts.agent import Heartbeat, NodeAccepted, RegisterNode
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import encode
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.contracts.messages import CommandError
-from libs.devstack.harness import Stack
-from libs.devstack.ops import metrics_env
-from libs.devstack.stack import SERVICES
+from libs.contracts.operations.agents import REGISTER_NODE
+from libs.contracts.operations.base import CommandError
 from libs.messaging.rpc import call
 
 HEARTBEAT_SECONDS = 2.0
@@ -70,7 +71,7 @@ async def register_all(nc: Client, names: list[str], secret: str, beats: Heartbe
         token = issue_node_token(secret, name)
         info = NodeInfo(name=name, address="10.0.0.1", cpus=16, memory_mib=65536)
         async with gate:
-            reply = await call(nc, subjects.REGISTER_NODE, RegisterNode(node=info), timeout=60,
+            reply = await call(nc, REGISTER_NODE.subject, RegisterNode(node=info), timeout=60,
                                reply_type=NodeAccepted | CommandError, token=token)
         if isinstance(reply, CommandError):
             raise RuntimeError(f"{name} was refused: {reply.message}")

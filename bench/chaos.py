@@ -1,4 +1,4 @@
-"""A chaos drill on the whole stack (libs/devstack/chaos.py): jobs run while faults come in turn.
+"""A chaos drill on the whole stack (devstack/chaos.py): jobs run while faults come in turn.
 
     python -m bench.chaos [--jobs 1000] [--agents 8] [--fault-every 20]
 
@@ -20,10 +20,10 @@ import tempfile
 from pathlib import Path
 
 from client.api import TrainyardClient
-from libs.devstack.chaos import Drill, Postgres, job_mix, recovery_table
-from libs.devstack.harness import Stack
-from libs.devstack.servers import admin_url, create_database, free_port, start_postgres, stop_postgres
-from libs.devstack.stack import REPO_ROOT, SERVICES
+from devstack.chaos import Drill, Postgres, job_mix, recovery_table
+from devstack.harness import Stack
+from devstack.servers import admin_url, create_database, free_port, start_postgres, stop_postgres
+from devstack.stack import REPO_ROOT, SERVICES
 
 ALGORITHMS = REPO_ROOT / "tests" / "e2e" / "algorithms"  # the sleeper the jobs run
 

@@ -27,11 +27,11 @@ import msgspec
 from bench.servers import bench_servers
 from bench.throughput import cluster_config, trivial_spec
 from client.api import TrainyardClient
+from devstack.harness import Stack
+from devstack.ops import metrics_env, start_prometheus
+from devstack.servers import free_port
+from devstack.stack import REPO_ROOT
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.devstack.harness import Stack
-from libs.devstack.ops import metrics_env, start_prometheus
-from libs.devstack.servers import free_port
-from libs.devstack.stack import REPO_ROOT
 
 STEP_SECONDS = 5
 SUBMIT_BUCKETS = ('sum by (le) (rate(messaging_process_duration_seconds_bucket'

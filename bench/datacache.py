@@ -3,7 +3,7 @@
     python -m bench.datacache [--runs 3] [--datasets 3] [--mib 200] [--stack-runs 3] [--jobs 600]
 
 Part 1 stages the same datasets into a fresh cache three ways, with the agent's own cache code
-(agent/datacache.py), alternating the order run after run: one file at a time; each dataset's files side
+(agent/caches/datacache.py), alternating the order run after run: one file at a time; each dataset's files side
 by side but one dataset after another, as ClearML's loader fetches a dataset's chunks in a thread pool; and
 every dataset's files side by side on one pool (data preparation). Every copy is verified (hashed as
 read and as written).
@@ -34,14 +34,14 @@ from pathlib import Path
 
 import msgspec
 
-from agent.datacache import DatasetCache
+from agent.caches.datacache import DatasetCache
 from bench.servers import bench_servers
 from client.api import TrainyardClient
+from devstack.harness import Stack
+from devstack.stack import REPO_ROOT
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
-from libs.devstack.harness import Stack
-from libs.devstack.stack import REPO_ROOT
 from libs.placement import NodeCapacity, QueuedJob, RunningJob, holdings, schedule
 
 # --- part 1: staging side by side -----------------------------------------------------------------------

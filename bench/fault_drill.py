@@ -28,8 +28,8 @@ from pathlib import Path
 
 from bench.servers import bench_servers
 from client.api import TrainyardClient
+from devstack.harness import Stack
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
-from libs.devstack.harness import Stack
 
 CLUSTER = Path(__file__).resolve().parents[1] / "tests" / "e2e" / "cluster-resilient.yaml"
 DrillStack = Stack[TrainyardClient]

@@ -17,13 +17,13 @@ import statistics
 import time
 from pathlib import Path
 
-from agent.workspace import BACKEND_VARIABLE, bwrap_problem
+from agent.isolation.workspace import BACKEND_VARIABLE, bwrap_problem
 from bench.datacache import start_seconds
 from bench.servers import bench_servers
 from client.api import TrainyardClient
+from devstack.harness import Stack
+from devstack.stack import REPO_ROOT
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.devstack.harness import Stack
-from libs.devstack.stack import REPO_ROOT
 from tests.support.testimage import test_image, test_image_problem
 
 IMAGE = "bench/bookworm:1"

@@ -23,7 +23,7 @@ from pathlib import Path
 import nats
 from nats.js.api import StorageType, StreamConfig
 
-from libs.devstack.servers import free_port, start_nats
+from devstack.servers import free_port, start_nats
 from libs.natsroles import DURABLE_JETSTREAM
 
 

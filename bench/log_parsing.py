@@ -4,7 +4,7 @@
 
 Log chunks are built as agents ship them (JSON `LogChunk`s of `--chunk` lines) and pushed through
 what the monitor does with each one of a watched job: decode it, then feed it to the job's windows
-(services/monitor/performance.py). Three mixes: every line an iteration line, one line in ten,
+(services/monitor/performance/detector.py). Three mixes: every line an iteration line, one line in ten,
 none (a chatty job that prints no timings). Chunks of jobs that are not watched are skipped by their
 subject before decoding, which costs nothing worth measuring.
 """
@@ -20,7 +20,7 @@ import time
 from libs.contracts.agent import LogChunk
 from libs.contracts.codec import decode, encode
 from libs.contracts.jobspec import PerformanceDetection
-from services.monitor.performance import PerformanceDetector
+from services.monitor.performance.detector import PerformanceDetector
 
 JOB = "job-0000000000b1"
 

@@ -25,11 +25,11 @@ import asyncpg
 import nats
 from nats.aio.msg import Msg
 
+from devstack.provision import Servers, provide_servers
+from devstack.servers import create_database
 from libs.contracts import subjects
 from libs.contracts.events import Event, EventEnvelope, JobAdmitted, JobSubmitted, JobSucceeded, Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.devstack.provision import Servers, provide_servers
-from libs.devstack.servers import create_database
 from libs.eventstore import EventStore, NewEvent, OutboxRelay, Tracking
 from libs.lifecycle import JobLifecycle
 from libs.messaging.connection import ensure_streams

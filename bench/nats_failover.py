@@ -21,11 +21,11 @@ import asyncpg
 
 from bench.servers import bench_servers
 from client.api import TrainyardClient
+from devstack.harness import Stack
+from devstack.natscluster import NatsCluster, published_events, stream_leader
+from devstack.natslogins import service_login
 from libs.contracts import subjects
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.devstack.harness import Stack
-from libs.devstack.natscluster import NatsCluster, published_events, stream_leader
-from libs.devstack.natslogins import service_login
 
 SERVICES = ["scheduler", "launcher", "monitor", "autoscaler"]
 DOWN_SECONDS = 10.0

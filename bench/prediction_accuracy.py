@@ -28,9 +28,9 @@ from bench.scheduling import FLAVORS, START, build_nodes, p95, random_spec
 from libs.contracts.cluster import Resources
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec
 from libs.placement import NodeCapacity, QueuedJob, RunningJob, holdings, schedule
-from services.scheduler import playthrough
-from services.scheduler.prediction import ROUGH, Forecast, forecast
-from services.scheduler.runtime_model import RuntimeModel, expected_runtimes
+from services.scheduler.planning import playthrough
+from services.scheduler.planning.prediction import ROUGH, Forecast, forecast
+from services.scheduler.planning.runtime_model import RuntimeModel, expected_runtimes
 
 
 @dataclass

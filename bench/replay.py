@@ -59,11 +59,11 @@ from libs.contracts.subjects import EVENTS_STREAM, event_subject
 from libs.eventstore import EventStore
 from libs.eventstore.store import Tracking
 from libs.messaging.connection import ensure_streams
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import configure_logging
-from services.scheduler.names import upstream_consumer
-from services.scheduler.past import PastStates
+from services.scheduler.domain.names import upstream_consumer
+from services.scheduler.history.past import PastStates
 from services.scheduler.service import Scheduler
 
 CLUSTER = Path(__file__).resolve().parents[1] / "deploy" / "local" / "cluster.yaml"

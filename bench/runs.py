@@ -5,7 +5,7 @@
 
 Everything runs against a nats-server of the benchmark's own, with `sync_interval: always` as deploy/
 runs it, and the `TRAINYARD_METRICS` stream as the monitor declares it. This process plays the node's
-agent: a `RunRelay` per rank (agent/runs.py), each publishing its batches as agent/agent.py does (on the
+agent: a `RunRelay` per rank (agent/output/runs.py), each publishing its batches as agent/output/shipper.py does (on the
 job's metrics subject, with a Nats-Msg-Id). Each rank is a process of its own that imports only what a job
 imports and logs with `trainyard.run`.
 
@@ -47,20 +47,20 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.errors import NotFoundError
 
-from agent.runs import RunRelay, remove_run_folder, socket_path
+from agent.output.runs import RunRelay, remove_run_folder, socket_path
 from client.plots import chart_title, lines_of, png_chart, terminal_chart
+from devstack.servers import free_port, start_nats
 from libs.contracts import subjects
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import EventEnvelope, JobSubmitted
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.contracts.messages import MAX_SERIES_PAGE, GetRun, GetSeries, RunView, SeriesPage, SeriesPoint
+from libs.contracts.operations.runs import MAX_SERIES_PAGE, GetRun, GetSeries, RunView, SeriesPage, SeriesPoint
 from libs.contracts.runs import MAX_POINTS_PER_BATCH, MetricBatch, MetricPoint
-from libs.devstack.servers import free_port, start_nats
 from libs.lifecycle import JobLifecycle
 from libs.messaging.connection import STREAMS
 from libs.natsroles import DURABLE_JETSTREAM
-from services.monitor.runs import RunReader
+from services.monitor.runs.reader import RunReader
 
 ROOT = Path(__file__).resolve().parent.parent
 CREATOR = Identity(user="bench")
@@ -142,7 +142,7 @@ def call_figures(took: list[int]) -> dict[str, float]:
 
 @dataclass
 class Agent:
-    """A node's agent as far as runs go: a relay per rank, publishing as agent/agent.py publishes."""
+    """A node's agent as far as runs go: a relay per rank, publishing as agent/output/shipper.py publishes."""
 
     js: JetStreamContext
     folder: Path

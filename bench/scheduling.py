@@ -29,7 +29,6 @@ import msgspec
 from libs.contracts.cluster import Accelerators, ClusterConfig, Flavor, NodeInfo, Resources
 from libs.contracts.events import Event, EventEnvelope, JobAdmitted, JobSubmitted, NodeRegistered
 from libs.contracts.jobspec import PRIORITY_RANK, CheckpointResume, Elastic, JobSpec, Priority
-from libs.eventsourced import collector_paused
 from libs.placement import (
     Capacity,
     NodeCapacity,
@@ -39,13 +38,14 @@ from libs.placement import (
     holdings,
     schedule,
 )
-from services.scheduler.planning_thread import PlanningThread
-from services.scheduler.prediction import predict, predict_queue
-from services.scheduler.prediction_cache import PlanInputs, PredictionCache
-from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits
-from services.scheduler.simulation import insertion_index
-from services.scheduler.snapshot import plan_inputs
-from services.scheduler.state import SchedulerState
+from libs.skeleton.eventsourced import collector_paused
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.planning.decision_inputs import plan_inputs
+from services.scheduler.planning.prediction import predict, predict_queue
+from services.scheduler.planning.prediction_cache import PlanInputs, PredictionCache
+from services.scheduler.planning.runtime_model import JobRecord, RuntimeModel, Traits
+from services.scheduler.planning.simulation import insertion_index
+from services.scheduler.planning.thread import PlanningThread
 
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 POOLS = ["team-a", "team-b"]

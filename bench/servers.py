@@ -8,8 +8,8 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from libs.devstack.provision import provide_servers
-from libs.devstack.servers import create_database
+from devstack.provision import provide_servers
+from devstack.servers import create_database
 
 
 @dataclass(frozen=True)

@@ -11,7 +11,7 @@ range), so a Slurm already on 6817/6818 is left alone. Scheduling is `select/con
 the throughput settings of Slurm's high-throughput guide; no accounting database, no cgroups
 (`proctrack/linuxproc`, `task/none`). The folders Slurm makes a folder in for each job (its state's `hash.N`,
 each node's spool) are marked for their subfolders to be spread apart, as Trainyard's agents mark theirs
-(agent/spread.py): on ext4 that keeps each job's inodes cheap to allocate for both.
+(agent/ranks/spread.py): on ext4 that keeps each job's inodes cheap to allocate for both.
 
 Every job really runs: a trivial job is `sbatch --wrap true` on one CPU; a gang job takes k whole nodes
 (`--exclusive -N k`) and runs `srun true` in its batch script, so that a step with one `true` is launched by
@@ -50,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
-from agent.spread import spread_subfolders
+from agent.ranks.spread import spread_subfolders
 
 COMMANDS = ("slurmctld", "slurmd", "sbatch", "srun", "squeue", "sinfo", "munged")
 POLL_SECONDS = 0.2

@@ -87,11 +87,11 @@ from bench.slurm import JobTimes, SlurmPeer, slurm_missing, slurm_version
 from libs.contracts.cluster import ClusterConfig, Flavor, NodeInfo
 from libs.contracts.events import EventEnvelope, JobSubmitted, JobSucceeded, NodeRegistered
 from libs.contracts.jobspec import JobSpec
-from services.scheduler.cycle import admissions, decide
-from services.scheduler.prediction import Forecast
-from services.scheduler.prediction_cache import PredictionCache
-from services.scheduler.snapshot import plan_inputs
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.planning.decision_inputs import plan_inputs
+from services.scheduler.planning.prediction import Forecast
+from services.scheduler.planning.prediction_cache import PredictionCache
+from services.scheduler.rules.cycle import admissions, decide
 
 NODES, CPUS, MEMORY_MIB = 8, 16, 4000
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)  # the trace's start in virtual time

@@ -43,9 +43,9 @@ from bench import cpu
 from bench.servers import bench_servers
 from bench.slurm import SlurmPeer, slurm_missing
 from client.api import TrainyardClient
+from devstack.harness import Stack
+from devstack.ops import metrics_env
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.devstack.harness import Stack
-from libs.devstack.ops import metrics_env
 
 NODE_CPUS, NODE_MEMORY_MIB = 16, 4000
 GANG_SIZES = (1, 2, 4)

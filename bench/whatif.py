@@ -5,7 +5,7 @@
 A week of history is made first: jobs of the scheduling benchmark's mix arrive at random over `--days` on
 `--nodes` nodes and run 30-100% of their limit (a job without one, an hour), played by the scheduler's own
 cycles in virtual time. That history is then replayed as `trainyard simulate` replays the scheduler's log
-(`services/scheduler/whatif.py`: the same `Simulation`, the report with its waits, use, moved jobs and
+(`services/scheduler/history/whatif.py`: the same `Simulation`, the report with its waits, use, moved jobs and
 series): once with no change, which must start every job when it started, and once with `--add` nodes.
 """
 
@@ -18,10 +18,10 @@ from datetime import datetime, timedelta
 
 from bench.scheduling import FLAVORS, START, build_nodes, random_spec
 from libs.contracts.cluster import Resources
-from libs.contracts.messages import SimulateHistory, SimulationReport
+from libs.contracts.operations.planning import SimulateHistory, SimulationReport
 from libs.placement import NodeCapacity, QueuedJob
-from services.scheduler.simulation import Arrival, Simulation
-from services.scheduler.whatif import Recorded, Start, what_if
+from services.scheduler.history.whatif import Recorded, Start, what_if
+from services.scheduler.planning.simulation import Arrival, Simulation
 
 UNLIMITED_RUNTIME = 3600
 

@@ -5,14 +5,13 @@
         job = await client.wait(accepted.job_id)
 
 Refused requests raise `TrainyardError` carrying the service's code, message and hint. Every request
-carries the caller's signed token (libs.auth): given, or found by `default_token`.
+carries the caller's signed token (libs.auth): given, or found by `client.config.default_token`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import secrets
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
@@ -22,9 +21,9 @@ from typing import Any
 
 from nats.aio.client import Client
 
+from client.config import default_nats_url, default_token
 from client.preload import NodePreload, preload_states
 from client.terminal import DebugSession, command_line, open_session
-from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.arrays import SweepParameter, new_array_id
 from libs.contracts.events import EventEnvelope
@@ -32,90 +31,140 @@ from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
 from libs.contracts.images import MAX_CHUNK_BYTES, ImageRecord, parse_image_ref
 from libs.contracts.jobspec import Access, JobSpec, Priority
-from libs.contracts.messages import (
+from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
+from libs.contracts.operations.arrays import (
+    GET_ARRAY,
     MAX_ARRAY_PAGE,
-    TERMINAL_STATUSES,
-    AlertPage,
+    SUBMIT_ARRAY,
     ArrayAccepted,
     ArrayDetails,
     ArrayMemberView,
     ArraySelection,
+    GetArray,
+    SubmitArray,
+)
+from libs.contracts.operations.autoscaler import (
+    AUTOSCALER_LOG,
+    QUEUE_STATUS,
     AutoscalerLog,
+    GetAutoscalerLog,
+    GetQueueStatus,
+    QueueStatus,
+)
+from libs.contracts.operations.base import TERMINAL_STATUSES, CommandError, Done, JobStatus, Operation, ReplyT, RequestT
+from libs.contracts.operations.cache import (
+    LIST_CACHE,
+    PRELOAD_DATASET,
     CacheListing,
+    ListCache,
+    NodeCache,
+    PreloadAccepted,
+    PreloadDataset,
+)
+from libs.contracts.operations.cluster import (
+    CHANGE_SETTINGS,
+    GET_RESOURCES,
+    GET_SETTINGS,
+    LIST_FLAVORS,
+    LIST_NODES,
+    LIST_STORAGE_ACCESS,
+    MARK_COMPONENT,
+    SET_STORAGE_ACCESS,
+    WHOAMI,
+    ChangeSettings,
+    FlavorList,
+    GetResources,
+    GetSettings,
+    IdentityView,
+    ListFlavors,
+    ListNodes,
+    ListStorageAccess,
+    MarkComponent,
+    NodeList,
+    NodeView,
+    ResourceList,
+    SetStorageAccess,
+    SettingsView,
+    StorageAccessList,
+    WhoAmI,
+)
+from libs.contracts.operations.images import (
+    DELETE_IMAGE,
+    LIST_IMAGES,
+    MARK_IMAGE,
+    REGISTER_IMAGE,
+    UPLOAD_IMAGE,
+    DeleteImage,
+    ImageList,
+    ListImages,
+    MarkImage,
+    RegisterImage,
+    UploadImageChunk,
+    UploadReceived,
+)
+from libs.contracts.operations.jobs import (
+    CHANGE_DURATION,
+    CHANGE_PRIORITY,
+    CLONE_JOB,
+    DELETE_JOBS,
+    GET_DEV_ENV,
+    GET_JOB,
+    GET_QUEUE,
+    JOB_HISTORY,
+    JOB_LOGS,
+    JOB_USAGE,
+    LIST_JOBS,
+    SEARCH_JOBS,
+    STOP_JOBS,
+    SUBMIT_JOB,
     ChangeDuration,
     ChangePriority,
-    ChangeSettings,
     CloneJob,
-    CommandError,
-    DeleteImage,
     DeleteJobs,
     DevEnvSpec,
-    Done,
-    ExplainJob,
-    FlavorList,
-    GetArray,
-    GetAutoscalerLog,
     GetDevEnv,
     GetJob,
     GetJobHistory,
     GetJobLogs,
     GetJobUsage,
     GetQueue,
-    GetQueueStatus,
-    GetResources,
-    GetRun,
-    GetSeries,
-    GetSettings,
-    IdentityView,
-    ImageList,
     JobAccepted,
     JobDetails,
     JobHistory,
     JobList,
-    JobStatus,
     JobSummary,
     JobUsage,
     JobView,
-    ListAlerts,
-    ListCache,
-    ListFlavors,
-    ListImages,
     ListJobs,
-    ListNodes,
-    ListStorageAccess,
     LogPage,
-    MarkComponent,
-    MarkImage,
-    NodeCache,
-    NodeList,
-    NodeView,
-    OpenTerminal,
-    PredictionReply,
-    PredictJob,
-    PreloadAccepted,
-    PreloadDataset,
-    QueueStatus,
-    RegisterImage,
-    ResourceList,
-    RunView,
     SearchJobs,
     SearchResults,
-    SeriesPage,
-    SeriesPoint,
-    SetStorageAccess,
-    SettingsView,
+    StopJobs,
+    SubmitJob,
+)
+from libs.contracts.operations.planning import (
+    EXPLAIN_JOB,
+    PREDICT_JOB,
+    SIMULATE,
+    ExplainJob,
+    PredictionReply,
+    PredictJob,
     SimulateHistory,
     SimulationProgress,
     SimulationReport,
-    StopJobs,
-    StorageAccessList,
-    SubmitArray,
-    SubmitJob,
-    TerminalOpened,
-    UploadImageChunk,
-    UploadReceived,
-    WhoAmI,
     WhyReply,
+)
+from libs.contracts.operations.runs import (
+    GET_RUN,
+    GET_SERIES,
+    OPEN_TERMINAL,
+    GetRun,
+    GetSeries,
+    OpenTerminal,
+    RunView,
+    SeriesPage,
+    SeriesPoint,
+    TerminalOpened,
 )
 from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
 from libs.imagefiles import file_digest
@@ -159,28 +208,6 @@ class CreationUnanswered(NoAnswer):
     def __init__(self, subject: str, job_id: str, attempts: int, last: ServiceUnavailable) -> None:
         super().__init__(subject, f"nothing answered creating job {job_id} ({attempts} attempts; the last: {last})")
         self.job_id = job_id
-
-
-def default_nats_url() -> str:
-    """NATS_URL, else the URL a local stack started with `make up` wrote, else the NATS default."""
-    from libs.devstack.stack import read_stack_env
-
-    return os.environ.get("NATS_URL") or read_stack_env().get("NATS_URL") or "nats://127.0.0.1:4222"
-
-
-def default_token() -> str | None:
-    """TRAINYARD_TOKEN, else the file TRAINYARD_TOKEN_FILE names, else the token a local stack started
-    with `make up` issued to its user, else ~/.config/trainyard/token."""
-    from libs.devstack.stack import read_stack_env
-
-    if token := os.environ.get("TRAINYARD_TOKEN"):
-        return token.strip()
-    candidates = [os.environ.get("TRAINYARD_TOKEN_FILE"), read_stack_env().get("TRAINYARD_TOKEN_FILE"),
-                  str(Path.home() / ".config" / "trainyard" / "token")]
-    for candidate in candidates:
-        if candidate and Path(candidate).is_file():
-            return Path(candidate).read_text().strip()
-    return None
 
 
 class Reconnections:
@@ -239,11 +266,15 @@ class TrainyardClient:
         with contextlib.suppress(Exception):
             await self.nc.drain()
 
-    async def _call(self, subject: str, request: Any, expected: type[Any]) -> Any:
+    async def ask(self, operation: Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
+        """Send `request` as `operation` (libs/contracts/operations) and return its reply; a refusal raises
+        `TrainyardError`, no answer `NoAnswer`."""
         # A view of a past instant may replay a long history first.
         timeout = max(self.timeout, PAST_TIMEOUT) if getattr(request, "at", None) is not None else self.timeout
-        return await self._answered(subject, call(self.nc, subject, request, timeout=timeout, token=self.token),
-                                    expected)
+        reply: ReplyT = await self._answered(
+            operation.subject, call(self.nc, operation.subject, request, timeout=timeout, token=self.token),
+            operation.reply)
+        return reply
 
     async def _answered(self, subject: str, calling: Awaitable[Any], expected: type[Any]) -> Any:
         """The reply `calling` gets, as `expected`: none is `NoAnswer`, a refusal `TrainyardError`."""
@@ -270,7 +301,7 @@ class TrainyardClient:
         new attempt); when the last goes unanswered too, `CreationUnanswered` names the id.
         """
         request = SubmitJob(job_id=job_id or new_job_id(), spec=spec, predict=predict)
-        accepted: JobAccepted = await self._create(subjects.SUBMIT_JOB, request, request.job_id, on_retry)
+        accepted: JobAccepted = await self._create(SUBMIT_JOB, request, request.job_id, on_retry)
         return accepted
 
     async def submit_array(self, spec: JobSpec, *, indices: str = "", sweep: Sequence[SweepParameter] = (),
@@ -282,18 +313,17 @@ class TrainyardClient:
         name and command; a bad spec refuses the whole array. Sent again with the same id while unanswered."""
         request = SubmitArray(array_id=array_id or new_array_id(), spec=spec, indices=indices, sweep=list(sweep),
                               max_running=max_running)
-        accepted: ArrayAccepted = await self._create(subjects.SUBMIT_ARRAY, request, request.array_id, on_retry,
-                                                     ArrayAccepted)
+        accepted: ArrayAccepted = await self._create(SUBMIT_ARRAY, request, request.array_id, on_retry)
         return accepted
 
-    async def _create(self, subject: str, request: SubmitJob | CloneJob | SubmitArray, job_id: str,
-                      on_retry: Callable[[int, Exception], None] | None, expected: type[Any] = JobAccepted) -> Any:
+    async def _create(self, operation: Operation[Any, Any], request: SubmitJob | CloneJob | SubmitArray, job_id: str,
+                      on_retry: Callable[[int, Exception], None] | None) -> Any:
         """Send a job-creating request until it is answered, at most CREATE_ATTEMPTS times, always with
         the same id."""
         wait = CREATE_RETRY_SECONDS
         for next_attempt in range(2, CREATE_ATTEMPTS + 1):
             try:
-                return await self._create_once(subject, request, expected)
+                return await self._create_once(operation, request)
             except (NoAnswer, TrainyardError) as exc:
                 if isinstance(exc, TrainyardError) and exc.error.code != "unavailable":
                     raise
@@ -302,17 +332,17 @@ class TrainyardClient:
                 await asyncio.sleep(wait)
                 wait *= 2
         try:
-            return await self._create_once(subject, request, expected)
+            return await self._create_once(operation, request)
         except NoAnswer as exc:
-            raise CreationUnanswered(subject, job_id, CREATE_ATTEMPTS, exc) from None
+            raise CreationUnanswered(operation.subject, job_id, CREATE_ATTEMPTS, exc) from None
 
-    async def _create_once(self, subject: str, request: SubmitJob | CloneJob | SubmitArray, expected: type[Any]) -> Any:
+    async def _create_once(self, operation: Operation[Any, Any], request: SubmitJob | CloneJob | SubmitArray) -> Any:
         """One attempt, given up as soon as the connection is made anew while it is out (the request or its reply
         may be lost with the server): sent again then, rather than after the whole timeout."""
         if self.reconnections is None:
-            return await self._call(subject, request, expected)
+            return await self.ask(operation, request)
         reconnected = self.reconnections.next()
-        calling = asyncio.ensure_future(self._call(subject, request, expected))
+        calling = asyncio.ensure_future(self.ask(operation, request))
         waiting = asyncio.ensure_future(reconnected.wait())
         try:
             await asyncio.wait({calling, waiting}, return_when=asyncio.FIRST_COMPLETED)
@@ -323,30 +353,29 @@ class TrainyardClient:
                 with contextlib.suppress(BaseException):  # its outcome no longer matters
                     await calling
         if calling.cancelled():
-            raise NoAnswer(subject, "the connection to NATS was made anew while the request was out")
+            raise NoAnswer(operation.subject, "the connection to NATS was made anew while the request was out")
         return calling.result()
 
     async def stop(self, job_ids: Sequence[str], arrays: Sequence[ArraySelection] = ()) -> Done:
         """Stop jobs, and the jobs of arrays (all, or the indices an `ArraySelection` names)."""
-        result: Done = await self._call(subjects.STOP_JOBS, StopJobs(job_ids=list(job_ids), arrays=list(arrays)), Done)
+        result: Done = await self.ask(STOP_JOBS, StopJobs(job_ids=list(job_ids), arrays=list(arrays)))
         return result
 
     async def delete(self, job_ids: Sequence[str], arrays: Sequence[ArraySelection] = ()) -> Done:
         """Delete ended jobs, and the jobs of arrays (all of them, or some; every one ended)."""
-        result: Done = await self._call(subjects.DELETE_JOBS, DeleteJobs(job_ids=list(job_ids), arrays=list(arrays)),
-                                        Done)
+        result: Done = await self.ask(DELETE_JOBS, DeleteJobs(job_ids=list(job_ids), arrays=list(arrays)))
         return result
 
     async def change_priority(self, job_id: str, priority: Priority) -> Done:
         """S3: reorder a queued job (very-urgent is for administrators; urgent counts against the cap, S2)."""
         request = ChangePriority(job_id=job_id, priority=priority)
-        result: Done = await self._call(subjects.CHANGE_PRIORITY, request, Done)
+        result: Done = await self.ask(CHANGE_PRIORITY, request)
         return result
 
     async def change_duration(self, job_id: str, duration: str | None) -> Done:
         """S11: set (`4h`) or remove (None) a job's duration limit, also while it runs."""
         request = ChangeDuration(job_id=job_id, duration=duration)
-        result: Done = await self._call(subjects.CHANGE_DURATION, request, Done)
+        result: Done = await self.ask(CHANGE_DURATION, request)
         return result
 
     async def clone(self, source_job_id: str, overrides: dict[str, Any] | None = None, *,
@@ -358,7 +387,7 @@ class TrainyardClient:
         as `submit` does: the job is created once.
         """
         request = CloneJob(source_job_id=source_job_id, job_id=job_id or new_job_id(), overrides=overrides or {})
-        accepted: JobAccepted = await self._create(subjects.CLONE_JOB, request, request.job_id, on_retry)
+        accepted: JobAccepted = await self._create(CLONE_JOB, request, request.job_id, on_retry)
         return accepted
 
     async def change_settings(self, *, urgent_cap: int | None = None, sharing_enabled: bool | None = None,
@@ -378,13 +407,13 @@ class TrainyardClient:
                                  disk_high_percent=disk_high_percent, disk_low_percent=disk_low_percent,
                                  max_queued_jobs_per_user=max_queued_jobs_per_user, submit_rate=submit_rate,
                                  submit_burst=submit_burst)
-        reply: SettingsView = await self._call(subjects.CHANGE_SETTINGS, request, SettingsView)
+        reply: SettingsView = await self.ask(CHANGE_SETTINGS, request)
         return reply.settings
 
     async def run(self, job_id: str) -> RunView:
         """R2: the job's run: each series with its last, least and greatest values; its configuration and
         summary."""
-        reply: RunView = await self._call(subjects.GET_RUN, GetRun(job_id=job_id), RunView)
+        reply: RunView = await self.ask(GET_RUN, GetRun(job_id=job_id))
         return reply
 
     async def series(self, job_id: str, name: str, rank: int | None = 0, *, follow: bool = False,
@@ -395,8 +424,8 @@ class TrainyardClient:
         after = 0
         taken: dict[tuple[int, int, int, str], int] = {}  # each process's last line number yielded
         while True:
-            page: SeriesPage = await self._call(subjects.GET_SERIES, GetSeries(job_id=job_id, name=name, rank=rank,
-                                                                               after=after), SeriesPage)
+            page: SeriesPage = await self.ask(GET_SERIES, GetSeries(job_id=job_id, name=name, rank=rank,
+                                                                               after=after))
             for point in page.points:
                 key = (point.attempt, point.task, point.rank, point.process)
                 if point.seq and point.seq <= taken.get(key, 0):
@@ -415,7 +444,7 @@ class TrainyardClient:
 
     async def cache(self, node: str | None = None) -> list[NodeCache]:
         """D1, D2: the dataset caches of every node (or of `node`), as their agents last reported them."""
-        reply: CacheListing = await self._call(subjects.LIST_CACHE, ListCache(node=node), CacheListing)
+        reply: CacheListing = await self.ask(LIST_CACHE, ListCache(node=node))
         return reply.nodes
 
     async def preload(self, name: str, version: str | None = None, *, nodes: Sequence[str] = (),
@@ -424,7 +453,7 @@ class TrainyardClient:
         `flavor` fits on; `preload_progress` follows it."""
         request = PreloadDataset(preload_id=preload_id or f"preload-{secrets.token_hex(6)}", name=name,
                                  version=version, nodes=list(nodes), flavor=flavor)
-        reply: PreloadAccepted = await self._call(subjects.PRELOAD_DATASET, request, PreloadAccepted)
+        reply: PreloadAccepted = await self.ask(PRELOAD_DATASET, request)
         return reply
 
     async def preload_progress(self, accepted: PreloadAccepted, since: datetime, *,
@@ -444,29 +473,28 @@ class TrainyardClient:
         """M2 drills, administrators only: mark a node's component (`board:0`, `nic:eth0`,
         `runtime:storage`) faulty, or clear the mark (`faulty=False`)."""
         request = MarkComponent(node=node, component=component, faulty=faulty, reason=reason)
-        result: Done = await self._call(subjects.MARK_COMPONENT, request, Done)
+        result: Done = await self.ask(MARK_COMPONENT, request)
         return result
 
     # --- queries ----------------------------------------------------------------------------------
 
     async def list_jobs(self, statuses: list[JobStatus] | None = None, project: str | None = None,
                         limit: int = 200) -> list[JobView]:
-        reply: JobList = await self._call(
-            subjects.LIST_JOBS, ListJobs(statuses=statuses or [], project=project, limit=limit, at=self.at), JobList)
+        request = ListJobs(statuses=statuses or [], project=project, limit=limit, at=self.at)
+        reply: JobList = await self.ask(LIST_JOBS, request)
         return reply.jobs
 
     async def listing(self, statuses: list[JobStatus] | None = None, project: str | None = None,
                       limit: int = 200) -> JobList:
         """Jobs and arrays, newest first, each array as one object (its jobs are not among `jobs`)."""
-        reply: JobList = await self._call(subjects.LIST_JOBS, ListJobs(statuses=statuses or [], project=project,
-                                                                       limit=limit, group_arrays=True, at=self.at),
-                                         JobList)
+        reply: JobList = await self.ask(LIST_JOBS, ListJobs(statuses=statuses or [], project=project,
+                                                                       limit=limit, group_arrays=True, at=self.at))
         return reply
 
     async def get_array(self, array_id: str, *, after: int = -1, limit: int = MAX_ARRAY_PAGE) -> ArrayDetails:
         """An array and a page of its jobs, in index order, from the first index after `after`."""
-        result: ArrayDetails = await self._call(subjects.GET_ARRAY, GetArray(array_id=array_id, after=after,
-                                                                             limit=limit, at=self.at), ArrayDetails)
+        result: ArrayDetails = await self.ask(GET_ARRAY, GetArray(array_id=array_id, after=after,
+                                                                             limit=limit, at=self.at))
         return result
 
     async def array_jobs(self, array_id: str) -> AsyncIterator[ArrayMemberView]:
@@ -481,11 +509,11 @@ class TrainyardClient:
             after = page.jobs[-1].index
 
     async def get_job(self, job_id: str) -> JobDetails:
-        result: JobDetails = await self._call(subjects.GET_JOB, GetJob(job_id=job_id, at=self.at), JobDetails)
+        result: JobDetails = await self.ask(GET_JOB, GetJob(job_id=job_id, at=self.at))
         return result
 
     async def nodes(self) -> list[NodeView]:
-        reply: NodeList = await self._call(subjects.LIST_NODES, ListNodes(at=self.at), NodeList)
+        reply: NodeList = await self.ask(LIST_NODES, ListNodes(at=self.at))
         return reply.nodes
 
     async def simulate(self, start: datetime, end: datetime | None = None, *, add_nodes: dict[str, int] | None = None,
@@ -496,10 +524,10 @@ class TrainyardClient:
         the replay has come while it runs."""
         request = SimulateHistory(start=start, end=end, add_nodes=add_nodes or {}, remove_nodes=remove_nodes or {},
                                   depth=depth)
-        calling = call_with_progress(self.nc, subjects.SIMULATE, request, token=self.token,
+        calling = call_with_progress(self.nc, SIMULATE.subject, request, token=self.token,
                                      idle_timeout=max(self.timeout, SIMULATE_IDLE_TIMEOUT),
                                      progress_type=SimulationProgress, on_progress=on_progress or (lambda _: None))
-        report: SimulationReport = await self._answered(subjects.SIMULATE, calling, SimulationReport)
+        report: SimulationReport = await self._answered(SIMULATE.subject, calling, SIMULATE.reply)
         return report
 
     async def queue(self, limit: int = 200) -> list[JobView]:
@@ -508,26 +536,26 @@ class TrainyardClient:
 
     async def waiting(self, limit: int = 200) -> JobList:
         """The first `limit` waiting jobs, in order, and (`waiting`) how many you may see wait in all."""
-        reply: JobList = await self._call(subjects.GET_QUEUE, GetQueue(at=self.at, limit=limit), JobList)
+        reply: JobList = await self.ask(GET_QUEUE, GetQueue(at=self.at, limit=limit))
         return reply
 
     async def queue_status(self) -> QueueStatus:
-        result: QueueStatus = await self._call(subjects.QUEUE_STATUS, GetQueueStatus(), QueueStatus)
+        result: QueueStatus = await self.ask(QUEUE_STATUS, GetQueueStatus())
         return result
 
     async def predict(self, spec: JobSpec) -> Prediction:
         """S6: whether `spec` would start now, or where it would queue and until when; creates nothing."""
-        reply: PredictionReply = await self._call(subjects.PREDICT_JOB, PredictJob(spec=spec), PredictionReply)
+        reply: PredictionReply = await self.ask(PREDICT_JOB, PredictJob(spec=spec))
         return reply.prediction
 
     async def why(self, job_id: str) -> WhyReport:
         """What a queued job waits for: jobs ahead, and per flavor the nodes and resources it lacks."""
-        reply: WhyReply = await self._call(subjects.EXPLAIN_JOB, ExplainJob(job_id=job_id, at=self.at), WhyReply)
+        reply: WhyReply = await self.ask(EXPLAIN_JOB, ExplainJob(job_id=job_id, at=self.at))
         return reply.report
 
     async def devenv(self, job_id: str) -> DevEnvSpec:
         """O4: what a development environment needs to look like one node of the job."""
-        result: DevEnvSpec = await self._call(subjects.GET_DEV_ENV, GetDevEnv(job_id=job_id), DevEnvSpec)
+        result: DevEnvSpec = await self.ask(GET_DEV_ENV, GetDevEnv(job_id=job_id))
         return result
 
     async def history(self, job_id: str) -> list[EventEnvelope]:
@@ -536,7 +564,7 @@ class TrainyardClient:
         Served by the scheduler rather than read from JetStream so that the job's access rules (J2)
         apply to its history as to its details.
         """
-        reply: JobHistory = await self._call(subjects.JOB_HISTORY, GetJobHistory(job_id=job_id), JobHistory)
+        reply: JobHistory = await self.ask(JOB_HISTORY, GetJobHistory(job_id=job_id))
         return reply.events
 
     async def events(self, job_id: str) -> list[EventEnvelope]:
@@ -551,18 +579,17 @@ class TrainyardClient:
         request = SearchJobs(name=name, statuses=statuses or [], creator=creator, algorithm=algorithm,
                              favorite_algorithm=favorite_algorithm, flavor=flavor, output=output, project=project,
                              limit=limit)
-        reply: SearchResults = await self._call(subjects.SEARCH_JOBS, request, SearchResults)
+        reply: SearchResults = await self.ask(SEARCH_JOBS, request)
         return reply.jobs
 
     async def resources(self, flavors: list[str]) -> list[NodeResources]:
         """S7: the schedulable nodes for these flavors, with what is used and free on each."""
-        reply: ResourceList = await self._call(subjects.GET_RESOURCES, GetResources(flavors=flavors, at=self.at),
-                                                 ResourceList)
+        reply: ResourceList = await self.ask(GET_RESOURCES, GetResources(flavors=flavors, at=self.at))
         return reply.nodes
 
     async def flavors(self, board: str | None = None) -> FlavorList:
         """S8: the flavors (of one board model, if given) and the boards queued jobs need per model."""
-        result: FlavorList = await self._call(subjects.LIST_FLAVORS, ListFlavors(board=board), FlavorList)
+        result: FlavorList = await self.ask(LIST_FLAVORS, ListFlavors(board=board))
         return result
 
     async def set_storage_access(self, kind: StoredKind, name: str, *, project: str, others: Access,
@@ -570,13 +597,12 @@ class TrainyardClient:
         """J2: register a resource of shared storage to yourself (administrators: to `owner`), or change
         what the other members of `project` may do with it; returns the registration."""
         request = SetStorageAccess(kind=kind, name=name, project=project, others=others, owner=owner)
-        reply: StorageAccessList = await self._call(subjects.SET_STORAGE_ACCESS, request, StorageAccessList)
+        reply: StorageAccessList = await self.ask(SET_STORAGE_ACCESS, request)
         return reply.entries[0]
 
     async def storage_access(self, kind: StoredKind | None = None) -> list[StoredAccess]:
         """Registered resources of your projects and your own; resources not listed are open to all."""
-        reply: StorageAccessList = await self._call(subjects.LIST_STORAGE_ACCESS, ListStorageAccess(kind=kind),
-                                                    StorageAccessList)
+        reply: StorageAccessList = await self.ask(LIST_STORAGE_ACCESS, ListStorageAccess(kind=kind))
         return reply.entries
 
     # --- J10: training images ------------------------------------------------------------------------
@@ -594,40 +620,39 @@ class TrainyardClient:
         sent = 0
         with archive.open("rb") as source:
             while chunk := await asyncio.to_thread(source.read, MAX_CHUNK_BYTES):
-                received: UploadReceived = await self._call(
-                    subjects.UPLOAD_IMAGE, UploadImageChunk(upload_id=upload_id, offset=sent, data=chunk),
-                    UploadReceived)
+                chunk_request = UploadImageChunk(upload_id=upload_id, offset=sent, data=chunk)
+                received: UploadReceived = await self.ask(UPLOAD_IMAGE, chunk_request)
                 sent = received.received_bytes
                 source.seek(sent)
                 if progress is not None:
                     progress(sent, total)
         request = RegisterImage(name=name, tag=tag, upload_id=upload_id, digest=digest, boards=boards,
                                 training=training, description=description, replace=replace)
-        reply: ImageList = await self._call(subjects.REGISTER_IMAGE, request, ImageList)
+        reply: ImageList = await self.ask(REGISTER_IMAGE, request)
         return reply.images[0]
 
     async def images(self, ref: str | None = None) -> list[ImageRecord]:
         """The catalogue of images (or the one `ref` names)."""
-        reply: ImageList = await self._call(subjects.LIST_IMAGES, ListImages(ref=ref), ImageList)
+        reply: ImageList = await self.ask(LIST_IMAGES, ListImages(ref=ref))
         return reply.images
 
     async def mark_image(self, ref: str, *, training: bool) -> ImageRecord:
         """Mark an image for training jobs, or take the mark away (administrators)."""
-        reply: ImageList = await self._call(subjects.MARK_IMAGE, MarkImage(ref=ref, training=training), ImageList)
+        reply: ImageList = await self.ask(MARK_IMAGE, MarkImage(ref=ref, training=training))
         return reply.images[0]
 
     async def delete_image(self, ref: str) -> str:
         """Take an image out of the catalogue (administrators); what was done."""
-        reply: Done = await self._call(subjects.DELETE_IMAGE, DeleteImage(ref=ref), Done)
+        reply: Done = await self.ask(DELETE_IMAGE, DeleteImage(ref=ref))
         return reply.message
 
     async def settings(self) -> AdminSettings:
-        reply: SettingsView = await self._call(subjects.GET_SETTINGS, GetSettings(), SettingsView)
+        reply: SettingsView = await self.ask(GET_SETTINGS, GetSettings())
         return reply.settings
 
     async def whoami(self) -> Identity:
         """The identity the services see in this client's token."""
-        reply: IdentityView = await self._call(subjects.WHOAMI, WhoAmI(), IdentityView)
+        reply: IdentityView = await self.ask(WHOAMI, WhoAmI())
         return reply.identity
 
     async def wait(self, job_id: str, *, poll_seconds: float = 0.5,
@@ -651,7 +676,7 @@ class TrainyardClient:
     async def usage(self, job_id: str) -> list[UsageSample]:
         """The latest resource usage of each node of the job that reported any (L9), by rank, served by
         the scheduler under the job's access rules (J2)."""
-        reply: JobUsage = await self._call(subjects.JOB_USAGE, GetJobUsage(job_id=job_id), JobUsage)
+        reply: JobUsage = await self.ask(JOB_USAGE, GetJobUsage(job_id=job_id))
         return reply.samples
 
     # --- logs --------------------------------------------------------------------------------------
@@ -665,7 +690,7 @@ class TrainyardClient:
         drain_until: float | None = None
         while True:
             request = GetJobLogs(job_id=job_id, rank=rank, after=after)
-            page: LogPage = await self._call(subjects.JOB_LOGS, request, LogPage)
+            page: LogPage = await self.ask(JOB_LOGS, request)
             for chunk in page.chunks:
                 yield chunk
             after = page.next_after
@@ -688,8 +713,8 @@ class TrainyardClient:
         is an AlertRaised; with `follow`, then each new one as it is raised, until the caller stops.
         The monitor answers (ListAlerts) from its own log: people never read the event stream themselves."""
         try:
-            async for envelope in self._envelope_pages(subjects.LIST_ALERTS, lambda after: ListAlerts(after=after),
-                                                       AlertPage, follow=follow, poll_seconds=poll_seconds):
+            async for envelope in self._envelope_pages(LIST_ALERTS, lambda after: ListAlerts(after=after),
+                                                       follow=follow, poll_seconds=poll_seconds):
                 yield envelope
         except ServiceUnavailable as exc:
             raise ServiceUnavailable(f"the monitor answers alerts, and it did not: {exc}") from None
@@ -697,19 +722,19 @@ class TrainyardClient:
     async def autoscaler_log(self, *, follow: bool = False, poll_seconds: float = 1.0) -> AsyncIterator[EventEnvelope]:
         """A6: the autoscaler's own log, oldest first (InstanceRequested, InstanceReady, ...); with `follow`, then
         each new entry as it is recorded, until the caller stops."""
-        async for envelope in self._envelope_pages(subjects.AUTOSCALER_LOG,
-                                                   lambda after: GetAutoscalerLog(after=after), AutoscalerLog,
+        async for envelope in self._envelope_pages(AUTOSCALER_LOG,
+                                                   lambda after: GetAutoscalerLog(after=after),
                                                    follow=follow, poll_seconds=poll_seconds):
             yield envelope
 
-    async def _envelope_pages(self, subject: str, request: Callable[[int], Any],
-                              page_type: type[AlertPage | AutoscalerLog], *, follow: bool,
+    async def _envelope_pages(self, operation: Operation[Any, Any],
+                              request: Callable[[int], Any], *, follow: bool,
                               poll_seconds: float) -> AsyncIterator[EventEnvelope]:
         """The envelopes of a service's own log, page after page from position 0 (`request(after)` asks for the
         next); with `follow`, then polled for new ones until the caller stops."""
         after = 0
         while True:
-            page: AlertPage | AutoscalerLog = await self._call(subject, request(after), page_type)
+            page: AlertPage | AutoscalerLog = await self.ask(operation, request(after))
             for envelope in page.alerts if isinstance(page, AlertPage) else page.entries:
                 yield envelope
             after = page.next_after
@@ -739,7 +764,7 @@ class TrainyardClient:
         `run_in_job` runs a command to its end; `client.terminal.attach` connects a session to a terminal.
         """
         async def ask(request: OpenTerminal) -> TerminalOpened:
-            opened: TerminalOpened = await self._call(subjects.OPEN_TERMINAL, request, TerminalOpened)
+            opened: TerminalOpened = await self.ask(OPEN_TERMINAL, request)
             return opened
 
         request = OpenTerminal(job_id=job_id, node=node, command=command, columns=columns, rows=rows)

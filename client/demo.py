@@ -18,14 +18,17 @@ from rich.markup import escape
 from client.api import TrainyardClient
 from client.cli import follow_job
 from libs.contracts.jobspec import decode_spec
-from libs.devstack.stack import REPO_ROOT, read_stack_env
+from libs.localstack import read_stack_env
+
+# The example job of the checkout this runs from.
+EXAMPLE_JOB = Path(__file__).resolve().parents[1] / "examples" / "pytorch-ddp.yaml"
 
 app = typer.Typer(help="Run the example job on the local stack.", add_completion=False)
 console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())  # piped: whole lines, not cut at 80
 
 
 @app.command()
-def demo(spec: Path = typer.Argument(REPO_ROOT / "examples" / "pytorch-ddp.yaml")) -> None:
+def demo(spec: Path = typer.Argument(EXAMPLE_JOB)) -> None:
     """Submit the example job to the running stack, follow it to the end, show its outputs."""
     env = read_stack_env()
     if not env:

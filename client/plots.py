@@ -11,7 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from libs.contracts.messages import SeriesPoint, SimulationPoint
+from libs.contracts.operations.planning import SimulationPoint
+from libs.contracts.operations.runs import SeriesPoint
 
 Line = tuple[list[float], list[float]]  # x (step, or the order of logging), y
 TERMINAL_POINTS = 2_000

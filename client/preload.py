@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal
 
-from libs.contracts.messages import NodeCache
+from libs.contracts.operations.cache import NodeCache
 
 PreloadState = Literal["waiting", "copying", "done", "failed"]
 

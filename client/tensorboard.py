@@ -29,7 +29,7 @@ from urllib.parse import urlsplit
 
 if TYPE_CHECKING:
     from client.api import TrainyardClient
-    from libs.contracts.messages import RunView, SeriesPoint
+    from libs.contracts.operations.runs import RunView, SeriesPoint
 
 # TensorBoard's event files begin with this (their writer adds the time and the host).
 EVENT_FILE_PREFIX = "events.out.tfevents."

@@ -35,7 +35,7 @@ from nats.aio.msg import Msg
 from libs.contracts import subjects
 from libs.contracts.agent import SessionControl, SessionExited
 from libs.contracts.codec import decode, encode
-from libs.contracts.messages import OpenTerminal, TerminalOpened
+from libs.contracts.operations.runs import OpenTerminal, TerminalOpened
 
 KEEPALIVE_SECONDS = 10.0  # the agent ends a session silent on `control` for its idle time (60 s)
 CHUNK = 64 * 1024  # input is sent in pieces well under NATS's maximum payload

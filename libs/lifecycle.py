@@ -27,7 +27,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
-from libs.contracts.messages import JobStatus
+from libs.contracts.operations.base import JobStatus
 from libs.contracts.scheduling import AdminSettings
 
 SCHEDULER = "scheduler"

@@ -44,13 +44,14 @@ from libs.natsroles import (
     agent_permissions,
     job_permissions,
     nats_user_of,
+    queue_group,
     subject_matches,
     user_permissions,
 )
 
 log = structlog.get_logger()
 
-QUEUE = "trainyard-nats-auth"
+QUEUE = queue_group("nats-auth")  # the scheduler and the monitor answer the auth callout together
 GLOBAL_ACCOUNT = "$G"  # the server's account when its configuration declares none
 ISSUER_SEED_FILE_VARIABLE = "TRAINYARD_NATS_ISSUER_SEED_FILE"
 JWT_HEADER = {"typ": "JWT", "alg": "ed25519-nkey"}

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from libs.contracts import subjects
 from libs.contracts.ids import is_job_id
+from libs.contracts.operations.catalogue import OPERATIONS, answered_by, sent_by
 
 SERVICES = ("scheduler", "launcher", "monitor", "autoscaler")
 
@@ -48,11 +49,6 @@ STREAM_OWNERS: Mapping[str, str] = {
     subjects.METRICS_STREAM: "monitor",
 }
 
-# The request subjects each service answers (core NATS request/reply, faststream queue groups).
-ANSWERED_BY_MONITOR = (subjects.REGISTER_NODE, subjects.HEARTBEAT_ALL, subjects.MARK_COMPONENT,
-                       subjects.OPEN_TERMINAL, subjects.LIST_ALERTS, subjects.LIST_CACHE, subjects.GET_RUN,
-                       subjects.GET_SERIES)
-ANSWERED_BY_AUTOSCALER = (subjects.QUEUE_STATUS, subjects.AUTOSCALER_LOG)
 # The server asks here who a connection is (libs/natsauth.py); these services hold the issuer key and
 # answer in one queue group, so people and agents can log in while either of them runs.
 AUTH_CALLOUT_SUBJECT = "$SYS.REQ.USER.AUTH"
@@ -60,15 +56,13 @@ CALLOUT_SERVICES = ("scheduler", "monitor")
 
 
 def request_subjects() -> tuple[str, ...]:
-    """Every command and query subject a user may send (`trainyard.cmd.…`, `trainyard.query.…`)."""
-    found = {value for name, value in vars(subjects).items()
-             if name.isupper() and isinstance(value, str) and value.startswith(("trainyard.cmd.", "trainyard.query."))}
-    return tuple(sorted(found))
+    """Every command and query subject a person may send: the catalogue's operations for people."""
+    return tuple(sorted(operation.subject for operation in sent_by("user")))
 
 
-def answered_by_scheduler() -> tuple[str, ...]:
-    others = set(ANSWERED_BY_MONITOR) | set(ANSWERED_BY_AUTOSCALER)
-    return tuple(s for s in request_subjects() if s not in others)
+def answered_subjects(service: str) -> tuple[str, ...]:
+    """The request subjects `service` answers (core NATS request/reply, faststream queue groups)."""
+    return tuple(sorted(operation.subject for operation in OPERATIONS if operation.answered_by == service))
 
 
 NAME = re.compile(r"[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?")
@@ -155,18 +149,17 @@ EXEC_INBOXES = f"{JOB_INBOXES}.*.>"
 # (newRespInbox in its server/events.go), and reads the answer in the account of the callout's users.
 CALLOUT_REPLIES = "$SYS._INBOX.*.*"
 
-# The requests each service sends to agents (only it may publish them): an agent answers them in its inbox.
-LAUNCHER_ASKS_AGENTS = (subjects.agent_ports, subjects.agent_start, subjects.agent_stop)
-MONITOR_ASKS_AGENTS = (subjects.agent_precheck, subjects.agent_release, subjects.agent_open_session,
-                       subjects.agent_stage)
-
-
 def agent_request_sender(node: str, subject: str) -> str | None:
-    """The service that sends the request `subject` to `node`'s agent; None for an exec (a job asks it)."""
-    for service, asks in (("launcher", LAUNCHER_ASKS_AGENTS), ("monitor", MONITOR_ASKS_AGENTS)):
-        if any(subject == ask(node) for ask in asks):
-            return service
+    """The service that alone sends the request `subject` to `node`'s agent; None for an exec (a job asks it)."""
+    for operation in answered_by("agent"):
+        if subject == operation.subject_for(node):
+            return next((caller for caller in operation.callers if caller in SERVICES), None)
     return None
+
+
+def asks_agents(service: str) -> list[str]:
+    """The subjects (every node's) of the requests only `service` sends to agents."""
+    return [operation.subject for operation in answered_by("agent") if service in operation.callers]
 
 
 def subject_matches(pattern: str, subject: str) -> bool:
@@ -272,7 +265,27 @@ def _owned(service: str) -> list[str]:
     return [rule for stream, owner in STREAM_OWNERS.items() if owner == service for rule in _manage(stream)]
 
 
-MONITOR_LOGS_CONSUMER = "monitor-logs"
+# The names of the services' consumers and queue groups, for every site that names one. A stream follower is
+# named after what it follows; the name is also its tracking row in the service's schema and the consumer its
+# set-aside records and alerts name, so it never changes once used. The monitor's durable consumer on the log
+# stream is the one NATS keeps by name (`service_permissions` lets only the monitor use it).
+
+
+def events_consumer(upstream: str) -> str:
+    """A service's follower of `upstream`'s events: `scheduler-events`, `launcher-events`, …"""
+    return f"{upstream}-events"
+
+
+SET_ASIDE_CONSUMER = "set-aside-events"  # the monitor's follower of every service's UpstreamMessageSetAside
+AGENT_REPORTS_CONSUMER = "agent-reports"  # the launcher's follower of the agents' process reports
+CACHE_REPORTS_CONSUMER = "cache-reports"  # the monitor's follower of the agents' dataset cache reports
+MONITOR_LOGS_CONSUMER = "monitor-logs"  # the monitor's durable pull consumer on TRAINYARD_LOGS (M6)
+
+
+def queue_group(name: str) -> str:
+    """The queue group that shares what `name` takes: a service's requests (and the monitor's heartbeats), or the
+    auth callout (`nats-auth`), which the scheduler and the monitor answer together."""
+    return f"trainyard-{name}"
 
 
 def reply_inboxes(answers: Sequence[str]) -> tuple[str, ...]:
@@ -281,7 +294,7 @@ def reply_inboxes(answers: Sequence[str]) -> tuple[str, ...]:
     found: list[str] = []
     if set(answers) & set(request_subjects()):
         found.append(USER_INBOXES)
-    if subjects.REGISTER_NODE in answers:
+    if set(answers) & {operation.subject for operation in sent_by("agent")}:
         found.append(AGENT_INBOXES)
     if AUTH_CALLOUT_SUBJECT in answers:
         found.append(CALLOUT_REPLIES)
@@ -295,20 +308,20 @@ def service_permissions(service: str) -> Permissions:
                *_message_getter(subjects.EVENTS_STREAM)]
     answers: tuple[str, ...] = ()
     if service == "scheduler":
-        answers = answered_by_scheduler()
+        answers = answered_subjects(service)
         publish += [*_message_getter(subjects.LOGS_STREAM), *_message_getter(subjects.USAGE_STREAM)]
     elif service == "launcher":
-        publish += [*(ask("*") for ask in LAUNCHER_ASKS_AGENTS),
+        publish += [*asks_agents(service),
                     *_ordered_reader(subjects.AGENT_REPORTS_STREAM), *_message_getter(subjects.AGENT_REPORTS_STREAM)]
     elif service == "monitor":
-        answers = ANSWERED_BY_MONITOR
-        publish += [*(ask("*") for ask in MONITOR_ASKS_AGENTS),
+        answers = (*answered_subjects(service), subjects.HEARTBEAT_ALL)
+        publish += [*asks_agents(service),
                     subjects.ANNOUNCE_NODES,
                     *_durable_puller(subjects.LOGS_STREAM, MONITOR_LOGS_CONSUMER),
                     *_ordered_reader(subjects.CACHE_REPORTS_STREAM), *_message_getter(subjects.CACHE_REPORTS_STREAM),
                     *_pulled_reader(subjects.METRICS_STREAM)]
     else:
-        answers = ANSWERED_BY_AUTOSCALER
+        answers = answered_subjects(service)
     if service in CALLOUT_SERVICES:
         answers = (*answers, AUTH_CALLOUT_SUBJECT)
     return Permissions(publish_allow=_unique([*publish, *reply_inboxes(answers)]),
@@ -318,7 +331,8 @@ def service_permissions(service: str) -> Permissions:
 def agent_permissions(node: str) -> Permissions:
     user = agent_user(node)
     publish = [
-        subjects.REGISTER_NODE, subjects.heartbeat(node), subjects.agent_report(node), subjects.agent_cache(node),
+        *(operation.subject for operation in sent_by("agent")),  # registration
+        subjects.heartbeat(node), subjects.agent_report(node), subjects.agent_cache(node),
         subjects.agent_logs(node),  # any job's log chunks, as its own node's
         subjects.agent_metrics(node),  # any job's metrics, as its own node's (R1)
         subjects.agent_usage(node),  # likewise any job's usage samples
@@ -352,7 +366,8 @@ def user_permissions(user: str) -> Permissions:
 def job_permissions(job_id: str, nodes: Sequence[str]) -> Permissions:
     """A job's remote shell (MPI): exec requests to the agents of its own nodes, answers in its own inbox."""
     return Permissions(
-        publish_allow=tuple(subjects.agent_exec(_checked("node", node)) for node in nodes),
+        publish_allow=tuple(operation.subject_for(_checked("node", node)) for operation in sent_by("job")
+                            for node in nodes),
         subscribe_allow=(f"{job_inbox(job_id)}.>",),
         publish_deny=("$JS.>", "$KV.>"),
     )

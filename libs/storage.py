@@ -14,7 +14,7 @@ the like for many). A job's /workspace is made of mounts of that tree:
     checkpoints/<job id>                  -> /workspace/checkpoints  (writable; checkpoint-resume jobs)
 
 With data preparation (J14), datasets and annotation datasets are staged: each node copies them into its
-dataset cache before the command starts and mounts the local copies (agent/datacache.py).
+dataset cache before the command starts and mounts the local copies (agent/caches/datacache.py).
 
 A checkpoint-resume job (J12) saves its checkpoints in `checkpoints/<job id>`: the folder belongs to
 the job, not to an attempt, so every attempt after a move reads what the last one saved. Like outputs
@@ -45,7 +45,7 @@ CHECKPOINT_TARGET = CHECKPOINT_DIR.removeprefix("/workspace/")
 
 def checkpoint_mount(job_id: str, attempt: int) -> Mount:
     """J12: the checkpoint folder of one attempt of the job, shared by its nodes. The agent starts it as a
-    copy of the newest earlier attempt's (agent/checkpoints.py), so that a process of an old attempt
+    copy of the newest earlier attempt's (agent/isolation/checkpoints.py), so that a process of an old attempt
     never writes into the folder a new attempt resumes from."""
     return Mount(source=f"checkpoints/{job_id}/attempt-{attempt}", target=CHECKPOINT_TARGET, read_only=False)
 

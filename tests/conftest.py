@@ -15,11 +15,11 @@ import pytest
 import pytest_asyncio
 from nats.js.errors import NotFoundError, ServerError
 
-from agent.held import end_recorded_jobs
+from agent.ranks.process import end_recorded_jobs
+from devstack.provision import Servers, provide_servers
+from devstack.servers import create_database
+from devstack.stack import local_stack_urls
 from libs.contracts import subjects
-from libs.devstack.provision import Servers, provide_servers
-from libs.devstack.servers import create_database
-from libs.devstack.stack import local_stack_urls
 from libs.messaging.connection import ensure_streams
 
 STORE_NOT_CREATED = 10049  # JetStream's "error creating store for stream"

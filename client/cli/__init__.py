@@ -1,7 +1,7 @@
 """`trainyard`: the command-line tool, a thin layer over `client.api.TrainyardClient` (SPEC X6).
 
-The commands live in one module per group (jobs, scheduling, cluster, exec, storage, images, admin); what
-they show is built by `render` and written by `output`. Starting the CLI imports typer, the contracts
+The commands live in `commands/`, one module per group (jobs, scheduling, cluster, exec, storage, images,
+admin); what they show is built by `render` and written by `output`. Starting the CLI imports typer, the contracts
 and these modules only: the client (NATS, asyncio), rich, YAML and PyJWT are imported by the
 commands that use them, so `trainyard --help` and a query's start-up stay short.
 """
@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import typer
 
-from client.cli import (
+from client.cli import runner
+from client.cli.commands import (
     admin,
     autoscaler,
     cache,
@@ -22,13 +23,12 @@ from client.cli import (
     jobs,
     metrics,
     past,
-    runner,
     scheduling,
     simulate,
     storage,
     tensorboard,
 )
-from client.cli.jobs import follow_job
+from client.cli.commands.jobs import follow_job
 from client.cli.overrides import OverrideError, parse_set_options, read_overrides_file
 from client.cli.render import clock_time, local_time, prediction_sentence, relative_time, resource_row, why_lines
 from client.cli.runner import error_hint

@@ -20,12 +20,13 @@ from client.cli.output import fail, print_field_errors
 from libs.contracts.arrays import ArrayError, is_array_id, parse_indices, parse_sweep, sweep_points
 from libs.contracts.ids import is_job_id
 from libs.contracts.jobspec import SpecError, decode_spec, parse_duration
-from libs.contracts.messages import JOB_STATUSES, ArraySelection
+from libs.contracts.operations.arrays import ArraySelection
+from libs.contracts.operations.base import JOB_STATUSES
 
 if TYPE_CHECKING:
     from libs.contracts.arrays import ArrayIndices, SweepParameter
     from libs.contracts.jobspec import JobSpec
-    from libs.contracts.messages import JobStatus
+    from libs.contracts.operations.base import JobStatus
 
 JsonOption = Annotated[bool, typer.Option("--json", help="Print machine-readable JSON.")]
 FollowOption = Annotated[bool, typer.Option("--follow", "-f", help="Follow status and logs until the job ends.")]

@@ -24,21 +24,12 @@ if TYPE_CHECKING:
     from libs.contracts.events import EventEnvelope
     from libs.contracts.identity import Identity
     from libs.contracts.jobspec import JobSpec
-    from libs.contracts.messages import (
-        ArrayMemberView,
-        ArrayView,
-        InstanceView,
-        JobDetails,
-        JobSummary,
-        JobView,
-        NodeCache,
-        NodeView,
-        QueueStatus,
-        RunView,
-        ScaledInstance,
-        SeriesPoint,
-        SeriesView,
-    )
+    from libs.contracts.operations.arrays import ArrayMemberView, ArrayView
+    from libs.contracts.operations.autoscaler import QueueStatus, ScaledInstance
+    from libs.contracts.operations.cache import NodeCache
+    from libs.contracts.operations.cluster import NodeView
+    from libs.contracts.operations.jobs import InstanceView, JobDetails, JobSummary, JobView
+    from libs.contracts.operations.runs import RunView, SeriesPoint, SeriesView
     from libs.contracts.scheduling import (
         AdminSettings,
         BoardDemand,

@@ -23,7 +23,7 @@ from client.cli.output import fail, print_field_errors
 
 if TYPE_CHECKING:
     from client.api import TrainyardClient
-    from libs.contracts.messages import CommandError
+    from libs.contracts.operations.base import CommandError
 
 Params = ParamSpec("Params")
 
@@ -57,14 +57,11 @@ def error_hint(error: CommandError) -> str | None:
 
 
 def answering_service(subject: str) -> str | None:
-    """The service that answers requests on `subject` (libs/natsroles.py), if any."""
-    from libs.natsroles import ANSWERED_BY_AUTOSCALER, ANSWERED_BY_MONITOR, answered_by_scheduler
+    """The service that answers requests on `subject` (the operation catalogue), if any."""
+    from libs.contracts.operations.catalogue import BY_SUBJECT
 
-    for service, answered in (("monitor", ANSWERED_BY_MONITOR), ("autoscaler", ANSWERED_BY_AUTOSCALER),
-                              ("scheduler", answered_by_scheduler())):
-        if subject in answered:
-            return service
-    return None
+    operation = BY_SUBJECT.get(subject)
+    return operation.answered_by if operation is not None else None
 
 
 def _unanswered(exc: BaseException) -> BaseException | None:
@@ -101,9 +98,9 @@ def _local_logs() -> str:
     """The local stack's log folder, relative to the working directory when under it."""
     from pathlib import Path
 
-    from libs.devstack.stack import home_dir
+    from client.config import local_stack_logs
 
-    logs = home_dir() / "logs"
+    logs = local_stack_logs()
     try:
         return str(logs.relative_to(Path.cwd()))
     except ValueError:

@@ -1,6 +1,6 @@
 -- Trainyard's PostgreSQL roles: one LOGIN role per service (scheduler, launcher, monitor, autoscaler), each
 -- owning the schema of its name and nothing else; PUBLIC keeps no right on the database or its `public` schema.
--- The local stack makes the same (libs/devstack/pglogins.py).
+-- The local stack makes the same (devstack/pglogins.py).
 --
 -- Run it connected to Trainyard's database as its administrator (a superuser, or what a managed service gives
 -- instead: rds_superuser, cloudsqlsuperuser, azure_pg_admin, ...; such an administrator is made a member of each

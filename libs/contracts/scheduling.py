@@ -93,7 +93,7 @@ class AdminSettings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     # and takes work again only at or below the low threshold.
     disk_high_percent: Annotated[float, Meta(gt=0, le=100)] = 90.0
     disk_low_percent: Annotated[float, Meta(ge=0, le=100)] = 85.0
-    # Per user, every project together (services/scheduler/limits.py); 0 is no limit. Queued jobs are capped as
+    # Per user, every project together (services/scheduler/domain/limits.py); 0 is no limit. Queued jobs are capped as
     # Slurm's MaxSubmitJobs caps an association's; 10,000 is Slurm's default MaxJobCount, and lets one array of
     # the largest size (MAX_ARRAY_JOBS) into an empty queue. Submissions come out of a token bucket of
     # `submit_burst` that refills `submit_rate` jobs per second: an array of N jobs counts N against both.

@@ -37,7 +37,8 @@ from libs.contracts.agent import (
 )
 from libs.contracts.events import Event, EventEnvelope
 from libs.contracts.jobspec import JobSpec
-from libs.contracts.messages import Reply, Request
+from libs.contracts.operations.catalogue import PEOPLE_REPLIES as Reply
+from libs.contracts.operations.catalogue import PEOPLE_REQUESTS as Request
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 

@@ -59,59 +59,14 @@ def events_of_job(job_id: str) -> str:
     return f"trainyard.events.*.*.{job_id}.*"
 
 
-# Commands and queries (core NATS request/reply). The scheduler owns jobs.
-SUBMIT_JOB = "trainyard.cmd.jobs.submit"
-SUBMIT_ARRAY = "trainyard.cmd.arrays.submit"
-GET_ARRAY = "trainyard.query.arrays.get"
-STOP_JOBS = "trainyard.cmd.jobs.stop"
-DELETE_JOBS = "trainyard.cmd.jobs.delete"
-LIST_JOBS = "trainyard.query.jobs.list"
-GET_JOB = "trainyard.query.jobs.get"
-LIST_NODES = "trainyard.query.nodes.list"
-SIMULATE = "trainyard.query.simulate"  # a what-if replay of recorded history (administrators)
-GET_QUEUE = "trainyard.query.jobs.queue"  # the waiting jobs in start order, now or at a past instant
-LIST_ALERTS = "trainyard.query.alerts"  # answered by the monitor from its own log (M7)
-CHANGE_PRIORITY = "trainyard.cmd.jobs.priority"
-CHANGE_DURATION = "trainyard.cmd.jobs.duration"
-CLONE_JOB = "trainyard.cmd.jobs.clone"
-PREDICT_JOB = "trainyard.query.jobs.predict"
-EXPLAIN_JOB = "trainyard.query.jobs.why"
-GET_DEV_ENV = "trainyard.query.jobs.devenv"
-JOB_HISTORY = "trainyard.query.jobs.history"
-JOB_LOGS = "trainyard.query.jobs.logs"
-JOB_USAGE = "trainyard.query.jobs.usage"
-SEARCH_JOBS = "trainyard.query.jobs.search"
-GET_RESOURCES = "trainyard.query.resources"
-LIST_FLAVORS = "trainyard.query.flavors"
-GET_SETTINGS = "trainyard.query.settings"
-CHANGE_SETTINGS = "trainyard.cmd.settings"
-WHOAMI = "trainyard.query.whoami"
-# J2: owners and access of resources in shared storage.
-SET_STORAGE_ACCESS = "trainyard.cmd.storage.access"
-LIST_STORAGE_ACCESS = "trainyard.query.storage.access"
-# J10: the catalogue of training images (answered by the scheduler).
-UPLOAD_IMAGE = "trainyard.cmd.images.upload"
-REGISTER_IMAGE = "trainyard.cmd.images.register"
-MARK_IMAGE = "trainyard.cmd.images.mark"
-DELETE_IMAGE = "trainyard.cmd.images.delete"
-LIST_IMAGES = "trainyard.query.images.list"
-# The monitor: component marks (administrators) and debug terminals (J15).
-MARK_COMPONENT = "trainyard.cmd.nodes.mark"
-OPEN_TERMINAL = "trainyard.cmd.jobs.terminal"
+# Commands and queries (core NATS request/reply) are declared with their requests and replies in the
+# operation catalogue (libs/contracts/operations).
+
 # M7: alerts as published (one AlertRaised per incident, then AlertMailed once mailed), for services;
-# people read them with ListAlerts (LIST_ALERTS).
+# people read them with ListAlerts (operations.alerts.LIST_ALERTS).
 ALERTS_ALL = "trainyard.events.monitor.alert.>"
-# D1, D2: nodes' dataset caches, as their agents report them to the monitor.
-LIST_CACHE = "trainyard.query.cache"
-PRELOAD_DATASET = "trainyard.cmd.cache.preload"
-# R2: a job's run, answered by the monitor, which owns runs.
-GET_RUN = "trainyard.query.runs.get"
-GET_SERIES = "trainyard.query.runs.series"  # answered by the scheduler, carried out by the monitor
-QUEUE_STATUS = "trainyard.query.autoscaler.status"
-AUTOSCALER_LOG = "trainyard.query.autoscaler.log"
 
 # Node agents.
-REGISTER_NODE = "trainyard.nodes.register"
 HEARTBEAT_ALL = "trainyard.nodes.heartbeat.*"
 # The monitor asks agents to register again (agent.AnnounceNodes): at its start, and when it hears a node
 # it does not know, so nodes come back after any loss of its history.

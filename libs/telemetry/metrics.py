@@ -1,6 +1,6 @@
 """Metrics: the OpenTelemetry instruments every process records, served to Prometheus and pushed over OTLP.
 
-A process exports its metrics when told how (`configure_metrics`, called by `libs.entrypoint`):
+A process exports its metrics when told how (`configure_metrics`, called by `libs.skeleton.entrypoint`):
 
 - `TRAINYARD_METRICS_PORT=N` serves them in Prometheus' text format at `http://ADDRESS:N/metrics`, ADDRESS being
   `TRAINYARD_METRICS_ADDRESS` (default 127.0.0.1; a pod sets 0.0.0.0). `0` takes a free port. With

@@ -1,6 +1,6 @@
 """Run the autoscaler service: `python -m services.autoscaler`."""
 
-from libs.entrypoint import run
+from libs.skeleton.entrypoint import run
 from services.autoscaler.service import Autoscaler
 
 if __name__ == "__main__":

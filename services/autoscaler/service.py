@@ -8,7 +8,9 @@ it is ended. A restarted autoscaler rebuilds all of it from its log; providers s
 idempotently by name, so an instance asked for just before a crash is never started twice.
 
 Decisions are made on events: every fold wakes the scale loop, so a job that queues is looked at within a
-second; provider calls run in tasks of their own and never hold up the loop.
+second; provider calls run in tasks of their own and never hold up the loop. What to record is decided by
+the pure rules (rules.py, with the placement search in scaling.py); the queue status and the autoscaler's log
+are answered in handlers.py; this module wires them to the state, the upstreams, the providers and the loop.
 """
 
 from __future__ import annotations
@@ -22,21 +24,19 @@ from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from typing import Any, Self
 
-import msgspec
-
 from libs.auth import issue_node_token
 from libs.contracts import subjects
 from libs.contracts.autoscaling import check_autoscaler
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.events import EventEnvelope, InstanceRequested, ReleaseCause, WaitingJobsPacked
-from libs.contracts.identity import Identity
-from libs.contracts.messages import AutoscalerLog, GetAutoscalerLog, GetQueueStatus, QueueStatus, TypeCooldown
-from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
-from libs.messaging.rpc import register_authenticated
+from libs.contracts.events import EventEnvelope, ReleaseCause, WaitingJobsPacked
+from libs.messaging.rpc import serve_operations
+from libs.natsroles import events_consumer
 from libs.outages import OUTAGES
-from libs.runtime import ServiceRuntime
+from libs.skeleton.eventsourced import EventSourcedService, Loop, Pacer, Upstream
+from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.autoscaler import metrics
+from services.autoscaler.handlers import AutoscalerQueries
 from services.autoscaler.providers import NoCapacity, Provider, ProvisionError
 from services.autoscaler.providers.ec2 import Ec2Provider
 from services.autoscaler.providers.local import LocalProvider
@@ -94,47 +94,22 @@ class Autoscaler(EventSourcedService):
     def upstreams(self) -> Sequence[Upstream]:
         return [
             Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("scheduler", "job", "drain", "settings"),
-                     consumer="scheduler-events", message_type=EventEnvelope, fold=self.state.apply_scheduler,
+                     consumer=events_consumer("scheduler"), message_type=EventEnvelope, fold=self.state.apply_scheduler,
                      reactions=False),
             Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("monitor", "node"),
-                     consumer="monitor-events", message_type=EventEnvelope, fold=self.state.apply_monitor,
+                     consumer=events_consumer("monitor"), message_type=EventEnvelope, fold=self.state.apply_monitor,
                      react=lambda envelope: registered(self.state, self.cluster, envelope)),
         ]
 
     def handlers(self) -> None:
-        for subject, request, handler in ((subjects.QUEUE_STATUS, GetQueueStatus, self.status),
-                                          (subjects.AUTOSCALER_LOG, GetAutoscalerLog, self.log_page)):
-            register_authenticated(self.rt.broker, self.name, subject, request, handler, secret=self.secret)
+        queries = AutoscalerQueries(self.state, self.history)
+        serve_operations(self.rt.broker, self.name, queries.routes(), secret=self.secret)
 
     def loops(self) -> Mapping[str, Loop]:
         return {"scale": self.scale_loop}
 
     def sample_metrics(self) -> None:
         metrics.sample(self.state, [kind.name for kind in self.config.instance_types])
-
-    # --- handlers -------------------------------------------------------------------------------------
-
-    async def status(self, _: GetQueueStatus, identity: Identity) -> QueueStatus:
-        shown = self.state.viewable_jobs(identity)
-        instances = [msgspec.structs.replace(i, jobs=[j for j in i.jobs if j in shown])
-                     for i in self.state.instance_views()]
-        now = datetime.now(UTC)
-        cooldowns = [TypeCooldown(instance_type=kind, until=c.until, failures=c.failures)
-                     for kind, c in sorted(self.state.cooldowns.items()) if c.until > now]
-        return QueueStatus(queued_jobs=len(self.state.queued), queued_by_flavor=self.state.queued_by_flavor(),
-                           running_jobs=len(self.state.running), instances=instances, cooldowns=cooldowns)
-
-    async def log_page(self, request: GetAutoscalerLog, identity: Identity) -> AutoscalerLog:
-        """A6: its own log, oldest first; the jobs an instance was asked for only as far as the caller may see
-        them (J2)."""
-        newer = [e for e in self.history if e.position > request.after]
-        page = newer[:request.limit]
-        shown = self.state.viewable_jobs(identity)
-        entries = [msgspec.structs.replace(e, event=msgspec.structs.replace(
-            e.event, jobs=[j for j in e.event.jobs if j in shown])) if isinstance(e.event, InstanceRequested) else e
-            for e in page]
-        return AutoscalerLog(entries=entries, next_after=page[-1].position if page else request.after,
-                             more=len(newer) > len(page))
 
     # --- the scale loop -------------------------------------------------------------------------------
 

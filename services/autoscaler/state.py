@@ -29,7 +29,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import PRIORITY_RANK
-from libs.contracts.messages import ScaledInstance
+from libs.contracts.operations.autoscaler import ScaledInstance
 from libs.lifecycle import JobLifecycle
 from libs.nodes import NodeState, fold_node_event
 from libs.placement import NodeCapacity, QueuedJob, RunningJob

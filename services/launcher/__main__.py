@@ -1,6 +1,6 @@
 """Run the launcher service: `python -m services.launcher`."""
 
-from libs.entrypoint import run
+from libs.skeleton.entrypoint import run
 from services.launcher.service import Launcher
 
 if __name__ == "__main__":

@@ -35,11 +35,11 @@ from libs.auth import issue_job_token
 from libs.contracts import subjects
 from libs.contracts.agent import AgentReply, PortsReserved, ReservePorts, StartProcess, StopProcesses
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner
-from libs.eventsourced import EventSourcedService
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import ServiceUnavailable, call
+from libs.skeleton.eventsourced import EventSourcedService
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, job_attributes, tracer
 from libs.telemetry.tracing import send_span as agent_request_span

@@ -94,7 +94,7 @@ def pytorch_argv(argv: list[str], command: str, *, slots: int, nodes: int, rank:
 
 
 def with_lifecycle(spec: JobSpec, argv: list[str]) -> list[str]:
-    """J18: run the command between the job's lifecycle scripts (see agent/lifecycle.py)."""
+    """J18: run the command between the job's lifecycle scripts (see agent/ranks/lifecycle_scripts.py)."""
     scripts = spec.lifecycle
     if scripts is None or not (scripts.before_start or scripts.after_end):
         return argv

@@ -18,8 +18,9 @@ from libs.contracts import subjects
 from libs.contracts.agent import ProcessReport
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import EventEnvelope
-from libs.eventsourced import EventSourcedService, Loop, Pacer, Upstream
-from libs.runtime import ServiceRuntime
+from libs.natsroles import AGENT_REPORTS_CONSUMER, events_consumer
+from libs.skeleton.eventsourced import EventSourcedService, Loop, Pacer, Upstream
+from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.launcher.dispatcher import Dispatcher
 from services.launcher.rules import record_report, report_refusal
@@ -55,10 +56,10 @@ class Launcher(EventSourcedService):
     def upstreams(self) -> Sequence[Upstream]:
         return [
             Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("scheduler", "job", "settings"),
-                     consumer="scheduler-events", message_type=EventEnvelope, fold=self.state.apply_scheduler,
+                     consumer=events_consumer("scheduler"), message_type=EventEnvelope, fold=self.state.apply_scheduler,
                      reactions=False),
             Upstream(stream=subjects.AGENT_REPORTS_STREAM, subject=subjects.AGENT_REPORTS_ALL,
-                     consumer="agent-reports", message_type=ProcessReport,
+                     consumer=AGENT_REPORTS_CONSUMER, message_type=ProcessReport,
                      react=partial(record_report, self.state),
                      key=lambda report: report.job_id,
                      # A report is taken only from the node it names, about its own processes.

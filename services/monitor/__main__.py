@@ -1,6 +1,6 @@
 """Run the monitor service: `python -m services.monitor`."""
 
-from libs.entrypoint import run
+from libs.skeleton.entrypoint import run
 from services.monitor.service import Monitor
 
 if __name__ == "__main__":

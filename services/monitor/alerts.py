@@ -26,10 +26,10 @@ from libs.contracts.events import (
 )
 from libs.contracts.health import NodeCheck
 from libs.contracts.identity import Identity
-from libs.contracts.messages import MAX_ALERT_PAGE_BYTES, AlertPage, ListAlerts
+from libs.contracts.operations.alerts import MAX_ALERT_PAGE_BYTES, AlertPage, ListAlerts
 from libs.contracts.scheduling import AdminSettings
 from libs.lifecycle import JobLifecycle, JobRecord
-from services.monitor.performance import Incident
+from services.monitor.performance.detector import Incident
 
 
 def node_unhealthy_id(node: str, version: int) -> str:

@@ -20,7 +20,8 @@ from libs.contracts.agent import StageAccepted, StageDataset
 from libs.contracts.datacache import CacheReport
 from libs.contracts.events import JobPredicted
 from libs.contracts.jobspec import JobSpec
-from libs.contracts.messages import CacheListing, CommandError, NodeCache
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.cache import CacheListing, NodeCache
 from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.storage import staged_sources

@@ -19,7 +19,7 @@ from libs.contracts.agent import PrecheckNode, PrecheckReport
 from libs.contracts.cluster import PARAMETER_SERVER_FLAVOR, Flavor, Resources
 from libs.contracts.events import ComponentMarked, JobPrechecking, Placement
 from libs.contracts.health import ComponentHealth, NodeCheck
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from services.monitor.health import faulty_components, marked_component

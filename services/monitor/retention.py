@@ -5,7 +5,7 @@ fails or expires the monitor records DebugEnvironmentKept (its last placement's 
 plus the retention: the spec's, else the administrator's `debug_retention`); once that time is past,
 it asks each node's agent to remove them and records DebugEnvironmentReleased. A job that ends any
 other way keeps nothing: its workspaces are released at once. What is kept, and when, is decided in
-`decisions`; this module does the asking.
+`rules`; this module does the asking.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from nats.errors import Error as NatsError
 
 from libs.contracts import subjects
 from libs.contracts.agent import Released, ReleaseWorkspaces
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger

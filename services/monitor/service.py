@@ -6,16 +6,18 @@
   The scheduler stops placing work on such nodes and moves the checkpoint-resume jobs on them.
 - M1 pre-checks: it follows the scheduler's events; for each JobPrechecking it checks the job's
   nodes (and asks their agents) and records PrecheckCompleted, which admits or requeues the job.
-- M6 performance: it reads job log chunks as they stream (`logfeed`) and records PerformanceDegraded
-  when a rank's hardware / e2e time crosses the job's threshold (see `performance`).
+- M6 performance: it reads job log chunks as they stream (`performance.logfeed`) and records
+  PerformanceDegraded when a rank's hardware / e2e time crosses the job's threshold (see
+  `performance.detector`).
 - M7 alerts: one AlertRaised per incident, mailed by `mailer`; also one per upstream message any
   service set aside (it follows every service's UpstreamMessageSetAside records, its own included).
 - R1, R2 runs: the life of each job's run follows the launcher's process events and the scheduler's job
-  ends (`runlife`); its series are read on demand from the metrics stream (`runs`).
+  ends (`runs.runlife`); its series are read on demand from the metrics stream (`runs.reader`).
 - J15 debug terminals: environments of failed or expired jobs are kept for their retention and
   then released (`retention`); OpenTerminal opens a session in one (`terminal`).
 
-What to record is decided in `decisions`; this module holds the state, the handlers and the loops.
+What to record is decided in `rules`, and the requests are answered in `handlers`; this module wires
+them to the state, the upstreams, the heartbeat subscription and the loops.
 Heartbeats and probes are not events (they would flood the log): after a restart every known node
 gets a full grace period, and the problems last recorded stand until its next probe. Everything
 else is rebuilt from the monitor's log and by replaying the scheduler's events. Agents are only
@@ -26,16 +28,16 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Self
 
 import msgspec
 from nats.aio.msg import Msg
 
-from libs.auth import AuthError, node_from_headers
+from libs.auth import AuthError
 from libs.contracts import subjects
-from libs.contracts.agent import AnnounceNodes, Heartbeat, NodeAccepted, RegisterNode
+from libs.contracts.agent import AnnounceNodes, Heartbeat
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import decode, encode
 from libs.contracts.datacache import CacheReport
@@ -50,48 +52,41 @@ from libs.contracts.events import (
     PrecheckCompleted,
     SettingsChanged,
 )
-from libs.contracts.health import COMPONENT_PATTERN
-from libs.contracts.identity import Identity
 from libs.contracts.jobspec import JobSpec
-from libs.contracts.messages import (
-    AlertPage,
-    CacheListing,
-    CommandError,
-    Done,
-    GetRun,
-    GetSeries,
-    ListAlerts,
-    ListCache,
-    MarkComponent,
-    OpenTerminal,
-    TerminalOpened,
-)
+from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner
-from libs.eventsourced import EventSourcedService, Loop, Upstream, aggregate_of, consumer_span
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.lifecycle import JobLifecycle
 from libs.messaging.batches import Batches
-from libs.messaging.rpc import register_authenticated, register_with_headers
-from libs.runtime import ServiceRuntime
+from libs.messaging.rpc import serve_operations
+from libs.natsroles import (
+    CACHE_REPORTS_CONSUMER,
+    MONITOR_LOGS_CONSUMER,
+    SET_ASIDE_CONSUMER,
+    events_consumer,
+    queue_group,
+)
+from libs.skeleton.eventsourced import EventSourcedService, Loop, Upstream, aggregate_of, consumer_span
+from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
-from services.monitor import alerts, caches, decisions, metrics, precheck, runlife, terminal
-from services.monitor.decisions import Outcome
-from services.monitor.logfeed import follow_logs
+from services.monitor import caches, metrics, precheck, rules
+from services.monitor.handlers import AgentRequests, UserRequests, node_credential
 from services.monitor.mailer import Mailer
-from services.monitor.performance import Incident, PerformanceDetector
+from services.monitor.performance.detector import Incident, PerformanceDetector
+from services.monitor.performance.logfeed import follow_logs
 from services.monitor.retention import Retention
-from services.monitor.runs import RunReader
+from services.monitor.rules import Outcome
+from services.monitor.runs import runlife
+from services.monitor.runs.reader import RunReader
 from services.monitor.state import KeptEnvironment, MonitoredNode, MonitorState
 
-SCHEDULER_CONSUMER = "scheduler-events"  # tracking row in the monitor's schema
+SCHEDULER_CONSUMER = events_consumer("scheduler")  # tracking row in the monitor's schema
+LAUNCHER_CONSUMER = events_consumer("launcher")  # R1: the launcher's process events, for the runs' lives
 # An ignored heartbeat is logged at most this often per node: an agent without a valid credential
 # sends one every few seconds.
 UNCREDENTIALED_LOG_SECONDS = 60.0
 UNKNOWN_NODE_ASK_SECONDS = 10.0  # how often a node heard but unknown is asked to register
-LOGS_CONSUMER = "monitor-logs"  # durable JetStream consumer on TRAINYARD_LOGS
-LAUNCHER_CONSUMER = "launcher-events"  # R1: the launcher's process events, for the runs' lives
-SET_ASIDE_CONSUMER = "set-aside-events"  # every service's UpstreamMessageSetAside, its own included
 log = get_logger(__name__)
 
 
@@ -140,14 +135,15 @@ class Monitor(EventSourcedService):
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.SET_ASIDE_ALL, consumer=SET_ASIDE_CONSUMER,
                          message_type=EventEnvelope, react=self.alert_set_aside),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("autoscaler", "instance"),
-                         consumer="autoscaler-events", message_type=EventEnvelope, fold=self.state.apply_autoscaler,
-                         react=lambda envelope: decisions.autoscaler_event(envelope, self.state.nodes, self.jobs,
-                                                                           self.operators).changes),
+                         consumer=events_consumer("autoscaler"), message_type=EventEnvelope,
+                         fold=self.state.apply_autoscaler,
+                         react=lambda envelope: rules.autoscaler_event(envelope, self.state.nodes, self.jobs,
+                                                                       self.operators).changes),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("launcher", "launch"),
                          consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
                          key=aggregate_of, react_after=self.run_reaction),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
-                         consumer="cache-reports", message_type=CacheReport, handle=self.on_cache_report,
+                         consumer=CACHE_REPORTS_CONSUMER, message_type=CacheReport, handle=self.on_cache_report,
                          # Only the node's own agent reports its cache: another's report is set aside.
                          check=lambda report, subject: subjects.sender_refusal(subject, report.node))]
 
@@ -164,26 +160,18 @@ class Monitor(EventSourcedService):
         return max(1, len(job.spec.tasks)) if job is not None else 1
 
     def alert_set_aside(self, envelope: EventEnvelope) -> list[NewEvent]:
-        return decisions.set_aside(envelope, self.operators).changes
+        return rules.set_aside(envelope, self.operators).changes
 
     def handlers(self) -> None:
-        broker = self.rt.broker
-        register_with_headers(broker, self.name, subjects.REGISTER_NODE, RegisterNode, self.register_with_credential)
-        register_authenticated(broker, self.name, subjects.MARK_COMPONENT, MarkComponent, self.mark,
-                               secret=self.secret)
-        register_authenticated(broker, self.name, subjects.OPEN_TERMINAL, OpenTerminal, self.open_terminal,
-                               secret=self.secret)
-        register_authenticated(broker, self.name, subjects.LIST_ALERTS, ListAlerts, self.list_alerts,
-                               secret=self.secret)
-        register_authenticated(broker, self.name, subjects.LIST_CACHE, ListCache, self.list_cache,
-                               secret=self.secret)
+        agents = AgentRequests(self, secret=self.secret, heartbeat_seconds=self.heartbeat_seconds)
+        people = UserRequests(self, nc=self.rt.nc, signer=self.signer, store=self.rt.store)
         runs = RunReader(self.rt.js, self.jobs, self.state.runs)  # R2: every job's run, read from the metrics stream
-        register_authenticated(broker, self.name, subjects.GET_RUN, GetRun, runs.run, secret=self.secret)
-        register_authenticated(broker, self.name, subjects.GET_SERIES, GetSeries, runs.series, secret=self.secret)
+        serve_operations(self.rt.broker, self.name, [*agents.routes(), *people.routes(), *runs.routes()],
+                         secret=self.secret)
 
     async def prepare(self) -> None:
         # Heartbeats come by the thousand a second and mostly change nothing: taken in batches, not by faststream.
-        await self.heartbeats.subscribe(self.rt.nc, subjects.HEARTBEAT_ALL, queue="trainyard-monitor")
+        await self.heartbeats.subscribe(self.rt.nc, subjects.HEARTBEAT_ALL, queue=queue_group(self.name))
 
     def loops(self) -> Mapping[str, Loop]:
         return {"heartbeats": self.heartbeats.run, "patrol": self.patrol, "mailer": self.mailer.run,
@@ -248,37 +236,13 @@ class Monitor(EventSourcedService):
 
     async def _mailed(self, alert: AlertRaised) -> None:
         async with self.lock:
-            await self.carry_out(decisions.mailed(alert, self.state.unmailed))
+            await self.carry_out(rules.mailed(alert, self.state.unmailed))
 
     async def _released(self, kept: KeptEnvironment) -> None:
         async with self.lock:
-            await self.carry_out(decisions.released(kept))
+            await self.carry_out(rules.released(kept))
 
-    # --- nodes: registration, heartbeats, marks, patrol (M2) ------------------------------------------
-
-    def credential(self, headers: Mapping[str, str] | None) -> str | AuthError:
-        """The node the message's node credential names, or why it has none that is valid (an HS256 check)."""
-        try:
-            return node_from_headers(self.secret, headers)
-        except AuthError as exc:
-            return exc
-
-    def register_with_credential(self, request: RegisterNode,
-                                 headers: Mapping[str, str] | None) -> Awaitable[NodeAccepted | CommandError]:
-        return self.register(request, self.credential(headers))
-
-    async def register(self, request: RegisterNode, credential: str | AuthError) -> NodeAccepted | CommandError:
-        """Accept a node whose credential names exactly it; anything else is refused and records nothing."""
-        info = request.node
-        refusal = decisions.credential_refusal(info.name, credential)
-        if refusal is not None:
-            log.warning("node.registration_refused", node=info.name, code=refusal.code, reason=refusal.message)
-            return refusal
-        async with self.lock:
-            await self.carry_out(decisions.registration(info, self.state.nodes.get(info.name)))
-            self.state.nodes[info.name].last_seen = time.monotonic()
-        return NodeAccepted(heartbeat_seconds=self.heartbeat_seconds,
-                            cache=decisions.cache_policy(self.jobs.settings))
+    # --- nodes: heartbeats and the patrol (M2; registrations and marks are answered in handlers.py) -----
 
     async def on_heartbeats(self, batch: Sequence[Msg]) -> None:
         """Each node's latest heartbeat of the batch (an older one of the same node says nothing more), checked
@@ -294,13 +258,13 @@ class Monitor(EventSourcedService):
             if (why := subjects.sender_refusal(msg.subject, beat.node)) is not None:  # another node's name
                 self._log_ignored_heartbeat(beat.node, CommandError(code="forbidden", message=why))
                 continue
-            latest[beat.node] = (beat, self.credential(msg.headers))
+            latest[beat.node] = (beat, node_credential(self.secret, msg.headers))
         async with self.lock:
             heard = [found for beat, credential in latest.values()
                      if (found := await self._heard(beat, credential)) is not None]
             for node, beat in heard:
-                outcome = decisions.heartbeat(node, self.version("node", node.name), self.jobs, self.operators,
-                                              disk_pressure=beat.disk_pressure)
+                outcome = rules.heartbeat(node, self.version("node", node.name), self.jobs, self.operators,
+                                          disk_pressure=beat.disk_pressure)
                 if outcome.changes or outcome.releases:
                     await self.carry_out(outcome)
 
@@ -310,7 +274,7 @@ class Monitor(EventSourcedService):
         if node is None:
             await self._ask_unknown(beat.node)
             return None
-        if (refusal := decisions.credential_refusal(beat.node, credential)) is not None:
+        if (refusal := rules.credential_refusal(beat.node, credential)) is not None:
             self._log_ignored_heartbeat(beat.node, refusal)
             return None
         node.last_seen = time.monotonic()
@@ -332,29 +296,6 @@ class Monitor(EventSourcedService):
             log.warning("node.heartbeat_ignored", node=node, code=refusal.code, reason=refusal.message,
                         hint=refusal.hint)
 
-    async def mark(self, request: MarkComponent, identity: Identity) -> Done | CommandError:
-        if not identity.admin:
-            return CommandError(code="forbidden", message="only administrators mark components",
-                                hint="ask an administrator to run the drill")
-        if not COMPONENT_PATTERN.match(request.component):
-            return CommandError(code="invalid-request", message=f"{request.component!r} is not a component",
-                                hint="name it <kind>:<name> with kind nic, board or runtime, "
-                                     "e.g. board:0, nic:eth0 or runtime:storage")
-        async with self.lock:
-            node = self.state.nodes.get(request.node)
-            if node is None:
-                return CommandError(code="not-found", message=f"no such node: {request.node}",
-                                    hint="`trainyard nodes` lists the nodes")
-            what = f"{request.component} of {request.node}"
-            outcome = decisions.mark(node, request, identity.user, self.version("node", node.name), self.jobs,
-                                     self.operators)
-            if outcome is None:
-                return Done(job_ids=[], message=f"{what} is already marked faulty" if request.faulty
-                            else f"{what} is not marked")
-            await self.carry_out(outcome)
-            status = f"the node has problems: {'; '.join(node.problems)}" if node.problems else "the node is healthy"
-        return Done(job_ids=[], message=f"{what} {'marked faulty' if request.faulty else 'mark cleared'}; {status}")
-
     async def patrol(self) -> None:
         while True:
             await asyncio.sleep(min(self.heartbeat_seconds, self.lost_after / 4))
@@ -363,9 +304,9 @@ class Monitor(EventSourcedService):
             async with self.lock:
                 now = time.monotonic()
                 for node in self.state.overdue(now, self.lost_after, self.rt.hearing_since):
-                    await self.carry_out(decisions.lost(node, self.version("node", node.name), now, datetime.now(UTC),
-                                                        self.jobs, self.operators,
-                                                        released=self.state.released.get(node.name)))
+                    await self.carry_out(rules.lost(node, self.version("node", node.name), now, datetime.now(UTC),
+                                                    self.jobs, self.operators,
+                                                    released=self.state.released.get(node.name)))
 
     # --- the scheduler's events: pre-checks, moves, ends ---------------------------------------------
 
@@ -378,7 +319,7 @@ class Monitor(EventSourcedService):
             self.follow(envelope)
             if tracking is None:
                 return False
-            if isinstance(event, SettingsChanged) and decisions.cache_policy(event.settings) != decisions.cache_policy(
+            if isinstance(event, SettingsChanged) and rules.cache_policy(event.settings) != rules.cache_policy(
                     settings):
                 await self.announce([])  # the agents register again, and get the new cache policy (D1)
             if isinstance(event, DatasetPreloadRequested):  # D2: each node's agent copies it, in the background
@@ -389,7 +330,7 @@ class Monitor(EventSourcedService):
                 return False
             if not isinstance(event, JobPrechecking):
                 job = self.jobs.jobs.get(envelope.aggregate_id)
-                outcome = decisions.reaction(envelope, job, self.jobs.settings, self.operators)
+                outcome = rules.reaction(envelope, job, self.jobs.settings, self.operators)
                 outcome.events += runlife.on_job_event(envelope, self.state.runs.get(envelope.aggregate_id),
                                                        self._tasks(envelope.aggregate_id))
                 if not outcome.changes and not outcome.releases:
@@ -405,28 +346,26 @@ class Monitor(EventSourcedService):
                 if (event.job_id, event.attempt) in self.state.prechecked:
                     return False
                 job = self.jobs.jobs.get(event.job_id)
-                return await self.carry_out(decisions.precheck_result(event, checks, job, self.operators), tracking)
+                return await self.carry_out(rules.precheck_result(event, checks, job, self.operators), tracking)
 
     # --- job logs: performance detection (M6) -----------------------------------------------------------
 
     async def performance_loop(self) -> None:
         await self.caught_up()  # which jobs to watch comes from the scheduler's events
-        await follow_logs(self.rt.js, LOGS_CONSUMER, self.detector, self._record_incidents)
+        await follow_logs(self.rt.js, MONITOR_LOGS_CONSUMER, self.detector, self._record_incidents)
 
     async def _record_incidents(self, incidents: list[Incident]) -> None:
         async with self.lock:
             for incident in incidents:
                 job = self.jobs.jobs.get(incident.job_id)
                 recorded = self.state.incidents.get((incident.job_id, incident.attempt, incident.rank), 0)
-                outcome = decisions.performance(incident, recorded, job, self.operators)
+                outcome = rules.performance(incident, recorded, job, self.operators)
                 if outcome.events:
                     with self._tracer.start_as_current_span(
                             "monitor performance", context=context_from_headers(job.trace if job else None),
                             attributes={"trainyard.job.id": incident.job_id, "trainyard.attempt": incident.attempt,
                                         "trainyard.rank": incident.rank, "trainyard.node": incident.node}):
                         await self.carry_out(outcome)
-
-    # --- alerts, for people (M7) ------------------------------------------------------------------------
 
     # --- the nodes' dataset caches (D1, D2) -----------------------------------------------------------------
 
@@ -437,7 +376,7 @@ class Monitor(EventSourcedService):
             self.reports[report.node] = report
             if tracking is None:
                 return False
-            return await self.carry_out(decisions.cache_report(report, self.state.cached.get(report.node, {})),
+            return await self.carry_out(rules.cache_report(report, self.state.cached.get(report.node, {})),
                                         tracking)
 
     def _stage_on(self, preload_id: str, copies: list[tuple[str, str]]) -> None:
@@ -448,24 +387,3 @@ class Monitor(EventSourcedService):
     def _spec(self, job_id: str) -> JobSpec | None:
         job = self.jobs.jobs.get(job_id)
         return job.spec if job is not None else None
-
-    async def list_cache(self, request: ListCache, _: Identity) -> CacheListing | CommandError:
-        if request.node is not None and request.node not in self.state.nodes and request.node not in self.reports:
-            return CommandError(code="not-found", message=f"no such node: {request.node}",
-                                hint="`trainyard nodes` lists the nodes")
-        return caches.listing(self.reports, self.state.nodes, request.node)
-
-    async def list_alerts(self, request: ListAlerts, identity: Identity) -> AlertPage:
-        """M7: a page of the alerts this user may see, read from the monitor's own log (one more than
-        the limit, to tell whether more follow); `trainyard alerts` pages through them."""
-        raised = await self.rt.store.read_type("alert", AlertRaised, after=request.after, limit=request.limit + 1)
-        return alerts.page(raised, request, identity, self.jobs)
-
-    # --- debug terminal (J15) ---------------------------------------------------------------------------
-
-    async def open_terminal(self, request: OpenTerminal, identity: Identity) -> TerminalOpened | CommandError:
-        async with self.lock:
-            target = terminal.target(request, identity, self.jobs, self.state, datetime.now(UTC))
-        if isinstance(target, CommandError):
-            return target
-        return await terminal.open_session(self.rt.nc, self.signer, request, identity, target)

@@ -3,9 +3,9 @@
 Nodes: registration, lost or not, the administrator's component marks and the problems last
 recorded (empty when healthy); when each was last heard from and its latest probe are kept in
 memory only. Jobs (aggregate "job"): pre-checks done, performance incidents recorded, environments
-kept for the debug terminal. Runs (aggregate "run"): the life of each job's run (`runlife`). Alerts
+kept for the debug terminal. Runs (aggregate "run"): the life of each job's run (`runs.runlife`). Alerts
 (aggregate "alert"): which still await their mail. The version of every aggregate (and so whether an
-alert was raised) is kept by the service base (`libs.eventsourced`).
+alert was raised) is kept by the service base (`libs.skeleton.eventsourced`).
 """
 
 from __future__ import annotations
@@ -38,9 +38,9 @@ from libs.contracts.events import (
     PrecheckCompleted,
 )
 from libs.contracts.health import ComponentHealth
-from services.monitor import runlife
-from services.monitor.performance import RankKey
-from services.monitor.runlife import RunLife
+from services.monitor.performance.detector import RankKey
+from services.monitor.runs import runlife
+from services.monitor.runs.runlife import RunLife
 
 
 @dataclass

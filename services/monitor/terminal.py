@@ -19,7 +19,8 @@ from libs.contracts import subjects
 from libs.contracts.agent import OpenSession, SessionOpened
 from libs.contracts.events import Placement
 from libs.contracts.identity import Identity
-from libs.contracts.messages import CommandError, OpenTerminal, TerminalOpened
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.runs import OpenTerminal, TerminalOpened
 from libs.controlsign import ControlSigner
 from libs.lifecycle import JobLifecycle, JobRecord
 from libs.messaging.rpc import ServiceUnavailable, call

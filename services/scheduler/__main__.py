@@ -1,6 +1,6 @@
 """Run the scheduler service: `python -m services.scheduler`."""
 
-from libs.entrypoint import run
+from libs.skeleton.entrypoint import run
 from services.scheduler.service import Scheduler
 
 if __name__ == "__main__":

@@ -7,7 +7,7 @@ from collections import Counter
 
 from libs.contracts.events import EventEnvelope, JobAdmitted, JobRestarting, JobResuming
 from libs.contracts.jobspec import PRIORITY_RANK
-from libs.contracts.messages import JOB_STATUSES
+from libs.contracts.operations.base import JOB_STATUSES
 from libs.telemetry.metrics import (
     ADMISSIONS,
     CYCLE_DURATION,
@@ -20,7 +20,7 @@ from libs.telemetry.metrics import (
     counter,
     histogram,
 )
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.state import SchedulerState
 
 _queued = SampledGauge(JOBS_QUEUED)
 _jobs = SampledGauge(JOBS)

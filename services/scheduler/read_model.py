@@ -33,7 +33,7 @@ from libs.contracts.events import (
     JobSucceeded,
 )
 from libs.contracts.identity import Identity
-from libs.contracts.messages import JobSummary, SearchJobs
+from libs.contracts.operations.jobs import JobSummary, SearchJobs
 from libs.eventstore import EventStore
 
 PROJECTION = "job_search"

@@ -1,10 +1,11 @@
 """The scheduler service: owns jobs, queues them (S1), admits them all-or-nothing (S4) with backfill,
 grows elastic jobs (S10), expires jobs past their duration limit (J16) and explains itself (S6, `why`).
 
-It answers the job commands and queries (commands.py, queries.py, logs.py; every request
-authenticated, every operation checked against J2), follows the monitor (nodes, pre-checks, slow
-jobs) and the launcher (process outcomes) and answers them (reactions.py), and runs scheduling
-cycles (cycle.py) whenever something changed that could let a job start.
+It answers the job commands and queries (handlers/: every request authenticated, every operation
+checked against J2), follows the monitor (nodes, pre-checks, slow jobs) and the launcher (process
+outcomes) and answers them (rules/reactions.py), and runs scheduling cycles (rules/cycle.py) whenever
+something changed that could let a job start. This module only wires those parts together and runs
+its loops (cycles, predictions, the search read model, snapshots).
 
 Checkpoint-resume jobs (J12) are pre-checked before they start (M1) and moved when a node of theirs is
 lost, unhealthy or slow (M2, M6), up to their maximum resumes (M4); fault-restart jobs (J13) are
@@ -25,30 +26,32 @@ from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import EventEnvelope
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
-from libs.eventsourced import EventSourcedService, Loop, Pacer, Restored, Upstream, aggregate_of
 from libs.eventstore import NewEvent
-from libs.messaging.rpc import register_all_authenticated
+from libs.messaging.rpc import serve_operations
 from libs.outages import OUTAGES
-from libs.runtime import ServiceRuntime
+from libs.skeleton.eventsourced import EventSourcedService, Loop, Pacer, Period, Restored, Upstream, aggregate_of
+from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
-from services.scheduler import cycle, metrics, past, predicted, start_snapshots
-from services.scheduler.commands import JobCommands
-from services.scheduler.image_commands import ImageCommands
-from services.scheduler.logs import JobLogs
-from services.scheduler.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
-from services.scheduler.past import PastStates
-from services.scheduler.planning_thread import PlanningThread
-from services.scheduler.prediction import Forecast
-from services.scheduler.prediction_cache import PlanInputs, PredictionCache
-from services.scheduler.preloads import PreloadCommands
-from services.scheduler.queries import JobQueries
-from services.scheduler.reactions import react
+from services.scheduler import metrics
+from services.scheduler.domain.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.handlers.commands import JobCommands
+from services.scheduler.handlers.image_commands import ImageCommands
+from services.scheduler.handlers.logs import JobLogs
+from services.scheduler.handlers.preloads import PreloadCommands
+from services.scheduler.handlers.queries import JobQueries
+from services.scheduler.handlers.whatif_queries import WhatIfQueries
+from services.scheduler.history import past, start_snapshots
+from services.scheduler.history.past import PastStates
+from services.scheduler.planning.decision_inputs import plan_inputs
+from services.scheduler.planning.prediction import Forecast
+from services.scheduler.planning.prediction_cache import PlanInputs, PredictionCache
+from services.scheduler.planning.thread import PlanningThread
 from services.scheduler.read_model import JobSearchProjection
-from services.scheduler.snapshot import plan_inputs
-from services.scheduler.state import SchedulerState
-from services.scheduler.submissions import SubmissionBatches
-from services.scheduler.whatif_queries import WhatIfQueries
+from services.scheduler.rules import cycle, predicted
+from services.scheduler.rules.reactions import react
+from services.scheduler.rules.submissions import SubmissionBatches
 
 log = get_logger(__name__)
 span_tracer = tracer(f"trainyard.{SERVICE}")
@@ -58,11 +61,11 @@ PREDICTION_SHARE = 0.25
 # And they are planned at most this often: a plan costs the whole queue ahead of the new jobs, so under a flood
 # of submissions one plan for many new jobs beats a plan for a few, each a moment sooner.
 PREDICTION_PERIOD = 0.5
-# The share of its time the scheduler's cycles may take (libs/eventsourced.py `Pacer`), and after a cycle that
+# The share of its time the scheduler's cycles may take (libs/skeleton/eventsourced.py `Pacer`), and after a cycle that
 # started nothing.
 CYCLE_SHARE, IDLE_CYCLE_SHARE = 0.5, 0.2
-# Cycles begin at most this often (`Period`), each deciding on all that came meanwhile: a cycle costs its look at
-# the state and its appends whatever it decides.
+# Cycles begin at most this often (libs/skeleton/eventsourced.py `Period`), each deciding on all that came meanwhile: a
+# cycle costs its look at the state and its appends whatever it decides.
 CYCLE_PERIOD = 0.1
 # The search read model catches up at most this often while events keep coming, each time with all that came
 # meanwhile (a search catches up first, so it finds what was just recorded all the same).
@@ -71,21 +74,6 @@ PROJECTION_PERIOD = 0.5
 
 def utc_now() -> datetime:
     return datetime.now(UTC)
-
-
-class Period:
-    """Lets a loop begin a run at most every `seconds`, beside its `Pacer`'s share: a run that costs little would
-    otherwise follow nearly every event, when one run for all that came meanwhile does."""
-
-    def __init__(self, seconds: float) -> None:
-        self.seconds = seconds
-        self._began = float("-inf")
-
-    async def turn(self) -> None:
-        """Wait until the next run may begin, and note that it begins."""
-        if (gap := self._began + self.seconds - time.monotonic()) > 0:
-            await asyncio.sleep(gap)
-        self._began = time.monotonic()
 
 
 class Scheduler(EventSourcedService):
@@ -158,9 +146,9 @@ class Scheduler(EventSourcedService):
         preloads = PreloadCommands(self, storage_root=self.rt.settings.storage_root)
         whatif = WhatIfQueries(self, queries.past)
         images = ImageCommands(self, storage_root=self.rt.settings.storage_root)
-        register_all_authenticated(self.rt.broker, self.name,
-                                   [*commands.routes(), *queries.routes(), *logs.routes(), *preloads.routes(),
-                                    *whatif.routes(), *images.routes()], secret=self.secret)
+        serve_operations(self.rt.broker, self.name, [*commands.routes(), *queries.routes(), *logs.routes(),
+                                                     *preloads.routes(), *whatif.routes(), *images.routes()],
+                         secret=self.secret)
 
     async def predict(self, spec: JobSpec) -> Prediction:
         """S6 for `spec` as if it were submitted now. Planned in a worker thread, without the lock: the

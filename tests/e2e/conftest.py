@@ -1,4 +1,4 @@
-"""Fixtures of the end-to-end tests: the whole stack (libs/devstack/harness.py) per test, on the test
+"""Fixtures of the end-to-end tests: the whole stack (devstack/harness.py) per test, on the test
 algorithms, and a mailbox for its alert mail."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import pytest_asyncio
 
 from client.api import TrainyardClient
-from libs.devstack.harness import CLUSTER, FAST_TIMINGS
+from devstack.harness import CLUSTER, FAST_TIMINGS
 from tests.support.mailbox import Mailbox
 from tests.support.stack import Stack
 

@@ -14,7 +14,7 @@ import pytest
 from libs.contracts.autoscaling import INSTANCE_LABEL
 from libs.contracts.events import AlertRaised, InstanceReleased, InstanceRequested, JobAdmitted, ProvisionFailed
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.contracts.messages import QueueStatus
+from libs.contracts.operations.autoscaler import QueueStatus
 from libs.messaging.rpc import ServiceUnavailable
 from tests.support.stack import Stack
 

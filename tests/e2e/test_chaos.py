@@ -1,4 +1,4 @@
-"""A short chaos drill (libs/devstack/chaos.py; the long one is bench/chaos.py): jobs run while the active
+"""A short chaos drill (devstack/chaos.py; the long one is bench/chaos.py): jobs run while the active
 scheduler and launcher are killed -9 beside their standbys, NATS is killed -9 and started again, and a node
 agent is killed -9 and started again. No acknowledged job is lost, none runs twice, each ends as its
 processes did, and the services rebuild the same state from their logs."""
@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from libs.devstack.chaos import Drill, job_mix
+from devstack.chaos import Drill, job_mix
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]

@@ -17,10 +17,11 @@ import msgspec
 import pytest
 
 from client.api import TrainyardError
+from devstack.stack import agent_argv, provision_node_token
 from libs.contracts.events import JobResuming, NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
-from libs.contracts.messages import NodeCache, NodeView
-from libs.devstack.stack import agent_argv, provision_node_token
+from libs.contracts.operations.cache import NodeCache
+from libs.contracts.operations.cluster import NodeView
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]

@@ -1,4 +1,4 @@
-"""The stack's PostgreSQL from a job's side and from the services' (libs/devstack/pglogins.py).
+"""The stack's PostgreSQL from a job's side and from the services' (devstack/pglogins.py).
 
 The attack: jobs share the host's network, and the stack's PostgreSQL let anyone in as its superuser without a
 password; a job connected and rewrote `scheduler.events`, and after a restart the scheduler showed another
@@ -12,8 +12,8 @@ import urllib.parse
 import asyncpg
 import pytest
 
+from devstack.stack import SERVICES
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.devstack.stack import SERVICES
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]

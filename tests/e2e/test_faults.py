@@ -14,8 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from agent.kept import kept_roots
+from agent.ranks.kept import kept_roots
 from client.api import TrainyardError
+from devstack.harness import TESTER_EMAIL
 from libs.contracts.events import AlertRaised, JobResuming, LostProcessesStopped
 from libs.contracts.jobspec import (
     AlgorithmRef,
@@ -25,7 +26,6 @@ from libs.contracts.jobspec import (
     OutputRef,
     PerformanceDetection,
 )
-from libs.devstack.harness import TESTER_EMAIL
 from tests.support.mailbox import Mailbox
 from tests.support.specs import resumable
 from tests.support.stack import Stack

@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from agent.workspace import BACKEND_VARIABLE, bwrap_problem
+from agent.isolation.workspace import BACKEND_VARIABLE, bwrap_problem
 from libs.contracts.cluster import JobUsers
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from tests.support.stack import Stack

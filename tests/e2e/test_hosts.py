@@ -1,5 +1,5 @@
 """Agents on separate hosts: each node agent in a network namespace of its own, with its own address on a bridge,
-NATS and the services on the control host (libs/devstack/hosts.py). Nothing crosses hosts through 127.0.0.1.
+NATS and the services on the control host (devstack/hosts.py). Nothing crosses hosts through 127.0.0.1.
 
 Skipped, saying why, where network namespaces cannot be made (not root, no iproute2, a sandbox that forbids them).
 """
@@ -16,10 +16,10 @@ import pytest
 import pytest_asyncio
 
 from client.api import TrainyardClient
+from devstack.harness import CLUSTER, FAST_TIMINGS
+from devstack.hosts import unavailable
+from devstack.stack import REPO_ROOT
 from libs.contracts.jobspec import decode_spec
-from libs.devstack.harness import CLUSTER, FAST_TIMINGS
-from libs.devstack.hosts import unavailable
-from libs.devstack.stack import REPO_ROOT
 from tests.support.specs import mpi_hello, resumable, sleeper
 from tests.support.stack import Stack
 

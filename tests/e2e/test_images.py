@@ -8,8 +8,8 @@ import re
 import msgspec
 import pytest
 
-from agent.jobenv import DEFAULT_PATH
-from agent.workspace import BACKEND_VARIABLE, bwrap_problem
+from agent.isolation.workspace import BACKEND_VARIABLE, bwrap_problem
+from agent.processes.jobenv import DEFAULT_PATH
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, DebugTerminal, JobSpec, LifecycleScripts, OutputRef
 from tests.support.stack import Stack

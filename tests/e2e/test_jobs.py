@@ -14,9 +14,9 @@ import sys
 import msgspec
 import pytest
 
+from devstack.stack import REPO_ROOT
 from libs.contracts.events import LaunchPlanned
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, LifecycleScripts, OutputRef, decode_spec
-from libs.devstack.stack import REPO_ROOT
 from tests.support.runs import finished_run
 from tests.support.specs import mpi_hello, sleeper
 from tests.support.stack import Stack, process_alive

@@ -16,8 +16,8 @@ import pytest
 import pytest_asyncio
 
 from client.api import TrainyardClient
-from libs.devstack.ops import metrics_env, prometheus_binary, start_prometheus
-from libs.devstack.servers import free_port
+from devstack.ops import metrics_env, prometheus_binary, start_prometheus
+from devstack.servers import free_port
 from tests.support.specs import sleeper
 from tests.support.stack import Stack
 

@@ -10,9 +10,9 @@ import msgspec
 import pytest
 
 from client.api import TrainyardClient
+from devstack.natscluster import NatsCluster, published_events, stream_leader
+from devstack.natslogins import service_login
 from libs.contracts import subjects
-from libs.devstack.natscluster import NatsCluster, published_events, stream_leader
-from libs.devstack.natslogins import service_login
 from tests.support.specs import sleeper
 from tests.support.stack import Stack
 

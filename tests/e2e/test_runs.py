@@ -15,7 +15,7 @@ import pytest
 
 from client.api import TrainyardClient
 from libs.contracts.jobspec import AlgorithmRef, FaultRestart, JobSpec, OutputRef
-from libs.contracts.messages import SeriesPoint
+from libs.contracts.operations.runs import SeriesPoint
 from tests.support.runs import finished_run
 from tests.support.stack import Stack
 

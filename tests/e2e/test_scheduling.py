@@ -12,7 +12,7 @@ import pytest
 
 from libs.contracts.events import JobAdmitted, JobRescaling
 from libs.contracts.jobspec import CheckpointResume, Elastic, JobSpec
-from libs.contracts.messages import SimulationProgress
+from libs.contracts.operations.planning import SimulationProgress
 from tests.support.replay import start_differences
 from tests.support.specs import sleeper
 from tests.support.stack import Stack

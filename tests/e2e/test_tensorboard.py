@@ -15,8 +15,8 @@ from typing import Any
 
 import pytest
 
+from devstack.stack import REPO_ROOT
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, OutputRef
-from libs.devstack.stack import REPO_ROOT
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]

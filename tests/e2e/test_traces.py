@@ -13,8 +13,8 @@ import pytest
 import pytest_asyncio
 
 from client.api import TrainyardClient
+from devstack.harness import CLUSTER
 from libs.contracts.events import EventEnvelope
-from libs.devstack.harness import CLUSTER
 from tests.support.otlp import OtlpReceiver, ReceivedSpan
 from tests.support.specs import sleeper
 from tests.support.stack import Stack

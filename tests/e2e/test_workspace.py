@@ -7,9 +7,9 @@ import re
 
 import pytest
 
-from agent.kept import rank_root
-from agent.signals import tagged_processes
-from agent.workspace import BACKEND_VARIABLE, bwrap_problem
+from agent.isolation.workspace import BACKEND_VARIABLE, bwrap_problem
+from agent.processes.signals import tagged_processes
+from agent.ranks.kept import rank_root
 from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, JobSpec, OutputRef
 from tests.support.stack import Stack, process_alive

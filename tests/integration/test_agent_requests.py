@@ -19,8 +19,8 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-import agent.agent as agent_module
-from agent.workspace import BACKEND_VARIABLE, PLAIN
+import agent.ranks.runner as agent_module
+from agent.isolation.workspace import BACKEND_VARIABLE, PLAIN
 from libs.auth import bearer_headers
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -38,7 +38,7 @@ from libs.contracts.agent import (
 )
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import NodeLaunch
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner
 from libs.natsroles import job_inbox
 from tests.support.agents import LAUNCHER, MONITOR, WAIT_SECONDS, Node, registered_node, signed
@@ -167,7 +167,7 @@ async def test_a_malformed_stop_is_refused_and_leaves_the_job_running(node: Node
     assert refused.code == "invalid-request"
     assert "grace_seconds: Expected `float`" in refused.message
     assert [e.field for e in refused.errors] == ["grace_seconds"]
-    assert not node.agent.stopped_attempts
+    assert not node.agent.ranks.stopped_attempts
     await asyncio.sleep(0.3)
     assert not [r for r in node.reports if isinstance(r, ProcessExited)]
 
@@ -197,7 +197,7 @@ async def test_a_malformed_exec_is_refused_and_runs_nothing(node: Node) -> None:
     assert isinstance(refused, CommandError), refused
     assert refused.code == "invalid-request"
     assert "reply_to: is required" in refused.message
-    running = next(iter(node.agent.nodes.values()))
+    running = next(iter(node.agent.ranks.nodes.values()))
     assert running.execs == []
     await asyncio.sleep(0.3)
     assert exits.empty()
@@ -213,7 +213,7 @@ async def test_a_request_whose_handling_fails_is_answered_internal(node: Node,
     async def broken_probe() -> None:
         raise RuntimeError("the probe broke")
 
-    monkeypatch.setattr(node.agent, "_probe", broken_probe)
+    monkeypatch.setattr(node.agent.presence, "_probe", broken_probe)
 
     failed = await node.ask(subjects.agent_precheck, encode(PrecheckNode(job_id=JOB, cpus=1, memory_mib=1)))
 
@@ -268,13 +268,13 @@ async def test_a_signed_request_replayed_or_altered_is_refused(node: Node) -> No
 
     assert isinstance(altered, CommandError) and "does not verify" in altered.message
     assert isinstance(replayed, CommandError) and "replay" in replayed.message
-    assert not node.agent.stopped_attempts
+    assert not node.agent.ranks.stopped_attempts
     assert await node.ask(subjects.agent_stop, stop, stop_headers) == Stopped(stopped=1)
 
 
 async def _runs_ended(node: Node) -> None:
     """Wait until the agent is done with every rank it ran: reported, and its folder removed."""
-    runners = [n.runner for n in node.agent.nodes.values() if n.runner is not None]
+    runners = [n.runner for n in node.agent.ranks.nodes.values() if n.runner is not None]
     async with asyncio.timeout(WAIT_SECONDS):
         await asyncio.gather(*runners)
 
@@ -300,7 +300,7 @@ async def test_a_start_obeyed_before_the_agent_restarted_is_refused_after_and_a_
 
     assert isinstance(replayed, CommandError) and replayed.code == "unauthenticated", replayed
     assert reason in replayed.message
-    assert not node.agent.nodes
+    assert not node.agent.ranks.nodes
     # The launcher's own retries are signed anew, and run.
     assert await node.ask(subjects.agent_start, payload) == ProcessAccepted(already_known=False)
     await _runs_ended(node)
@@ -340,5 +340,5 @@ async def test_an_exec_without_the_attempts_token_runs_nothing(node: Node) -> No
         assert isinstance(refused, CommandError), refused
         assert refused.code == "unauthenticated"
     assert "does not carry the token of job" in another_job.message
-    running = next(iter(node.agent.nodes.values()))
+    running = next(iter(node.agent.ranks.nodes.values()))
     assert running.execs == []

@@ -16,9 +16,9 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent.kept import rank_root
-from agent.workspace import BACKEND_VARIABLE, BWRAP, PLAIN, bwrap_problem
-from client.cli.execute import PIPED_SHELL
+from agent.isolation.workspace import BACKEND_VARIABLE, BWRAP, PLAIN, bwrap_problem
+from agent.ranks.kept import rank_root
+from client.cli.commands.execute import PIPED_SHELL
 from libs.contracts import subjects
 from libs.contracts.agent import (
     Heartbeat,
@@ -34,7 +34,7 @@ from libs.contracts.agent import (
 )
 from libs.contracts.codec import decode
 from libs.contracts.events import Mount, NodeLaunch
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.base import CommandError
 from libs.messaging.rpc import call
 from tests.support.agents import LAUNCHER, MONITOR, WAIT_SECONDS, Node, registered_node, start_agent
 
@@ -126,7 +126,7 @@ async def test_a_running_job_adopted_by_a_restarted_agent_takes_sessions_in_its_
         assert await session.exit_code() == 0
         assert session.text == "forty-two\nhello from storage\n"
     finally:
-        adopted = node.agent.nodes[(JOB, 2, 0, 0)].group
+        adopted = node.agent.ranks.nodes[(JOB, 2, 0, 0)].group
         assert adopted is not None
         adopted.signal(signal.SIGKILL)
 

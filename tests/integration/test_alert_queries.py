@@ -19,18 +19,20 @@ from nats.aio.client import Client
 
 from client.api import TrainyardClient
 from libs.auth import bearer_headers, issue_node_token, issue_token
-from libs.contracts import subjects
 from libs.contracts.agent import NodeAccepted, RegisterNode
 from libs.contracts.cluster import ClusterConfig, NodeInfo
 from libs.contracts.codec import decode_any
 from libs.contracts.events import AlertRaised, Event, EventEnvelope, JobFailed, JobSubmitted
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
-from libs.contracts.messages import AlertPage, CommandError, Done, ListAlerts, MarkComponent
+from libs.contracts.operations.agents import REGISTER_NODE
+from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
+from libs.contracts.operations.base import CommandError, Done
+from libs.contracts.operations.cluster import MARK_COMPONENT, MarkComponent
 from libs.eventstore import EventStore, NewEvent, OutboxRelay
 from libs.messaging.rpc import ServiceUnavailable, call
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from libs.skeleton.runtime import ServiceRuntime
 from services.monitor.service import Monitor
 from tests.support.stores import StoreFactory
 
@@ -91,10 +93,10 @@ class Alerting:
     async def raise_node_alert(self, node: str) -> None:
         """Register the node, then an administrator marks one of its boards faulty: one node alert."""
         info = NodeInfo(name=node, address="127.0.0.1", cpus=8, memory_mib=16384)
-        accepted = await call(self.nc, subjects.REGISTER_NODE, RegisterNode(node=info),
+        accepted = await call(self.nc, REGISTER_NODE.subject, RegisterNode(node=info),
                               reply_type=NodeAccepted | CommandError, token=issue_node_token(SECRET, node))
         assert isinstance(accepted, NodeAccepted)
-        marked = await call(self.nc, subjects.MARK_COMPONENT, MarkComponent(node=node, component="board:0"),
+        marked = await call(self.nc, MARK_COMPONENT.subject, MarkComponent(node=node, component="board:0"),
                             reply_type=Done | CommandError, token=token("root", admin=True))
         assert isinstance(marked, Done)
 
@@ -149,7 +151,7 @@ async def test_alerts_come_back_through_the_monitor_in_order_page_by_page_for_th
     pages: list[AlertPage] = []
     after = 0
     while not pages or pages[-1].more:
-        pages.append(await call(nc, subjects.LIST_ALERTS, ListAlerts(after=after, limit=1),
+        pages.append(await call(nc, LIST_ALERTS.subject, ListAlerts(after=after, limit=1),
                                 reply_type=AlertPage, token=token("root", admin=True)))
         after = pages[-1].next_after
     assert [len(p.alerts) for p in pages] == [1, 1, 1]
@@ -161,9 +163,9 @@ async def test_alerts_come_back_through_the_monitor_in_order_page_by_page_for_th
     carol = await alerting.client("carol", "nlp")
     assert [e.aggregate_id for e in await listed(carol)] == [node_alert, other_alert]
 
-    anonymous = await call(nc, subjects.LIST_ALERTS, ListAlerts(), reply_type=AlertPage | CommandError)
+    anonymous = await call(nc, LIST_ALERTS.subject, ListAlerts(), reply_type=AlertPage | CommandError)
     assert isinstance(anonymous, CommandError) and anonymous.code == "unauthenticated"
-    too_many = await nc.request(subjects.LIST_ALERTS, b'{"type": "ListAlerts.v1", "limit": 1000000}',
+    too_many = await nc.request(LIST_ALERTS.subject, b'{"type": "ListAlerts.v1", "limit": 1000000}',
                                 headers=bearer_headers(token("root", admin=True)))
     refused = decode_any(too_many.data, AlertPage | CommandError)
     assert isinstance(refused, CommandError) and refused.code == "invalid-request" and "limit" in refused.message

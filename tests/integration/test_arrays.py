@@ -8,7 +8,7 @@ import pytest
 
 from client.api import TrainyardClient, TrainyardError
 from libs.contracts.arrays import SweepParameter
-from libs.contracts.messages import ArraySelection
+from libs.contracts.operations.arrays import ArraySelection
 from tests.support.schedulers import spec
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -16,11 +16,11 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from libs.auth import issue_node_token
-from libs.contracts import subjects
 from libs.contracts.agent import NodeAccepted, RegisterNode
 from libs.contracts.autoscaling import INSTANCE_LABEL
 from libs.contracts.cluster import Accelerators, Ec2Settings, InstanceNode, InstanceType
 from libs.contracts.codec import decode_any, encode
+from libs.contracts.operations.agents import REGISTER_NODE
 from services.autoscaler.providers import NoCapacity, ProvisionError
 from services.autoscaler.providers.ec2 import CLUSTER_TAG, INSTANCE_ID_LABEL, INSTANCE_TAG, Ec2Provider
 from tests.support.ec2 import an_image, boot_environment, ec2_client, moto_server, user_data
@@ -103,7 +103,7 @@ async def test_the_played_boot_of_an_instance_runs_its_init_script_and_its_agent
             registered.set_result(request)
         await msg.respond(encode(NodeAccepted(heartbeat_seconds=1.0)))
 
-    registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
+    registrar = await nc.subscribe(REGISTER_NODE.subject, cb=accept)
     # The boot as the instance would run it, with its files in the test's folder and this interpreter.
     env = {**boot_environment(tmp_path, instance_id, {"PATH": os.environ["PATH"]}),
            "TRAINYARD_WORKSPACE_BACKEND": "plain", "TRAINYARD_STORAGE": str(tmp_path / "storage")}

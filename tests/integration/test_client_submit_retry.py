@@ -18,12 +18,12 @@ from typer.testing import CliRunner
 
 from client import api, cli
 from client.api import CreationUnanswered, NoAnswer, TrainyardClient, TrainyardError
-from libs.contracts import subjects
+from devstack.servers import free_port, start_nats
+from devstack.stack import REPO_ROOT
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.jobspec import JobSpec, decode_spec
-from libs.contracts.messages import CloneJob, CommandError, JobAccepted, SubmitJob
-from libs.devstack.servers import free_port, start_nats
-from libs.devstack.stack import REPO_ROOT
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.jobs import CLONE_JOB, LIST_JOBS, SUBMIT_JOB, CloneJob, JobAccepted, SubmitJob
 from libs.messaging.connection import round_trip
 from tests.support.schedulers import token
 
@@ -77,7 +77,7 @@ async def serve(nc: Client, subject: str, scheduler: LosesFirstAnswers) -> None:
 
 async def test_a_submission_whose_answer_is_lost_creates_one_job(nc: Client, client: TrainyardClient) -> None:
     scheduler = LosesFirstAnswers(answer_from=2)
-    await serve(nc, subjects.SUBMIT_JOB, scheduler)
+    await serve(nc, SUBMIT_JOB.subject, scheduler)
     retries: list[tuple[int, Exception]] = []
     spec = decode_spec(EXAMPLE_JOB.read_bytes(), yaml=True)
 
@@ -89,13 +89,13 @@ async def test_a_submission_whose_answer_is_lost_creates_one_job(nc: Client, cli
     assert not accepted.created  # the first, lost attempt created it
     [(attempt, error)] = retries
     assert attempt == 2
-    assert isinstance(error, NoAnswer) and error.subject == subjects.SUBMIT_JOB
+    assert isinstance(error, NoAnswer) and error.subject == SUBMIT_JOB.subject
 
 
 async def test_a_submission_the_scheduler_cannot_serve_yet_is_sent_again(nc: Client,
                                                                         client: TrainyardClient) -> None:
     scheduler = LosesFirstAnswers(answer_from=3, outage=True)
-    await serve(nc, subjects.SUBMIT_JOB, scheduler)
+    await serve(nc, SUBMIT_JOB.subject, scheduler)
     retries: list[str] = []
 
     accepted = await client.submit(decode_spec(EXAMPLE_JOB.read_bytes(), yaml=True),
@@ -113,7 +113,7 @@ async def test_a_refused_submission_is_not_sent_again(nc: Client, client: Trainy
         received.append(msg.data)
         await msg.respond(encode(CommandError(code="forbidden", message="you are not a member of project 'x'")))
 
-    await nc.subscribe(subjects.SUBMIT_JOB, cb=refuse)
+    await nc.subscribe(SUBMIT_JOB.subject, cb=refuse)
     with pytest.raises(TrainyardError, match="not a member"):
         await client.submit(decode_spec(EXAMPLE_JOB.read_bytes(), yaml=True))
     assert len(received) == 1
@@ -121,7 +121,7 @@ async def test_a_refused_submission_is_not_sent_again(nc: Client, client: Trainy
 
 async def test_a_clone_whose_answer_is_lost_creates_one_job(nc: Client, client: TrainyardClient) -> None:
     scheduler = LosesFirstAnswers(answer_from=3)
-    await serve(nc, subjects.CLONE_JOB, scheduler)
+    await serve(nc, CLONE_JOB.subject, scheduler)
 
     accepted = await client.clone("job-00000000000a", {"nodes": 1})
 
@@ -135,7 +135,7 @@ async def test_a_submission_nothing_answers_names_its_job(client: TrainyardClien
     with pytest.raises(CreationUnanswered) as raised:
         await client.submit(spec, job_id="job-0000000000c1", on_retry=lambda attempt, _: retries.append(attempt))
     assert raised.value.job_id == "job-0000000000c1"
-    assert raised.value.subject == subjects.SUBMIT_JOB
+    assert raised.value.subject == SUBMIT_JOB.subject
     assert f"creating job job-0000000000c1 ({api.CREATE_ATTEMPTS} attempts" in str(raised.value)
     assert retries == list(range(2, api.CREATE_ATTEMPTS + 1))
 
@@ -143,7 +143,7 @@ async def test_a_submission_nothing_answers_names_its_job(client: TrainyardClien
 async def test_a_query_nothing_answers_names_its_subject(client: TrainyardClient) -> None:
     with pytest.raises(NoAnswer) as raised:
         await client.list_jobs()
-    assert raised.value.subject == subjects.LIST_JOBS
+    assert raised.value.subject == LIST_JOBS.subject
 
 
 # --- the command line --------------------------------------------------------------------------------------
@@ -168,7 +168,7 @@ async def run_cli(monkeypatch: pytest.MonkeyPatch, nats_url: str, tmp_path: Path
 async def test_cli_submit_sends_its_announced_id_again(nc: Client, nats_url: str, tmp_path: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     scheduler = LosesFirstAnswers(answer_from=2)
-    await serve(nc, subjects.SUBMIT_JOB, scheduler)
+    await serve(nc, SUBMIT_JOB.subject, scheduler)
 
     code, output = await run_cli(monkeypatch, nats_url, tmp_path, "submit", str(EXAMPLE_JOB))
 
@@ -206,7 +206,7 @@ async def test_a_submission_out_when_its_nats_server_restarts_is_sent_again_at_o
     # the new connection, not from a retry after the first attempt's timeout.
     client.timeout = 3600.0
     try:
-        await serve(scheduler_nc, subjects.SUBMIT_JOB, scheduler)
+        await serve(scheduler_nc, SUBMIT_JOB.subject, scheduler)
         spec = decode_spec(EXAMPLE_JOB.read_bytes(), yaml=True)
         submitting = asyncio.create_task(client.submit(spec))
         async with asyncio.timeout(60):

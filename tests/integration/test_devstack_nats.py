@@ -10,8 +10,8 @@ from pathlib import Path
 import nats
 from nats.js.api import StorageType
 
-from libs.devstack.natslogins import provision_nats_logins
-from libs.devstack.servers import free_port, start_nats
+from devstack.natslogins import provision_nats_logins
+from devstack.servers import free_port, start_nats
 from libs.natsroles import DEVELOPMENT_JETSTREAM, DURABLE_JETSTREAM
 
 

@@ -11,8 +11,8 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from libs.devstack.provision import Servers
-from libs.devstack.servers import admin_url, create_database, free_port, postgres_url, start_postgres, stop_postgres
+from devstack.provision import Servers
+from devstack.servers import admin_url, create_database, free_port, postgres_url, start_postgres, stop_postgres
 from tests.support.postgres import crash_postgres, private_postgres, server_folder, trusting_postgres
 
 

@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from libs.devstack.processes import alive
-from libs.devstack.stack import REPO_ROOT, ProcessSet
+from devstack.processes import alive
+from devstack.stack import REPO_ROOT, ProcessSet
 
 # A supervisor of two stand-in services that only sleep, started by `ProcessSet` as `up` starts the real one.
 SUPERVISOR = """
 import sys
 from pathlib import Path
-from libs.devstack.stack import ProcessSet
-from libs.devstack.supervisor import Program, supervise
+from devstack.stack import ProcessSet
+from devstack.supervisor import Program, supervise
 from libs.telemetry.logs import configure_logging
 
 configure_logging("supervisor")
@@ -52,7 +52,7 @@ def recorded_pid(home: Path, name: str) -> int | None:
 
 
 def devstack(home: Path, command: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "libs.devstack", command], cwd=REPO_ROOT, capture_output=True,
+    return subprocess.run([sys.executable, "-m", "devstack", command], cwd=REPO_ROOT, capture_output=True,
                           text=True, timeout=120, check=False, env={**os.environ, "TRAINYARD_HOME": str(home)})
 
 

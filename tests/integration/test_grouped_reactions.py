@@ -16,10 +16,10 @@ from nats.aio.client import Client
 
 from libs.contracts import subjects
 from libs.contracts.events import EventEnvelope, NodeRecovered
-from libs.eventsourced import EventSourcedService, Upstream, aggregate_of
 from libs.eventstore import EventStore, NewEvent, Tracking
 from libs.messaging.follower import Arrival
-from libs.runtime import ServiceRuntime
+from libs.skeleton.eventsourced import EventSourcedService, Upstream, aggregate_of
+from libs.skeleton.runtime import ServiceRuntime
 from tests.support.stores import StoreFactory
 from tests.support.upstream import publish_upstream
 

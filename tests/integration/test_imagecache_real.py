@@ -11,8 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from agent.imagecache import ImageCache, ImageCacheError
-from agent.jobenv import DEFAULT_PATH
+from agent.caches.imagecache import ImageCache, ImageCacheError
+from agent.processes.jobenv import DEFAULT_PATH
 from libs.contracts.images import ImageFormat
 from libs.imagefiles import detect_format, file_digest
 from tests.support import testimage

@@ -20,7 +20,7 @@ import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 
-from agent.workspace import BACKEND_VARIABLE, BWRAP, PLAIN, bwrap_problem
+from agent.isolation.workspace import BACKEND_VARIABLE, BWRAP, PLAIN, bwrap_problem
 from libs.contracts.agent import SessionOpened
 from libs.contracts.events import Mount, NodeLaunch
 from tests.support.agents import Node, registered_node

@@ -17,7 +17,8 @@ from client.api import TrainyardClient, TrainyardError
 from libs.contracts import subjects
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.codec import encode
-from libs.contracts.messages import CommandError, GetJobLogs, LogPage
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.jobs import JOB_LOGS, GetJobLogs, LogPage
 from libs.messaging.rpc import call
 from tests.support.schedulers import Login, spec
 
@@ -38,7 +39,7 @@ async def put_sample(nc: Client, job_id: str, attempt: int, rank: int, cpu: floa
 
 
 async def page(client: TrainyardClient, request: GetJobLogs) -> LogPage:
-    reply = await call(client.nc, subjects.JOB_LOGS, request, token=client.token)
+    reply = await call(client.nc, JOB_LOGS.subject, request, token=client.token)
     assert isinstance(reply, LogPage), reply
     return reply
 
@@ -160,7 +161,7 @@ async def test_following_a_log_ends_once_the_job_has_ended(login: Login, nc: Cli
 async def test_a_bad_page_request_is_refused_by_field(login: Login) -> None:
     alice = await login("alice")
     job = (await alice.submit(spec())).job_id
-    reply = await call(alice.nc, subjects.JOB_LOGS, GetJobLogs(job_id=job, rank=-1), token=alice.token)
+    reply = await call(alice.nc, JOB_LOGS.subject, GetJobLogs(job_id=job, rank=-1), token=alice.token)
     assert isinstance(reply, CommandError)
     assert reply.code == "invalid-request"
     assert [e.field for e in reply.errors] == ["rank"]

@@ -14,7 +14,7 @@ import pytest_asyncio
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 
-from agent.workspace import BACKEND_VARIABLE, PLAIN
+from agent.isolation.workspace import BACKEND_VARIABLE, PLAIN
 from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.events import NodeLaunch

@@ -11,10 +11,10 @@ import pytest
 from nats.aio.client import Client
 
 from libs.auth import issue_token
-from libs.contracts import subjects
 from libs.contracts.events import NodeRecovered
 from libs.contracts.identity import Identity
-from libs.contracts.messages import AlertPage, CommandError, ListAlerts
+from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
+from libs.contracts.operations.base import CommandError
 from libs.eventstore import EventStore, NewEvent
 from libs.eventstore.lease import Lease, LeaseLost
 from libs.messaging.rpc import ServiceUnavailable, call
@@ -86,7 +86,7 @@ async def test_a_standby_service_answers_nothing_until_the_active_one_stops(
         async with asyncio.timeout(60):
             while page is None:
                 with contextlib.suppress(ServiceUnavailable):
-                    page = await call(nc, subjects.LIST_ALERTS, ListAlerts(), token=admin, timeout=2,
+                    page = await call(nc, LIST_ALERTS.subject, ListAlerts(), token=admin, timeout=2,
                                       reply_type=AlertPage | CommandError)
         assert isinstance(page, AlertPage)
         await runtime.close()

@@ -73,23 +73,20 @@ from libs.contracts.jobspec import (
     OutputRef,
     PerformanceDetection,
 )
-from libs.contracts.messages import (
-    AlertPage,
-    CommandError,
-    Done,
-    ListAlerts,
-    MarkComponent,
-    OpenTerminal,
-    TerminalOpened,
-)
+from libs.contracts.operations.agents import REGISTER_NODE
+from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
+from libs.contracts.operations.base import CommandError, Done
+from libs.contracts.operations.cluster import MARK_COMPONENT, MarkComponent
+from libs.contracts.operations.runs import OPEN_TERMINAL, OpenTerminal, TerminalOpened
 from libs.controlsign import ControlVerifier
 from libs.eventstore import EventStore, NewEvent, OutboxRelay
 from libs.messaging.connection import round_trip
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import call
-from libs.runtime import ServiceRuntime
+from libs.natsroles import MONITOR_LOGS_CONSUMER as LOGS_CONSUMER
 from libs.settings import Settings
-from services.monitor.service import LOGS_CONSUMER, Monitor
+from libs.skeleton.runtime import ServiceRuntime
+from services.monitor.service import Monitor
 from tests.support.mailbox import Mailbox
 from tests.support.monitor import start_monitor
 from tests.support.stores import StoreFactory
@@ -156,7 +153,7 @@ class Platform:
 
     async def register(self, name: str) -> None:
         info = NodeInfo(name=name, address="127.0.0.1", cpus=8, memory_mib=16384)
-        reply = await call(self.nc, subjects.REGISTER_NODE, RegisterNode(node=info),
+        reply = await call(self.nc, REGISTER_NODE.subject, RegisterNode(node=info),
                            reply_type=NodeAccepted | CommandError, token=issue_node_token(SECRET, name))
         assert isinstance(reply, NodeAccepted)
 
@@ -231,7 +228,7 @@ def placed(*nodes: str) -> list[Placement]:
 async def mark(nc: Client, node: str, component: str, *, user: str = "root", admin: bool = True,
                faulty: bool = True, reason: str = "drill") -> Done | CommandError:
     request = MarkComponent(node=node, component=component, faulty=faulty, reason=reason)
-    reply: Done | CommandError = await call(nc, subjects.MARK_COMPONENT, request, token=token(user, admin=admin),
+    reply: Done | CommandError = await call(nc, MARK_COMPONENT.subject, request, token=token(user, admin=admin),
                                             reply_type=Done | CommandError)
     return reply
 
@@ -257,11 +254,11 @@ async def test_a_marked_board_makes_its_node_unhealthy_with_one_alert_by_mail_an
     assert (alert.kind, alert.node, alert.recipients) == ("node-unhealthy", "node-a", [OPERATOR])
     # People read it through the monitor (ListAlerts), never from the stream; only with a token. Whom it
     # was mailed to, only administrators read.
-    listed = await call(nc, subjects.LIST_ALERTS, ListAlerts(), token=token("someone"),
+    listed = await call(nc, LIST_ALERTS.subject, ListAlerts(), token=token("someone"),
                         reply_type=AlertPage | CommandError)
     assert isinstance(listed, AlertPage)
     assert [e.event for e in listed.alerts] == [msgspec.structs.replace(alert, recipients=[])]
-    refused = await call(nc, subjects.LIST_ALERTS, ListAlerts(), reply_type=AlertPage | CommandError)
+    refused = await call(nc, LIST_ALERTS.subject, ListAlerts(), reply_type=AlertPage | CommandError)
     assert isinstance(refused, CommandError) and refused.code == "unauthenticated"
     await eventually(lambda: platform.recorded(AlertMailed))
     assert len(mailbox.messages) == 1
@@ -339,7 +336,7 @@ async def test_only_administrators_mark_components_of_known_nodes(platform: Plat
     malformed = await mark(nc, "node-a", "gpu 0")
     assert isinstance(malformed, CommandError) and malformed.code == "invalid-request"
     assert "board:0" in (malformed.hint or "")
-    anonymous = await call(nc, subjects.MARK_COMPONENT, MarkComponent(node="node-a", component="board:0"),
+    anonymous = await call(nc, MARK_COMPONENT.subject, MarkComponent(node="node-a", component="board:0"),
                            reply_type=Done | CommandError)
     assert isinstance(anonymous, CommandError) and anonymous.code == "unauthenticated"
     assert await platform.recorded(ComponentMarked) == []
@@ -483,7 +480,7 @@ async def test_the_debug_terminal_opens_in_a_kept_environment_for_those_allowed(
 
     async def terminal(user: str, job_id: str, **extra: Any) -> TerminalOpened | CommandError:
         reply: TerminalOpened | CommandError = await call(
-            nc, subjects.OPEN_TERMINAL, OpenTerminal(job_id=job_id, **extra), token=token(user, "vision"),
+            nc, OPEN_TERMINAL.subject, OpenTerminal(job_id=job_id, **extra), token=token(user, "vision"),
             reply_type=TerminalOpened | CommandError)
         return reply
 
@@ -495,7 +492,7 @@ async def test_the_debug_terminal_opens_in_a_kept_environment_for_those_allowed(
 
     reader = await terminal("bob", job)  # read-only access to the job
     assert isinstance(reader, CommandError) and reader.code == "forbidden"
-    stranger = await call(nc, subjects.OPEN_TERMINAL, OpenTerminal(job_id=job), token=token("carol", "nlp"),
+    stranger = await call(nc, OPEN_TERMINAL.subject, OpenTerminal(job_id=job), token=token("carol", "nlp"),
                           reply_type=TerminalOpened | CommandError)
     assert isinstance(stranger, CommandError) and stranger.code == "not-found"
     elsewhere = await terminal("alice", job, node="node-b")

@@ -1,5 +1,5 @@
 """The roles NATS enforces, on a real nats-server started with the configuration the stack ships
-(libs/devstack/natslogins.py): services log in with their password, node agents and people with a
+(devstack/natslogins.py): services log in with their password, node agents and people with a
 Trainyard token that the auth callout (libs/natsauth.py, served here as the scheduler serves it)
 turns into their role's permissions. Each role can do what its code does on NATS, and is refused
 what is not its own."""
@@ -21,6 +21,7 @@ from client.cli.runner import UNAUTHENTICATED_HINT, error_hint
 from libs.auth import issue_job_token, issue_token, new_secret
 from libs.contracts import subjects
 from libs.contracts.identity import Identity
+from libs.contracts.operations.jobs import LIST_JOBS, SUBMIT_JOB
 from libs.messaging.connection import STREAMS, NatsLogin, round_trip
 from libs.messaging.reader import read_subject
 from libs.natsauth import serve
@@ -201,11 +202,11 @@ async def test_a_user_sends_requests_but_reads_no_stream_and_starts_nothing(conn
     async def on_start(msg: Msg) -> None:
         starts.append(msg)
 
-    await scheduler.nc.subscribe(subjects.SUBMIT_JOB, queue="trainyard-scheduler", cb=answer)
+    await scheduler.nc.subscribe(SUBMIT_JOB.subject, queue="trainyard-scheduler", cb=answer)
     await agent.nc.subscribe(subjects.agent_start("node-a"), cb=on_start)
     await round_trip(scheduler.nc)
     await round_trip(agent.nc)
-    assert (await alice.nc.request(subjects.SUBMIT_JOB, b"{}", timeout=WAIT_SECONDS)).data == b"accepted"
+    assert (await alice.nc.request(SUBMIT_JOB.subject, b"{}", timeout=WAIT_SECONDS)).data == b"accepted"
 
     for subject in (subjects.EVENTS_ALL, subjects.LOGS_ALL):
         await alice.nc.subscribe(subject)
@@ -292,7 +293,7 @@ async def test_no_one_reads_another_persons_replies(connect: ConnectAs) -> None:
     async def answer(msg: Msg) -> None:
         await msg.respond(b"bob's jobs")
 
-    await scheduler.nc.subscribe(subjects.LIST_JOBS, queue="trainyard-scheduler", cb=answer)
+    await scheduler.nc.subscribe(LIST_JOBS.subject, queue="trainyard-scheduler", cb=answer)
     await round_trip(scheduler.nc)
     overheard: list[Msg] = []
 
@@ -302,7 +303,7 @@ async def test_no_one_reads_another_persons_replies(connect: ConnectAs) -> None:
     for subject in (f"{inbox_prefix('user-bob')}.>", "_INBOX.>"):
         await alice.nc.subscribe(subject, cb=overhear)
         assert await alice.refused("subscription", subject)
-    assert (await bob.nc.request(subjects.LIST_JOBS, b"{}", timeout=WAIT_SECONDS)).data == b"bob's jobs"
+    assert (await bob.nc.request(LIST_JOBS.subject, b"{}", timeout=WAIT_SECONDS)).data == b"bob's jobs"
     await asyncio.sleep(0.2)
     assert overheard == []
 
@@ -346,7 +347,7 @@ async def test_a_job_token_asks_only_its_own_nodes_and_reads_only_its_own_inbox(
     await agent.nc.publish(f"{job_inbox(job)}.exit", b"0")
     await agent.nc.publish(f"{inbox_prefix('user-alice')}.x", b"0")
     assert await agent.refused("publish", f"{inbox_prefix('user-alice')}.x")
-    for subject in (subjects.agent_exec("node-b"), subjects.agent_start("node-a"), subjects.SUBMIT_JOB):
+    for subject in (subjects.agent_exec("node-b"), subjects.agent_start("node-a"), SUBMIT_JOB.subject):
         await conn.nc.publish(subject, b"{}")
         assert await conn.refused("publish", subject)
     other = f"{job_inbox('job-0000000000bb')}.>"

@@ -25,7 +25,8 @@ from libs.contracts.codec import encode
 from libs.contracts.events import Event, NodeLost, NodeRegistered, NodeUnhealthy
 from libs.contracts.health import ComponentHealth
 from libs.contracts.identity import Identity
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.agents import REGISTER_NODE
+from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlVerifier
 from libs.eventstore import EventStore
 from libs.messaging.connection import round_trip
@@ -65,7 +66,7 @@ async def monitor(nats_url: str, database_url: str, make_store: StoreFactory) ->
 
 
 async def register(nc: Client, info: NodeInfo, token: str | None) -> NodeAccepted | CommandError:
-    reply: NodeAccepted | CommandError = await call(nc, subjects.REGISTER_NODE, RegisterNode(node=info),
+    reply: NodeAccepted | CommandError = await call(nc, REGISTER_NODE.subject, RegisterNode(node=info),
                                                     reply_type=NodeAccepted | CommandError, token=token)
     return reply
 
@@ -160,7 +161,7 @@ async def test_a_monitor_that_lost_its_history_gets_the_running_nodes_back(
         await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.2)))
 
     (tmp_path / "storage").mkdir()
-    stand_in = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
+    stand_in = await nc.subscribe(REGISTER_NODE.subject, cb=accept)
     running = agent(nats_url, "node-a", tmp_path, issue_node_token(SECRET, "node-a"))
     await running.start()
     await stand_in.unsubscribe()

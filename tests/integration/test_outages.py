@@ -22,8 +22,9 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from agent.agent import NodeAgent
-from agent.workspace import BACKEND_VARIABLE, PLAIN
+from agent.isolation.workspace import BACKEND_VARIABLE, PLAIN
 from client.api import TrainyardClient, TrainyardError
+from devstack.servers import admin_url, create_database, free_port, start_nats, start_postgres
 from libs.auth import bearer_headers, issue_node_token, issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -41,14 +42,16 @@ from libs.contracts.codec import decode_any, encode
 from libs.contracts.events import NodeLaunch, NodeLost, NodeRegistered
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
-from libs.contracts.messages import AlertPage, CommandError, JobAccepted, ListAlerts, SubmitJob
-from libs.devstack.servers import admin_url, create_database, free_port, start_nats, start_postgres
+from libs.contracts.operations.agents import REGISTER_NODE
+from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.jobs import SUBMIT_JOB, JobAccepted, SubmitJob
 from libs.eventstore import EventStore
 from libs.messaging.connection import ensure_streams
 from libs.messaging.reader import read_subject
 from libs.messaging.rpc import ServiceUnavailable, call
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from libs.skeleton.runtime import ServiceRuntime
 from services.scheduler.service import Scheduler
 from tests.support.agents import LAUNCHER, start_agent
 from tests.support.monitor import CLUSTER, start_monitor
@@ -106,7 +109,7 @@ async def beat_forever(url: str, node: str) -> None:
     nc = await nats.connect(url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     try:
         info = NodeInfo(name=node, address="127.0.0.1", cpus=4, memory_mib=8192)
-        reply = await call(nc, subjects.REGISTER_NODE, RegisterNode(node=info), token=credential,
+        reply = await call(nc, REGISTER_NODE.subject, RegisterNode(node=info), token=credential,
                            reply_type=NodeAccepted | CommandError)
         assert isinstance(reply, NodeAccepted)
         while True:
@@ -147,7 +150,7 @@ async def test_a_nats_outage_loses_no_node_and_the_monitor_answers_again(
             async with asyncio.timeout(60):
                 while True:
                     with contextlib.suppress(ServiceUnavailable):
-                        page = await call(nc, subjects.LIST_ALERTS, ListAlerts(), token=admin, timeout=2,
+                        page = await call(nc, LIST_ALERTS.subject, ListAlerts(), token=admin, timeout=2,
                                           reply_type=AlertPage | CommandError)
                         break
                     await asyncio.sleep(0.2)
@@ -206,7 +209,7 @@ async def agent_on_own_nats(own_nats: Nats, tmp_path: Path,
     async def accept(msg: Msg) -> None:  # the monitor's part of registration
         await msg.respond(encode(NodeAccepted(heartbeat_seconds=0.5)))
 
-    await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
+    await nc.subscribe(REGISTER_NODE.subject, cb=accept)
     agent = await start_agent(own_nats.url, "node-a", tmp_path)
     yield agent, nc
     await agent.close()
@@ -314,7 +317,7 @@ async def test_the_scheduler_outlives_its_database_going_away_and_answers_honest
         crash_postgres(folder)
         # Queries are answered from memory; a command that must be recorded is refused, honestly.
         assert before.job_id in {job.job_id for job in await client.list_jobs()}
-        meanwhile = await call(client.nc, subjects.SUBMIT_JOB, SubmitJob(job_id=new_job_id(),
+        meanwhile = await call(client.nc, SUBMIT_JOB.subject, SubmitJob(job_id=new_job_id(),
                                                                           spec=sleeper("during-the-outage")),
                                token=client.token, reply_type=JobAccepted | CommandError)
         await asyncio.sleep(3)  # the cycle and the lease meet the outage meanwhile

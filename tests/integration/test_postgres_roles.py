@@ -1,4 +1,4 @@
-"""Each service logs in to PostgreSQL as a role of its own, owning its schema alone (libs/devstack/pglogins.py).
+"""Each service logs in to PostgreSQL as a role of its own, owning its schema alone (devstack/pglogins.py).
 
 The attack they close: a job on the host connected to the stack's PostgreSQL and rewrote `scheduler.events`;
 after a restart the scheduler showed another user's job as the attacker's. Without a password no one connects
@@ -21,9 +21,9 @@ import pytest
 import pytest_asyncio
 import yaml
 
-from libs.devstack.pglogins import database_login_env, provision_service_logins
-from libs.devstack.servers import admin_url, create_database, postgres_bin_dir, postgres_url
-from libs.devstack.stack import REPO_ROOT, SERVICES, ProcessSet, provision_auth, stack_env, start_agent
+from devstack.pglogins import database_login_env, provision_service_logins
+from devstack.servers import admin_url, create_database, postgres_bin_dir, postgres_url
+from devstack.stack import REPO_ROOT, SERVICES, ProcessSet, provision_auth, stack_env, start_agent
 from libs.eventstore import EventStore
 from tests.support.postgres import private_postgres, server_folder
 

@@ -26,7 +26,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, OutputRef
-from libs.contracts.messages import SearchJobs
+from libs.contracts.operations.jobs import SearchJobs
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import EventStore, NewEvent
 from services.scheduler.read_model import MAX_LIMIT, JobSearchProjection

@@ -23,15 +23,20 @@ from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig
 from nats.js.errors import NotFoundError
 
-from agent.requests import Responder, subject_template
+from agent.requests import RequestServer, subject_template
 from libs.auth import bearer_headers, issue_job_token, issue_token, new_secret
 from libs.contracts import subjects
 from libs.contracts.agent import ExecInJob, ProcessAccepted
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.identity import Identity
-from libs.contracts.messages import Done, Reply, SimulationProgress, StopJobs
+from libs.contracts.operations.agents import EXEC_IN_JOB
+from libs.contracts.operations.base import Done
+from libs.contracts.operations.catalogue import PEOPLE_REPLIES as Reply
+from libs.contracts.operations.jobs import STOP_JOBS, StopJobs
+from libs.contracts.operations.planning import SimulationProgress
 from libs.messaging.connection import STREAMS, NatsLogin, round_trip
-from libs.messaging.rpc import call_with_progress, progress_reporter, register_authenticated
+from libs.messaging.responder import progress_reporter
+from libs.messaging.rpc import call_with_progress, serve_operations
 from libs.natsauth import serve
 from libs.natsroles import STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
 from tests.support.refusals import Refusals, count_refusals
@@ -101,7 +106,7 @@ async def cluster(server: RolesServer) -> AsyncIterator[Cluster]:
             await reporter(SimulationProgress(stage="playing", played=0.5))
         return Done(job_ids=request.job_ids)
 
-    register_authenticated(broker, "scheduler", subjects.STOP_JOBS, StopJobs, stop, secret=server.secret)
+    serve_operations(broker, "scheduler", [(STOP_JOBS, stop)], secret=server.secret)
     await broker.start()
     yield found
     await broker.stop()
@@ -174,26 +179,26 @@ async def hostile_request(cluster: Cluster, refusals: Refusals, reply: str) -> N
     request in her own inbox is answered (its progress too) and carried out."""
     alice = await cluster.connect("alice")
     token = cluster.token("alice")
-    before = refusals.count(subjects.STOP_JOBS)
-    await alice.nc.publish(subjects.STOP_JOBS, encode(StopJobs(job_ids=[OTHER_JOB])), reply=reply,
+    before = refusals.count(STOP_JOBS.subject)
+    await alice.nc.publish(STOP_JOBS.subject, encode(StopJobs(job_ids=[OTHER_JOB])), reply=reply,
                            headers=bearer_headers(token))
-    await refusals.counted(subjects.STOP_JOBS, before + 1)
+    await refusals.counted(STOP_JOBS.subject, before + 1)
     assert cluster.stopped == []
     assert alice.errors == []  # the server let her send it: only the responder can refuse it
 
     progress: list[Any] = []
-    answered = await call_with_progress(alice.nc, subjects.STOP_JOBS, StopJobs(job_ids=[JOB]), token=token,
+    answered = await call_with_progress(alice.nc, STOP_JOBS.subject, StopJobs(job_ids=[JOB]), token=token,
                                         idle_timeout=WAIT_SECONDS, progress_type=SimulationProgress,
                                         on_progress=progress.append)
     assert answered == Done(job_ids=[JOB])
     assert progress == [SimulationProgress(stage="playing", played=0.5)]
     # nats-py's request, through the one subscription it answers all requests on: under her prefix too.
-    first = await alice.nc.request(subjects.STOP_JOBS, encode(StopJobs(job_ids=[JOB])), timeout=WAIT_SECONDS,
+    first = await alice.nc.request(STOP_JOBS.subject, encode(StopJobs(job_ids=[JOB])), timeout=WAIT_SECONDS,
                                    headers=bearer_headers(token))
     assert first.subject.startswith(inbox_prefix("user-alice") + ".")
     assert decode_any(first.data, Reply) == SimulationProgress(stage="playing", played=0.5)
     assert cluster.stopped == [[JOB], [JOB]]
-    assert refusals.count(subjects.STOP_JOBS) == before + 1
+    assert refusals.count(STOP_JOBS.subject) == before + 1
 
 
 async def test_a_request_with_a_forged_token_is_not_answered_in_another_persons_inbox(
@@ -201,9 +206,9 @@ async def test_a_request_with_a_forged_token_is_not_answered_in_another_persons_
     """Its `unauthenticated` would go only to the inbox of whom the token names, here not even that."""
     alice = await cluster.connect("alice")
     forged = issue_token(new_secret(), Identity(user="alice", projects=["default"], admin=True))
-    await alice.nc.publish(subjects.STOP_JOBS, encode(StopJobs(job_ids=[JOB])),
+    await alice.nc.publish(STOP_JOBS.subject, encode(StopJobs(job_ids=[JOB])),
                            reply=f"{inbox_prefix('user-bob')}.lure", headers=bearer_headers(forged))
-    await refusals.counted(subjects.STOP_JOBS, 1)
+    await refusals.counted(STOP_JOBS.subject, 1)
     assert cluster.stopped == []
 
 
@@ -211,7 +216,7 @@ async def test_a_request_with_a_forged_token_is_not_answered_in_another_persons_
 
 @pytest_asyncio.fixture
 async def agent_responder(cluster: Cluster) -> AsyncIterator[None]:
-    """Node node-a's agent answering execs (`agent.requests.Responder`, logged in with its node credential);
+    """Node node-a's agent answering execs (`agent.requests.RequestServer`, logged in with its node credential);
     the job's token is taken as given: what is tested here is where the answer goes."""
     agent = await cluster.connect(agent_user("node-a"))
 
@@ -219,7 +224,7 @@ async def agent_responder(cluster: Cluster) -> AsyncIterator[None]:
         cluster.execs.append(request.command)
         return ProcessAccepted(already_known=False)
 
-    await Responder(agent.nc, "node-a").serve(subjects.agent_exec("node-a"), ExecInJob, run, lambda _, __: None)
+    await RequestServer(agent.nc, "node-a").serve(EXEC_IN_JOB, run, lambda _, __: None)
     await round_trip(agent.nc)
     yield
 

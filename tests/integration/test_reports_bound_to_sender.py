@@ -18,6 +18,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig
 
+from devstack.natslogins import nats_login_env
 from libs.contracts import subjects
 from libs.contracts.agent import ProcessAccepted, ProcessExited, ProcessStarted, UsageSample
 from libs.contracts.codec import encode
@@ -33,13 +34,12 @@ from libs.contracts.events import (
     Placement,
     UpstreamMessageSetAside,
 )
-from libs.devstack.natslogins import nats_login_env
 from libs.eventstore import EventStore, NewEvent, OutboxRelay
 from libs.messaging.connection import STREAMS, round_trip
 from libs.natsauth import ISSUER_SEED_FILE_VARIABLE
 from libs.natsroles import STREAM_OWNERS
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from libs.skeleton.runtime import ServiceRuntime
 from services.launcher.service import Launcher
 from tests.support.monitor import start_monitor
 from tests.support.platform import CLUSTER, JOB, plain_spec

@@ -12,7 +12,9 @@ from nats.aio.msg import Msg
 from nats.errors import NoRespondersError
 
 from libs.contracts.codec import encode
-from libs.contracts.messages import Done, MarkComponent, Reply
+from libs.contracts.operations.base import Done
+from libs.contracts.operations.catalogue import PEOPLE_REPLIES as Reply
+from libs.contracts.operations.cluster import MarkComponent
 from libs.messaging.connection import round_trip
 from libs.messaging.rpc import NO_RESPONDER_PAUSES, ServiceUnavailable, call
 

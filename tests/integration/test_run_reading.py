@@ -13,11 +13,12 @@ from libs.contracts import subjects
 from libs.contracts.codec import encode
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
-from libs.contracts.messages import CommandError, GetRun, GetSeries, RunView, SeriesPage, SeriesPoint
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.runs import GetRun, GetSeries, RunView, SeriesPage, SeriesPoint
 from libs.contracts.runs import MetricBatch, MetricPoint
 from libs.lifecycle import JobLifecycle, JobRecord
 from libs.messaging.connection import ensure_streams
-from services.monitor.runs import RunReader
+from services.monitor.runs.reader import RunReader
 from tests.support.specs import sleeper
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")

@@ -17,6 +17,7 @@ from libs.contracts.codec import encode
 from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, PrecheckCompleted
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import DatasetRef, ModelRef
+from libs.contracts.operations.jobs import LIST_JOBS, SUBMIT_JOB
 from libs.contracts.scheduling import Prediction
 from tests.support.schedulers import SECRET, Schedulers, spec, token
 from tests.support.waiting import eventually
@@ -47,7 +48,7 @@ async def test_inputs_missing_from_storage_are_refused_by_field(client: Trainyar
 
 async def test_unknown_request_fields_are_refused(client: TrainyardClient) -> None:
     payload = {"type": "ListJobs.v1", "statuses": [], "colour": "blue"}
-    msg = await client.nc.request(subjects.LIST_JOBS, json.dumps(payload).encode(), timeout=30,
+    msg = await client.nc.request(LIST_JOBS.subject, json.dumps(payload).encode(), timeout=30,
                                   headers=bearer_headers(client.token))
     reply = json.loads(msg.data)
     assert reply["type"] == "Error.v1"
@@ -58,7 +59,7 @@ async def test_unknown_request_fields_are_refused(client: TrainyardClient) -> No
 async def test_a_spec_error_inside_a_submit_names_the_spec_field(client: TrainyardClient) -> None:
     payload = {"type": "SubmitJob.v1", "job_id": "job-000000000001",
                "spec": {**msgspec.to_builtins(spec()), "nodes": 0}}
-    msg = await client.nc.request(subjects.SUBMIT_JOB, json.dumps(payload).encode(), timeout=30,
+    msg = await client.nc.request(SUBMIT_JOB.subject, json.dumps(payload).encode(), timeout=30,
                                   headers=bearer_headers(client.token))
     reply = json.loads(msg.data)
     assert (reply["code"], reply["errors"][0]["field"]) == ("invalid-spec", "nodes")

@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 
 from client.api import TrainyardClient
-from libs.contracts.messages import JobView
+from libs.contracts.operations.jobs import JobView
 from tests.support.schedulers import Login, refused, spec
 from tests.support.waiting import eventually
 

@@ -17,11 +17,11 @@ from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig, NodeInfo
 from libs.contracts.codec import encode
 from libs.contracts.events import Event, EventEnvelope, LaunchSucceeded, NodeRegistered
-from libs.contracts.messages import SimulationProgress
+from libs.contracts.operations.planning import SimulationProgress
 from libs.contracts.scheduling import Prediction
-from services.scheduler import past, start_snapshots
-from services.scheduler.names import upstream_consumer
-from services.scheduler.past_snapshots import PastSnapshots
+from services.scheduler.domain.names import upstream_consumer
+from services.scheduler.history import past, start_snapshots
+from services.scheduler.history.past_snapshots import PastSnapshots
 from services.scheduler.service import Scheduler
 from tests.support.replay import start_differences
 from tests.support.schedulers import CLUSTER as CLUSTER_FILE

@@ -36,7 +36,8 @@ from libs.contracts.agent import (
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.events import NodeLaunch
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.agents import REGISTER_NODE
+from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner, ControlVerifier
 from libs.messaging.rpc import call
 
@@ -58,11 +59,13 @@ def signed(subject: Callable[[str], str], node: str, payload: bytes) -> dict[str
 
 
 async def start_agent(nats_url: str, name: str, home: Path, *, storage: Path | None = None,
-                      health_probe_seconds: float = 0.2) -> NodeAgent:
-    """An agent for node `name` with its folder under `home` (shared storage: `home/storage`)."""
+                      health_probe_seconds: float = 0.2, node_token: str | None = None) -> NodeAgent:
+    """An agent for node `name` with its folder under `home` (shared storage: `home/storage`); `node_token` for a
+    real monitor to accept it."""
     agent = NodeAgent(NodeInfo(name=name, address="127.0.0.1", cpus=1, memory_mib=256), nats_url=nats_url,
                       root=home / "agents" / name, storage=storage or home / "storage",
-                      health_probe_seconds=health_probe_seconds, control=ControlVerifier.of_secret(CONTROL_SECRET))
+                      health_probe_seconds=health_probe_seconds, control=ControlVerifier.of_secret(CONTROL_SECRET),
+                      node_token=node_token)
     await agent.start()
     return agent
 
@@ -113,7 +116,7 @@ class Node:
 
     def nothing_started(self) -> bool:
         jobs = self.agent.root / "jobs"  # made at the agent's start, empty until a job's folder is made
-        return not self.agent.nodes and not (jobs.exists() and any(jobs.iterdir())) and not self.reports
+        return not self.agent.ranks.nodes and not (jobs.exists() and any(jobs.iterdir())) and not self.reports
 
     def session(self) -> Session:
         """A debug session in this node's job, not opened yet."""
@@ -143,7 +146,7 @@ async def registered_node(nc: Client, nats_url: str, home: Path, *, job_id: str,
     name = f"node-{uuid.uuid4().hex[:8]}"
     storage = storage or home / "storage"
     before = asyncio.all_tasks()
-    registrar = await nc.subscribe(subjects.REGISTER_NODE, cb=accept)
+    registrar = await nc.subscribe(REGISTER_NODE.subject, cb=accept)
     agent = await start_agent(nats_url, name, home, storage=storage, health_probe_seconds=health_probe_seconds)
     node = Node(agent=agent, nc=nc, storage=storage, job_id=job_id)
 

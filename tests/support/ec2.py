@@ -22,7 +22,7 @@ from pathlib import Path
 import boto3
 from moto.server import ThreadedMotoServer
 
-from libs.devstack.stack import REPO_ROOT, end_agent_jobs
+from devstack.stack import REPO_ROOT, end_agent_jobs
 from services.autoscaler.providers.ec2 import CLUSTER_TAG, INSTANCE_TAG, LIVE_STATES
 from services.autoscaler.providers.local import CONTROL_PLANE_VARIABLES
 

@@ -9,8 +9,8 @@ from typing import Any, cast
 
 from libs.contracts.events import EventEnvelope
 from libs.eventstore import NewEvent, Tracking
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from libs.skeleton.runtime import ServiceRuntime
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 

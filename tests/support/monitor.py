@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from libs.contracts.cluster import ClusterConfig
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from libs.skeleton.runtime import ServiceRuntime
 from services.monitor.service import Monitor
 
 CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.yaml"

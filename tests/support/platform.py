@@ -30,12 +30,12 @@ from libs.contracts.events import (
 )
 from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef
-from libs.contracts.messages import JobView
+from libs.contracts.operations.jobs import JobView
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import Tracking
-from services.scheduler.names import job_change, settings_change
+from services.scheduler.domain.names import job_change, settings_change
+from services.scheduler.domain.state import SchedulerState
 from services.scheduler.service import Scheduler
-from services.scheduler.state import SchedulerState
 from tests.support.eventlog import EventLog, fake_runtime
 
 CPU4 = Flavor(name="cpu-4", cpus=4, memory_mib=8192)

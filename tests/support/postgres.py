@@ -12,7 +12,7 @@ from pathlib import Path
 
 import psutil
 
-from libs.devstack.servers import as_server_user, free_port, hand_over, postgres_bin_dir, start_postgres, stop_postgres
+from devstack.servers import as_server_user, free_port, hand_over, postgres_bin_dir, start_postgres, stop_postgres
 
 
 @contextmanager
@@ -26,7 +26,7 @@ def server_folder() -> Iterator[Path]:
 @contextmanager
 def private_postgres(home: Path) -> Iterator[tuple[Path, int]]:
     """A server under `home/postgres` on a free port: (its folder, its port); stopped at the end. Its
-    administrator's URL: `libs.devstack.servers.admin_url(folder, port, database)`."""
+    administrator's URL: `devstack.servers.admin_url(folder, port, database)`."""
     home.chmod(0o755)  # the server runs as an unprivileged user when the tests run as root
     folder, port = home / "postgres", free_port()
     start_postgres(folder, port)

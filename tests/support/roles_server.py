@@ -1,4 +1,4 @@
-"""A NATS server of a test's own with a login per role, as `make up` runs it (libs/devstack/natslogins.py),
+"""A NATS server of a test's own with a login per role, as `make up` runs it (devstack/natslogins.py),
 how each role logs in to it, and a connection that keeps the server's refusals."""
 
 from __future__ import annotations
@@ -12,10 +12,10 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from devstack.natslogins import FOLDER, provision_nats_logins
+from devstack.servers import free_port, nats_server_binary, start_nats
 from libs.auth import issue_node_token, issue_token, new_secret
 from libs.contracts.identity import Identity
-from libs.devstack.natslogins import FOLDER, provision_nats_logins
-from libs.devstack.servers import free_port, nats_server_binary, start_nats
 from libs.messaging.connection import NatsLogin
 from libs.natsroles import SERVICES, inbox_prefix
 

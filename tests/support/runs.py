@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 
 from client.api import TrainyardClient
-from libs.contracts.messages import RunView
+from libs.contracts.operations.runs import RunView
 
 
 async def finished_run(api: TrainyardClient, job_id: str, timeout: float = 90) -> RunView:

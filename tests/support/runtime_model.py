@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 
-from services.scheduler.runtime_model import RuntimeModel, Traits
+from services.scheduler.planning.runtime_model import RuntimeModel, Traits
 
 
 class GatedModel(RuntimeModel):

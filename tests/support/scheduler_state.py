@@ -8,7 +8,7 @@ from typing import Any
 from libs.contracts.cluster import Accelerators, ClusterConfig, Flavor, NodeInfo
 from libs.contracts.events import EventEnvelope, JobAdmitted, JobSubmitted, NodeRegistered, Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.state import SchedulerState
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 A100_1 = Flavor(name="a100-1", cpus=4, memory_mib=16384, accelerators=1, board="A100")

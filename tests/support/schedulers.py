@@ -15,8 +15,8 @@ from libs.auth import issue_token
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.runtime import ServiceRuntime
 from libs.settings import Settings
+from libs.skeleton.runtime import ServiceRuntime
 from services.scheduler.service import Scheduler
 from tests.support.runtime_model import GatedModel
 

@@ -6,7 +6,7 @@ from pathlib import Path
 from typing import TypeAlias
 
 from client.api import TrainyardClient
-from libs.devstack import harness
+from devstack import harness
 
 Stack: TypeAlias = harness.Stack[TrainyardClient]
 

@@ -34,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import ClassVar
 
-from agent.cachefiles import locked
-from agent.jobenv import DEFAULT_PATH
+from agent.caches.cachefiles import locked
+from agent.processes.jobenv import DEFAULT_PATH
 
 CACHE_VARIABLE = "TRAINYARD_TEST_IMAGE_CACHE"
 DEFAULT_MIRROR = "http://deb.debian.org/debian"

@@ -8,8 +8,8 @@ from typing import Any
 
 from libs.contracts.cluster import ClusterConfig, Flavor
 from libs.contracts.events import EventEnvelope, JobSucceeded
-from services.scheduler.cycle import admissions, decide
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.rules.cycle import admissions, decide
 
 
 class VirtualScheduler:

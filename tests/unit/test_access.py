@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import pytest
 
-from libs.access import READ_ONLY_OPERATIONS, READ_WRITE_OPERATIONS, allowed
+from libs.access import READ_ONLY_ACTIONS, READ_WRITE_ACTIONS, allowed
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 
-ALL = sorted(READ_ONLY_OPERATIONS | READ_WRITE_OPERATIONS)
+ALL = sorted(READ_ONLY_ACTIONS | READ_WRITE_ACTIONS)
 
 
 def spec(access: str) -> JobSpec:
@@ -29,7 +29,7 @@ def test_the_creator_and_administrators_may_do_everything(operation: str) -> Non
 
 @pytest.mark.parametrize("operation", ALL)
 def test_read_only_sharing_allows_exactly_the_read_operations(operation: str) -> None:
-    expected = operation in READ_ONLY_OPERATIONS
+    expected = operation in READ_ONLY_ACTIONS
     assert allowed(MEMBER, spec("read-only"), "alice", operation, sharing_enabled=True) is expected  # type: ignore[arg-type]
     assert allowed(MEMBER, spec("read-write"), "alice", operation, sharing_enabled=True)  # type: ignore[arg-type]
 

@@ -1,4 +1,4 @@
-"""Checkpoint folders per attempt (agent/checkpoints.py): a new attempt starts from what the last one saved,
+"""Checkpoint folders per attempt (agent/isolation/checkpoints.py): a new attempt starts from what the last one saved,
 and a process of the old attempt that still runs can no longer change what the new one resumes from."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from agent.checkpoints import SEEDED_FROM, prepare_checkpoints
+from agent.isolation.checkpoints import SEEDED_FROM, prepare_checkpoints
 
 
 def saved(folder: Path, name: str, content: str) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import stat
 from pathlib import Path
 
-from agent.health import board_health, nic_health, probe, resource_checks, storage_health
+from agent.presence.health import board_health, nic_health, probe, resource_checks, storage_health
 from libs.contracts.agent import PrecheckNode
 from libs.contracts.cluster import Accelerators, NodeInfo
 from libs.contracts.health import ComponentHealth

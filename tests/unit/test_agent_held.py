@@ -1,6 +1,6 @@
-"""A node's command under its holder (agent/holder.py, agent/held.py): it runs on without the agent
-that started it, another agent adopts it, and its output is shipped once, in order, whichever agent
-ships it."""
+"""A node's command under its holder (agent/processes/holder.py, agent/processes/holder_client.py): it runs on
+without the agent that started it, another agent adopts it, and its output is shipped once, in order, whichever
+agent ships it (agent/output/tail.py)."""
 
 from __future__ import annotations
 
@@ -17,19 +17,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from agent.held import (
-    CHUNK_LINES,
-    HOLDER,
-    MAX_LINE_BYTES,
-    HeldProcess,
-    HoldServer,
-    OutputTail,
-    end_recorded_jobs,
-    split_lines,
-)
-from agent.holder import EXIT_NAME, OUTPUT_NAME, start_ticks
-from agent.kept import rank_root
-from agent.process import Record, read_records, write_record
+from agent.output.tail import CHUNK_LINES, MAX_LINE_BYTES, OutputTail, split_lines
+from agent.processes.holder import EXIT_NAME, OUTPUT_NAME, start_ticks
+from agent.processes.holder_client import HOLDER, HeldProcess, HoldServer
+from agent.ranks.kept import rank_root
+from agent.ranks.process import Record, end_recorded_jobs, read_records, write_record
 from tests.support.strategies import SETTINGS
 
 on_loop = pytest.mark.asyncio(loop_scope="session")

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.kept import (
+from agent.ranks.kept import (
     ENVIRONMENT_NAME,
     RemovalRefused,
     has_few_entries,
@@ -18,7 +18,7 @@ from agent.kept import (
     rank_root,
     remove_node_root,
 )
-from agent.process import RECORD_NAME, Record, read_records, write_record
+from agent.ranks.process import RECORD_NAME, Record, read_records, write_record
 
 
 def node_folder(root: Path, rank: int) -> Path:

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from agent.process import output_lines
+from agent.ranks.process import output_lines
 
 
 async def lines_of(*pieces: bytes, max_bytes: int = 8) -> list[bytes]:

@@ -1,4 +1,4 @@
-"""The ports a node chooses for a job's rendezvous (agent/ports.py): free on the node, the same for the same
+"""The ports a node chooses for a job's rendezvous (agent/ranks/tcp_ports.py): free on the node, the same for the same
 attempt, never one port for two attempts on one host, and given up once the attempt is gone."""
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent.ports import PortBook, PortRangeError, parse_range
+from agent.ranks.tcp_ports import PortBook, PortRangeError, parse_range
 from tests.support.strategies import SETTINGS
 
 LIVE: set[tuple[str, int]] = set()

@@ -7,7 +7,7 @@ import os
 import psutil
 import pytest
 
-from agent.resources import describe_host, parse_accelerators
+from agent.presence.resources import describe_host, parse_accelerators
 from libs.contracts.cluster import Accelerators, AgentConfig
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import pytest_asyncio
 
-from agent.process import ProcessGroup
-from agent.signals import Attempt, attempt_processes, catches, parse_signal, send, stop_attempt
+from agent.processes.signals import Attempt, attempt_processes, catches, parse_signal, send, stop_attempt
+from agent.ranks.process import ProcessGroup
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 

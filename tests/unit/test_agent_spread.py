@@ -1,4 +1,4 @@
-"""The agent's job folders marked for their subfolders to be spread apart (agent/spread.py)."""
+"""The agent's job folders marked for their subfolders to be spread apart (agent/ranks/spread.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agent.spread import spread_subfolders, subfolders_spread
+from agent.ranks.spread import spread_subfolders, subfolders_spread
 
 
 def test_a_folder_on_a_file_system_with_the_attribute_is_marked_once_and_keeps_its_other_flags(tmp_path: Path) -> None:

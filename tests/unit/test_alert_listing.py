@@ -9,7 +9,7 @@ import msgspec
 from libs.contracts.codec import encode
 from libs.contracts.events import AlertRaised, EventEnvelope
 from libs.contracts.identity import Identity
-from libs.contracts.messages import MAX_ALERT_PAGE_BYTES, ListAlerts
+from libs.contracts.operations.alerts import MAX_ALERT_PAGE_BYTES, ListAlerts
 from libs.contracts.scheduling import AdminSettings
 from libs.lifecycle import JobLifecycle, JobRecord
 from services.monitor.alerts import node_lost, page

@@ -20,8 +20,10 @@ from libs.contracts.arrays import (
 from libs.contracts.events import ArraySubmitted, JobSubmitted, JobSucceeded
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, OutputRef
-from libs.contracts.messages import ArraySelection, CommandError, SubmitArray
-from services.scheduler import arrays, cycle
+from libs.contracts.operations.arrays import ArraySelection, SubmitArray
+from libs.contracts.operations.base import CommandError
+from services.scheduler.domain import arrays
+from services.scheduler.rules import cycle
 from tests.support.placement import NOW
 from tests.support.scheduler_state import Fold
 from tests.support.strategies import SETTINGS

@@ -37,22 +37,11 @@ from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
 from libs.contracts.jobspec import CheckpointResume, DatasetRef, FaultRestart, JobSpec
-from libs.contracts.messages import (
-    CommandError,
-    Done,
-    FlavorList,
-    InstanceView,
-    JobAccepted,
-    JobDetails,
-    JobList,
-    JobView,
-    NodeCache,
-    NodeView,
-    PreloadAccepted,
-    QueueStatus,
-    ScaledInstance,
-    TypeCooldown,
-)
+from libs.contracts.operations.autoscaler import QueueStatus, ScaledInstance, TypeCooldown
+from libs.contracts.operations.base import CommandError, Done
+from libs.contracts.operations.cache import NodeCache, PreloadAccepted
+from libs.contracts.operations.cluster import FlavorList, NodeView
+from libs.contracts.operations.jobs import InstanceView, JobAccepted, JobDetails, JobList, JobView
 from libs.contracts.scheduling import (
     BoardDemand,
     BoardUsage,

@@ -15,16 +15,9 @@ from client import cli
 from client.api import NoAnswer
 from libs.contracts.arrays import ArrayMember, SweepParameter, is_array_id, parse_indices, sweep_points
 from libs.contracts.jobspec import JobSpec
-from libs.contracts.messages import (
-    ArrayAccepted,
-    ArrayDetails,
-    ArrayMemberView,
-    ArraySelection,
-    ArrayView,
-    Done,
-    JobList,
-    JobView,
-)
+from libs.contracts.operations.arrays import ArrayAccepted, ArrayDetails, ArrayMemberView, ArraySelection, ArrayView
+from libs.contracts.operations.base import Done
+from libs.contracts.operations.jobs import JobList, JobView
 from tests.support.cli import FakeClient, fake, invoke, no_stack
 
 __all__ = ["fake", "no_stack"]  # the fixtures, used by name

@@ -12,10 +12,9 @@ import pytest
 import typer
 
 from client.cli.params import past_instant
-from libs.contracts.messages import (
+from libs.contracts.operations.jobs import JobList, JobView
+from libs.contracts.operations.planning import (
     FlavorUse,
-    JobList,
-    JobView,
     MovedJob,
     PriorityWaits,
     SimulationPoint,

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Any
 
 from client.api import TrainyardError
-from libs.contracts.messages import CommandError
+from libs.contracts.operations.base import CommandError
 from libs.contracts.scheduling import AdminSettings
-from services.scheduler.limits import queued_error, rate_taken
+from services.scheduler.domain.limits import queued_error, rate_taken
 from tests.support.cli import FakeClient, fake, invoke, no_stack
 
 __all__ = ["fake", "no_stack"]  # the fixtures, used by name

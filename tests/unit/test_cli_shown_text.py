@@ -16,7 +16,9 @@ from client.cli.render import shown
 from libs.contracts.agent import LogChunk
 from libs.contracts.events import EventEnvelope, JobStopped
 from libs.contracts.jobspec import FieldError, JobSpec
-from libs.contracts.messages import CommandError, JobDetails, JobList, JobView, RunView, SeriesPoint, SeriesView
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.jobs import JobDetails, JobList, JobView
+from libs.contracts.operations.runs import RunView, SeriesPoint, SeriesView
 from tests.support.cli import FakeClient, fake, invoke, no_stack
 
 __all__ = ["fake", "no_stack"]  # the fixtures, used by name

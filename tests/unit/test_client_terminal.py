@@ -27,14 +27,16 @@ from typer.testing import CliRunner
 
 from client import cli, terminal
 from client.api import TrainyardClient
-from client.cli.execute import PIPED_SHELL
+from client.cli.commands.execute import PIPED_SHELL
 from libs.auth import issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import SessionControl, SessionExited
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import AlertMailed, AlertRaised, EventEnvelope
 from libs.contracts.identity import AUTH_HEADER, Identity
-from libs.contracts.messages import CommandError, ListAlerts, OpenTerminal, TerminalOpened
+from libs.contracts.operations.alerts import LIST_ALERTS, ListAlerts
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.runs import OPEN_TERMINAL, OpenTerminal, TerminalOpened
 from libs.lifecycle import JobLifecycle
 from libs.messaging.connection import round_trip
 from services.monitor.alerts import page as alert_page
@@ -69,7 +71,7 @@ class FakeNode:
         return subjects.session(self.node, OWNER, self.session_id, channel)
 
     async def start(self) -> None:
-        await self.nc.subscribe(subjects.OPEN_TERMINAL, cb=self.on_open)
+        await self.nc.subscribe(OPEN_TERMINAL.subject, cb=self.on_open)
         await self.nc.subscribe(subjects.session(self.node, "*", "*", "in"), cb=self.on_input)
         await self.nc.subscribe(subjects.session(self.node, "*", "*", "control"), cb=self.on_control)
         await round_trip(self.nc)
@@ -316,7 +318,7 @@ class FakeMonitor:
             admin = Identity(user="admin", projects=[], admin=True)
             await msg.respond(encode(alert_page(self.raised, request, admin, JobLifecycle())))
 
-        await nc.subscribe(subjects.LIST_ALERTS, cb=answer)
+        await nc.subscribe(LIST_ALERTS.subject, cb=answer)
         await round_trip(nc)
 
 

@@ -9,7 +9,7 @@ import pytest
 from libs.contracts import codec
 from libs.contracts.codec import decode_any, encode
 from libs.contracts.events import Event, JobFailed, JobSucceeded
-from libs.contracts.messages import CommandError, Done
+from libs.contracts.operations.base import CommandError, Done
 
 
 def test_unions_made_at_every_call_decode_as_their_members() -> None:

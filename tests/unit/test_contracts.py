@@ -136,90 +136,98 @@ from libs.contracts.jobspec import (
     OutputRef,
     field_error_from_msgspec,
 )
-from libs.contracts.messages import (
-    MAX_ALERT_PAGE,
-    MAX_LOG_PAGE_BYTES,
-    MAX_LOG_PAGE_CHUNKS,
-    AlertPage,
+from libs.contracts.operations.alerts import LIST_ALERTS, MAX_ALERT_PAGE, AlertPage, ListAlerts
+from libs.contracts.operations.arrays import (
     ArrayAccepted,
     ArrayDetails,
     ArrayMemberView,
     ArraySelection,
     ArrayView,
+    GetArray,
+    SubmitArray,
+)
+from libs.contracts.operations.autoscaler import (
     AutoscalerLog,
-    CacheListing,
+    GetAutoscalerLog,
+    GetQueueStatus,
+    QueueStatus,
+    ScaledInstance,
+    TypeCooldown,
+)
+from libs.contracts.operations.base import CommandError, Done
+from libs.contracts.operations.cache import CacheListing, ListCache, NodeCache, PreloadAccepted, PreloadDataset
+from libs.contracts.operations.catalogue import PEOPLE_REPLIES as Reply
+from libs.contracts.operations.catalogue import PEOPLE_REQUESTS as Request
+from libs.contracts.operations.cluster import (
+    ChangeSettings,
+    GetResources,
+    GetSettings,
+    ListFlavors,
+    ListNodes,
+    ListStorageAccess,
+    MarkComponent,
+    NodeList,
+    NodeView,
+    SetStorageAccess,
+    StorageAccessList,
+    WhoAmI,
+)
+from libs.contracts.operations.images import (
+    DeleteImage,
+    ImageList,
+    ListImages,
+    MarkImage,
+    RegisterImage,
+    UploadImageChunk,
+    UploadReceived,
+)
+from libs.contracts.operations.jobs import (
+    JOB_LOGS,
+    JOB_USAGE,
+    MAX_LOG_PAGE_BYTES,
+    MAX_LOG_PAGE_CHUNKS,
+    SUBMIT_JOB,
     ChangeDuration,
     ChangePriority,
-    ChangeSettings,
     CloneJob,
-    CommandError,
-    DeleteImage,
     DeleteJobs,
-    Done,
-    ExplainJob,
-    FlavorUse,
-    GetArray,
-    GetAutoscalerLog,
     GetDevEnv,
     GetJob,
     GetJobHistory,
     GetJobLogs,
     GetJobUsage,
     GetQueue,
-    GetQueueStatus,
-    GetResources,
-    GetRun,
-    GetSeries,
-    GetSettings,
-    ImageList,
     InstanceView,
     JobAccepted,
     JobDetails,
     JobList,
     JobUsage,
     JobView,
-    ListAlerts,
-    ListCache,
-    ListFlavors,
-    ListImages,
     ListJobs,
-    ListNodes,
-    ListStorageAccess,
     LogPage,
-    MarkComponent,
-    MarkImage,
-    MovedJob,
-    NodeCache,
-    NodeList,
-    NodeView,
-    OpenTerminal,
-    PredictJob,
-    PreloadAccepted,
-    PreloadDataset,
-    PriorityWaits,
-    QueueStatus,
-    RegisterImage,
-    Reply,
-    Request,
-    RunView,
-    ScaledInstance,
     SearchJobs,
-    SeriesPage,
-    SeriesPoint,
-    SeriesView,
-    SetStorageAccess,
+    StopJobs,
+    SubmitJob,
+)
+from libs.contracts.operations.planning import (
+    ExplainJob,
+    FlavorUse,
+    MovedJob,
+    PredictJob,
+    PriorityWaits,
     SimulateHistory,
     SimulationPoint,
     SimulationReport,
-    StopJobs,
-    StorageAccessList,
-    SubmitArray,
-    SubmitJob,
+)
+from libs.contracts.operations.runs import (
+    GetRun,
+    GetSeries,
+    OpenTerminal,
+    RunView,
+    SeriesPage,
+    SeriesPoint,
+    SeriesView,
     TerminalOpened,
-    TypeCooldown,
-    UploadImageChunk,
-    UploadReceived,
-    WhoAmI,
 )
 from libs.contracts.runs import MetricBatch, MetricPoint
 from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction, StoredAccess
@@ -844,12 +852,12 @@ def test_an_alert_page_request_out_of_bounds_is_refused_by_field(document: bytes
 def test_an_alert_page_request_defaults_to_a_bounded_first_page_on_the_monitors_query_subject() -> None:
     request = decode_strict(b'{"type": "ListAlerts.v1"}', Request)
     assert request == ListAlerts(after=0) and 1 <= request.limit <= MAX_ALERT_PAGE
-    assert subjects.LIST_ALERTS == "trainyard.query.alerts"
+    assert LIST_ALERTS.subject == "trainyard.query.alerts"
 
 
 def test_log_and_usage_queries_are_scheduler_queries_and_name_one_jobs_subjects() -> None:
-    assert subjects.JOB_LOGS == "trainyard.query.jobs.logs"
-    assert subjects.JOB_USAGE == "trainyard.query.jobs.usage"
+    assert JOB_LOGS.subject == "trainyard.query.jobs.logs"
+    assert JOB_USAGE.subject == "trainyard.query.jobs.usage"
     assert subjects.job_logs("job-000000000001") == "trainyard.logs.job-000000000001.*.*"
     assert subjects.job_logs("job-000000000001", 2) == "trainyard.logs.job-000000000001.2.*"
     assert subjects.USAGE_STREAM == "KV_trainyard-usage"
@@ -872,7 +880,7 @@ def test_every_subject_an_agent_publishes_for_a_job_ends_with_its_node() -> None
 
 def test_a_subject_that_names_no_node_binds_no_message_to_a_sender() -> None:
     for subject in ("trainyard.logs.job-000000000001.2", f"$KV.{subjects.USAGE_BUCKET}.job-000000000001.1.2",
-                    "trainyard.agent-reports.node-a.extra", subjects.SUBMIT_JOB):
+                    "trainyard.agent-reports.node-a.extra", SUBMIT_JOB.subject):
         assert subjects.sender_of(subject) is None, subject
         assert subjects.sender_refusal(subject, "node-a") == f"published on {subject}, which names no node"
 

@@ -15,10 +15,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import datacache
-from agent.cachepolicy import Held, SourceFile, cache_key, evictions, under_pressure
-from agent.datacache import DatasetCache, Progress, StagingError
-from agent.preparation import DataPreparation
+from agent.caches import datacache
+from agent.caches.cachepolicy import Held, SourceFile, cache_key, evictions, under_pressure
+from agent.caches.datacache import DatasetCache, Progress, StagingError
+from agent.caches.preparation import DataPreparation
 from libs.contracts.datacache import MAX_CACHE_ENTRIES_REPORTED, CacheEviction, CachePolicy, CacheReport
 from libs.contracts.events import Mount
 from tests.support.strategies import SETTINGS

@@ -16,10 +16,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from agent import datacache
-from agent.cachepolicy import MAX_LINK_HOPS, SourceFile, cache_key, links_refused
-from agent.datacache import DatasetCache, Progress, StagingError
-from agent.preparation import DataPreparation
+from agent.caches import datacache
+from agent.caches.cachepolicy import MAX_LINK_HOPS, SourceFile, cache_key, links_refused
+from agent.caches.datacache import DatasetCache, Progress, StagingError
+from agent.caches.preparation import DataPreparation
 from libs.contracts.agent import StageDataset
 from tests.support.strategies import SETTINGS
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from libs.devstack.processes import forget_stopped, stack_processes
-from libs.devstack.stack import ProcessSet
-from libs.devstack.supervisor import (
+from devstack.processes import forget_stopped, stack_processes
+from devstack.stack import ProcessSet
+from devstack.supervisor import (
     Backoff,
     Lifecycle,
     Program,

@@ -1,4 +1,4 @@
-"""`libs.entrypoint.run`: how a service or agent process ends, as a supervisor sees it."""
+"""`libs.skeleton.entrypoint.run`: how a service or agent process ends, as a supervisor sees it."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 
 PROGRAM = textwrap.dedent("""
     import asyncio, sys
-    from libs.entrypoint import run
+    from libs.skeleton.entrypoint import run
 
     class Process:
         async def stopped(self) -> None:
@@ -69,7 +69,7 @@ def test_a_process_that_stops_on_its_own_closes_and_exits_non_zero(tmp_path: Pat
 def test_a_process_collects_its_young_objects_less_often_than_python_does(tmp_path: Path) -> None:
     """A service or agent drops many short-lived objects a message: its cycle collector runs every
     YOUNG_COLLECTION_ALLOCATIONS allocations rather than every 700 (about a tenth of a service's CPU)."""
-    from libs.entrypoint import YOUNG_COLLECTION_ALLOCATIONS
+    from libs.skeleton.entrypoint import YOUNG_COLLECTION_ALLOCATIONS
 
     out, _ = start(tmp_path, "crash").communicate(timeout=20)
     assert f"young collections every {YOUNG_COLLECTION_ALLOCATIONS}" in out

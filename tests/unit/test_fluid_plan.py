@@ -8,8 +8,8 @@ import msgspec
 import pytest
 
 from libs.placement import NodeCapacity, QueuedJob, RunningJob
-from services.scheduler import playthrough
-from services.scheduler.prediction import ROUGH, plan_queue, predict
+from services.scheduler.planning import playthrough
+from services.scheduler.planning.prediction import ROUGH, plan_queue, predict
 from tests.support.placement import FLAVORS, NOW, busy, node, queued, run_on, spec
 
 HOUR = 3600

@@ -1,8 +1,8 @@
-"""Separate hosts on one machine (libs/devstack/hosts.py): their addresses and names, without making any."""
+"""Separate hosts on one machine (devstack/hosts.py): their addresses and names, without making any."""
 
 from __future__ import annotations
 
-from libs.devstack.hosts import Hosts
+from devstack.hosts import Hosts
 
 
 def test_every_host_has_an_address_of_its_own_beside_the_control_hosts() -> None:

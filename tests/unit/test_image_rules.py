@@ -8,14 +8,14 @@ from pathlib import Path
 
 import pytest
 
-from agent.imageprep import on_agent_python
-from agent.jobenv import job_environment
+from agent.caches.imageprep import on_agent_python
+from agent.processes.jobenv import job_environment
 from libs.contracts.cluster import Flavor
 from libs.contracts.events import ImageDeleted, ImageMarked, ImageRegistered, Placement
 from libs.contracts.images import ImageRecord, ImageRefError, ImageUse, parse_image_ref
 from libs.contracts.jobspec import JobSpec, LifecycleScripts
 from services.launcher.planner import MPI_REMOTE_SHELL, plan_launch
-from services.scheduler.images import fold_image, image_errors, image_use
+from services.scheduler.domain.images import fold_image, image_errors, image_use
 
 FLAVORS = [Flavor(name="cpu-1", cpus=1, memory_mib=1024),
            Flavor(name="gpu-1", cpus=1, memory_mib=1024, accelerators=1, board="sim-a100")]

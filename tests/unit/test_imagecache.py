@@ -20,10 +20,10 @@ from typing import Any
 
 import pytest
 
-from agent import imagecache
-from agent.cachepolicy import Held
-from agent.imagecache import ImageCache, ImageCacheError, ImageRoot
-from agent.jobenv import DEFAULT_PATH
+from agent.caches import imagecache
+from agent.caches.cachepolicy import Held
+from agent.caches.imagecache import ImageCache, ImageCacheError, ImageRoot
+from agent.processes.jobenv import DEFAULT_PATH
 from libs.contracts.datacache import CachePolicy
 from libs.imagefiles import file_digest
 

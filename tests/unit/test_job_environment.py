@@ -10,11 +10,11 @@ import msgspec
 import pytest
 
 from agent.agent import NodeAgent
-from agent.jobenv import job_environment, network_env, without_credentials
-from agent.kept import ENVIRONMENT_NAME, Environment, read_environment, write_environment
-from agent.runs import runs_folder, socket_path
-from agent.sandbox import SYSTEM_PATHS, Bind, Hidden, HostEntry, SandboxSpec, bwrap_argv
-from agent.workspace import BWRAP, Workspace, hidden_entries
+from agent.isolation.sandbox import SYSTEM_PATHS, Bind, Hidden, HostEntry, SandboxSpec, bwrap_argv
+from agent.isolation.workspace import BWRAP, Workspace, hidden_entries
+from agent.output.runs import runs_folder, socket_path
+from agent.processes.jobenv import job_environment, network_env, without_credentials
+from agent.ranks.kept import ENVIRONMENT_NAME, Environment, read_environment, write_environment
 from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef

@@ -16,8 +16,8 @@ from typing import Any
 import pytest
 import yaml
 
-from libs.devstack.servers import nats_server_binary
-from libs.devstack.stack import REPO_ROOT
+from devstack.servers import nats_server_binary
+from devstack.stack import REPO_ROOT
 from libs.natsauth import issuer_public_key, new_issuer_seed
 from tests.support.scripts import load_script
 

@@ -27,10 +27,10 @@ from libs.contracts.jobspec import (
     size_errors,
     validate_spec,
 )
-from libs.contracts.messages import SubmitJob
+from libs.contracts.operations.jobs import SubmitJob
 from libs.contracts.strict import decode_strict
 from libs.eventstore.store import MAX_EVENT_BYTES
-from libs.messaging.rpc import error_for_decode_failure
+from libs.messaging.responder import error_for_decode_failure
 from services.launcher.planner import plan_launch
 from tests.support.schedulers import spec
 

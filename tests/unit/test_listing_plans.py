@@ -11,13 +11,13 @@ import pytest
 from nats.js.client import JetStreamContext
 
 from libs.contracts.identity import Identity
-from libs.contracts.messages import GetJob, ListJobs
+from libs.contracts.operations.jobs import GetJob, ListJobs
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import EventStore
-from services.scheduler import queries as queries_module
-from services.scheduler.ports import Scheduling
-from services.scheduler.prediction import Forecast
-from services.scheduler.queries import JobQueries
+from services.scheduler.handlers import queries as queries_module
+from services.scheduler.handlers.queries import JobQueries
+from services.scheduler.interfaces import Scheduling
+from services.scheduler.planning.prediction import Forecast
 from tests.support.scheduler_state import AT, Fold
 
 ALICE = Identity(user="alice", projects=["default"])

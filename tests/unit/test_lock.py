@@ -9,7 +9,7 @@ from collections.abc import Callable, Iterable, Mapping
 import pytest
 from packaging.requirements import Requirement
 
-from libs.devstack.stack import REPO_ROOT
+from devstack.stack import REPO_ROOT
 from tests.support.scripts import load_script
 
 verify = load_script(REPO_ROOT / "deploy" / "lock" / "verify.py", "trainyard_lock_verify")

@@ -11,7 +11,7 @@ import textwrap
 from pathlib import Path
 from typing import Any
 
-from libs.devstack.stack import REPO_ROOT
+from devstack.stack import REPO_ROOT
 from libs.telemetry.metrics import CATALOGUE
 from tests.support.otlp import OtlpReceiver
 

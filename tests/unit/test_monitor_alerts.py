@@ -7,7 +7,7 @@ from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, Outp
 from libs.contracts.scheduling import AdminSettings
 from libs.lifecycle import JobRecord
 from services.monitor import alerts
-from services.monitor.performance import Incident
+from services.monitor.performance.detector import Incident
 
 JOB = JobRecord(job_id="job-0123456789ab", creator="alice", creator_email="alice@example.com",
                 spec=JobSpec(name="bert", flavors=["cpu-1"], algorithm=AlgorithmRef(name="a"),

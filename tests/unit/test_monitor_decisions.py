@@ -28,10 +28,11 @@ from libs.contracts.events import (
 )
 from libs.contracts.health import ComponentHealth
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, DebugTerminal, JobSpec, OutputRef
-from libs.contracts.messages import MarkComponent
+from libs.contracts.operations.cluster import MarkComponent
 from libs.contracts.scheduling import Prediction
 from libs.lifecycle import JobLifecycle
-from services.monitor import caches, decisions
+from services.monitor import caches
+from services.monitor import rules as decisions
 from services.monitor.state import MonitoredNode, MonitorState
 
 NOW = datetime(2025, 1, 1, tzinfo=UTC)

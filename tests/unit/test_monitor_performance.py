@@ -12,8 +12,8 @@ from libs.contracts import subjects
 from libs.contracts.agent import LogChunk
 from libs.contracts.codec import encode
 from libs.contracts.jobspec import PerformanceDetection
-from services.monitor.logfeed import scan
-from services.monitor.performance import PerformanceDetector, RankWindow, ratios
+from services.monitor.performance.detector import PerformanceDetector, RankWindow, ratios
+from services.monitor.performance.logfeed import scan
 
 
 def line(hardware: float, e2e: float) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
-from libs.devstack.stack import REPO_ROOT
+from devstack.stack import REPO_ROOT
 from libs.telemetry.metrics import CATALOGUE
 
 PROMETHEUS = REPO_ROOT / "deploy" / "prometheus"

@@ -8,8 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from devstack.servers import nats_server_binary
 from libs.contracts import subjects
-from libs.devstack.servers import nats_server_binary
+from libs.contracts.operations.agents import REGISTER_NODE
+from libs.contracts.operations.autoscaler import QUEUE_STATUS
+from libs.contracts.operations.jobs import SUBMIT_JOB
 from libs.natsauth import issuer_public_key, new_issuer_seed
 from libs.natsroles import (
     ISSUER_VARIABLE,
@@ -50,7 +53,7 @@ def may_subscribe(p: Permissions, subject: str) -> bool:
 
 
 def test_every_request_subject_is_answered_by_exactly_one_service_and_sent_by_users() -> None:
-    assert subjects.SUBMIT_JOB in request_subjects() and subjects.QUEUE_STATUS in request_subjects()
+    assert SUBMIT_JOB.subject in request_subjects() and QUEUE_STATUS.subject in request_subjects()
     for subject in request_subjects():
         answering = [s for s in SERVICES if may_subscribe(service_permissions(s), subject)]
         assert len(answering) == 1, (subject, answering)
@@ -78,7 +81,7 @@ def test_only_a_streams_owner_manages_it() -> None:
 def test_an_agent_speaks_for_its_own_node_only() -> None:
     agent = agent_permissions("node-a")
     for own in (subjects.agent_report("node-a"), subjects.agent_cache("node-a"), subjects.heartbeat("node-a"),
-                subjects.REGISTER_NODE,
+                REGISTER_NODE.subject,
                 subjects.session("node-a", "user-alice", "s1", "out"),
                 subjects.node_logs("job-000000000001", 0, "node-a"),
                 subjects.job_metrics("job-000000000001", "node-a"),
@@ -90,7 +93,7 @@ def test_an_agent_speaks_for_its_own_node_only() -> None:
                   f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key('job-000000000001', 1, 0, 'node-b')}",
                   f"$KV.{subjects.USAGE_BUCKET}.job-000000000001.1.0",
                   subjects.session("node-b", "user-alice", "s1", "out"),
-                  subjects.agent_exec("node-b"), subjects.agent_start("node-b"), subjects.SUBMIT_JOB):
+                  subjects.agent_exec("node-b"), subjects.agent_start("node-b"), SUBMIT_JOB.subject):
         assert not may_publish(agent, other), other
     assert may_subscribe(agent, subjects.agent_start("node-a"))
     assert not may_subscribe(agent, subjects.agent_start("node-b"))
@@ -152,7 +155,7 @@ def test_the_deploy_configuration_is_fresh_and_accepted_by_nats_server() -> None
 def test_a_job_may_ask_only_its_own_nodes_agents_and_read_only_its_inbox() -> None:
     job = job_permissions("job-0123456789ab", ["node-a", "node-b"])
     assert may_publish(job, subjects.agent_exec("node-a")) and may_publish(job, subjects.agent_exec("node-b"))
-    for subject in (subjects.agent_exec("node-c"), subjects.agent_start("node-a"), subjects.SUBMIT_JOB):
+    for subject in (subjects.agent_exec("node-c"), subjects.agent_start("node-a"), SUBMIT_JOB.subject):
         assert not may_publish(job, subject)
     assert may_subscribe(job, "_INBOX.jobs.job-0123456789ab.abc")
     assert not may_subscribe(job, "_INBOX.jobs.job-0123456789ac.abc")

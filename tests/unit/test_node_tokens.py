@@ -11,6 +11,7 @@ from typer.testing import CliRunner
 
 from agent.__main__ import node_credential
 from client import cli
+from devstack.stack import provision_node_token
 from libs.auth import (
     AuthError,
     bearer_headers,
@@ -22,9 +23,8 @@ from libs.auth import (
     verify_token,
 )
 from libs.contracts.identity import Identity
-from libs.devstack.stack import provision_node_token
 from libs.settings import Settings
-from services.monitor.decisions import credential_refusal
+from services.monitor.rules import credential_refusal
 
 SECRET = "a-signing-secret-for-the-unit-tests-0123456789"
 OTHER_SECRET = "another-signing-secret-of-enough-length-987654"

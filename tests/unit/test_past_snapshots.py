@@ -6,10 +6,10 @@ import gc
 from datetime import timedelta
 
 from libs.contracts.events import JobStopped, JobSucceeded, NodeRegistered
-from services.scheduler.past_snapshots import dump, load
-from services.scheduler.prediction_cache import PredictionCache
-from services.scheduler.snapshot import queued_jobs, running_jobs
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.history.past_snapshots import dump, load
+from services.scheduler.planning.decision_inputs import queued_jobs, running_jobs
+from services.scheduler.planning.prediction_cache import PredictionCache
 from tests.support.scheduler_state import AT, Fold
 
 

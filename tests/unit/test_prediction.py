@@ -16,19 +16,19 @@ from libs.contracts.events import EventEnvelope, JobPredicted, JobSubmitted, Job
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
 from libs.placement import NodeCapacity, QueuedJob, RunningJob, eligible, holdings, schedule
-from services.scheduler import playthrough
-from services.scheduler.backfill_plan import Plan, Planner
-from services.scheduler.planning_thread import PlanningThread
-from services.scheduler.prediction import (
+from services.scheduler.planning import playthrough
+from services.scheduler.planning.backfill_plan import Plan, Planner
+from services.scheduler.planning.prediction import (
     Expected,
     forecast,
     plan_queue,
     predict,
     predict_queue,
 )
-from services.scheduler.prediction_cache import PlanInputs, PredictionCache
-from services.scheduler.runtime_model import JobRecord, RuntimeModel, Traits, expected_runtimes
-from services.scheduler.simulation import insertion_index
+from services.scheduler.planning.prediction_cache import PlanInputs, PredictionCache
+from services.scheduler.planning.runtime_model import JobRecord, RuntimeModel, Traits, expected_runtimes
+from services.scheduler.planning.simulation import insertion_index
+from services.scheduler.planning.thread import PlanningThread
 from tests.support.placement import (
     FLAVORS,
     NOW,

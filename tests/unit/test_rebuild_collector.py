@@ -8,7 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
-from libs.eventsourced import collector_paused
+from libs.skeleton.eventsourced import collector_paused
 
 
 @pytest.fixture

@@ -21,7 +21,7 @@ from libs.contracts.events import (
     NodeUnhealthy,
 )
 from libs.contracts.jobspec import FaultRestart
-from services.scheduler.names import job_change
+from services.scheduler.domain.names import job_change
 from tests.support.platform import JOB, Platform, plain_spec
 
 

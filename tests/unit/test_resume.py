@@ -28,8 +28,8 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import CheckpointResume, Elastic, PerformanceDetection
 from services.autoscaler.state import AutoscalerState
-from services.scheduler.names import job_change
-from services.scheduler.views import node_views
+from services.scheduler.domain.names import job_change
+from services.scheduler.domain.views import node_views
 from tests.support.platform import JOB, OTHER, Platform, check, job_spec, plain_spec
 
 

@@ -7,11 +7,12 @@ import asyncpg
 import pytest
 from faststream.nats import NatsBroker, TestNatsBroker
 
+from libs.auth import bearer_headers, issue_token, new_secret
 from libs.contracts.codec import decode_any, encode
-from libs.contracts.messages import CommandError, Done, ListAlerts
-from libs.messaging.rpc import register_responder
-
-SUBJECT = "trainyard.query.alerts"
+from libs.contracts.identity import Identity
+from libs.contracts.operations.alerts import LIST_ALERTS, ListAlerts
+from libs.contracts.operations.base import CommandError, Done
+from libs.messaging.rpc import serve_operations
 
 
 @pytest.mark.parametrize("failure, code", [
@@ -23,12 +24,15 @@ SUBJECT = "trainyard.query.alerts"
 async def test_a_handler_that_meets_an_outage_answers_unavailable(failure: Exception, code: str) -> None:
     broker = NatsBroker()
 
-    async def handler(_: ListAlerts) -> Done:
+    secret = new_secret()
+    token = issue_token(secret, Identity(user="alice", projects=["default"]))
+
+    async def handler(_: ListAlerts, __: Identity) -> Done:
         raise failure
 
-    register_responder(broker, "monitor", SUBJECT, ListAlerts, handler)
+    serve_operations(broker, "monitor", [(LIST_ALERTS, handler)], secret=secret)
     async with TestNatsBroker(broker) as test:
-        reply = await test.request(encode(ListAlerts()), SUBJECT)
+        reply = await test.request(encode(ListAlerts()), LIST_ALERTS.subject, headers=bearer_headers(token))
 
     error = decode_any(reply.body, CommandError)
     assert error.code == code

@@ -9,7 +9,7 @@ from pathlib import Path
 from client.cli.render import run_life_lines
 from client.plots import lines_of, png_chart, terminal_chart, thinned
 from libs.contracts.codec import encode
-from libs.contracts.messages import MAX_SERIES_PAGE, ProcessView, RankEnd, RunView, SeriesPage, SeriesPoint
+from libs.contracts.operations.runs import MAX_SERIES_PAGE, ProcessView, RankEnd, RunView, SeriesPage, SeriesPoint
 
 AT = datetime(2026, 1, 1, tzinfo=UTC)
 

@@ -21,8 +21,8 @@ from libs.contracts.events import (
     RunFinished,
     RunProcessEnded,
 )
-from services.monitor import runlife
-from services.monitor.runlife import RunLife
+from services.monitor.runs import runlife
+from services.monitor.runs.runlife import RunLife
 from tests.support.eventlog import T0, EventLog
 from tests.support.strategies import SETTINGS
 

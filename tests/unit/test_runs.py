@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
-from agent.runs import RunRelay, remove_run_folder, socket_path
+from agent.output.runs import RunRelay, remove_run_folder, socket_path
 from client.cli.render import series_rows
 from libs.contracts.runs import MAX_POINTS_PER_BATCH, MetricBatch, MetricPoint
-from services.monitor.runs import ProcessKey, RunIndex, page_points
+from services.monitor.runs.reader import ProcessKey, RunIndex, page_points
 from trainyard.run import Run
 
 

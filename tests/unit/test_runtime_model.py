@@ -19,9 +19,9 @@ from libs.contracts.events import (
     Placement,
 )
 from libs.contracts.jobspec import JobSpec
-from services.scheduler.prediction_cache import PredictionCache
-from services.scheduler.runtime_model import RuntimeModel, Traits, expected_runtimes, kind_of
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.planning.prediction_cache import PredictionCache
+from services.scheduler.planning.runtime_model import RuntimeModel, Traits, expected_runtimes, kind_of
 from tests.support.placement import CPU4, FLAVORS, NOW, queued, run_on, spec
 from tests.support.strategies import SETTINGS
 

@@ -14,9 +14,19 @@ from typing import Any
 import msgspec
 import pytest
 
-from agent import sandbox
-from agent.sandbox import EXEC, HOST, Bind, Hidden, HostEntry, HostListing, SandboxSpec, bwrap_argv, list_host_dir
-from agent.workspace import (
+from agent.isolation import sandbox
+from agent.isolation.sandbox import (
+    EXEC,
+    HOST,
+    Bind,
+    Hidden,
+    HostEntry,
+    HostListing,
+    SandboxSpec,
+    bwrap_argv,
+    list_host_dir,
+)
+from agent.isolation.workspace import (
     BACKEND_VARIABLE,
     BWRAP,
     JOBS_AS_ROOT_VARIABLE,
@@ -442,7 +452,7 @@ def test_under_an_image_its_root_filesystem_is_the_jobs_and_the_host_shows_only_
 
 
 def test_a_plain_workspace_cannot_run_a_job_in_an_image(tmp_path: Path) -> None:
-    from agent.imagecache import ImageRoot
+    from agent.caches.imagecache import ImageRoot
 
     image = ImageRoot(key="abc", rootfs=tmp_path / "rootfs", env={}, workdir=None, cold=False)
     with pytest.raises(WorkspaceError, match="needs bubblewrap"):
@@ -450,7 +460,7 @@ def test_a_plain_workspace_cannot_run_a_job_in_an_image(tmp_path: Path) -> None:
 
 
 def test_a_job_in_an_image_gets_the_hosts_name_resolution_and_driver_files(tmp_path: Path) -> None:
-    from agent.imagecache import ImageRoot
+    from agent.caches.imagecache import ImageRoot
 
     rootfs = tmp_path / "rootfs"
     (rootfs / "etc").mkdir(parents=True)

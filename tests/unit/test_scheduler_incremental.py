@@ -44,9 +44,9 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import CheckpointResume, DatasetRef, Elastic, JobSpec
 from libs.contracts.scheduling import Prediction
 from libs.placement import NodeCapacity, QueuedJob, RunningJob, schedule
-from services.scheduler import cycle
-from services.scheduler.snapshot import RECHECK_AFTER, node_capacity, queued_job, running_jobs
-from services.scheduler.state import Job, SchedulerState
+from services.scheduler.domain.state import Job, SchedulerState
+from services.scheduler.planning.decision_inputs import RECHECK_AFTER, node_capacity, queued_job, running_jobs
+from services.scheduler.rules import cycle
 from tests.support.placement import NOW
 from tests.support.strategies import SETTINGS
 

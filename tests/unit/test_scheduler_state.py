@@ -49,8 +49,8 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, DatasetRef, JobSpec, OutputRef
 from libs.contracts.scheduling import AdminSettings
-from services.scheduler.names import job_change
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.names import job_change
+from services.scheduler.domain.state import SchedulerState
 from tests.support.platform import Platform, plain_spec
 
 T0 = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from libs.contracts.events import JobPrechecking, NodeLost, NodeUnhealthy, Placement
 from libs.contracts.jobspec import CheckpointResume, DatasetRef
-from services.scheduler.views import dev_env, flavor_list, node_resources, node_views
+from services.scheduler.domain.views import dev_env, flavor_list, node_resources, node_views
 from tests.support.scheduler_state import AT, Fold
 
 

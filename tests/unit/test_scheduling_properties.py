@@ -22,7 +22,7 @@ from libs.placement import (
     role_flavor,
     schedule,
 )
-from services.scheduler.state import SchedulerState
+from services.scheduler.domain.state import SchedulerState
 from tests.support.placement import NOW
 from tests.support.strategies import SETTINGS, Scenario, scenarios
 

@@ -11,7 +11,7 @@ import pytest
 from libs.contracts import schema_export
 from libs.contracts.events import EVENT_TYPES
 from libs.contracts.jobspec import MODES
-from libs.contracts.messages import Request
+from libs.contracts.operations.catalogue import PEOPLE_REQUESTS as Request
 
 SCHEMAS = Path(__file__).resolve().parents[2] / "docs" / "schemas"
 

@@ -19,8 +19,8 @@ from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import JobSubmitted, NodeRegistered
 from libs.contracts.jobspec import JobSpec
 from libs.placement import CYCLE_DEPTH, NodeCapacity
-from services.scheduler.simulation import Arrival, Simulation, simulate
-from services.scheduler.snapshot import cluster_flavors, node_capacity, queued_jobs, running_jobs
+from services.scheduler.planning.decision_inputs import cluster_flavors, node_capacity, queued_jobs, running_jobs
+from services.scheduler.planning.simulation import Arrival, Simulation, simulate
 from tests.support.placement import CPU4, NOW, busy, info, node, queued, run_on
 from tests.support.strategies import BOARDS, SETTINGS, flavor_sets, job_specs
 from tests.support.virtual_scheduler import VirtualScheduler

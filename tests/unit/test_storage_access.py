@@ -16,7 +16,7 @@ from libs.contracts.jobspec import (
     VolumeRef,
 )
 from libs.contracts.scheduling import StoredAccess
-from services.scheduler.storage_access import own_access, resource_uses, storage_errors
+from services.scheduler.domain.storage_access import own_access, resource_uses, storage_errors
 
 ALICE = Identity(user="alice", projects=["vision"])
 ROOT = Identity(user="root", projects=[], admin=True)

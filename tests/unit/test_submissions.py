@@ -19,14 +19,15 @@ from hypothesis import strategies as st
 from libs.contracts.events import JobPredicted, JobStopped
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import PRIORITY_RANK, AlgorithmRef, JobSpec, OutputRef, Priority
-from libs.contracts.messages import CommandError, JobAccepted
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.jobs import JobAccepted
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import NewEvent
 from libs.placement import QueuedJob
-from services.scheduler import cycle, predicted
-from services.scheduler.prediction import forecast, forecast_queued
-from services.scheduler.state import SchedulerState
-from services.scheduler.submissions import Answer, Submission, SubmissionBatches, decide
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.planning.prediction import forecast, forecast_queued
+from services.scheduler.rules import cycle, predicted
+from services.scheduler.rules.submissions import Answer, Submission, SubmissionBatches, decide
 from tests.support.placement import NOW, spec
 from tests.support.scheduler_state import Fold
 from tests.support.strategies import SETTINGS, Scenario, scenarios

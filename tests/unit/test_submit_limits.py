@@ -1,4 +1,4 @@
-"""Per-user limits on creating jobs (services/scheduler/limits.py): queued jobs per user, every project
+"""Per-user limits on creating jobs (services/scheduler/domain/limits.py): queued jobs per user, every project
 together, and a token bucket of submissions per second. The bucket never lets through more than its burst
 and its refill in any span of time, tells a refused user how long to wait, and refills nothing when the
 clock goes back; a batch counts what it accepted earlier, and takes nothing from a refused user's bucket."""
@@ -13,9 +13,10 @@ from hypothesis import strategies as st
 
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.contracts.messages import CommandError, JobAccepted
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.jobs import JobAccepted
 from libs.contracts.scheduling import AdminSettings
-from services.scheduler.limits import (
+from services.scheduler.domain.limits import (
     MICRO,
     TokenBucket,
     TooFast,
@@ -26,7 +27,7 @@ from services.scheduler.limits import (
     rate_taken,
     take,
 )
-from services.scheduler.submissions import Submission, decide
+from services.scheduler.rules.submissions import Submission, decide
 from tests.support.scheduler_state import Fold
 from tests.support.strategies import SETTINGS
 

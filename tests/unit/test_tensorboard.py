@@ -31,7 +31,8 @@ from client.tensorboard import (
     write_points,
     write_run,
 )
-from libs.contracts.messages import CommandError, RunView, SeriesPoint, SeriesView
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.runs import RunView, SeriesPoint, SeriesView
 
 if TYPE_CHECKING:
     from client.api import TrainyardClient

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from agent.usage import GroupSampler, ProcessTree
+from agent.output.usage import GroupSampler, ProcessTree
 
 BUSY_CHILD = """
 import subprocess, sys, time

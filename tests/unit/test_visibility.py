@@ -10,13 +10,15 @@ from nats.js.client import JetStreamContext
 
 from libs.contracts.events import JobStopped, SettingsChanged
 from libs.contracts.identity import Identity
-from libs.contracts.messages import ListJobs, NodeList, ResourceList, WhyReply
+from libs.contracts.operations.cluster import NodeList, ResourceList
+from libs.contracts.operations.jobs import ListJobs
+from libs.contracts.operations.planning import WhyReply
 from libs.contracts.scheduling import AdminSettings, WhyReport
 from libs.eventstore import EventStore
-from services.scheduler.ports import Scheduling
-from services.scheduler.queries import JobQueries
-from services.scheduler.views import node_resources, node_views
-from services.scheduler.visibility import HIDDEN_JOB, hide_applications, hide_jobs
+from services.scheduler.domain.views import node_resources, node_views
+from services.scheduler.domain.visibility import HIDDEN_JOB, hide_applications, hide_jobs
+from services.scheduler.handlers.queries import JobQueries
+from services.scheduler.interfaces import Scheduling
 from tests.support.scheduler_state import Fold
 
 MINE, SHARED, PRIVATE = "job-00000000000a", "job-00000000000b", "job-00000000000c"

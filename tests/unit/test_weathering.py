@@ -6,8 +6,8 @@ import asyncpg
 import nats.errors
 import pytest
 
-from libs.eventsourced import weathering
 from libs.outages import is_outage
+from libs.skeleton.eventsourced import weathering
 
 PAUSES = (0.001, 0.004, 30.0)
 

@@ -14,8 +14,8 @@ from hypothesis import strategies as st
 from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import JobStopped, JobSubmitted, NodeRegistered
 from libs.contracts.jobspec import JobSpec
-from libs.contracts.messages import SimulateHistory, SimulationReport
-from services.scheduler.whatif import Start, WhatIfError, recorded, what_if
+from libs.contracts.operations.planning import SimulateHistory, SimulationReport
+from services.scheduler.history.whatif import Start, WhatIfError, recorded, what_if
 from tests.support.placement import NOW, info
 from tests.support.strategies import SETTINGS
 from tests.support.virtual_scheduler import VirtualScheduler

@@ -1,0 +1,232 @@
+"""The holder of a node's commands: what lets a job outlive its agent (as slurmstepd outlives slurmd).
+
+An agent runs one holder (`holder.py --serve`, in a session of its own) and gives it each rank's
+command as a line on its standard input: the rank's folder, argv, environment and working directory.
+The holder starts the command in a session and process group of its own (so a stop reaches every
+child it forks), its output to the folder's `output.log`, and answers `started <pid>`; once the
+command ended, it reaps it and tells `ended <pid> <folder and exit record>`; the exit is written to `exit.json` in
+the rank's folder only while nobody was told of it: once the agent, having reported the exit, answers
+`reported <pid>`, the holder forgets it, so a short job's end costs no file of its own (each file made
+and removed for every job costs the file system more the more of them it freed lately). When the agent
+goes away (its input ends, or its pipe breaks), every exit it was told of and did not confirm is
+written to `exit.json`, and so is every later one. Nothing of the command hangs on the agent: no pipe
+breaks when the agent is killed or restarted, and a new agent adopts the command from these files
+(agent/processes/holder_client.py): it ships the output from where the last one stopped and reports the exit when it
+comes. Once its input ends (the agent is gone), the holder waits for the commands it started, then
+ends, so none is left a zombie; a restarted agent starts a holder of its own.
+
+Started without `--tell-exits` (by an agent from before it), the holder writes every exit to `exit.json`
+before it tells `ended <pid>`, as that agent expects.
+
+One holder holds every command of its agent, each started with posix_spawn: a Python started for
+each rank cost about 20 ms of CPU, a holder forked for each rank about 3 ms (a Python process, its
+files), more than the rest of a short job's start. A holder killed takes the record of all its
+commands' exits with it: each of them then counts as killed (agent/processes/holder_client.py).
+
+Run as `python -I -S holder.py --serve`: standard library only, so that it needs no installed package
+and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables itself, so a stop
+that kills every process of the attempt leaves it alive to record the exit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import selectors
+import signal
+import sys
+from datetime import UTC, datetime
+from pathlib import Path
+
+OUTPUT_NAME = "output.log"
+EXIT_NAME = "exit.json"  # {"exit_code": ..., "exited_at": ..., "started": ...}
+# Ignored by the holder (by Python itself, or by `main` below): a command gets them back as any process
+# starts with them (what subprocess's restore_signals does for the first two), so that a job stopped with
+# SIGINT as its checkpoint signal, or a pipeline whose reader ended, behaves as it would from a shell.
+RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGINT)
+
+
+def write_atomically(path: Path, text: str) -> None:
+    """Readers see the whole file or none of it."""
+    partial = path.with_name(f".{path.name}.tmp")
+    partial.write_text(text)
+    partial.replace(path)
+
+
+def exit_fields(code: int, *, started: bool) -> dict[str, object]:
+    # A process killed by signal N reports -N; shells report 128+N. Use the shell convention.
+    return {"exit_code": 128 - code if code < 0 else code, "started": started,
+            "exited_at": datetime.now(UTC).isoformat()}
+
+
+def exit_record(fields: dict[str, object]) -> str:
+    """What `exit.json` holds: the fields of `exit_fields`."""
+    return json.dumps(fields, separators=(",", ":"))
+
+
+def start_ticks(pid: int, *, ended: bool = False) -> int | None:
+    """When `pid` started, in clock ticks since boot (None: no such process, or one that ended, unless
+    `ended`: a child not reaped yet): with the pid, it names a process for as long as the system runs."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return None if fields[0] in ("Z", "X") and not ended else int(fields[19])
+
+
+def spawn(argv: list[str], env: dict[str, str], cwd: str, output: int) -> int:
+    """Start `argv` as the leader of a new session, in `cwd`, reading nothing and writing to `output`;
+    found on the PATH of `env` as subprocess finds it. Its pid; OSError when it cannot start."""
+    name = argv[0]
+    paths = [name] if os.sep in name else [os.path.join(d, name) for d in os.get_exec_path(env)]
+    actions = [(os.POSIX_SPAWN_OPEN, 0, os.devnull, os.O_RDONLY, 0),
+               (os.POSIX_SPAWN_DUP2, output, 1), (os.POSIX_SPAWN_DUP2, output, 2)]
+    missing: OSError | None = None  # as execvp: a name found nowhere, unless found somewhere but refused
+    refused: OSError | None = None
+    os.chdir(cwd)  # posix_spawn has no working directory of its own: the child takes the holder's
+    try:
+        for path in paths:
+            if len(paths) > 1 and not os.path.exists(path):  # a look is cheaper than a process that fails
+                missing = missing or FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT))
+                continue
+            try:
+                return os.posix_spawn(path, argv, env, file_actions=actions, setsid=True,
+                                      setsigdef=RESTORED_SIGNALS)
+            except (FileNotFoundError, NotADirectoryError) as exc:
+                missing = exc
+            except OSError as exc:
+                refused = refused or exc
+    finally:
+        os.chdir("/")
+    error = refused or missing
+    number = error.errno if error is not None and error.errno is not None else errno.ENOENT
+    raise OSError(number, os.strerror(number), name)
+
+
+def start(request: bytes) -> tuple[int, Path] | None:
+    """Start the command a request line describes: its pid and folder; pid 0 when it could not start (its
+    output says why, its exit is recorded); None when nothing could be recorded."""
+    try:
+        spec = json.loads(request)
+        folder, argv, env, cwd = Path(spec["folder"]), list(spec["argv"]), dict(spec["env"]), str(spec["cwd"])
+        output = os.open(folder / OUTPUT_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    except Exception:  # not a request it can even record: the agent is told, and nothing else changes
+        return None
+    try:
+        return spawn(argv, env, cwd, output), folder
+    except Exception as exc:  # whatever a request holds, the holder goes on holding every other command
+        try:
+            os.write(output, f"[trainyard] cannot start {argv[0] if argv else ''!r}: {exc}\n".encode())
+            write_atomically(folder / EXIT_NAME, exit_record(exit_fields(127, started=False)))
+        except OSError:
+            return None
+        return 0, folder
+    finally:
+        os.close(output)
+
+
+def _reaped() -> list[tuple[int, int]]:
+    """The commands that ended since the last look, reaped: each pid and exit code."""
+    ended: list[tuple[int, int]] = []
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return ended
+        if pid == 0:
+            return ended
+        ended.append((pid, os.waitstatus_to_exitcode(status)))
+
+
+def told_exit(folder: Path, fields: dict[str, object]) -> str:
+    """An exit as the agent is told it, on one line: the rank's folder with the record (a pid alone could name
+    an earlier command whose exit is not read yet)."""
+    return json.dumps({"folder": str(folder), **fields}, separators=(",", ":"))
+
+
+def record_exit(folder: Path, record: str) -> None:
+    with contextlib.suppress(OSError):  # the folder is gone: the agent counts it as killed
+        write_atomically(folder / EXIT_NAME, record)
+
+
+def serve(tell_exits: bool = False) -> int:
+    """Start a command for each request line on standard input, answering `started <pid>` on standard
+    output (`started 0`: it could not start, and says so in its output; `failed`: not even that could be
+    recorded), and tell `ended <pid>` once one ended, so the agent learns it at once. `tell_exits`: with
+    its folder and exit record (`ended <pid> <told_exit>`), the record written to the rank's folder only
+    when the agent goes away before it answers `reported <pid>`; otherwise every exit is written there before
+    it is told.
+    Once the input ends (the agent is gone), wait for the commands, then end."""
+    wake_read, wake_write = os.pipe()
+    for fd in (wake_read, wake_write):
+        os.set_blocking(fd, False)
+    signal.set_wakeup_fd(wake_write)  # SIGCHLD wakes the select below
+    signal.signal(signal.SIGCHLD, lambda *_: None)
+    selector = selectors.DefaultSelector()
+    selector.register(0, selectors.EVENT_READ)
+    selector.register(wake_read, selectors.EVENT_READ)
+    running: dict[int, Path] = {}  # pid -> its rank's folder
+    told: dict[int, tuple[Path, str]] = {}  # pid -> its folder and exit record, told and not yet reported
+    pending, listening, telling = b"", True, True
+    while listening or running:
+        lines: list[str] = []
+        for key, _ in selector.select():
+            if key.fd == wake_read:
+                with contextlib.suppress(BlockingIOError):
+                    os.read(wake_read, 4096)
+                continue
+            data = os.read(0, 65536)
+            if not data:
+                listening = False
+                selector.unregister(0)
+            pending += data
+            while b"\n" in pending:
+                line, _, pending = pending.partition(b"\n")
+                if line.startswith(b"reported "):  # the agent reported that exit: nothing to keep of it
+                    with contextlib.suppress(ValueError):
+                        told.pop(int(line.split()[1]), None)
+                    continue
+                started = start(line)
+                if started is None:
+                    lines.append("failed\n")
+                    continue
+                pid, folder = started
+                if pid:
+                    running[pid] = folder
+                lines.append(f"started {pid}\n")
+        for pid, code in _reaped():  # after the answers: a command's start is told before its end
+            if (rank := running.pop(pid, None)) is not None:
+                fields = exit_fields(code, started=True)
+                record = exit_record(fields)
+                if tell_exits and telling and listening:
+                    if pid in told:  # its pid was used again before the agent reported the last exit under it
+                        record_exit(rank, record)
+                    else:
+                        told[pid] = (rank, record)
+                    lines.append(f"ended {pid} {told_exit(rank, fields)}\n")
+                else:
+                    record_exit(rank, record)
+                    lines.append(f"ended {pid}\n")
+        if lines and telling:
+            try:
+                os.write(1, "".join(lines).encode())
+            except BrokenPipeError:  # the agent is gone: its commands are still waited for
+                telling = False
+        if told and not (telling and listening):  # nobody will report these: a next agent reads them
+            for rank, record in told.values():
+                record_exit(rank, record)
+            told.clear()
+    return 0
+
+
+def main() -> int:
+    # A terminal's hang-up or interrupt is not meant for the holder; a stop is sent to the command.
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    return serve(tell_exits="--tell-exits" in sys.argv[1:])
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,550 @@
+"""The skeleton every event-sourced service stands on: a state fold, pure rules, thin handlers, loops.
+
+A service subclasses `EventSourcedService` and gives only what is its own:
+
+- `fold(envelope)`: apply one of its own events to its state (replayed at start, then on every record);
+- `upstreams()`: the streams it follows, each with a fold of the upstream message into its view and
+  a pure `react` rule that returns the events to record in answer (or its own handler, when a
+  reaction has to call out first);
+- `handlers()`: responders and subscriptions; `loops()`: long-running tasks.
+
+The base owns the wiring each service used to write by hand: rebuilding the state from the store at
+start, recording new events at the versions folded so far (one version map for every aggregate of
+the service), following upstream streams with tracking so a reaction is recorded exactly once, and
+waking the loops after every fold. An upstream message that cannot be applied (undecodable, not
+consistent with its subject, a reaction in conflict, a fold or reaction that keeps failing) is set
+aside by the follower: an `UpstreamMessageSetAside` is recorded in the service's own log with the
+message's tracking position, and the monitor raises an alert for it. Those records are not folded
+into the service's state. It mirrors eventsourcing's `ProcessApplication`: the upstream's
+`react` is its `policy`, and the tracking position commits with the events it produced.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import re
+import threading
+import time
+from collections.abc import Callable, Coroutine, Hashable, Iterable, Iterator, Mapping, Sequence
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field, replace
+from typing import Any, ClassVar, Self
+
+from nats.aio.msg import Msg
+from opentelemetry import context as otel_context
+from opentelemetry.trace import Span, SpanKind, Tracer
+
+from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
+from libs.contracts.subjects import event_subject
+from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
+from libs.messaging.follower import Arrival, GroupBroken, GroupHandler, Handler, StreamFollower
+from libs.outages import OUTAGES
+from libs.skeleton.runtime import ServiceRuntime
+from libs.telemetry.logs import get_logger
+from libs.telemetry.metrics import (
+    EVENTS_RECORDED,
+    FOLLOWER_LAG,
+    OUTBOX_LAG,
+    SAMPLE_SECONDS,
+    SampledGauge,
+    counter,
+    metrics_enabled,
+)
+from libs.telemetry.tracing import context_from_headers, current_trace_headers, messaging_attributes, tracer
+
+log = get_logger(__name__)
+_events_recorded = counter(EVENTS_RECORDED)
+_outbox_lag = SampledGauge(OUTBOX_LAG)
+_follower_lag = SampledGauge(FOLLOWER_LAG)
+
+Fold = Callable[[Any], None]
+Rule = Callable[[Any], Sequence[NewEvent]]
+"""A pure reaction: the upstream message (already folded) in, the events to record out."""
+RuleAfter = Callable[[Any, Sequence[NewEvent]], Sequence[NewEvent]]
+"""A rule also given the reactions to earlier messages of the message's key that wait to be recorded in the
+same append (`Upstream.react_after`)."""
+Loop = Callable[[], Coroutine[Any, Any, None]]
+
+
+@dataclass(frozen=True)
+class Restored:
+    """A state put in place at a start instead of folding the log from its first event (`restore`)."""
+
+    own_after: int = 0  # every event of the own log up to this position is folded, and none after
+    events: int = 0  # how many events the state holds
+    # Per subject filter followed, the stream sequence up to which its messages are folded (the followers begin
+    # after it); a filter not named is followed from its first message.
+    upstream_after: Mapping[str, int] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Upstream:
+    """A stream the service follows from its first message on every start.
+
+    `fold` updates the service's view with every message (replayed ones too); `react` answers each
+    message past the tracked position with the events to record, committed with that position.
+    `handle` replaces both when the reaction must do I/O outside the service lock (it is then the
+    whole handler, see `libs.messaging.follower.Handler`). `reactions=False`: fold only. A reaction is
+    recorded in a consumer span (`consumer_span`).
+
+    `key`: what a message's reaction belongs to (the job it is about). With a key, the messages that arrive
+    together are decided together and their reactions recorded in one append (`on_upstream_group`), each
+    message still folded and reacted to in order; the run is cut before a message whose key has a reaction
+    waiting, and before a reaction that writes an aggregate another one waiting writes, so a reaction sees
+    everything recorded for its own key. A reaction must read of other keys only what a slightly earlier
+    view would do as well with: it sees their messages folded and their reactions in the run not yet.
+
+    `react_after`, with `key`: the rule once more, also given the reactions to the earlier messages of the
+    message's key that wait in the run (in order), which it takes into account as if recorded (a pure fold of
+    them onto its own view): the run is then not cut before a message whose key has a reaction waiting, and
+    a job's start and end that arrive together are recorded in one append. `react` is still the rule for a
+    message decided alone, and must answer as `react_after` with nothing waiting.
+
+    `check`: why a message cannot have come from where it was published (an agent's report naming another node
+    than the one NATS let publish it); such a message is set aside (`inconsistent`), neither folded nor reacted to.
+
+    `subject` is what NATS delivers: of another service's events, name the aggregates the service reads
+    (`subjects.events_of`), so that the server leaves out the others; a new kind of aggregate upstream then
+    reaches no follower that did not ask for it, while new events of a kind it reads reach it.
+    """
+
+    stream: str
+    subject: str | tuple[str, ...]
+    consumer: str
+    message_type: object
+    fold: Fold | None = None
+    react: Rule | None = None
+    handle: Handler | None = None
+    reactions: bool = True
+    key: Callable[[Any], Hashable] | None = None
+    react_after: RuleAfter | None = None
+    # Why a message cannot have come from where it was published (its sender): it is then set aside.
+    check: Callable[[Any, str], str | None] | None = None
+
+
+def aggregate_of(envelope: EventEnvelope) -> str:
+    """An upstream event's key (`Upstream.key`): its aggregate, for events each about one job."""
+    return envelope.aggregate_id
+
+
+class EventSourcedService:
+    """The shared base: state rebuilt from the log, records at folded versions, followed upstreams."""
+
+    name: ClassVar[str]
+
+    def __init__(self, runtime: ServiceRuntime) -> None:
+        self.rt = runtime
+        self.lock = asyncio.Lock()  # one decision at a time: folds, reactions, cycles, commands
+        self.wake = asyncio.Event()  # set after every fold, so loops look again
+        self.followers: list[StreamFollower] = []
+        self._upstream_after: Mapping[str, int] = {}  # what a restored state holds of each upstream (`Restored`)
+        # The version of every aggregate of this service, as folded so far: records append there.
+        self.versions: dict[tuple[str, str], int] = {}
+        self._tracer = tracer(f"trainyard.{self.name}")
+
+    # --- what a service gives -------------------------------------------------------------------------
+
+    def fold(self, envelope: EventEnvelope) -> None:
+        """Apply one of the service's own events to its state."""
+        raise NotImplementedError
+
+    def upstreams(self) -> Sequence[Upstream]:
+        return ()
+
+    def handlers(self) -> None:
+        """Register responders and subscriptions on `self.rt.broker` (answered once `listen` runs)."""
+
+    def loops(self) -> Mapping[str, Loop]:
+        return {}
+
+    async def prepare(self) -> None:
+        """Work between the rebuild and following upstreams (read models, caches)."""
+
+    def sample_metrics(self) -> None:
+        """Set the service's own gauges from its state (`libs.telemetry.metrics.SampledGauge`); called on the event
+        loop every SAMPLE_SECONDS while metrics are exported."""
+
+    def recorded(self, envelope: EventEnvelope) -> None:
+        """Called after each newly recorded event is folded (logging, waking helpers)."""
+
+    # --- start-up -------------------------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, runtime: ServiceRuntime) -> Self:
+        """The service on `runtime`; a service that needs more (the cluster config) reads it here."""
+        return cls(runtime)
+
+    @classmethod
+    async def started(cls) -> ServiceRuntime:
+        """Connect, rebuild, follow and answer: the factory `libs.skeleton.entrypoint.run` runs."""
+        runtime = ServiceRuntime(cls.name)
+        await runtime.start()
+        try:
+            await cls.create(runtime).start()
+            await runtime.listen()
+        except BaseException:
+            await runtime.close()
+            raise
+        return runtime
+
+    async def restore(self) -> Restored:
+        """Put in place a state saved with the service's own log (and maybe its upstreams) folded up to a position,
+        so that the rebuild and the followers fold only what came after. Nothing restored: from the first event."""
+        return Restored()
+
+    async def rebuild(self) -> int:
+        """Fold every event of the service's own log (after a restored state's); returns how many the state holds."""
+        with collector_paused():
+            restored = await self.restore()
+            self._upstream_after = restored.upstream_after
+            count = restored.events
+            async for envelope in self.rt.store.read_all(after=restored.own_after):
+                self.apply(envelope)
+                count += 1
+            if count >= LONG_LIVED_EVENTS:
+                # The state lives as long as the process: left out of every later collection, whose first scanned
+                # all of it, a seventh of the rebuild. Frozen objects are still freed when nothing refers to them;
+                # only cycles among them never are, so a small state, which costs the collector little, is not.
+                gc.freeze()
+        return count
+
+    async def start(self) -> None:
+        count = await self.rebuild()
+        log.info(f"{self.name}.rebuilt", events=count, aggregates=len(self.versions))
+        await self.prepare()
+        for upstream in self.upstreams():
+            follower = self.follower(upstream)
+            await follower.start()
+            self.followers.append(follower)
+            self.rt.on_close(follower.stop)
+        self.handlers()
+        for name, loop in self.loops().items():
+            self.rt.spawn(weathering(name, loop), name)
+        if metrics_enabled():
+            self.rt.spawn(weathering("metrics", self._sample_metrics), "metrics")
+
+    async def _sample_metrics(self) -> None:
+        """The gauges every service exports (its relay's and followers' lag), then its own."""
+        while True:
+            _outbox_lag.set(await self.rt.relay.lag())
+            lags: dict[tuple[str, ...], float] = {}
+            for follower in self.followers:
+                with contextlib.suppress(Exception):  # NATS away for a moment: that follower is left out
+                    lags[(follower.stream, follower.consumer)] = await follower.lag()
+            _follower_lag.set(lags)
+            self.sample_metrics()
+            await asyncio.sleep(SAMPLE_SECONDS)
+
+    def follower(self, upstream: Upstream) -> StreamFollower:
+        """What follows `upstream` for this service (not started): from its first message, or after what a restored
+        state holds of it."""
+        return StreamFollower(self.rt.js, self.rt.store, stream=upstream.stream, subject=upstream.subject,
+                              consumer=upstream.consumer, message_type=upstream.message_type,
+                              handle=upstream.handle or self._handler(upstream), reactions=upstream.reactions,
+                              record_set_aside=self._record_set_aside, folded=self._upstream_after,
+                              handle_group=self._group_handler(upstream), check=upstream.check)
+
+    async def caught_up(self) -> None:
+        """Decisions that need a complete view wait until every upstream is replayed."""
+        for follower in self.followers:
+            await follower.caught_up.wait()
+
+    # --- recording ------------------------------------------------------------------------------------
+
+    def apply(self, envelope: EventEnvelope) -> None:
+        """Fold one of the service's own events and note its aggregate's version."""
+        self.versions[(envelope.aggregate_type, envelope.aggregate_id)] = envelope.version
+        if not isinstance(envelope.event, UpstreamMessageSetAside):  # history and alerts, not state
+            self.fold(envelope)
+
+    def version(self, aggregate_type: str, aggregate_id: str) -> int:
+        return self.versions.get((aggregate_type, aggregate_id), 0)
+
+    async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
+        """Append `changes` at the versions folded so far (with `tracking`, exactly once per upstream
+        message), fold them and wake the loops. A stale version raises ConcurrencyConflict."""
+        if not changes:
+            return []
+        expected: dict[tuple[str, str], int] = {}
+        for change in changes:
+            key = (change.aggregate_type, change.aggregate_id)
+            expected.setdefault(key, self.version(*key))
+        trace = current_trace_headers()
+        try:
+            stored = await self.rt.store.append(changes, expected_versions=expected, tracking=tracking, trace=trace)
+        except ConcurrencyConflict:
+            # Another writer moved an aggregate on: fold what it wrote, so the next decision sees it.
+            await self._catch_up(expected)
+            raise
+        counting = metrics_enabled()
+        for envelope in stored:
+            # An event of a batch that continues a trace of its own is folded (and logged) in that trace.
+            own = envelope.trace if envelope.trace and envelope.trace != trace else None
+            token = otel_context.attach(context_from_headers(own)) if own else None
+            try:
+                self.apply(envelope)
+                self.recorded(envelope)
+            finally:
+                if token is not None:
+                    otel_context.detach(token)
+            if counting:
+                _events_recorded.add(1, {"trainyard.event.type": _kind(envelope)})
+        self.wake.set()
+        return stored
+
+    async def _catch_up(self, aggregates: Iterable[tuple[str, str]]) -> None:
+        for aggregate_type, aggregate_id in aggregates:
+            for envelope in await self.rt.store.read_aggregate(aggregate_type, aggregate_id):
+                if envelope.version > self.version(aggregate_type, aggregate_id):
+                    self.apply(envelope)
+
+    # --- following other services ---------------------------------------------------------------------
+
+    async def _record_set_aside(self, change: NewEvent, tracking: Tracking) -> None:
+        async with self.lock:
+            await self.record([change], tracking)
+
+    def _handler(self, upstream: Upstream) -> Handler:
+        async def handle(message: Any, msg: Msg, tracking: Tracking | None) -> bool:
+            return await self.on_upstream(upstream, message, msg, tracking)
+
+        return handle
+
+    def _group_handler(self, upstream: Upstream) -> GroupHandler | None:
+        if upstream.key is None or upstream.react is None or upstream.handle is not None:
+            return None
+
+        async def handle_group(arrivals: Sequence[Arrival]) -> Tracking | None:
+            return await self.on_upstream_group(upstream, arrivals)
+
+        return handle_group
+
+    async def on_upstream_group(self, upstream: Upstream, arrivals: Sequence[Arrival]) -> Tracking | None:
+        """Fold and react to a run of new messages under one hold of the lock, recording their reactions in as
+        few appends as `Upstream.key` allows, each with the position of the last message it covers. The last
+        position recorded (None: no reaction recorded anything); GroupBroken on any failure."""
+        assert upstream.react is not None and upstream.key is not None
+        waiting: list[NewEvent] = []
+        waiting_of: dict[Hashable, list[NewEvent]] = {}  # the reactions waiting, by the key of their message
+        written: dict[tuple[str, str], Hashable] = {}  # the aggregates they write, and by which key
+        decided: Tracking | None = None  # the last message decided so far
+        recorded: Tracking | None = None
+
+        async def record_waiting() -> None:
+            nonlocal recorded
+            if waiting:
+                await self.record(list(waiting), decided)
+                recorded = decided
+            waiting.clear()
+            waiting_of.clear()
+            written.clear()
+
+        def others_write(key: Hashable, changes: Sequence[NewEvent]) -> bool:
+            return any(written.get((c.aggregate_type, c.aggregate_id), key) != key for c in changes)
+
+        async with self.lock:
+            try:
+                for arrival in arrivals:
+                    key = upstream.key(arrival.message)
+                    if key in waiting_of and upstream.react_after is None:
+                        await record_waiting()
+                    if upstream.fold is not None:
+                        upstream.fold(arrival.message)
+                    changes = self._reaction(upstream, arrival, waiting_of.get(key, ()))
+                    if changes and others_write(key, changes):
+                        await record_waiting()
+                        changes = self._reaction(upstream, arrival, ())  # on the state with those folded
+                    if changes:
+                        waiting.extend(changes)
+                        waiting_of.setdefault(key, []).extend(changes)
+                        written.update(((c.aggregate_type, c.aggregate_id), key) for c in changes)
+                    decided = arrival.tracking
+                await record_waiting()
+            except Exception as exc:
+                raise GroupBroken(recorded, exc) from exc
+            finally:
+                self.wake.set()
+        return recorded
+
+    def _reaction(self, upstream: Upstream, arrival: Arrival, waiting: Sequence[NewEvent]) -> list[NewEvent]:
+        """What the upstream's rule answers to one message of a run, after the reactions `waiting` for its key,
+        each event carrying the message's trace."""
+        assert upstream.react is not None
+        changes = (upstream.react_after(arrival.message, waiting) if upstream.react_after is not None
+                   else upstream.react(arrival.message))
+        if not changes:
+            return []
+        with consumer_span(self._tracer, arrival.message, arrival.msg, consumer=upstream.consumer,
+                           subject=upstream.subject):
+            headers = current_trace_headers()
+        return [change if change.trace is not None else replace(change, trace=headers) for change in changes]
+
+    async def on_upstream(self, upstream: Upstream, message: Any, msg: Msg | None,
+                          tracking: Tracking | None) -> bool:
+        """Fold the message; when it is new (tracked), record what the upstream's rule answers."""
+        async with self.lock:
+            if upstream.fold is not None:
+                upstream.fold(message)
+            self.wake.set()
+            if tracking is None or upstream.react is None:
+                return False
+            changes = upstream.react(message)
+            if not changes:
+                return False  # the follower records the tracking position alone
+            # Only a reaction that records something joins the message's trace: no empty spans.
+            with consumer_span(self._tracer, message, msg, consumer=upstream.consumer, subject=upstream.subject):
+                await self.record(changes, tracking)
+            return True
+
+
+# A rebuild of at least this many events makes a state worth keeping out of the cycle collector's sight.
+LONG_LIVED_EVENTS = 100_000
+
+
+class _CollectorPauses:
+    """Who has Python's cycle collector paused: it is one switch for the whole process, and a rebuild, a past
+    state and a prediction's plan may each pause it from their own thread. The first to pause turns it off, the
+    last to resume turns it back on, if it was on when the first paused."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.holders = 0
+        self.was_on = False
+
+    def pause(self) -> None:
+        with self.lock:
+            if self.holders == 0:
+                self.was_on = gc.isenabled()
+                gc.disable()
+            self.holders += 1
+
+    def resume(self) -> None:
+        with self.lock:
+            self.holders -= 1
+            if self.holders == 0 and self.was_on:
+                gc.enable()
+
+
+_PAUSES = _CollectorPauses()
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off while a state is rebuilt or a plan made, as it was before afterwards. These
+    make many objects that live on (the whole state, a plan's kept cycles) and little cyclic garbage; the
+    collector would scan the growing state again and again: a third of the time of a rebuild from 1,000,000
+    events (bench/replay.py), and of a prediction planned afresh at 10,000 jobs on 1,000 nodes
+    (bench/scheduling.py)."""
+    _PAUSES.pause()
+    try:
+        yield
+    finally:
+        _PAUSES.resume()
+
+
+class Pacer:
+    """Keeps a loop that decides after every fold from taking more than `share` of the service's time.
+
+    Each run of such a loop looks at the whole state (the queue, every launch), while folds come one
+    message at a time: run after each, a decision that takes 20 ms would let the service fold fifty
+    messages a second. After a run that took T seconds, the next waits until T * (1 - share) / share has
+    passed since it ended, so the messages that came meanwhile are folded first and decided on together.
+    Cheap runs are not held back noticeably (a 1 ms decision waits at most 1 ms).
+    """
+
+    def __init__(self, share: float = 0.5) -> None:
+        self.share = share
+        self._cost = 0.0
+        self._ended = 0.0
+
+    async def turn(self) -> None:
+        """Wait until the next run may begin."""
+        gap = self._cost * (1 - self.share) / self.share - (time.monotonic() - self._ended)
+        if gap > 0:
+            await asyncio.sleep(gap)
+
+    @contextlib.contextmanager
+    def run(self) -> Iterator[None]:
+        """Time one run."""
+        began = time.monotonic()
+        try:
+            yield
+        finally:
+            self._ended = time.monotonic()
+            self._cost = self._ended - began
+
+
+class Period:
+    """Lets a loop begin a run at most every `seconds`, beside its `Pacer`'s share: a run that costs little would
+    otherwise follow nearly every event, when one run for all that came meanwhile does."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self._began = float("-inf")
+
+    async def turn(self) -> None:
+        """Wait until the next run may begin, and note that it begins."""
+        if (gap := self._began + self.seconds - time.monotonic()) > 0:
+            await asyncio.sleep(gap)
+        self._began = time.monotonic()
+
+
+# How long a loop pauses after an outage: the first pause, the longest, and how long a loop must have
+# run for its next outage to count as a new one (pauses start short again).
+OUTAGE_PAUSE_SECONDS = (0.2, 5.0, 30.0)
+
+
+async def weathering(name: str, loop: Loop, pauses: tuple[float, float, float] = OUTAGE_PAUSE_SECONDS) -> None:
+    """Run `loop` for the life of the service. The database or NATS going away pauses it, and it starts
+    again, for as long as the outage lasts; any other error still stops the service (a bug)."""
+    first, longest, settled = pauses
+    pause = first
+    while True:
+        began = time.monotonic()
+        try:
+            await loop()
+            return
+        except OUTAGES as exc:
+            if time.monotonic() - began >= settled:
+                pause = first
+            log.warning("service.loop_outage", loop=name, error=repr(exc), retry_in=pause)
+            await asyncio.sleep(pause)
+            pause = min(pause * 2, longest)
+
+
+def consumer_span(span_tracer: Tracer, message: Any, msg: Msg | None, *, consumer: str,
+                  subject: str | Sequence[str] = ()) -> AbstractContextManager[Span]:
+    """The span of a reaction to one upstream message, continuing its trace, named as OpenTelemetry's messaging
+    conventions name a consumer's: `process` and the message's subject with the varying part as a placeholder, so
+    that names stay few (`process trainyard.events.scheduler.job.{job}.JobSucceeded`,
+    `process trainyard.agent-reports.{sender}`). `subject`: what the consumer follows (its filters)."""
+    filters = (subject,) if isinstance(subject, str) else tuple(subject) or ("",)
+    attributes = {"messaging.consumer.group.name": consumer}
+    if isinstance(message, EventEnvelope):
+        kind = _kind(message)
+        destination = event_subject(message.service, message.aggregate_type, message.aggregate_id, kind)
+        template = event_subject(message.service, message.aggregate_type, f"{{{message.aggregate_type}}}", kind)
+        headers: Mapping[str, str] | None = message.trace
+        attributes["messaging.message.id"] = message.event_id
+        job_id = getattr(message.event, "job_id", None) or (
+            message.aggregate_id if message.aggregate_type in ("job", "launch") else None)
+    else:
+        destination = getattr(msg, "subject", None) or filters[0]
+        template = re.sub(r"(^|\.)[*>]($|\.)", r"\1{sender}\2", filters[0])
+        headers = getattr(msg, "headers", None)
+        job_id = getattr(message, "job_id", None)
+    if isinstance(job_id, str):
+        attributes["trainyard.job.id"] = job_id
+    return span_tracer.start_as_current_span(
+        f"process {template}", context=context_from_headers(headers), kind=SpanKind.CONSUMER,
+        attributes={**messaging_attributes(destination, "process"), "messaging.destination.template": template,
+                    **attributes})
+
+
+def _kind(message: Any) -> str:
+    payload = message.event if isinstance(message, EventEnvelope) else message
+    name: Callable[[], str] | None = getattr(type(payload), "name", None)
+    return name() if callable(name) else type(payload).__name__
+

@@ -1,0 +1,347 @@
+"""The scheduler's queries: listings, details, history, search, prediction, explanation, resources.
+
+Every query is answered for the authenticated caller: jobs they may not view (J2) do not appear in
+listings and are "not found" when asked for by id.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import operator
+import time
+from collections.abc import Awaitable, Callable
+from datetime import datetime
+from typing import Any
+
+import msgspec
+from nats.js.client import JetStreamContext
+
+from libs.contracts import subjects
+from libs.contracts.codec import decode
+from libs.contracts.events import EventEnvelope
+from libs.contracts.identity import Identity
+from libs.contracts.operations.arrays import GET_ARRAY, ArrayDetails, ArrayView, GetArray
+from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.cluster import (
+    GET_RESOURCES,
+    GET_SETTINGS,
+    LIST_FLAVORS,
+    LIST_NODES,
+    LIST_STORAGE_ACCESS,
+    WHOAMI,
+    FlavorList,
+    GetResources,
+    GetSettings,
+    IdentityView,
+    ListFlavors,
+    ListNodes,
+    ListStorageAccess,
+    NodeList,
+    ResourceList,
+    SettingsView,
+    StorageAccessList,
+    WhoAmI,
+)
+from libs.contracts.operations.jobs import (
+    GET_DEV_ENV,
+    GET_JOB,
+    GET_QUEUE,
+    JOB_HISTORY,
+    LIST_JOBS,
+    SEARCH_JOBS,
+    DevEnvSpec,
+    GetDevEnv,
+    GetJob,
+    GetJobHistory,
+    GetQueue,
+    JobDetails,
+    JobHistory,
+    JobList,
+    JobView,
+    ListJobs,
+    SearchJobs,
+    SearchResults,
+)
+from libs.contracts.operations.planning import (
+    EXPLAIN_JOB,
+    PREDICT_JOB,
+    ExplainJob,
+    PredictionReply,
+    PredictJob,
+    WhyReply,
+)
+from libs.contracts.scheduling import WhyReport
+from libs.eventstore import EventStore
+from libs.messaging.reader import read_subject
+from libs.messaging.responder import Handler, Route
+from services.scheduler.domain import arrays
+from services.scheduler.domain.access import access_error, can_view
+from services.scheduler.domain.names import JOB, SERVICE
+from services.scheduler.domain.spec_checks import invalid_spec, spec_errors
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.domain.views import dev_env, flavor_list, node_resources, node_views, status_sentence
+from services.scheduler.domain.visibility import hide_applications, hide_jobs
+from services.scheduler.history.past import PastStates
+from services.scheduler.interfaces import Reading, Scheduling
+from services.scheduler.planning.decision_inputs import cluster_flavors, node_capacity, queued_jobs, running_jobs
+from services.scheduler.planning.explain import explain
+from services.scheduler.planning.prediction import Forecast
+
+NOT_ENDED = frozenset({"queued", "running"})  # the statuses of the state's active jobs
+NEWEST = operator.attrgetter("queue_order")  # listings show the newest jobs first
+# How long a listing, and the details of one job, wait for the plan of their waiting jobs' expected starts.
+LISTING_WAIT, DETAILS_WAIT = 1.0, 5.0
+LISTING_SHARE = 0.2  # of the time, at most, spent planning for listings
+
+
+class _ListingPlans:
+    """The plans listings start, at most `LISTING_SHARE` of the time. A client polling `list` while a deep queue
+    changes would otherwise keep a plan running at all times, each as costly as a prediction (a second or more on
+    a small cluster with a deep queue), and the planning thread's hold on the interpreter slowed the whole
+    scheduler (its CPU a trivial job went up seven times in `bench.throughput`). A listing of jobs the latest plan
+    covers gets its answer, while it runs or, once done, until the next may start; others meanwhile go without."""
+
+    def __init__(self) -> None:
+        self.latest: asyncio.Future[dict[str, Forecast]] | None = None
+        self.jobs: frozenset[str] = frozenset()
+        self.began = self.rest_until = 0.0
+
+    def shared(self, job_ids: list[str]) -> asyncio.Future[dict[str, Forecast]] | None:
+        """The latest plan, if it covers `job_ids` and is running or still fresh."""
+        if self.latest is None or not self.jobs.issuperset(job_ids):
+            return None
+        return self.latest if self.resting() else None
+
+    def resting(self) -> bool:
+        """Whether a new plan must wait: one runs, or the last ended too recently."""
+        return self.latest is not None and (not self.latest.done() or time.monotonic() < self.rest_until)
+
+    def started(self, planned: asyncio.Future[dict[str, Forecast]],
+                job_ids: list[str]) -> asyncio.Future[dict[str, Forecast]]:
+        self.latest, self.jobs, self.began = planned, frozenset(job_ids), time.monotonic()
+        planned.add_done_callback(self._ended)
+        return planned
+
+    def _ended(self, planned: asyncio.Future[Any]) -> None:
+        _consumed(planned)
+        ended = time.monotonic()
+        self.rest_until = ended + (ended - self.began) * (1 - LISTING_SHARE) / LISTING_SHARE
+
+
+def _consumed(planned: asyncio.Future[Any]) -> None:
+    """A plan no one waited for to its end: its failure is the planning thread's to log, not an unread one."""
+    if not planned.cancelled():
+        planned.exception()
+
+
+class StateQueries:
+    """The views of the scheduler's state: of the live one, or of the one it had at a past instant (past.py)."""
+
+    def __init__(self, scheduler: Reading) -> None:
+        self.scheduler = scheduler
+        self._listings = _ListingPlans()
+
+    @property
+    def state(self) -> SchedulerState:
+        return self.scheduler.state
+
+    async def list_jobs(self, request: ListJobs, identity: Identity) -> JobList:
+        statuses = request.statuses
+        # Queued and running jobs are those not ended: a listing of them looks at those only, however many ended.
+        candidates = self.state.active if statuses and set(statuses) <= NOT_ENDED else self.state.jobs
+        matching = [j for j in candidates.values() if (not statuses or j.status in statuses)
+                    and (request.project is None or j.spec.project == request.project)]
+        shown: list[ArrayView] = []
+        if request.group_arrays:  # an array is one object: its jobs stand for it
+            jobs = [j for j in matching if can_view(self.state, identity, j)]
+            listed = dict.fromkeys(j.array.array_id for j in jobs if j.array is not None)
+            shown = [arrays.array_view(self.state, self.state.arrays[array_id]) for array_id in listed
+                     if array_id in self.state.arrays]
+            shown.sort(key=lambda view: view.submitted_at, reverse=True)
+            jobs = [j for j in jobs if j.array is None]
+            jobs.sort(key=NEWEST, reverse=True)
+        else:  # newest first, and who may view a job is asked only until enough are found
+            matching.sort(key=NEWEST, reverse=True)
+            visible = (j for j in matching if can_view(self.state, identity, j))
+            jobs = list(itertools.islice(visible, request.limit) if request.limit >= 0 else visible)
+        return JobList(jobs=await self.expected([self.state.view(j) for j in jobs[: request.limit]]),
+                       arrays=shown[: request.limit])
+
+    async def expected(self, views: list[JobView], *, wait: float = LISTING_WAIT,
+                       shared: bool = True) -> list[JobView]:
+        """The views, each waiting job's with its start as expected now (one plan for all of them, as `why`
+        and `predict` make it). A listing is not held up by a plan that takes longer than `wait` (a deep queue on a
+        large cluster, or the predictions of new jobs planned first): then it goes without. Listings share their
+        plans (`shared`, `_ListingPlans`), so that a client polling `list` does not keep the planning thread busy."""
+        waiting = [v.job_id for v in views if v.status == "queued" and not self.state.jobs[v.job_id].prechecking]
+        if not waiting:
+            return views
+        planned: asyncio.Future[dict[str, Forecast]]
+        if not shared:
+            planned = asyncio.ensure_future(self.scheduler.forecast_queued(waiting))
+            planned.add_done_callback(_consumed)
+        elif (latest := self._listings.shared(waiting)) is not None:
+            planned = latest
+        elif self._listings.resting():
+            return views  # as when a plan takes longer than the wait
+        else:
+            planned = self._listings.started(asyncio.ensure_future(self.scheduler.forecast_queued(waiting)), waiting)
+        try:
+            forecasts = await asyncio.wait_for(asyncio.shield(planned), wait)
+        except TimeoutError:
+            return views
+        return [msgspec.structs.replace(v, expected=forecast.prediction)
+                if (forecast := forecasts.get(v.job_id)) is not None else v for v in views]
+
+    async def get_array(self, request: GetArray, identity: Identity) -> ArrayDetails | CommandError:
+        array = self.state.arrays.get(request.array_id)
+        members = [self.state.jobs[j] for j in (array.jobs.values() if array is not None else ())]
+        if array is None or not any(can_view(self.state, identity, job) for job in members):
+            return CommandError(code="not-found", message=f"no such array: {request.array_id}",
+                                hint="`trainyard list` shows the arrays you can see")
+        return arrays.array_details(self.state, array, request.after, request.limit)
+
+    async def get_job(self, request: GetJob, identity: Identity) -> JobDetails | CommandError:
+        if error := access_error(self.state, [request.job_id], identity, "view"):
+            return error
+        job = self.state.jobs[request.job_id]
+        view, = await self.expected([self.state.view(job)], wait=DETAILS_WAIT, shared=False)
+        return JobDetails(job=view, spec=job.spec)
+
+    async def list_nodes(self, _: ListNodes, identity: Identity) -> NodeList:
+        return hide_jobs(NodeList(nodes=node_views(self.state)), self.state, identity)
+
+    async def why(self, request: ExplainJob, identity: Identity) -> WhyReply | CommandError:
+        if error := access_error(self.state, [request.job_id], identity, "view"):
+            return error
+        job = self.state.jobs[request.job_id]
+        waiting = job.status == "queued" and not job.prechecking
+        # Its start as `predict` tells it (likely and latest), worked out in the planning thread without the lock.
+        forecast = (await self.scheduler.forecast_queued([job.job_id])).get(job.job_id) if waiting else None
+        async with self.scheduler.lock:  # the job's status cannot change while it is explained
+            if job.status == "queued" and not job.prechecking:
+                all_nodes = [n.info for n in self.state.nodes.values()]
+                unhealthy = [name for name, n in self.state.nodes.items() if n.unhealthy and not n.lost]
+                now = self.scheduler.clock()
+                report = explain(job.job_id, queued_jobs(self.state, now), node_capacity(self.state),
+                                 cluster_flavors(self.state), running=running_jobs(self.state, now), now=now,
+                                 all_nodes=all_nodes, unhealthy=unhealthy, forecast=forecast)
+                if job.reason:  # why it came back to the queue, or why its last pre-check failed
+                    back = f"It is back in the queue: {job.reason}."
+                    report = msgspec.structs.replace(report, summary=[*report.summary, back])
+                if news := self.state.provisioning.news.get(job.job_id):  # what the autoscaler did for it
+                    report = msgspec.structs.replace(report, summary=[*report.summary, news])
+                return hide_jobs(WhyReply(report=report), self.state, identity)
+            return WhyReply(report=WhyReport(job_id=job.job_id, status=job.status, summary=[status_sentence(job)]))
+
+    async def resources(self, request: GetResources, identity: Identity) -> ResourceList | CommandError:
+        known = {f.name for f in self.state.cluster.flavors}
+        unknown = [f for f in request.flavors if f not in known]
+        if unknown or not request.flavors:
+            return CommandError(code="invalid-request",
+                                message=f"unknown flavor: {', '.join(unknown)}" if unknown else "name a flavor",
+                                hint=f"choose from: {', '.join(sorted(known))}")
+        resources = ResourceList(nodes=node_resources(self.state, list(request.flavors)))
+        return hide_applications(resources, self.state, identity)
+
+    async def queue(self, request: GetQueue, identity: Identity) -> JobList:
+        """The first waiting jobs in the order the scheduler tries them, from position 1, and how many wait."""
+        waiting = [job for job in self.state.queue() if can_view(self.state, identity, job)]
+        shown = [self.state.view(job) for job in waiting[:request.limit]]
+        return JobList(jobs=await self.expected(shown), waiting=len(waiting))
+
+
+class JobQueries(StateQueries):
+    """Every query the scheduler answers. Views of the state asked `at` a past instant are answered from the
+    state rebuilt from the events up to it, by the same code."""
+
+    def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext,
+                 past: PastStates | None = None) -> None:
+        super().__init__(scheduler)
+        self.live = scheduler
+        self.store, self.js = store, js  # for a job's history: its own log, the others' published events
+        self.past = past or PastStates(store, js, lambda: scheduler.state.cluster)
+
+    def routes(self) -> list[Route]:
+        return [
+            (LIST_JOBS, self.then_or_now(StateQueries.list_jobs)),
+            (GET_JOB, self.then_or_now(StateQueries.get_job)),
+            (GET_ARRAY, self.then_or_now(StateQueries.get_array)),
+            (LIST_NODES, self.then_or_now(StateQueries.list_nodes)),
+            (GET_QUEUE, self.then_or_now(StateQueries.queue)),
+            (PREDICT_JOB, self.predict),
+            (EXPLAIN_JOB, self.then_or_now(StateQueries.why)),
+            (GET_DEV_ENV, self.devenv),
+            (JOB_HISTORY, self.history),
+            (SEARCH_JOBS, self.search),
+            (GET_RESOURCES, self.then_or_now(StateQueries.resources)),
+            (LIST_FLAVORS, self.flavors),
+            (GET_SETTINGS, self.settings),
+            (WHOAMI, self.whoami),
+            (LIST_STORAGE_ACCESS, self.storage_access),
+        ]
+
+    def then_or_now(self, view: Callable[[StateQueries, Any, Identity], Awaitable[Any]]) -> Handler:
+        """`view` of the live state, or of the state at the request's `at`."""
+
+        async def answer(request: Any, identity: Identity) -> Any:
+            at: datetime | None = request.at
+            if at is None:
+                return await view(self, request, identity)
+            if at > (now := self.live.clock()):
+                return CommandError(code="invalid-request",
+                                    message=f"{at.isoformat()} is in the future (it is {now.isoformat()} now)",
+                                    hint="name a past instant, or leave `at` out for the cluster as it is now")
+            async with self.past.at(at) as past:
+                return await view(StateQueries(past), request, identity)
+
+        return answer
+
+    async def predict(self, request: PredictJob, identity: Identity) -> PredictionReply | CommandError:
+        """S6: answered before creation; nothing is recorded (a submitted job records its own). Planned
+        off the event loop and without the scheduler's lock."""
+        if errors := spec_errors(request.spec, self.state.cluster, self.state.images):
+            return invalid_spec(errors)
+        reply = PredictionReply(prediction=await self.live.predict(request.spec))
+        return hide_jobs(reply, self.state, identity)
+
+    async def devenv(self, request: GetDevEnv, identity: Identity) -> DevEnvSpec | CommandError:
+        if error := access_error(self.state, [request.job_id], identity, "devenv"):
+            return error
+        return dev_env(self.state.jobs[request.job_id])
+
+    async def history(self, request: GetJobHistory, identity: Identity) -> JobHistory | CommandError:
+        """O6: every service's events about the job, as published, in order."""
+        if error := access_error(self.state, [request.job_id], identity, "view"):
+            return error
+        # Its own events from its log (complete at once), the other services' (the launcher's, the
+        # monitor's pre-checks, slowdowns and kept environments) as published, in time order.
+        own = await self.store.read_aggregate(JOB, request.job_id)
+        published = [decode(m.data, EventEnvelope) async for m in read_subject(
+            self.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
+        # The life of the job's run (the monitor's aggregate "run") is told by `trainyard metrics`, not here.
+        others = [e for e in published if e.service != SERVICE and e.aggregate_type != "run"]
+        history = JobHistory(events=sorted(own + others, key=lambda e: e.recorded_at))
+        return hide_jobs(history, self.state, identity)
+
+    async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
+        await self.live.search.catch_up()  # read what this caller just wrote
+        jobs = await self.live.search.search(request, identity, sharing_enabled=self.state.settings.sharing_enabled)
+        return SearchResults(jobs=jobs)
+
+    async def flavors(self, request: ListFlavors, _: Identity) -> FlavorList:
+        return flavor_list(self.state, request.board)
+
+    async def settings(self, _: GetSettings, __: Identity) -> SettingsView:
+        return SettingsView(settings=self.state.settings)
+
+    async def whoami(self, _: WhoAmI, identity: Identity) -> IdentityView:
+        return IdentityView(identity=identity)
+
+    async def storage_access(self, request: ListStorageAccess, identity: Identity) -> StorageAccessList:
+        """J2: registered resources of the caller's projects and their own (administrators: all)."""
+        entries = [e for e in self.state.storage.values()
+                   if (request.kind is None or e.kind == request.kind)
+                   and (identity.admin or e.owner == identity.user or e.project in identity.projects)]
+        return StorageAccessList(entries=sorted(entries, key=lambda e: (e.kind, e.name)))

@@ -1,0 +1,94 @@
+"""What the decision logic sees of the scheduler's state: the inputs of a cycle, of `why` and of a
+prediction, read from the state at one moment (`now` is a parameter, never a clock read)."""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+import msgspec
+
+from libs.contracts.cluster import Flavor, Resources
+from libs.placement import NodeCapacity, QueuedJob, RunningJob
+from services.scheduler.domain.state import Job, SchedulerState
+from services.scheduler.planning.prediction_cache import JobFacts, PlanInputs
+
+# M1: nodes that failed a job's pre-check are not tried for it again until this long after.
+RECHECK_AFTER = timedelta(seconds=60)
+
+
+def node_capacity(state: SchedulerState) -> list[NodeCapacity]:
+    """The schedulable nodes and what is free on each."""
+    used = state.used()
+    return [NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
+            for name, n in state.nodes.items() if n.schedulable]
+
+
+def cluster_flavors(state: SchedulerState) -> dict[str, Flavor]:
+    return state.flavors
+
+
+def queued_jobs(state: SchedulerState, now: datetime) -> list[QueuedJob]:
+    return [queued_job(state, job, now) for job in state.queue()]
+
+
+def queued_job(state: SchedulerState, job: Job, now: datetime) -> QueuedJob:
+    """A queued job as the decision logic sees it: the one made before, unless what it is made from changed."""
+    made = job.queued_as
+    # Made since the job's last event, it still holds unless it depends on the time (nodes avoided for a while
+    # after a failed pre-check) or on the nodes' dataset caches.
+    if made is not None and job.failed_precheck is None and not job.spec.data_preparation:
+        return made
+    duration, avoided, prefer = job.duration_seconds, state.avoided_nodes(job, now, RECHECK_AFTER), \
+        state.data_on_nodes(job.spec)
+    if (made is None or made.spec.priority != job.priority or made.duration_seconds != duration
+            or made.excluded_nodes != avoided or made.prefer != prefer):
+        # The decision logic reads priority from the spec: give it the current one (S3).
+        spec = job.spec if job.spec.priority == job.priority else msgspec.structs.replace(job.spec,
+                                                                                          priority=job.priority)
+        made = job.queued_as = QueuedJob(job.job_id, spec, duration, avoided, prefer=prefer)
+    return made
+
+
+def running_jobs(state: SchedulerState, now: datetime) -> list[RunningJob]:
+    """Jobs that hold resources, as the decision logic sees them: running ones, and those being
+    pre-checked (they hold their placement and, once admitted, run until their limit)."""
+    running: list[RunningJob] = []
+    for job in state.holding():
+        made = job.running_as  # made since the job's last event
+        if made is None:
+            made = running_job(state, job, now)
+            if made is None:
+                continue
+            if not (job.prechecking and job.duration_seconds is not None):  # else it depends on `now`
+                job.running_as = made
+        running.append(made)
+    return running
+
+
+def running_job(state: SchedulerState, job: Job, now: datetime) -> RunningJob | None:
+    """A job holding resources as the decision logic sees it; None when it holds a flavor the cluster lacks."""
+    held = state.placements(job)
+    flavor = state.flavor(held[0][0]) if held else None
+    if flavor is None:
+        return None
+    # A job being moved holds both placements until its next attempt starts.
+    placement = [p for _, placement in held for p in placement]
+    ends_at = job.ends_at
+    if job.prechecking and job.duration_seconds is not None:  # as if it started now
+        ends_at = now + timedelta(seconds=job.duration_seconds) - job.ran_before
+    return RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor, placement=placement, ends_at=ends_at,
+                      can_grow=job.status == "running" and not job.moving, excluded_nodes=frozenset(job.excluded_nodes))
+
+
+def plan_inputs(state: SchedulerState, now: datetime) -> PlanInputs:
+    """What a prediction plans from, copied: the plan runs in a worker thread while the event loop
+    changes the state."""
+    queue, running = queued_jobs(state, now), running_jobs(state, now)
+    jobs = state.jobs
+    facts = {held.job_id: JobFacts.of(jobs[held.job_id]) for held in running}
+    for queued in queue:  # its limit is parsed already
+        job = jobs[queued.job_id]
+        facts[job.job_id] = JobFacts(job.spec, job.creator, job.flavor, job.started_at, job.ended_at,
+                                     queued.duration_seconds)
+    return PlanInputs(queue=queue, nodes=node_capacity(state), flavors=cluster_flavors(state), running=running,
+                      jobs=facts)

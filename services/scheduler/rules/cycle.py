@@ -1,0 +1,110 @@
+"""What a scheduling cycle records (pure rules: the state and `now` in, the events out).
+
+A cycle first stops jobs past their duration limit (J16) and fails checkpoint-resume jobs whose
+failure no node fault explained in time (J12); then, on the state with those recorded, it admits
+what the decision logic (placement.py) places and grows shrunken elastic jobs (S4, S10).
+"""
+
+from __future__ import annotations
+
+import itertools
+from datetime import datetime, timedelta
+
+from libs.contracts.events import (
+    JobAdmitted,
+    JobExpiring,
+    JobFailed,
+    JobPrechecking,
+    JobPredicted,
+    JobRescaling,
+)
+from libs.eventstore import NewEvent
+from libs.placement import CYCLE_DEPTH, Admission, Decision, Growth, may_grow, schedule
+from libs.settings import Settings
+from services.scheduler.domain.arrays import held_back
+from services.scheduler.domain.names import job_change
+from services.scheduler.domain.state import Job, SchedulerState
+from services.scheduler.planning.decision_inputs import cluster_flavors, node_capacity, queued_job, running_jobs
+from services.scheduler.planning.prediction import started
+
+
+def settle_time(settings: Settings) -> timedelta:
+    """How long a checkpoint-resume job's failure waits for a node fault to explain it: long enough
+    for a dead node to be declared lost."""
+    return timedelta(seconds=settings.node_lost_seconds + 4 * settings.heartbeat_seconds)
+
+
+def seconds_to_wait(state: SchedulerState, now: datetime, *, cycle_seconds: float, settle: timedelta) -> float:
+    """Until the next cycle, duration limit or settled failure, whichever comes first."""
+    deadlines = [(j.ends_at - now).total_seconds() for j in state.running()
+                 if j.ends_at is not None and not j.expiring]
+    deadlines += [(j.unexplained_failure[1] + settle - now).total_seconds() for j in state.running()
+                  if j.unexplained_failure is not None]
+    return max(0.05, min([cycle_seconds, *deadlines]))
+
+
+def expirations(state: SchedulerState, now: datetime) -> list[NewEvent]:
+    """J16: a running job past its duration limit is stopped and will end `expired`."""
+    return [job_change(JobExpiring(job_id=job.job_id, attempt=job.attempt, limit_seconds=job.duration_seconds or 0))
+            for job in state.running()
+            if job.ends_at is not None and job.ends_at <= now and not job.expiring and job.stop_requested_by is None]
+
+
+def settled_failures(state: SchedulerState, now: datetime, settle: timedelta) -> list[NewEvent]:
+    """J12: a checkpoint-resume job that failed with no node fault reported within the settle time
+    failed on its own."""
+    changes: list[NewEvent] = []
+    for job in state.running():
+        if job.unexplained_failure is None or job.moving:
+            continue
+        failure, failed_at = job.unexplained_failure
+        if failed_at + settle <= now:
+            changes.append(job_change(JobFailed(job_id=job.job_id, reason=failure.reason,
+                                                exit_code=failure.exit_code)))
+    return changes
+
+
+def decide(state: SchedulerState, now: datetime) -> Decision | None:
+    """The cycle's decision on the queue and the growable jobs; None when no job could start or grow."""
+    waiting = state.queue()
+    held = held_back(state, (job.job_id for job in waiting))  # arrays at their `%N`: the rest wait
+    queue = [queued_job(state, job, now) for job in itertools.islice(
+        (job for job in waiting if job.job_id not in held), CYCLE_DEPTH)]
+    running = running_jobs(state, now)
+    if not queue and not any(map(may_grow, running)):
+        return None
+    return schedule(queue, node_capacity(state), cluster_flavors(state), running=running, now=now)
+
+
+def admissions(state: SchedulerState, decision: Decision, now: datetime) -> list[NewEvent]:
+    """Each admission; a job admitted before its prediction was planned (S6) has it recorded first: it starts
+    now, where it is placed."""
+    changes: list[NewEvent] = []
+    for admission in decision.admissions:
+        if admission.job_id in state.unpredicted:
+            prediction = started(admission.flavor, admission.placement, now).prediction
+            changes.append(job_change(JobPredicted(job_id=admission.job_id, prediction=prediction)))
+        changes.append(job_change(admission_event(state.jobs[admission.job_id], admission)))
+    return changes
+
+
+def growths(state: SchedulerState, decision: Decision) -> list[NewEvent]:
+    return [job_change(growth_event(state.jobs[growth.job_id], growth)) for growth in decision.growths]
+
+
+def admission_event(job: Job, admission: Admission) -> JobAdmitted | JobPrechecking:
+    """A placed job starts, unless it resumes from checkpoints (J12): its nodes are pre-checked first (M1)."""
+    if job.spec.checkpoint_resume is not None:
+        return JobPrechecking(job_id=job.job_id, attempt=job.attempt + 1, flavor=admission.flavor,
+                              placement=admission.placement, dropped_flavors=admission.dropped_flavors)
+    return JobAdmitted(job_id=job.job_id, attempt=job.attempt + 1, flavor=admission.flavor,
+                       placement=admission.placement, dropped_flavors=admission.dropped_flavors,
+                       backfilled=admission.backfilled)
+
+
+def growth_event(job: Job, growth: Growth) -> JobRescaling:
+    """S10: the job's attempt is stopped, and the next one starts on the bigger placement."""
+    workers = sum(p.role == "worker" for p in job.placement)
+    grown = sum(p.role == "worker" for p in growth.placement)
+    return JobRescaling(job_id=job.job_id, attempt=job.attempt, flavor=growth.flavor, placement=growth.placement,
+                        reason=f"grows from {workers} to {grown} nodes now that resources are free")
