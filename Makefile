@@ -74,10 +74,13 @@ lint: install
 	$(VENV)/bin/lint-imports
 	$(PY) deploy/k8s/validate.py
 
-## Regenerate docs/schemas/ and docs/cli.md's table of operations from the contracts.
+## Regenerate what is made from the contracts: docs/schemas/, docs/cli.md's table of operations, and the NATS
+## permissions of every role in deploy/ (nats-server.conf, the Helm values). Tests fail while any is stale.
 schemas: install
 	$(PY) -m libs.contracts.schema_export docs/schemas
 	$(PY) -m libs.contracts.operations.catalogue docs/cli.md
+	$(PY) -m libs.natsroles > deploy/nats/nats-server.conf
+	$(PY) deploy/k8s/validate.py --write-nats-merge
 
 clean:
 	rm -rf $(VENV) .trainyard .pytest_cache .mypy_cache .ruff_cache

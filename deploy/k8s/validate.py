@@ -12,7 +12,7 @@
   database-roles.yaml (a Job run before the services, with the database administrator's Secret).
 - The NATS Helm values (helm/nats-values.yaml) run a JetStream cluster of at least as many servers as the
   streams' replicas (TRAINYARD_STREAM_REPLICAS in config.yaml), with the roles of libs/natsroles.py
-  (`--print-nats-merge` prints the `config.merge` block they must hold).
+  (`--print-nats-merge` prints the `config.merge` block they must hold, `--write-nats-merge` writes it).
 
 One line per document: file, kind/name and `ok` or what is wrong, at which field. The exit status is 1
 when anything is wrong.
@@ -303,7 +303,7 @@ def check_nats_values(values: Any, stream_replicas: int) -> None:
     merge = get(values, "config", "merge") or {}
     differs = first_difference({key: merge.get(key) for key in expected}, expected, ["config", "merge"])
     require(differs is None, differs or [], "differs from the roles of libs/natsroles.py; replace config.merge with "
-                                            "the output of deploy/k8s/validate.py --print-nats-merge")
+                                            "the output of deploy/k8s/validate.py --print-nats-merge (make schemas)")
     env = get(values, "container", "env") or {}
     for variable in server_variables():
         require(get(env, variable, "valueFrom", "secretKeyRef", "key") is not None, ["container", "env", variable],
@@ -396,15 +396,41 @@ def check_values_file(path: Path, replicas: int) -> Result:
     return Result(shown(path), "HelmValues", "nats")
 
 
+def merge_block() -> str:
+    """The `config.merge` block the NATS Helm values must hold, as YAML under `config:`."""
+    return yaml.safe_dump({"config": {"merge": nats_merge()}}, sort_keys=False, width=120)
+
+
+def with_merge_block(values: str) -> str:
+    """`values` (helm/nats-values.yaml) with its `config.merge` block (the one holding `authorization`) made anew,
+    everything else, comments included, as it was."""
+    lines = values.splitlines(keepends=True)
+    start = next(i for i, line in enumerate(lines[:-1])
+                 if line == "  merge:\n" and lines[i + 1] == "    authorization:\n")
+    end = start + 1
+    while end < len(lines) and (lines[end].startswith("    ") or not lines[end].strip()):
+        end += 1
+    while end > start + 1 and not lines[end - 1].strip():  # the blank lines after the block stay
+        end -= 1
+    block = merge_block().splitlines(keepends=True)[1:]  # without its `config:` line
+    return "".join(lines[:start] + block + lines[end:])
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0] if __doc__ else None)
     parser.add_argument("directory", nargs="?", type=Path, default=HERE, help="the manifests (default: deploy/k8s)")
     parser.add_argument("--kubernetes-version", default=KUBERNETES_VERSION, help="the schemas to validate against")
     parser.add_argument("--print-nats-merge", action="store_true",
                         help="print the config.merge block of helm/nats-values.yaml and exit")
+    parser.add_argument("--write-nats-merge", action="store_true",
+                        help="write the config.merge block into helm/nats-values.yaml and exit")
     arguments = parser.parse_args(argv)
     if arguments.print_nats_merge:
-        print(yaml.safe_dump({"config": {"merge": nats_merge()}}, sort_keys=False, width=120), end="")
+        print(merge_block(), end="")
+        return 0
+    if arguments.write_nats_merge:
+        values = HERE / "helm" / "nats-values.yaml"
+        values.write_text(with_merge_block(values.read_text()))
         return 0
     results = validate_directory(arguments.directory, arguments.kubernetes_version)
     widths = (max(len(r.file) for r in results), max(len(r.kind) + 1 + len(r.name) for r in results))
