@@ -3,8 +3,7 @@
 
 The launcher writes this module's path into every such launch plan (`LaunchPlanned`, kept for good in the
 event log, and started again from there), so the path stays while the code lives with the rest of a rank's
-life on its node: agent/ranks/lifecycle_scripts.py. Not to be confused with libs/lifecycle.py, the fold of
-the scheduler's job events.
+life on its node: agent/ranks/lifecycle_scripts.py.
 """
 
 from __future__ import annotations

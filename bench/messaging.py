@@ -31,7 +31,7 @@ from libs.contracts import subjects
 from libs.contracts.events import Event, EventEnvelope, JobAdmitted, JobSubmitted, JobSucceeded, Placement
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.eventstore import EventStore, NewEvent, OutboxRelay, Tracking
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from libs.messaging.connection import ensure_streams
 from libs.messaging.follower import StreamFollower
 from libs.telemetry.logs import configure_logging

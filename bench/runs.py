@@ -57,7 +57,7 @@ from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.contracts.operations.runs import MAX_SERIES_PAGE, GetRun, GetSeries, RunView, SeriesPage, SeriesPoint
 from libs.contracts.runs import MAX_POINTS_PER_BATCH, MetricBatch, MetricPoint
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from libs.messaging.connection import STREAMS
 from libs.natsroles import DURABLE_JETSTREAM
 from services.monitor.runs.reader import RunReader

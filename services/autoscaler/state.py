@@ -1,6 +1,6 @@
 """The autoscaler's state: its instances (its own events), and the demand it reads from the others' logs.
 
-Jobs come from the shared job-lifecycle fold of the scheduler's events (libs.lifecycle): a job placed and
+Jobs come from the shared job-lifecycle fold of the scheduler's events (libs.jobstatus): a job placed and
 being pre-checked holds its nodes and asks for no new ones (M1); one requeued after a failed pre-check or
 a fault (J12) waits again. Nodes come from the shared fold of the monitor's node events (libs.nodes).
 """
@@ -30,7 +30,7 @@ from libs.contracts.events import (
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import PRIORITY_RANK
 from libs.contracts.operations.autoscaler import ScaledInstance
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from libs.nodes import NodeState, fold_node_event
 from libs.placement import NodeCapacity, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings

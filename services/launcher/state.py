@@ -1,7 +1,7 @@
 """The launcher's state: its launches (own events), the jobs' lifecycle, and what only it needs to know.
 
 What state a job is in (its spec, resumes, the administrator's settings) is the shared fold of the
-scheduler's events (libs.lifecycle). Beside it the launcher keeps what is its own, keyed by the
+scheduler's events (libs.jobstatus). Beside it the launcher keeps what is its own, keyed by the
 scheduler's aggregate id: which jobs it must end, which failed attempt a new one follows, and the
 nodes lost under an attempt.
 
@@ -40,7 +40,7 @@ from libs.contracts.events import (
 from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import AdminSettings
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 
 # Where the launcher's own choice of rendezvous ports starts, for a node that did not choose them (an agent
 # older than ReservePorts, or one that stays silent).

@@ -28,7 +28,7 @@ from libs.contracts.health import NodeCheck
 from libs.contracts.identity import Identity
 from libs.contracts.operations.alerts import MAX_ALERT_PAGE_BYTES, AlertPage, ListAlerts
 from libs.contracts.scheduling import AdminSettings
-from libs.lifecycle import JobLifecycle, JobRecord
+from libs.jobstatus import JobLifecycle, JobRecord
 from services.monitor.performance.detector import Incident
 
 

@@ -30,7 +30,7 @@ from libs.contracts.operations.cluster import MARK_COMPONENT, MarkComponent
 from libs.contracts.operations.runs import OPEN_TERMINAL, OpenTerminal, TerminalOpened
 from libs.controlsign import ControlSigner
 from libs.eventstore import EventStore, Tracking
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from libs.messaging.responder import Route
 from libs.telemetry.logs import get_logger
 from services.monitor import alerts, caches, rules, terminal

@@ -53,7 +53,7 @@ from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.cluster import MarkComponent
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import NewEvent
-from libs.lifecycle import JobLifecycle, JobRecord
+from libs.jobstatus import JobLifecycle, JobRecord
 from services.monitor import alerts
 from services.monitor.health import changed, faulty_components, problems_of
 from services.monitor.performance.detector import Incident

@@ -56,7 +56,7 @@ from libs.contracts.jobspec import JobSpec
 from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from libs.messaging.batches import Batches
 from libs.messaging.rpc import serve_operations
 from libs.natsroles import (

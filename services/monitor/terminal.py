@@ -22,7 +22,7 @@ from libs.contracts.identity import Identity
 from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.runs import OpenTerminal, TerminalOpened
 from libs.controlsign import ControlSigner
-from libs.lifecycle import JobLifecycle, JobRecord
+from libs.jobstatus import JobLifecycle, JobRecord
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.natsroles import user_nats_name
 from libs.telemetry.logs import get_logger

@@ -16,7 +16,7 @@ from libs.contracts.ids import new_job_id
 from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.runs import GetRun, GetSeries, RunView, SeriesPage, SeriesPoint
 from libs.contracts.runs import MetricBatch, MetricPoint
-from libs.lifecycle import JobLifecycle, JobRecord
+from libs.jobstatus import JobLifecycle, JobRecord
 from libs.messaging.connection import ensure_streams
 from services.monitor.runs.reader import RunReader
 from tests.support.specs import sleeper

@@ -11,7 +11,7 @@ from libs.contracts.events import AlertRaised, EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.operations.alerts import MAX_ALERT_PAGE_BYTES, ListAlerts
 from libs.contracts.scheduling import AdminSettings
-from libs.lifecycle import JobLifecycle, JobRecord
+from libs.jobstatus import JobLifecycle, JobRecord
 from services.monitor.alerts import node_lost, page
 from tests.support.specs import sleeper
 

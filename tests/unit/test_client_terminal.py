@@ -37,7 +37,7 @@ from libs.contracts.identity import AUTH_HEADER, Identity
 from libs.contracts.operations.alerts import LIST_ALERTS, ListAlerts
 from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.runs import OPEN_TERMINAL, OpenTerminal, TerminalOpened
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from libs.messaging.connection import round_trip
 from services.monitor.alerts import page as alert_page
 from tests.support.waiting import eventually

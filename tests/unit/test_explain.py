@@ -10,8 +10,9 @@ import pytest
 from libs.contracts.cluster import Resources
 from libs.contracts.scheduling import FlavorWait, NodeShortage
 from libs.placement import NodeCapacity, RunningJob
+from services.scheduler.planning.expected import Expected
 from services.scheduler.planning.explain import explain
-from services.scheduler.planning.prediction import Expected, forecast_queued
+from services.scheduler.planning.prediction import forecast_queued
 from tests.support.placement import (
     FLAVORS,
     GPU4,

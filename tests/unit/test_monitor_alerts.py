@@ -5,7 +5,7 @@ from __future__ import annotations
 from libs.contracts.events import JobResuming
 from libs.contracts.jobspec import AlgorithmRef, CheckpointResume, JobSpec, OutputRef, PerformanceDetection
 from libs.contracts.scheduling import AdminSettings
-from libs.lifecycle import JobRecord
+from libs.jobstatus import JobRecord
 from services.monitor import alerts
 from services.monitor.performance.detector import Incident
 

@@ -30,7 +30,7 @@ from libs.contracts.health import ComponentHealth
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, DebugTerminal, JobSpec, OutputRef
 from libs.contracts.operations.cluster import MarkComponent
 from libs.contracts.scheduling import Prediction
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from services.monitor import caches
 from services.monitor import rules as decisions
 from services.monitor.state import MonitoredNode, MonitorState

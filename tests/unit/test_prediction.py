@@ -18,8 +18,8 @@ from libs.contracts.scheduling import Prediction
 from libs.placement import NodeCapacity, QueuedJob, RunningJob, eligible, holdings, schedule
 from services.scheduler.planning import playthrough
 from services.scheduler.planning.backfill_plan import Plan, Planner
+from services.scheduler.planning.expected import Expected
 from services.scheduler.planning.prediction import (
-    Expected,
     forecast,
     plan_queue,
     predict,

@@ -36,7 +36,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.health import PERFORMANCE_LINE
 from libs.contracts.jobspec import PerformanceDetection
-from libs.lifecycle import JobRecord
+from libs.jobstatus import JobRecord
 
 _MARKER = "hardware time is"
 # The contract's pattern with its spaces kept within one line: a chunk is scanned joined, and one

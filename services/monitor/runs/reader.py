@@ -37,7 +37,7 @@ from libs.contracts.operations.runs import (
     SeriesView,
 )
 from libs.contracts.runs import MetricBatch, MetricPoint
-from libs.lifecycle import JobLifecycle
+from libs.jobstatus import JobLifecycle
 from libs.messaging.reader import read_pulled
 from libs.messaging.responder import Route
 from services.monitor.runs.runlife import RunLife

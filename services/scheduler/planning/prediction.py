@@ -20,7 +20,7 @@ every question.
 from __future__ import annotations
 
 from collections.abc import Collection, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from libs.contracts.cluster import Flavor
@@ -35,32 +35,12 @@ from libs.placement import (
     schedule,
 )
 from services.scheduler.planning.backfill_plan import Plan
+from services.scheduler.planning.expected import Expected
 from services.scheduler.planning.playthrough import Playthrough
 from services.scheduler.planning.simulation import insertion_index
 
 ROUGH = "a rough estimate this deep in the queue"
 NEW_JOB = "(new job)"  # the id a predicted job gets; real job ids look like job-<12 hex digits>
-
-
-@dataclass(frozen=True)
-class Expected:
-    """When jobs will likely end, where that is known better than their duration limits.
-
-    Jobs not listed end at their limits; a listed None means no end is known (held for good).
-    """
-
-    ends: Mapping[str, datetime | None] = field(default_factory=dict)  # running job -> likely end
-    seconds: Mapping[str, int | None] = field(default_factory=dict)  # queued job -> likely runtime
-
-    @property
-    def empty(self) -> bool:
-        return not self.ends and not self.seconds
-
-    def running(self, jobs: Sequence[RunningJob]) -> list[RunningJob]:
-        return [job.changed(ends_at=self.ends[job.job_id]) if job.job_id in self.ends else job for job in jobs]
-
-    def queue(self, jobs: Sequence[QueuedJob]) -> list[QueuedJob]:
-        return [job.lasting(self.seconds[job.job_id]) if job.job_id in self.seconds else job for job in jobs]
 
 
 @dataclass(frozen=True)

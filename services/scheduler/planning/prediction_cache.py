@@ -60,10 +60,10 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import PRIORITY_RANK, JobSpec, Priority
 from libs.contracts.scheduling import Prediction
 from libs.placement import Cycle, NodeCapacity, QueuedJob, RunningJob
+from services.scheduler.planning.expected import Expected
 from services.scheduler.planning.playthrough import Playthrough, cycle_bound
 from services.scheduler.planning.prediction import (
     NEW_JOB,
-    Expected,
     Forecast,
     forecast_queued,
     playthrough,

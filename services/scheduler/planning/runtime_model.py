@@ -33,7 +33,7 @@ from typing import NamedTuple, Protocol
 
 from libs.contracts.jobspec import JobSpec
 from libs.placement import QueuedJob, RunningJob
-from services.scheduler.planning.prediction import Expected
+from services.scheduler.planning.expected import Expected
 
 Group = tuple[str, ...]
 
