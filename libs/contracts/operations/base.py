@@ -5,7 +5,7 @@ An operation is one request/reply exchange over core NATS: its subject, its requ
 service (or node agent) that answers it, the roles NATS lets send it, how the answerer authenticates the
 sender, the largest request it decodes and whether it changes state. Each is declared once, beside its
 request and reply (`libs/contracts/operations/<area>.py`); `catalogue.py` gathers them for the services'
-route tables, the client, the NATS permissions, the docs and the HTTP API.
+route tables, the client, the NATS permissions and the docs.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from libs.contracts.jobspec import FieldError
 
 # Who answers an operation: a service, or the node agent of the node its subject names.
 Answerer = Literal["scheduler", "monitor", "autoscaler", "agent"]
-# Who may send it, as NATS enforces it (libs/natsroles.py): a person (CLI, client, console), a node
+# Who may send it, as NATS enforces it (libs/natsroles.py): a person (the CLI, the client), a node
 # agent, a job's remote shell, or a service.
 Caller = Literal["user", "agent", "job", "launcher", "monitor"]
 # How the answerer knows the sender: a person's signed token (libs/auth.py, the handler gets the
@@ -43,7 +43,7 @@ ReplyT = TypeVar("ReplyT", bound=Struct)
 class Operation(Generic[RequestT, ReplyT]):
     """One request/reply operation, declared once."""
 
-    name: str  # kebab-case, for people: docs, the HTTP API, metrics
+    name: str  # kebab-case, for people: the docs and the list of operations
     subject: str  # where it is asked; for an agent's, `*` stands for the node (`subject_for`)
     request: type[RequestT]
     reply: type[ReplyT]  # the reply when it succeeds; a refusal is a `CommandError`
@@ -63,7 +63,7 @@ class Operation(Generic[RequestT, ReplyT]):
 def people_operation(name: str, subject: str, request: type[RequestT], reply: type[ReplyT], answered_by: Answerer,
                      *, changes_state: bool, summary: str,
                      progress: type[Struct] | None = None) -> Operation[RequestT, ReplyT]:
-    """An operation people send (CLI, client, console) with their token."""
+    """An operation people send (the CLI, the client) with their token."""
     return Operation(name=name, subject=subject, request=request, reply=reply, answered_by=answered_by,
                      callers=frozenset({"user"}), changes_state=changes_state, summary=summary, progress=progress)
 

@@ -1,5 +1,5 @@
 """Every operation, gathered from the area modules: what the services' route tables, the client, the NATS
-permissions (libs/natsroles.py), docs/cli.md and the HTTP API read.
+permissions (libs/natsroles.py) and docs/cli.md read.
 
 A module of `libs/contracts/operations` that declares an `Operation` at module level is part of the
 catalogue; adding an operation is declaring it there.
