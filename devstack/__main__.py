@@ -54,9 +54,13 @@ console = Console(highlight=False, soft_wrap=not sys.stdout.isatty())
 CLUSTER = REPO_ROOT / "deploy" / "local" / "cluster.yaml"
 
 
-def supervisor_argv(home: Path, cluster: Path, replicas: int = 1) -> list[str]:
+def supervisor_argv(home: Path, cluster: Path, replicas: int = 1, gateway: str | None = None) -> list[str]:
     return [sys.executable, "-m", "devstack.supervisor", "--home", str(home), "--cluster", str(cluster),
-            "--replicas", str(replicas)]
+            "--replicas", str(replicas), *(["--gateway", gateway] if gateway else [])]
+
+
+# The gateway's port (the HTTP API, docs/http-api.md); the stack comes up without it when the port is taken.
+HTTP_PORT = int(os.environ.get("TRAINYARD_HTTP_PORT", "8080"))
 
 
 @app.command()
@@ -122,7 +126,11 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
             raise typer.Exit(1) from None
         console.print(f"[dim]started Prometheus at {prometheus}, scraping the stack (alerts at {prometheus}/alerts)[/]")
     # The supervisor starts the services and agents, and restarts any that exits (supervisor.py).
-    processes.start("supervisor", supervisor_argv(home, CLUSTER, replicas))
+    gateway: str | None = f"127.0.0.1:{HTTP_PORT}"
+    if port_open(HTTP_PORT):
+        console.print(f"[yellow]port {HTTP_PORT} is taken: the HTTP API is not started; set TRAINYARD_HTTP_PORT[/]")
+        gateway = None
+    processes.start("supervisor", supervisor_argv(home, CLUSTER, replicas, gateway))
     expected = {n.name for n in ClusterConfig.load(CLUSTER).nodes}
     each = f" ({replicas} of each: one acts, the others stand by)" if replicas > 1 else ""
     console.print(f"[dim]started {', '.join(SERVICES)}{each} and {len(expected)} node agent(s) under a supervisor "
@@ -134,6 +142,8 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
         console.print(f"[red]error:[/] {exc}; see the logs in {home / 'logs'}")
         raise typer.Exit(1) from None
     console.print(f"[green]the stack is up[/]: NATS {nats_url}, logs in {home / 'logs'}, storage in {storage}")
+    if gateway:
+        console.print(f"the HTTP API: http://{gateway}/api/v1/openapi.json (docs/http-api.md)")
 
 
 def _start_nats_cluster(home: Path, size: int) -> str:

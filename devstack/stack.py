@@ -177,6 +177,13 @@ def start_service(processes: ProcessSet, name: str, instance: str | None = None)
     return processes.start(instance or name, service_argv(name), env=env)
 
 
+def start_gateway(processes: ProcessSet, address: str) -> subprocess.Popen[bytes]:
+    """Start the gateway (the HTTP API) on `address`: it logs in to NATS with each caller's token only, and gets
+    no database URL or password."""
+    return processes.start("gateway", service_argv("gateway"), env={"TRAINYARD_HTTP_ADDRESS": address},
+                           withhold=DATABASE_VARIABLES)
+
+
 def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path,
                 host: list[str] | None = None) -> subprocess.Popen[bytes]:
     """Start `node`'s agent with a fresh node credential of its own, signed with the set's secret file; `host` is

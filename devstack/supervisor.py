@@ -31,6 +31,7 @@ from devstack.stack import (
     ProcessSet,
     end_platform,
     start_agent,
+    start_gateway,
     start_service,
 )
 from libs.contracts.cluster import ClusterConfig
@@ -207,9 +208,11 @@ def instance_names(service: str, replicas: int) -> list[str]:
     return [service if number == 1 else f"{service}-{number}" for number in range(1, replicas + 1)]
 
 
-def platform_programs(processes: ProcessSet, cluster: Path, agents_root: Path, replicas: int = 1) -> list[Program]:
+def platform_programs(processes: ProcessSet, cluster: Path, agents_root: Path, replicas: int = 1,
+                      gateway: str | None = None) -> list[Program]:
     """The four services, each `replicas` times (one acts, the others stand by: libs/eventstore/lease.py),
-    and one agent per node of the cluster config (each agent start issues it a new node credential)."""
+    one agent per node of the cluster config (each agent start issues it a new node credential), and the gateway
+    on the address `gateway` when given."""
     def service(name: str, instance: str) -> Program:
         return Program(instance, lambda: start_service(processes, name, instance))
 
@@ -217,7 +220,8 @@ def platform_programs(processes: ProcessSet, cluster: Path, agents_root: Path, r
         return Program(f"agent-{node}", lambda: start_agent(processes, node, cluster, agents_root))
 
     services = [service(name, instance) for name in SERVICES for instance in instance_names(name, replicas)]
-    return [*services, *(agent(n.name) for n in ClusterConfig.load(cluster).nodes)]
+    http = [Program("gateway", lambda: start_gateway(processes, gateway))] if gateway else []
+    return [*services, *http, *(agent(n.name) for n in ClusterConfig.load(cluster).nodes)]
 
 
 def main() -> None:
@@ -227,13 +231,15 @@ def main() -> None:
     parser.add_argument("--home", type=Path, default=None, help="the stack's folder (default: $TRAINYARD_HOME)")
     parser.add_argument("--cluster", type=Path, required=True, help="the cluster config naming the nodes")
     parser.add_argument("--replicas", type=int, default=1, help="processes per service (one acts, the others stand by)")
+    parser.add_argument("--gateway", default=None,
+                        help="the address the gateway (the HTTP API) serves on (default: it is not run)")
     args = parser.parse_args()
     configure_logging("supervisor")
     home = (args.home or home_dir()).resolve()
     processes = ProcessSet(home, read_stack_env(home))  # what `up` wrote for every process
     nodes = [node.name for node in ClusterConfig.load(args.cluster).nodes]
     # Stopped agents leave their jobs running for the next one; a stack that goes down ends them.
-    supervise(home / "run", platform_programs(processes, args.cluster, home / "agents", args.replicas),
+    supervise(home / "run", platform_programs(processes, args.cluster, home / "agents", args.replicas, args.gateway),
               after_stop=lambda: end_platform(nodes, home))
 
 

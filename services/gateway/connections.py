@@ -1,0 +1,68 @@
+"""One NATS connection per token in use, logged in as that token's user.
+
+The gateway holds no power of its own: each request goes to NATS on a connection that logged in with the
+caller's own token (through the auth callout, libs/natsauth.py), so NATS enforces the same permissions and
+inbox as for that person's CLI, and the services check the same token. A connection unused for a while is
+closed; so is the least recently used one when there are too many.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import time
+from collections import OrderedDict
+
+from nats.aio.client import Client
+
+from libs.messaging.connection import NatsLogin, connect_once
+
+IDLE_SECONDS = 300.0
+MOST_CONNECTIONS = 500
+
+
+class UserConnections:
+    def __init__(self, nats_url: str, *, idle_seconds: float = IDLE_SECONDS, most: int = MOST_CONNECTIONS) -> None:
+        self.nats_url = nats_url
+        self.idle_seconds = idle_seconds
+        self.most = most
+        self._open: OrderedDict[str, tuple[Client, float]] = OrderedDict()  # token digest -> connection, last use
+        self._connecting: dict[str, asyncio.Lock] = {}
+
+    async def for_token(self, token: str) -> Client:
+        """The connection of `token`'s user, made now if there is none (raises `LoginRefused` when NATS refuses
+        the token, and what nats-py raises when the server cannot be reached)."""
+        key = hashlib.sha256(token.encode()).hexdigest()
+        async with self._connecting.setdefault(key, asyncio.Lock()):
+            found = self._open.get(key)
+            if found is not None and not found[0].is_closed:
+                self._open[key] = (found[0], time.monotonic())
+                self._open.move_to_end(key)
+                return found[0]
+            nc = await connect_once(self.nats_url, "trainyard-gateway", NatsLogin.for_token(token))
+            self._open[key] = (nc, time.monotonic())
+        await self._trim()
+        return nc
+
+    async def close_idle(self) -> None:
+        """Close the connections unused for `idle_seconds`."""
+        now = time.monotonic()
+        for key, (nc, used) in list(self._open.items()):
+            if now - used > self.idle_seconds:
+                await self._close(key, nc)
+
+    async def _trim(self) -> None:
+        while len(self._open) > self.most:
+            key, (nc, _) = next(iter(self._open.items()))
+            await self._close(key, nc)
+
+    async def _close(self, key: str, nc: Client) -> None:
+        self._open.pop(key, None)
+        self._connecting.pop(key, None)
+        with contextlib.suppress(Exception):
+            await nc.drain()
+
+    async def close(self) -> None:
+        for key, (nc, _) in list(self._open.items()):
+            await self._close(key, nc)
