@@ -22,6 +22,7 @@ from libs.contracts.operations.catalogue import BY_NAME
 from libs.messaging.connection import LoginRefused
 from libs.messaging.responder import decode_bounded
 from libs.messaging.rpc import ServiceUnavailable, call, call_with_progress
+from libs.natsroles import nats_user_for
 from libs.telemetry.logs import get_logger
 from services.gateway.connections import UserConnections
 from services.gateway.openapi import API_PREFIX, openapi_document
@@ -54,12 +55,15 @@ def user_operation(name: str) -> Operation[Any, Any]:
 
 
 def caller_token(request: Request) -> str:
+    """The caller's token; what is no token of ours is refused here, without a login to NATS."""
+    hint = "send `Authorization: Bearer <token>`; `trainyard admin token` issues one"
     try:
-        return bearer_token(request.headers)
+        token = bearer_token(request.headers)
     except AuthError as exc:
-        raise Refused(CommandError(code="unauthenticated", message=str(exc),
-                                   hint="send `Authorization: Bearer <token>`; `trainyard admin token` issues one")
-                      ) from None
+        raise Refused(CommandError(code="unauthenticated", message=str(exc), hint=hint)) from None
+    if nats_user_for(token) is None:
+        raise Refused(CommandError(code="unauthenticated", message="the token is not a Trainyard token", hint=hint))
+    return token
 
 
 async def bounded_body(request: Request, limit: int) -> bytes:

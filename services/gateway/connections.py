@@ -40,7 +40,11 @@ class UserConnections:
                 self._open[key] = (found[0], time.monotonic())
                 self._open.move_to_end(key)
                 return found[0]
-            nc = await connect_once(self.nats_url, "trainyard-gateway", NatsLogin.for_token(token))
+            try:
+                nc = await connect_once(self.nats_url, "trainyard-gateway", NatsLogin.for_token(token))
+            except BaseException:
+                self._connecting.pop(key, None)  # a refused token leaves nothing behind
+                raise
             self._open[key] = (nc, time.monotonic())
         await self._trim()
         return nc

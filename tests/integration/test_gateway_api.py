@@ -62,6 +62,8 @@ async def test_a_request_without_a_token_is_refused_before_anything_is_sent(http
     refused = await http.post("/api/v1/submit-job", json=submission())
     assert refused.status_code == 401
     assert refused.json()["code"] == "unauthenticated" and "Bearer" in refused.json()["hint"]
+    garbage = await http.post("/api/v1/list-jobs", json={}, headers={"Authorization": "Bearer not-a-token"})
+    assert garbage.status_code == 401 and garbage.json()["detail"] == "the token is not a Trainyard token"
     listed = await http.post("/api/v1/list-jobs", json={}, headers=as_user("alice"))
     assert listed.json()["jobs"] == []
 
