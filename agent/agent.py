@@ -41,10 +41,9 @@ from agent.ranks.debugging import DebugSessions
 from agent.ranks.runner import RankRunner
 from agent.ranks.running_rank import RankKey, RunningNode
 from agent.ranks.tcp_ports import PortBook
-from agent.requests import RequestServer, reply_refused, subject_template
+from agent.requests import RequestServer
 from agent.seen import remember_across_restarts
 from libs.auth import AuthError, bearer_token
-from libs.contracts import subjects
 from libs.contracts.agent import (
     ExecInJob,
     OpenSession,
@@ -107,6 +106,7 @@ class NodeAgent:
         self.debugging: DebugSessions
         self.ranks: RankRunner
         self.presence: NodePresence
+        self.requests: RequestServer  # what answers the requests of the agent's operations
         self._tasks: list[asyncio.Task[Any]] = []
 
     async def start(self) -> None:
@@ -128,7 +128,7 @@ class NodeAgent:
         await self.ranks.keep_pins()
         # What the agents before obeyed stays spent, and nothing signed before now is obeyed (agent/seen.py).
         await asyncio.to_thread(remember_across_restarts, self.control, self.root, time.time())
-        requests = RequestServer(self.nc, self.info.name)
+        self.requests = requests = RequestServer(self.nc, self.info.name)
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(agents.RESERVE_PORTS, self._on_ports, launcher)
         await requests.serve(agents.START_PROCESS, self._on_start, launcher)
@@ -193,8 +193,8 @@ class NodeAgent:
         """Start the command now and answer; its exit code goes to `reply_to` when it ends."""
         if not request.reply_to.startswith(job_inbox(request.job_id) + "."):
             # Only the job's own inbox: a request cannot make the agent publish anywhere else.
-            reply_refused(self.info.name, subject_template(subjects.agent_exec(self.info.name), self.info.name),
-                          request.job_id, request.reply_to, "the exit's reply_to is not under the job's inbox")
+            self.requests.refuse_reply(agents.EXEC_IN_JOB, request.job_id, request.reply_to,
+                                       "the exit's reply_to is not under the job's inbox")
             return CommandError(code="invalid-request", message=f"reply_to must be under {job_inbox(request.job_id)}.")
         return await self.ranks.exec_in_job(request)
 

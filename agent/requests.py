@@ -29,7 +29,7 @@ from nats.aio.msg import Msg
 from opentelemetry.trace import Span, use_span
 
 from libs.contracts.operations.base import Operation
-from libs.messaging.responder import REPLY_REFUSED, Answer, Incoming, Later, Responder, count_refused_reply
+from libs.messaging.responder import REPLY_REFUSED, Answer, Incoming, Later, Responder
 from libs.natsroles import agent_request_sender
 from libs.telemetry.logs import get_logger
 
@@ -41,18 +41,6 @@ Handler = Callable[[Request], Awaitable[Answer]]
 Gate = Callable[[Msg, Request], str | None]
 
 
-def subject_template(subject: str, node: str) -> str:
-    """`subject` with the node's name as `{node}`: what spans and metrics name, the same for every node."""
-    return ".".join("{node}" if part == node else part for part in subject.split("."))
-
-
-def reply_refused(node: str, template: str, caller: str | None, reply: str, reason: str) -> None:
-    """Log and count an answer refused for where it was asked to go (nothing is sent there)."""
-    log.warning("request.reply_refused", answerer=node, subject=template, caller=caller or "unknown",
-                reply_to=reply[:200], reason=reason)
-    count_refused_reply(template)
-
-
 class RequestServer:
     """Serves the agent's operations on one connection."""
 
@@ -62,6 +50,10 @@ class RequestServer:
         self.responder = Responder(node, node=node,
                                    caller_of=lambda incoming: agent_request_sender(node, incoming.subject))
         self._later: set[asyncio.Task[None]] = set()  # replies still being worked out
+
+    def refuse_reply(self, operation: Operation[Any, Any], caller: str | None, reply_to: str, reason: str) -> None:
+        """Log and count an answer for `operation` refused for where it was asked to go (nothing is sent there)."""
+        self.responder.refuse_reply(operation.subject_for(self.node), caller, reply_to, reason)
 
     async def serve(self, operation: Operation[Any, Any], handler: Handler[Any], gate: Gate[Any]) -> None:
         """Answer every request of `operation` to this node that `gate` lets through with what `handler` makes

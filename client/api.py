@@ -169,13 +169,11 @@ from libs.contracts.operations.runs import (
 from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
 from libs.imagefiles import file_digest
 from libs.messaging.connection import LoginRefused, NatsLogin, connect_once
-from libs.messaging.rpc import ServiceUnavailable, call, call_with_progress
+from libs.messaging.rpc import ServiceUnavailable, call_operation
 from libs.natsroles import nats_user_for
 
 # How long a followed log is still read after the job ended: chunks shipped at its end may lag its status.
 LOG_DRAIN_SECONDS = 1.0
-SIMULATE_IDLE_TIMEOUT = 120.0  # a what-if reports its progress while it runs; this long without a word is too long
-PAST_TIMEOUT = 120.0  # a view of a past instant: the scheduler may replay a long history first
 # A request creating a job (submit, clone) that nothing answers, or that the scheduler answers with
 # `unavailable` (an outage of its own: nothing was done), is sent again with the same job id, this many
 # times in all: the scheduler creates one job per id, so a lost reply never makes two jobs. Waiting
@@ -269,10 +267,8 @@ class TrainyardClient:
     async def ask(self, operation: Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
         """Send `request` as `operation` (libs/contracts/operations) and return its reply; a refusal raises
         `TrainyardError`, no answer `NoAnswer`."""
-        # A view of a past instant may replay a long history first.
-        timeout = max(self.timeout, PAST_TIMEOUT) if getattr(request, "at", None) is not None else self.timeout
         reply: ReplyT = await self._answered(
-            operation.subject, call(self.nc, operation.subject, request, timeout=timeout, token=self.token),
+            operation.subject, call_operation(self.nc, operation, request, timeout=self.timeout, token=self.token),
             operation.reply)
         return reply
 
@@ -524,9 +520,8 @@ class TrainyardClient:
         the replay has come while it runs."""
         request = SimulateHistory(start=start, end=end, add_nodes=add_nodes or {}, remove_nodes=remove_nodes or {},
                                   depth=depth)
-        calling = call_with_progress(self.nc, SIMULATE.subject, request, token=self.token,
-                                     idle_timeout=max(self.timeout, SIMULATE_IDLE_TIMEOUT),
-                                     progress_type=SimulationProgress, on_progress=on_progress or (lambda _: None))
+        calling = call_operation(self.nc, SIMULATE, request, token=self.token, timeout=self.timeout,
+                                 on_progress=on_progress)
         report: SimulationReport = await self._answered(SIMULATE.subject, calling, SIMULATE.reply)
         return report
 

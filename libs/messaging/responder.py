@@ -140,6 +140,11 @@ def error_for_decode_failure(exc: msgspec.ValidationError | msgspec.DecodeError)
     return CommandError(code="invalid-request", message=bounded(f"the request is not valid JSON: {exc}"))
 
 
+def subject_template(subject: str, node: str) -> str:
+    """`subject` with the node's name as `{node}`: what spans and metrics name, the same for every node."""
+    return ".".join("{node}" if part == node else part for part in subject.split("."))
+
+
 def count_refused_reply(destination: str) -> None:
     counter(REPLIES_REFUSED).add(1, attributes(REPLIES_REFUSED, destination))
 
@@ -158,9 +163,7 @@ class Responder:
 
     def template(self, subject: str) -> str:
         """`subject` with the node's name as `{node}`, so that spans and metrics name few subjects."""
-        if self.node is None:
-            return subject
-        return ".".join("{node}" if part == self.node else part for part in subject.split("."))
+        return subject if self.node is None else subject_template(subject, self.node)
 
     def caller(self, incoming: Incoming) -> str | None:
         """Who asks (their NATS user), as far as can be told before the request is authenticated."""
@@ -174,10 +177,13 @@ class Responder:
         return self.tracer.start_span(f"process {template}", context=context_from_headers(incoming.headers),
                                       kind=SpanKind.SERVER, attributes=attributes_)
 
-    def refuse_reply(self, incoming: Incoming, caller: str | None, reason: str) -> None:
-        log.warning("request.reply_refused", answerer=self.answerer, subject=self.template(incoming.subject),
-                    caller=caller or "unknown", reply_to=bounded(incoming.reply_to), reason=reason)
-        count_refused_reply(self.template(incoming.subject))
+    def refuse_reply(self, subject: str, caller: str | None, reply_to: str, reason: str) -> None:
+        """Log and count an answer to a request on `subject` refused for where it was asked to go (`reply_to`):
+        nothing is sent there."""
+        template = self.template(subject)
+        log.warning("request.reply_refused", answerer=self.answerer, subject=template, caller=caller or "unknown",
+                    reply_to=bounded(reply_to), reason=reason)
+        count_refused_reply(template)
 
     async def answer(self, operation: Operation[Any, Any], handler: Handler, incoming: Incoming, span: Span, *,
                      gate: Gate | None = None, progress: Progress | None = None) -> Answer | None:
@@ -193,7 +199,7 @@ class Responder:
             except AuthError as exc:
                 refused = str(exc)
         if incoming.reply_to and (reason := reply_refusal(caller, incoming.reply_to)) is not None:
-            self.refuse_reply(incoming, caller, reason)
+            self.refuse_reply(incoming.subject, caller, incoming.reply_to, reason)
             return None
         if refused is not None:
             return CommandError(code="unauthenticated", message=refused)

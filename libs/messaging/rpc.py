@@ -2,9 +2,10 @@
 
 A service serves its routes (an operation of the catalogue and its handler) with `serve_operations`: each
 request is answered by libs/messaging/responder.py, the one responder services and agents share. Callers send
-a request with `call` (or `call_with_progress` for one that reports progress) and get the decoded reply.
+a request with `call` (or `call_with_progress` for one that reports progress) and get the decoded reply; people's
+operations go through `call_operation` (the client and the gateway), which picks between them and the time to wait.
 
-Callers (the CLI among them) import this module for `call` alone, so faststream is imported by the functions
+Callers (the CLI among them) import this module for calling alone, so faststream is imported by the functions
 that serve operations, not here.
 """
 
@@ -23,7 +24,7 @@ from nats.errors import TimeoutError as NatsTimeout
 
 from libs.auth import bearer_headers
 from libs.contracts.codec import decode_any, encode
-from libs.contracts.operations.base import Operation
+from libs.contracts.operations.base import CommandError, Operation
 from libs.contracts.operations.catalogue import PEOPLE_REPLIES as Reply
 from libs.natsroles import queue_group
 from libs.telemetry.tracing import current_trace_headers
@@ -31,7 +32,6 @@ from libs.telemetry.tracing import current_trace_headers
 if TYPE_CHECKING:
     from faststream.nats import NatsBroker
 
-    from libs.contracts.operations.base import Operation
     from libs.controlsign import ControlSigner
     from libs.messaging.responder import Handler, Responder, Route
 
@@ -148,6 +148,27 @@ async def call_with_progress(nc: Client, subject: str, request: msgspec.Struct, 
     finally:
         with contextlib.suppress(Exception):
             await sub.unsubscribe()
+
+
+# How long people's requests may take beyond the caller's usual timeout: a view of a past instant may replay a long
+# history first; a request that reports its progress (a what-if) may run long, and is given up only after this long
+# without a word.
+PAST_TIMEOUT = 120.0
+PROGRESS_IDLE_TIMEOUT = 120.0
+
+
+async def call_operation(nc: Client, operation: Operation[Any, Any], request: msgspec.Struct, *, token: str | None,
+                         timeout: float = 10.0, on_progress: Callable[[Any], None] | None = None) -> Any:
+    """Send `request` as people's `operation` with `token` and return its reply (its reply type, or the
+    `CommandError` that refused it): the one way the client and the gateway ask."""
+    if operation.progress is not None:
+        return await call_with_progress(nc, operation.subject, request, token=token,
+                                        idle_timeout=max(timeout, PROGRESS_IDLE_TIMEOUT),
+                                        progress_type=operation.progress, on_progress=on_progress or (lambda _: None))
+    if getattr(request, "at", None) is not None:
+        timeout = max(timeout, PAST_TIMEOUT)
+    return await call(nc, operation.subject, request, timeout=timeout, token=token,
+                      reply_type=operation.reply | CommandError)
 
 
 class ServiceUnavailable(Exception):

@@ -21,7 +21,7 @@ from libs.contracts.operations.base import CommandError, Operation
 from libs.contracts.operations.catalogue import BY_NAME
 from libs.messaging.connection import LoginRefused
 from libs.messaging.responder import decode_bounded
-from libs.messaging.rpc import ServiceUnavailable, call, call_with_progress
+from libs.messaging.rpc import ServiceUnavailable, call_operation
 from libs.natsroles import nats_user_for
 from libs.telemetry.logs import get_logger
 from services.gateway.connections import UserConnections
@@ -30,9 +30,7 @@ from services.gateway.problems import MEDIA_TYPE, problem
 
 log = get_logger(__name__)
 
-TIMEOUT_SECONDS = 10.0
-PAST_TIMEOUT_SECONDS = 120.0  # a view of a past instant: the scheduler may replay a long history first
-PROGRESS_IDLE_SECONDS = 120.0  # a what-if reports progress while it runs; this long without a word is too long
+TIMEOUT_SECONDS = 10.0  # beyond it for a view of a past instant or a what-if: rpc.call_operation
 
 
 class Refused(Exception):
@@ -122,13 +120,7 @@ class HttpApi:
             raise Refused(CommandError(code="unavailable", message="the gateway cannot reach NATS right now",
                                        hint="try again in a few seconds")) from None
         try:
-            if operation.progress is not None:
-                return await call_with_progress(nc, operation.subject, request, idle_timeout=PROGRESS_IDLE_SECONDS,
-                                                token=token, progress_type=operation.progress,
-                                                on_progress=lambda _: None)
-            timeout = PAST_TIMEOUT_SECONDS if getattr(request, "at", None) is not None else TIMEOUT_SECONDS
-            return await call(nc, operation.subject, request, timeout=timeout, token=token,
-                              reply_type=operation.reply | CommandError)
+            return await call_operation(nc, operation, request, token=token, timeout=TIMEOUT_SECONDS)
         except ServiceUnavailable as exc:
             hint = f"the {operation.answered_by} does not answer; try again shortly"
             raise Refused(CommandError(code="unavailable", message=str(exc), hint=hint)) from None

@@ -23,7 +23,7 @@ from nats.aio.msg import Msg
 from nats.js.api import KeyValueConfig
 from nats.js.errors import NotFoundError
 
-from agent.requests import RequestServer, subject_template
+from agent.requests import RequestServer
 from libs.auth import bearer_headers, issue_job_token, issue_token, new_secret
 from libs.contracts import subjects
 from libs.contracts.agent import ExecInJob, ProcessAccepted
@@ -35,7 +35,7 @@ from libs.contracts.operations.catalogue import PEOPLE_REPLIES as Reply
 from libs.contracts.operations.jobs import STOP_JOBS, StopJobs
 from libs.contracts.operations.planning import SimulationProgress
 from libs.messaging.connection import STREAMS, NatsLogin, round_trip
-from libs.messaging.responder import progress_reporter
+from libs.messaging.responder import progress_reporter, subject_template
 from libs.messaging.rpc import call_with_progress, serve_operations
 from libs.natsauth import serve
 from libs.natsroles import STREAM_OWNERS, agent_user, inbox_prefix, job_inbox
