@@ -21,6 +21,7 @@ ROLES = (
     (re.compile(r"-m services\.launcher"), "launcher"),
     (re.compile(r"-m services\.monitor"), "monitor"),
     (re.compile(r"-m services\.autoscaler"), "autoscaler"),
+    (re.compile(r"-m services\.gateway"), "gateway"),
     (re.compile(r"holder\.py --serve"), "holder servers"),
     (re.compile(r"-m agent\b"), "agents"),
     (re.compile(r"nats-server"), "nats-server"),

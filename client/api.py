@@ -569,11 +569,12 @@ class TrainyardClient:
     async def search(self, *, name: str | None = None, statuses: list[JobStatus] | None = None,
                      creator: str | None = None, algorithm: str | None = None, favorite_algorithm: str | None = None,
                      flavor: str | None = None, output: str | None = None, project: str | None = None,
-                     limit: int = 200) -> list[JobSummary]:
-        """O2: the jobs the caller may see that match every given filter (`name`: a case-insensitive part)."""
+                     limit: int = 200, offset: int = 0) -> list[JobSummary]:
+        """O2: the jobs the caller may see that match every given filter (`name`: a case-insensitive part), newest
+        first: at most `limit` (1 to 1000) after skipping the first `offset`."""
         request = SearchJobs(name=name, statuses=statuses or [], creator=creator, algorithm=algorithm,
                              favorite_algorithm=favorite_algorithm, flavor=flavor, output=output, project=project,
-                             limit=limit)
+                             limit=limit, offset=offset)
         reply: SearchResults = await self.ask(SEARCH_JOBS, request)
         return reply.jobs
 

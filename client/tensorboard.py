@@ -1,13 +1,9 @@
 """TensorBoard over a job's run (R2, O5): event files written from the run's series, and the real
 TensorBoard serving them.
 
-Each TensorBoard run is a directory, `rank-<r>` for a regular job and `task-<t>/rank-<r>` for a batch job,
-written by one tensorboardX writer in ascending step order, a scalar per series name. TensorBoard reads an
-event file in the order it was written: a step seen again after a later one is purged (with everything
-after it) or shown out of order. A run's points come in the order they were logged, across attempts, so
-they are put in step order first, and of a step logged again (by a resumed or restarted attempt, or
-twice) the latest value is the one written. A point logged without a step takes its position in its
-series' logged order as its step.
+How a run becomes event files (a run per task and rank, in step order, the latest value of a step logged
+again) is libs/tensorboard_files.py, which the gateway's console writes with too; its names are re-exported
+here. This module reads the run through the client and serves the files.
 
 tensorboardX and TensorBoard are imported when used, never with this module.
 """
@@ -20,19 +16,37 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 from typing import IO, TYPE_CHECKING
 from urllib.parse import urlsplit
 
+from libs.tensorboard_files import (
+    EVENT_FILE_PREFIX,
+    NoMetrics,
+    RunCollector,
+    Scalar,
+    SeriesScalars,
+    WrittenRun,
+    WrittenSeries,
+    names_to_read,
+    run_name,
+    write_collected,
+    write_points,
+    write_scalars,
+)
+
 if TYPE_CHECKING:
     from client.api import TrainyardClient
-    from libs.contracts.operations.runs import RunView, SeriesPoint
 
-# TensorBoard's event files begin with this (their writer adds the time and the host).
-EVENT_FILE_PREFIX = "events.out.tfevents."
+__all__ = [
+    "EVENT_FILE_PREFIX", "NoMetrics", "ProgressCallback", "ReadProgress", "RunCollector", "Scalar", "SeriesScalars",
+    "TensorBoard", "TensorBoardFailed", "WrittenRun", "WrittenSeries", "answers", "names_to_read", "run_name",
+    "serve", "write_collected", "write_points", "write_run", "write_scalars",
+]
+
 # A slow machine takes several seconds to import TensorBoard and load the first runs.
 START_TIMEOUT_SECONDS = 60.0
 STOP_TIMEOUT_SECONDS = 10.0
@@ -42,41 +56,8 @@ PROGRESS_EVERY_POINTS = 1000
 WILDCARD_HOSTS = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}
 
 
-class NoMetrics(Exception):
-    """The job logged nothing to write (or, with rank 0 alone, only ranks > 0 did)."""
-
-    def __init__(self, job_id: str, *, other_ranks: bool) -> None:
-        self.job_id = job_id
-        self.other_ranks = other_ranks
-        super().__init__(f"{job_id}: only ranks > 0 logged metrics" if other_ranks
-                         else f"{job_id} has logged no metrics")
-
-
 class TensorBoardFailed(Exception):
     """TensorBoard did not start, or ended by itself; the message carries what it wrote on stderr."""
-
-
-@dataclass(frozen=True)
-class Scalar:
-    step: int
-    value: float
-    wall_time: float  # seconds since the epoch: when the point was logged
-
-
-@dataclass(frozen=True)
-class WrittenSeries:
-    tag: str  # the series' name
-    steps: int  # scalars written, one per step
-    first_step: int
-    last_step: int
-    replaced: int  # points whose step was logged again later (the later value was written)
-
-
-@dataclass(frozen=True)
-class WrittenRun:
-    name: str  # TensorBoard's name of the run: its directory under the folder
-    path: Path
-    series: list[WrittenSeries]
 
 
 @dataclass(frozen=True)
@@ -90,101 +71,6 @@ class ReadProgress:
 
 
 ProgressCallback = Callable[[ReadProgress], None]
-
-
-def run_name(task: int, rank: int, *, batch: bool) -> str:
-    """The TensorBoard run (directory) of one rank of one task."""
-    return f"task-{task}/rank-{rank}" if batch else f"rank-{rank}"
-
-
-@dataclass(frozen=True)
-class _Kept:
-    attempt: int
-    scalar: Scalar
-
-
-class SeriesScalars:
-    """One series of one rank, one value per step: of a step logged again, the latest attempt's latest."""
-
-    def __init__(self) -> None:
-        self.logged = 0
-        self._kept: dict[int, _Kept] = {}
-
-    def add(self, point: SeriesPoint) -> None:
-        step = point.step if point.step is not None else self.logged
-        self.logged += 1
-        held = self._kept.get(step)
-        # Points come in logged order: a point of the same or a later attempt replaces the one held.
-        if held is None or point.attempt >= held.attempt:
-            self._kept[step] = _Kept(point.attempt, Scalar(step, point.value, point.at.timestamp()))
-
-    @property
-    def replaced(self) -> int:
-        return self.logged - len(self._kept)
-
-    def scalars(self) -> list[Scalar]:
-        return [self._kept[step].scalar for step in sorted(self._kept)]
-
-
-class RunCollector:
-    """A job's points, by TensorBoard run and series name."""
-
-    def __init__(self, *, batch: bool) -> None:
-        self.batch = batch
-        self.runs: dict[str, dict[str, SeriesScalars]] = {}
-
-    def add(self, name: str, point: SeriesPoint) -> None:
-        series = self.runs.setdefault(run_name(point.task, point.rank, batch=self.batch), {})
-        series.setdefault(name, SeriesScalars()).add(point)
-
-    def add_all(self, name: str, points: Iterable[SeriesPoint]) -> None:
-        for point in points:
-            self.add(name, point)
-
-
-def write_collected(folder: Path, collector: RunCollector) -> list[WrittenRun]:
-    """Write every run the collector holds under `folder`, runs in name order."""
-    return [write_scalars(folder, name, {tag: series.scalars() for tag, series in sorted(runs.items())},
-                          replaced={tag: series.replaced for tag, series in runs.items()})
-            for name, runs in sorted(collector.runs.items())]
-
-
-def write_scalars(folder: Path, name: str, series: Mapping[str, Sequence[Scalar]], *,
-                  replaced: Mapping[str, int] | None = None) -> WrittenRun:
-    """Write run `name` (its directory under `folder`) with one writer, every series' scalars merged in
-    ascending step order. Event files an earlier writing left there are removed first, so that writing a
-    run again replaces it rather than adding to it."""
-    from tensorboardX import SummaryWriter
-
-    path = folder / name
-    path.mkdir(parents=True, exist_ok=True)
-    for stale in path.glob(f"{EVENT_FILE_PREFIX}*"):
-        stale.unlink()
-    ordered = sorted(((scalar.step, tag, scalar) for tag, scalars in series.items() for scalar in scalars),
-                     key=lambda item: (item[0], item[1]))
-    writer = SummaryWriter(logdir=str(path))
-    try:
-        for step, tag, scalar in ordered:
-            writer.add_scalar(tag, scalar.value, global_step=step, walltime=scalar.wall_time)
-    finally:
-        writer.close()
-    written = [WrittenSeries(tag=tag, steps=len(scalars), first_step=scalars[0].step, last_step=scalars[-1].step,
-                             replaced=(replaced or {}).get(tag, 0))
-               for tag, scalars in series.items() if scalars]
-    return WrittenRun(name=name, path=path, series=written)
-
-
-def write_points(folder: Path, series: Mapping[str, Iterable[SeriesPoint]], *, batch: bool) -> list[WrittenRun]:
-    """Write points already read (series name to its points, in logged order) as TensorBoard runs."""
-    collector = RunCollector(batch=batch)
-    for name, points in series.items():
-        collector.add_all(name, points)
-    return write_collected(folder, collector)
-
-
-def names_to_read(view: RunView, *, all_ranks: bool) -> list[str]:
-    """The series names to read: those rank 0 logged, or with `all_ranks` those any rank logged."""
-    return sorted({series.name for series in view.series if all_ranks or series.rank == 0})
 
 
 async def write_run(client: TrainyardClient, job_id: str, folder: Path, *, all_ranks: bool = False,

@@ -41,12 +41,14 @@ from devstack.stack import (
     local_stack_urls,
     provision_auth,
     seed_storage,
+    signin_links,
     stack_env,
 )
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.operations.cluster import LIST_NODES
 from libs.localstack import STACK_ENV_FILE, home_dir, write_stack_env
 from libs.messaging.connection import STREAM_REPLICAS_VARIABLE
+from services.gateway.console import links
 
 app = typer.Typer(help="Run Trainyard locally.", no_args_is_help=True, add_completion=False)
 # Piped or redirected (make up | tee), lines stay whole: rich would otherwise cut them at 80 columns.
@@ -143,6 +145,9 @@ def up(replicas: int = typer.Option(1, min=1, max=5,
         raise typer.Exit(1) from None
     console.print(f"[green]the stack is up[/]: NATS {nats_url}, logs in {home / 'logs'}, storage in {storage}")
     if gateway:
+        code = links.issue(signin_links(home), token)
+        console.print(f"the console: http://{gateway}/ (docs/console.md); this link signs you in once, within "
+                      f"{int(links.LIFETIME_SECONDS) // 60} minutes:\n  http://{gateway}/signin#code={code}")
         console.print(f"the HTTP API: http://{gateway}/api/v1/openapi.json (docs/http-api.md)")
 
 

@@ -33,6 +33,7 @@ from devstack.stack import (
     seed_storage,
     stack_env,
     start_agent,
+    start_gateway,
     start_service,
 )
 from libs.contracts.agent import LogChunk
@@ -169,6 +170,25 @@ class Stack(Generic[ClientT]):
             node = name.removeprefix("agent-")
             start_agent(self.processes, node, self.cluster, self.home / "agents",
                         self.hosts.prefix(node) if self.hosts is not None else None)
+
+    async def start_gateway(self, timeout: float = 30) -> str:
+        """Start the gateway (the HTTP API and the console) on a free port of 127.0.0.1; its base URL, once it
+        listens there."""
+        port = free_port()
+        start_gateway(self.processes, f"127.0.0.1:{port}")
+        deadline = asyncio.get_running_loop().time() + timeout
+        while True:
+            try:
+                _, writer = await asyncio.open_connection("127.0.0.1", port)
+            except OSError:
+                if asyncio.get_running_loop().time() > deadline:
+                    raise TimeoutError(f"the gateway did not listen on 127.0.0.1:{port} within {timeout:.0f} s; "
+                                       f"see {self.home / 'logs' / 'gateway.log'}") from None
+                await asyncio.sleep(0.1)
+                continue
+            writer.close()
+            await writer.wait_closed()
+            return f"http://127.0.0.1:{port}"
 
     def start_standby(self, service: str) -> str:
         """A second process of `service` (`<service>-2`), waiting to take over from the active one."""

@@ -177,11 +177,22 @@ def start_service(processes: ProcessSet, name: str, instance: str | None = None)
     return processes.start(instance or name, service_argv(name), env=env)
 
 
+# What the gateway is not given: it acts with each caller's token only, so it holds no secret of the platform.
+GATEWAY_WITHHELD = (*DATABASE_VARIABLES, "TRAINYARD_AUTH_SECRET", "TRAINYARD_AUTH_SECRET_FILE", "TRAINYARD_TOKEN",
+                    "TRAINYARD_TOKEN_FILE", "TRAINYARD_NATS_PASSWORD", "TRAINYARD_NATS_PASSWORD_FILE",
+                    "TRAINYARD_NATS_ISSUER_SEED_FILE")
+
+
+def signin_links(home: Path) -> Path:
+    """Where the stack leaves one-time sign-in links for the console (services/gateway/console/links.py)."""
+    return home / "run" / "signin-links"
+
+
 def start_gateway(processes: ProcessSet, address: str) -> subprocess.Popen[bytes]:
-    """Start the gateway (the HTTP API) on `address`: it logs in to NATS with each caller's token only, and gets
-    no database URL or password."""
-    return processes.start("gateway", service_argv("gateway"), env={"TRAINYARD_HTTP_ADDRESS": address},
-                           withhold=DATABASE_VARIABLES)
+    """Start the gateway (the HTTP API and the console) on `address`: it logs in to NATS with each caller's token
+    only, and gets no database URL, password, signing secret or token of its own."""
+    env = {"TRAINYARD_HTTP_ADDRESS": address, "TRAINYARD_SIGNIN_LINKS": str(signin_links(processes.home))}
+    return processes.start("gateway", service_argv("gateway"), env=env, withhold=GATEWAY_WITHHELD)
 
 
 def start_agent(processes: ProcessSet, node: str, cluster: Path, agents_root: Path,

@@ -8,8 +8,14 @@
 - The pods of the Deployments and DaemonSets run as a non-root user, without privilege escalation or
   capabilities, with resource requests; the services' containers also with a read-only root file system
   and a memory limit. Every service Deployment runs two replicas or more and has a PodDisruptionBudget.
-- Every file of Kubernetes objects is in kustomization.yaml, but monitoring.yaml (it needs the operator) and
-  database-roles.yaml (a Job run before the services, with the database administrator's Secret).
+- The gateway's pods hold no credential: they act only with each caller's token (services/gateway), so they
+  reference no Secret, mount no service account token and set none of the control plane's credential variables
+  (nor take one from a ConfigMap). The NetworkPolicies that select them let them reach NATS (TCP 4222), DNS (UDP
+  and TCP 53) and an OTLP collector (TCP 4318) only, each rule naming where, and take connections only on the
+  ports their containers declare; some policy must limit each direction.
+- Every file of Kubernetes objects is in kustomization.yaml, but monitoring.yaml (it needs the operator),
+  database-roles.yaml (a Job run before the services, with the database administrator's Secret) and the
+  examples to adapt to a cluster, `*.example.yaml` (the gateway's Ingress).
 - The NATS Helm values (helm/nats-values.yaml) run a JetStream cluster of at least as many servers as the
   streams' replicas (TRAINYARD_STREAM_REPLICAS in config.yaml), with the roles of libs/natsroles.py
   (`--print-nats-merge` prints the `config.merge` block they must hold, `--write-nats-merge` writes it).
@@ -32,7 +38,8 @@ from typing import Any
 import kubernetes_validate  # type: ignore[import-untyped]
 import yaml
 
-from libs import natsroles
+from libs import natsauth, natsroles, settings
+from libs.messaging.connection import NATS_PASSWORD_FILE_VARIABLE, NATS_PASSWORD_VARIABLE
 
 KUBERNETES_VERSION = "1.31"
 HERE = Path(__file__).resolve().parent
@@ -41,6 +48,21 @@ NATS_VALUES = Path("helm") / "nats-values.yaml"
 # Applied on its own: monitoring.yaml needs the Prometheus Operator's CRDs (README.md, "Metrics"); the Job of
 # database-roles.yaml needs the database administrator's Secret, before the services (README.md, "4. PostgreSQL").
 OUTSIDE_KUSTOMIZATION = frozenset({"monitoring.yaml", "database-roles.yaml"})
+# Examples to adapt to a cluster and apply by hand (gateway-ingress.example.yaml: a host name, a certificate, a
+# controller of the cluster's own); checked against the schemas all the same.
+EXAMPLE_SUFFIX = ".example.yaml"
+COMPONENT_LABEL = "app.kubernetes.io/component"
+# The components whose pods hold no credential of their own: the gateway logs in to NATS with each caller's token
+# (services/gateway/connections.py) and never touches PostgreSQL.
+CREDENTIAL_FREE = frozenset({"gateway"})
+# What gives the power of a service, an agent or a user: none of these may reach a credential-free pod.
+CREDENTIAL_VARIABLES = frozenset({
+    *settings.DATABASE_VARIABLES, "TRAINYARD_AUTH_SECRET", "TRAINYARD_AUTH_SECRET_FILE", NATS_PASSWORD_VARIABLE,
+    NATS_PASSWORD_FILE_VARIABLE, natsauth.ISSUER_SEED_FILE_VARIABLE, settings.NODE_TOKEN_VARIABLE,
+    settings.NODE_TOKEN_FILE_VARIABLE, "TRAINYARD_TOKEN", "TRAINYARD_TOKEN_FILE"})
+# Where a credential-free pod may connect: (protocol, port) -> what listens there.
+CREDENTIAL_FREE_EGRESS = {("TCP", 4222): "NATS", ("UDP", 53): "DNS", ("TCP", 53): "DNS",
+                          ("TCP", 4318): "an OTLP/HTTP collector"}
 OPERATOR_API = "monitoring.coreos.com/v1"
 DURATION = re.compile(r"^(0|([0-9]+(ms|s|m|h|d|w|y))+)$")  # a Prometheus duration: 30s, 1h30m
 
@@ -237,6 +259,128 @@ def selects(selector: Any, labels: Mapping[str, str]) -> bool:
     return bool(match) and all(labels.get(key) == value for key, value in match.items())
 
 
+def matches(selector: Any, labels: Mapping[str, str]) -> bool:
+    """Kubernetes' label selector: every pair of matchLabels and every matchExpression holds; an empty selector
+    selects every pod."""
+    if not all(labels.get(key) == value for key, value in (get(selector, "matchLabels") or {}).items()):
+        return False
+    for expression in get(selector, "matchExpressions") or []:
+        key, operator, values = expression.get("key"), expression.get("operator"), expression.get("values") or []
+        present = key in labels
+        if ((operator == "In" and labels.get(key) not in values)
+                or (operator == "NotIn" and present and labels[key] in values)
+                or (operator == "Exists" and not present) or (operator == "DoesNotExist" and present)):
+            return False
+    return True
+
+
+# --- Pods that hold no credential (the gateway) ------------------------------------------------------------------
+
+def workload_component(document: Mapping[str, Any]) -> str | None:
+    """The component of a Deployment's or DaemonSet's pods (None for other kinds)."""
+    if document.get("kind") not in ("Deployment", "DaemonSet"):
+        return None
+    component = get(document, "spec", "template", "metadata", "labels", COMPONENT_LABEL)
+    return component if isinstance(component, str) else None
+
+
+def check_no_credentials(document: Mapping[str, Any]) -> None:
+    """A credential-free pod references no Secret (variables, envFrom, volumes, projections), mounts no service
+    account token and sets no credential variable of the control plane."""
+    component = workload_component(document)
+    if component not in CREDENTIAL_FREE:
+        return
+    why = f"the {component} holds no credential, it acts with each caller's token"
+    pod: list[str | int] = ["spec", "template", "spec"]
+    require(get(document, *pod, "automountServiceAccountToken") is False, [*pod, "automountServiceAccountToken"],
+            f"must be false: {why}")
+    for i, volume in enumerate(get(document, *pod, "volumes") or []):
+        require("secret" not in volume, [*pod, "volumes", i, "secret"], f"must mount no Secret: {why}")
+        for j, source in enumerate(get(volume, "projected", "sources") or []):
+            require(not {"secret", "serviceAccountToken"} & source.keys(),
+                    [*pod, "volumes", i, "projected", "sources", j],
+                    f"must project no Secret or service account token: {why}")
+    for group in ("initContainers", "containers"):
+        for i, container in enumerate(get(document, *pod, group) or []):
+            where: list[str | int] = [*pod, group, i]
+            for j, source in enumerate(container.get("envFrom") or []):
+                require("secretRef" not in source, [*where, "envFrom", j, "secretRef"], f"must be no Secret: {why}")
+            for j, variable in enumerate(container.get("env") or []):
+                name = variable.get("name")
+                require(name not in CREDENTIAL_VARIABLES, [*where, "env", j, "name"],
+                        f"{name} is a credential of the control plane: {why}")
+                require(get(variable, "valueFrom", "secretKeyRef") is None,
+                        [*where, "env", j, "valueFrom", "secretKeyRef"], f"must be no Secret: {why}")
+
+
+def policy_types(policy: Mapping[str, Any]) -> set[str]:
+    """The directions a NetworkPolicy limits (without policyTypes: Ingress, and Egress when it has egress rules)."""
+    named = get(policy, "spec", "policyTypes")
+    if named is not None:
+        return set(named)
+    return {"Ingress", *(["Egress"] if get(policy, "spec", "egress") is not None else [])}
+
+
+def check_credential_free_policy(policy: Mapping[str, Any], component: str, declared: AbstractSet[int | str]) -> None:
+    """A NetworkPolicy selecting a credential-free pod lets it out to CREDENTIAL_FREE_EGRESS alone, each rule naming
+    its ports and where, and lets in only on the ports its containers declare."""
+    types = policy_types(policy)
+    reachable: dict[str, list[str]] = {}
+    for (protocol, port), what in CREDENTIAL_FREE_EGRESS.items():
+        reachable.setdefault(what, []).append(f"{protocol} {port}")
+    allowed = ", ".join(f"{what} ({' or '.join(ports)})" for what, ports in reachable.items())
+    for i, rule in enumerate((get(policy, "spec", "egress") or []) if "Egress" in types else []):
+        where: list[str | int] = ["spec", "egress", i]
+        ports = rule.get("ports") or []
+        require(bool(ports), where, f"must name its ports: without, it opens every port to the {component}")
+        for j, port in enumerate(ports):
+            protocol = port.get("protocol", "TCP")
+            require((protocol, port.get("port")) in CREDENTIAL_FREE_EGRESS and port.get("endPort") is None,
+                    [*where, "ports", j], f"{protocol} {port.get('port')}: the {component} may reach {allowed} only")
+        require(bool(rule.get("to")), [*where, "to"], f"must name where the {component} may connect")
+    for i, rule in enumerate((get(policy, "spec", "ingress") or []) if "Ingress" in types else []):
+        where = ["spec", "ingress", i]
+        ports = rule.get("ports") or []
+        require(bool(ports), where, f"must name its ports: without, it opens every port of the {component}")
+        for j, port in enumerate(ports):
+            require(port.get("port") in declared and port.get("endPort") is None, [*where, "ports", j],
+                    f"{port.get('port')}: the {component}'s containers declare no such port")
+
+
+def check_credential_free_pods(documents: Sequence[tuple[str, Mapping[str, Any]]]) -> Iterator[Result]:
+    """A problem of each credential-free workload that only the other documents show: a ConfigMap it takes its
+    environment from holds a credential variable, no NetworkPolicy limits a direction, or one lets too much."""
+    config_maps = {get(document, "metadata", "name"): document for _, document in documents
+                   if document.get("kind") == "ConfigMap"}
+    policies = [(file, document) for file, document in documents if document.get("kind") == "NetworkPolicy"]
+    for file, document in documents:
+        component = workload_component(document)
+        if component not in CREDENTIAL_FREE:
+            continue
+        kind, name = str(document["kind"]), str(document["metadata"]["name"])
+        containers = [container for group in ("initContainers", "containers")
+                      for container in get(document, "spec", "template", "spec", group) or []]
+        for source in (source for container in containers for source in container.get("envFrom") or []):
+            config_map = get(source, "configMapRef", "name")
+            held = sorted(CREDENTIAL_VARIABLES & set(get(config_maps.get(config_map), "data") or {}))
+            if held:
+                yield Result(file, kind, name, f"its environment comes from ConfigMap {config_map}, which holds "
+                                               f"{', '.join(held)}: the {component} must get no credential")
+        labels = get(document, "spec", "template", "metadata", "labels") or {}
+        declared = {port.get(key) for container in containers for port in container.get("ports") or []
+                    for key in ("containerPort", "name") if port.get(key) is not None}
+        selecting = [(at, policy) for at, policy in policies if matches(get(policy, "spec", "podSelector"), labels)]
+        for direction in ("Ingress", "Egress"):
+            if not any(direction in policy_types(policy) for _, policy in selecting):
+                yield Result(file, kind, name, f"no NetworkPolicy limits its pods' {direction.lower()}")
+        for at, policy in selecting:
+            try:
+                check_credential_free_policy(policy, component, declared)
+            except Invalid as problem:
+                yield Result(at, "NetworkPolicy", str(get(policy, "metadata", "name")),
+                             f"{problem} (it selects the pods of {kind} {name})")
+
+
 def check_disruption_budgets(documents: Sequence[tuple[str, Mapping[str, Any]]]) -> Iterator[tuple[str, str]]:
     """(file, name) of every service Deployment no PodDisruptionBudget covers."""
     budgets = [document for _, document in documents if document.get("kind") == "PodDisruptionBudget"]
@@ -336,6 +480,7 @@ def check_document(document: Any, version: str) -> None:
     else:
         check_schema(document, version)
         check_pod_policy(document)
+        check_no_credentials(document)
 
 
 def load_documents(path: Path) -> list[Any]:
@@ -367,20 +512,22 @@ def validate_directory(directory: Path = HERE, version: str = KUBERNETES_VERSION
                 valid.append((file, document))
     for file, name in check_disruption_budgets(valid):
         results.append(Result(file, "Deployment", name, "no PodDisruptionBudget selects its pods (pdb.yaml)"))
+    results.extend(check_credential_free_pods(valid))
     results.append(check_kustomization(directory, manifests))
     results.append(check_values_file(directory / NATS_VALUES, stream_replicas(valid)))
     return results
 
 
 def check_kustomization(directory: Path, manifests: Sequence[Path]) -> Result:
-    """kustomization.yaml lists every file of Kubernetes objects, but those that need CRDs."""
+    """kustomization.yaml lists every file of Kubernetes objects, but those applied on their own and examples."""
     path = directory / KUSTOMIZATION
     try:
         [kustomization] = load_documents(path)
     except (OSError, yaml.YAMLError, ValueError) as error:
         return Result(shown(path), "Kustomization", "-", f"cannot be read: {error}".replace("\n", " "))
     listed = get(kustomization, "resources") or []
-    missing = [p.name for p in manifests if p.name not in listed and p.name not in OUTSIDE_KUSTOMIZATION]
+    missing = [p.name for p in manifests if p.name not in listed and p.name not in OUTSIDE_KUSTOMIZATION
+               and not p.name.endswith(EXAMPLE_SUFFIX)]
     return Result(shown(path), "Kustomization", "-", f"resources: {', '.join(missing)} missing" if missing else None)
 
 

@@ -2,7 +2,8 @@
 # System packages the local stack and the tests need beyond Python, named with the versions the tests were
 # run with in deploy/lock/debian.txt: PostgreSQL's server binaries, bubblewrap (bwrap) for the node agents'
 # job sandbox, OpenMPI for Horovod/MPI jobs, skopeo, umoci and debootstrap for jobs' OCI images, and
-# Prometheus (prometheus, promtool) for the stack's metrics and the alerting rules' checks.
+# Prometheus (prometheus, promtool) for the stack's metrics and the alerting rules' checks, and Chromium with
+# chromedriver for the console's browser tests.
 # Installs the missing ones with apt-get when we may (root on Debian); otherwise says how. Then says which
 # installed versions differ from the tested ones.
 # All but PostgreSQL are optional: without bubblewrap, agents build job workspaces as plain folders; without
@@ -99,6 +100,8 @@ install_group sandbox "node agents will build job workspaces as plain folders, w
 install_group mpi "Horovod/MPI jobs cannot run" "have mpirun mpicc" || true
 install_group images "jobs with an image cannot run on this node and the image tests are skipped" \
   "have skopeo umoci debootstrap" || true
+install_group browser "the console's browser tests cannot run (CI fails them rather than skip)" \
+  "have chromium chromedriver && fc-list :lang=zh | grep -q ." || true
 
 running_before="$(pgrep -x prometheus 2>/dev/null | tr '\n' ' ' || true)"
 if ! have prometheus promtool; then

@@ -25,9 +25,9 @@ MAX_SWEEP_VALUE_LENGTH = 1_024
 INDEX_VARIABLE = "TRAINYARD_ARRAY_INDEX"
 ID_VARIABLE = "TRAINYARD_ARRAY_ID"
 
-ARRAY_ID = re.compile(r"^array-[0-9a-f]{12}$")
-_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}$"
-_ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?$")
+ARRAY_ID = re.compile(r"^array-[0-9a-f]{12}\Z")
+_NAME = r"^[A-Za-z_][A-Za-z0-9_]{0,127}\Z"
+_ITEM = re.compile(r"^(\d+)(?:-(\d+)(?::(\d+))?)?\Z")
 
 SweepName = Annotated[str, Meta(pattern=_NAME, description="an environment variable's name")]
 SweepValue = Annotated[str, Meta(max_length=MAX_SWEEP_VALUE_LENGTH)]

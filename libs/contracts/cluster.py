@@ -162,7 +162,7 @@ class InstanceType(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True
 class AutoscalerConfig(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     max_instances: Annotated[int, Meta(ge=0)] = 10  # A7: of all types together
     # Tags this deployment's cloud instances, so several deployments may share an account.
-    cluster: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]{1,64}$")] = "trainyard"
+    cluster: Annotated[str, Meta(pattern=r"^[A-Za-z0-9._-]{1,64}\Z")] = "trainyard"
     # An instance whose agent has not registered by then is terminated, and the reason recorded.
     boot_timeout_seconds: Annotated[float, Meta(gt=0)] = 600.0
     # How often the log is compared with each provider's own list of instances (one may vanish: a spot

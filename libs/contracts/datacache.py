@@ -17,7 +17,7 @@ import msgspec
 from msgspec import Meta, Struct
 
 MAX_CACHE_ENTRIES_REPORTED = 5_000  # a report stays well under NATS's payload limit
-CACHE_KEY_PATTERN = r"^[0-9a-f]{24}$"
+CACHE_KEY_PATTERN = r"^[0-9a-f]{24}\Z"
 CacheKey = Annotated[str, Meta(pattern=CACHE_KEY_PATTERN)]
 EvictionCause = Literal["retention", "watermark", "disk-pressure", "unreadable"]
 
@@ -105,4 +105,4 @@ class CacheReport(Struct, frozen=True, kw_only=True, tag_field="type", tag="Cach
     failures: Annotated[list[StagingFailed], Meta(max_length=100)] = msgspec.field(default_factory=list)
 
 
-STAGE_SOURCE = r"^(datasets|annotations)/[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,127})?$"
+STAGE_SOURCE = r"^(datasets|annotations)/[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,127})?\Z"

@@ -17,7 +17,7 @@ from msgspec import Struct
 ComponentKind = Literal["nic", "board", "runtime"]
 COMPONENT_KINDS: tuple[ComponentKind, ...] = ("nic", "board", "runtime")
 # A component as named in commands and events: `<kind>:<name>`, e.g. `board:0`, `nic:eth0`, `runtime:storage`.
-COMPONENT_PATTERN = re.compile(r"^(nic|board|runtime):[A-Za-z0-9_.@-]{1,64}$")
+COMPONENT_PATTERN = re.compile(r"^(nic|board|runtime):[A-Za-z0-9_.@-]{1,64}\Z")
 
 
 class ComponentHealth(Struct, frozen=True, kw_only=True):

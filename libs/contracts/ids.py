@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 import secrets
 
-JOB_ID = re.compile(r"^job-[0-9a-f]{12}$")
+JOB_ID = re.compile(r"^job-[0-9a-f]{12}\Z")
 
 
 def new_job_id() -> str:

@@ -19,11 +19,11 @@ from typing import Annotated, Literal
 from msgspec import Meta, Struct
 
 # Names as container registries spell them (lower case, path components), tags as they allow them.
-IMAGE_NAME = r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*$"
-IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$"
-BOARD = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
-DIGEST = r"^sha256:[0-9a-f]{64}$"
-UPLOAD_ID = r"^[0-9a-f]{32}$"
+IMAGE_NAME = r"^[a-z0-9]+(?:[._-][a-z0-9]+)*(?:/[a-z0-9]+(?:[._-][a-z0-9]+)*)*\Z"
+IMAGE_TAG = r"^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}\Z"
+BOARD = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z"
+DIGEST = r"^sha256:[0-9a-f]{64}\Z"
+UPLOAD_ID = r"^[0-9a-f]{32}\Z"
 
 ImageName = Annotated[str, Meta(pattern=IMAGE_NAME, max_length=128, description=(
     "lower-case letters and digits, '.', '_', '-' between them, '/' between parts"))]

@@ -18,8 +18,8 @@ from msgspec import Meta, Struct
 from libs.contracts.strict import decode_strict
 
 # Names appear in NATS subjects and in paths under /workspace, so keep them to a safe alphabet.
-SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$"
-NODE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$"
+SAFE_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}\Z"
+NODE_NAME = r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?\Z"
 
 ResourceName = Annotated[str, Meta(pattern=SAFE_NAME, description="letters, digits, '_', '.', '-'")]
 NodeName = Annotated[str, Meta(pattern=NODE_NAME, description="lower-case DNS label")]
@@ -480,7 +480,7 @@ def validate_spec(spec: JobSpec) -> list[FieldError]:
             add(FieldError(field=f"models[{index}].version", message="a favourite model needs a version"))
 
     for key in spec.env:
-        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", key):
+        if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*\Z", key):
             add(FieldError(field=f"env.{key}", message="is not a valid environment variable name"))
 
     for field, text in (("duration", spec.duration),

@@ -16,8 +16,8 @@ import msgspec
 from msgspec import Meta, Struct
 
 RUN_SOCKET_VARIABLE = "TRAINYARD_RUN_SOCKET"  # where a job's processes find their node's run socket
-METRIC_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}$"  # `loss`, `eval/acc`, `lr:group0`
-PROCESS_LABEL = r"^[A-Za-z0-9_.-]{1,64}$"
+METRIC_NAME = r"^[A-Za-z0-9_][A-Za-z0-9_./:-]{0,127}\Z"  # `loss`, `eval/acc`, `lr:group0`
+PROCESS_LABEL = r"^[A-Za-z0-9_.-]{1,64}\Z"
 MAX_POINTS_PER_BATCH = 1000
 MAX_VALUES_PER_LINE = 256
 MAX_RUN_LINE_BYTES = 64 * 1024  # one line from the job: a few hundred scalars at most
@@ -71,7 +71,7 @@ class SetLine(Struct, frozen=True, kw_only=True, tag_field="type", tag="set"):
 
     process: ProcessLabel
     seq: Annotated[int, Meta(ge=1)]
-    what: Annotated[str, Meta(pattern=r"^(config|summary)$")]
+    what: Annotated[str, Meta(pattern=r"^(config|summary)\Z")]
     values: Annotated[dict[MetricName, Scalar], Meta(max_length=MAX_VALUES_PER_LINE)]
 
 

@@ -39,6 +39,7 @@ from libs.contracts.events import Event, EventEnvelope
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.operations.catalogue import PEOPLE_REPLIES as Reply
 from libs.contracts.operations.catalogue import PEOPLE_REQUESTS as Request
+from libs.contracts.patterns import for_json_schema
 
 JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
 
@@ -90,7 +91,8 @@ def _cleaned(value: Any) -> Any:
 
 def group_schema(group: Group) -> dict[str, Any]:
     """The JSON Schema document of one group, with every referenced type under `$defs`."""
-    roots, definitions = _cleaned(msgspec.json.schema_components(group.types, ref_template="#/$defs/{name}"))
+    roots, definitions = for_json_schema(_cleaned(msgspec.json.schema_components(group.types,
+                                                                                 ref_template="#/$defs/{name}")))
     document: dict[str, Any] = {"$schema": JSON_SCHEMA_DIALECT, "title": group.title,
                                 "description": group.description}
     if len(roots) == 1:

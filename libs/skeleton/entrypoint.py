@@ -7,6 +7,7 @@ SIGINT, or until the process stops on its own (a crashed background task); then 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gc
 import signal
 from collections.abc import Awaitable, Callable
@@ -44,12 +45,23 @@ async def serve(name: str, factory: Callable[[], Awaitable[Process]], *, trace_a
     configure_tracing(trace_as or name)
     # Before the factory: a standby, which waits inside it for its lease, is seen standing by.
     configure_metrics(trace_as or name, service=name, node=node)
-    process = await factory()
+    # Taken before the factory runs: a SIGTERM while it starts (or while a standby waits for its lease) ends the
+    # process in order rather than by the signal's default action.
     interrupted = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, interrupted.set)
     asked = asyncio.ensure_future(interrupted.wait())
+    starting = asyncio.ensure_future(factory())
+    await asyncio.wait([asked, starting], return_when=asyncio.FIRST_COMPLETED)
+    if not starting.done():
+        starting.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await starting
+        shutdown_tracing()
+        shutdown_metrics()
+        return
+    process = starting.result()
     failed = asyncio.ensure_future(process.stopped())
     try:
         await asyncio.wait([asked, failed], return_when=asyncio.FIRST_COMPLETED)

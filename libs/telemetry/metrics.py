@@ -120,10 +120,19 @@ CACHE_REQUESTS = Metric("trainyard.dataset_cache.requests", "counter", "{request
 CACHE_SIZE = Metric("trainyard.dataset_cache.size", "gauge", "By", "Bytes the node's dataset cache holds", (),
                     "node agent")
 
+# The gateway.
+HTTP_DURATION = Metric("http.server.request.duration", "histogram", "s",
+                       "How long an HTTP request took to answer (a follow stream or terminal: how long it was open), "
+                       "by method, route template and status", ("http.request.method", "http.route",
+                                                                "http.response.status_code"), "gateway")
+GATEWAY_OPEN = Metric("trainyard.gateway.open", "gauge", "{connection}",
+                      "What the gateway holds open: console sessions, follow streams, terminals, users' NATS "
+                      "connections", ("trainyard.gateway.kind",), "gateway")
+
 CATALOGUE: tuple[Metric, ...] = (
     REQUEST_DURATION, REPLIES_REFUSED, ACTIVE, EVENTS_RECORDED, OUTBOX_LAG, FOLLOWER_LAG, FOLLOWER_MESSAGES,
     JOBS_QUEUED, JOBS, ADMISSIONS, CYCLE_DURATION, PREDICTION_DURATION, RESUMES, RESTARTS, NODES, ALERTS, INSTANCES,
-    AGENT_PROCESSES, CACHE_REQUESTS, CACHE_SIZE)
+    AGENT_PROCESSES, CACHE_REQUESTS, CACHE_SIZE, HTTP_DURATION, GATEWAY_OPEN)
 
 
 # --- set-up -------------------------------------------------------------------------------------------------

@@ -1,126 +1,87 @@
-"""The HTTP API (`/api/v1/…`): each operation people send, as JSON, acting as the caller's token.
-
-A request is checked at this edge before anything is sent: the operation must exist, the token must be there,
-the body must fit the operation's bound and decode strictly into its request type; each refusal is a problem
-(RFC 9457) naming the field as the CLI does. What passes goes to the answering service over NATS on the
-caller's own connection (`connections.py`); the service's refusal comes back as a problem too.
-"""
+"""The gateway's web application: the HTTP API, its follow streams, the console's pages and terminal, and
+their static files, behind the security headers every response carries."""
 
 from __future__ import annotations
 
-from typing import Any
+from collections import Counter
+from pathlib import Path
 
 import msgspec
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.middleware import Middleware
 from starlette.requests import Request
-from starlette.responses import Response
-from starlette.routing import Route
+from starlette.responses import PlainTextResponse, Response
+from starlette.routing import BaseRoute, Mount, Route
+from starlette.staticfiles import StaticFiles
 
-from libs.auth import AuthError, bearer_token
-from libs.contracts.operations.base import CommandError, Operation
-from libs.contracts.operations.catalogue import BY_NAME
-from libs.messaging.connection import LoginRefused
-from libs.messaging.responder import decode_bounded
-from libs.messaging.rpc import ServiceUnavailable, call_operation
-from libs.natsroles import nats_user_for
-from libs.telemetry.logs import get_logger
+from libs.contracts.operations.base import CommandError
+from services.gateway.api import HttpApi
+from services.gateway.calls import UserCalls
 from services.gateway.connections import UserConnections
-from services.gateway.openapi import API_PREFIX, openapi_document
-from services.gateway.problems import MEDIA_TYPE, problem
+from services.gateway.console.base import Console
+from services.gateway.console.cluster import ClusterPages
+from services.gateway.console.create import CreatePage
+from services.gateway.console.job_page import JobPage
+from services.gateway.console.jobs import JobsPages
+from services.gateway.console.signin import SignIn
+from services.gateway.console.tensorboard import TensorBoardPage
+from services.gateway.follow import FollowStreams
+from services.gateway.openapi import API_PREFIX
+from services.gateway.problems import MEDIA_TYPE, TYPE_BASE, problem
+from services.gateway.security import SecurityHeaders
+from services.gateway.sessions import Sessions
+from services.gateway.telemetry import RequestTelemetry
+from services.gateway.terminal import TerminalBridge
 
-log = get_logger(__name__)
-
-TIMEOUT_SECONDS = 10.0  # beyond it for a view of a past instant or a what-if: rpc.call_operation
-
-
-class Refused(Exception):
-    def __init__(self, error: CommandError) -> None:
-        super().__init__(error.message)
-        self.error = error
-
-
-def problem_response(error: CommandError, instance: str) -> Response:
-    status, body = problem(error, instance=instance)
-    return Response(msgspec.json.encode(body), status_code=status, media_type=MEDIA_TYPE)
-
-
-def user_operation(name: str) -> Operation[Any, Any]:
-    operation = BY_NAME.get(name)
-    if operation is None or "user" not in operation.callers:
-        raise Refused(CommandError(code="not-found", message=f"there is no operation {name!r}",
-                                   hint=f"{API_PREFIX}/openapi.json lists every operation"))
-    return operation
+STATIC = Path(__file__).resolve().parent / "static"
 
 
-def caller_token(request: Request) -> str:
-    """The caller's token; what is no token of ours is refused here, without a login to NATS."""
-    hint = "send `Authorization: Bearer <token>`; `trainyard admin token` issues one"
-    try:
-        token = bearer_token(request.headers)
-    except AuthError as exc:
-        raise Refused(CommandError(code="unauthenticated", message=str(exc), hint=hint)) from None
-    if nats_user_for(token) is None:
-        raise Refused(CommandError(code="unauthenticated", message="the token is not a Trainyard token", hint=hint))
-    return token
+async def http_refusal(request: Request, exc: Exception) -> Response:
+    """A path or method nothing serves: under the API a problem (RFC 9457) as every refusal there, elsewhere
+    the plain answer."""
+    assert isinstance(exc, HTTPException)
+    headers = dict(exc.headers or {})
+    if not request.url.path.startswith(API_PREFIX + "/"):
+        return PlainTextResponse(exc.detail, status_code=exc.status_code, headers=headers)
+    if exc.status_code == 405:
+        body = {"type": TYPE_BASE + "method-not-allowed", "title": "Not served with this method", "status": 405,
+                "detail": f"{request.method} is not served here", "code": "invalid-request",
+                "hint": f"every operation is POST {API_PREFIX}/<operation>; the follow streams are GET",
+                "instance": request.url.path}
+        return Response(msgspec.json.encode(body), status_code=405, media_type=MEDIA_TYPE, headers=headers)
+    error = CommandError(code="not-found", message=f"there is nothing at {request.url.path}",
+                         hint=f"{API_PREFIX}/openapi.json lists every operation and stream")
+    status, body = problem(error, instance=request.url.path)
+    return Response(msgspec.json.encode(body), status_code=status, media_type=MEDIA_TYPE, headers=headers)
 
 
-async def bounded_body(request: Request, limit: int) -> bytes:
-    """The body, refused unread past `limit` bytes (by its Content-Length, or as it arrives)."""
-    too_large = CommandError(code="invalid-request", message=f"the request is over the limit of {limit} bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > limit:
-        raise Refused(too_large)
-    body = bytearray()
-    async for chunk in request.stream():
-        body += chunk
-        if len(body) > limit:
-            raise Refused(too_large)
-    return bytes(body)
+async def healthz(_: Request) -> Response:
+    """Alive and serving: the probes of deploy/k8s ask it, without a token."""
+    return PlainTextResponse("ok")
 
 
-class HttpApi:
-    def __init__(self, connections: UserConnections) -> None:
-        self.connections = connections
-        self.document = msgspec.json.encode(openapi_document())
-
-    def app(self) -> Starlette:
-        return Starlette(routes=[
-            Route(f"{API_PREFIX}/openapi.json", self.openapi, methods=["GET"]),
-            Route(API_PREFIX + "/{name}", self.operation, methods=["POST"]),
-        ])
-
-    async def openapi(self, _: Request) -> Response:
-        return Response(self.document, media_type="application/json")
-
-    async def operation(self, request: Request) -> Response:
-        try:
-            return await self._answer(request)
-        except Refused as refused:
-            return problem_response(refused.error, request.url.path)
-
-    async def _answer(self, request: Request) -> Response:
-        operation = user_operation(request.path_params["name"])
-        token = caller_token(request)
-        body = await bounded_body(request, operation.max_request_bytes)
-        decoded = decode_bounded(body, operation.request, strict=True, max_bytes=operation.max_request_bytes)
-        if isinstance(decoded, CommandError):
-            raise Refused(decoded)
-        reply = await self._ask(operation, decoded, token)
-        if isinstance(reply, CommandError):
-            raise Refused(reply)
-        return Response(msgspec.json.encode(reply), media_type="application/json")
-
-    async def _ask(self, operation: Operation[Any, Any], request: msgspec.Struct, token: str) -> Any:
-        try:
-            nc = await self.connections.for_token(token)
-        except LoginRefused as exc:
-            raise Refused(CommandError(code="unauthenticated", message=str(exc))) from None
-        except Exception as exc:
-            log.warning("gateway.nats_unreachable", error=str(exc))
-            raise Refused(CommandError(code="unavailable", message="the gateway cannot reach NATS right now",
-                                       hint="try again in a few seconds")) from None
-        try:
-            return await call_operation(nc, operation, request, token=token, timeout=TIMEOUT_SECONDS)
-        except ServiceUnavailable as exc:
-            hint = f"the {operation.answered_by} does not answer; try again shortly"
-            raise Refused(CommandError(code="unavailable", message=str(exc), hint=hint)) from None
+def build_app(connections: UserConnections, sessions: Sessions | None = None,
+              open_now: Counter[str] | None = None) -> Starlette:
+    """The application; `open_now` counts the follow streams and terminals open (telemetry.py)."""
+    calls = UserCalls(connections)
+    sessions = sessions if sessions is not None else Sessions()
+    console = Console(calls, sessions)
+    routes: list[BaseRoute] = [
+        Route("/healthz", healthz, methods=["GET"]),
+        *HttpApi(calls, sessions).routes(),
+        *FollowStreams(calls, sessions).routes(),
+        *TerminalBridge(calls, sessions).routes(),
+        *SignIn(console).routes(),
+        *CreatePage(console).routes(),  # /jobs/new… and the next before /jobs/{job_id}/{action}
+        *TensorBoardPage(console).routes(),
+        *JobsPages(console).routes(),
+        *JobPage(console).routes(),
+        *ClusterPages(console).routes(),
+        Mount("/static", app=StaticFiles(directory=STATIC), name="static"),
+    ]
+    telemetry = Middleware(RequestTelemetry, open_now=open_now if open_now is not None else Counter())
+    app = Starlette(routes=routes, middleware=[telemetry, Middleware(SecurityHeaders)],
+                    exception_handlers={HTTPException: http_refusal})
+    app.router.redirect_slashes = False  # a path is served as written, or refused: never redirected
+    return app

@@ -3,7 +3,8 @@
 The gateway holds no power of its own: each request goes to NATS on a connection that logged in with the
 caller's own token (through the auth callout, libs/natsauth.py), so NATS enforces the same permissions and
 inbox as for that person's CLI, and the services check the same token. A connection unused for a while is
-closed; so is the least recently used one when there are too many.
+closed; so is the least recently used one when there are too many, but never one held by a long-lived use (a
+terminal's session lives on its connection's subjects).
 """
 
 from __future__ import annotations
@@ -12,7 +13,8 @@ import asyncio
 import contextlib
 import hashlib
 import time
-from collections import OrderedDict
+from collections import Counter, OrderedDict
+from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 
@@ -29,11 +31,12 @@ class UserConnections:
         self.most = most
         self._open: OrderedDict[str, tuple[Client, float]] = OrderedDict()  # token digest -> connection, last use
         self._connecting: dict[str, asyncio.Lock] = {}
+        self._held: Counter[str] = Counter()  # token digest -> uses that keep it open
 
     async def for_token(self, token: str) -> Client:
         """The connection of `token`'s user, made now if there is none (raises `LoginRefused` when NATS refuses
         the token, and what nats-py raises when the server cannot be reached)."""
-        key = hashlib.sha256(token.encode()).hexdigest()
+        key = _key(token)
         async with self._connecting.setdefault(key, asyncio.Lock()):
             found = self._open.get(key)
             if found is not None and not found[0].is_closed:
@@ -49,17 +52,36 @@ class UserConnections:
         await self._trim()
         return nc
 
+    def __len__(self) -> int:
+        return len(self._open)
+
+    @contextlib.asynccontextmanager
+    async def held(self, token: str) -> AsyncIterator[Client]:
+        """The token's connection, kept open for as long as the block runs, however long it is idle."""
+        nc = await self.for_token(token)
+        key = _key(token)
+        self._held[key] += 1
+        try:
+            yield nc
+        finally:
+            self._held[key] -= 1
+            if self._held[key] <= 0:
+                del self._held[key]
+
     async def close_idle(self) -> None:
-        """Close the connections unused for `idle_seconds`."""
+        """Close the connections unused for `idle_seconds` and not held."""
         now = time.monotonic()
         for key, (nc, used) in list(self._open.items()):
-            if now - used > self.idle_seconds:
+            if now - used > self.idle_seconds and key not in self._held:
                 await self._close(key, nc)
 
     async def _trim(self) -> None:
-        while len(self._open) > self.most:
-            key, (nc, _) = next(iter(self._open.items()))
-            await self._close(key, nc)
+        """Close the least recently used connections not held, while there are too many."""
+        for key, (nc, _) in list(self._open.items()):
+            if len(self._open) <= self.most:
+                return
+            if key not in self._held:
+                await self._close(key, nc)
 
     async def _close(self, key: str, nc: Client) -> None:
         self._open.pop(key, None)
@@ -70,3 +92,7 @@ class UserConnections:
     async def close(self) -> None:
         for key, (nc, _) in list(self._open.items()):
             await self._close(key, nc)
+
+
+def _key(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+from collections import Counter
 from collections.abc import Generator
 from typing import Self
 
@@ -16,8 +17,11 @@ import uvicorn
 
 from libs.settings import Settings
 from libs.telemetry.logs import get_logger
-from services.gateway.app import HttpApi
+from libs.telemetry.metrics import GATEWAY_OPEN, SAMPLE_SECONDS, SampledGauge
+from services.gateway.app import build_app
 from services.gateway.connections import UserConnections
+from services.gateway.sessions import Sessions
+from services.gateway.terminal import MAX_FRAME_BYTES
 
 log = get_logger(__name__)
 
@@ -44,11 +48,17 @@ class Gateway:
 
     def __init__(self, settings: Settings, host: str, port: int) -> None:
         self.connections = UserConnections(settings.nats_url)
-        config = uvicorn.Config(HttpApi(self.connections).app(), host=host, port=port, log_config=None,
-                                access_log=False, lifespan="off", log_level="warning")
+        self.sessions = Sessions()
+        self.open_now: Counter[str] = Counter()
+        app = build_app(self.connections, self.sessions, self.open_now)
+        # ws_max_size: a terminal's frame past this is refused by uvicorn before it is buffered; at shutdown, open
+        # follow streams are cut after timeout_graceful_shutdown rather than waited for (alerts never end).
+        config = uvicorn.Config(app, host=host, port=port, log_config=None, access_log=False, lifespan="off",
+                                log_level="warning", ws_max_size=2 * MAX_FRAME_BYTES, timeout_graceful_shutdown=5)
         self.server = EmbeddedServer(config)
         self.serving: asyncio.Task[None] | None = None
         self.idle: asyncio.Task[None] | None = None
+        self.sampling: asyncio.Task[None] | None = None
 
     @classmethod
     async def started(cls) -> Self:
@@ -65,12 +75,20 @@ class Gateway:
                 raise SystemExit(f"the gateway could not serve on {self.server.config.host}:{self.server.config.port}")
             await asyncio.sleep(0.05)
         self.idle = asyncio.create_task(self._close_idle())
+        self.sampling = asyncio.create_task(self._sample())
         log.info("gateway.serving", url=f"http://{self.server.config.host}:{self.server.config.port}")
 
     async def _close_idle(self) -> None:
         while True:
             await asyncio.sleep(IDLE_CHECK_SECONDS)
             await self.connections.close_idle()
+
+    async def _sample(self) -> None:
+        gauge = SampledGauge(GATEWAY_OPEN)
+        while True:
+            gauge.set({("sessions",): len(self.sessions), ("streams",): self.open_now["streams"],
+                       ("terminals",): self.open_now["terminals"], ("connections",): len(self.connections)})
+            await asyncio.sleep(SAMPLE_SECONDS)
 
     async def stopped(self) -> None:
         assert self.serving is not None
@@ -81,6 +99,7 @@ class Gateway:
         if self.serving is not None:
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(asyncio.shield(self.serving), timeout=10)
-        if self.idle is not None:
-            self.idle.cancel()
+        for task in (self.idle, self.sampling):
+            if task is not None:
+                task.cancel()
         await self.connections.close()

@@ -33,7 +33,7 @@ from libs.contracts.events import (
     JobSucceeded,
 )
 from libs.contracts.identity import Identity
-from libs.contracts.operations.jobs import JobSummary, SearchJobs
+from libs.contracts.operations.jobs import JobSummary, SearchJobs, SearchResults
 from libs.eventstore import EventStore
 
 PROJECTION = "job_search"
@@ -73,6 +73,8 @@ def _schema_sql(schema: str) -> str:
         deleted             boolean     NOT NULL DEFAULT false,
         position            bigint      NOT NULL
     );
+    -- Added after the first release: rows projected before it keep NULL until a rebuild.
+    ALTER TABLE {schema}.job_search ADD COLUMN IF NOT EXISTS nodes integer;
     CREATE INDEX IF NOT EXISTS job_search_newest ON {schema}.job_search (submitted_at DESC, job_id);
     CREATE INDEX IF NOT EXISTS job_search_creator ON {schema}.job_search (creator);
     CREATE INDEX IF NOT EXISTS job_search_project ON {schema}.job_search (project);
@@ -154,8 +156,9 @@ class JobSearchProjection:
             )
         await self.catch_up()
 
-    async def search(self, query: SearchJobs, identity: Identity, *, sharing_enabled: bool) -> list[JobSummary]:
-        """O2: the jobs `identity` may see (J2) matching every filter given, newest first."""
+    async def search(self, query: SearchJobs, identity: Identity, *, sharing_enabled: bool) -> SearchResults:
+        """O2: a page of the jobs `identity` may see (J2) matching every filter given, newest first, and how
+        many match in all."""
         conditions = ["NOT deleted"]
         args: list[Any] = []
 
@@ -187,25 +190,33 @@ class JobSearchProjection:
             conditions.append(f"output = {param(query.output)}")
         if query.project is not None:
             conditions.append(f"project = {param(query.project)}")
-        limit = param(max(0, min(query.limit, MAX_LIMIT)))
-        rows = await self.pool.fetch(
-            f"""SELECT job_id, name, project, creator, status, priority, mode, flavors, flavor, algorithm,
-                       algorithm_source, output, submitted_at, ended_at
-                FROM {self.schema}.job_search
-                WHERE {" AND ".join(conditions)}
-                ORDER BY submitted_at DESC, job_id
-                LIMIT {limit}""",
-            *args,
-        )
-        return [
+        where = " AND ".join(conditions)
+        counted = len(args)  # the count takes the filters' values only, not the page's
+        limit, offset = param(max(0, min(query.limit, MAX_LIMIT))), param(max(0, query.offset))
+        # One snapshot for both, so that the total and the page agree while events are being applied.
+        async with self.pool.acquire() as conn, conn.transaction(isolation="repeatable_read", readonly=True):
+            rows = await conn.fetch(
+                f"""SELECT job_id, name, project, creator, status, priority, mode, flavors, flavor, algorithm,
+                           algorithm_source, output, submitted_at, ended_at, nodes, access
+                    FROM {self.schema}.job_search
+                    WHERE {where}
+                    ORDER BY submitted_at DESC, job_id
+                    LIMIT {limit} OFFSET {offset}""",
+                *args,
+            )
+            total = await conn.fetchval(f"SELECT count(*) FROM {self.schema}.job_search WHERE {where}",
+                                        *args[:counted])
+        jobs = [
             JobSummary(
                 job_id=row["job_id"], name=row["name"], project=row["project"], creator=row["creator"],
                 status=row["status"], priority=row["priority"], mode=row["mode"], flavors=list(row["flavors"]),
                 flavor=row["flavor"], algorithm=row["algorithm"], algorithm_source=row["algorithm_source"],
-                output=row["output"], submitted_at=row["submitted_at"], ended_at=row["ended_at"],
+                output=row["output"], submitted_at=row["submitted_at"], ended_at=row["ended_at"], nodes=row["nodes"],
+                access=row["access"] if sharing_enabled else "none",
             )
             for row in rows
         ]
+        return SearchResults(jobs=jobs, total=int(total))
 
     # --- applying events ---------------------------------------------------------------------------
 
@@ -239,9 +250,9 @@ class JobSearchProjection:
             return (
                 f"""INSERT INTO {table} (job_id, name, project, creator, access, status, priority, mode, flavors,
                         flavor, algorithm, algorithm_source, algorithms, favorite_algorithms, output,
-                        submitted_at, ended_at, deleted, position)
+                        submitted_at, ended_at, deleted, position, nodes)
                     VALUES ($1, $2, $3, $4, $5, 'queued', $6, $7, $8, NULL, $9, $10, $11, $12, $13, $14, NULL,
-                            false, $15)
+                            false, $15, $16)
                     ON CONFLICT (job_id) DO UPDATE SET
                         name = EXCLUDED.name, project = EXCLUDED.project, creator = EXCLUDED.creator,
                         access = EXCLUDED.access, status = EXCLUDED.status, priority = EXCLUDED.priority,
@@ -249,12 +260,13 @@ class JobSearchProjection:
                         algorithm = EXCLUDED.algorithm, algorithm_source = EXCLUDED.algorithm_source,
                         algorithms = EXCLUDED.algorithms, favorite_algorithms = EXCLUDED.favorite_algorithms,
                         output = EXCLUDED.output, submitted_at = EXCLUDED.submitted_at,
-                        ended_at = EXCLUDED.ended_at, deleted = EXCLUDED.deleted, position = EXCLUDED.position""",
+                        ended_at = EXCLUDED.ended_at, deleted = EXCLUDED.deleted, position = EXCLUDED.position,
+                        nodes = EXCLUDED.nodes""",
                 (event.job_id, spec.name, spec.project, event.creator, spec.access, spec.priority, spec.mode,
                  list(spec.flavors), first.name if first else None, first.source if first else None,
                  _unique(ref.name for ref in refs if ref.source == "private"),
                  _unique(ref.name for ref in refs if ref.source == "favorite"),
-                 spec.output.name if spec.output else None, envelope.recorded_at, envelope.position))
+                 spec.output.name if spec.output else None, envelope.recorded_at, envelope.position, spec.nodes))
         if isinstance(event, JobAdmitted):
             return (f"UPDATE {table} SET status = 'running', flavor = $2, position = $3 WHERE job_id = $1",
                     (event.job_id, event.flavor, envelope.position))

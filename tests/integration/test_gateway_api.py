@@ -11,7 +11,7 @@ import msgspec
 import pytest_asyncio
 
 from libs.contracts.ids import new_job_id
-from services.gateway.app import HttpApi
+from services.gateway.app import build_app
 from services.gateway.connections import UserConnections
 from tests.support.schedulers import Schedulers, spec, token
 
@@ -23,7 +23,7 @@ async def http(nats_url: str, schedulers: Schedulers) -> AsyncIterator[httpx.Asy
     """The gateway's API in the test's process, a scheduler behind it."""
     await schedulers.start()
     connections = UserConnections(nats_url)
-    transport = httpx.ASGITransport(app=HttpApi(connections).app())
+    transport = httpx.ASGITransport(app=build_app(connections))
     async with httpx.AsyncClient(transport=transport, base_url="http://gateway") as client:
         yield client
     await connections.close()
@@ -95,3 +95,18 @@ async def test_the_openapi_document_is_served(http: httpx.AsyncClient) -> None:
     document = await http.get("/api/v1/openapi.json")
     assert document.status_code == 200
     assert "/api/v1/submit-job" in document.json()["paths"]
+
+
+async def test_a_held_connection_outlives_its_idle_time_and_is_closed_after(nats_url: str,
+                                                                              schedulers: Schedulers) -> None:
+    """A terminal's session lives on its user's connection: idle or not, it stays open while held."""
+    await schedulers.start()
+    connections = UserConnections(nats_url, idle_seconds=0)
+    try:
+        async with connections.held(token("alice")) as nc:
+            await connections.close_idle()
+            assert not nc.is_closed
+        await connections.close_idle()
+        assert nc.is_closed
+    finally:
+        await connections.close()

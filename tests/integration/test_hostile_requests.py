@@ -86,7 +86,7 @@ from libs.eventstore import store as store_module
 from libs.eventstore.store import MAX_EVENT_BYTES, EventTooLarge
 from libs.messaging.connection import round_trip
 from libs.natsroles import inbox_prefix
-from tests.support.refusals import count_refusals
+from tests.support.refusals import count_refusals, wrong_type
 from tests.support.schedulers import Schedulers, refused, spec
 from tests.support.stores import StoreFactory
 
@@ -236,19 +236,6 @@ TOKENS = st.sampled_from(["none", "forged", "garbage", "valid"])
 def headers_for(kind: str, valid: str) -> dict[str, str]:
     return {"none": {}, "forged": bearer_headers(FORGED), "garbage": {"Authorization": "Bearer ..."},
             "valid": bearer_headers(valid)}[kind]
-
-
-def wrong_type(value: Any) -> Any:
-    """A value of another JSON type than `value`, which its field cannot take."""
-    if isinstance(value, bool) or value is None:
-        return [[{}]]
-    if isinstance(value, str):
-        return 12345
-    if isinstance(value, int | float):
-        return "many"
-    if isinstance(value, list):
-        return "not a list"
-    return [1]  # an object
 
 
 def hostile_value(subject: str, draw: st.DrawFn) -> dict[str, Any]:

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 
 import msgspec
 import pytest
 import pytest_asyncio
+from nats.js.client import JetStreamContext
 
+from libs.contracts.cluster import ClusterConfig, Flavor
 from libs.contracts.events import (
     Event,
     JobAdmitted,
@@ -26,9 +29,12 @@ from libs.contracts.events import (
 )
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, BatchTask, JobSpec, OutputRef
-from libs.contracts.operations.jobs import SearchJobs
+from libs.contracts.operations.jobs import JobSummary, SearchJobs
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import EventStore, NewEvent
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.handlers.queries import JobQueries
+from services.scheduler.interfaces import Scheduling
 from services.scheduler.read_model import MAX_LIMIT, JobSearchProjection
 from tests.support.stores import StoreFactory
 
@@ -44,6 +50,7 @@ FRANK = Identity(user="frank", projects=["audio"])  # a project with no jobs
 # The jobs of `populate`, oldest first.
 RESNET, SWEEP, BATCH, NLP, GONE = ("job-00000000000a", "job-00000000000b", "job-00000000000c",
                                    "job-00000000000d", "job-00000000000e")
+LATER = "job-00000000000f"  # submitted after them, where a test needs one more
 
 
 class Log:
@@ -122,7 +129,11 @@ async def projection_of(store: EventStore, *, batch_size: int = 500) -> JobSearc
 async def ids(projection: JobSearchProjection, identity: Identity = ADMIN, *, sharing: bool = True,
               **filters: Any) -> list[str]:
     found = await projection.search(SearchJobs(**filters), identity, sharing_enabled=sharing)
-    return [job.job_id for job in found]
+    return [job.job_id for job in found.jobs]
+
+
+async def total(projection: JobSearchProjection, identity: Identity = ADMIN, **filters: Any) -> int | None:
+    return (await projection.search(SearchJobs(**filters), identity, sharing_enabled=True)).total
 
 
 async def event_count(store: EventStore) -> int:
@@ -176,7 +187,7 @@ async def test_summaries_carry_what_the_events_said(store: EventStore, log: Log)
     await populate(log)
     projection = await projection_of(store)
     await projection.catch_up()
-    jobs = {job.job_id: job for job in await projection.search(SearchJobs(), ADMIN, sharing_enabled=True)}
+    jobs = {job.job_id: job for job in (await projection.search(SearchJobs(), ADMIN, sharing_enabled=True)).jobs}
 
     resnet = jobs[RESNET]
     assert (resnet.name, resnet.project, resnet.creator, resnet.status) == ("ResNet_Train", "vision", "alice",
@@ -189,6 +200,8 @@ async def test_summaries_carry_what_the_events_said(store: EventStore, log: Log)
     assert (jobs[SWEEP].algorithm, jobs[SWEEP].algorithm_source) == ("bert", "favorite")
     assert (jobs[BATCH].status, jobs[BATCH].flavor, jobs[BATCH].algorithm) == ("queued", None, "prep")
     assert jobs[NLP].submitted_at > jobs[SWEEP].submitted_at
+    assert (resnet.nodes, jobs[SWEEP].nodes, jobs[BATCH].nodes) == (2, 1, 1)
+    assert all(job.master is None for job in jobs.values())  # where a job runs is the live state's to tell
 
 
 async def test_later_events_update_rows(store: EventStore, log: Log) -> None:
@@ -200,7 +213,7 @@ async def test_later_events_update_rows(store: EventStore, log: Log) -> None:
     await log.add(RESNET, JobExpired(job_id=RESNET, reason="past its duration"))
     assert await projection.catch_up() == 2
 
-    jobs = {job.job_id: job for job in await projection.search(SearchJobs(), ADMIN, sharing_enabled=True)}
+    jobs = {job.job_id: job for job in (await projection.search(SearchJobs(), ADMIN, sharing_enabled=True)).jobs}
     assert jobs[BATCH].priority == "urgent"
     assert jobs[RESNET].status == "expired" and jobs[RESNET].ended_at is not None
     assert await ids(projection, statuses=["expired"]) == [RESNET]
@@ -263,6 +276,66 @@ async def test_limit_is_capped(store: EventStore) -> None:
     assert await ids(projection, limit=0) == []
 
 
+# --- pages ---------------------------------------------------------------------------------------------
+
+
+def paged_job(n: int) -> str:
+    """The id of the `n`th job of `submit_many`. Ids fall as jobs are submitted, so that two recorded in the same
+    microsecond (ordered by id) still list newest first."""
+    return f"job-{0xffff - n:012x}"
+
+
+async def submit_many(log: Log, count: int) -> None:
+    """`count` jobs, oldest first, one append each: every fifth is bob's, private to him; alice has the others.
+    Every other one is named "even-…"."""
+    for n in range(count):
+        name = f"{'even' if n % 2 == 0 else 'odd'}-{n:03d}"
+        await log.submit(paged_job(n), "bob" if n % 5 == 0 else "alice", name=name, project="vision", access="none")
+
+
+async def every_page(projection: JobSearchProjection, identity: Identity, size: int,
+                     **filters: Any) -> tuple[list[list[str]], set[int | None]]:
+    """The ids of each page of `size`, from the first until one comes back empty (within 50), and the totals they
+    told."""
+    pages: list[list[str]] = []
+    totals: set[int | None] = set()
+    for _ in range(50):
+        query = SearchJobs(limit=size, offset=size * len(pages), **filters)
+        page = await projection.search(query, identity, sharing_enabled=True)
+        totals.add(page.total)
+        if not page.jobs:
+            return pages, totals
+        pages.append([job.job_id for job in page.jobs])
+    raise AssertionError(f"pages of {size} never ran out: {[len(page) for page in pages]}")
+
+
+async def test_pages_cover_every_job_once_newest_first(store: EventStore, log: Log) -> None:
+    await submit_many(log, 250)
+    projection = await projection_of(store)
+    await projection.catch_up()
+    newest = [paged_job(n) for n in reversed(range(250))]
+
+    pages, totals = await every_page(projection, ADMIN, 100)
+    assert [len(page) for page in pages] == [100, 100, 50]
+    assert [job_id for page in pages for job_id in page] == newest
+    assert totals == {250}
+
+    # Bob's private jobs are neither on alice's pages nor in her count.
+    hers = [paged_job(n) for n in reversed(range(250)) if n % 5]
+    pages, totals = await every_page(projection, ALICE, 64)
+    assert [job_id for page in pages for job_id in page] == hers
+    assert totals == {200}
+
+    # Under a filter, the pages and the count are those of the jobs that match.
+    even = [paged_job(n) for n in reversed(range(250)) if n % 2 == 0 and n % 5]
+    pages, totals = await every_page(projection, ALICE, 30, name="even")
+    assert [job_id for page in pages for job_id in page] == even
+    assert totals == {len(even)} == {100}
+    pages, totals = await every_page(projection, BOB, 7, creator="bob")
+    assert [job_id for page in pages for job_id in page] == [paged_job(n) for n in reversed(range(0, 250, 5))]
+    assert totals == {50}
+
+
 # --- who sees what (J2) ----------------------------------------------------------------------------
 
 
@@ -281,6 +354,11 @@ async def test_visibility_follows_creator_project_access_and_sharing(store: Even
     # Filters cannot widen what one may see.
     assert await ids(projection, BOB, creator="alice") == [RESNET]
     assert await ids(projection, FRANK, project="vision") == []
+    # The count of all that match follows the same rules: alice's private job is not bob's to count.
+    assert [await total(projection, who) for who in (ADMIN, ALICE, BOB, ERIN, FRANK)] == [4, 3, 2, 1, 0]
+    assert await total(projection, BOB, creator="alice") == 1
+    assert await total(projection, ADMIN, name="resnet") == 2  # the deleted one is not counted
+    assert await total(projection, ADMIN, statuses=["queued", "failed"], limit=1) == 2  # whatever the page
 
     # Sharing off: only own jobs, except for an administrator.
     assert await ids(projection, ALICE, sharing=False) == [SWEEP, RESNET]
@@ -399,7 +477,8 @@ async def test_projection_created_after_the_events_catches_up_from_the_first(sto
     assert await ids(projection) == []
     assert await projection.catch_up() == total
     assert await ids(projection) == [NLP, BATCH, SWEEP, RESNET]
-    assert (await projection.search(SearchJobs(creator="bob"), ADMIN, sharing_enabled=True))[0].priority == "urgent"
+    bobs = await projection.search(SearchJobs(creator="bob"), ADMIN, sharing_enabled=True)
+    assert [job.priority for job in bobs.jobs] == ["urgent"]
 
 
 async def test_migrate_is_idempotent_and_keeps_the_checkpoint(store: EventStore, log: Log) -> None:
@@ -411,3 +490,88 @@ async def test_migrate_is_idempotent_and_keeps_the_checkpoint(store: EventStore,
     await projection.migrate()
     assert await projection.checkpoint() == checkpoint
     assert await projection.catch_up() == 0
+
+
+async def test_migrate_adds_the_node_count_to_a_table_made_before_it(store: EventStore, log: Log) -> None:
+    await populate(log)
+    projection = await projection_of(store)
+    await projection.catch_up()
+    checkpoint = await projection.checkpoint()
+    await store.pool.execute(f"ALTER TABLE {store.schema}.job_search DROP COLUMN nodes")  # as the table once was
+
+    await asyncio.gather(projection.migrate(), JobSearchProjection(store).migrate())  # two processes starting
+
+    assert await projection.checkpoint() == checkpoint
+    assert {row["job_id"]: row["nodes"] for row in await table(projection)} == dict.fromkeys(
+        [RESNET, SWEEP, BATCH, NLP, GONE])
+    await log.submit(LATER, "bob", name="later", project="vision", mode="pytorch", nodes=3)
+    await projection.catch_up()
+    page = await projection.search(SearchJobs(limit=2), ADMIN, sharing_enabled=True)
+    assert [(job.job_id, job.nodes) for job in page.jobs] == [(LATER, 3), (NLP, None)]
+
+    await projection.rebuild()  # fills the rows projected before the column
+    assert {row["job_id"]: row["nodes"] for row in await table(projection)} == {
+        RESNET: 2, SWEEP: 1, BATCH: 1, NLP: 1, GONE: 1, LATER: 3}
+
+
+# --- the scheduler's answer: a page with what only its live state knows ----------------------------------
+
+CLUSTER = ClusterConfig(flavors=[Flavor(name=name, cpus=4, memory_mib=8192)
+                                 for name in ("cpu-1", "cpu-2", "gpu-1", "gpu-2")])
+
+
+async def state_of(store: EventStore) -> SchedulerState:
+    """The scheduler's state folded from the log the projection reads, as far as it goes now."""
+    state = SchedulerState(CLUSTER)
+    async for envelope in store.read_all():
+        state.apply(envelope)
+    return state
+
+
+def answering(projection: JobSearchProjection, state: SchedulerState) -> JobQueries:
+    """The scheduler's queries over the projection and a state (no NATS: search reads neither stream)."""
+    scheduler = SimpleNamespace(state=state, search=projection)
+    return JobQueries(cast(Scheduling, scheduler), store=projection.store, js=cast(JetStreamContext, None))
+
+
+def by_id(jobs: list[JobSummary]) -> dict[str, JobSummary]:
+    return {job.job_id: job for job in jobs}
+
+
+async def test_a_running_job_shows_the_node_of_its_rank_0(store: EventStore, log: Log) -> None:
+    await populate(log)
+    # Moved after a fault onto two nodes, its rank 0 listed last.
+    await log.add(RESNET, JobRequeued(job_id=RESNET, attempt=1, reason="node n1 was lost", resumes=1),
+                  JobAdmitted(job_id=RESNET, attempt=2, flavor="gpu-2",
+                              placement=[Placement(rank=1, node="n3", address="10.0.0.3", slots=1),
+                                         Placement(rank=0, node="n2", address="10.0.0.2", slots=1)]))
+    projection = await projection_of(store)
+
+    page = await answering(projection, await state_of(store)).search(SearchJobs(), ADMIN)
+    assert {job.job_id: job.master for job in page.jobs} == {NLP: None, BATCH: None, SWEEP: None, RESNET: "n2"}
+    assert page.total == 4
+    # Bob's second job of two: the page and the count are his, the node where it runs is shown to him too.
+    page = await answering(projection, await state_of(store)).search(SearchJobs(limit=1, offset=1), BOB)
+    assert [(job.job_id, job.master) for job in page.jobs] == [(RESNET, "n2")]
+    assert page.total == 2
+
+    await log.add(RESNET, JobSucceeded(job_id=RESNET))
+    page = await answering(projection, await state_of(store)).search(SearchJobs(), ADMIN)
+    assert by_id(page.jobs)[RESNET].status == "succeeded" and by_id(page.jobs)[RESNET].master is None
+
+
+async def test_rows_without_a_node_count_take_it_from_the_live_state(store: EventStore, log: Log) -> None:
+    await populate(log)
+    state = await state_of(store)
+    # Submitted after the state was folded: a job the state does not hold.
+    await log.submit(LATER, "bob", name="later", project="vision", mode="pytorch", nodes=3)
+    projection = await projection_of(store)
+    queries = answering(projection, state)
+
+    jobs = by_id((await queries.search(SearchJobs(), ADMIN)).jobs)
+    assert {job_id: job.nodes for job_id, job in jobs.items()} == {RESNET: 2, SWEEP: 1, BATCH: 1, NLP: 1, LATER: 3}
+
+    await store.pool.execute(f"UPDATE {store.schema}.job_search SET nodes = NULL")  # as projected before the column
+    jobs = by_id((await queries.search(SearchJobs(), ADMIN)).jobs)
+    assert {job_id: job.nodes for job_id, job in jobs.items()} == {RESNET: 2, SWEEP: 1, BATCH: 1, NLP: 1,
+                                                                   LATER: None}

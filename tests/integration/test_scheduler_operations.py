@@ -7,10 +7,12 @@ each command records.
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from client.api import TrainyardClient
-from libs.contracts.operations.jobs import JobView
+from libs.contracts.operations.jobs import SEARCH_JOBS, JobView, SearchJobs
 from tests.support.schedulers import Login, refused, spec
 from tests.support.waiting import eventually
 
@@ -194,3 +196,18 @@ async def test_search_serves_filters_and_visibility_from_the_read_model(login: L
     await alice.stop([mine])
     assert [j.status for j in await alice.search(name="resnet")] == ["stopped"]
     assert await alice.search(statuses=["running"]) == []
+
+
+async def test_search_pages_through_the_client_and_refuses_pages_out_of_bounds(login: Login) -> None:
+    alice = await login("alice")
+    oldest, middle, newest = [(await alice.submit(spec(f"page-{n}"))).job_id for n in range(3)]
+    assert [j.job_id for j in await alice.search(name="page", limit=2)] == [newest, middle]
+    assert [j.job_id for j in await alice.search(name="page", limit=2, offset=2)] == [oldest]
+    assert [j.nodes for j in await alice.search(name="page")] == [1, 1, 1]
+    second = await alice.ask(SEARCH_JOBS, SearchJobs(name="page", limit=1, offset=1))  # what the web console reads
+    assert ([j.job_id for j in second.jobs], second.total) == ([middle], 3)
+    out_of_bounds: list[tuple[str, dict[str, Any]]] = [("offset", {"offset": 1_000_001}), ("offset", {"offset": -1}),
+                                                       ("limit", {"limit": 1001}), ("limit", {"limit": 0})]
+    for field, page in out_of_bounds:
+        error = (await refused(alice.search(**page))).error
+        assert (error.code, [e.field for e in error.errors]) == ("invalid-request", [field])

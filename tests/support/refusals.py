@@ -1,7 +1,9 @@
-"""What `trainyard.requests.reply_refused` counts in a test: the instruments recorded on a meter of the test's own,
-read back from memory (no exporter, nothing global)."""
+"""Refusals in tests: what `trainyard.requests.reply_refused` counts (the instruments recorded on a meter of the
+test's own, read back from memory: no exporter, nothing global), and values a field refuses (`wrong_type`)."""
 
 from __future__ import annotations
+
+from typing import Any
 
 import pytest
 from opentelemetry.sdk.metrics import MeterProvider
@@ -47,3 +49,16 @@ def count_refusals(monkeypatch: pytest.MonkeyPatch) -> Refusals:
     found = Refusals()
     monkeypatch.setattr(metrics, "_meter", lambda: found.provider.get_meter(metrics.METER))
     return found
+
+
+def wrong_type(value: Any) -> Any:
+    """A value of another JSON type than `value`, which its field cannot take."""
+    if isinstance(value, bool) or value is None:
+        return [[{}]]
+    if isinstance(value, str):
+        return 12345
+    if isinstance(value, int | float):
+        return "many"
+    if isinstance(value, list):
+        return "not a list"
+    return [1]  # an object

@@ -41,7 +41,17 @@ from libs.contracts.operations.autoscaler import QueueStatus, ScaledInstance, Ty
 from libs.contracts.operations.base import CommandError, Done
 from libs.contracts.operations.cache import NodeCache, PreloadAccepted
 from libs.contracts.operations.cluster import FlavorList, NodeView
-from libs.contracts.operations.jobs import InstanceView, JobAccepted, JobDetails, JobList, JobView
+from libs.contracts.operations.jobs import (
+    SEARCH_JOBS,
+    InstanceView,
+    JobAccepted,
+    JobDetails,
+    JobList,
+    JobSummary,
+    JobView,
+    SearchJobs,
+    SearchResults,
+)
 from libs.contracts.scheduling import (
     BoardDemand,
     BoardUsage,
@@ -331,6 +341,50 @@ def test_bad_input_is_refused_before_connecting(fake: FakeClient, args: list[str
     result = invoke(*args)
     assert result.exit_code == 1
     assert "hint:" in result.output
+    assert fake.calls == []
+
+
+# --- search ------------------------------------------------------------------------------------------------
+
+
+def _summary(job_id: str) -> JobSummary:
+    return JobSummary(job_id=job_id, name="bert", project="default", creator="alice", status="running",
+                      priority="normal", mode="pytorch", flavors=["gpu-4"], flavor="gpu-4", submitted_at=NOW, nodes=2,
+                      master="gpu-node-1")
+
+
+def test_search_says_which_part_of_how_many_it_lists(fake: FakeClient) -> None:
+    fake.answers["ask"] = SearchResults(jobs=[_summary("job-0000000000c9"), _summary("job-0000000000c8")], total=1234)
+    result = invoke("search", "--name", "bert", "--limit", "2", "--offset", "200")
+    assert result.exit_code == 0, result.output
+    (name, (operation, request), _), = fake.calls
+    assert (name, operation, request) == ("ask", SEARCH_JOBS, SearchJobs(name="bert", limit=2, offset=200))
+    assert "job-0000000000c9" in result.stdout and "job-0000000000c8" in result.stdout
+    assert "2 of 1234 jobs, after the first 200" in result.stderr
+
+
+def test_search_past_the_last_page_tells_how_many_there_are(fake: FakeClient) -> None:
+    fake.answers["ask"] = SearchResults(jobs=[], total=5)
+    result = invoke("search", "--offset", "10")
+    assert result.exit_code == 0, result.output
+    assert "0 of 5 jobs, after the first 10" in result.stderr
+    fake.answers["ask"] = SearchResults(jobs=[], total=0)
+    assert "no jobs match" in invoke("search", "--offset", "10").stdout
+
+
+def test_search_as_json_prints_the_jobs_with_their_node_columns(fake: FakeClient) -> None:
+    fake.answers["ask"] = SearchResults(jobs=[_summary("job-0000000000c9")], total=1234)
+    result = invoke("search", "--json")
+    assert result.exit_code == 0, result.output
+    printed, = msgspec.json.decode(result.stdout)
+    assert (printed["job_id"], printed["nodes"], printed["master"]) == ("job-0000000000c9", 2, "gpu-node-1")
+
+
+@pytest.mark.parametrize("args", [["--limit", "1001"], ["--limit", "0"], ["--offset", "-1"], ["--offset", "1000001"]])
+def test_search_pages_out_of_bounds_are_refused_before_connecting(fake: FakeClient, args: list[str]) -> None:
+    result = invoke("search", *args)
+    assert result.exit_code == 2
+    assert args[0] in result.output
     assert fake.calls == []
 
 

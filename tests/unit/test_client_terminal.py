@@ -38,6 +38,7 @@ from libs.contracts.operations.alerts import LIST_ALERTS, ListAlerts
 from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.runs import OPEN_TERMINAL, OpenTerminal, TerminalOpened
 from libs.jobstatus import JobLifecycle
+from libs.messaging import debug_session
 from libs.messaging.connection import round_trip
 from services.monitor.alerts import page as alert_page
 from tests.support.waiting import eventually
@@ -150,7 +151,7 @@ async def test_run_in_job_returns_every_byte_and_the_exit_code(nats_url: str) ->
 
 
 async def test_a_long_command_is_kept_alive(nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(terminal, "KEEPALIVE_SECONDS", 0.05)
+    monkeypatch.setattr(debug_session, "KEEPALIVE_SECONDS", 0.05)
     async with fake_node(nats_url) as node:
         node.hold.clear()
         client = await TrainyardClient.open(nats_url, token=TOKEN)

@@ -201,11 +201,13 @@ from libs.contracts.operations.jobs import (
     JobAccepted,
     JobDetails,
     JobList,
+    JobSummary,
     JobUsage,
     JobView,
     ListJobs,
     LogPage,
     SearchJobs,
+    SearchResults,
     StopJobs,
     SubmitJob,
 )
@@ -473,7 +475,7 @@ REQUEST_SAMPLES: list[Any] = [
     ExplainJob(job_id="job-000000000001"),
     GetDevEnv(job_id="job-000000000001"),
     GetJobHistory(job_id="job-000000000001"),
-    SearchJobs(name="bert", statuses=["failed"], favorite_algorithm="resnet", flavor="gpu-4"),
+    SearchJobs(name="bert", statuses=["failed"], favorite_algorithm="resnet", flavor="gpu-4", limit=50, offset=100),
     GetResources(flavors=["gpu-4", "gpu-8"]),
     ListFlavors(board="A100"),
     GetSettings(),
@@ -556,6 +558,18 @@ def test_a_queue_page_is_bounded(limit: int) -> None:
         decode_any(json.dumps({"type": "GetQueue.v1", "limit": limit}), Request)
 
 
+@pytest.mark.parametrize(("field", "value"), [("offset", -1), ("offset", 1_000_001), ("limit", 0), ("limit", 1001)])
+def test_a_search_page_is_bounded(field: str, value: int) -> None:
+    with pytest.raises(msgspec.ValidationError, match=rf"\$\.{field}"):
+        decode_any(json.dumps({"type": "SearchJobs.v1", field: value}), Request)
+
+
+def test_a_search_page_accepts_its_bounds_and_defaults_to_the_first_200() -> None:
+    page = decode_any(json.dumps({"type": "SearchJobs.v1", "offset": 1_000_000, "limit": 1000}), Request)
+    assert (page.offset, page.limit) == (1_000_000, 1000)
+    assert (SearchJobs().offset, SearchJobs().limit) == (0, 200)
+
+
 @pytest.mark.parametrize("change", [{"add_nodes": {"gpu-4": 0}}, {"remove_nodes": {"gpu 4": 1}},
                                     {"add_nodes": {"gpu-4": 10_001}}, {"depth": 0}])
 def test_a_what_if_refuses_changes_out_of_bounds(change: dict[str, Any]) -> None:
@@ -583,6 +597,10 @@ VIEW = JobView(job_id="job-000000000001", name="bert", project="default", creato
 ARRAY_VIEW = ArrayView(array_id="array-0123456789ab", name="sweep-{index}", project="default", creator="alice",
                        submitted_at=AT, size=4, indices="0-3", max_running=2,
                        statuses={"running": 2, "queued": 1, "succeeded": 1})
+SUMMARY = JobSummary(job_id="job-000000000001", name="bert", project="default", creator="alice", status="running",
+                     priority="urgent", mode="pytorch", flavors=["gpu-4"], flavor="gpu-4", submitted_at=AT, nodes=2,
+                     master="gpu-node-1")
+
 REPLY_SAMPLES: list[Any] = [
     CommandError(code="invalid-spec", message="the job spec is invalid", hint="fix it",
                  errors=[FieldError(field="nodes", message="is bad", hint="use 1")]),
@@ -597,6 +615,7 @@ REPLY_SAMPLES: list[Any] = [
                      notes=["nodes present throughout"]),
     JobList(jobs=[VIEW]),
     JobList(jobs=[VIEW], arrays=[ARRAY_VIEW]),
+    SearchResults(jobs=[SUMMARY], total=1234),
     ArrayAccepted(array_id="array-0123456789ab", job_ids=["job-000000000001", "job-000000000002"], created=True),
     ArrayDetails(array=ARRAY_VIEW, jobs=[ArrayMemberView(index=3, job_id="job-000000000001", status="failed",
                                                          exit_code=1, values={"lr": "0.1"})], more=True),
@@ -645,6 +664,13 @@ def test_every_reply_round_trips_through_the_reply_union(reply: Any) -> None:
     decoded = decode_any(encode(reply), Reply)
     assert type(decoded) is type(reply)
     assert decoded == reply
+
+
+def test_search_results_of_a_scheduler_without_counts_or_node_columns_still_decode() -> None:
+    document = json.loads(encode(SearchResults(jobs=[SUMMARY], total=1234)))
+    del document["total"], document["jobs"][0]["nodes"], document["jobs"][0]["master"]
+    decoded = decode_any(json.dumps(document), Reply)
+    assert decoded == SearchResults(jobs=[msgspec.structs.replace(SUMMARY, nodes=None, master=None)])
 
 
 def test_command_error_is_tagged_error_v1() -> None:

@@ -27,6 +27,9 @@ PROGRAM = textwrap.dedent("""
 
     async def start() -> Process:
         import gc
+        if sys.argv[1] == "slow-start":  # a standby waiting for its lease, say
+            print("starting", flush=True)
+            await asyncio.Event().wait()
         print("started", flush=True)
         print("young collections every", gc.get_threshold()[0], flush=True)
         return Process()
@@ -57,6 +60,20 @@ def test_a_process_asked_to_stop_closes_and_exits_zero(tmp_path: Path, sig: sign
     # the readline above took in with its line (the rest of a line the program wrote in pieces).
     out = process.stdout.read()
     assert [line for line in out.splitlines() if not line.startswith("young")] == ["closed"]
+
+
+def test_a_process_asked_to_stop_while_it_starts_exits_zero(tmp_path: Path) -> None:
+    """A SIGTERM before the process is up (a rollout that changes its mind, a standby never promoted) ends it in
+    order, not by the signal's default action (exit -15)."""
+    process = start(tmp_path, "slow-start")
+    assert process.stdout is not None
+    line = process.stdout.readline()
+    while line and line.strip() != "starting":
+        line = process.stdout.readline()
+    assert line, "the process ended before it started"
+    process.send_signal(signal.SIGTERM)
+    assert process.wait(timeout=20) == 0
+    assert "started" not in process.stdout.read()
 
 
 def test_a_process_that_stops_on_its_own_closes_and_exits_non_zero(tmp_path: Path) -> None:

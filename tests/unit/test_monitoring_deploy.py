@@ -22,7 +22,7 @@ PROMETHEUS = REPO_ROOT / "deploy" / "prometheus"
 ALERTS = PROMETHEUS / "alerts.yml"
 K8S = REPO_ROOT / "deploy" / "k8s"
 DASHBOARD = REPO_ROOT / "deploy" / "grafana" / "trainyard.json"
-WORKLOADS = ("scheduler", "launcher", "monitor", "autoscaler", "agent")
+WORKLOADS = ("scheduler", "launcher", "monitor", "autoscaler", "gateway", "agent")
 METRICS_PORT = 9464
 
 PROMTOOL = shutil.which("promtool")

@@ -22,7 +22,7 @@ SPEC_PAGE = ROOT / "docs" / "spec.md"
 # the README and the Makefile. Every text file is read, so a folder added or moved is read too, except
 # hidden folders (version control, the virtual environment, tool caches, the local stack's state) and
 # these, which hold builds and caches of what is read anyway, or nothing of ours.
-SKIPPED_FOLDERS = frozenset({"__pycache__", "build", "node_modules"})
+SKIPPED_FOLDERS = frozenset({"__pycache__", "build", "node_modules", "vendor"})  # vendor: libraries copied as they are
 
 # The letters of the spec's areas: J job, L launching, S scheduling, O operations, M monitoring,
 # D data, A autoscaler, R runs, X platform, B beyond the platform documents.

@@ -387,15 +387,26 @@ async def search(client: TrainyardClient,
                  flavor: Annotated[str | None, typer.Option(help="Has this flavor among its flavors.")] = None,
                  output: Annotated[str | None, typer.Option(help="Writes to this output location.")] = None,
                  project: Annotated[str | None, typer.Option(help="In this project.")] = None,
-                 limit: Annotated[int, typer.Option(min=1, help="At most this many jobs.")] = 200,
+                 limit: Annotated[int, typer.Option(min=1, max=1000, help="At most this many jobs.")] = 200,
+                 offset: Annotated[int, typer.Option(min=0, max=1_000_000,
+                                                     help="Skip this many of the newest first.")] = 0,
                  as_json: JsonOption = False) -> None:
-    """Search the jobs you may see (O2); every filter given must match."""
-    jobs = await client.search(name=name, statuses=job_statuses(status), creator=creator, algorithm=algorithm,
-                               favorite_algorithm=favorite_algorithm, flavor=flavor, output=output,
-                               project=project, limit=limit)
+    """Search the jobs you may see (O2), newest first; every filter given must match."""
+    from libs.contracts.operations.jobs import SEARCH_JOBS, SearchJobs  # the reply, for how many match in all
+
+    request = SearchJobs(name=name, statuses=job_statuses(status), creator=creator, algorithm=algorithm,
+                         favorite_algorithm=favorite_algorithm, flavor=flavor, output=output, project=project,
+                         limit=limit, offset=offset)
+    page = await client.ask(SEARCH_JOBS, request)
+    jobs = page.jobs
     if as_json:
         print_json(jobs)
-    elif not jobs:
-        say("no jobs match")
-    else:
+        return
+    if jobs:
         print_table(SEARCH_COLUMNS, [search_cells(job) for job in jobs])
+    elif not offset or not page.total:
+        say("no jobs match")
+        return
+    total = "?" if page.total is None else page.total  # a scheduler that does not count
+    skipped = f", after the first {offset}" if offset else ""
+    note(f"{len(jobs)} of {total} {'job' if total == 1 else 'jobs'}{skipped}")

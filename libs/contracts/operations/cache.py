@@ -15,7 +15,7 @@ from libs.contracts.datacache import CacheEntry, CopyUnderWay, StagingFailed
 from libs.contracts.jobspec import NodeName, ResourceName
 from libs.contracts.operations.base import ReplyMessage, RequestMessage, people_operation
 
-PRELOAD_ID = r"^preload-[0-9a-f]{12}$"
+PRELOAD_ID = r"^preload-[0-9a-f]{12}\Z"
 
 
 class PreloadDataset(RequestMessage, frozen=True, tag="PreloadDataset.v1"):

@@ -14,7 +14,7 @@ from msgspec import Meta, Struct
 from libs.contracts.agent import LogChunk, UsageSample
 from libs.contracts.arrays import ArrayMember
 from libs.contracts.events import EventEnvelope, Mount, Placement
-from libs.contracts.jobspec import JobSpec, Priority
+from libs.contracts.jobspec import Access, JobSpec, Priority
 from libs.contracts.operations.arrays import ArraySelection, ArrayView
 from libs.contracts.operations.base import Done, JobStatus, PastInstant, ReplyMessage, RequestMessage, people_operation
 from libs.contracts.scheduling import (
@@ -168,7 +168,8 @@ class GetQueue(RequestMessage, frozen=True, tag="GetQueue.v1"):
 
 
 class SearchJobs(RequestMessage, frozen=True, tag="SearchJobs.v1"):
-    """O2: jobs the caller may see, matching every given filter (`name` is a case-insensitive part)."""
+    """O2: jobs the caller may see, matching every given filter (`name` is a case-insensitive part), newest
+    first: a page of at most `limit` of them after skipping the first `offset`."""
 
     name: str | None = None
     statuses: list[JobStatus] = msgspec.field(default_factory=list)
@@ -178,7 +179,8 @@ class SearchJobs(RequestMessage, frozen=True, tag="SearchJobs.v1"):
     flavor: str | None = None  # among the job's flavors
     output: str | None = None
     project: str | None = None
-    limit: int = 200
+    limit: Annotated[int, Meta(ge=1, le=1000)] = 200
+    offset: Annotated[int, Meta(ge=0, le=1_000_000)] = 0
 
 
 class JobSummary(Struct, frozen=True, kw_only=True):
@@ -198,10 +200,16 @@ class JobSummary(Struct, frozen=True, kw_only=True):
     output: str | None = None
     submitted_at: datetime
     ended_at: datetime | None = None
+    nodes: int | None = None  # the node count its spec asks for; None when the search cannot tell
+    master: str | None = None  # the node of rank 0 while it runs
+    access: Access = "none"  # J2: what others in the project may do (after the sharing switch)
 
 
 class SearchResults(ReplyMessage, frozen=True, tag="SearchResults.v1"):
+    """One page of a search; `total`: how many jobs match in all (null from a scheduler that does not count them)."""
+
     jobs: list[JobSummary]
+    total: int | None = None
 
 
 class GetJobHistory(RequestMessage, frozen=True, tag="GetJobHistory.v1"):

@@ -131,7 +131,7 @@ class OpenTerminal(RequestMessage, frozen=True, tag="OpenTerminal.v1"):
     command: str | None = None
     columns: int = 80
     rows: int = 24
-    session_id: Annotated[str, Meta(pattern="^[0-9a-f]{32}$")] | None = None
+    session_id: Annotated[str, Meta(pattern=r"^[0-9a-f]{32}\Z")] | None = None
 
 
 class TerminalOpened(ReplyMessage, frozen=True, tag="TerminalOpened.v1"):

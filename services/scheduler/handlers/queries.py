@@ -58,6 +58,7 @@ from libs.contracts.operations.jobs import (
     JobDetails,
     JobHistory,
     JobList,
+    JobSummary,
     JobView,
     ListJobs,
     SearchJobs,
@@ -93,6 +94,18 @@ NEWEST = operator.attrgetter("queue_order")  # listings show the newest jobs fir
 # How long a listing, and the details of one job, wait for the plan of their waiting jobs' expected starts.
 LISTING_WAIT, DETAILS_WAIT = 1.0, 5.0
 LISTING_SHARE = 0.2  # of the time, at most, spent planning for listings
+
+
+def live_summary(state: SchedulerState, summary: JobSummary) -> JobSummary:
+    """`summary` with its node count filled from the state when the read model has none, and the node of rank 0
+    of a job running now; as it was when the state no longer holds the job."""
+    job = state.jobs.get(summary.job_id)
+    if job is None:
+        return summary
+    nodes = summary.nodes if summary.nodes is not None else job.spec.nodes
+    running = job.status == "running"
+    master = next((p.node for p in job.placement if p.rank == 0), None) if running else None
+    return msgspec.structs.replace(summary, nodes=nodes, master=master)
 
 
 class _ListingPlans:
@@ -326,9 +339,11 @@ class JobQueries(StateQueries):
         return hide_jobs(history, self.state, identity)
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
+        """O2: a page from the read model, with what only the live state knows (where a running job's rank 0
+        is; the node count of rows projected before the read model kept it)."""
         await self.live.search.catch_up()  # read what this caller just wrote
-        jobs = await self.live.search.search(request, identity, sharing_enabled=self.state.settings.sharing_enabled)
-        return SearchResults(jobs=jobs)
+        page = await self.live.search.search(request, identity, sharing_enabled=self.state.settings.sharing_enabled)
+        return msgspec.structs.replace(page, jobs=[live_summary(self.state, summary) for summary in page.jobs])
 
     async def flavors(self, request: ListFlavors, _: Identity) -> FlavorList:
         return flavor_list(self.state, request.board)
