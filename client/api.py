@@ -161,6 +161,7 @@ from libs.contracts.operations.runs import (
     GetRun,
     GetSeries,
     OpenTerminal,
+    PointsOnce,
     RunView,
     SeriesPage,
     SeriesPoint,
@@ -418,15 +419,11 @@ class TrainyardClient:
         with `follow`, then the points logged after, as they come, until the job has ended and its last
         points are read. A point its agent published twice (after a restart) comes once."""
         after = 0
-        taken: dict[tuple[int, int, int, str], int] = {}  # each process's last line number yielded
+        once = PointsOnce()
         while True:
             page: SeriesPage = await self.ask(GET_SERIES, GetSeries(job_id=job_id, name=name, rank=rank,
                                                                                after=after))
-            for point in page.points:
-                key = (point.attempt, point.task, point.rank, point.process)
-                if point.seq and point.seq <= taken.get(key, 0):
-                    continue
-                taken[key] = point.seq
+            for point in once.fresh(page.points):
                 yield point
             after = page.next_after
             if page.more:

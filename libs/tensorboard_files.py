@@ -75,24 +75,6 @@ def points_to_read(view: RunView, *, all_ranks: bool) -> int:
     return sum(series.count for series in view.series if all_ranks or series.rank == 0)
 
 
-class PointsOnce:
-    """Passes each point of a series once while its pages are read: a point its agent published twice (after a
-    restart) may come again on a later page, and is known by its process and line number."""
-
-    def __init__(self) -> None:
-        self._taken: dict[tuple[int, int, int, str], int] = {}  # each process's last line number passed
-
-    def fresh(self, points: Iterable[SeriesPoint]) -> list[SeriesPoint]:
-        passed: list[SeriesPoint] = []
-        for point in points:
-            key = (point.attempt, point.task, point.rank, point.process)
-            if point.seq and point.seq <= self._taken.get(key, 0):
-                continue
-            self._taken[key] = point.seq
-            passed.append(point)
-        return passed
-
-
 @dataclass(frozen=True)
 class _Kept:
     attempt: int

@@ -29,7 +29,7 @@ from libs.contracts.jobspec import FieldError
 from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
 from libs.contracts.operations.base import TERMINAL_STATUSES, CommandError
 from libs.contracts.operations.jobs import GET_JOB, JOB_LOGS, GetJob, GetJobLogs, JobDetails, JobView, LogPage
-from libs.contracts.operations.runs import GET_SERIES, GetSeries, SeriesPage, SeriesPoint
+from libs.contracts.operations.runs import GET_SERIES, GetSeries, PointsOnce, SeriesPage
 from libs.messaging.responder import error_for_decode_failure
 from services.gateway.calls import Refused, UserCalls
 from services.gateway.openapi import (
@@ -39,7 +39,7 @@ from services.gateway.openapi import (
     FOLLOW_STATUS,
     FollowEndpoint,
 )
-from services.gateway.problems import MEDIA_TYPE, problem
+from services.gateway.problems import problem, problem_response
 from services.gateway.sessions import Caller, Sessions, caller_of
 
 LOGS_POLL_SECONDS = 0.5
@@ -57,11 +57,6 @@ LONGEST_NUMBER = 18
 
 S = TypeVar("S", bound=msgspec.Struct)
 Frames = AsyncGenerator[bytes, None]
-
-
-def problem_response(error: CommandError, instance: str) -> Response:
-    status, body = problem(error, instance=instance)
-    return Response(msgspec.json.encode(body), status_code=status, media_type=MEDIA_TYPE)
 
 
 def invalid(field: str, message: str, hint: str | None = None) -> Refused:
@@ -334,12 +329,12 @@ class FollowStreams:
         return self._point_frames(caller, asked, first, cursor.skip, path)
 
     async def _point_frames(self, caller: Caller, asked: GetSeries, page: SeriesPage, skip: int, path: str) -> Frames:
-        taken: dict[tuple[int, int, int, str], int] = {}  # each process's last line number sent
+        once = PointsOnce()
         ending = False
         try:
             while True:
                 for point, after in numbered(page.points, asked.after, page.next_after, skip):
-                    if _sent_before(point, taken):
+                    if not once.first_time(point):
                         continue
                     yield frame("point", msgspec.json.encode(point), str(after))
                 skip = 0
@@ -399,12 +394,3 @@ class FollowStreams:
                 page = await self._ask(caller, LIST_ALERTS, asked)
         except Refused as refused:
             yield error_frame(refused.error, path)
-
-
-def _sent_before(point: SeriesPoint, taken: dict[tuple[int, int, int, str], int]) -> bool:
-    """Whether the point's process already had this line sent: its agent published it twice (after a restart)."""
-    key = (point.attempt, point.task, point.rank, point.process)
-    if point.seq and point.seq <= taken.get(key, 0):
-        return True
-    taken[key] = point.seq
-    return False

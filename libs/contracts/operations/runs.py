@@ -5,6 +5,7 @@ Each operation is declared below its request and reply (`base.Operation`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -110,6 +111,24 @@ class SeriesPoint(Struct, frozen=True, kw_only=True, array_like=True):
     process: str = ""
     seq: int = 0
     node: str = ""
+
+
+class PointsOnce:
+    """Passes each point of a series once while its pages are read: a point its agent published twice (after a
+    restart) may come again on a later page, and is known by its process and line number."""
+
+    def __init__(self) -> None:
+        self._taken: dict[tuple[int, int, int, str], int] = {}  # each process's last line number passed
+
+    def first_time(self, point: SeriesPoint) -> bool:
+        key = (point.attempt, point.task, point.rank, point.process)
+        if point.seq and point.seq <= self._taken.get(key, 0):
+            return False
+        self._taken[key] = point.seq
+        return True
+
+    def fresh(self, points: Iterable[SeriesPoint]) -> list[SeriesPoint]:
+        return [point for point in points if self.first_time(point)]
 
 
 class SeriesPage(ReplyMessage, frozen=True, tag="SeriesPage.v1"):

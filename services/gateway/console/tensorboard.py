@@ -26,10 +26,9 @@ from starlette.routing import BaseRoute, Route
 from libs.contracts.ids import is_job_id
 from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.jobs import GET_JOB, GetJob, JobDetails
-from libs.contracts.operations.runs import GET_RUN, GET_SERIES, GetRun, GetSeries, RunView, SeriesPage
+from libs.contracts.operations.runs import GET_RUN, GET_SERIES, GetRun, GetSeries, PointsOnce, RunView, SeriesPage
 from libs.tensorboard_files import (
     EVENT_FILE_PREFIX,
-    PointsOnce,
     RunCollector,
     names_to_read,
     points_to_read,
