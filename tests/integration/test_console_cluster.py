@@ -122,6 +122,11 @@ async def node_shown(browser: Browser, node: str, text: str) -> str | None:
     return page.text if text in cells(node_row(page.text, node))[1] else None
 
 
+async def alert_page_naming(browser: Browser, text: str) -> httpx.Response | None:
+    page = await browser.get("/cluster/alerts")
+    return page if text in page.text else None
+
+
 async def test_the_nodes_and_flavors_are_listed_in_both_languages(
         gateway: Gateway, schedulers: Schedulers, monitor: None, nc: Client) -> None:
     await schedulers.start()
@@ -183,8 +188,9 @@ async def test_an_administrator_marks_a_component_faulty_and_the_node_shows_the_
     assert problems == f"board:0 faulty (marked by root: {HOSTILE})"
     assert HOSTILE not in page and "&lt;script&gt;" in page  # the reason is shown as text
 
-    alerts = await alice.get("/cluster/alerts")
-    assert alerts.status_code == 200 and "Node node-a is unhealthy" in alerts.text
+    # The monitor raises the alert once it recorded the node unhealthy: the page lists it from then on.
+    alerts = await eventually(lambda: alert_page_naming(alice, "Node node-a is unhealthy"))
+    assert alerts.status_code == 200
     assert HOSTILE not in alerts.text and "&lt;script&gt;" in alerts.text
     assert re.search(r'<tr data-event="[^"]+" class="alert node-unhealthy">', alerts.text)
 
