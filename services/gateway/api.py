@@ -19,13 +19,8 @@ from libs.messaging.responder import decode_bounded
 from services.gateway.bodies import bounded_body
 from services.gateway.calls import Refused, UserCalls, user_operation
 from services.gateway.openapi import API_PREFIX, openapi_document
-from services.gateway.problems import MEDIA_TYPE, problem
+from services.gateway.problems import problem_response
 from services.gateway.sessions import Sessions, caller_of
-
-
-def problem_response(error: CommandError, instance: str) -> Response:
-    status, body = problem(error, instance=instance)
-    return Response(msgspec.json.encode(body), status_code=status, media_type=MEDIA_TYPE)
 
 
 class HttpApi:

@@ -6,7 +6,6 @@ from __future__ import annotations
 from collections import Counter
 from pathlib import Path
 
-import msgspec
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.middleware import Middleware
@@ -28,7 +27,7 @@ from services.gateway.console.signin import SignIn
 from services.gateway.console.tensorboard import TensorBoardPage
 from services.gateway.follow import FollowStreams
 from services.gateway.openapi import API_PREFIX
-from services.gateway.problems import MEDIA_TYPE, TYPE_BASE, problem
+from services.gateway.problems import TYPE_BASE, problem_body_response, problem_response
 from services.gateway.security import SecurityHeaders
 from services.gateway.sessions import Sessions
 from services.gateway.telemetry import RequestTelemetry
@@ -49,11 +48,10 @@ async def http_refusal(request: Request, exc: Exception) -> Response:
                 "detail": f"{request.method} is not served here", "code": "invalid-request",
                 "hint": f"every operation is POST {API_PREFIX}/<operation>; the follow streams are GET",
                 "instance": request.url.path}
-        return Response(msgspec.json.encode(body), status_code=405, media_type=MEDIA_TYPE, headers=headers)
+        return problem_body_response(body, 405, headers)
     error = CommandError(code="not-found", message=f"there is nothing at {request.url.path}",
                          hint=f"{API_PREFIX}/openapi.json lists every operation and stream")
-    status, body = problem(error, instance=request.url.path)
-    return Response(msgspec.json.encode(body), status_code=status, media_type=MEDIA_TYPE, headers=headers)
+    return problem_response(error, request.url.path, headers)
 
 
 async def healthz(_: Request) -> Response:

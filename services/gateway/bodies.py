@@ -46,3 +46,10 @@ async def bounded_form(request: Request, *, limit: int = FORM_BYTES, max_fields:
 
     return await Request(request.scope, replay).form(max_files=max_files, max_fields=max_fields,
                                                      max_part_size=limit)
+
+
+def form_text(form: FormData, name: str) -> str:
+    """A form field's text, trimmed, its line breaks as `\n` (a browser sends a textarea's as `\r\n`); "" when
+    the field is missing or a file."""
+    value = form.get(name)
+    return value.replace("\r\n", "\n").strip() if isinstance(value, str) else ""

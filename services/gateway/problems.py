@@ -6,9 +6,11 @@ its HTTP status says which kind of refusal it is, so that an HTTP client needs n
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 import msgspec
+from starlette.responses import Response
 
 from libs.contracts.operations.base import CommandError, ErrorCode
 
@@ -52,3 +54,13 @@ def problem(error: CommandError, *, instance: str = "") -> tuple[int, dict[str, 
     if instance:
         body["instance"] = instance
     return body["status"], body
+
+
+def problem_body_response(body: dict[str, Any], status: int, headers: Mapping[str, str] | None = None) -> Response:
+    return Response(msgspec.json.encode(body), status_code=status, media_type=MEDIA_TYPE, headers=headers)
+
+
+def problem_response(error: CommandError, instance: str, headers: Mapping[str, str] | None = None) -> Response:
+    """A refusal as the HTTP answer: its status, and the problem-details body."""
+    status, body = problem(error, instance=instance)
+    return problem_body_response(body, status, headers)

@@ -131,6 +131,12 @@ def csrf_matches(session: Session, presented: str | None) -> bool:
     return presented is not None and hmac.compare_digest(presented.encode(), session.csrf.encode())
 
 
+def from_console_page(connection: HTTPConnection, session: Session, presented: object) -> bool:
+    """Whether a change a session's cookie came with was sent by one of the console's own pages: from its own
+    origin, with the session's CSRF token (`presented`: a header's or a form field's value)."""
+    return own_origin(connection) and csrf_matches(session, presented if isinstance(presented, str) else None)
+
+
 def bearer_caller(connection: HTTPConnection) -> Caller:
     """The caller of a request with an `Authorization` header; what is no Trainyard token is refused here,
     without a login to NATS."""
@@ -178,7 +184,7 @@ def caller_of(connection: HTTPConnection, sessions: Sessions, *, csrf: str | Non
     if method not in SAFE_METHODS or connection.scope["type"] == "websocket":
         # A WebSocket's page sends the token as its first message (`csrf`): a browser cannot set its headers.
         presented = csrf if csrf is not None else connection.headers.get(CSRF_HEADER)
-        if not own_origin(connection) or not csrf_matches(session, presented):
+        if not from_console_page(connection, session, presented):
             raise Refused(CommandError(code="forbidden", message="the request does not come from the console's "
                                        "own page (its CSRF token is missing or wrong)",
                                        hint="reload the page and try again"))

@@ -15,16 +15,18 @@ from typing import Any
 
 import jinja2
 import msgspec
+from starlette.datastructures import FormData
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 
 from libs.access import READ_ONLY_ACTIONS, Grant, JobAction
 from libs.contracts.identity import Identity
 from libs.contracts.operations.base import CommandError, Operation
+from services.gateway.bodies import FORM_BYTES, bounded_form
 from services.gateway.calls import Refused, UserCalls
 from services.gateway.console.i18n import LANGUAGES, N_, language_of, script_texts, translations
 from services.gateway.problems import STATUS
-from services.gateway.sessions import CSRF_FIELD, Session, Sessions
+from services.gateway.sessions import CSRF_FIELD, Session, Sessions, from_console_page
 
 TEMPLATES = Path(__file__).resolve().parent / "templates"
 SIGN_IN = "/signin"
@@ -117,6 +119,18 @@ class Console:
     def text(self, request: Request, text: str) -> str:
         return translations(language_of(request)).gettext(text)
 
+    async def checked_form(self, request: Request, session: Session, *, limit: int = FORM_BYTES,
+                           max_fields: int = 100, max_files: int = 0,
+                           refusal: str = N_("The form did not come from the console's own page. Reload the page "
+                                             "and try again.")) -> FormData:
+        """A form of one of the console's pages: read within its bound, then refused (`forbidden`, with `refusal`)
+        unless it came from the console's own origin with the session's CSRF token."""
+        form = await bounded_form(request, limit=limit, max_fields=max_fields, max_files=max_files)
+        if not from_console_page(request, session, form.get(CSRF_FIELD)):
+            await form.close()
+            raise Refused(CommandError(code="forbidden", message=self.text(request, refusal)))
+        return form
+
     async def ask(self, session: Session, operation: Operation[Any, Any], request: msgspec.Struct) -> Any:
         return await self.calls.ask(operation, request, session.token)
 
@@ -139,12 +153,3 @@ def safe_next(target: str | None, default: str = "/jobs") -> str:
     if not target or not target.startswith("/") or target.startswith("//") or "\\" in target:
         return default
     return target
-
-
-def form_values(form: Mapping[str, Any], name: str) -> list[str]:
-    getlist = getattr(form, "getlist", None)
-    values = getlist(name) if getlist else [form.get(name)]
-    return [str(value) for value in values if isinstance(value, str) and value]
-
-
-__all__ = ["Console", "Refused", "job_grant", "may", "redirect", "safe_next"]

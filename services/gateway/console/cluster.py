@@ -52,12 +52,12 @@ from libs.contracts.operations.cluster import (
 )
 from libs.contracts.operations.images import LIST_IMAGES, MARK_IMAGE, ListImages, MarkImage
 from libs.contracts.scheduling import AdminSettings
-from services.gateway.bodies import bounded_form
+from services.gateway.bodies import form_text
 from services.gateway.calls import Refused
 from services.gateway.console.base import Console, moment, redirect
 from services.gateway.console.i18n import N_
 from services.gateway.problems import STATUS
-from services.gateway.sessions import CSRF_FIELD, Session, csrf_matches, own_origin
+from services.gateway.sessions import Session
 
 T = TypeVar("T")
 ReplyT = TypeVar("ReplyT", bound=msgspec.Struct)
@@ -395,12 +395,10 @@ class ClusterPages:
             return self.console.to_sign_in(request)
         if not session.admin:
             return self._not_admin(request, session)
-        form = await bounded_form(request, max_fields=len(SETTINGS) + 8)
-        presented = form.get(CSRF_FIELD)
-        if not own_origin(request) or not csrf_matches(session, presented if isinstance(presented, str) else None):
-            return self.console.refused_page(request, session, CommandError(
-                code="forbidden", message=self.console.text(request, N_(
-                    "The form did not come from the console's own page. Reload the page and try again."))))
+        try:
+            form = await self.console.checked_form(request, session, max_fields=len(SETTINGS) + 8)
+        except Refused as refused:
+            return self.console.refused_page(request, session, refused.error)
         return session, form
 
     async def mark_component(self, request: Request) -> Response:
@@ -410,8 +408,8 @@ class ClusterPages:
         if isinstance(checked, Response):
             return checked
         session, form = checked
-        node, component = text_of(form, "node"), text_of(form, "component")
-        reason, faulty = text_of(form, "reason"), text_of(form, "faulty") != "no"
+        node, component = form_text(form, "node"), form_text(form, "component")
+        reason, faulty = form_text(form, "reason"), form_text(form, "faulty") != "no"
         try:
             if not node:
                 raise FormRefusal(CommandError(code="invalid-request", message=self.console.text(
@@ -435,7 +433,7 @@ class ClusterPages:
         if isinstance(checked, Response):
             return checked
         session, form = checked
-        ref, training = text_of(form, "ref")[:MOST_REF_CHARS], text_of(form, "training") == "yes"
+        ref, training = form_text(form, "ref")[:MOST_REF_CHARS], form_text(form, "training") == "yes"
         try:
             await self.console.ask(session, MARK_IMAGE, MarkImage(ref=ref, training=training))
         except Refused as refused:
@@ -449,7 +447,7 @@ class ClusterPages:
         if isinstance(checked, Response):
             return checked
         session, form = checked
-        sent = {setting.name: text_of(form, setting.name) for setting in SETTINGS}
+        sent = {setting.name: form_text(form, setting.name) for setting in SETTINGS}
         try:
             current: AdminSettings = (await self.console.ask(session, GET_SETTINGS, GetSettings())).settings
             changes = self._changes(request, current, sent)
@@ -490,8 +488,3 @@ class ClusterPages:
             raise FormRefusal(CommandError(code="invalid-request",
                                            message=f"{label}: {self.console.text(request, message)}"))
         return number
-
-
-def text_of(form: FormData, name: str) -> str:
-    value = form.get(name)
-    return value.strip() if isinstance(value, str) else ""

@@ -29,7 +29,7 @@ from libs.contracts.operations.cluster import GET_RESOURCES, LIST_FLAVORS, Flavo
 from libs.contracts.operations.images import LIST_IMAGES, ListImages
 from libs.contracts.operations.jobs import CLONE_JOB, GET_JOB, SUBMIT_JOB, CloneJob, GetJob, SubmitJob
 from libs.contracts.scheduling import BoardDemand, FlavorInfo, NodeResources
-from services.gateway.bodies import bounded_form
+from services.gateway.bodies import form_text
 from services.gateway.calls import Refused
 from services.gateway.console.base import Console, redirect
 from services.gateway.console.i18n import N_
@@ -42,11 +42,10 @@ from services.gateway.console.spec_form import (
     read_spec,
     slot_of,
     spec_from_file,
-    text_of,
     yaml_of,
 )
 from services.gateway.problems import STATUS
-from services.gateway.sessions import CSRF_FIELD, Session, csrf_matches, own_origin
+from services.gateway.sessions import Session
 
 KIB = 1024
 MOST_UPLOAD_BYTES = 256 * KIB  # a spec file; the spec itself is at most 256 KiB as JSON
@@ -127,7 +126,8 @@ class CreatePage:
         if session is None:
             return self.console.to_sign_in(request)
         try:
-            form = await self._checked_form(request, session)
+            form = await self.console.checked_form(request, session, limit=MOST_FORM_BYTES, max_fields=MOST_FIELDS,
+                                                     max_files=1)
         except Refused as refused:
             return self.console.refused_page(request, session, refused.error)
         try:
@@ -136,7 +136,7 @@ class CreatePage:
             await form.close()
 
     async def _act(self, request: Request, session: Session, form: FormData) -> Response:
-        action = text_of(form, "action") or "create"
+        action = form_text(form, "action") or "create"
         draft = draft_from_form(form)
         if action == "check":
             document, spec, errors = read_spec(draft)
@@ -205,17 +205,6 @@ class CreatePage:
                 return self.console.refused_page(request, session, refused.error)
         return self.console.render(request, "create_resources.html", session=session, flavors=flavors, nodes=nodes,
                                    gib=gib, amount=amount)
-
-    async def _checked_form(self, request: Request, session: Session) -> FormData:
-        """The form, read only when it is within its bound, from the console's own page with the session's CSRF
-        token (as every form of the console)."""
-        form = await bounded_form(request, limit=MOST_FORM_BYTES, max_fields=MOST_FIELDS, max_files=1)
-        presented = form.get(CSRF_FIELD)
-        if not own_origin(request) or not csrf_matches(session, presented if isinstance(presented, str) else None):
-            await form.close()
-            raise Refused(CommandError(code="forbidden", message=self.console.text(request, N_(
-                "The form did not come from the console's own page. Reload the page and try again."))))
-        return form
 
     async def _catalogue(self, session: Session) -> Catalogue:
         """The flavors and images to offer; the form is still shown when either cannot be listed (and says so)."""

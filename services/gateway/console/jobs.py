@@ -33,12 +33,11 @@ from libs.contracts.operations.jobs import (
     SearchJobs,
     StopJobs,
 )
-from services.gateway.bodies import bounded_form
 from services.gateway.calls import Refused
 from services.gateway.console.base import STATUS_TEXT, Console, offered_actions, redirect
 from services.gateway.console.i18n import N_
 from services.gateway.problems import STATUS
-from services.gateway.sessions import CSRF_FIELD, Session, csrf_matches, own_origin
+from services.gateway.sessions import Session
 
 PAGE_SIZE = 50
 MOST_SELECTED = 500  # jobs one batch delete may name
@@ -122,21 +121,13 @@ class JobsPages:
                    for name, value in filters.items()],
         )
 
-    async def _checked_form(self, request: Request, session: Session) -> FormData:
-        form = await bounded_form(request, max_fields=MOST_SELECTED + 8)
-        presented = form.get(CSRF_FIELD)
-        if not own_origin(request) or not csrf_matches(session, presented if isinstance(presented, str) else None):
-            raise Refused(CommandError(code="forbidden", message=self.console.text(request, N_(
-                "The form did not come from the console's own page. Reload the page and try again."))))
-        return form
-
     async def delete_many(self, request: Request) -> Response:
         """Batch delete (批量删除): the checked jobs, after the confirmation page (确认删除)."""
         session = self.console.session(request)
         if session is None:
             return self.console.to_sign_in(request)
         try:
-            form = await self._checked_form(request, session)
+            form = await self.console.checked_form(request, session, max_fields=MOST_SELECTED + 8)
             job_ids = [str(v) for v in form.getlist("job_id") if isinstance(v, str) and v][:MOST_SELECTED]
             if not job_ids:
                 return redirect("/jobs")
@@ -177,7 +168,7 @@ class JobsPages:
             return self.console.refused_page(request, session, CommandError(
                 code="not-found", message=self.console.text(request, N_("There is no such page."))))
         try:
-            form = await self._checked_form(request, session)
+            form = await self.console.checked_form(request, session, max_fields=MOST_SELECTED + 8)
         except Refused as refused:
             return self.console.refused_page(request, session, refused.error)
         try:

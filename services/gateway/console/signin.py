@@ -15,14 +15,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import BaseRoute, Route
 
-from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.cluster import WHOAMI, WhoAmI
 from services.gateway.bodies import bounded_body, bounded_form
 from services.gateway.calls import Refused
 from services.gateway.console import links
 from services.gateway.console.base import Console, redirect, safe_next
 from services.gateway.console.i18n import LANGUAGE_COOKIE, LANGUAGES, N_
-from services.gateway.sessions import CSRF_FIELD, SESSION_COOKIE, csrf_matches, not_a_persons_token, own_origin
+from services.gateway.sessions import SESSION_COOKIE, not_a_persons_token, own_origin
 
 MOST_TOKEN_CHARS = 8192
 LINKS_FOLDER_VARIABLE = "TRAINYARD_SIGNIN_LINKS"  # where `make up` leaves its one-time links (links.py)
@@ -114,12 +113,12 @@ class SignIn:
 
     async def sign_out(self, request: Request) -> Response:
         session = self.console.session(request)
-        form = await bounded_form(request, max_fields=4)
         if session is not None:
-            presented = form.get(CSRF_FIELD)
-            if not own_origin(request) or not csrf_matches(session, presented if isinstance(presented, str) else None):
-                return self.console.refused_page(request, session, CommandError(
-                    code="forbidden", message=self.console.text(request, N_("Sign out from the console's own page."))))
+            try:
+                await self.console.checked_form(request, session, max_fields=4,
+                                                refusal=N_("Sign out from the console's own page."))
+            except Refused as refused:
+                return self.console.refused_page(request, session, refused.error)
             self.console.sessions.close(request.cookies.get(SESSION_COOKIE, ""))
         response = redirect("/signin")
         response.delete_cookie(SESSION_COOKIE, path="/", httponly=True, samesite="strict")

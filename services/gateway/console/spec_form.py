@@ -24,6 +24,7 @@ from libs.contracts.jobspec import (
     validate_spec,
 )
 from libs.contracts.strict import decode_strict
+from services.gateway.bodies import form_text
 
 CLONE_SUFFIX = "-clone"
 LONGEST_NAME = 128
@@ -107,24 +108,19 @@ _SWITCHES = ("checkpoint_resume", "elastic", "allow_scale_up", "allow_scale_down
              "data_preparation", "debug_terminal")
 
 
-def text_of(form: Mapping[str, Any], name: str) -> str:
-    value = form.get(name)
-    return value.replace("\r\n", "\n").strip() if isinstance(value, str) else ""
-
-
 def draft_from_form(form: FormData) -> Draft:
-    job_id = text_of(form, "job_id")
+    job_id = form_text(form, "job_id")
     draft = Draft(job_id=job_id if is_job_id(job_id) else new_job_id())
     for name in _SCALARS:
         # A choice the form did not send (no radio button checked) is the spec's default, as in a spec file.
-        setattr(draft, name, text_of(form, name) or (getattr(draft, name) if name in _CHOICES else ""))
+        setattr(draft, name, form_text(form, name) or (getattr(draft, name) if name in _CHOICES else ""))
     for name in _SWITCHES:
-        setattr(draft, name, bool(text_of(form, name)))
+        setattr(draft, name, bool(form_text(form, name)))
     draft.flavors = list(dict.fromkeys(v.strip() for v in form.getlist("flavors") if isinstance(v, str) and v.strip()))
-    draft.algorithm = {"name": text_of(form, "algorithm_name"),
-                       "source": text_of(form, "algorithm_source") or "private",
-                       "version": text_of(form, "algorithm_version"),
-                       "read_only": bool(text_of(form, "algorithm_read_only"))}
+    draft.algorithm = {"name": form_text(form, "algorithm_name"),
+                       "source": form_text(form, "algorithm_source") or "private",
+                       "version": form_text(form, "algorithm_version"),
+                       "read_only": bool(form_text(form, "algorithm_read_only"))}
     found: dict[str, dict[int, dict[str, Any]]] = {kind: {} for kind in ROW_FIELDS}
     for key in form:
         named = ROW_NAME.match(key)
@@ -133,7 +129,7 @@ def draft_from_form(form: FormData) -> Draft:
         kind, index, part = named.group(1), int(named.group(2)), named.group(3)
         row = found[kind].setdefault(index, row_defaults(kind) | {k: False for k, v in ROW_FIELDS[kind].items()
                                                                     if isinstance(v, bool)})
-        row[part] = bool(text_of(form, key)) if isinstance(ROW_FIELDS[kind][part], bool) else text_of(form, key)
+        row[part] = bool(form_text(form, key)) if isinstance(ROW_FIELDS[kind][part], bool) else form_text(form, key)
     for kind, rows in found.items():
         # A row whose every text is empty is the blank row left to fill: not part of the spec.
         draft.rows[kind] = [row for _, row in sorted(rows.items())
