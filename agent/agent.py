@@ -143,7 +143,8 @@ class NodeAgent:
         self._tasks.append(asyncio.create_task(self.presence.probe_periodically()))
         self._tasks.append(asyncio.create_task(self.data.housekeeping(self.presence.on_disk_pressure)))
         self._tasks.append(asyncio.create_task(self.images.housekeeping()))
-        self._tasks.append(asyncio.create_task(self.data.reporting(self.output.publish_cache)))
+        # The node's dataset cache and its unpacked images, in one report whenever either changes.
+        self._tasks.append(asyncio.create_task(self.data.reporting(self.output.publish_cache, self.images)))
         self.data.cache.changed.set()  # a first report: `trainyard cache` lists every node, its disk too
         log.info("agent.ready", node=self.info.name, cpus=self.info.cpus, memory_mib=self.info.memory_mib)
 

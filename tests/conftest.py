@@ -65,7 +65,8 @@ async def nats_url(servers: Servers) -> str:
     """The NATS server, with Trainyard's streams emptied so every test starts from empty logs."""
     nc = await nats.connect(servers.nats_url)
     js = nc.jetstream()
-    for stream in (subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM):
+    for stream in (subjects.EVENTS_STREAM, subjects.AGENT_REPORTS_STREAM, subjects.LOGS_STREAM,
+                   subjects.CACHE_REPORTS_STREAM, subjects.METRICS_STREAM):
         with contextlib.suppress(NotFoundError):
             await js.delete_stream(stream)
     with contextlib.suppress(NotFoundError):

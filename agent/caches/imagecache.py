@@ -1,7 +1,8 @@
 """A node's image cache on its local disk (SPEC J10): each job image unpacked once, shared by the jobs using it.
 
     <cache>/entries/<key>/rootfs/      the image's root filesystem, unpacked
-    <cache>/entries/<key>/entry.json   what it is: digest, format, size, environment, working directory, when
+    <cache>/entries/<key>/entry.json   what it is: digest, format, size, environment, working directory, when,
+                                       and the reference of the image it was unpacked for
     <cache>/entries/<key>/used         touched at every use: its modification time is the last use
     <cache>/pins/<key>/<holder>        one file per rank using it; an entry with pins is never removed
     <cache>/partial/<key>-<random>/    unpacks under way (and entries being removed); renamed into entries/
@@ -16,7 +17,8 @@ done by existing tools: skopeo turns an OCI or docker archive into an OCI layout
 layout is removed then), and the environment and working directory come from the image's configuration;
 a root-filesystem tarball is extracted by tar. An entry's size is what its root filesystem takes on disk
 (allocated blocks). Jobs share an entry: it must be mounted read-only. What the cache keeps is decided by
-agent/caches/cachepolicy.py, as for datasets.
+agent/caches/cachepolicy.py, as for datasets. What it holds goes to the monitor with the node's cache reports
+(`images`: `trainyard cache` and the console list them).
 """
 
 from __future__ import annotations
@@ -36,10 +38,12 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from agent.caches.cachefiles import locked, pin_name, remove_folder
+import msgspec
+
+from agent.caches.cachefiles import holder_of_pin, locked, pin_name, remove_folder
 from agent.caches.cachepolicy import Held, evictions
 from agent.processes.jobenv import DEFAULT_PATH
-from libs.contracts.datacache import CachePolicy, EvictionCause
+from libs.contracts.datacache import CachedImage, CachePolicy, EvictionCause
 from libs.contracts.images import ImageFormat
 from libs.imagefiles import file_digest
 from libs.telemetry.logs import get_logger
@@ -195,10 +199,12 @@ class ImageCache:
 
     # --- acquiring ------------------------------------------------------------------------------------
 
-    async def acquire(self, archive: Path, digest: str, image_format: ImageFormat, holder: str) -> ImageRoot:
+    async def acquire(self, archive: Path, digest: str, image_format: ImageFormat, holder: str,
+                      ref: str = "") -> ImageRoot:
         """The unpacked image of `archive` (registered with `digest`), pinned for `holder`: unpacked now unless
         the cache has it. An image is unpacked once per node, by a task of its own that no caller's end
-        cancels; every acquire of it meanwhile waits for that one."""
+        cancels; every acquire of it meanwhile waits for that one. `ref`: the image's reference, kept with an
+        entry unpacked now (the cache reports show it)."""
         key = image_key(digest)
         await asyncio.to_thread(self._pin, key, holder)  # pinned before it is looked for: no eviction takes it
         try:
@@ -209,7 +215,7 @@ class ImageCache:
                 cold = task is None
                 if task is None:
                     task = self._unpacking[key] = asyncio.create_task(
-                        self._unpack(archive, digest, image_format, key))
+                        self._unpack(archive, digest, image_format, key, ref))
                     task.add_done_callback(lambda done: self._unpacked(key, done))
                 made = await asyncio.shield(task)
                 found = replace(made, cold=cold and made.cold)
@@ -224,7 +230,8 @@ class ImageCache:
         if not task.cancelled():
             task.exception()  # retrieved: the callers were told, or had gone
 
-    async def _unpack(self, archive: Path, digest: str, image_format: ImageFormat, key: str) -> ImageRoot:
+    async def _unpack(self, archive: Path, digest: str, image_format: ImageFormat, key: str,
+                      ref: str = "") -> ImageRoot:
         """Unpack under the entry's lock; not `cold` when another agent sharing the cache unpacked it first."""
         held = contextlib.ExitStack()
         try:
@@ -250,7 +257,7 @@ class ImageCache:
                     with _cache_writes(self.root):  # the tools' own failures are ImageCacheErrors already
                         env, workdir = await _unpack_into(source, archive, image_format, partial, fd)
                         return await asyncio.to_thread(self._commit, key, digest, image_format, env, workdir,
-                                                       partial, time.monotonic() - started)
+                                                       partial, time.monotonic() - started, ref)
                 except BaseException:
                     await asyncio.to_thread(remove_folder, partial)
                     raise
@@ -272,11 +279,11 @@ class ImageCache:
             os.close(fd)
 
     def _commit(self, key: str, digest: str, image_format: ImageFormat, env: dict[str, str], workdir: str | None,
-                partial: Path, seconds: float) -> ImageRoot:
+                partial: Path, seconds: float, ref: str = "") -> ImageRoot:
         size = _disk_bytes(partial / "rootfs")
         (partial / "entry.json").write_text(json.dumps({
             "key": key, "digest": digest, "format": image_format, "bytes": size, "env": env, "workdir": workdir,
-            "unpacked_at": datetime.now(UTC).isoformat()}))
+            "unpacked_at": datetime.now(UTC).isoformat(), "ref": ref}))
         (partial / "used").touch()
         self.entries_dir.mkdir(parents=True, exist_ok=True)
         os.rename(partial, self.entries_dir / key)  # atomic: the entry exists whole or not at all
@@ -351,6 +358,25 @@ class ImageCache:
                     held.append(Held(key=folder.name, bytes=int(found.get("bytes", 0)), last_used=used,
                                      pinned=self._pinned(folder.name)))
         return held
+
+    def images(self) -> list[CachedImage]:
+        """Every entry as the node's cache reports show it, the most recently used first (blocking: run it in a
+        thread). One that cannot be read, or whose entry.json does not check out, is left out: a report with it
+        would be refused whole."""
+        found = []
+        for folder in sorted(self.entries_dir.glob("*")):
+            entry = self._read(folder.name)
+            try:
+                used = datetime.fromtimestamp((folder / "used").stat().st_mtime, UTC)
+                pins = sorted(holder_of_pin(pin.name) for pin in (self.pins_dir / folder.name).glob("*"))
+                if entry is not None:
+                    found.append(msgspec.convert({
+                        "key": folder.name, "digest": entry.get("digest"), "ref": entry.get("ref") or "",
+                        "format": entry.get("format"), "bytes": entry.get("bytes"), "last_used": used,
+                        "unpacked_at": entry.get("unpacked_at"), "pins": pins}, CachedImage))
+            except (OSError, msgspec.ValidationError):
+                continue
+        return sorted(found, key=lambda image: image.last_used, reverse=True)
 
     def evict(self, policy: CachePolicy, *, now: datetime) -> list[tuple[str, EvictionCause]]:
         """Remove what `policy` says to, by the rules of the dataset cache (blocking: run it in a thread); what

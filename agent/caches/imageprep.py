@@ -5,7 +5,8 @@ A rank of a job with an image has `prepare` unpack the image's archive (shared s
 into the node's image cache (agent/caches/imagecache.py), or find it there; a line in the rank's output says which
 and how long it took. The sandbox then shows the unpacked root filesystem as / (agent/isolation/sandbox.py). The pin
 is dropped when the rank's folder goes: at its end, or when a kept environment is released (J15), since a
-debug session runs in the same image.
+debug session runs in the same image. Each of these changes, and each eviction, sets `changed`: the node's
+next cache report (agent/caches/preparation.py) lists the images as they are then.
 
 The platform's helpers that run inside a job (`python3 -m agent.lifecycle`, MPI's `python3 -m agent.rsh`)
 are run by the agent's own interpreter, bound into the sandbox at its host path: the image's python3 may be
@@ -59,6 +60,7 @@ class ImagePreparation:
         self.storage = storage
         self.policy = policy  # the dataset cache's, as the administrator set it
         self.wake = asyncio.Event()
+        self.changed = asyncio.Event()  # something the cache reports show changed
 
     @classmethod
     def from_environment(cls, root: Path, storage: Path, node: str, policy: Callable[[], CachePolicy],
@@ -70,7 +72,9 @@ class ImagePreparation:
         """The image unpacked (or found) and pinned for `holder`; raises ImageCacheError naming what failed."""
         began = time.monotonic()
         folder.mkdir(parents=True, exist_ok=True)
-        found = await self.cache.acquire(self.storage / image.archive, image.digest, image.format, holder)
+        found = await self.cache.acquire(self.storage / image.archive, image.digest, image.format, holder,
+                                         ref=image.ref)
+        self.changed.set()  # unpacked, or used and pinned again
         how = f"unpacked in {time.monotonic() - began:.1f} s" if found.cold else "found in the node's image cache"
         append_note(folder, f"image {image.ref} ({image.digest[:19]}): {how}")
         log.info("agent.image_ready", node=self.node, image=image.ref, digest=image.digest, cold=found.cold,
@@ -82,6 +86,7 @@ class ImagePreparation:
         a rank without an image, most of them, costs no look at the cache)."""
         if self.cache.release(holder):
             self.wake.set()
+            self.changed.set()
 
     async def housekeeping(self) -> None:
         """Evict unpinned images by the dataset cache's policy every HOUSEKEEP_SECONDS (and when woken)."""
@@ -89,6 +94,7 @@ class ImagePreparation:
             try:
                 for key, cause in await asyncio.to_thread(self.cache.evict, self.policy(), now=datetime.now(UTC)):
                     log.info("agent.image_evicted", node=self.node, key=key, cause=cause)
+                    self.changed.set()
             except OSError as exc:  # a disk that cannot be read now: the next round tries again
                 log.warning("agent.image_housekeeping_failed", node=self.node, error=str(exc))
             with contextlib.suppress(TimeoutError):

@@ -8,7 +8,9 @@ under way goes to the rank's output; a line per dataset says where it came from 
 
 `housekeeping` evicts what the policy says every `HOUSEKEEP_SECONDS` (and when woken), and says whether
 the disk is under pressure; `reporting` publishes the whole cache to the monitor (`CacheReport` on
-`agent_cache(node)`, JetStream) whenever it changed.
+`agent_cache(node)`, JetStream) whenever it changed, with the node's unpacked images (J10). A cache of more
+entries than a report carries sends its most recently used ones, and how many it holds: the monitor takes
+none of the others for evicted.
 """
 
 from __future__ import annotations
@@ -21,9 +23,16 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from agent.caches.datacache import DatasetCache, Progress, StagingError
+from agent.caches.imageprep import ImagePreparation
 from agent.output.tail import append_note
 from libs.contracts.agent import StageDataset
-from libs.contracts.datacache import MAX_CACHE_ENTRIES_REPORTED, CacheReport, StagedDataset
+from libs.contracts.datacache import (
+    MAX_CACHE_ENTRIES_REPORTED,
+    MAX_IMAGES_REPORTED,
+    CachedImage,
+    CacheReport,
+    StagedDataset,
+)
 from libs.contracts.events import Mount
 from libs.telemetry.logs import get_logger
 
@@ -126,27 +135,44 @@ class DataPreparation:
         return (f"local disk {100 * used / total:.0f}% full (above {policy.disk_high_percent:g}%); takes work again "
                 f"at or below {policy.disk_low_percent:g}%")
 
-    async def reporting(self, publish: Publish) -> None:
-        """Publish the whole cache whenever it changed, and every `PROGRESS_SECONDS` while copies are under
-        way (so their progress shows); the evictions a report carries are then forgotten."""
+    async def reporting(self, publish: Publish, images: ImagePreparation | None = None) -> None:
+        """Publish the whole cache whenever it changed (or the image cache of `images`), and every
+        `PROGRESS_SECONDS` while copies are under way (so their progress shows); the evictions a report carries
+        are then forgotten."""
+        changes = [self.cache.changed] if images is None else [self.cache.changed, images.changed]
         while True:
             if self.cache.copying():
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self.cache.changed.wait(), PROGRESS_SECONDS)
+                    await asyncio.wait_for(_any_set(changes), PROGRESS_SECONDS)
             else:
-                await self.cache.changed.wait()
+                await _any_set(changes)
                 await asyncio.sleep(REPORT_SETTLE_SECONDS)
-            self.cache.changed.clear()
+            for changed in changes:
+                changed.clear()
             evicted = self.cache.evicted[:MAX_CACHE_ENTRIES_REPORTED]  # the rest go with the next report
             if len(self.cache.evicted) > len(evicted):
                 self.cache.changed.set()
-            entries = (await asyncio.to_thread(self.cache.entries))[:MAX_CACHE_ENTRIES_REPORTED]
+            # The most recently used when there are more: the report says how many, so that the monitor takes
+            # none of the others for evicted.
+            held = await asyncio.to_thread(self.cache.entries)
+            unpacked: list[CachedImage] = await asyncio.to_thread(images.cache.images) if images else []
             total, used = await asyncio.to_thread(self.cache.disk)
-            report = CacheReport(node=self.node, sent_at=datetime.now(UTC), entries=entries, evicted=evicted,
-                                 disk_bytes=total, used_bytes=used, copying=self.cache.copying(),
-                                 failures=list(self.cache.failures))
+            report = CacheReport(node=self.node, sent_at=datetime.now(UTC), entries=held[:MAX_CACHE_ENTRIES_REPORTED],
+                                 evicted=evicted, disk_bytes=total, used_bytes=used, copying=self.cache.copying(),
+                                 failures=list(self.cache.failures), total_entries=len(held),
+                                 images=unpacked[:MAX_IMAGES_REPORTED])
             await publish(report, f"{self.node}.cache.{time.time_ns()}")
             del self.cache.evicted[:len(evicted)]
+
+
+async def _any_set(events: Sequence[asyncio.Event]) -> None:
+    """Until one of `events` is set."""
+    waiting = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for task in waiting:
+            task.cancel()
 
 
 class _Notes:

@@ -5,7 +5,8 @@ from shared storage into the node's cache before its command starts, and reads t
 one dataset folder as it was when copied: its key names the folder and a fingerprint of its content (every
 file's path, size and modification time), so a change in shared storage is a new entry. The agent owns its
 cache (it lives on its disk) and reports it to the monitor, which records what was cached and evicted as
-events and answers `trainyard cache`.
+events and answers `trainyard cache`. The same report lists the images the node keeps unpacked (J10,
+agent/caches/imagecache.py), for `trainyard cache` and the console only: no event records them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,10 @@ from typing import Annotated, Literal
 import msgspec
 from msgspec import Meta, Struct
 
+from libs.contracts.images import Digest, ImageFormat
+
 MAX_CACHE_ENTRIES_REPORTED = 5_000  # a report stays well under NATS's payload limit
+MAX_IMAGES_REPORTED = 100  # unpacked images take gigabytes each: a node's disk holds far fewer
 CACHE_KEY_PATTERN = r"^[0-9a-f]{24}\Z"
 CacheKey = Annotated[str, Meta(pattern=CACHE_KEY_PATTERN)]
 EvictionCause = Literal["retention", "watermark", "disk-pressure", "unreadable"]
@@ -62,6 +66,21 @@ class CacheEntry(Struct, frozen=True, kw_only=True):
     pins: list[str] = msgspec.field(default_factory=list)  # who uses it now: <job>/<attempt>/<task>/<rank>
 
 
+class CachedImage(Struct, frozen=True, kw_only=True):
+    """One image unpacked in a node's image cache (J10), as its agent reports it: `ref` is the reference the job
+    that had it unpacked named it by ("" when the agent that unpacked it did not keep it); `bytes` what its root
+    filesystem takes on the node's disk."""
+
+    key: CacheKey  # the first 24 hex digits of its archive's digest
+    digest: Digest
+    ref: Annotated[str, Meta(max_length=300)] = ""
+    format: ImageFormat
+    bytes: Annotated[int, Meta(ge=0)]
+    unpacked_at: datetime
+    last_used: datetime
+    pins: list[str] = msgspec.field(default_factory=list)  # who uses it now: <job>/<attempt>/<task>/<rank>
+
+
 class CacheEviction(Struct, frozen=True, kw_only=True):
     key: CacheKey
     source: str
@@ -90,8 +109,13 @@ class StagingFailed(Struct, frozen=True, kw_only=True):
 
 class CacheReport(Struct, frozen=True, kw_only=True, tag_field="type", tag="CacheReport.v1"):
     """A node's whole cache now, and what it evicted since its last report (published on `agent_cache(node)`
-    whenever the cache changes). `disk_bytes`: the size of the disk it lives on; `used_bytes`: what is used
-    there in all."""
+    whenever it, or the image cache, changes). `disk_bytes`: the size of the disk it lives on; `used_bytes`: what
+    is used there in all.
+
+    A cache of more than MAX_CACHE_ENTRIES_REPORTED entries is cut short: `entries` are its most recently used
+    ones and `total_entries` says how many it holds; what a cut-short report leaves out is not evicted (see
+    `complete`). `images`: the node's image cache, its MAX_IMAGES_REPORTED most recently used images at most.
+    The fields after `failures` came later: an older agent's report decodes without them."""
 
     node: str
     sent_at: datetime
@@ -103,6 +127,16 @@ class CacheReport(Struct, frozen=True, kw_only=True, tag_field="type", tag="Cach
     copying: Annotated[list[CopyUnderWay], Meta(max_length=MAX_CACHE_ENTRIES_REPORTED)] = msgspec.field(
         default_factory=list)
     failures: Annotated[list[StagingFailed], Meta(max_length=100)] = msgspec.field(default_factory=list)
+    total_entries: Annotated[int, Meta(ge=0)] | None = None  # None: an older agent's report, which does not say
+    images: Annotated[list[CachedImage], Meta(max_length=MAX_IMAGES_REPORTED)] = msgspec.field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Whether `entries` are every entry of the cache, so that one missing from them is gone. An older
+        agent's report (without `total_entries`) that fills the bound may have been cut there: it is not."""
+        if self.total_entries is None:
+            return len(self.entries) < MAX_CACHE_ENTRIES_REPORTED
+        return self.total_entries <= len(self.entries)
 
 
 STAGE_SOURCE = r"^(datasets|annotations)/[A-Za-z0-9][A-Za-z0-9_.-]{0,127}(/[A-Za-z0-9][A-Za-z0-9_.-]{0,127})?\Z"

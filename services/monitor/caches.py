@@ -1,10 +1,10 @@
-"""The nodes' dataset caches (SPEC D1, D2): `trainyard cache`, and preloads carried out.
+"""The nodes' dataset caches (SPEC D1, D2) and image caches (J10): `trainyard cache`, and preloads carried out.
 
-Reports come whole, so the latest one per node is the view; a node retired since is left out. A preload
-the scheduler recorded is carried out by asking each of its nodes' agents to copy the dataset (signed by
-the monitor); the copies then show in the nodes' reports. A job with data preparation that has to wait is
-warmed up the same way: its datasets are copied onto the nodes it is predicted to start on, so it starts
-with them in the cache.
+Reports come whole (a cache of more entries than one report carries sends its most recently used ones, and
+says so), so the latest one per node is the view; a node retired since is left out. A preload the scheduler
+recorded is carried out by asking each of its nodes' agents to copy the dataset (signed by the monitor); the
+copies then show in the nodes' reports. A job with data preparation that has to wait is warmed up the same
+way: its datasets are copied onto the nodes it is predicted to start on, so it starts with them in the cache.
 """
 
 from __future__ import annotations
@@ -34,10 +34,12 @@ AGENT_TIMEOUT_SECONDS = 10.0
 
 def listing(reports: Mapping[str, CacheReport], nodes: Mapping[str, MonitoredNode],
             node: str | None = None) -> CacheListing:
+    """Each node's latest report: its dataset cache (said to be cut short when it is) and its unpacked images."""
     shown = [report for name, report in sorted(reports.items()) if name in nodes and node in (None, name)]
     return CacheListing(nodes=[NodeCache(node=r.node, reported_at=r.sent_at, entries=list(r.entries),
                                          disk_bytes=r.disk_bytes, used_bytes=r.used_bytes, copying=list(r.copying),
-                                         failures=list(r.failures)) for r in shown])
+                                         failures=list(r.failures), complete=r.complete,
+                                         total_entries=r.total_entries, images=list(r.images)) for r in shown])
 
 
 def warm_ups(event: JobPredicted, spec: JobSpec | None) -> list[tuple[str, str]]:

@@ -144,16 +144,20 @@ def heartbeat(node: MonitoredNode, version: int, jobs: JobLifecycle, operators: 
 
 def cache_report(report: CacheReport, recorded: Mapping[str, CacheEntry]) -> Outcome:
     """D1, D2: what a node's cache report changes in the log: entries new to it are cached; entries it no
-    longer holds are evicted, for the reason the agent gave (or found unreadable, when it gave none)."""
+    longer holds are evicted, for the reason the agent gave (or found unreadable, when it gave none). A report
+    cut short (a cache of more entries than one report carries) says nothing of the entries it leaves out:
+    only the evictions it tells are recorded, and a vanished entry waits for a whole report."""
     held = {entry.key: entry for entry in report.entries}
     events: list[Event] = [DatasetCached(node=report.node, entry=entry) for key, entry in held.items()
                            if key not in recorded]
     told = {eviction.key: eviction for eviction in report.evicted}
+    complete = report.complete
     for key, entry in recorded.items():
-        if key not in held:
-            eviction = told.get(key) or CacheEviction(key=key, source=entry.source, bytes=entry.bytes,
-                                                      cause="unreadable", evicted_at=report.sent_at)
-            events.append(DatasetEvicted(node=report.node, eviction=eviction))
+        if key in held or (key not in told and not complete):
+            continue
+        eviction = told.get(key) or CacheEviction(key=key, source=entry.source, bytes=entry.bytes,
+                                                  cause="unreadable", evicted_at=report.sent_at)
+        events.append(DatasetEvicted(node=report.node, eviction=eviction))
     return Outcome(events=[NewEvent("cache", report.node, event) for event in events])
 
 

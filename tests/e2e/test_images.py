@@ -14,6 +14,7 @@ from libs.contracts.events import NodeProcessStarted
 from libs.contracts.jobspec import AlgorithmRef, DatasetRef, DebugTerminal, JobSpec, LifecycleScripts, OutputRef
 from tests.support.stack import Stack
 from tests.support.testimage import MARK_TEXT, test_image, test_image_problem
+from tests.support.waiting import eventually
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
 
@@ -75,6 +76,13 @@ async def test_a_two_node_job_runs_inside_its_image(image_stack: Stack) -> None:
     again = await api.submit(probe("in-image-again"))
     assert (await stack.wait_until(again.job_id, "ended", timeout=120)).status == "succeeded"
     assert [e.image_unpacked for e in await started(stack, again.job_id)] == [False, False]  # the nodes' caches
+
+    async def images_listed() -> list[tuple[str, str, str, list[str]]] | None:
+        found = [(node.node, i.ref, i.digest, i.pins) for node in await api.cache() for i in node.images]
+        return found if len(found) == 2 and not any(pins for *_, pins in found) else None
+
+    # Each node's cache report lists the image it keeps unpacked, unpinned once the jobs ended (`trainyard cache`).
+    assert await eventually(images_listed) == [(node, IMAGE, image.digest, []) for node in ("node-a", "node-b")]
 
 
 async def test_a_kept_failed_job_is_debugged_inside_its_image(image_stack: Stack) -> None:

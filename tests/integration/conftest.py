@@ -14,7 +14,9 @@ from nats.aio.client import Client
 from client.api import TrainyardClient
 from libs.eventstore import EventStore
 from libs.messaging.connection import ensure_streams
-from tests.support.schedulers import Login, Schedulers, logins, token
+from libs.settings import Settings
+from tests.support.monitor import start_monitor
+from tests.support.schedulers import SECRET, Login, Schedulers, logins, token
 from tests.support.stores import StoreFactory
 
 
@@ -67,3 +69,13 @@ async def login(nats_url: str, database_url: str, tmp_path: Path) -> AsyncIterat
     async with logins(nats_url) as open_as:
         yield open_as
     await schedulers.stop_all()
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def lone_monitor(nats_url: str, database_url: str) -> AsyncIterator[None]:
+    """A monitor of its own, with the tests' signing secret: no mail, and no node counted lost within a test."""
+    settings = Settings(nats_url=nats_url, database_url=database_url, auth_secret=SECRET, smtp_url=None,
+                        alert_emails=(), node_lost_seconds=3600)
+    runtime, _ = await start_monitor(settings)
+    yield
+    await runtime.close()

@@ -1,16 +1,18 @@
 """The console's cluster pages against a real scheduler and monitor (and autoscaler) on real NATS and PostgreSQL:
 the registered nodes and the flavors in both languages, an administrator's fault mark showing as the node's
-problem and as an alert (what the mark's reason says shown as text, never as markup), the image marks and the
-settings changed by forms; the administrators' page refused to others, and a service that does not answer
-leaving a notice instead of a broken page."""
+problem and as an alert (what the mark's reason says shown as text, never as markup), the nodes' unpacked images
+from their cache reports, the image marks and the settings changed by forms; the administrators' page refused
+to others, and a service that does not answer leaving a notice instead of a broken page."""
 
 from __future__ import annotations
 
 import io
 import re
 import tarfile
+import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from html import unescape
 from pathlib import Path
 
@@ -21,14 +23,16 @@ from nats.aio.client import Client
 
 from client.api import TrainyardClient
 from libs.auth import issue_node_token
+from libs.contracts import subjects
 from libs.contracts.agent import NodeAccepted, RegisterNode
 from libs.contracts.cluster import ClusterConfig, NodeInfo
+from libs.contracts.codec import encode
+from libs.contracts.datacache import CachedImage, CacheEntry, CacheReport
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
 from libs.contracts.operations.agents import REGISTER_NODE
 from libs.contracts.operations.base import CommandError
 from libs.messaging.rpc import call
-from libs.settings import Settings
 from libs.skeleton.runtime import ServiceRuntime
 from services.autoscaler.service import Autoscaler
 from services.gateway.app import build_app
@@ -37,7 +41,6 @@ from services.gateway.connections import UserConnections
 from services.gateway.console.base import Console
 from services.gateway.console.cluster import ClusterPages
 from services.gateway.sessions import SESSION_COOKIE, Sessions
-from tests.support.monitor import start_monitor
 from tests.support.schedulers import CLUSTER, SECRET, Schedulers, spec, token
 from tests.support.waiting import eventually
 
@@ -89,15 +92,6 @@ async def gateway(nats_url: str) -> AsyncIterator[Gateway]:
     await opened.connections.close()
 
 
-@pytest_asyncio.fixture(loop_scope="session")
-async def monitor(nats_url: str, database_url: str) -> AsyncIterator[None]:
-    settings = Settings(nats_url=nats_url, database_url=database_url, auth_secret=SECRET, smtp_url=None,
-                        alert_emails=(), node_lost_seconds=3600)
-    runtime, _ = await start_monitor(settings)
-    yield
-    await runtime.close()
-
-
 async def register(nc: Client, name: str) -> None:
     """A node agent's registration with the monitor, with the node's own credential."""
     info = NodeInfo(name=name, address="127.0.0.1", cpus=8, memory_mib=16384, os="Linux", kernel="6.1")
@@ -128,7 +122,7 @@ async def alert_page_naming(browser: Browser, text: str) -> httpx.Response | Non
 
 
 async def test_the_nodes_and_flavors_are_listed_in_both_languages(
-        gateway: Gateway, schedulers: Schedulers, monitor: None, nc: Client) -> None:
+        gateway: Gateway, schedulers: Schedulers, lone_monitor: None, nc: Client) -> None:
     await schedulers.start()
     await register(nc, "node-a")
     alice = gateway.browser("alice")
@@ -150,7 +144,7 @@ async def test_the_nodes_and_flavors_are_listed_in_both_languages(
 
 
 async def test_others_than_administrators_are_refused_the_administration_page(
-        gateway: Gateway, schedulers: Schedulers, monitor: None, nc: Client) -> None:
+        gateway: Gateway, schedulers: Schedulers, lone_monitor: None, nc: Client) -> None:
     await schedulers.start()
     await register(nc, "node-a")
     alice = gateway.browser("alice")
@@ -171,7 +165,7 @@ async def test_others_than_administrators_are_refused_the_administration_page(
 
 
 async def test_an_administrator_marks_a_component_faulty_and_the_node_shows_the_problem(
-        gateway: Gateway, schedulers: Schedulers, monitor: None, nc: Client) -> None:
+        gateway: Gateway, schedulers: Schedulers, lone_monitor: None, nc: Client) -> None:
     await schedulers.start()
     await register(nc, "node-a")
     root, alice = gateway.browser("root", admin=True), gateway.browser("alice")
@@ -205,6 +199,45 @@ async def test_an_administrator_marks_a_component_faulty_and_the_node_shows_the_
     assert cleared.status_code == 303 and cleared.headers["location"] == "/cluster/admin?done=cleared"
     await eventually(lambda: node_shown(alice, "node-a", "Ready"))
     assert "No component is marked faulty." in (await root.get("/cluster/admin")).text
+
+
+async def caches_page_with(browser: Browser, text: str, *, chinese: bool = False) -> str | None:
+    page = await browser.get("/cluster/caches", chinese=chinese)
+    return page.text if page.status_code == 200 and text in page.text else None
+
+
+async def test_the_caches_page_shows_the_images_each_node_keeps_unpacked_in_both_languages(
+        gateway: Gateway, schedulers: Schedulers, lone_monitor: None, nc: Client) -> None:
+    await schedulers.start()
+    node = f"node-{uuid.uuid4().hex[:8]}"  # the cache reports' stream outlives a test
+    await register(nc, node)
+    alice = gateway.browser("alice")
+    assert await eventually(lambda: caches_page_with(alice, "No node keeps an unpacked image yet."))
+
+    at = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
+    entry = CacheEntry(key="0" * 24, source="datasets/imgs", bytes=2**20, files=1, staged_at=at, last_used=at)
+    image = CachedImage(key="5a2e07c4bd31" + "0" * 12, digest="sha256:5a2e07c4bd31" + "0" * 52, ref=HOSTILE,
+                        format="oci-archive", bytes=3 * 2**30, unpacked_at=at, last_used=at,
+                        pins=["job-0123456789ab/1/0/0", "job-0123456789ab/1/0/1"])
+    older = CachedImage(key="6" * 24, digest="sha256:" + "6" * 64, format="rootfs", bytes=2**20, unpacked_at=at,
+                        last_used=at)  # unpacked by an agent that did not keep the reference
+    report = CacheReport(node=node, sent_at=datetime.now(UTC), entries=[entry], total_entries=7342,
+                         images=[image, older])
+    await nc.jetstream().publish(subjects.agent_cache(node), encode(report))
+
+    page = await eventually(lambda: caches_page_with(alice, 'id="image-caches"'))
+    rows = dict(re.findall(r'<tr data-cached-image="([^"]+)">(.*?)</tr>', page, re.S))
+    assert cells(rows[f"{node} {image.key}"]) == [
+        node, HOSTILE, "5a2e07c4bd31", "oci-archive", "3072.0", "2026-11-25 12:00:00", "2026-11-25 12:00:00",
+        "job-0123456789ab"]
+    assert cells(rows[f"{node} {older.key}"])[:2] == [node, "–"] and cells(rows[f"{node} {older.key}"])[-1] == "–"
+    assert HOSTILE not in page and "&lt;script&gt;" in page  # what an agent reports is shown as text
+    assert cells(node_row(page, node))[1] == "1 / 7342" and 'id="cache-cut-short"' in page
+
+    chinese = await alice.get("/cluster/caches", chinese=True)
+    for term in ("镜像缓存", "解压时间", "数据集缓存"):
+        assert term in chinese.text, term
+    assert "Image caches" not in chinese.text
 
 
 def rootfs_tarball(path: Path) -> Path:

@@ -20,7 +20,7 @@ from client.cli.runner import unavailable_hint
 from client.preload import NodePreload, preload_states
 from libs.auth import verify_token
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
-from libs.contracts.datacache import CacheEntry, CopyUnderWay, StagingFailed
+from libs.contracts.datacache import CachedImage, CacheEntry, CopyUnderWay, StagingFailed
 from libs.contracts.events import (
     DebugEnvironmentKept,
     EventEnvelope,
@@ -739,6 +739,28 @@ def test_cache_lists_each_nodes_entries_with_size_last_use_and_the_jobs_using_th
     rows = [line.split() for line in result.output.splitlines()]
     assert any(row[:5] == ["node-a", "datasets/imgs/v1", "0123456789ab", "3.0", "12"] and row[-1] == "job-0123456789ab"
                for row in rows), result.output
+
+
+def test_cache_lists_each_nodes_unpacked_images_and_says_when_a_nodes_entries_are_cut_short(
+        fake: FakeClient) -> None:
+    entry = CacheEntry(key="0123456789abcdef01234567", source="datasets/imgs/v1", bytes=2**20, files=1,
+                       staged_at=NOW, last_used=NOW)
+    image = CachedImage(key="5a2e07c4bd31" + "0" * 12, digest="sha256:5a2e07c4bd31" + "0" * 52, ref="team/torch:2.13",
+                        format="oci-archive", bytes=1536 * 2**20, unpacked_at=NOW, last_used=NOW,
+                        pins=["job-0123456789ab/1/0/0", "job-0123456789ab/1/0/1"])
+    older = msgspec.structs.replace(image, key="6" * 24, digest="sha256:" + "6" * 64, ref="", pins=[])
+    fake.answers["cache"] = [NodeCache(node="node-a", reported_at=NOW, entries=[entry], complete=False,
+                                       total_entries=7342, images=[image]),
+                             NodeCache(node="node-b", reported_at=NOW, entries=[], images=[older])]
+    result = invoke("cache")
+    assert result.exit_code == 0, result.output
+    assert "node-a holds 7342 entries: only its 1 most recently used are listed" in result.output
+    assert "node-b holds" not in result.output
+    rows = [line.split() for line in result.output.splitlines()]
+    assert ["NODE", "IMAGE", "DIGEST", "FORMAT", "SIZE", "(MiB)", "UNPACKED", "LAST", "USE", "USED", "BY"] in rows
+    assert any(row[:5] == ["node-a", "team/torch:2.13", "5a2e07c4bd31", "oci-archive", "1536.0"]
+               and row[-1] == "job-0123456789ab" for row in rows), result.output
+    assert any(row[:4] == ["node-b", "-", "666666666666", "oci-archive"] and row[-1] == "-" for row in rows)
 
 
 def test_cache_says_so_when_no_node_reported_one(fake: FakeClient) -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 from libs.contracts.cluster import NodeInfo
-from libs.contracts.datacache import CacheEntry, CacheEviction, CacheReport
+from libs.contracts.datacache import MAX_CACHE_ENTRIES_REPORTED, CachedImage, CacheEntry, CacheEviction, CacheReport
 from libs.contracts.events import (
     DatasetCached,
     DatasetEvicted,
@@ -180,6 +180,44 @@ def test_a_cache_report_records_new_entries_and_the_ones_gone_with_their_cause()
                                   event=change.event), now=0.0)
     state.cached["node-a"].update({kept.key: kept})
     assert decisions.cache_report(report, state.cached["node-a"]).events == []
+
+
+def test_a_cut_short_cache_report_records_no_eviction_of_the_entries_it_leaves_out() -> None:
+    """A cache of more entries than one report carries sends its most recently used ones: an entry recorded
+    before and left out of such a report is no eviction; one the report tells evicted is, and one that vanished
+    is recorded once a whole report comes."""
+    entries = [CacheEntry(key=f"{i:024x}", source=f"datasets/d{i}", bytes=10, files=1, staged_at=NOW, last_used=NOW)
+               for i in range(MAX_CACHE_ENTRIES_REPORTED + 2)]
+    listed, (unlisted, evicted) = entries[:MAX_CACHE_ENTRIES_REPORTED], entries[MAX_CACHE_ENTRIES_REPORTED:]
+    recorded = {e.key: e for e in entries}
+    told = CacheEviction(key=evicted.key, source=evicted.source, bytes=10, cause="retention", evicted_at=NOW)
+    cut = CacheReport(node="node-a", sent_at=NOW, entries=listed, evicted=[told], total_entries=len(entries) - 1)
+    assert not cut.complete
+    events = [c.event for c in decisions.cache_report(cut, recorded).events]
+    assert [(e.eviction.key, e.eviction.cause) for e in events if isinstance(e, DatasetEvicted)] == [
+        (evicted.key, "retention")]
+    assert not any(isinstance(e, DatasetCached) for e in events)
+    # An older agent's report says nothing of being cut: one that fills the bound may have been.
+    older = CacheReport(node="node-a", sent_at=NOW, entries=listed)
+    assert decisions.cache_report(older, recorded).events == []
+    # A whole report: what it does not list is gone.
+    whole = CacheReport(node="node-a", sent_at=NOW, entries=listed[1:], total_entries=len(listed) - 1)
+    events = [c.event for c in decisions.cache_report(whole, recorded).events]
+    assert sorted((e.eviction.key, e.eviction.cause) for e in events if isinstance(e, DatasetEvicted)) == sorted(
+        (e.key, "unreadable") for e in (listed[0], unlisted, evicted))
+
+
+def test_the_cache_listing_shows_each_nodes_images_and_whether_its_entries_are_cut_short() -> None:
+    entry = CacheEntry(key="0" * 24, source="datasets/d", bytes=10, files=1, staged_at=NOW, last_used=NOW)
+    image = CachedImage(key="a" * 24, digest="sha256:" + "a" * 64, ref="team/torch:2.13", format="rootfs", bytes=10,
+                        unpacked_at=NOW, last_used=NOW)
+    reports = {"node-a": CacheReport(node="node-a", sent_at=NOW, entries=[entry], total_entries=9000, images=[image]),
+               "node-b": CacheReport(node="node-b", sent_at=NOW, entries=[entry])}
+    nodes = {name: MonitoredNode(info=NodeInfo(name=name, address="10.0.0.1", cpus=8, memory_mib=1024),
+                                 last_seen=0.0) for name in reports}
+    shown = caches.listing(reports, nodes).nodes
+    assert [(n.node, n.complete, n.total_entries, n.images) for n in shown] == [
+        ("node-a", False, 9000, [image]), ("node-b", True, None, [])]
 
 
 def test_a_disk_under_pressure_is_recorded_once_and_relieved_once() -> None:

@@ -1,5 +1,5 @@
-"""`trainyard cache` (D1, D2): what each node keeps of the datasets data preparation copied there; `trainyard
-cache preload` copies a dataset there ahead of the jobs that read it."""
+"""`trainyard cache` (D1, D2, J10): what each node keeps of the datasets data preparation copied there, and the
+images it keeps unpacked; `trainyard cache preload` copies a dataset there ahead of the jobs that read it."""
 
 from __future__ import annotations
 
@@ -11,24 +11,28 @@ import typer
 
 from client.cli.output import fail, print_json, print_table, say, stdout
 from client.cli.params import JsonOption, refusing
-from client.cli.render import CACHE_COLUMNS, cache_rows, cache_summary, shown
+from client.cli.render import CACHE_COLUMNS, cache_rows, cache_summary, local_time, shown
 from client.cli.runner import connected, with_client
 
 if TYPE_CHECKING:
     from client.api import TrainyardClient
     from client.preload import NodePreload
+    from libs.contracts.operations.cache import NodeCache
 
 commands = typer.Typer()
-cache_commands = typer.Typer(help="The nodes' dataset caches (D1, D2): list them, or preload a dataset.")
+cache_commands = typer.Typer(help="The nodes' dataset and image caches (D1, D2, J10): list them, or preload a "
+                             "dataset.")
 commands.add_typer(cache_commands, name="cache")
 CLOCK_SLACK = timedelta(seconds=2)  # the nodes' clocks against this one's
+IMAGE_COLUMNS = ("NODE", "IMAGE", "DIGEST", "FORMAT", "SIZE (MiB)", "UNPACKED", "LAST USE", "USED BY")
 
 
 @cache_commands.callback(invoke_without_command=True)
 def cache(context: typer.Context,
           node: Annotated[str | None, typer.Option("--node", "-n", help="Only this node's cache.")] = None,
           as_json: JsonOption = False) -> None:
-    """The nodes' dataset caches: each entry's dataset, size, last use and the jobs using it now."""
+    """The nodes' dataset caches (each entry's dataset, size, last use and the jobs using it now), then the
+    images each node keeps unpacked."""
     if context.invoked_subcommand is None:
         with_client(lambda client: _list(client, node, as_json))
 
@@ -43,8 +47,20 @@ async def _list(client: TrainyardClient, node: str | None, as_json: bool) -> Non
         return
     for found in caches:
         say(cache_summary(found), style="bold")
+        if not found.complete:
+            held = f"{found.total_entries} entries" if found.total_entries is not None else "more entries"
+            say(f"  {found.node} holds {held}: only its {len(found.entries)} most recently used are listed")
     if rows := [row for found in caches for row in cache_rows(found)]:
         print_table(CACHE_COLUMNS, rows)
+    if images := [row for found in caches for row in image_rows(found)]:
+        print_table(IMAGE_COLUMNS, images, title="unpacked images")
+
+
+def image_rows(cache: NodeCache) -> list[tuple[str, ...]]:
+    """J10: a node's unpacked images, the reference they were unpacked for ("-" when its agent did not keep it)."""
+    return [(cache.node, image.ref or "-", image.digest.removeprefix("sha256:")[:12], image.format,
+             f"{image.bytes / 2**20:.1f}", local_time(image.unpacked_at), local_time(image.last_used),
+             ", ".join(pin.split("/")[0] for pin in dict.fromkeys(image.pins)) or "-") for image in cache.images]
 
 
 def dataset_and_version(text: str) -> tuple[str, str | None]:

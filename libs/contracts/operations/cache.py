@@ -1,4 +1,5 @@
-"""Nodes' dataset caches: what they hold and preloading a dataset into them (SPEC D1, D2).
+"""Nodes' dataset caches: what they hold and preloading a dataset into them (SPEC D1, D2); and the images the
+nodes keep unpacked (J10).
 
 Each operation is declared below its request and reply (`base.Operation`).
 """
@@ -11,7 +12,7 @@ from typing import Annotated
 import msgspec
 from msgspec import Meta, Struct
 
-from libs.contracts.datacache import CacheEntry, CopyUnderWay, StagingFailed
+from libs.contracts.datacache import CachedImage, CacheEntry, CopyUnderWay, StagingFailed
 from libs.contracts.jobspec import NodeName, ResourceName
 from libs.contracts.operations.base import ReplyMessage, RequestMessage, people_operation
 
@@ -39,14 +40,16 @@ class PreloadAccepted(ReplyMessage, frozen=True, tag="PreloadAccepted.v1"):
 
 
 class ListCache(RequestMessage, frozen=True, tag="ListCache.v1"):
-    """D1, D2: the dataset caches of every node, or of `node`."""
+    """D1, D2, J10: the dataset and image caches of every node, or of `node`."""
 
     node: str | None = None
 
 
 class NodeCache(Struct, frozen=True, kw_only=True):
-    """One node's dataset cache as its agent last reported it: its entries, the copies under way and the
-    preloads that failed lately."""
+    """One node's caches as its agent last reported them: the dataset cache's entries, the copies under way and
+    the preloads that failed lately; and the images it keeps unpacked. `complete` false: the node holds more
+    entries than a report carries (`total_entries`, None when its agent does not say), and `entries` are its
+    most recently used ones."""
 
     node: str
     reported_at: datetime
@@ -55,6 +58,9 @@ class NodeCache(Struct, frozen=True, kw_only=True):
     used_bytes: int = 0
     copying: list[CopyUnderWay] = msgspec.field(default_factory=list)
     failures: list[StagingFailed] = msgspec.field(default_factory=list)
+    complete: bool = True
+    total_entries: int | None = None
+    images: list[CachedImage] = msgspec.field(default_factory=list)
 
 
 class CacheListing(ReplyMessage, frozen=True, tag="CacheListing.v1"):
@@ -65,7 +71,7 @@ class CacheListing(ReplyMessage, frozen=True, tag="CacheListing.v1"):
 
 LIST_CACHE = people_operation(
     "list-cache", "trainyard.query.cache", ListCache, CacheListing, "monitor", changes_state=False,
-    summary="The dataset caches of the nodes.")
+    summary="The dataset and image caches of the nodes.")
 PRELOAD_DATASET = people_operation(
     "preload-dataset", "trainyard.cmd.cache.preload", PreloadDataset, PreloadAccepted, "scheduler", changes_state=True,
     summary="Copy a dataset into nodes' caches ahead of the jobs that read it.")

@@ -1,6 +1,6 @@
 """The cluster pages (seed 001, 集群可用资源 and 算力规格): the nodes with their health and problems, the flavors
-and the boards queued jobs need, the alerts (kept up to date by cluster.js), the nodes' dataset caches and the
-image catalogue, the autoscaler's instances, queues and log; and, for administrators, the image marks, the
+and the boards queued jobs need, the alerts (kept up to date by cluster.js), the nodes' dataset and image caches
+and the image catalogue, the autoscaler's instances, queues and log; and, for administrators, the image marks, the
 components marked faulty and the platform settings, each changed by a form with the session's CSRF token.
 
 Every part of a page asks the service that answers it; a service that does not answer leaves a notice in its
@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
-from libs.contracts.datacache import CacheEntry
+from libs.contracts.datacache import CachedImage, CacheEntry
 from libs.contracts.events import AlertRaised, EventEnvelope
 from libs.contracts.health import COMPONENT_PATTERN
 from libs.contracts.operations.alerts import LIST_ALERTS, MAX_ALERT_PAGE, AlertPage, ListAlerts
@@ -171,8 +171,8 @@ def disk_text(cache: NodeCache) -> str:
     return f"{100 * cache.used_bytes / cache.disk_bytes:.0f}% / {cache.disk_bytes / 2**30:.0f} GiB"
 
 
-def pin_jobs(entry: CacheEntry) -> list[str]:
-    """The jobs using a cache entry now (a pin is <job>/<attempt>/<task>/<rank>), each once."""
+def pin_jobs(entry: CacheEntry | CachedImage) -> list[str]:
+    """The jobs using a cached dataset or image now (a pin is <job>/<attempt>/<task>/<rank>), each once."""
     return list(dict.fromkeys(pin.split("/")[0] for pin in entry.pins))
 
 
@@ -295,8 +295,8 @@ class ClusterPages:
                                    missing=missing, after=after, kinds=ALERT_KIND_TEXT, page_texts=texts)
 
     async def caches(self, request: Request) -> Response:
-        """D1, D2: each node's dataset cache; J10: the images jobs may run in, which nodes unpack into their own
-        image caches as jobs use them."""
+        """D1, D2: each node's dataset cache; J10: the images each node keeps unpacked in its image cache, and
+        the images jobs may run in."""
         session = self.console.session(request)
         if session is None:
             return self.console.to_sign_in(request)
