@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from libs.access import allowed
 from libs.contracts.events import (
     EventEnvelope,
     JobAdmitted,
@@ -25,6 +26,7 @@ from libs.contracts.events import (
     Placement,
     SettingsChanged,
 )
+from libs.contracts.identity import Identity
 from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.operations.base import JobStatus
@@ -115,6 +117,15 @@ class JobLifecycle:
             job.deleted = True
         elif (status := ENDINGS.get(type(event))) is not None:
             job.status, job.held = status, False
+        return job
+
+    def viewable(self, job_id: str, identity: Identity) -> JobRecord | None:
+        """The job, if `identity` may view it (J2); None for one not known, deleted or hidden from it, which its
+        callers answer as a job that does not exist, so that ids cannot be probed."""
+        job = self.jobs.get(job_id)
+        if job is None or job.deleted or not allowed(identity, job.spec, job.creator, "view",
+                                                     sharing_enabled=self.settings.sharing_enabled):
+            return None
         return job
 
     def running_on(self, node: str) -> list[JobRecord]:

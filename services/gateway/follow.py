@@ -1,7 +1,11 @@
 """The follow streams (`GET /api/v1/follow/…`): a job's log, one of its metric series, its status, and the alerts,
 as Server-Sent Events, for programs and for the console's pages (`EventSource`, with the session's cookie).
 
-Each stream polls the service that answers, acting as the caller, as the client's own followers do
+The streams of a job watch it (`watch.py`, `watch-job`): the monitor pushes the job's new log chunks and tells
+when its events change it, so that a log or status stream reads the services only when something happened, and a
+line reaches the caller as soon as the monitor reads it. A push that did not arrive shows as a gap in the
+positions, and what is missing is read as a page. While the monitor does not take the watch, and for the metric
+and alert streams, a stream polls the service that answers, acting as the caller, as the client's own followers do
 (`client.api`: `logs`, `series`, `wait`, `alerts`), and sends what is new. What can be refused before it starts
 (who calls, its query parameters, the first page, the limit of streams per token) is answered as a problem
 (RFC 9457) instead of a stream; a refusal while it streams is an `error` event, and the stream closes. The events
@@ -30,6 +34,7 @@ from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
 from libs.contracts.operations.base import TERMINAL_STATUSES, CommandError
 from libs.contracts.operations.jobs import GET_JOB, JOB_LOGS, GetJob, GetJobLogs, JobDetails, JobView, LogPage
 from libs.contracts.operations.runs import GET_SERIES, GetSeries, PointsOnce, SeriesPage
+from libs.contracts.operations.watches import JobChanged, LogPushed
 from libs.messaging.responder import error_for_decode_failure
 from services.gateway.calls import Refused, UserCalls
 from services.gateway.openapi import (
@@ -41,10 +46,13 @@ from services.gateway.openapi import (
 )
 from services.gateway.problems import problem, problem_response
 from services.gateway.sessions import Caller, Sessions, caller_of
+from services.gateway.watch import Renewed, Watches
 
-LOGS_POLL_SECONDS = 0.5
+LOGS_POLL_SECONDS = 0.5  # while the job is not watched
 METRICS_POLL_SECONDS = 1.0
-STATUS_POLL_SECONDS = 1.0
+STATUS_POLL_SECONDS = 1.0  # while the job is not watched
+STATUS_GAP_SECONDS = 0.25  # a burst of changes (a node's instances starting one by one) is read once a quarter second
+STATUS_RECHECK_SECONDS = 1.0  # and once more after the last, as the services fold what changed in their own time
 ALERTS_POLL_SECONDS = 1.0
 LOG_DRAIN_SECONDS = 1.0  # after the job ended, chunks still in flight may arrive for this long (as client.logs)
 KEEP_ALIVE_SECONDS = 15.0  # a comment this often, so that proxies keep an idle stream open
@@ -246,6 +254,7 @@ class FollowStreams:
         self.calls = calls
         self.sessions = sessions
         self.slots = StreamSlots()
+        self.watches = Watches(calls)
 
     def routes(self) -> list[Route]:
         return [
@@ -288,10 +297,13 @@ class FollowStreams:
 
     async def _ask(self, caller: Caller, operation: Any, request: msgspec.Struct) -> Any:
         """Asked as the caller; a console session signed out (or expired) meanwhile ends the stream."""
+        self._signed_in(caller)
+        return await self.calls.ask(operation, request, caller.token)
+
+    def _signed_in(self, caller: Caller) -> None:
         if caller.session is not None and not self.sessions.is_open(caller.session):
             raise Refused(CommandError(code="unauthenticated", message="the console session has ended",
                                        hint="sign in again at /signin"))
-        return await self.calls.ask(operation, request, caller.token)
 
     # Logs: each chunk as stored; after the job ended and a short drain, the end (as client.logs).
 
@@ -301,23 +313,51 @@ class FollowStreams:
         return self._log_frames(caller, asked, first, cursor.skip, path)
 
     async def _log_frames(self, caller: Caller, asked: GetJobLogs, page: LogPage, skip: int, path: str) -> Frames:
+        """`page` was read from `asked.after`; then each pushed chunk that follows the last one sent, and a page
+        read whenever one may be missing (a gap, a watch new or standing again, the job's end)."""
         loop = asyncio.get_running_loop()
         drain_until: float | None = None
+        known = read_known = 0  # the furthest position named by a push or the watch; when the page was read
         try:
-            while True:
-                for chunk, after in numbered(page.chunks, asked.after, page.next_after, skip):
-                    yield frame("log", msgspec.json.encode(chunk), str(after))
-                skip = 0
-                asked = msgspec.structs.replace(asked, after=page.next_after)
-                if not page.more:
-                    if page.ended:
+            async with self.watches.watch(caller.token, asked.job_id, logs=True) as watch:
+                while True:
+                    for chunk, after in numbered(page.chunks, asked.after, page.next_after, skip):
+                        yield frame("log", msgspec.json.encode(chunk), str(after))
+                    skip = 0
+                    # A whole page covers every position pushed before it was read, whichever rank it asked for.
+                    asked = msgspec.structs.replace(
+                        asked, after=page.next_after if page.more else max(page.next_after, read_known))
+                    if page.ended and not page.more:
                         if drain_until is None:
                             drain_until = loop.time() + LOG_DRAIN_SECONDS
                         elif loop.time() >= drain_until:
                             yield END
                             return
-                    await asyncio.sleep(LOGS_POLL_SECONDS)
-                page = await self._ask(caller, JOB_LOGS, asked)
+                        await asyncio.sleep(LOGS_POLL_SECONDS)
+                    while not page.more and not page.ended:
+                        arrival = await watch.next(None if watch.standing else LOGS_POLL_SECONDS)
+                        self._signed_in(caller)
+                        if isinstance(arrival, LogPushed):
+                            known = max(known, arrival.position)
+                            if arrival.position <= asked.after:
+                                continue  # read in a page already
+                            if arrival.previous is None or arrival.previous > asked.after:
+                                break  # one is missing: read from where the stream is
+                            if asked.rank is None or arrival.chunk.rank == asked.rank:
+                                yield frame("log", msgspec.json.encode(arrival.chunk), str(arrival.position))
+                            asked = msgspec.structs.replace(asked, after=arrival.position)
+                        elif isinstance(arrival, JobChanged):
+                            if arrival.status in TERMINAL_STATUSES:
+                                break
+                        elif isinstance(arrival, Renewed) and arrival.watching is not None:
+                            watching = arrival.watching
+                            known = max(known, watching.last_log or 0)
+                            if watching.since_now or known > asked.after or watching.status in TERMINAL_STATUSES:
+                                break
+                        else:
+                            break  # not watched: poll
+                    read_known = known
+                    page = await self._ask(caller, JOB_LOGS, asked)
         except Refused as refused:
             yield error_frame(refused.error, path)
 
@@ -332,23 +372,28 @@ class FollowStreams:
         once = PointsOnce()
         ending = False
         try:
-            while True:
-                for point, after in numbered(page.points, asked.after, page.next_after, skip):
-                    if not once.first_time(point):
-                        continue
-                    yield frame("point", msgspec.json.encode(point), str(after))
-                skip = 0
-                asked = msgspec.structs.replace(asked, after=page.next_after)
-                if not page.more:
-                    if ending:
-                        yield END
-                        return
-                    details: JobDetails = await self._ask(caller, GET_JOB, GetJob(job_id=asked.job_id))
-                    if details.job.status in TERMINAL_STATUSES:
-                        ending = True  # one more page: what was logged before the end
-                    else:
-                        await asyncio.sleep(METRICS_POLL_SECONDS)
-                page = await self._ask(caller, GET_SERIES, asked)
+            async with self.watches.watch(caller.token, asked.job_id, read=False) as watch:
+                while True:
+                    for point, after in numbered(page.points, asked.after, page.next_after, skip):
+                        if not once.first_time(point):
+                            continue
+                        yield frame("point", msgspec.json.encode(point), str(after))
+                    skip = 0
+                    asked = msgspec.structs.replace(asked, after=page.next_after)
+                    if not page.more:
+                        if ending:
+                            yield END
+                            return
+                        if watch.standing and watch.status is not None:
+                            status = watch.status
+                        else:
+                            details: JobDetails = await self._ask(caller, GET_JOB, GetJob(job_id=asked.job_id))
+                            status = details.job.status
+                        if status in TERMINAL_STATUSES:
+                            ending = True  # one more page: what was logged before the end
+                        else:
+                            await asyncio.sleep(METRICS_POLL_SECONDS)
+                    page = await self._ask(caller, GET_SERIES, asked)
         except Refused as refused:
             yield error_frame(refused.error, path)
 
@@ -359,19 +404,49 @@ class FollowStreams:
         return self._status_frames(caller, asked, first.job, path)
 
     async def _status_frames(self, caller: Caller, asked: GetJob, job: JobView, path: str) -> Frames:
+        """The view as first read; then read again when the watch says the job changed (at most every
+        STATUS_GAP_SECONDS, and once more STATUS_RECHECK_SECONDS after the last change), or polled while the job is
+        not watched."""
+        loop = asyncio.get_running_loop()
         sent: tuple[object, ...] | None = None
+        read_at = loop.time()
+        due: float | None = None  # when to read for the changes pushed
+        recheck: float | None = None
         try:
-            while True:
-                watched = (job.status, job.reason, job.attempt, job.instances)
-                if watched != sent:
-                    yield frame("status", msgspec.json.encode(job))
-                    sent = watched
-                if job.status in TERMINAL_STATUSES:
-                    yield END
-                    return
-                await asyncio.sleep(STATUS_POLL_SECONDS)
-                details: JobDetails = await self._ask(caller, GET_JOB, asked)
-                job = details.job
+            async with self.watches.watch(caller.token, asked.job_id) as watch:
+                while True:
+                    watched = (job.status, job.reason, job.attempt, job.instances)
+                    if watched != sent:
+                        yield frame("status", msgspec.json.encode(job))
+                        sent = watched
+                    if job.status in TERMINAL_STATUSES:
+                        yield END
+                        return
+                    while True:
+                        now = loop.time()
+                        if (due is not None and now >= due) or (recheck is not None and now >= recheck):
+                            due = None
+                            recheck = None if recheck is not None and now >= recheck else recheck
+                            break
+                        deadlines = [at - now for at in (due, recheck) if at is not None]
+                        if not watch.standing:
+                            deadlines.append(STATUS_POLL_SECONDS)
+                        arrival = await watch.next(min(deadlines, default=None))
+                        self._signed_in(caller)
+                        now = loop.time()
+                        if arrival is None:
+                            if not watch.standing:
+                                break  # not watched: poll
+                        elif isinstance(arrival, JobChanged):
+                            due = due if due is not None else max(now, read_at + STATUS_GAP_SECONDS)
+                            recheck = now + STATUS_RECHECK_SECONDS
+                        elif isinstance(arrival, Renewed):
+                            watching = arrival.watching
+                            if watching is None or watching.since_now or watching.status != job.status:
+                                break
+                    read_at = loop.time()
+                    details: JobDetails = await self._ask(caller, GET_JOB, asked)
+                    job = details.job
         except Refused as refused:
             yield error_frame(refused.error, path)
 

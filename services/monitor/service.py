@@ -9,6 +9,8 @@
 - M6 performance: it reads job log chunks as they stream (`performance.logfeed`) and records
   PerformanceDegraded when a rank's hardware / e2e time crosses the job's threshold (see
   `performance.detector`).
+- L9 watches: whoever watches a job (the gateway's follow streams) is pushed its changes and new log chunks
+  as the monitor folds and reads them (`watches`).
 - M7 alerts: one AlertRaised per incident, mailed by `mailer`; also one per upstream message any
   service set aside (it follows every service's UpstreamMessageSetAside records, its own included).
 - R1, R2 runs: the life of each job's run follows the launcher's process events and the scheduler's job
@@ -80,6 +82,7 @@ from services.monitor.rules import Outcome
 from services.monitor.runs import runlife
 from services.monitor.runs.reader import RunReader
 from services.monitor.state import KeptEnvironment, MonitoredNode, MonitorState
+from services.monitor.watches import JobWatching
 
 SCHEDULER_CONSUMER = events_consumer("scheduler")  # tracking row in the monitor's schema
 LAUNCHER_CONSUMER = events_consumer("launcher")  # R1: the launcher's process events, for the runs' lives
@@ -102,6 +105,7 @@ class Monitor(EventSourcedService):
         self.reports: dict[str, CacheReport] = {}  # D1, D2: each node's latest cache report (its live view)
         self.preloading: set[asyncio.Task[None]] = set()  # D2: preloads being handed to agents
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
+        self.watching = JobWatching(runtime.nc, self.jobs)  # L9: what happens to a job, pushed to its watchers
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
         self.refused_beats_logged: dict[str, float] = {}  # node -> when its ignored heartbeat was last logged
         self.heartbeats = Batches(self.on_heartbeats)
@@ -126,6 +130,8 @@ class Monitor(EventSourcedService):
     def follow(self, envelope: EventEnvelope) -> None:
         """Fold a scheduler event: the job's state, and which attempts are watched for performance."""
         self.detector.follow(envelope, self.jobs.apply(envelope))
+        if envelope.aggregate_type == "job":
+            self.watching.changed(envelope.aggregate_id)
         self.wake.set()  # as the base does after every fold
 
     def upstreams(self) -> Sequence[Upstream]:
@@ -141,6 +147,7 @@ class Monitor(EventSourcedService):
                                                                        self.operators).changes),
                 Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("launcher", "launch"),
                          consumer=LAUNCHER_CONSUMER, message_type=EventEnvelope, react=self.run_reaction,
+                         fold=lambda envelope: self.watching.changed(envelope.aggregate_id),  # its instances
                          key=aggregate_of, react_after=self.run_reaction),
                 Upstream(stream=subjects.CACHE_REPORTS_STREAM, subject=subjects.CACHE_REPORTS_ALL,
                          consumer=CACHE_REPORTS_CONSUMER, message_type=CacheReport, handle=self.on_cache_report,
@@ -166,7 +173,8 @@ class Monitor(EventSourcedService):
         agents = AgentRequests(self, secret=self.secret, heartbeat_seconds=self.heartbeat_seconds)
         people = UserRequests(self, nc=self.rt.nc, signer=self.signer, store=self.rt.store)
         runs = RunReader(self.rt.js, self.jobs, self.state.runs)  # R2: every job's run, read from the metrics stream
-        serve_operations(self.rt.broker, self.name, [*agents.routes(), *people.routes(), *runs.routes()],
+        serve_operations(self.rt.broker, self.name,
+                         [*agents.routes(), *people.routes(), *runs.routes(), *self.watching.routes()],
                          secret=self.secret)
 
     async def prepare(self) -> None:
@@ -176,7 +184,8 @@ class Monitor(EventSourcedService):
     def loops(self) -> Mapping[str, Loop]:
         return {"heartbeats": self.heartbeats.run, "patrol": self.patrol, "mailer": self.mailer.run,
                 "retention": self.retention.run, "release": self.retention.run_releases,
-                "performance": self.performance_loop, "announce": self.ask_nodes_to_register}
+                "performance": self.performance_loop, "announce": self.ask_nodes_to_register,
+                "pushes": self.watching.send, "watches": self.watching.sweep}
 
     async def ask_nodes_to_register(self) -> None:
         """Every agent registers again once this monitor acts: whatever its log lost (or a standby that took
@@ -352,7 +361,8 @@ class Monitor(EventSourcedService):
 
     async def performance_loop(self) -> None:
         await self.caught_up()  # which jobs to watch comes from the scheduler's events
-        await follow_logs(self.rt.js, MONITOR_LOGS_CONSUMER, self.detector, self._record_incidents)
+        await follow_logs(self.rt.js, MONITOR_LOGS_CONSUMER, self.detector, self._record_incidents,
+                          stored=self.watching.stored)
 
     async def _record_incidents(self, incidents: list[Incident]) -> None:
         async with self.lock:

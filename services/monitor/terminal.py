@@ -81,9 +81,9 @@ class Target:
 def target(request: OpenTerminal, identity: Identity, jobs: JobLifecycle, state: MonitorState,
            now: datetime) -> Target | CommandError:
     """Where the caller's terminal opens, or why it does not (`jobs` and `state` are only read)."""
-    job = jobs.jobs.get(request.job_id)
+    job = jobs.viewable(request.job_id, identity)
     sharing = jobs.settings.sharing_enabled
-    if job is None or job.deleted or not allowed(identity, job.spec, job.creator, "view", sharing_enabled=sharing):
+    if job is None:
         return CommandError(code="not-found", message=f"no such job: {request.job_id}",
                             hint="`trainyard list` shows the jobs you can see")
     if not allowed(identity, job.spec, job.creator, "terminal", sharing_enabled=sharing):

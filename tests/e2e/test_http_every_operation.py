@@ -26,12 +26,13 @@ from libs.contracts.events import AlertRaised, EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.contracts.operations import alerts, arrays, autoscaler, cache, cluster, images, jobs, planning, runs
+from libs.contracts.operations import alerts, arrays, autoscaler, cache, cluster, images, jobs, planning, runs, watches
 from libs.contracts.operations.base import Operation, ReplyT, RequestT
 from libs.contracts.operations.catalogue import OPERATIONS
 from libs.contracts.operations.jobs import JobView
 from libs.contracts.operations.runs import SeriesPoint
 from libs.imagefiles import file_digest
+from libs.natsroles import inbox_prefix, user_nats_name
 from tests.support.specs import sleeper
 from tests.support.stack import Stack
 
@@ -164,7 +165,8 @@ async def test_every_operation_people_send_answers_over_http(gateway: HttpApi, s
     began = datetime.now(UTC)
 
     # Who is asking, and the platform's settings.
-    assert (await api.ask(cluster.WHOAMI, cluster.WhoAmI(), admin)).identity.admin
+    me_admin = (await api.ask(cluster.WHOAMI, cluster.WhoAmI(), admin)).identity
+    assert me_admin.admin
     me = (await api.ask(cluster.WHOAMI, cluster.WhoAmI(), alice)).identity
     assert (me.user, me.admin) == ("alice", False)
     before = (await api.ask(cluster.GET_SETTINGS, cluster.GetSettings(), admin)).settings
@@ -211,6 +213,11 @@ async def test_every_operation_people_send_answers_over_http(gateway: HttpApi, s
                            lambda page: any("started rank 0" in text for chunk in page.chunks for text in chunk.lines),
                            "the job's first log line")
     assert not logs.ended
+    # A watch pushes into an inbox of one's own NATS connection (the gateway's follow streams use it); asked over
+    # HTTP, it stands all the same.
+    inbox = f"{inbox_prefix(user_nats_name(me_admin.user))}.watch-over-http"
+    watching = await api.ask(watches.WATCH_JOB, watches.WatchJob(job_id=running, inbox=inbox, logs=True), admin)
+    assert (watching.status, watching.since_now) == ("running", True)
     await api.ask(jobs.JOB_USAGE, jobs.GetJobUsage(job_id=running), admin)
     devenv = await api.ask(jobs.GET_DEV_ENV, jobs.GetDevEnv(job_id=running), admin)
     assert (devenv.source_job_id, devenv.flavor) == (running, "cpu-1")

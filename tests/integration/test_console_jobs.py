@@ -87,6 +87,8 @@ async def test_a_person_signs_in_with_a_token_and_sees_their_jobs(
 
         refused = await browser.sign_in("not-a-token")
         assert refused.status_code == 401 and "not a Trainyard token" in refused.text
+        oversized = await browser.client.post("/signin", data={"token": "x" * 70_000}, headers=ORIGIN)
+        assert oversized.status_code == 400 and "over the limit" in oversized.text
 
         signed_in = await browser.sign_in(alice)
         assert signed_in.status_code == 303 and signed_in.headers["location"] == "/jobs"

@@ -1,6 +1,7 @@
 """The follow streams: a job's log and status as Server-Sent Events over real HTTP (uvicorn on a free port), from a
 real scheduler on real NATS and PostgreSQL, acting as the caller; refusals known before a stream starts as problem
-details, and a follower that left stops asking."""
+details, and a follower that left stops asking. Without a monitor the streams poll; with one (`watched`), the job's
+log chunks and changes are pushed, and the services are read only when something happened or a push is missing."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import asyncio
 import contextlib
 import json
 import socket
+from collections import Counter
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
@@ -32,6 +34,8 @@ from services.gateway.connections import UserConnections
 from services.gateway.follow import FollowStreams
 from services.gateway.service import EmbeddedServer
 from services.gateway.sessions import SESSION_COOKIE, Sessions
+from services.monitor.service import Monitor
+from tests.support.monitor import start_monitor
 from tests.support.schedulers import Schedulers, spec, token
 from tests.support.waiting import eventually
 
@@ -46,8 +50,13 @@ class CountingCalls(UserCalls):
 
     asked = 0
 
+    def __init__(self, connections: UserConnections) -> None:
+        super().__init__(connections)
+        self.by_operation: Counter[str] = Counter()
+
     async def ask(self, operation: Operation[Any, Any], request: msgspec.Struct, token: str) -> Any:
         self.asked += 1
+        self.by_operation[operation.name] += 1
         return await super().ask(operation, request, token)
 
 
@@ -346,3 +355,72 @@ async def _more_than(gateway: Gateway, asked: int) -> bool:
 
 async def _none_open(gateway: Gateway, alice: str) -> bool:
     return gateway.streams.slots.open_with(alice) == 0
+
+
+# --- with a monitor: the streams of a job watch it ---------------------------------------------------------------
+
+
+@pytest_asyncio.fixture(loop_scope="session")
+async def watched(gateway: Gateway, schedulers: Schedulers) -> AsyncIterator[Monitor]:
+    """A monitor beside the gateway's scheduler: it takes the streams' watches and pushes what happens."""
+    runtime, monitor = await start_monitor(schedulers.settings)
+    try:
+        yield monitor
+    finally:
+        await runtime.close()
+
+
+async def _watched(monitor: Monitor, job_id: str, count: int = 1) -> bool:
+    return len(monitor.watching.watches.of(job_id)) == count
+
+
+async def test_a_watched_log_is_pushed_and_read_only_when_a_push_is_missing(gateway: Gateway, watched: Monitor,
+                                                                             nc: Client,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    job_id = await submitted(gateway.http)
+    dropped: list[int] = []
+    queue = watched.watching._queue
+
+    def losing(inbox: str, data: bytes) -> None:  # the fifth chunk's push never reaches the gateway
+        if b"LogPushed" in data and b'"seq":4,' in data and not dropped:
+            dropped.append(len(data))
+            return
+        queue(inbox, data)
+
+    monkeypatch.setattr(watched.watching, "_queue", losing)
+    async with gateway.http.stream("GET", "/api/v1/follow/logs", params={"job_id": job_id},
+                                   headers=as_user("alice")) as response:
+        stream = events(response)
+        await eventually(lambda: _watched(watched, job_id))
+        await publish_chunk(nc, job_id, 0, 0, ["line 0"])
+        first = await taken(stream, 1)  # the watch's first push names no earlier chunk: read as a page
+        read_before = gateway.calls.by_operation["job-logs"]
+        for seq in range(1, 10):
+            await publish_chunk(nc, job_id, seq % 2, seq, [f"line {seq}"])
+            await asyncio.sleep(10 * POLL_SECONDS)  # a polling stream would read the log 10 times in between
+        rest = await taken(stream, 9)
+        read = gateway.calls.by_operation["job-logs"] - read_before
+    found = first + rest
+    assert dropped, "the fifth chunk was pushed"
+    assert lines_of(found) == [f"line {seq}" for seq in range(10)]  # each once, in order
+    cursors = [tuple(int(part) for part in (event.id or "").split(".")) for event in found]  # after[.skip]
+    assert cursors == sorted(cursors) and len(set(cursors)) == 10
+    assert read == 1  # the page that holds the chunk whose push was lost; every other chunk came pushed
+
+
+async def test_a_watched_status_stream_reads_the_job_only_when_it_changed(gateway: Gateway, watched: Monitor) -> None:
+    job_id = await submitted(gateway.http)  # queued for good: polled, its stream would ask every POLL_SECONDS
+    async with gateway.http.stream("GET", "/api/v1/follow/status", params={"job_id": job_id},
+                                   headers=as_user("alice")) as response:
+        stream = events(response)
+        [queued] = await taken(stream, 1)
+        assert queued.json()["status"] == "queued"
+        await eventually(lambda: _watched(watched, job_id))
+        await asyncio.sleep(follow.STATUS_RECHECK_SECONDS + 0.5)  # the changes of its submission read, and again
+        quiet = gateway.calls.by_operation["get-job"]
+        await asyncio.sleep(40 * POLL_SECONDS)
+        assert gateway.calls.by_operation["get-job"] == quiet
+        await stop(gateway.http, job_id)
+        rest = await taken(stream)
+    assert [(event.kind, event.json().get("status")) for event in rest] == [("status", "stopped"), ("end", None)]
+    await eventually(lambda: _watched(watched, job_id, 0))  # the stream ended its watch as it closed

@@ -319,6 +319,7 @@ BASELINES: dict[str, dict[str, Any]] = {
     "submit-array": {"array_id": "array-0123456789ab", "spec": SPEC, "indices": "0-3"},
     "submit-job": {"job_id": "job-0123456789ad", "spec": SPEC},
     "upload-image": {"upload_id": UPLOAD_ID, "offset": 0, "data": base64.b64encode(b"abc").decode()},
+    "watch-job": {"job_id": GHOST, "inbox": "_INBOX.users.user-mallory.watch"},
 }
 
 # Specs the scheduler must refuse: out of bounds, beyond the caller's rights, or naming what does not exist.

@@ -23,6 +23,7 @@ from libs.contracts.arrays import new_array_id
 from libs.contracts.ids import new_job_id
 from libs.contracts.operations.arrays import ArraySelection
 from libs.contracts.operations.base import CommandError
+from libs.contracts.operations.watches import WATCH_JOB, WatchJob
 from libs.skeleton.runtime import ServiceRuntime
 from tests.support.monitor import start_monitor
 from tests.support.schedulers import Schedulers, refused, spec, token
@@ -76,6 +77,7 @@ JOB_OPERATIONS: dict[str, Operation] = {
     "metrics NAME": read_series,
     "tensorboard": lambda c, j: write_run(c, j, Path("/nonexistent-never-written")),
     "exec": lambda c, j: c.run_in_job(j, "true", timeout=10),
+    "watch (the console's follow streams)": lambda c, j: c.ask(WATCH_JOB, WatchJob(job_id=j, inbox=c.nc.new_inbox())),
 }
 
 # Every operation that names an array.

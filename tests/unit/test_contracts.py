@@ -43,6 +43,8 @@ from libs.contracts.arrays import SweepParameter
 from libs.contracts.cluster import Accelerators, NodeInfo, Resources
 from libs.contracts.codec import decode, decode_any, encode
 from libs.contracts.datacache import (
+    MAX_CACHE_ENTRIES_REPORTED,
+    CachedImage,
     CacheEntry,
     CacheEviction,
     CachePolicy,
@@ -231,6 +233,7 @@ from libs.contracts.operations.runs import (
     SeriesView,
     TerminalOpened,
 )
+from libs.contracts.operations.watches import JobChanged, JobPush, LogPushed, WatchJob
 from libs.contracts.runs import MetricBatch, MetricPoint
 from libs.contracts.scheduling import AdminSettings, BoardUsage, Prediction, StoredAccess
 from libs.contracts.strict import decode_strict
@@ -238,6 +241,9 @@ from libs.contracts.strict import decode_strict
 AT = datetime(2024, 5, 1, 12, 30, 15, 123456, tzinfo=UTC)
 CACHE_ENTRY = CacheEntry(key="0123456789abcdef01234567", source="datasets/imgs/v1", bytes=2048, files=2, staged_at=AT,
                          last_used=AT, pins=["job-000000000001/1/0/0"])
+CACHED_IMAGE = CachedImage(key="5a2e07c4bd31" + "0" * 12, digest="sha256:5a2e07c4bd31" + "0" * 52,
+                           ref="team/torch:2.13", format="oci-archive", bytes=3 * 2**30, unpacked_at=AT, last_used=AT,
+                           pins=["job-000000000001/1/0/0"])
 
 SPEC = JobSpec(
     name="bert", mode="pytorch", nodes=2, flavors=["gpu-4", "gpu-8"], pool="team-a",
@@ -492,6 +498,7 @@ REQUEST_SAMPLES: list[Any] = [
     DeleteImage(ref="team/torch:2.13"),
     GetJobLogs(job_id="job-000000000001", rank=1, after=42, max_chunks=50),
     GetJobUsage(job_id="job-000000000001"),
+    WatchJob(job_id="job-000000000001", inbox="_INBOX.users.user-alice.Zq3", logs=True),
 ]
 
 
@@ -636,7 +643,8 @@ REPLY_SAMPLES: list[Any] = [
                                   used_bytes=10**11, copying=[CopyUnderWay(
                                       source="datasets/b", key="0123456789abcdef01234568", done_bytes=5,
                                       total_bytes=10, started_at=AT)],
-                                  failures=[StagingFailed(source="datasets/c", reason="gone", failed_at=AT)])]),
+                                  failures=[StagingFailed(source="datasets/c", reason="gone", failed_at=AT)],
+                                  complete=False, total_entries=7000, images=[CACHED_IMAGE])]),
     PreloadAccepted(preload_id="preload-0123456789ab", source="datasets/imgs/v1", nodes=["gpu-node-1"]),
     RunView(job_id="job-000000000001", series=[SeriesView(name="loss", task=0, rank=0, count=2, last=0.5, least=0.5,
                                                           greatest=0.9, last_step=2, last_at=AT)],
@@ -750,6 +758,32 @@ def test_a_cache_report_round_trips_and_its_keys_are_checked() -> None:
     forged = msgspec.structs.replace(report, entries=[msgspec.structs.replace(CACHE_ENTRY, key="../../etc")])
     with pytest.raises(msgspec.ValidationError, match="key"):
         decode(encode(forged), CacheReport)
+
+
+def test_a_cache_report_carries_the_nodes_images_and_says_when_it_is_cut_short() -> None:
+    report = CacheReport(node="gpu-node-1", sent_at=AT, entries=[CACHE_ENTRY], total_entries=1, images=[CACHED_IMAGE])
+    assert decode(encode(report), CacheReport) == report and report.complete
+    assert not msgspec.structs.replace(report, total_entries=MAX_CACHE_ENTRIES_REPORTED + 1).complete
+    for forged in (msgspec.structs.replace(CACHED_IMAGE, key="../../etc"),
+                   msgspec.structs.replace(CACHED_IMAGE, digest="5a2e07c4bd31"),
+                   msgspec.structs.replace(CACHED_IMAGE, format="zip")):
+        with pytest.raises(msgspec.ValidationError, match=r"images\[0\]"):
+            decode(encode(msgspec.structs.replace(report, images=[forged])), CacheReport)
+
+
+def test_an_older_agents_cache_report_still_decodes_and_one_that_fills_the_bound_may_be_cut_short() -> None:
+    """Agents are upgraded node by node: a report without the later fields is the whole cache and no images,
+    unless it holds as many entries as a report carries (an older agent cut its cache there, without saying)."""
+    older = {"type": "CacheReport.v1", "node": "gpu-node-1", "sent_at": AT.isoformat(),
+             "entries": [msgspec.to_builtins(CACHE_ENTRY)], "disk_bytes": 10**12, "used_bytes": 10**9}
+    report = decode(encode(older), CacheReport)
+    assert (report.entries, report.images, report.total_entries, report.complete) == ([CACHE_ENTRY], [], None, True)
+    full = {**older, "entries": [msgspec.to_builtins(msgspec.structs.replace(CACHE_ENTRY, key=f"{i:024x}"))
+                                 for i in range(MAX_CACHE_ENTRIES_REPORTED)]}
+    assert not decode(encode(full), CacheReport).complete
+    listed = decode(b'{"type": "CacheListing.v1", "nodes": [{"node": "gpu-node-1", "entries": [],'
+                    b' "reported_at": "2024-05-01T12:30:15Z"}]}', CacheListing)
+    assert (listed.nodes[0].complete, listed.nodes[0].total_entries, listed.nodes[0].images) == (True, None, [])
 
 
 @pytest.mark.parametrize("source", ["../etc", "datasets/../../etc", "/datasets/a", "models/m", "datasets/a/b/c",
@@ -937,3 +971,14 @@ def test_the_service_a_follower_follows_is_read_from_its_subject_filter() -> Non
 def test_a_follower_names_the_aggregates_it_reads() -> None:
     assert subjects.events_of("monitor", "node", "cache") == ("trainyard.events.monitor.node.>",
                                                               "trainyard.events.monitor.cache.>")
+
+
+def test_a_watch_names_an_inbox_and_pushes_decode_by_their_tag() -> None:
+    for inbox in ("", "users.user-alice.x", "_INBOX", "_INBOX.users.*", "_INBOX.users.>", "_INBOX.a b.c",
+                  "_INBOX.users.user-alice.x\n"):
+        with pytest.raises(msgspec.ValidationError):
+            msgspec.convert({"type": "WatchJob.v1", "job_id": "job-000000000001", "inbox": inbox}, WatchJob)
+    chunk = LogChunk(job_id="job-000000000001", attempt=1, rank=0, node="n0", seq=0, lines=["hi"])
+    for push in (LogPushed(job_id="job-000000000001", position=9, previous=None, chunk=chunk),
+                 JobChanged(job_id="job-000000000001", status="running")):
+        assert decode_any(encode(push), JobPush) == push

@@ -69,7 +69,10 @@ class SignIn:
         if not own_origin(request):
             return await self.page(request, self.console.text(request, N_("Sign in from the console's own page.")),
                                    403)
-        form = await bounded_form(request, max_fields=4)
+        try:
+            form = await bounded_form(request, max_fields=4)
+        except Refused as refused:  # a body over the limit: no form a sign-in page sends
+            return await self.page(request, refused.error.message, 400)
         token = str(form.get("token") or "").strip()
         target = safe_next(str(form.get("next") or ""))
         refusal, session_id = await self._open_session(request, token)

@@ -31,8 +31,10 @@ log = get_logger(__name__)
 
 
 async def follow_logs(js: JetStreamContext, consumer: str, detector: PerformanceDetector,
-                      record: Callable[[list[Incident]], Awaitable[None]]) -> None:
-    """Feed every chunk to `detector` and `record` the incidents it opens, batch by batch, for good."""
+                      record: Callable[[list[Incident]], Awaitable[None]],
+                      stored: Callable[[Sequence[Msg]], None] = lambda batch: None) -> None:
+    """Feed every chunk to `detector` and `record` the incidents it opens, batch by batch, for good; each batch
+    is also shown to `stored` first (the watchers of jobs' logs are pushed their chunks)."""
     config = ConsumerConfig(deliver_policy=DeliverPolicy.NEW, ack_policy=AckPolicy.ALL)
     sub = await js.pull_subscribe(subjects.LOGS_ALL, durable=consumer, stream=subjects.LOGS_STREAM, config=config)
     log.info("performance.following", consumer=consumer)
@@ -47,6 +49,7 @@ async def follow_logs(js: JetStreamContext, consumer: str, detector: Performance
             continue
         if not batch:  # fetch may come back empty instead of timing out
             continue
+        stored(batch)
         incidents = scan(detector, batch)
         if incidents:
             await record(incidents)

@@ -20,7 +20,6 @@ import msgspec
 import nats.errors
 from nats.js.client import JetStreamContext
 
-from libs.access import allowed
 from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.identity import Identity
@@ -144,9 +143,7 @@ class RunReader:
 
     def refusal(self, job_id: str, identity: Identity) -> CommandError | None:
         # A job the caller may not view is answered as one that does not exist (J2), so ids cannot be probed.
-        job = self.jobs.jobs.get(job_id)
-        if job is None or job.deleted or not allowed(identity, job.spec, job.creator, "view",
-                                                     sharing_enabled=self.jobs.settings.sharing_enabled):
+        if self.jobs.viewable(job_id, identity) is None:
             return CommandError(code="not-found", message=f"no such job: {job_id}",
                                 hint="`trainyard list` shows the jobs you can see")
         return None
