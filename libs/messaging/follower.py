@@ -17,6 +17,10 @@ A service that restored a state saved with some of a stream already folded (the 
 follower, per subject filter, the stream sequence up to which that filter's messages are in the state (`folded`):
 delivery then begins after the lowest, and a message at or before its filter's is passed over, neither folded nor
 reacted to. The service restores only a state folded no further than it had reacted, so nothing is left unanswered.
+Such a follower still remembers the envelopes a replay from the first message would have shown it (see
+`REMEMBERED_ENVELOPES`): delivery begins far enough before the lowest position for the latest of its filters'
+envelopes up to it, which, as those passed over, it notes without folding them. So a copy of an envelope the state
+holds, published again after its position, is passed over as it is after a replay, not folded and answered twice.
 
 A message that cannot be applied is *set aside*, never retried for ever (one poisoned message must
 not stop every later one): the follower records an `UpstreamMessageSetAside` with its tracking
@@ -57,7 +61,7 @@ from typing import Any, Literal
 import msgspec
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
-from nats.js.api import ConsumerConfig, ConsumerInfo, DeliverPolicy
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
 from libs.contracts.codec import decode_any
@@ -65,7 +69,7 @@ from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageS
 from libs.contracts.subjects import SET_ASIDE_AGGREGATE, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.messaging.connection import wait_for_streams
-from libs.messaging.reader import delivered
+from libs.messaging.reader import PULLED_IDLE_SECONDS, delivered
 from libs.outages import is_outage
 from libs.telemetry.logs import get_logger
 from libs.telemetry.metrics import FOLLOWER_MESSAGES, attributes, counter, metrics_enabled
@@ -264,7 +268,8 @@ class StreamFollower:
         self._unrecorded: Tracking | None = None  # the latest position whose reaction recorded nothing, unwritten
         self._writer: asyncio.Task[None] | None = None
         self._stopped = False
-        # The upstream log's positions seen, with their event ids (the latest REMEMBERED_ENVELOPES).
+        # The upstream log's positions seen, with their event ids (the latest REMEMBERED_ENVELOPES), those a restored
+        # state holds included (`_held`).
         self._seen: OrderedDict[int, str] = OrderedDict()
         # Messages handled, counted for the metrics when they are exported.
         self._counted = counter(FOLLOWER_MESSAGES) if metrics_enabled() else None
@@ -281,8 +286,10 @@ class StreamFollower:
                 self.tracked, self.anew_upstream = 0, upstream
         config = ConsumerConfig(filter_subjects=self.subjects if len(self.subjects) > 1 else None)
         policy = DeliverPolicy.ALL
-        if first := min(self.folded.values(), default=0):
-            policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, first + 1
+        # A restored state: from before what it holds, for the envelopes a replay would remember there (`_held`).
+        first = min(self.folded.values(), default=0)
+        if first and (begin := await self._remembering_from(first)) > 1:
+            policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, begin
         if self._inbox is not None:
             self._worker = asyncio.create_task(self._work(self._inbox), name=f"{self.consumer}.runs")
         sub = await self.js.subscribe(self.subjects[0], stream=self.stream, config=config, ordered_consumer=True,
@@ -394,6 +401,7 @@ class StreamFollower:
             if self._counted is not None:
                 self._counted.add(1, self._counted_as)
             if sequence <= self._folded_through and self._folded_already(msg.subject, sequence):
+                self._held(msg)
                 continue
             try:
                 decoded = self._accepted(msg)
@@ -484,19 +492,64 @@ class StreamFollower:
         it again (after a crash, past the duplicate window). Positions only grow in a service's log, so
         an envelope at a position seen before, with the same event id, is that; with another id the
         upstream's log began anew, and it is applied."""
-        if not isinstance(decoded, EventEnvelope):
-            return decoded
-        if self._seen and decoded.position <= next(reversed(self._seen)):
-            if self._seen.get(decoded.position) == decoded.event_id:
-                log.info("follower.repeat_passed_over", consumer=self.consumer, position=decoded.position,
-                         event_id=decoded.event_id)
-                return _REPEATED
-            log.warning("follower.upstream_log_restarted", consumer=self.consumer, position=decoded.position)
+        if isinstance(decoded, EventEnvelope) and self._repeated(decoded):
+            log.info("follower.repeat_passed_over", consumer=self.consumer, position=decoded.position,
+                     event_id=decoded.event_id)
+            return _REPEATED
+        return decoded
+
+    def _repeated(self, envelope: EventEnvelope) -> bool:
+        """Whether the envelope was seen before (`_unless_repeated`); noted as seen when it was not."""
+        if self._seen and envelope.position <= next(reversed(self._seen)):
+            if self._seen.get(envelope.position) == envelope.event_id:
+                return True
+            log.warning("follower.upstream_log_restarted", consumer=self.consumer, position=envelope.position)
             self._seen.clear()
-        self._seen[decoded.position] = decoded.event_id
+        self._seen[envelope.position] = envelope.event_id
         if len(self._seen) > REMEMBERED_ENVELOPES:
             self._seen.popitem(last=False)
-        return decoded
+        return False
+
+    def _held(self, msg: Msg) -> None:
+        """Note a message the restored state holds (`folded`) as seen, as a replay that folded it would have, so
+        that a copy of it published again later is known; it is neither folded nor reacted to."""
+        try:
+            decoded = self._accepted(msg)
+        except _SetAside:
+            return  # a replay would have set it aside, seen nothing of it
+        if isinstance(decoded, EventEnvelope):
+            self._repeated(decoded)
+
+    async def _remembering_from(self, first: int) -> int:
+        """The stream sequence to begin at, for a restored state holding the filters' messages up to `first` at
+        least, so that the latest REMEMBERED_ENVELOPES of them up to it are delivered too (`_held`), as many as a
+        replay from the first message remembers there: stepping back twice as far each time. 1: from the start."""
+        span = REMEMBERED_ENVELOPES
+        try:
+            while (begin := first + 1 - span) > 1:
+                # Counted first from `begin`: a message stored meanwhile makes it one more from there, never less.
+                if await self._pending_from(begin) - await self._pending_from(first + 1) >= REMEMBERED_ENVELOPES:
+                    return begin
+                span *= 2
+        except Exception as exc:  # cannot tell now (NATS slow or away): the whole stream has them
+            log.warning("follower.remembered_uncounted", consumer=self.consumer, stream=self.stream,
+                        error=repr(exc))
+        return 1
+
+    async def _pending_from(self, sequence: int) -> int:
+        """How many messages of the filters the stream holds from `sequence` on, told by a consumer made to ask and
+        removed at once (the server removes it too, should this process vanish first): none is delivered."""
+        config = ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=sequence,
+                                ack_policy=AckPolicy.NONE, mem_storage=True, num_replicas=1,
+                                inactive_threshold=PULLED_IDLE_SECONDS)
+        if len(self.subjects) > 1:
+            config.filter_subjects = self.subjects
+        else:
+            config.filter_subject = self.subjects[0]
+        info = await self.js.add_consumer(self.stream, config)
+        with contextlib.suppress(Exception):
+            await self.js.delete_consumer(self.stream, info.name)
+        return int(info.num_pending or 0)
 
     async def _apply(self, decoded: Any, msg: Msg, tracking: Tracking | None) -> None:
         """Fold (and react to) the message: passing outages are retried until they pass, a conflict

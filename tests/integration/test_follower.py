@@ -17,6 +17,7 @@ from libs.contracts import subjects
 from libs.contracts.codec import encode
 from libs.contracts.events import EventEnvelope, JobStopped, NodeRecovered
 from libs.eventstore import EventStore, NewEvent, Tracking
+from libs.messaging import follower as follower_module
 from libs.messaging.connection import ensure_streams
 from libs.messaging.follower import StreamFollower
 from tests.support.stores import StoreFactory
@@ -253,3 +254,122 @@ async def test_a_follower_begins_part_way_only_on_filters_it_can_match(store: Ev
         StreamFollower(None, store, stream=subjects.EVENTS_STREAM,  # type: ignore[arg-type]
                        subject="trainyard.events.*.job.>", consumer="c", message_type=EventEnvelope,
                        handle=Recorder(store).handle, folded={"trainyard.events.*.job.>": 3})
+
+
+def stopped(job_id: str, position: int, kind: str = "job") -> EventEnvelope:
+    """A `JobStopped` of the scheduler's on `kind/<job_id>`, at `position` in its log."""
+    return EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type=kind, aggregate_id=job_id,
+                         version=1, position=position, recorded_at=datetime.now(UTC),
+                         event=JobStopped(job_id=job_id, by="bob"))
+
+
+async def publish_envelopes(nc: Client, envelopes: list[EventEnvelope]) -> list[int]:
+    """Published as the relay does; their stream sequences."""
+    acks = [await nc.jetstream().publish(subjects.event_subject("scheduler", envelope.aggregate_type,
+                                                                envelope.aggregate_id, "JobStopped"),
+                                         encode(envelope)) for envelope in envelopes]
+    return [ack.seq for ack in acks]
+
+
+async def publish_others(nc: Client, count: int) -> None:
+    """Another service's events, which no follower of the scheduler's is delivered."""
+    for i in range(count):
+        envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="node",
+                                 aggregate_id=f"n{i}", version=1, position=i + 1, recorded_at=datetime.now(UTC),
+                                 event=NodeRecovered(node_name=f"n{i}"))
+        await nc.jetstream().publish(subjects.event_subject("monitor", "node", f"n{i}", "NodeRecovered"),
+                                     encode(envelope))
+
+
+async def test_a_follower_of_a_restored_state_knows_an_envelope_published_again_after_what_it_holds(
+        nc: Client, store: EventStore) -> None:
+    """The relay published again, past the duplicate window, envelopes a restored state holds already, while the
+    service was down: the follower begins after what the state holds, and still passes over those copies as it does
+    after a replay from the stream's first message, neither folding them twice nor reacting to them again."""
+    history = [stopped(f"a{i}", i + 1) for i in range(5)]
+    held = (await publish_envelopes(nc, history))[-1]
+    first = Recorder(store)
+    follower = await follow(nc, store, first, expected=5)
+    await follower.stop()
+
+    await publish_envelopes(nc, [*history[3:], stopped("b5", 6)])  # from position 4 again, then a new one
+    restored = Recorder(store)
+    follower = await follow(nc, store, restored, expected=1, folded={subjects.events_of_service("scheduler"): held})
+    await asyncio.sleep(0.3)  # a copy folded again would come within this
+    await follower.stop()
+
+    assert restored.folded == ["b5"]
+    assert [e.aggregate_id async for e in store.read_all()] == [f"a{i}" for i in range(5)] + ["b5"]  # none set aside
+    assert await store.tracked_position("scheduler-events") == 8
+
+    replayed = Recorder(store)  # as a start without the restored state sees it
+    follower = await follow(nc, store, replayed, expected=6)
+    await follower.stop()
+    assert replayed.folded == [f"a{i}" for i in range(5)] + ["b5"]
+
+
+async def test_a_restored_follower_remembers_as_many_envelopes_as_a_replayed_one_however_far_back(
+        nc: Client, store: EventStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """What it remembers of the messages before the restored state's position is the latest REMEMBERED_ENVELOPES
+    of its filter, wherever they lie among other services' messages: a copy of the oldest of those is passed over,
+    and one of an older envelope is not known, as after a replay."""
+    monkeypatch.setattr(follower_module, "REMEMBERED_ENVELOPES", 4)
+    history: list[EventEnvelope] = []
+    for i in range(8):
+        history.append(stopped(f"a{i}", i + 1))
+        await publish_envelopes(nc, history[-1:])
+        await publish_others(nc, 7)  # so that the filter's messages lie far apart in the stream
+    held = (await nc.jetstream().stream_info(subjects.EVENTS_STREAM)).state.last_seq
+    first = Recorder(store)
+    follower = await follow(nc, store, first, expected=8)
+    await follower.stop()
+
+    await publish_envelopes(nc, history[4:])  # the latest four again: all remembered
+    noted: list[int] = []
+    note = StreamFollower._held
+
+    def counted(self: StreamFollower, msg: Msg) -> None:
+        noted.append(msg.metadata.sequence.stream)
+        note(self, msg)
+
+    monkeypatch.setattr(StreamFollower, "_held", counted)
+    restored = Recorder(store)
+    follower = await follow(nc, store, restored, expected=0, folded={subjects.events_of_service("scheduler"): held})
+    await asyncio.sleep(0.3)
+    await follower.stop()
+    assert restored.folded == []
+    assert 4 <= len(noted) < 8  # not the whole stream
+
+    await publish_envelopes(nc, history[3:4])  # older than what a replayed follower remembers at that point
+    replayed, again = Recorder(store), Recorder(store)
+    follower = await follow(nc, store, replayed, expected=9)
+    await follower.stop()
+    follower = await follow(nc, store, again, expected=1, folded={subjects.events_of_service("scheduler"): held})
+    await asyncio.sleep(0.3)
+    await follower.stop()
+    assert replayed.folded == [f"a{i}" for i in range(8)] + ["a3"]
+    assert again.folded == ["a3"]  # as the replay did
+
+
+async def test_a_follower_restored_further_on_one_filter_knows_the_copies_of_what_that_filter_holds(
+        nc: Client, store: EventStore) -> None:
+    """The state holds the jobs' messages further than the drains': the jobs' messages in between are passed over
+    unfolded, and still known when the relay publishes them again."""
+    read = subjects.events_of("scheduler", "job", "drain")
+    jobs, drains = read
+    history = [stopped(f"{kind}-{number}", number, kind)
+               for number, kind in enumerate(["job", "drain", "job", "drain", "job"], start=1)]
+    sequences = await publish_envelopes(nc, history)
+    first = Recorder(store)
+    follower = await follow(nc, store, first, expected=5, subject=read)
+    await follower.stop()
+
+    await publish_envelopes(nc, [*history[2:], stopped("drain-6", 6, "drain"), stopped("job-7", 7)])
+    restored = Recorder(store)
+    follower = await follow(nc, store, restored, expected=3, subject=read,
+                            folded={jobs: sequences[4], drains: sequences[1]})
+    await asyncio.sleep(0.3)
+    await follower.stop()
+    assert restored.folded == ["drain-4", "drain-6", "job-7"]
+    assert [e.aggregate_id async for e in store.read_all()] == [
+        "job-1", "drain-2", "job-3", "drain-4", "job-5", "drain-6", "job-7"]  # each answered once
