@@ -53,6 +53,7 @@ from agent.caches.cachefiles import (
     remove_folder,
 )
 from agent.caches.cachepolicy import Held, SourceFile, cache_key, evictions, links_refused, under_pressure
+from agent.caches.threadsafe import ThreadSafeEvent
 from libs.contracts.datacache import (
     CacheEntry,
     CacheEviction,
@@ -289,7 +290,7 @@ class DatasetCache:
         self.pins_dir, self.locks_dir = root / "pins", root / "locks"
         self.policy = CachePolicy()
         self.pressured = False  # the disk is under pressure (D1): the node takes no new work
-        self.changed = asyncio.Event()  # something a report shows changed
+        self.changed = ThreadSafeEvent()  # something a report shows changed; set from the copying threads too
         self.evicted: list[CacheEviction] = []  # since the last report
         self.failures: deque[StagingFailed] = deque(maxlen=FAILURES_KEPT)  # preloads that failed, newest last
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="stage")

@@ -278,3 +278,16 @@ async def test_a_ranks_pins_go_when_it_ends_even_after_a_restart_and_one_that_st
     assert not restarted.wake.is_set()
     restarted.release(HOLDER)
     assert [e.pins for e in cache.entries()] == [[]] and restarted.wake.is_set()
+
+
+async def test_a_change_made_in_a_worker_thread_wakes_the_waiting_report_at_once(cache: DatasetCache) -> None:
+    source = dataset(cache.storage, "tiny", {"a.bin": b"1"})
+    _, staged = await cache.stage(source, lambda progress: None, HOLDER)
+    cache.changed.clear()
+    waiting = asyncio.create_task(cache.changed.wait())  # the node's cache report, waiting for a change
+    await asyncio.sleep(0)
+    began = time.monotonic()
+    # Pinned in a thread, as the cache's blocking work runs, the loop hearing nothing else meanwhile.
+    threading.Thread(target=cache.pin, args=(staged.key, "job-000000000002/1/0/0")).start()
+    await asyncio.wait_for(waiting, 10)
+    assert time.monotonic() - began < 5  # woken by the change, not by whatever woke the loop next (its timeout)
