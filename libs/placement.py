@@ -150,6 +150,29 @@ def eligible(node: NodeInfo, spec: JobSpec, flavor: Flavor, exclude: Collection[
     return True
 
 
+@dataclass(frozen=True)
+class Served:
+    """Which jobs some node could take at all, by pinning and pool alone (S9): a cycle passes over the others
+    without counting them against `CYCLE_DEPTH`, so that thousands of jobs waiting for a pool no node serves (yet)
+    never keep out the jobs behind them that could start."""
+
+    names: frozenset[str]
+    pools: frozenset[str]
+    general: bool  # some node is of no dedicated pool
+
+    @classmethod
+    def by(cls, nodes: Iterable[NodeInfo]) -> Served:
+        listed = list(nodes)
+        return cls(names=frozenset(node.name for node in listed),
+                   pools=frozenset(pool for node in listed for pool in node.pools),
+                   general=any(not node.pools for node in listed))
+
+    def may_serve(self, spec: JobSpec) -> bool:
+        if spec.node_names and self.names.isdisjoint(spec.node_names):
+            return False
+        return spec.pool in self.pools if spec.pool is not None else self.general
+
+
 def role_flavor(role: str, flavor: Flavor) -> Flavor:
     """What one rank of `role` holds: the job's flavor, or the fixed parameter-server flavor (J8)."""
     return PARAMETER_SERVER_FLAVOR if role == "ps" else flavor

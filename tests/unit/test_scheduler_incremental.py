@@ -5,6 +5,7 @@ leaves the state's revision as it was leaves the decision as it was."""
 
 from __future__ import annotations
 
+from collections import Counter
 from datetime import timedelta
 from typing import Any
 
@@ -43,7 +44,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import CheckpointResume, DatasetRef, Elastic, JobSpec
 from libs.contracts.scheduling import Prediction
-from libs.placement import NodeCapacity, QueuedJob, RunningJob, schedule
+from libs.placement import NodeCapacity, QueuedJob, RunningJob, Served, schedule
 from services.scheduler.domain.state import Job, SchedulerState
 from services.scheduler.planning.decision_inputs import RECHECK_AFTER, node_capacity, queued_job, running_jobs
 from services.scheduler.rules import cycle
@@ -250,6 +251,8 @@ def test_what_the_state_keeps_equals_what_every_job_gives(data: st.DataObject) -
         assert [state.view(j).queue_position for j in state.queue()] == list(range(1, len(state.queue()) + 1))
         for job in state.jobs.values():
             assert job.ends_at == ends_from_scratch(job)
+        counted = Counter(job.status for job in state.jobs.values())
+        assert {status: n for status, n in state.status_counts().items() if n} == counted
 
 
 @SETTINGS
@@ -264,10 +267,12 @@ def test_a_cycle_decides_as_on_inputs_made_from_scratch(data: st.DataObject) -> 
         decision = cycle.decide(state, now)
         if state.revision == before[0]:  # the event changed nothing a cycle decides on
             assert decision == before[1]
-        queue = [queued_from_scratch(state, job, now) for job in queue_from_scratch(state)]
+        nodes = nodes_from_scratch(state)
+        served = Served.by(node.info for node in nodes)  # a job no node could take is passed over
+        queue = [queued_from_scratch(state, job, now) for job in queue_from_scratch(state)
+                 if served.may_serve(job.spec)]
         running = running_from_scratch(state, now)
-        expected = schedule(queue, nodes_from_scratch(state), {f.name: f for f in FLAVORS}, running=running,
-                            now=now)
+        expected = schedule(queue, nodes, {f.name: f for f in FLAVORS}, running=running, now=now)
         if decision is None:
             assert not queue and not expected.admissions and not expected.growths
         else:

@@ -159,3 +159,12 @@ def test_a_job_that_fits_on_no_node_is_said_so_and_blocks_no_one() -> None:
 
 def test_the_simulation_decides_on_as_many_waiting_jobs_as_a_cycle_does() -> None:
     assert Simulation([], {}, now=NOW).depth == CYCLE_DEPTH
+
+
+def test_jobs_no_node_could_take_do_not_keep_the_jobs_behind_them_out_of_the_cycle() -> None:
+    # More jobs than a cycle looks at wait for a pool no node serves; a job behind them fits on the idle node.
+    held = [queued(f"held-{n}", pool="held") for n in range(CYCLE_DEPTH + 100)]
+    simulation = Simulation([node("n1")], {"cpu-4": CPU4}, queue=[*held, queued("served")], now=NOW)
+    outcome = simulation.run()
+    assert outcome.started["served"].at == NOW
+    assert len(outcome.waiting) == CYCLE_DEPTH + 100

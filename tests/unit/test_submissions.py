@@ -23,7 +23,7 @@ from libs.contracts.operations.base import CommandError
 from libs.contracts.operations.jobs import JobAccepted
 from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import NewEvent
-from libs.placement import QueuedJob
+from libs.placement import CYCLE_DEPTH, QueuedJob
 from services.scheduler.domain.state import SchedulerState
 from services.scheduler.planning.prediction import forecast, forecast_queued
 from services.scheduler.rules import cycle, predicted
@@ -211,3 +211,13 @@ def test_a_job_that_ends_without_starting_needs_no_prediction_any_more() -> None
     assert list(fold.state.unpredicted) == ["job-00000000000a"]
     fold.apply(JobStopped(job_id="job-00000000000a", by="alice"), aggregate="job-00000000000a")
     assert not fold.state.unpredicted and predicted.predictions(fold.state, {}) == []
+
+
+def test_jobs_no_node_could_take_do_not_keep_the_jobs_behind_them_out_of_the_cycle() -> None:
+    fold = Fold()
+    fold.node("n1")
+    for n in range(CYCLE_DEPTH + 100):  # more than a cycle looks at, for a pool no node serves
+        fold.job(f"job-{n:012x}", "held", ["cpu-4"], pool="held")
+    fold.job("job-ffffffffffff", "served", ["cpu-4"])
+    decision = cycle.decide(fold.state, NOW)
+    assert decision is not None and [a.job_id for a in decision.admissions] == ["job-ffffffffffff"]

@@ -12,6 +12,8 @@ job (J13) whose command failed is restarted (JobRestarting) on the same nodes.
 from __future__ import annotations
 
 import bisect
+from collections import Counter
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -313,6 +315,9 @@ class SchedulerState:
     _on_node: dict[str, dict[str, Resources]] = field(default_factory=dict, init=False, compare=False, repr=False)
     _used: dict[str, Resources] = field(default_factory=dict, init=False, compare=False, repr=False)
     _flavors: dict[str, Flavor] = field(default_factory=dict, init=False, compare=False, repr=False)
+    # How many jobs are in each status, kept as their events are folded (the `trainyard.jobs` gauge), not counted
+    # from every job there ever was.
+    _by_status: Counter[str] = field(default_factory=Counter, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for flavor in reversed(self.cluster.flavors):  # by name; the first of a name, as ClusterConfig.flavor
@@ -354,6 +359,9 @@ class SchedulerState:
             self.revision += 1
             return
         if isinstance(event, JobSubmitted):
+            if (replaced := self.jobs.get(event.job_id)) is not None:
+                self._by_status[replaced.status] -= 1
+            self._by_status["queued"] += 1
             self.jobs[event.job_id] = Job(job_id=event.job_id, spec=event.spec, creator=event.creator,
                                           submitted_at=at, queue_order=envelope.position,
                                           trace=envelope.trace, priority=event.spec.priority,
@@ -368,7 +376,11 @@ class SchedulerState:
         if job is None:
             return
         if envelope.service == SERVICE:
+            was = job.status
             self._apply_job_event(job, envelope)
+            if job.status != was:
+                self._by_status[was] -= 1
+                self._by_status[job.status] += 1
             if not isinstance(event, JobPredicted):  # a prediction changes nothing a cycle decides on
                 self._derive(job)
                 self.revision += 1
@@ -380,6 +392,10 @@ class SchedulerState:
             job.kept_until = event.until
         elif isinstance(event, DebugEnvironmentReleased):
             job.kept_until = None
+
+    def status_counts(self) -> Mapping[str, int]:
+        """How many jobs are in each status (a status no job is in may be missing, or 0)."""
+        return self._by_status
 
     def _derive(self, job: Job) -> None:
         """Bring what is derived from `job` up to date after one of its events."""

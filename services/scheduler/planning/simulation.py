@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from libs.contracts.cluster import Flavor, Resources
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import PRIORITY_RANK, Priority
-from libs.placement import CYCLE_DEPTH, Cluster, Cycle, Decision, NodeCapacity, QueuedJob, RunningJob
+from libs.placement import CYCLE_DEPTH, Cluster, Cycle, Decision, NodeCapacity, QueuedJob, RunningJob, Served
 
 # Cycles run at one instant at most: after its own admissions the scheduler runs another cycle, which
 # usually admits nothing.
@@ -122,6 +122,7 @@ class Simulation:
         self.flavors = dict(flavors)
         self.now = now
         self.depth = depth
+        self.served = Served.by(self.infos)  # as in a cycle, the depth counts only the jobs some node could take
         self.queue: list[QueuedJob] = list(queue)
         self.running: dict[str, RunningJob] = {}
         self.runtimes: dict[str, int | None] = dict(runtimes or {})
@@ -242,6 +243,8 @@ class Simulation:
                 return  # (kept for a job that might join, even a cycle over an empty queue)
             decision = self._cycle(before)
             self.unplaceable.update(decision.unplaceable)
+            # A job no node could take (by pool or pinning) fits on no node either, though no cycle looks at it.
+            self.unplaceable.update(job.job_id for job in self.queue if not self.served.may_serve(job.spec))
             if not decision.admissions:
                 return
             admitted = {admission.job_id: admission for admission in decision.admissions}
@@ -251,16 +254,16 @@ class Simulation:
             self.queue = [job for job in self.queue if job.job_id not in admitted]
 
     def _cycle(self, before: Simulation | None) -> Decision:
-        """One cycle, as `cycle.decide` runs it: `schedule` over the first `depth` waiting jobs. With `joins`, it
-        is stopped and copied where a job of each of those priorities would join."""
-        window = self.queue[:self.depth]
+        """One cycle, as `cycle.decide` runs it: `schedule` over the first `depth` waiting jobs some node could take.
+        With `joins`, it is stopped and copied where a job of each of those priorities would join."""
+        window = list(itertools.islice((job for job in self.queue if self.served.may_serve(job.spec)), self.depth))
         nodes = [NodeCapacity(info=info, free=self.free[info.name]) for info in self.infos]
         cycle = Cycle(nodes, self.flavors, list(self.running.values()), self.now, cluster=self.cluster)
         self.cycles += 1
         if before is None:
             return cycle.run(window)
         places = {priority: index for priority in self.joins
-                  if (index := insertion_index(self.queue, priority)) < self.depth}
+                  if (index := insertion_index(window, priority)) < self.depth}
         stops: dict[int, Cycle] = {}
         done = 0
         for index in sorted(set(places.values())):

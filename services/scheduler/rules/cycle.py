@@ -19,7 +19,7 @@ from libs.contracts.events import (
     JobRescaling,
 )
 from libs.eventstore import NewEvent
-from libs.placement import CYCLE_DEPTH, Admission, Decision, Growth, may_grow, schedule
+from libs.placement import CYCLE_DEPTH, Admission, Decision, Growth, Served, may_grow, schedule
 from libs.settings import Settings
 from services.scheduler.domain.arrays import held_back
 from services.scheduler.domain.names import job_change
@@ -68,12 +68,14 @@ def decide(state: SchedulerState, now: datetime) -> Decision | None:
     """The cycle's decision on the queue and the growable jobs; None when no job could start or grow."""
     waiting = state.queue()
     held = held_back(state, (job.job_id for job in waiting))  # arrays at their `%N`: the rest wait
+    nodes = node_capacity(state)
+    served = Served.by(node.info for node in nodes)  # a job no node could take does not count against the depth
     queue = [queued_job(state, job, now) for job in itertools.islice(
-        (job for job in waiting if job.job_id not in held), CYCLE_DEPTH)]
+        (job for job in waiting if job.job_id not in held and served.may_serve(job.spec)), CYCLE_DEPTH)]
     running = running_jobs(state, now)
     if not queue and not any(map(may_grow, running)):
         return None
-    return schedule(queue, node_capacity(state), cluster_flavors(state), running=running, now=now)
+    return schedule(queue, nodes, cluster_flavors(state), running=running, now=now)
 
 
 def admissions(state: SchedulerState, decision: Decision, now: datetime) -> list[NewEvent]:
