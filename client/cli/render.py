@@ -224,6 +224,12 @@ def expected_start(prediction: Prediction) -> str:
     return f"likely {clock_time(likely, now)}, latest {clock_time(latest, now)}"
 
 
+def ago(when: datetime, now: datetime) -> str:
+    """`just now`, `25 min ago`, `2 h 5 min ago`: how long before `now` `when` was, in whole minutes."""
+    minutes = int((now - when).total_seconds() // 60)
+    return "just now" if minutes < 1 else f"{minutes_text(minutes)} ago"
+
+
 def waited(since: datetime, now: datetime) -> str:
     """`45 min`, `3 h 5 min`, `2 d 4 h`: how long a job has waited, in whole minutes."""
     return minutes_text(max(0, int((now - since).total_seconds() // 60)))
@@ -236,7 +242,7 @@ def queue_row(job: JobView, now: datetime) -> list[Styled]:
             expected_start(job.expected) if job.expected is not None else "-"]
 
 
-def job_detail_rows(details: JobDetails) -> list[tuple[str, Styled]]:
+def job_detail_rows(details: JobDetails, *, now: datetime | None = None) -> list[tuple[str, Styled]]:
     """`show`: the job's state, placement and recovery, one (key, value) per line."""
     job = details.job
     rows: list[tuple[str, Styled]] = [
@@ -253,10 +259,12 @@ def job_detail_rows(details: JobDetails) -> list[tuple[str, Styled]]:
                     ("image", f"{ref} ({digest.removeprefix('sha256:')[:12]})"))
     if job.queue_position:
         rows.insert(5, ("queue position", str(job.queue_position)))
-    if job.expected is not None:  # S6, as `why` and `predict` tell it
-        rows.insert(6, ("expected start", expected_start(job.expected)))
+    if job.expected is not None:  # S6, as `why` and `predict` tell it, from the latest plan: how old it is
+        expected: list[tuple[str, Styled]] = [("expected start", expected_start(job.expected))]
         if job.expected.reason:
-            rows.insert(7, ("waiting", job.expected.reason))
+            expected.append(("waiting", job.expected.reason))
+        expected.append(("planned", ago(job.expected.predicted_at, now or datetime.now(UTC))))
+        rows[6:6] = expected
     rows.extend(recovery_rows(details))
     return rows
 

@@ -216,3 +216,32 @@ async def test_a_prediction_being_planned_does_not_hold_up_other_commands(
     gate.released.set()
     prediction = await asking
     assert not prediction.starts_now and prediction.position == 1  # no nodes: it fits nowhere
+
+
+async def test_a_waiting_job_is_shown_at_once_with_its_latest_prediction_while_a_plan_is_held(
+        client: TrainyardClient, schedulers: Schedulers) -> None:
+    queued = await client.submit(spec("queued"))
+    recorded = await eventually(lambda: prediction_of(client, queued.job_id))
+    gate = schedulers.gate_planning()
+    asking = asyncio.create_task(client.predict(spec()))
+    try:
+        await gate.planning()  # the planning thread is held: no new plan can be made meanwhile
+        # Answered while the plan is held (a generous bound: it waited for a plan of its own before), with the
+        # latest prediction made (recorded when the job was queued, or of a plan a look started since), which says
+        # when it was made.
+        shown = (await asyncio.wait_for(client.get_job(queued.job_id), 4.0)).job
+        assert not asking.done()
+        held = shown.expected
+        assert held is not None and held.predicted_at >= recorded.predicted_at
+        assert held.position == recorded.position == 1
+    finally:
+        gate.released.set()
+    await asking
+    # The plans looks start (shared with listings, paced) give a later look its start as expected now.
+    fresher = await eventually(lambda: expected_after(client, queued.job_id, held.predicted_at))
+    assert not fresher.starts_now and fresher.position == 1
+
+
+async def expected_after(client: TrainyardClient, job_id: str, after: datetime) -> Prediction | None:
+    expected = (await client.get_job(job_id)).job.expected
+    return expected if expected is not None and expected.predicted_at > after else None

@@ -9,7 +9,6 @@ from __future__ import annotations
 import asyncio
 import itertools
 import operator
-import time
 from collections.abc import Awaitable, Callable
 from datetime import datetime
 from typing import Any
@@ -80,9 +79,10 @@ from services.scheduler.domain import arrays
 from services.scheduler.domain.access import access_error, can_view
 from services.scheduler.domain.names import JOB, SERVICE
 from services.scheduler.domain.spec_checks import invalid_spec, spec_errors
-from services.scheduler.domain.state import SchedulerState
+from services.scheduler.domain.state import Job, SchedulerState
 from services.scheduler.domain.views import dev_env, flavor_list, node_resources, node_views, status_sentence
 from services.scheduler.domain.visibility import hide_applications, hide_jobs
+from services.scheduler.handlers.shared_plans import SharedPlans, consumed, latest_expectation
 from services.scheduler.history.past import PastStates
 from services.scheduler.interfaces import Reading, Scheduling
 from services.scheduler.planning.decision_inputs import cluster_flavors, node_capacity, queued_jobs, running_jobs
@@ -91,9 +91,9 @@ from services.scheduler.planning.prediction import Forecast
 
 NOT_ENDED = frozenset({"queued", "running"})  # the statuses of the state's active jobs
 NEWEST = operator.attrgetter("queue_order")  # listings show the newest jobs first
-# How long a listing, and the details of one job, wait for the plan of their waiting jobs' expected starts.
+# How long a listing waits for the plan of its waiting jobs' expected starts, and the details of one job of a past
+# state (the live scheduler's wait for none: shared_plans.py).
 LISTING_WAIT, DETAILS_WAIT = 1.0, 5.0
-LISTING_SHARE = 0.2  # of the time, at most, spent planning for listings
 
 
 def live_summary(state: SchedulerState, summary: JobSummary) -> JobSummary:
@@ -108,52 +108,21 @@ def live_summary(state: SchedulerState, summary: JobSummary) -> JobSummary:
     return msgspec.structs.replace(summary, nodes=nodes, master=master)
 
 
-class _ListingPlans:
-    """The plans listings start, at most `LISTING_SHARE` of the time. A client polling `list` while a deep queue
-    changes would otherwise keep a plan running at all times, each as costly as a prediction (a second or more on
-    a small cluster with a deep queue), and the planning thread's hold on the interpreter slowed the whole
-    scheduler (its CPU a trivial job went up seven times in `bench.throughput`). A listing of jobs the latest plan
-    covers gets its answer, while it runs or, once done, until the next may start; others meanwhile go without."""
-
-    def __init__(self) -> None:
-        self.latest: asyncio.Future[dict[str, Forecast]] | None = None
-        self.jobs: frozenset[str] = frozenset()
-        self.began = self.rest_until = 0.0
-
-    def shared(self, job_ids: list[str]) -> asyncio.Future[dict[str, Forecast]] | None:
-        """The latest plan, if it covers `job_ids` and is running or still fresh."""
-        if self.latest is None or not self.jobs.issuperset(job_ids):
-            return None
-        return self.latest if self.resting() else None
-
-    def resting(self) -> bool:
-        """Whether a new plan must wait: one runs, or the last ended too recently."""
-        return self.latest is not None and (not self.latest.done() or time.monotonic() < self.rest_until)
-
-    def started(self, planned: asyncio.Future[dict[str, Forecast]],
-                job_ids: list[str]) -> asyncio.Future[dict[str, Forecast]]:
-        self.latest, self.jobs, self.began = planned, frozenset(job_ids), time.monotonic()
-        planned.add_done_callback(self._ended)
-        return planned
-
-    def _ended(self, planned: asyncio.Future[Any]) -> None:
-        _consumed(planned)
-        ended = time.monotonic()
-        self.rest_until = ended + (ended - self.began) * (1 - LISTING_SHARE) / LISTING_SHARE
-
-
-def _consumed(planned: asyncio.Future[Any]) -> None:
-    """A plan no one waited for to its end: its failure is the planning thread's to log, not an unread one."""
-    if not planned.cancelled():
-        planned.exception()
+def _waits(job: Job | None) -> bool:
+    """Whether the job waits in the queue for its start (a job being pre-checked holds its nodes already)."""
+    return job is not None and job.status == "queued" and not job.prechecking
 
 
 class StateQueries:
     """The views of the scheduler's state: of the live one, or of the one it had at a past instant (past.py)."""
 
-    def __init__(self, scheduler: Reading) -> None:
+    def __init__(self, scheduler: Reading, *, own_planning: bool = True) -> None:
         self.scheduler = scheduler
-        self._listings = _ListingPlans()
+        # Whether its planning thread plans for its views alone, as a past state's does; the live scheduler's plans
+        # new jobs' predictions and `predict` too.
+        self.own_planning = own_planning
+        self._plans = SharedPlans(lambda job_ids: self.scheduler.forecast_queued(job_ids),
+                                  lambda job_id: _waits(self.state.jobs.get(job_id)))
 
     @property
     def state(self) -> SchedulerState:
@@ -186,20 +155,20 @@ class StateQueries:
         """The views, each waiting job's with its start as expected now (one plan for all of them, as `why`
         and `predict` make it). A listing is not held up by a plan that takes longer than `wait` (a deep queue on a
         large cluster, or the predictions of new jobs planned first): then it goes without. Listings share their
-        plans (`shared`, `_ListingPlans`), so that a client polling `list` does not keep the planning thread busy."""
-        waiting = [v.job_id for v in views if v.status == "queued" and not self.state.jobs[v.job_id].prechecking]
+        plans (`shared`, `SharedPlans`), so that a client polling `list` does not keep the planning thread busy."""
+        waiting = [v.job_id for v in views if _waits(self.state.jobs[v.job_id])]
         if not waiting:
             return views
         planned: asyncio.Future[dict[str, Forecast]]
         if not shared:
             planned = asyncio.ensure_future(self.scheduler.forecast_queued(waiting))
-            planned.add_done_callback(_consumed)
-        elif (latest := self._listings.shared(waiting)) is not None:
+            planned.add_done_callback(consumed)
+        elif (latest := self._plans.shared(waiting)) is not None:
             planned = latest
-        elif self._listings.resting():
+        elif self._plans.resting():
             return views  # as when a plan takes longer than the wait
         else:
-            planned = self._listings.started(asyncio.ensure_future(self.scheduler.forecast_queued(waiting)), waiting)
+            planned = self._plans.start(waiting)
         try:
             forecasts = await asyncio.wait_for(asyncio.shield(planned), wait)
         except TimeoutError:
@@ -219,8 +188,17 @@ class StateQueries:
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         job = self.state.jobs[request.job_id]
-        view, = await self.expected([self.state.view(job)], wait=DETAILS_WAIT, shared=False)
-        return JobDetails(job=view, spec=job.spec)
+        view = self.state.view(job)
+        if not _waits(job):
+            return JobDetails(job=view, spec=job.spec)
+        if self.own_planning:  # a past state's: nothing else waits on its planning thread
+            view, = await self.expected([view], wait=DETAILS_WAIT, shared=False)
+            return JobDetails(job=view, spec=job.spec)
+        # Never held up by a plan of the whole queue (seconds deep, behind new jobs' predictions): what the latest
+        # plan expected, and a new plan for the next look when none runs or rests (shared_plans.py).
+        expected = latest_expectation(job, self._plans.kept.get(job.job_id))
+        self._plans.refresh(job.job_id)
+        return JobDetails(job=msgspec.structs.replace(view, expected=expected), spec=job.spec)
 
     async def list_nodes(self, _: ListNodes, identity: Identity) -> NodeList:
         return hide_jobs(NodeList(nodes=node_views(self.state)), self.state, identity)
@@ -271,7 +249,7 @@ class JobQueries(StateQueries):
 
     def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext,
                  past: PastStates | None = None) -> None:
-        super().__init__(scheduler)
+        super().__init__(scheduler, own_planning=False)
         self.live = scheduler
         self.store, self.js = store, js  # for a job's history: its own log, the others' published events
         self.past = past or PastStates(store, js, lambda: scheduler.state.cluster)
