@@ -6,6 +6,9 @@
 
 Refused requests raise `TrainyardError` carrying the service's code, message and hint. Every request
 carries the caller's signed token (libs.auth): given, or found by `client.config.default_token`.
+
+Opening fails fast when NATS cannot be reached; once open, the client reconnects for as long as it is open, however
+long NATS is away, and sends again what may have been lost with the server where that is safe (`sent_again`).
 """
 
 from __future__ import annotations
@@ -119,6 +122,7 @@ from libs.contracts.operations.jobs import (
     SUBMIT_JOB,
     ChangeDuration,
     ChangePriority,
+    ChunksOnce,
     CloneJob,
     DeleteJobs,
     DevEnvSpec,
@@ -169,7 +173,7 @@ from libs.contracts.operations.runs import (
 )
 from libs.contracts.scheduling import AdminSettings, NodeResources, Prediction, StoredAccess, StoredKind, WhyReport
 from libs.imagefiles import file_digest
-from libs.messaging.connection import LoginRefused, NatsLogin, connect_once
+from libs.messaging.connection import LoginRefused, NatsLogin, close_connection, connect_once
 from libs.messaging.rpc import ServiceUnavailable, call_operation
 from libs.natsroles import nats_user_for
 
@@ -181,6 +185,38 @@ LOG_DRAIN_SECONDS = 1.0
 # 1, 2 and 4 s between attempts outlasts a scheduler that the local stack's supervisor restarts.
 CREATE_ATTEMPTS = 4
 CREATE_RETRY_SECONDS = 1.0  # the wait before the second attempt, doubled before each later one
+
+# A request out when the client's connection to NATS is made anew may have been lost with the server, or its reply
+# may have been. One whose second delivery can do nothing the first did not is sent again at once (`sent_again`):
+# - every query (an operation whose `changes_state` is false): it changes nothing. A what-if (`simulate`) is the
+#   exception: sent once, as a second replay would double the scheduler's work; its progress and reply still
+#   come on the connection made anew;
+# - the commands that create by an id the client chose: submit-job, clone-job, submit-array (`_create`, which also
+#   sends them again when nothing answers); preload-dataset, by its preload id; upload-image, by the chunk's offset
+#   (a chunk taken before is not appended again);
+# - the commands that set something to what the request names and record nothing when it is so already:
+#   stop-jobs, change-priority, change-duration, change-settings, set-storage-access, mark-image, mark-component.
+#   The reply to a second delivery tells what that one found ("already urgent", "stopping 0 job(s)").
+# The others (`SENT_ONCE`) are sent once and wait for their reply until the timeout: sent again, a deletion or a
+# registration done by the first would be refused, and a second terminal would be opened.
+SENT_AGAIN_COMMANDS: frozenset[str] = frozenset({
+    SUBMIT_JOB.name, CLONE_JOB.name, SUBMIT_ARRAY.name, PRELOAD_DATASET.name, UPLOAD_IMAGE.name, STOP_JOBS.name,
+    CHANGE_PRIORITY.name, CHANGE_DURATION.name, CHANGE_SETTINGS.name, SET_STORAGE_ACCESS.name, MARK_IMAGE.name,
+    MARK_COMPONENT.name,
+})
+SENT_ONCE: frozenset[str] = frozenset({DELETE_JOBS.name, DELETE_IMAGE.name, REGISTER_IMAGE.name, OPEN_TERMINAL.name})
+# How many times in all a request is sent while the connection keeps being made anew under it; the last attempt
+# waits for its reply until the timeout, whatever the connection does.
+SEND_ATTEMPTS = 5
+# After a reconnection the services reconnect too, each at its own pace: for this long after it, such a request that
+# nothing answers is sent again after a pause.
+RECONNECTED_GRACE_SECONDS = 5.0
+RESEND_PAUSE_SECONDS = 0.5
+
+
+def sent_again(operation: Operation[Any, Any]) -> bool:
+    """Whether a request of `operation` is sent again when the connection is made anew while it is out."""
+    return not operation.changes_state or operation.name in SENT_AGAIN_COMMANDS
 
 
 class TrainyardError(Exception):
@@ -209,21 +245,32 @@ class CreationUnanswered(NoAnswer):
         self.job_id = job_id
 
 
+class Reconnected(NoAnswer):
+    """The connection to NATS was made anew while the request was out: the request or its reply may have been
+    lost with the server."""
+
+
 class Reconnections:
     """Tells a request that was out when the client's connection to NATS was made anew: its request or its
-    reply may have been lost with the server it was connected to (a server of a cluster killed)."""
+    reply may have been lost with the server it was connected to (a server restarted, or one of a cluster killed)."""
 
     def __init__(self) -> None:
         self._next = asyncio.Event()
+        self.last: float | None = None  # the event loop's time of the latest reconnection
 
     async def happened(self) -> None:
         """nats-py's callback after a reconnection."""
+        self.last = asyncio.get_running_loop().time()
         self._next.set()
         self._next = asyncio.Event()
 
     def next(self) -> asyncio.Event:
         """Set at the next reconnection."""
         return self._next
+
+    def within(self, seconds: float) -> bool:
+        """Whether the connection was made anew less than `seconds` ago."""
+        return self.last is not None and asyncio.get_running_loop().time() - self.last < seconds
 
 
 class TrainyardClient:
@@ -239,6 +286,9 @@ class TrainyardClient:
 
     @classmethod
     async def open(cls, nats_url: str | None = None, *, token: str | None = None) -> TrainyardClient:
+        """A client connected to NATS at `nats_url` (default: `NATS_URL`, else the local stack's). Raises at once
+        when NATS cannot be reached (`ServiceUnavailable`, `cannot connect to NATS at …`) or refuses the token
+        (`TrainyardError`, code `unauthenticated`); once connected, it reconnects for as long as it is open."""
         url = nats_url or default_nats_url()
         token = token if token is not None else default_token()
         reconnections = Reconnections()
@@ -258,16 +308,39 @@ class TrainyardClient:
 
     @property
     def closed(self) -> bool:
-        """The connection gave up (NATS was away longer than its few reconnects): open a new client."""
+        """The connection is closed: by `close`, or by NATS once the token ran out (its reconnections are refused
+        then). A client reconnects for as long as it is open, however long NATS is away."""
         return bool(self.nc.is_closed)
 
     async def close(self) -> None:
-        with contextlib.suppress(Exception):
-            await self.nc.drain()
+        await close_connection(self.nc)  # at once while NATS is away: it would otherwise reconnect for ever
 
     async def ask(self, operation: Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
         """Send `request` as `operation` (libs/contracts/operations) and return its reply; a refusal raises
-        `TrainyardError`, no answer `NoAnswer`."""
+        `TrainyardError`, no answer `NoAnswer`.
+
+        A request that may be delivered twice (`sent_again`: every query, and the commands listed in
+        SENT_AGAIN_COMMANDS) is sent again at once when the connection to NATS is made anew while it is out, and
+        again after a short pause when nothing answers it within RECONNECTED_GRACE_SECONDS of a reconnection (the
+        services reconnect too), SEND_ATTEMPTS times in all. Any other is sent once, and waits for its reply (which
+        may still come after a reconnection) until the timeout.
+        """
+        if self.reconnections is None or not sent_again(operation):
+            return await self._ask_once(operation, request)
+        reconnections = self.reconnections
+        for _ in range(SEND_ATTEMPTS - 1):
+            try:
+                reply: ReplyT = await self._until_reconnected(operation, request)
+                return reply
+            except Reconnected:
+                continue
+            except NoAnswer:
+                if not reconnections.within(RECONNECTED_GRACE_SECONDS):
+                    raise
+                await asyncio.sleep(RESEND_PAUSE_SECONDS)
+        return await self._ask_once(operation, request)
+
+    async def _ask_once(self, operation: Operation[RequestT, ReplyT], request: RequestT) -> ReplyT:
         reply: ReplyT = await self._answered(
             operation.subject, call_operation(self.nc, operation, request, timeout=self.timeout, token=self.token),
             operation.reply)
@@ -320,7 +393,7 @@ class TrainyardClient:
         wait = CREATE_RETRY_SECONDS
         for next_attempt in range(2, CREATE_ATTEMPTS + 1):
             try:
-                return await self._create_once(operation, request)
+                return await self._until_reconnected(operation, request)
             except (NoAnswer, TrainyardError) as exc:
                 if isinstance(exc, TrainyardError) and exc.error.code != "unavailable":
                     raise
@@ -329,17 +402,17 @@ class TrainyardClient:
                 await asyncio.sleep(wait)
                 wait *= 2
         try:
-            return await self._create_once(operation, request)
+            return await self._until_reconnected(operation, request)
         except NoAnswer as exc:
             raise CreationUnanswered(operation.subject, job_id, CREATE_ATTEMPTS, exc) from None
 
-    async def _create_once(self, operation: Operation[Any, Any], request: SubmitJob | CloneJob | SubmitArray) -> Any:
-        """One attempt, given up as soon as the connection is made anew while it is out (the request or its reply
-        may be lost with the server): sent again then, rather than after the whole timeout."""
+    async def _until_reconnected(self, operation: Operation[Any, Any], request: Any) -> Any:
+        """One attempt, given up with `Reconnected` as soon as the connection is made anew while it is out (the
+        request or its reply may be lost with the server): sent again then, rather than after the whole timeout."""
         if self.reconnections is None:
-            return await self.ask(operation, request)
+            return await self._ask_once(operation, request)
         reconnected = self.reconnections.next()
-        calling = asyncio.ensure_future(self.ask(operation, request))
+        calling = asyncio.ensure_future(self._ask_once(operation, request))
         waiting = asyncio.ensure_future(reconnected.wait())
         try:
             await asyncio.wait({calling, waiting}, return_when=asyncio.FIRST_COMPLETED)
@@ -350,7 +423,7 @@ class TrainyardClient:
                 with contextlib.suppress(BaseException):  # its outcome no longer matters
                     await calling
         if calling.cancelled():
-            raise NoAnswer(operation.subject, "the connection to NATS was made anew while the request was out")
+            raise Reconnected(operation.subject, "the connection to NATS was made anew while the request was out")
         return calling.result()
 
     async def stop(self, job_ids: Sequence[str], arrays: Sequence[ArraySelection] = ()) -> Done:
@@ -605,13 +678,21 @@ class TrainyardClient:
                              progress: Callable[[int, int], None] | None = None) -> ImageRecord:
         """Upload the image archive `archive` (administrators) in chunks, then register it as `ref` (NAME[:TAG])
         for `boards`; `progress(sent, total)` after each chunk. Raises ImageRefError for a bad reference and
-        OSError for an unreadable file, before anything is sent."""
+        OSError for an unreadable file, before anything is sent.
+
+        The upload is named by the archive's digest: when an earlier upload of it was cut off (the process
+        killed, the connection lost), the scheduler still holds its start, and only the rest is sent
+        (`progress` is told first how much that start is)."""
         name, tag = parse_image_ref(ref)
         total = archive.stat().st_size
         digest = await asyncio.to_thread(file_digest, archive)
-        upload_id = secrets.token_hex(16)
-        sent = 0
+        upload_id = digest.removeprefix("sha256:")[:32]
+        held: UploadReceived = await self.ask(UPLOAD_IMAGE, UploadImageChunk(upload_id=upload_id, offset=0, data=b""))
+        sent = held.received_bytes
+        if sent and progress is not None:
+            progress(sent, total)
         with archive.open("rb") as source:
+            source.seek(sent)
             while chunk := await asyncio.to_thread(source.read, MAX_CHUNK_BYTES):
                 chunk_request = UploadImageChunk(upload_id=upload_id, offset=sent, data=chunk)
                 received: UploadReceived = await self.ask(UPLOAD_IMAGE, chunk_request)
@@ -681,10 +762,11 @@ class TrainyardClient:
         loop = asyncio.get_running_loop()
         after = 0
         drain_until: float | None = None
+        once = ChunksOnce()  # a chunk its agent shipped again long after (a node down for minutes) is shown once
         while True:
             request = GetJobLogs(job_id=job_id, rank=rank, after=after)
             page: LogPage = await self.ask(JOB_LOGS, request)
-            for chunk in page.chunks:
+            for chunk in once.fresh(page.chunks):
                 yield chunk
             after = page.next_after
             if page.more:

@@ -235,7 +235,7 @@ class Stack(Generic[ClientT]):
     async def api(self, timeout: float = 30) -> ClientT:
         """The stack's client, opened on first use: retried while NATS refuses the login, as it does until
         a service answering its auth callout runs."""
-        if self.client is not None and self.client.closed:  # NATS was away longer than it reconnects
+        if self.client is not None and self.client.closed:  # closed: its token ran out while NATS was away
             self.client = None
         if self.client is None:
             deadline = asyncio.get_running_loop().time() + timeout

@@ -24,6 +24,7 @@ from pathlib import Path
 
 from agent.caches.datacache import DatasetCache, Progress, StagingError
 from agent.caches.imageprep import ImagePreparation
+from agent.caches.threadsafe import ThreadSafeEvent
 from agent.output.tail import append_note
 from libs.contracts.agent import StageDataset
 from libs.contracts.datacache import (
@@ -139,7 +140,9 @@ class DataPreparation:
         """Publish the whole cache whenever it changed (or the image cache of `images`), and every
         `PROGRESS_SECONDS` while copies are under way (so their progress shows); the evictions a report carries
         are then forgotten."""
-        changes = [self.cache.changed] if images is None else [self.cache.changed, images.changed]
+        changes: list[asyncio.Event | ThreadSafeEvent] = [self.cache.changed]
+        if images is not None:
+            changes.append(images.changed)
         while True:
             if self.cache.copying():
                 with contextlib.suppress(TimeoutError):
@@ -165,7 +168,7 @@ class DataPreparation:
             del self.cache.evicted[:len(evicted)]
 
 
-async def _any_set(events: Sequence[asyncio.Event]) -> None:
+async def _any_set(events: Sequence[asyncio.Event | ThreadSafeEvent]) -> None:
     """Until one of `events` is set."""
     waiting = [asyncio.ensure_future(event.wait()) for event in events]
     try:

@@ -10,7 +10,9 @@ so the same code runs against a development server that has none.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -94,6 +96,19 @@ class NatsLogin:
         elif self.token:
             found["token"] = self.token
         return found
+
+    def expired(self) -> bool:
+        """Whether the login's token has run out, by its own `exp` (read, not verified: the auth callout verifies
+        it); a login without a token never does."""
+        if not self.token:
+            return False
+        import jwt  # here, not at the top: only a connection whose login was refused asks
+
+        try:
+            expires = jwt.decode(self.token, options={"verify_signature": False}).get("exp")
+        except jwt.InvalidTokenError:
+            return False
+        return isinstance(expires, int | float) and time.time() >= expires
 
     @classmethod
     def for_service(cls, service: str) -> NatsLogin:
@@ -183,28 +198,84 @@ class LoginRefused(ConnectionError):
     """NATS refused the credentials (a missing, expired or forged token, a wrong password)."""
 
 
+# A client's first connection fails fast when nothing answers: each server of NATS_URL is tried this many times more,
+# RECONNECT_SECONDS apart (about two seconds in all), so that the CLI tells at once that the stack is not reachable.
+FIRST_CONNECT_RETRIES = 3
+RECONNECT_SECONDS = 0.5
+
+
 async def connect_once(url: str, name: str, login: NatsLogin | None = None, *,
                        reconnected: Callable[[], Awaitable[None]] | None = None) -> Client:
-    """A client's connection: fails fast when the server is not there, reconnects a while after (and then
-    calls `reconnected`).
+    """A client's connection (the CLI, the Python client, the gateway's connection of one user): the first
+    connection fails fast when the server is not there; once connected, it reconnects for as long as it is open,
+    every RECONNECT_SECONDS however long the server is away, and calls `reconnected` after each reconnection (a
+    request out meanwhile may have been lost with the server). Its subscriptions are made again on the new
+    connection by nats-py.
 
-    Raises `LoginRefused` when the server answered but refused the login, so the caller can say so.
+    Raises `LoginRefused` when the server answered but refused the login, so the caller can say so. A login
+    refused at a reconnection is tried again, for the server may be back before the service that answers its auth
+    callout; but once the login's token has run out the connection is closed, as NATS closes a connected one
+    whose token runs out: no later attempt could be admitted. Close it with `close_connection`.
     """
-    seen: list[str] = []
-
-    async def remember(exc: Exception) -> None:  # surfaces as the exception raised below, not as a log line
-        seen.append(str(exc) or type(exc).__name__)
-
+    login = login or NatsLogin()
+    errors = _ClientErrors(login)
     try:
-        return await _connected(await nats.connect(server_urls(url), name=name, allow_reconnect=True,
-                                                   max_reconnect_attempts=3,
-                                                   reconnect_time_wait=0.5, connect_timeout=3, error_cb=remember,
-                                                   reconnected_cb=reconnected, **(login or NatsLogin()).options()))
+        nc = await _connected(await nats.connect(server_urls(url), name=name, allow_reconnect=True,
+                                                 max_reconnect_attempts=FIRST_CONNECT_RETRIES,
+                                                 reconnect_time_wait=RECONNECT_SECONDS, connect_timeout=3,
+                                                 error_cb=errors.record, reconnected_cb=reconnected,
+                                                 **login.options()))
     except Exception:
-        if any("authorization" in error.lower() for error in seen):
+        if errors.refused_login():
             raise LoginRefused("NATS refused the login (authorization violation): the token is missing, expired or "
                                "not valid here") from None
         raise
+    # nats-py reads this limit afresh at every attempt: the one that bounded the first connection ends here, and
+    # the connection is made anew whenever the server comes back (-1: no limit).
+    nc.options["max_reconnect_attempts"] = -1
+    errors.connected(nc)
+    return nc
+
+
+class _ClientErrors:
+    """nats-py's error callback for a client's connection. Until it is connected, the errors are kept, to be raised
+    as one exception (not logged: the CLI prints it); after, a login refused with a token that has run out closes
+    the connection rather than trying it again for ever."""
+
+    def __init__(self, login: NatsLogin) -> None:
+        self.login = login
+        self.first: list[str] = []
+        self.nc: Client | None = None
+        self.closing: asyncio.Task[None] | None = None
+
+    def connected(self, nc: Client) -> None:
+        self.nc = nc
+        self.first.clear()
+
+    def refused_login(self) -> bool:
+        return any("authorization" in error.lower() for error in self.first)
+
+    async def record(self, exc: Exception) -> None:
+        text = str(exc) or type(exc).__name__
+        if self.nc is None:
+            self.first.append(text)
+        elif "authorization" in text.lower() and self.closing is None and self.login.expired():
+            # In a task of its own: nats-py calls this from its reconnection task, which closing cancels.
+            self.closing = asyncio.get_running_loop().create_task(self.nc.close())
+
+
+async def close_connection(nc: Client) -> None:
+    """Close a client's connection: drained (what it still sends is delivered, its subscriptions end) while it is
+    connected; at once while it is reconnecting, which nats-py cannot drain, and which would otherwise go on
+    reconnecting after its owner let it go."""
+    if nc.is_closed or nc.is_draining:  # closed, or being closed by another caller
+        return
+    if nc.is_connected:
+        with contextlib.suppress(Exception):
+            await nc.drain()
+    if not nc.is_closed:
+        with contextlib.suppress(Exception):
+            await nc.close()
 
 
 def owned_streams(service: str | None) -> tuple[Sequence[StreamConfig], bool]:

@@ -189,6 +189,6 @@ async def call(nc: Client, subject: str, request: msgspec.Struct, *, timeout: fl
         raise ServiceUnavailable(f"nothing answers on {subject}") from None
     except NatsTimeout:
         raise ServiceUnavailable(f"no answer on {subject} within {timeout:g}s") from None
-    except ConnectionClosedError:  # a client's connection gives up after a few reconnects
+    except ConnectionClosedError:  # closed (by its owner, or by an expired token it cannot log in with again)
         raise ServiceUnavailable(f"the connection to NATS is closed; nothing was sent on {subject}") from None
     return decode_any(msg.data, reply_type)

@@ -5,6 +5,11 @@ caller's own token (through the auth callout, libs/natsauth.py), so NATS enforce
 inbox as for that person's CLI, and the services check the same token. A connection unused for a while is
 closed; so is the least recently used one when there are too many, but never one held by a long-lived use (a
 terminal's session lives on its connection's subjects).
+
+Once made, a connection reconnects for as long as it is open (`connect_once`), however long NATS is away: a
+console page or a follow stream open for hours outlives a restart of the NATS server, its subscriptions made again
+on the new connection, and a request sent meanwhile goes once the server is back (or ends at its timeout). Only a
+first connection fails fast, when NATS cannot be reached.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ from collections.abc import AsyncIterator
 
 from nats.aio.client import Client
 
-from libs.messaging.connection import NatsLogin, connect_once
+from libs.messaging.connection import NatsLogin, close_connection, connect_once
 
 IDLE_SECONDS = 300.0
 MOST_CONNECTIONS = 500
@@ -34,8 +39,9 @@ class UserConnections:
         self._held: Counter[str] = Counter()  # token digest -> uses that keep it open
 
     async def for_token(self, token: str) -> Client:
-        """The connection of `token`'s user, made now if there is none (raises `LoginRefused` when NATS refuses
-        the token, and what nats-py raises when the server cannot be reached)."""
+        """The connection of `token`'s user, made now if there is none or NATS closed it (raises `LoginRefused` when
+        NATS refuses the token, and what nats-py raises when the server cannot be reached). One that is reconnecting
+        is handed out as it is: what is sent on it goes once the server is back."""
         key = _key(token)
         async with self._connecting.setdefault(key, asyncio.Lock()):
             found = self._open.get(key)
@@ -86,8 +92,7 @@ class UserConnections:
     async def _close(self, key: str, nc: Client) -> None:
         self._open.pop(key, None)
         self._connecting.pop(key, None)
-        with contextlib.suppress(Exception):
-            await nc.drain()
+        await close_connection(nc)  # while NATS is away too: it would otherwise reconnect for ever
 
     async def close(self) -> None:
         for key, (nc, _) in list(self._open.items()):

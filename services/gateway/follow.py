@@ -32,7 +32,16 @@ from starlette.types import Message, Receive, Scope, Send
 from libs.contracts.jobspec import FieldError
 from libs.contracts.operations.alerts import LIST_ALERTS, AlertPage, ListAlerts
 from libs.contracts.operations.base import TERMINAL_STATUSES, CommandError
-from libs.contracts.operations.jobs import GET_JOB, JOB_LOGS, GetJob, GetJobLogs, JobDetails, JobView, LogPage
+from libs.contracts.operations.jobs import (
+    GET_JOB,
+    JOB_LOGS,
+    ChunksOnce,
+    GetJob,
+    GetJobLogs,
+    JobDetails,
+    JobView,
+    LogPage,
+)
 from libs.contracts.operations.runs import GET_SERIES, GetSeries, PointsOnce, SeriesPage
 from libs.contracts.operations.watches import JobChanged, LogPushed
 from libs.messaging.responder import error_for_decode_failure
@@ -318,11 +327,13 @@ class FollowStreams:
         loop = asyncio.get_running_loop()
         drain_until: float | None = None
         known = read_known = 0  # the furthest position named by a push or the watch; when the page was read
+        once = ChunksOnce()  # a chunk its agent shipped again long after is sent once
         try:
             async with self.watches.watch(caller.token, asked.job_id, logs=True) as watch:
                 while True:
                     for chunk, after in numbered(page.chunks, asked.after, page.next_after, skip):
-                        yield frame("log", msgspec.json.encode(chunk), str(after))
+                        if once.first_time(chunk):
+                            yield frame("log", msgspec.json.encode(chunk), str(after))
                     skip = 0
                     # A whole page covers every position pushed before it was read, whichever rank it asked for.
                     asked = msgspec.structs.replace(
@@ -343,7 +354,8 @@ class FollowStreams:
                                 continue  # read in a page already
                             if arrival.previous is None or arrival.previous > asked.after:
                                 break  # one is missing: read from where the stream is
-                            if asked.rank is None or arrival.chunk.rank == asked.rank:
+                            if (asked.rank is None or arrival.chunk.rank == asked.rank) and once.first_time(
+                                    arrival.chunk):
                                 yield frame("log", msgspec.json.encode(arrival.chunk), str(arrival.position))
                             asked = msgspec.structs.replace(asked, after=arrival.position)
                         elif isinstance(arrival, JobChanged):

@@ -128,11 +128,12 @@ async def stop(http: httpx.AsyncClient, job_id: str) -> None:
     assert stopped.status_code == 200, stopped.text
 
 
-async def publish_chunk(nc: Client, job_id: str, rank: int, seq: int, lines: list[str]) -> None:
-    """A chunk of the job's log, stored as an agent stores it (as tests/integration/test_job_logs.py does)."""
+async def publish_chunk(nc: Client, job_id: str, rank: int, seq: int, lines: list[str], shipment: str = "") -> None:
+    """A chunk of the job's log, stored as an agent stores it (as tests/integration/test_job_logs.py does);
+    `shipment` tells one shipped again after the stream's duplicate window, which the stream stores again."""
     chunk = LogChunk(job_id=job_id, attempt=1, rank=rank, node=f"node-{rank}", seq=seq, lines=lines)
     await nc.jetstream().publish(subjects.node_logs(job_id, rank, chunk.node), encode(chunk),
-                                 headers={"Nats-Msg-Id": f"{job_id}.1.0.{rank}.log.{seq}"})
+                                 headers={"Nats-Msg-Id": f"{job_id}.1.0.{rank}.log.{seq}{shipment}"})
 
 
 async def events(response: httpx.Response) -> AsyncIterator[Event]:
@@ -424,3 +425,19 @@ async def test_a_watched_status_stream_reads_the_job_only_when_it_changed(gatewa
         rest = await taken(stream)
     assert [(event.kind, event.json().get("status")) for event in rest] == [("status", "stopped"), ("end", None)]
     await eventually(lambda: _watched(watched, job_id, 0))  # the stream ended its watch as it closed
+
+
+async def test_a_chunk_shipped_again_long_after_is_sent_once_paged_or_pushed(gateway: Gateway, watched: Monitor,
+                                                                             nc: Client) -> None:
+    job_id = await submitted(gateway.http)
+    await publish_chunk(nc, job_id, 0, 0, ["first"])
+    await publish_chunk(nc, job_id, 0, 0, ["first"], shipment=".again")  # read with the first page
+    async with gateway.http.stream("GET", "/api/v1/follow/logs", params={"job_id": job_id},
+                                   headers=as_user("alice")) as response:
+        stream = events(response)
+        assert lines_of(await taken(stream, 1)) == ["first"]
+        await eventually(lambda: _watched(watched, job_id))
+        await publish_chunk(nc, job_id, 0, 1, ["second"])
+        await publish_chunk(nc, job_id, 0, 1, ["second"], shipment=".again")  # pushed
+        await publish_chunk(nc, job_id, 0, 2, ["third"])
+        assert lines_of(await taken(stream, 2)) == ["second", "third"]

@@ -5,9 +5,6 @@ the boards of its flavors, and a job keeps the image it was accepted with."""
 from __future__ import annotations
 
 import hashlib
-import io
-import os
-import tarfile
 from pathlib import Path
 
 import pytest
@@ -15,18 +12,11 @@ import pytest
 from libs.contracts.events import JobSubmitted
 from libs.contracts.images import MAX_CHUNK_BYTES, image_archive
 from tests.support.schedulers import Login, refused, spec
+from tests.support.tarballs import rootfs_tarball
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-def rootfs_tarball(path: Path, payload_bytes: int = 0) -> Path:
-    """A small root-filesystem tarball; `payload_bytes` of random data make it span several upload chunks."""
-    with tarfile.open(path, "w") as archive:
-        for name, data in (("etc/os-release", b"ID=tiny\n"), ("usr/bin/payload", os.urandom(payload_bytes))):
-            member = tarfile.TarInfo(name)
-            member.size = len(data)
-            archive.addfile(member, io.BytesIO(data))
-    return path
 
 
 async def test_an_image_is_uploaded_registered_and_listed_by_everyone(login: Login, tmp_path: Path) -> None:

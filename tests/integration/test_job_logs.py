@@ -25,10 +25,13 @@ from tests.support.schedulers import Login, spec
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 
-async def publish_chunk(nc: Client, job_id: str, rank: int, seq: int, lines: list[str], attempt: int = 1) -> None:
+async def publish_chunk(nc: Client, job_id: str, rank: int, seq: int, lines: list[str], attempt: int = 1,
+                        shipment: str = "") -> None:
+    """A chunk as the rank's agent ships it; `shipment` tells a shipment made again outside the stream's duplicate
+    window (two minutes later), which the stream stores again."""
     chunk = LogChunk(job_id=job_id, attempt=attempt, rank=rank, node=f"node-{rank}", seq=seq, lines=lines)
     await nc.jetstream().publish(subjects.node_logs(job_id, rank, chunk.node), encode(chunk),
-                                 headers={"Nats-Msg-Id": f"{job_id}.{attempt}.0.{rank}.log.{seq}"})
+                                 headers={"Nats-Msg-Id": f"{job_id}.{attempt}.0.{rank}.log.{seq}{shipment}"})
 
 
 async def put_sample(nc: Client, job_id: str, attempt: int, rank: int, cpu: float = 50.0) -> None:
@@ -165,3 +168,17 @@ async def test_a_bad_page_request_is_refused_by_field(login: Login) -> None:
     assert isinstance(reply, CommandError)
     assert reply.code == "invalid-request"
     assert [e.field for e in reply.errors] == ["rank"]
+
+
+async def test_a_chunk_its_agent_shipped_again_long_after_is_read_once(login: Login, nc: Client) -> None:
+    alice = await login("alice")
+    job = (await alice.submit(spec())).job_id
+    await publish_chunk(nc, job, 0, 0, ["first"])
+    await publish_chunk(nc, job, 0, 1, ["second"])
+    await publish_chunk(nc, job, 1, 0, ["rank 1"])
+    # The agent of rank 0's node restarted after minutes down, not knowing its second chunk was stored.
+    await publish_chunk(nc, job, 0, 1, ["second"], shipment=".again")
+    await publish_chunk(nc, job, 0, 2, ["third"])
+    stored = await page(alice, GetJobLogs(job_id=job))
+    assert lines_of(stored.chunks) == ["first", "second", "rank 1", "second", "third"]  # the stream holds it twice
+    assert lines_of([chunk async for chunk in alice.logs(job)]) == ["first", "second", "rank 1", "third"]

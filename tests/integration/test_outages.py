@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import signal
-import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -24,7 +22,7 @@ from nats.aio.msg import Msg
 from agent.agent import NodeAgent
 from agent.isolation.workspace import BACKEND_VARIABLE, PLAIN
 from client.api import TrainyardClient, TrainyardError
-from devstack.servers import admin_url, create_database, free_port, start_nats, start_postgres
+from devstack.servers import admin_url, create_database, start_postgres
 from libs.auth import bearer_headers, issue_node_token, issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -55,6 +53,7 @@ from libs.skeleton.runtime import ServiceRuntime
 from services.scheduler.service import Scheduler
 from tests.support.agents import LAUNCHER, start_agent
 from tests.support.monitor import CLUSTER, start_monitor
+from tests.support.own_nats import OwnNats
 from tests.support.postgres import crash_postgres, private_postgres
 from tests.support.specs import sleeper
 
@@ -65,26 +64,9 @@ LOST_SECONDS = 2.0
 OUTAGE_SECONDS = 3 * LOST_SECONDS
 
 
-class Nats:
-    """A nats-server of this test's own, which the test kills and starts again."""
-
-    def __init__(self, folder: Path) -> None:
-        self.folder, self.port = folder, free_port()
-        self.url = f"nats://127.0.0.1:{self.port}"
-        self.process: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> None:
-        self.process = start_nats(self.folder, self.port)
-
-    def kill(self) -> None:
-        assert self.process is not None
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=10)
-
-
 @pytest.fixture
-def own_nats(tmp_path: Path) -> Iterator[Nats]:
-    server = Nats(tmp_path / "nats")
+def own_nats(tmp_path: Path) -> Iterator[OwnNats]:
+    server = OwnNats(tmp_path / "nats")
     server.start()
     yield server
     with contextlib.suppress(Exception):
@@ -92,7 +74,7 @@ def own_nats(tmp_path: Path) -> Iterator[Nats]:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def monitor(own_nats: Nats, database_url: str) -> AsyncIterator[ServiceRuntime]:
+async def monitor(own_nats: OwnNats, database_url: str) -> AsyncIterator[ServiceRuntime]:
     nc = await nats.connect(own_nats.url)
     await ensure_streams(nc.jetstream())  # as the streams' owners would
     await nc.close()
@@ -130,7 +112,7 @@ async def recorded(database_url: str, kind: type) -> list[object]:
 
 
 async def test_a_nats_outage_loses_no_node_and_the_monitor_answers_again(
-        own_nats: Nats, monitor: ServiceRuntime, database_url: str) -> None:
+        own_nats: OwnNats, monitor: ServiceRuntime, database_url: str) -> None:
     beats = asyncio.create_task(beat_forever(own_nats.url, "node-a"))
     try:
         async with asyncio.timeout(30):
@@ -163,7 +145,7 @@ async def test_a_nats_outage_loses_no_node_and_the_monitor_answers_again(
             await beats
 
 
-async def test_a_node_silent_after_the_outage_is_still_lost(own_nats: Nats, monitor: ServiceRuntime,
+async def test_a_node_silent_after_the_outage_is_still_lost(own_nats: OwnNats, monitor: ServiceRuntime,
                                                             database_url: str) -> None:
     beats = asyncio.create_task(beat_forever(own_nats.url, "node-a"))
     async with asyncio.timeout(30):
@@ -200,7 +182,7 @@ def chatty(flag: Path, done: Path, halfway: Path | None = None) -> str:
 
 
 @pytest_asyncio.fixture(loop_scope="session")
-async def agent_on_own_nats(own_nats: Nats, tmp_path: Path,
+async def agent_on_own_nats(own_nats: OwnNats, tmp_path: Path,
                             monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[tuple[NodeAgent, Client]]:
     monkeypatch.setenv(BACKEND_VARIABLE, PLAIN)
     nc = await nats.connect(own_nats.url, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
@@ -251,7 +233,7 @@ async def shipped(nc: Client) -> tuple[list[str], list[ProcessExited]]:
 
 
 async def test_a_job_writes_on_through_a_nats_outage_and_its_log_and_exit_arrive_after(
-        own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
+        own_nats: OwnNats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
     _, nc = agent_on_own_nats
     flag, done = await start_chatty(nc, tmp_path)
 
@@ -267,7 +249,7 @@ async def test_a_job_writes_on_through_a_nats_outage_and_its_log_and_exit_arrive
 
 
 async def test_a_job_outlives_its_agent_and_the_next_agent_ships_its_log_once_and_reports_its_exit(
-        own_nats: Nats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
+        own_nats: OwnNats, agent_on_own_nats: tuple[NodeAgent, Client], tmp_path: Path) -> None:
     first, nc = agent_on_own_nats
     halfway = tmp_path / "halfway"
     flag, done = await start_chatty(nc, tmp_path, halfway)

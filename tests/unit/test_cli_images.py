@@ -5,6 +5,9 @@ from __future__ import annotations
 from datetime import UTC, datetime
 from pathlib import Path
 
+from rich.progress import Progress
+
+from client.cli.commands.images import _bar_progress
 from libs.contracts.images import ImageRecord
 from tests.support.cli import FakeClient, fake, invoke, no_stack
 
@@ -54,3 +57,15 @@ def test_list_is_a_table_and_show_has_the_full_digest(fake: FakeClient) -> None:
     assert IMAGE.digest in shown.stdout and "not marked (jobs may not use it)" in shown.stdout
     fake.answers["images"] = []
     assert "no images are registered" in invoke("image", "list").stdout
+
+
+def test_the_upload_bar_starts_at_what_an_earlier_upload_left_without_counting_it_as_speed() -> None:
+    with Progress(disable=True) as bars:
+        task = bars.add_task("upload", total=100 * 2**20)
+        update = _bar_progress(bars, task)
+        update(60 * 2**20, 100 * 2**20)  # held by the scheduler already
+        [state] = bars.tasks
+        assert state.completed == 60 * 2**20 and not state._progress  # no sample of sending speed
+        update(61 * 2**20, 100 * 2**20)
+        assert state.completed == 61 * 2**20
+        assert [sample.completed for sample in state._progress] == [2**20]  # what was sent now

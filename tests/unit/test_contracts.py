@@ -191,6 +191,7 @@ from libs.contracts.operations.jobs import (
     SUBMIT_JOB,
     ChangeDuration,
     ChangePriority,
+    ChunksOnce,
     CloneJob,
     DeleteJobs,
     GetDevEnv,
@@ -982,3 +983,14 @@ def test_a_watch_names_an_inbox_and_pushes_decode_by_their_tag() -> None:
     for push in (LogPushed(job_id="job-000000000001", position=9, previous=None, chunk=chunk),
                  JobChanged(job_id="job-000000000001", status="running")):
         assert decode_any(encode(push), JobPush) == push
+
+
+def test_each_chunk_of_a_rank_is_passed_once_and_notices_always() -> None:
+    def chunk(seq: int, node: str = "n0", attempt: int = 1) -> LogChunk:
+        return LogChunk(job_id="job-000000000001", attempt=attempt, rank=0, node=node, seq=seq, lines=[str(seq)])
+
+    once = ChunksOnce()
+    shipped = [chunk(0), chunk(1), chunk(1), chunk(0), chunk(-1), chunk(-1), chunk(0, node="n1"), chunk(0, attempt=2),
+               chunk(2)]
+    assert [(c.node, c.attempt, c.seq) for c in once.fresh(shipped)] == [
+        ("n0", 1, 0), ("n0", 1, 1), ("n0", 1, -1), ("n0", 1, -1), ("n1", 1, 0), ("n0", 2, 0), ("n0", 1, 2)]

@@ -15,6 +15,10 @@ from client.cli.runner import connected
 from libs.contracts.images import ImageRecord, ImageRefError, parse_image_ref
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from rich.progress import Progress, TaskID
+
     from client.api import TrainyardClient
 
 commands = typer.Typer()
@@ -50,6 +54,22 @@ def _show(images: list[ImageRecord], as_json: bool) -> None:
         print_table(IMAGE_COLUMNS, [image_row(image) for image in images])
 
 
+def _bar_progress(bars: Progress, task: TaskID) -> Callable[[int, int], None]:
+    """The upload's progress on its bar. What is sent first may be what an earlier, cut-off upload left with
+    the scheduler: the bar starts there, and the speed counts only what is sent now."""
+    started = False
+
+    def update(sent: int, _total: int) -> None:
+        nonlocal started
+        if started:
+            bars.update(task, completed=sent)
+        else:
+            bars.reset(task, completed=sent)
+            started = True
+
+    return update
+
+
 @image_commands.command("register")
 @connected
 async def register(client: TrainyardClient, ref: RefArgument,
@@ -73,7 +93,7 @@ async def register(client: TrainyardClient, ref: RefArgument,
             task = bars.add_task("upload", total=total)
             image = await client.register_image(ref, archive, boards=boards, training=training,
                                                 description=description, replace=replace,
-                                                progress=lambda sent, _: bars.update(task, completed=sent))
+                                                progress=_bar_progress(bars, task))
     else:
         image = await client.register_image(ref, archive, boards=boards, training=training,
                                             description=description, replace=replace)

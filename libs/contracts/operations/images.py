@@ -27,11 +27,15 @@ from libs.contracts.operations.base import Done, ReplyMessage, RequestMessage, p
 
 class UploadImageChunk(RequestMessage, frozen=True, tag="UploadImageChunk.v1"):
     """A piece of an archive being uploaded (administrators). Chunks come in order: `offset` is where this
-    one begins; a chunk sent again after its answer was lost is answered as the first time."""
+    one begins; a chunk sent again after its answer was lost is answered as the first time.
+
+    An upload is its sender's: the same `upload_id` from another person names another upload. The client
+    names an upload by its archive's digest, so that sending the same archive again goes on from what is
+    held: a chunk without `data` at offset 0 asks how much that is, and sends nothing."""
 
     upload_id: UploadId
     offset: Annotated[int, Meta(ge=0)]
-    data: Annotated[bytes, Meta(min_length=1, max_length=MAX_CHUNK_BYTES)]
+    data: Annotated[bytes, Meta(max_length=MAX_CHUNK_BYTES)]
 
 
 class UploadReceived(ReplyMessage, frozen=True, tag="UploadReceived.v1"):

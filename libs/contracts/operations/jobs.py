@@ -5,6 +5,7 @@ Each operation is declared below its request and reply (`base.Operation`).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
@@ -119,8 +120,9 @@ class JobView(Struct, frozen=True, kw_only=True):
     access: str = "none"  # J2: what others in the project may do (after the sharing switch)
     cloned_from: str | None = None
     prediction: Prediction | None = None  # S6: what was predicted when it was queued
-    # S6: a waiting job's start as the scheduler expects it now (`show`, `list`), the same as `why` and `predict` tell:
-    # likely `estimated_start`, latest `latest_start`, with the `reason`.
+    # S6: a waiting job's start as the scheduler expects it (`show`, `list`), the same as `why` and `predict` tell:
+    # likely `estimated_start`, latest `latest_start`, with the `reason`; as of its `predicted_at` (`show` answers
+    # with the latest plan's at once).
     expected: Prediction | None = None
     resumes: int = 0  # J12/M4: times it was moved after a fault and resumed from its checkpoint
     max_resumes: int | None = None  # the effective maximum (the spec's, within the administrator cap)
@@ -240,6 +242,28 @@ class GetJobLogs(RequestMessage, frozen=True, tag="GetJobLogs.v1"):
     after: Annotated[int, Meta(ge=0)] = 0
     max_chunks: Annotated[int, Meta(ge=1, le=MAX_LOG_PAGE_CHUNKS)] = 100
     max_bytes: Annotated[int, Meta(ge=1024, le=MAX_LOG_PAGE_BYTES)] = 256 * 1024
+
+
+class ChunksOnce:
+    """Passes each chunk of a log once while its pages are read. An agent ships a rank's chunks in order and ships
+    again, after a restart, what it did not know was stored; the stream drops the repeat within its duplicate
+    window (two minutes), and one shipped again later (a node down for longer) is stored a second time, after the
+    first. It is known by its number: no larger than one already passed from the same rank's node."""
+
+    def __init__(self) -> None:
+        self._taken: dict[tuple[int, int, int, str], int] = {}  # each rank's node's last chunk number passed
+
+    def first_time(self, chunk: LogChunk) -> bool:
+        if chunk.seq < 0:  # an agent's notice, not numbered
+            return True
+        key = (chunk.attempt, chunk.task, chunk.rank, chunk.node)
+        if chunk.seq <= self._taken.get(key, -1):
+            return False
+        self._taken[key] = chunk.seq
+        return True
+
+    def fresh(self, chunks: Iterable[LogChunk]) -> list[LogChunk]:
+        return [chunk for chunk in chunks if self.first_time(chunk)]
 
 
 class LogPage(ReplyMessage, frozen=True, tag="LogPage.v1"):

@@ -2,7 +2,10 @@
 delete images; everyone lists them.
 
 An archive arrives in chunks (`UploadImageChunk`, each an authenticated request of at most 512 KiB), appended
-in order to `images/uploads/<upload id>.part` in shared storage. `RegisterImage` then names the upload and
+in order to `images/uploads/<upload>.part` in shared storage, where `<upload>` is made of the sender and the
+upload id: an upload is its sender's, and the same id from someone else names another one. The client names
+an upload by its archive's digest and asks first how much is held (a chunk without data), so an upload cut
+off half-way goes on from there when the archive is sent again. `RegisterImage` then names the upload and
 the digest the client read from its file: the scheduler reads the upload back, refuses it if the digest
 differs or if it is no image archive it knows, moves it to `images/blobs/<digest>.tar` (where every node
 reads it) and records `ImageRegistered`. Why not NATS's object store: it would let every person's connection
@@ -13,6 +16,7 @@ bucket; these requests are checked one by one like every other command, administ
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import os
 import time
 from datetime import UTC, datetime
@@ -45,7 +49,7 @@ from services.scheduler.interfaces import Scheduling
 
 log = get_logger(__name__)
 MAX_IMAGE_BYTES = 64 * 2**30  # an upload stops being taken past this
-STALE_UPLOAD_SECONDS = 24 * 3600.0  # an upload nobody registered is removed after this
+STALE_UPLOAD_SECONDS = 24 * 3600.0  # an upload nothing was added to is removed after this
 
 
 def _admin_only(identity: Identity, what: str) -> CommandError | None:
@@ -76,12 +80,16 @@ class ImageCommands:
         if request.offset + len(request.data) > MAX_IMAGE_BYTES:
             return CommandError(code="invalid-request", message=f"an image archive may hold at most "
                                 f"{MAX_IMAGE_BYTES // 2**30} GiB", hint="make the image smaller")
-        path = self.storage_root / upload_path(request.upload_id)
-        lock = self._uploading.setdefault(request.upload_id, asyncio.Lock())
+        upload = held_upload(identity.user, request.upload_id)
+        path = self.storage_root / upload_path(upload)
+        lock = self._uploading.setdefault(upload, asyncio.Lock())
         async with lock:
-            if request.offset == 0:
+            if request.offset == 0:  # an upload begins, or asks where to go on from
                 await asyncio.to_thread(self._remove_stale_uploads, path.parent)
-            received = await asyncio.to_thread(_append, path, request.offset, request.data)
+            if request.data:
+                received = await asyncio.to_thread(_append, path, request.offset, request.data)
+            else:
+                received = await asyncio.to_thread(_held, path, request.offset)
         if received is None:
             size = await asyncio.to_thread(_size, path)
             return CommandError(code="conflict", message=f"upload {request.upload_id} holds {size} bytes; this "
@@ -108,7 +116,8 @@ class ImageCommands:
         if known is not None and not request.replace:
             return CommandError(code="conflict", message=f"{ref} is registered already ({known.digest[:19]})",
                                 hint="register it with --replace to give it this archive, or choose another tag")
-        part = self.storage_root / upload_path(request.upload_id)
+        upload = held_upload(identity.user, request.upload_id)
+        part = self.storage_root / upload_path(upload)
         try:
             found = await asyncio.to_thread(file_digest, part)
         except FileNotFoundError:
@@ -135,7 +144,7 @@ class ImageCommands:
                 return CommandError(code="conflict", message=f"{ref} was registered meanwhile ({now.digest[:19]})",
                                     hint="register it with --replace to give it this archive, or choose another tag")
             await self.scheduler.record([image_change(ImageRegistered(image=record, by=identity.user))])
-        self._uploading.pop(request.upload_id, None)
+        self._uploading.pop(upload, None)
         log.info("scheduler.image_registered", image=ref, digest=request.digest, format=image_format, bytes=size)
         return ImageList(images=[record])
 
@@ -184,6 +193,12 @@ class ImageCommands:
         return found
 
 
+def held_upload(user: str, upload_id: str) -> str:
+    """The name an upload is held under: its sender's and its id's, so that nobody else may add to it, read it
+    back, register it or learn how much of it there is by naming its id."""
+    return hashlib.sha256(f"{user}\0{upload_id}".encode()).hexdigest()[:32]
+
+
 def _as_asked(known: ImageRecord, request: RegisterImage) -> bool:
     return (known.boards == list(dict.fromkeys(request.boards)) and known.training == request.training
             and known.description == request.description)
@@ -196,18 +211,32 @@ def _size(path: Path) -> int:
         return 0
 
 
-def _append(path: Path, offset: int, data: bytes) -> int | None:
-    """Append a chunk at `offset`: the upload's new length; None when the chunk does not follow what is there.
-    A chunk that lies wholly within what is there was taken before (its answer was lost): nothing changes."""
+def _held(path: Path, offset: int) -> int | None:
+    """How much of an upload is held, for a chunk without data (None when `offset` is past it). The upload is
+    touched, so that it does not turn stale between this answer and the next chunk."""
     size = _size(path)
+    if offset > size:
+        return None
+    try:
+        os.utime(path)
+    except FileNotFoundError:
+        return 0
+    return size
+
+
+def _append(path: Path, offset: int, data: bytes) -> int | None:
+    """Append a chunk at `offset`: the upload's new length; None when the chunk begins past what is there.
+    What of the chunk is there already was taken before (its answer was lost, or two runs send one archive):
+    only the rest is written. The digest checked at registration catches any difference."""
+    size = _size(path)
+    if offset > size:
+        return None
     if offset + len(data) <= size:
         return size
-    if offset != size:
-        return None
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("ab") as out:
-        out.write(data)
-    return size + len(data)
+        out.write(data[size - offset:])
+    return offset + len(data)
 
 
 def _keep(part: Path, blob: Path) -> int:
