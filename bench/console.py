@@ -168,8 +168,8 @@ def ticker_spec(name: str, seconds: float) -> JobSpec:
     code = (f"import random, time; [(print('tick', i, repr(time.time())), "
             f"time.sleep(random.uniform({TICK_SECONDS / 2}, {TICK_SECONDS * 1.5}))) "
             f"for i in range({int(seconds / TICK_SECONDS)})]")
-    # Urgent: a cycle looks at the first 2,000 waiting jobs only (libs/placement.py CYCLE_DEPTH), and the jobs of
-    # the unserved pool would be all of them, so that a normal job behind them would never start.
+    # Urgent, as in the runs on record, so that figures stay comparable: before a cycle passed over the jobs no node
+    # could take (libs/placement.py `Served`), a normal job behind the unserved pool's 10,000 never started.
     return JobSpec(name=name, flavors=["cpu-1"], algorithm=AlgorithmRef(name="pytorch-ddp"), priority="urgent",
                    command=f'python3 -u -c "{code}"', output=OutputRef(name="ticker"))
 
