@@ -7,8 +7,9 @@ For each node count, a fresh stack of the four real services (no real agent) on 
 simulated agents in this process: each registers with its own node credential (which the monitor checks, as for a
 real agent) and from then on heartbeats every 2 s (the platform's default), with an empty probe. One NATS connection
 carries `--per-connection` simulated agents, so the NATS server is one without role enforcement: what is measured
-is the services, not the auth callout of 10,000 logins. `--queued` jobs wait in a pool no node serves, so every
-scheduling cycle looks at them and at every node.
+is the services, not the auth callout of 10,000 logins. `--queued` jobs wait for a board no node has (flavor
+`no-board-1`), so every scheduling cycle looks at them and at every node (a job of a pool no node serves would be
+passed over by the cycle without a look).
 
 Measured: how long all nodes took to register; then over `--seconds` of heartbeats alone: each service's CPU (from
 /proc), NATS's and PostgreSQL's, the monitor's CPU per heartbeat, the events recorded (none should be), whether any
@@ -223,7 +224,9 @@ async def one_size(count: int, args: argparse.Namespace) -> dict[str, float | st
         home = servers.home / "stack"
         home.mkdir()
         cluster = servers.home / "cluster.yaml"
-        cluster.write_text("flavors:\n  - {name: cpu-1, cpus: 1, memory_mib: 1024}\nnodes: []\n")
+        cluster.write_text("flavors:\n  - {name: cpu-1, cpus: 1, memory_mib: 1024}\n"
+                           "  - {name: no-board-1, cpus: 1, memory_mib: 1024, accelerators: 1, board: none-here}\n"
+                           "nodes: []\n")
         stack = Stack(home, servers.nats_url, servers.database_url, connect=TrainyardClient.open, cluster=cluster,
                       timings={"TRAINYARD_HEARTBEAT_SECONDS": str(HEARTBEAT_SECONDS)}, env=metrics_env(home))
         try:
@@ -249,7 +252,7 @@ async def one_size(count: int, args: argparse.Namespace) -> dict[str, float | st
             registered = time.monotonic() - began
             print(f"  {count} nodes registered in {registered:.1f} s", flush=True)
             for index in range(args.queued):
-                await api.submit(JobSpec(name=f"held-{index}", flavors=["cpu-1"], pool="held", command="true",
+                await api.submit(JobSpec(name=f"held-{index}", flavors=["no-board-1"], command="true",
                                          algorithm=AlgorithmRef(name="pytorch-ddp"), output=OutputRef(name="held")))
             await asyncio.sleep(6)  # every node heartbeating a while before measuring: the monitor's steady state
             scheduler_before = scrape(home, "scheduler")
