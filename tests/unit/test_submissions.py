@@ -25,6 +25,7 @@ from libs.contracts.scheduling import AdminSettings
 from libs.eventstore import NewEvent
 from libs.placement import CYCLE_DEPTH, QueuedJob
 from services.scheduler.domain.state import SchedulerState
+from services.scheduler.planning.decision_inputs import node_capacity
 from services.scheduler.planning.prediction import forecast, forecast_queued
 from services.scheduler.rules import cycle, predicted
 from services.scheduler.rules.submissions import Answer, Submission, SubmissionBatches, decide
@@ -221,3 +222,16 @@ def test_jobs_no_node_could_take_do_not_keep_the_jobs_behind_them_out_of_the_cyc
     fold.job("job-ffffffffffff", "served", ["cpu-4"])
     decision = cycle.decide(fold.state, NOW)
     assert decision is not None and [a.job_id for a in decision.admissions] == ["job-ffffffffffff"]
+
+
+def test_a_cycle_keeps_the_last_cycles_cluster_only_while_its_nodes_and_flavors_stay_the_same() -> None:
+    fold = Fold()
+    fold.node("n1")
+    nodes = node_capacity(fold.state)
+    kept = cycle.cluster_of(nodes, fold.state.flavors)
+    assert cycle.cluster_of(node_capacity(fold.state), fold.state.flavors) is kept
+    fold.node("n2")
+    grown = cycle.cluster_of(node_capacity(fold.state), fold.state.flavors)
+    assert grown is not kept and set(grown.infos) == {"n1", "n2"}
+    fewer = {name: flavor for name, flavor in fold.state.flavors.items() if name != "cpu-4"}
+    assert cycle.cluster_of(node_capacity(fold.state), fewer) is not grown

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 from datetime import datetime, timedelta
 
+from libs.contracts.cluster import Flavor, NodeInfo
 from libs.contracts.events import (
     JobAdmitted,
     JobExpiring,
@@ -19,7 +20,17 @@ from libs.contracts.events import (
     JobRescaling,
 )
 from libs.eventstore import NewEvent
-from libs.placement import CYCLE_DEPTH, Admission, Decision, Growth, Served, may_grow, schedule
+from libs.placement import (
+    CYCLE_DEPTH,
+    Admission,
+    Cluster,
+    Decision,
+    Growth,
+    NodeCapacity,
+    Served,
+    may_grow,
+    schedule,
+)
 from libs.settings import Settings
 from services.scheduler.domain.arrays import held_back
 from services.scheduler.domain.names import job_change
@@ -64,6 +75,22 @@ def settled_failures(state: SchedulerState, now: datetime, settle: timedelta) ->
     return changes
 
 
+# The `Cluster` of the last cycle, with what it worked out about its nodes (the nodes each kind of rank may use,
+# which job shapes fit the empty cluster at all): the next cycle over the same nodes and flavors reuses it, instead of
+# working it out again over every node. A node that registers, is lost or comes back makes a new one.
+_last_cluster: list[tuple[tuple[NodeInfo, ...], dict[str, Flavor], Cluster]] = []
+
+
+def cluster_of(nodes: list[NodeCapacity], flavors: dict[str, Flavor]) -> Cluster:
+    """The cluster of these nodes and flavors: the last cycle's when they are the same."""
+    infos = tuple(node.info for node in nodes)
+    if _last_cluster and _last_cluster[0][0] == infos and _last_cluster[0][1] == flavors:
+        return _last_cluster[0][2]
+    cluster = Cluster(infos)
+    _last_cluster[:] = [(infos, dict(flavors), cluster)]
+    return cluster
+
+
 def decide(state: SchedulerState, now: datetime) -> Decision | None:
     """The cycle's decision on the queue and the growable jobs; None when no job could start or grow."""
     waiting = state.queue()
@@ -75,7 +102,8 @@ def decide(state: SchedulerState, now: datetime) -> Decision | None:
     running = running_jobs(state, now)
     if not queue and not any(map(may_grow, running)):
         return None
-    return schedule(queue, nodes, cluster_flavors(state), running=running, now=now)
+    flavors = cluster_flavors(state)
+    return schedule(queue, nodes, flavors, running=running, now=now, cluster=cluster_of(nodes, flavors))
 
 
 def admissions(state: SchedulerState, decision: Decision, now: datetime) -> list[NewEvent]:
