@@ -4,7 +4,6 @@ message still answered once and on a view holding everything recorded for its ow
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Sequence
 from dataclasses import replace
 from types import SimpleNamespace
@@ -21,7 +20,7 @@ from libs.messaging.follower import Arrival
 from libs.skeleton.eventsourced import EventSourcedService, Upstream, aggregate_of
 from libs.skeleton.runtime import ServiceRuntime
 from tests.support.stores import StoreFactory
-from tests.support.upstream import publish_upstream
+from tests.support.upstream import followed, publish_upstream
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -84,20 +83,7 @@ class Answering(EventSourcedService):
 async def run(nc: Client, store: CountingAppends, expected: int, fail_once: str | None = None, *,
               kind: type[Answering] = Answering) -> Answering:
     runtime = cast(ServiceRuntime, SimpleNamespace(js=nc.jetstream(), store=store))
-    service = kind(runtime, fail_once)
-    await service.rebuild()
-    for upstream in service.upstreams():
-        follower = service.follower(upstream)
-        await follower.start()
-        service.followers.append(follower)
-    await asyncio.wait_for(service.caught_up(), 60)
-    with contextlib.suppress(TimeoutError):  # the test's assertions say what was not handled
-        async with asyncio.timeout(60):
-            while await store.tracked_position("scheduler-events") < expected:
-                await asyncio.sleep(0.05)
-    for follower in service.followers:
-        await follower.stop()
-    return service
+    return await followed(kind(runtime, fail_once), cast(EventStore, store), expected)
 
 
 async def answers(store: EventStore) -> list[str]:

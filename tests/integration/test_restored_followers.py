@@ -4,8 +4,6 @@ upstream's relay published again."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
 import copy
 import uuid
 from collections.abc import Sequence
@@ -25,6 +23,7 @@ from libs.eventstore import EventStore, NewEvent
 from libs.skeleton.eventsourced import EventSourcedService, Restored, Upstream, aggregate_of
 from libs.skeleton.runtime import ServiceRuntime
 from tests.support.stores import StoreFactory
+from tests.support.upstream import followed
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -91,20 +90,7 @@ class Counting(EventSourcedService):
 async def run(nc: Client, store: EventStore, tracked: int, saved: Saved | None = None) -> Counting:
     """The service started (from `saved`, if given) until its follower has handled the stream up to `tracked`."""
     service = Counting(cast(ServiceRuntime, SimpleNamespace(js=nc.jetstream(), store=store)), saved)
-    await service.rebuild()
-    for upstream in service.upstreams():
-        follower = service.follower(upstream)
-        await follower.start()
-        service.followers.append(follower)
-    await asyncio.wait_for(service.caught_up(), 60)
-    with contextlib.suppress(TimeoutError):  # the test's assertions say what was not handled
-        async with asyncio.timeout(60):
-            while await store.tracked_position("scheduler-events") < tracked:
-                await asyncio.sleep(0.05)
-    await asyncio.sleep(0.3)  # what comes late would come within this
-    for follower in service.followers:
-        await follower.stop()
-    return service
+    return await followed(service, store, tracked, settle=0.3)
 
 
 def stopped(job_id: str, position: int) -> EventEnvelope:
