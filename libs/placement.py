@@ -225,6 +225,11 @@ class Cluster:
         self.placeable: dict[Shape, bool] = {}
         self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = {}
 
+    @cached_property
+    def served(self) -> Served:
+        """Which jobs some of these nodes could take at all, by pool and pinning (`Served`)."""
+        return Served.by(self.infos.values())
+
     @property
     def totals(self) -> dict[str, Resources]:
         """Each node's resources, as if it were empty."""

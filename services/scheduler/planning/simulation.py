@@ -36,7 +36,7 @@ from datetime import datetime, timedelta
 from libs.contracts.cluster import Flavor, Resources
 from libs.contracts.events import Placement
 from libs.contracts.jobspec import PRIORITY_RANK, Priority
-from libs.placement import CYCLE_DEPTH, Cluster, Cycle, Decision, NodeCapacity, QueuedJob, RunningJob, Served
+from libs.placement import CYCLE_DEPTH, Cluster, Cycle, Decision, NodeCapacity, QueuedJob, RunningJob
 
 # Cycles run at one instant at most: after its own admissions the scheduler runs another cycle, which
 # usually admits nothing.
@@ -122,7 +122,6 @@ class Simulation:
         self.flavors = dict(flavors)
         self.now = now
         self.depth = depth
-        self.served = Served.by(self.infos)  # as in a cycle, the depth counts only the jobs some node could take
         self.queue: list[QueuedJob] = list(queue)
         self.running: dict[str, RunningJob] = {}
         self.runtimes: dict[str, int | None] = dict(runtimes or {})
@@ -136,7 +135,8 @@ class Simulation:
         self._decided = False  # the cycles at `now` have run
         self.started: dict[str, Started] = {}
         self.ended: dict[str, datetime] = {}
-        self.unplaceable: set[str] = set()
+        # A job no node could take (by pool or pinning) fits on no node, though no cycle looks at it: known at once.
+        self.unplaceable: set[str] = {job.job_id for job in self.queue if not self.cluster.served.may_serve(job.spec)}
         self.cycles = 0
         ends = ends or {}
         for job in running:
@@ -229,6 +229,8 @@ class Simulation:
             self.runtimes, self._shared_runtimes = dict(self.runtimes), False
         self.runtimes[job.job_id] = arrival.runtime
         self.queue.insert(insertion_index(self.queue, job.spec.priority), job)
+        if not self.cluster.served.may_serve(job.spec):
+            self.unplaceable.add(job.job_id)
 
     # --- one instant ------------------------------------------------------------------------------------
 
@@ -243,8 +245,6 @@ class Simulation:
                 return  # (kept for a job that might join, even a cycle over an empty queue)
             decision = self._cycle(before)
             self.unplaceable.update(decision.unplaceable)
-            # A job no node could take (by pool or pinning) fits on no node either, though no cycle looks at it.
-            self.unplaceable.update(job.job_id for job in self.queue if not self.served.may_serve(job.spec))
             if not decision.admissions:
                 return
             admitted = {admission.job_id: admission for admission in decision.admissions}
@@ -256,7 +256,8 @@ class Simulation:
     def _cycle(self, before: Simulation | None) -> Decision:
         """One cycle, as `cycle.decide` runs it: `schedule` over the first `depth` waiting jobs some node could take.
         With `joins`, it is stopped and copied where a job of each of those priorities would join."""
-        window = list(itertools.islice((job for job in self.queue if self.served.may_serve(job.spec)), self.depth))
+        served = self.cluster.served
+        window = list(itertools.islice((job for job in self.queue if served.may_serve(job.spec)), self.depth))
         nodes = [NodeCapacity(info=info, free=self.free[info.name]) for info in self.infos]
         cycle = Cycle(nodes, self.flavors, list(self.running.values()), self.now, cluster=self.cluster)
         self.cycles += 1

@@ -27,7 +27,6 @@ from libs.placement import (
     Decision,
     Growth,
     NodeCapacity,
-    Served,
     may_grow,
     schedule,
 )
@@ -96,14 +95,14 @@ def decide(state: SchedulerState, now: datetime) -> Decision | None:
     waiting = state.queue()
     held = held_back(state, (job.job_id for job in waiting))  # arrays at their `%N`: the rest wait
     nodes = node_capacity(state)
-    served = Served.by(node.info for node in nodes)  # a job no node could take does not count against the depth
+    cluster = cluster_of(nodes, cluster_flavors(state))
+    served = cluster.served  # a job no node could take does not count against the depth
     queue = [queued_job(state, job, now) for job in itertools.islice(
         (job for job in waiting if job.job_id not in held and served.may_serve(job.spec)), CYCLE_DEPTH)]
     running = running_jobs(state, now)
     if not queue and not any(map(may_grow, running)):
         return None
-    flavors = cluster_flavors(state)
-    return schedule(queue, nodes, flavors, running=running, now=now, cluster=cluster_of(nodes, flavors))
+    return schedule(queue, nodes, cluster_flavors(state), running=running, now=now, cluster=cluster)
 
 
 def admissions(state: SchedulerState, decision: Decision, now: datetime) -> list[NewEvent]:
