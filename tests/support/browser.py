@@ -13,7 +13,7 @@ from typing import TypeVar
 
 import pytest
 from selenium import webdriver
-from selenium.common.exceptions import TimeoutException
+from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException, TimeoutException
 from selenium.webdriver.remote.webdriver import WebDriver
 from selenium.webdriver.support.ui import WebDriverWait
 
@@ -55,8 +55,12 @@ def driven(language: str = "en-US") -> Iterator[WebDriver]:
 
 
 def wait_for(driver: WebDriver, condition: Callable[[WebDriver], T], seconds: float = 30, what: str = "") -> T:
+    """`condition`, once it holds; looked at again when what it read was gone from the page meanwhile (a job's page
+    is built anew whenever its status changes, so an element found a moment before may be stale)."""
     try:
-        return WebDriverWait(driver, seconds, poll_frequency=0.2).until(condition)
+        waiting = WebDriverWait(driver, seconds, poll_frequency=0.2,
+                                ignored_exceptions=(NoSuchElementException, StaleElementReferenceException))
+        return waiting.until(condition)
     except TimeoutException:
         raise AssertionError(f"waited {seconds}s for {what or condition}; the page at {driver.current_url}:\n"
                              f"{driver.find_element('tag name', 'body').text[:3000]}") from None
