@@ -31,7 +31,6 @@ import re
 import time
 import urllib.request
 from dataclasses import dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
@@ -41,74 +40,13 @@ from nats.aio.client import Client
 from bench.cpu import Spent, look, spent
 from bench.servers import bench_servers
 from bench.simagents import SimulatedAgents
+from bench.simnodes import HEARTBEAT_SECONDS, Heartbeats, node_name, register_all
 from bench.throughput import trivial_spec
 from client.api import NoAnswer, TrainyardClient
 from devstack.harness import Stack
 from devstack.ops import metrics_env
 from devstack.stack import SERVICES
-from libs.auth import bearer_headers, issue_node_token
-from libs.contracts import subjects
-from libs.contracts.agent import Heartbeat, NodeAccepted, RegisterNode
-from libs.contracts.cluster import NodeInfo
-from libs.contracts.codec import encode
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
-from libs.contracts.operations.agents import REGISTER_NODE
-from libs.contracts.operations.base import CommandError
-from libs.messaging.rpc import call
-
-HEARTBEAT_SECONDS = 2.0
-REGISTERING_AT_ONCE = 64
-
-
-def node_name(index: int) -> str:
-    return f"sim-{index:05d}"
-
-
-async def register_all(nc: Client, names: list[str], secret: str, beats: Heartbeats) -> None:
-    """Register `names` (at most REGISTERING_AT_ONCE at once), then have them heartbeat."""
-    gate = asyncio.Semaphore(REGISTERING_AT_ONCE)
-
-    async def one(name: str) -> str:
-        token = issue_node_token(secret, name)
-        info = NodeInfo(name=name, address="10.0.0.1", cpus=16, memory_mib=65536)
-        async with gate:
-            reply = await call(nc, REGISTER_NODE.subject, RegisterNode(node=info), timeout=60,
-                               reply_type=NodeAccepted | CommandError, token=token)
-        if isinstance(reply, CommandError):
-            raise RuntimeError(f"{name} was refused: {reply.message}")
-        return token
-
-    tokens = await asyncio.gather(*(one(name) for name in names))
-    beats.start(nc, list(zip(names, tokens, strict=True)))
-
-
-class Heartbeats:
-    """The simulated nodes' heartbeats, each group's from the moment it registered (a node that waited for all
-    10,000 to register would be lost meanwhile), every node's every HEARTBEAT_SECONDS, spread evenly; counted."""
-
-    def __init__(self) -> None:
-        self.sent = 0
-        self._tasks: list[asyncio.Task[None]] = []
-
-    def start(self, nc: Client, nodes: list[tuple[str, str]]) -> None:
-        self._tasks.append(asyncio.create_task(self._beat(nc, nodes)))
-
-    async def stop(self) -> None:
-        for task in self._tasks:
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    async def _beat(self, nc: Client, nodes: list[tuple[str, str]]) -> None:
-        gap = HEARTBEAT_SECONDS / max(1, len(nodes))
-        while True:
-            began = time.monotonic()
-            for index, (name, token) in enumerate(nodes):
-                beat = Heartbeat(node=name, sent_at=datetime.now(UTC))
-                await nc.publish(subjects.heartbeat(name), encode(beat), headers=bearer_headers(token))
-                self.sent += 1
-                if index % 50 == 49 and (ahead := began + gap * (index + 1) - time.monotonic()) > 0:
-                    await asyncio.sleep(ahead)
-            await asyncio.sleep(max(0.0, began + HEARTBEAT_SECONDS - time.monotonic()))
 
 
 @dataclass(frozen=True)

@@ -5,12 +5,18 @@ published to the agent-reports stream with the message id a real agent gives it,
 from real agents. Every connection of the simulated agents subscribes in one queue group, so each request is
 answered once, by whichever connection gets it; the processes are kept here, for all nodes together. The launcher's
 signature on a request is not checked (a real agent checks it): what is measured is the services' side.
+
+The monitor's pre-checks are answered too (every node healthy, with room). A node `silence`d answers nothing from
+then on, as a node that went away: its processes neither stop nor report. `answered` keeps, per kind of request and
+attempt, when the first and the last answer went out and to which nodes' requests, so a benchmark can tell the
+launcher's sending from the services' recording, and `wait_answered` waits for a count of them.
 """
 
 from __future__ import annotations
 
 import asyncio
 import itertools
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
 from nats.aio.client import Client
@@ -20,6 +26,8 @@ from nats.js import JetStreamContext
 from libs.contracts import subjects
 from libs.contracts.agent import (
     PortsReserved,
+    PrecheckNode,
+    PrecheckReport,
     ProcessAccepted,
     ProcessExited,
     ProcessStarted,
@@ -33,6 +41,17 @@ from libs.messaging.connection import round_trip
 
 QUEUE = "simulated-agents"
 Key = tuple[str, int, int, int, str]  # job, attempt, task, rank, node
+Kind = str  # what was answered: "ports", "start", "stop", "precheck" (attempt 0), "started" (the report published)
+
+
+@dataclass
+class Answered:
+    """The answers of one kind to one attempt's requests: when the first and the last went out, to which nodes."""
+
+    first: datetime
+    last: datetime
+    count: int = 0
+    nodes: set[str] = field(default_factory=set)
 
 
 class SimulatedAgents:
@@ -45,6 +64,9 @@ class SimulatedAgents:
         self.stops: dict[Key, asyncio.Event] = {}  # a running process's: set when it is stopped
         self.known: set[Key] = set()
         self.exited = 0
+        self.silent: set[str] = set()
+        self.answered: dict[tuple[Kind, str, int], Answered] = {}
+        self._changed = asyncio.Event()
         self._pids = itertools.count(1000)
         self._ports = itertools.cycle(range(20000, 30000))
 
@@ -53,23 +75,60 @@ class SimulatedAgents:
         await nc.subscribe(subjects.agent_ports("*"), queue=QUEUE, cb=self._ports_asked)
         await nc.subscribe(subjects.agent_start("*"), queue=QUEUE, cb=self._start_asked)
         await nc.subscribe(subjects.agent_stop("*"), queue=QUEUE, cb=self._stop_asked)
+        await nc.subscribe(subjects.agent_precheck("*"), queue=QUEUE, cb=self._precheck_asked)
         await round_trip(nc)
+
+    def silence(self, node: str) -> None:
+        """Answer none of `node`'s requests from now on, as a node that went away."""
+        self.silent.add(node)
+
+    async def wait_answered(self, kind: Kind, job_id: str, attempt: int, count: int) -> Answered:
+        """Once `count` requests of `kind` of the attempt were answered (`attempt` 0 for pre-checks)."""
+        while (found := self.answered.get((kind, job_id, attempt))) is None or found.count < count:
+            self._changed.clear()
+            await self._changed.wait()
+        return found
+
+    def _note(self, kind: Kind, job_id: str, attempt: int, node: str) -> None:
+        now = datetime.now(UTC)
+        found = self.answered.setdefault((kind, job_id, attempt), Answered(first=now, last=now))
+        found.last = now
+        found.count += 1
+        found.nodes.add(node)
+        self._changed.set()
 
     async def close(self) -> None:
         for task in self.tasks.values():
             task.cancel()
         await asyncio.gather(*self.tasks.values(), return_exceptions=True)
 
+    @staticmethod
+    def _node(msg: Msg) -> str:
+        return msg.subject.split(".")[2]  # trainyard.agent.<node>.<request>
+
     async def _ports_asked(self, msg: Msg) -> None:
+        if (node := self._node(msg)) in self.silent:
+            return
         request = decode(msg.data, ReservePorts)
         await msg.respond(encode(PortsReserved(ports=[next(self._ports) for _ in range(request.count)])))
+        self._note("ports", request.job_id, request.attempt, node)
+
+    async def _precheck_asked(self, msg: Msg) -> None:
+        if (node := self._node(msg)) in self.silent:
+            return
+        request = decode(msg.data, PrecheckNode)
+        await msg.respond(encode(PrecheckReport(node=node, checks=[])))
+        self._note("precheck", request.job_id, 0, node)
 
     async def _start_asked(self, msg: Msg) -> None:
+        if self._node(msg) in self.silent:
+            return
         request = decode(msg.data, StartProcess)
         launch = request.launch
         key = (request.job_id, request.attempt, launch.task, launch.rank, launch.node)
         known = key in self.known
         await msg.respond(encode(ProcessAccepted(already_known=known)))
+        self._note("start", request.job_id, request.attempt, launch.node)
         if not known:
             self.known.add(key)
             self.stops[key] = asyncio.Event()
@@ -80,6 +139,7 @@ class SimulatedAgents:
         started = ProcessStarted(job_id=job_id, attempt=attempt, rank=rank, task=task, node=node,
                                  pid=next(self._pids))
         await self._report(node, started, key, "started")
+        self._note("started", job_id, attempt, node)
         try:
             await asyncio.wait_for(self.stops[key].wait(), self.seconds)
             exit_code = -15  # stopped (SIGTERM)
@@ -93,13 +153,16 @@ class SimulatedAgents:
         del self.tasks[key]
 
     async def _stop_asked(self, msg: Msg) -> None:
+        if (node := self._node(msg)) in self.silent:
+            return
         request = decode(msg.data, StopProcesses)
-        node = msg.subject.split(".")[2]  # trainyard.agent.<node>.stop
         stopping = [stop for key, stop in self.stops.items() if key[:2] == (request.job_id, request.attempt)
                     and key[4] == node and request.task in (None, key[2])]
         for stop in stopping:
             stop.set()
         await msg.respond(encode(Stopped(stopped=len(stopping))))
+        if request.task is None:
+            self._note("stop", request.job_id, request.attempt, node)
 
     async def _report(self, node: str, report: ProcessStarted | ProcessExited, key: Key, kind: str) -> None:
         msg_id = f"{key[0]}.{key[1]}.{key[2]}.{key[3]}.{kind}"

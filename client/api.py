@@ -629,8 +629,14 @@ class TrainyardClient:
         Served by the scheduler rather than read from JetStream so that the job's access rules (J2)
         apply to its history as to its details.
         """
-        reply: JobHistory = await self.ask(JOB_HISTORY, GetJobHistory(job_id=job_id))
-        return reply.events
+        events: list[EventEnvelope] = []
+        start = 0
+        while True:  # page by page: the history of a job of many nodes is larger than one reply may be
+            reply: JobHistory = await self.ask(JOB_HISTORY, GetJobHistory(job_id=job_id, start=start))
+            events += reply.events
+            if reply.next is None or reply.next <= start:
+                return events
+            start = reply.next
 
     async def events(self, job_id: str) -> list[EventEnvelope]:
         """The same as `history` (kept for existing callers)."""

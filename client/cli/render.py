@@ -387,8 +387,12 @@ def event_row(envelope: EventEnvelope) -> list[str]:
 
 def event_details(envelope: EventEnvelope) -> str:
     """An event's fields as `key=value`, without the job id, spec and launch plan (`--json` has them)."""
-    skip = {"job_id", "spec"} | ({"nodes"} if isinstance(envelope.event, LaunchPlanned) else set())
+    skip = {"job_id", "spec"} | ({"nodes", "shape"} if isinstance(envelope.event, LaunchPlanned) else set())
     fields = msgspec.structs.asdict(envelope.event)
+    if isinstance(envelope.event, LaunchPlanned) and (shape := envelope.event.shape) is not None:
+        # The plan's size and rendezvous ports, as a plan recorded before shapes showed them.
+        fields["ranks"] = len(shape.hosts)
+        fields["ports"] = {rank: host.port for rank, host in enumerate(shape.hosts) if host.port}
     parts = []
     for key, value in fields.items():
         if key in skip or value in (None, [], {}) or (key == "base_port" and not value):

@@ -330,17 +330,74 @@ class NodeLaunch(Struct, frozen=True, kw_only=True):
     run_as: Annotated[int, Meta(ge=1, le=MAX_JOB_UID)] | None = None
 
 
+def launched_role(mode: str, rank: int, placed: Role) -> Role:
+    """The role a rank is launched in: under Horovod the master's mpirun starts the processes of every node, whose
+    own launch only holds the node (standby); elsewhere the role it was placed in."""
+    return "standby" if mode == "horovod" and rank > 0 else placed
+
+
+class LaunchHost(Struct, frozen=True, array_like=True):
+    """Where one rank of a launch runs, encoded as a short array (the rank is its index in LaunchShape.hosts):
+    a launch of 10,000 nodes records some 40 bytes for each."""
+
+    node: str
+    address: str
+    slots: int
+    role: Role = "worker"
+    port: int = 0  # the rendezvous port it listens on, chosen on its node (NodeLaunch.port); 0: none
+
+
+class LaunchTask(Struct, frozen=True, kw_only=True):
+    """What every node of one task runs (a regular job has one task), before its mode fits it to each node."""
+
+    command: str
+    mounts: list[Mount]
+
+
+class LaunchShape(Struct, frozen=True, kw_only=True):
+    """Everything every node's launch of an attempt is derived from, recorded once: where each rank runs and what
+    all of them share. A node's environment, hostfiles and TF_CONFIG are worked out from it when the node is
+    started (services/launcher/planner.py), so the record grows with the node count, not with its square."""
+
+    hosts: list[LaunchHost]
+    slots: int  # the flavor's: processes per node (torch.distributed.launch, mpirun -np)
+    env: dict[str, str]
+    tasks: list[LaunchTask]
+    wrapper: list[str] = msgspec.field(default_factory=list)  # J18: the lifecycle scripts' runner, before the argv
+    keep_workspace: bool = False  # J15
+    image: ImageUse | None = None  # J10
+    run_as: Annotated[int, Meta(ge=1, le=MAX_JOB_UID)] | None = None  # L1
+
+
 class LaunchPlanned(_Event, frozen=True, tag="LaunchPlanned.v1"):
-    """The launcher worked out every node's command, environment and workspace."""
+    """The launcher worked out what every node of the attempt runs: its `shape`, from which each node's command,
+    environment and workspace follow. Plans recorded before shapes hold every node's launch in `nodes` instead."""
 
     job_id: str
     attempt: int
     mode: str
-    nodes: list[NodeLaunch]
-    # The rendezvous port each listening rank got on its node (rank -> port; see NodeLaunch.port). Launches
-    # planned before ports were chosen on the nodes held base_port .. base_port + ranks - 1 instead.
+    nodes: list[NodeLaunch] = msgspec.field(default_factory=list)
+    # The rendezvous port each listening rank got on its node (rank -> port; see NodeLaunch.port), in plans
+    # without a shape. Launches planned before ports were chosen on the nodes held base_port .. base_port + ranks
+    # - 1 instead.
     ports: dict[int, int] = msgspec.field(default_factory=dict)
     base_port: int = 0
+    shape: LaunchShape | None = None
+
+    def rank_ports(self) -> dict[int, int]:
+        """The rendezvous port of each rank that listens on one, whichever form the plan has."""
+        if self.shape is not None:
+            return {rank: host.port for rank, host in enumerate(self.shape.hosts) if host.port}
+        if self.ports or not self.base_port:
+            return dict(self.ports)
+        return {rank: self.base_port + rank for rank in {n.rank for n in self.nodes}}
+
+    def ranks(self) -> list[tuple[int, str, Role]]:
+        """(rank, node, role launched in) of every rank, once each, whichever form the plan has."""
+        if self.shape is not None:
+            return [(rank, host.node, launched_role(self.mode, rank, host.role))
+                    for rank, host in enumerate(self.shape.hosts)]
+        return list({n.rank: (n.rank, n.node, n.role) for n in self.nodes}.values())
 
 
 class NodeProcessStarted(_Event, frozen=True, tag="NodeProcessStarted.v1"):

@@ -200,8 +200,9 @@ class SpecError(ValueError):
 
 
 # --- Bounded inputs ---------------------------------------------------------------------------------
-# A spec is stored whole in the scheduler's JobSubmitted event and copied into the launcher's
-# LaunchPlanned event once per node, and every event must fit one NATS message (1 MiB by default).
+# A spec is stored whole in the scheduler's JobSubmitted event and its command, env and mounts once in the
+# launcher's LaunchPlanned event (whatever the node count: each node's launch is derived from it), and every
+# event must fit one NATS message (1 MiB by default).
 # The limits are far above what a real job needs (a long `torchrun ... --config ...` line is a few
 # hundred bytes; a large env a few KiB), yet keep every event well under that size. They are checked
 # before anything else and in time linear in the input, so an oversized spec costs no parsing.
@@ -221,32 +222,10 @@ MAX_ENV_BYTES = 128 * KIB
 MAX_LIST_ITEMS = 256
 # Short free-form fields: image, driver_version, duration, debug_terminal.retention.
 MAX_SHORT_TEXT_LENGTH = 512
-# Every node of a launch is started with the spec's command, env and mounts, plus in some modes one
-# entry per peer (hostfiles, TF_CONFIG), and one LaunchPlanned event carries every node's: the
-# estimate of that event (about twice its real size) must stay under this. A small spec can then run
-# on some 300 nodes (pytorch) or 90 (horovod, whose every node holds the hostfiles of all).
-MAX_LAUNCH_BYTES = 640 * KIB
-LAUNCH_NODE_OVERHEAD_BYTES = 1 * KIB
-LAUNCH_PEER_BYTES = 64
-_MODES_WITH_PEER_LISTS = ("horovod", "pytorch-deepspeed", "tensorflow")
 # A spec file, before it is parsed: YAML may take more room than the JSON it becomes.
 MAX_DOCUMENT_BYTES = 2 * MAX_SPEC_BYTES
 # Field names quote env keys: cut them short in errors.
 _FIELD_KEY_LENGTH = 64
-
-
-def launch_size_estimate(spec: JobSpec, spec_bytes: int) -> int:
-    """An upper estimate of the encoded size of the event that starts `spec`: one launch per node
-    (and per task of a batch job), each holding the text it runs with about twice (argv and env,
-    mount sources and targets), plus one entry per peer node."""
-    nodes = max(spec.nodes, 1) + spec.parameter_servers
-    peers = nodes if spec.mode in _MODES_WITH_PEER_LISTS else 0
-    per_launch = LAUNCH_NODE_OVERHEAD_BYTES + LAUNCH_PEER_BYTES * peers
-    if not spec.tasks:
-        return nodes * (2 * spec_bytes + per_launch)
-    task_bytes = [len(msgspec.json.encode(task)) for task in spec.tasks]
-    common = spec_bytes - sum(task_bytes)
-    return nodes * sum(2 * (common + size) + per_launch for size in task_bytes)
 
 
 def _env_field(key: str) -> str:
@@ -296,10 +275,6 @@ def size_errors(spec: JobSpec) -> list[FieldError]:
     if spec_bytes > MAX_SPEC_BYTES:
         add(FieldError(field="(document)", message=f"is {spec_bytes} bytes as JSON, over the limit of "
                        f"{MAX_SPEC_BYTES}"))
-    elif not errors and (launch := launch_size_estimate(spec, spec_bytes)) > MAX_LAUNCH_BYTES:
-        add(FieldError(field="nodes", message=f"{spec.nodes} nodes, each started with this spec's command, env "
-                       f"and mounts, make a launch of about {launch} bytes, over the limit of {MAX_LAUNCH_BYTES}",
-                       hint="use fewer nodes, or a shorter command and env"))
     return errors
 
 

@@ -43,8 +43,9 @@ from libs.skeleton.eventsourced import EventSourcedService
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, job_attributes, tracer
 from libs.telemetry.tracing import send_span as agent_request_span
+from services.launcher.planner import Unit
 from services.launcher.rules import fenced, give_up_node, needs_ports, plan_admission, stopped
-from services.launcher.state import Admitted, Launch, LauncherState, Unit
+from services.launcher.state import Admitted, Launch, LauncherState
 from services.launcher.stopping import reply_timeout, stop_request
 
 RESEND_SECONDS = 5.0
@@ -97,6 +98,7 @@ class Dispatcher:
         self._wanted_since: dict[tuple[str, int], float] = {}
         self._outstanding: set[asyncio.Future[None]] = set()  # requests sent and not yet answered
         self._looked_at_all = -LOOK_AT_ALL_SECONDS  # when a pass last looked at every launch under way
+        self._tokens: dict[tuple[str, int], str] = {}  # per launch under way: its job token (`_job_token`)
 
     async def dispatch_once(self) -> None:
         """Record what the agents' answers settled, then send what is due and wait for the answers."""
@@ -112,6 +114,7 @@ class Dispatcher:
             among = None if now - self._looked_at_all >= LOOK_AT_ALL_SECONDS else touched
             if among is None:
                 self._looked_at_all = now
+                self._tokens = {key: token for key, token in self._tokens.items() if key[0] in self.state.unsettled}
             await self._give_up_lost_nodes(among)
             await self._record_finished_stops(among)
             await self._plan_admitted()
@@ -198,14 +201,14 @@ class Dispatcher:
         for launch in self.state.active(among):
             if self.state.stop_wanted(launch):
                 confirmed = self._confirmed(launch)
-                running = {launch.node_of(unit).node for unit in launch.running()}
-                for node in {n.node for n in launch.nodes} - (confirmed - running):
+                running = {launch.node(unit) for unit in launch.running()}
+                for node in set(launch.node_names) - (confirmed - running):
                     key: SendKey = ("stop", launch.attempt, node, launch.job_id)
                     if self._due(key, now):
                         work.append(self._send(key, self._stop(launch, node)))
                 continue
             for unit in launch.leftovers():
-                node = launch.node_of(unit).node
+                node = launch.node(unit)
                 key = ("stop-task", launch.attempt, (unit[0], node), launch.job_id)
                 if self._due(key, now):
                     work.append(self._send(key, self._stop(launch, node, task=unit[0])))
@@ -256,9 +259,13 @@ class Dispatcher:
         return cast(AgentReply, reply)
 
     def _job_token(self, launch: Launch) -> str:
-        """The job attempt's own token, for its processes' remote shell: the same for all its nodes."""
-        return issue_job_token(self.secret, launch.job_id, launch.attempt, [n.node for n in launch.nodes],
-                               issued_at=int(launch.planned_at.timestamp()))
+        """The job attempt's own token, for its processes' remote shell: the same for all its nodes, so made
+        once (it names every node: made for each start, a job of n nodes would cost n² to start)."""
+        key = (launch.job_id, launch.attempt)
+        if (token := self._tokens.get(key)) is None:
+            token = self._tokens[key] = issue_job_token(self.secret, launch.job_id, launch.attempt, launch.node_names,
+                                                        issued_at=int(launch.planned_at.timestamp()))
+        return token
 
     async def _reserve(self, admitted: Admitted, node: str, count: int) -> None:
         """Ask `node` to choose `count` rendezvous ports for the attempt; the answer is kept for its plan."""
@@ -277,7 +284,7 @@ class Dispatcher:
         self.service.wake.set()
 
     async def _start(self, launch: Launch, unit: Unit) -> None:
-        node = launch.node_of(unit)
+        node = launch.plan.launch(unit)
         request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node,
                                job_token=self._job_token(launch))
         try:

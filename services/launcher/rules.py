@@ -1,8 +1,9 @@
 """The launcher's decisions, as pure functions of its state and a message: they return the events to
 record and never talk to anyone (the dispatcher does, service.py records).
 
-- `plan_admission`: an admitted attempt becomes its LaunchPlanned (L1–L7, J3, J12), with the rendezvous
-  ports its nodes chose (`needs_ports` says which nodes to ask first).
+- `plan_admission`: an admitted attempt becomes its LaunchPlanned (L1–L7, J3, J12): the shape every node's
+  launch is derived from, with the rendezvous ports its nodes chose (`needs_ports` says which nodes to ask
+  first).
 - `record_report`: an agent's process report becomes process events and, when it settles the
   attempt, its outcome.
 - `report_refusal`: why a report cannot be taken from where it came (another node's process).
@@ -32,7 +33,7 @@ from libs.contracts.events import (
 from libs.contracts.jobspec import JobSpec
 from libs.eventstore import NewEvent
 from libs.jobusers import job_uid
-from services.launcher.planner import listening_ranks, plan_launch, ports_wanted
+from services.launcher.planner import listening_ranks, plan_shape, ports_wanted
 from services.launcher.state import Launch, LauncherState
 
 LAUNCH = "launch"  # the launcher's aggregate: one per job (id = job id)
@@ -64,10 +65,10 @@ def _plan(state: LauncherState, cluster: ClusterConfig, job_id: str, admission: 
         return LaunchFailed(job_id=job_id, attempt=admission.attempt,
                             reason=f"the launcher does not know the job's spec or flavor {admission.flavor}")
     ports = _rank_ports(state, spec, admission.placement, chosen)
-    nodes = plan_launch(spec, flavor, admission.placement, ports=ports, job_id=job_id,
-                        attempt=admission.attempt, resumes=state.resumes(job_id), image=state.image(job_id),
-                        run_as=job_uid(cluster.job_users, job_id, state.creator(job_id)))
-    return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, nodes=nodes, ports=ports)
+    shape = plan_shape(spec, flavor, admission.placement, ports=ports, job_id=job_id,
+                       attempt=admission.attempt, resumes=state.resumes(job_id), image=state.image(job_id),
+                       run_as=job_uid(cluster.job_users, job_id, state.creator(job_id)))
+    return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, shape=shape)
 
 
 def _rank_ports(state: LauncherState, spec: JobSpec, placement: list[Placement],
@@ -117,7 +118,7 @@ def report_refusal(state: LauncherState, report: ProcessStarted | ProcessExited,
     if launch is None or launch.attempt != report.attempt:
         return None  # nothing is recorded of it (`record_report`)
     unit = (report.task, report.rank)
-    planned = next((n.node for n in launch.nodes if (n.task, n.rank) == unit), None)
+    planned = launch.plan.placed.get(unit, (None, None))[0]
     if planned is None:
         return f"{report.job_id} attempt {report.attempt} has no task {report.task} rank {report.rank}"
     if planned != report.node:
@@ -152,7 +153,7 @@ def _report_events(state: LauncherState, launch: Launch, report: ProcessStarted 
         return events
     if state.stop_wanted(launch):
         return events  # LaunchStopped is recorded once every node confirmed the stop
-    if launch.node_of(unit).role != "worker" and launch.task_done(report.task):
+    if launch.role(unit) != "worker" and launch.task_done(report.task):
         return events  # a finished task's parameter server or standby, stopped on purpose
     if report.exit_code != 0:
         task = f"task {report.task + 1}: " if len(launch.tasks()) > 1 else ""
@@ -183,7 +184,7 @@ def give_up_node(launch: Launch, node: str, reason: str) -> list[NewEvent]:
     """A node that cannot answer leaves its processes' fate unknown: they are recorded lost."""
     return launch_events(launch.job_id, [
         NodeProcessLost(job_id=launch.job_id, attempt=launch.attempt, task=task, rank=rank, node=node, reason=reason)
-        for task, rank in launch.running() if launch.node_of((task, rank)).node == node])
+        for task, rank in launch.running() if launch.node((task, rank)) == node])
 
 
 def fenced(job_id: str, attempt: int, node: str) -> list[NewEvent]:
@@ -195,6 +196,6 @@ def stopped(state: LauncherState, launch: Launch, confirmed: set[str]) -> list[N
     """A launch to be reported stopped is, once every node confirmed the stop and no process still runs."""
     if not state.reports_stop(launch) or launch.running():
         return []
-    if not {n.node for n in launch.nodes} <= confirmed:
+    if not set(launch.node_names) <= confirmed:
         return []
     return launch_events(launch.job_id, [LaunchStopped(job_id=launch.job_id, attempt=launch.attempt)])

@@ -12,6 +12,7 @@ start once the scheduler knows nothing of this one still runs.
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -32,54 +33,81 @@ from libs.contracts.events import (
     LaunchStopped,
     LaunchSucceeded,
     LostProcessesStopped,
-    NodeLaunch,
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
+    Role,
 )
 from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import AdminSettings
 from libs.jobstatus import JobLifecycle
+from services.launcher.planner import NodeLaunches, Unit
 
 # Where the launcher's own choice of rendezvous ports starts, for a node that did not choose them (an agent
 # older than ReservePorts, or one that stays silent).
 FIRST_FALLBACK_PORT = 29500
 
 
-Unit = tuple[int, int]
-"""(task, rank): one process group of a launch. A regular job has task 0 only."""
-
-
 @dataclass
 class Launch:
-    """One attempt of one job across its nodes (and, for a batch job, its tasks one after another)."""
+    """One attempt of one job across its nodes (and, for a batch job, its tasks one after another).
+
+    Where each unit runs and which units are workers is indexed when the launch is made, and what each task's
+    workers finished counted as they exit, so that each report and each look at a launch of 1,024 nodes costs
+    the same as at one node; a unit's whole launch is derived only to start it (`plan`)."""
 
     job_id: str
     attempt: int
-    nodes: list[NodeLaunch]
+    plan: NodeLaunches
     started: dict[Unit, int] = field(default_factory=dict)  # -> pid
     exited: dict[Unit, int] = field(default_factory=dict)  # -> exit code
     lost: set[Unit] = field(default_factory=set)  # on nodes that stopped answering
     outcome: str | None = None  # succeeded | failed | stopped
     trace: dict[str, str] = field(default_factory=dict)  # the job's trace, continued by every call
-    ports: dict[int, int] = field(default_factory=dict)  # rank -> its rendezvous port (LaunchPlanned.ports)
+    ports: dict[int, int] = field(default_factory=dict)  # rank -> its rendezvous port
     planned_at: datetime = field(default_factory=lambda: datetime.now(UTC))  # issue time of the job's token
+
+    def __post_init__(self) -> None:
+        self.by_task: dict[int, list[Unit]] = {}
+        self._workers: Counter[int] = Counter()  # per task: its workers
+        for unit in self.plan.units:
+            self.by_task.setdefault(unit[0], []).append(unit)
+            if self.role(unit) == "worker":
+                self._workers[unit[0]] += 1
+        self._workers_done: Counter[int] = Counter()  # per task: its workers that exited 0
+        self.node_names: list[str] = list(dict.fromkeys(node for node, _ in self.plan.placed.values()))
+
+    def node(self, unit: Unit) -> str:
+        return self.plan.placed[unit][0]
+
+    def role(self, unit: Unit) -> Role:
+        return self.plan.placed[unit][1]
+
+    def exit(self, unit: Unit, exit_code: int) -> None:
+        """Record the exit of `unit` (once: later reports of it change nothing)."""
+        if unit in self.exited:
+            return
+        self.exited[unit] = exit_code
+        if exit_code == 0 and self.role(unit) == "worker":
+            self._workers_done[unit[0]] += 1
 
     def running(self) -> list[Unit]:
         return [unit for unit in self.started if unit not in self.exited and unit not in self.lost]
 
     def task_done(self, task: int) -> bool:
         """Every worker of the task exited 0 (parameter servers are stopped afterwards)."""
-        return all(self.exited.get((n.task, n.rank)) == 0 for n in self.nodes if n.task == task and n.role == "worker")
+        return self._workers_done[task] == self._workers[task]
 
     def finished_with(self, unit: Unit, exit_code: int) -> bool:
         """Whether every worker of every task has exited 0 once `unit` exits with `exit_code`."""
-        exited = {**self.exited, unit: exit_code}
-        return all(exited.get((n.task, n.rank)) == 0 for n in self.nodes if n.role == "worker")
+        left = sum(self._workers.values()) - sum(self._workers_done.values())
+        if unit not in self.exited and exit_code == 0 and self.role(unit) == "worker":
+            left -= 1
+        return left == 0 and (exit_code == 0 or self.role(unit) != "worker")
 
     def tasks(self) -> list[int]:
-        return sorted({n.task for n in self.nodes})
+        return sorted(self.by_task)
 
     def current_task(self) -> int | None:
         """The first task not yet done; None when all are."""
@@ -91,14 +119,11 @@ class Launch:
         if any(t != task for t, _ in self.running()):
             return []  # a finished task's parameter servers or standbys are being stopped first
         done = self.started.keys() | self.exited.keys() | self.lost
-        return [(n.task, n.rank) for n in self.nodes if n.task == task and (n.task, n.rank) not in done]
+        return [unit for unit in self.by_task.get(task, []) if unit not in done] if task is not None else []
 
     def leftovers(self) -> list[Unit]:
         """Units still running for a task that is done (its parameter servers or standbys)."""
         return [(t, r) for t, r in self.running() if self.task_done(t)]
-
-    def node_of(self, unit: Unit) -> NodeLaunch:
-        return next(n for n in self.nodes if (n.task, n.rank) == unit)
 
 
 @dataclass(frozen=True)
@@ -148,8 +173,8 @@ class LauncherState:
         self.touched.add(envelope.aggregate_id)
         if isinstance(event, LaunchPlanned):
             self.launches[envelope.aggregate_id] = Launch(job_id=event.job_id, attempt=event.attempt,
-                                                          nodes=list(event.nodes), trace=envelope.trace,
-                                                          ports=_ports_of(event), planned_at=envelope.recorded_at)
+                                                          plan=NodeLaunches.of(event), trace=envelope.trace,
+                                                          ports=event.rank_ports(), planned_at=envelope.recorded_at)
             self.unsettled[envelope.aggregate_id] = None
         if isinstance(event, LaunchPlanned | LaunchFailed):
             self._planned(envelope.aggregate_id, event.attempt)
@@ -169,7 +194,7 @@ class LauncherState:
             # once, their starts reported with their exits) is a process to stop: the launch is under way again.
             self.unsettled[envelope.aggregate_id] = None
         elif isinstance(event, NodeProcessExited):
-            launch.exited[(event.task, event.rank)] = event.exit_code
+            launch.exit((event.task, event.rank), event.exit_code)
         elif isinstance(event, NodeProcessLost):
             launch.lost.add((event.task, event.rank))
         elif isinstance(event, LaunchSucceeded):
@@ -244,7 +269,7 @@ class LauncherState:
     def lost_nodes_of(self, launch: Launch) -> set[str]:
         """Nodes of the launch the scheduler found lost: nothing there will answer a stop."""
         attempt, nodes = self.lost_nodes.get(launch.job_id, (0, set()))
-        return nodes & {n.node for n in launch.nodes} if attempt == launch.attempt else set()
+        return nodes & set(launch.node_names) if attempt == launch.attempt else set()
 
     def take_touched(self) -> set[str]:
         """The jobs touched since the last time they were taken."""
@@ -289,11 +314,3 @@ class LauncherState:
                 chosen.append(port)
             port += 1
         return chosen
-
-
-def _ports_of(planned: LaunchPlanned) -> dict[int, int]:
-    """Each listening rank's port; a launch planned before ports were chosen on nodes held one per rank from
-    its base port."""
-    if planned.ports or not planned.base_port:
-        return dict(planned.ports)
-    return {rank: planned.base_port + rank for rank in {n.rank for n in planned.nodes}}

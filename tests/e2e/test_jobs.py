@@ -61,7 +61,7 @@ async def test_example_pytorch_job_trains_on_two_nodes(stack: Stack) -> None:
     history = [type(e.event).name() for e in events]
     assert history[:4] == ["JobSubmitted", "JobPredicted", "JobAdmitted", "LaunchPlanned"]
     [plan] = [e.event for e in events if isinstance(e.event, LaunchPlanned)]
-    assert plan.ports[0] != 29500  # the master's node chose a port free there
+    assert plan.rank_ports()[0] != 29500  # the master's node chose a port free there
     assert history[-2:] == ["LaunchSucceeded", "JobSucceeded"]
 
     # One trace follows the job from the scheduler through the launcher to both agents and back.
@@ -214,7 +214,7 @@ async def test_tensorflow_parameter_servers_get_tf_config_and_stop_when_the_work
     configs = [json.loads(probe_output(await stack.logs(accepted.job_id, rank))["TF_CONFIG"]) for rank in range(3)]
     # Each task listens on a port its own node chose, as the launch plan records.
     [plan] = [e.event for e in await api.events(accepted.job_id) if isinstance(e.event, LaunchPlanned)]
-    ports = plan.ports
+    ports = plan.rank_ports()
     assert len(set(ports.values())) == 3
     cluster = {"ps": [f"{places[2].address}:{ports[2]}"],
                "worker": [f"{places[0].address}:{ports[0]}", f"{places[1].address}:{ports[1]}"]}

@@ -20,17 +20,31 @@ from libs.contracts.agent import (
     Stopped,
     StopProcesses,
 )
-from libs.contracts.events import EventEnvelope, JobAdmitted, JobSubmitted, Placement, SettingsChanged
+from libs.contracts.events import (
+    EventEnvelope,
+    JobAdmitted,
+    JobSubmitted,
+    LaunchPlanned,
+    NodeLaunch,
+    Placement,
+    SettingsChanged,
+)
 from libs.contracts.jobspec import JobSpec
 from libs.controlsign import ControlSigner
 from libs.eventstore import Tracking
 from libs.messaging.rpc import ServiceUnavailable
 from services.launcher import dispatcher as launcher_dispatcher
+from services.launcher.planner import NodeLaunches
 from services.launcher.service import Launcher
 from tests.support.eventlog import EventLog, fake_runtime
 from tests.support.platform import CLUSTER, JOB
 
 GRACE = 10.0  # the platform's stop grace for jobs without checkpoint resume
+
+
+def launches(plan: LaunchPlanned) -> list[NodeLaunch]:
+    """What every node of a recorded plan is started with."""
+    return NodeLaunches.of(plan).every()
 
 
 class Agents:

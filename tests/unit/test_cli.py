@@ -29,7 +29,10 @@ from libs.contracts.events import (
     JobPrecheckFailed,
     JobPredicted,
     JobResuming,
+    LaunchHost,
     LaunchPlanned,
+    LaunchShape,
+    LaunchTask,
     PerformanceDegraded,
     PrecheckCompleted,
 )
@@ -547,12 +550,17 @@ def test_events_show_prechecks_resumes_and_kept_environments(fake: FakeClient) -
 
 
 def test_events_show_the_ports_a_launch_listens_on(fake: FakeClient) -> None:
-    fake.answers["history"] = [envelope_of(LaunchPlanned(job_id="job-r", attempt=1, mode="tensorflow", nodes=[],
+    shape = LaunchShape(hosts=[LaunchHost("node-a", "10.0.0.1", 1, "worker", 30211),
+                               LaunchHost("node-b", "10.0.0.2", 1, "worker", 30212)],
+                        slots=1, env={}, tasks=[LaunchTask(command="python3 train.py", mounts=[])])
+    fake.answers["history"] = [envelope_of(LaunchPlanned(job_id="job-r", attempt=2, mode="tensorflow", shape=shape)),
+                               envelope_of(LaunchPlanned(job_id="job-r", attempt=1, mode="tensorflow", nodes=[],
                                                          ports={1: 30212, 0: 30211}))]
     result = invoke("events", "job-r")
     assert result.exit_code == 0, result.output
-    assert "attempt=1 mode=tensorflow ports=0:30211, 1:30212" in result.output
-    assert "base_port" not in result.output
+    assert "attempt=2 mode=tensorflow ports=0:30211, 1:30212 ranks=2" in result.output
+    assert "attempt=1 mode=tensorflow ports=0:30211, 1:30212" in result.output  # a plan recorded before shapes
+    assert "base_port" not in result.output and "hosts" not in result.output
 
 
 # --- show and nodes: faults, resumes, kept environments ------------------------------------------------------

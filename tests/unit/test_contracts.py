@@ -94,9 +94,12 @@ from libs.contracts.events import (
     JobSubmitted,
     JobSucceeded,
     LaunchFailed,
+    LaunchHost,
     LaunchPlanned,
+    LaunchShape,
     LaunchStopped,
     LaunchSucceeded,
+    LaunchTask,
     LostProcessesStopped,
     Mount,
     NodeDiskPressure,
@@ -186,6 +189,7 @@ from libs.contracts.operations.images import (
 from libs.contracts.operations.jobs import (
     JOB_LOGS,
     JOB_USAGE,
+    MAX_HISTORY_PAGE_BYTES,
     MAX_LOG_PAGE_BYTES,
     MAX_LOG_PAGE_CHUNKS,
     SUBMIT_JOB,
@@ -203,6 +207,7 @@ from libs.contracts.operations.jobs import (
     InstanceView,
     JobAccepted,
     JobDetails,
+    JobHistory,
     JobList,
     JobSummary,
     JobUsage,
@@ -213,6 +218,7 @@ from libs.contracts.operations.jobs import (
     SearchResults,
     StopJobs,
     SubmitJob,
+    history_page,
 )
 from libs.contracts.operations.planning import (
     ExplainJob,
@@ -260,6 +266,9 @@ PLACEMENT = [Placement(rank=0, node="gpu-node-1", address="10.0.0.7", slots=4),
 LAUNCH = NodeLaunch(rank=0, node="gpu-node-1", address="10.0.0.7", argv=["python3", "train.py"],
                     env={"RANK": "0"}, mounts=[Mount(source="outputs/o", target="outputs", read_only=False)],
                     files={"/job/hostfile": "gpu-node-1 slots=4\n"}, master=True)
+SHAPE = LaunchShape(hosts=[LaunchHost("gpu-node-1", "10.0.0.7", 4, "worker", 29500),
+                           LaunchHost("gpu-node-2", "10.0.0.8", 4)],
+                    slots=4, env={"A": "1"}, tasks=[LaunchTask(command="python3 train.py", mounts=LAUNCH.mounts)])
 
 IMAGE = ImageRecord(name="team/torch", tag="2.13", digest="sha256:" + "0" * 64, format="oci-archive", size_bytes=10,
                     boards=["cpu", "sim-a100"], training=True, registered_by="root", registered_at=AT)
@@ -271,7 +280,7 @@ EVENT_SAMPLES: list[Any] = [
     JobFailed(job_id="job-000000000001", reason="rank 1 exited with code 3", exit_code=3),
     JobStopped(job_id="job-000000000001", by="bob", reason="maintenance"),
     JobDeleted(job_id="job-000000000001", by="alice"),
-    LaunchPlanned(job_id="job-000000000001", attempt=1, mode="pytorch", nodes=[LAUNCH]),
+    LaunchPlanned(job_id="job-000000000001", attempt=2, mode="horovod", shape=SHAPE),
     NodeProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=4242, staged=[
         StagedDataset(source="datasets/imgs/v1", key="0123456789abcdef01234567", bytes=2048, files=2, hit=False,
                       seconds=1.5)]),
@@ -355,6 +364,24 @@ EVENT_SAMPLES: list[Any] = [
 ]
 
 
+def test_a_launch_shape_records_each_rank_as_a_short_array() -> None:
+    """Each host of a launch costs a few dozen bytes: its fields without their names, the rank its index."""
+    encoded = msgspec.json.encode(SHAPE.hosts)
+    assert encoded == b'[["gpu-node-1","10.0.0.7",4,"worker",29500],["gpu-node-2","10.0.0.8",4,"worker",0]]'
+    assert msgspec.json.decode(b'[["n1","10.0.0.1",8]]', type=list[LaunchHost]) == [LaunchHost("n1", "10.0.0.1", 8)]
+
+
+def test_a_plan_names_each_rank_s_node_and_role_in_either_form() -> None:
+    """A plan recorded with a shape, and one recorded before shapes (every node's launch), both say where each
+    rank runs and as what: under Horovod the ranks past the master stand by for its mpirun."""
+    shaped = LaunchPlanned(job_id="job-000000000001", attempt=2, mode="horovod", shape=SHAPE)
+    assert shaped.ranks() == [(0, "gpu-node-1", "worker"), (1, "gpu-node-2", "standby")]
+    older = msgspec.json.decode(msgspec.json.encode(LaunchPlanned(job_id="job-000000000001", attempt=1,
+                                                                  mode="pytorch", nodes=[LAUNCH])), type=Event)
+    assert isinstance(older, LaunchPlanned) and older.shape is None
+    assert older.ranks() == [(0, "gpu-node-1", "worker")]
+
+
 def test_samples_cover_every_event_type() -> None:
     assert {type(e) for e in EVENT_SAMPLES} == set(EVENT_TYPES)
     assert len(EVENT_SAMPLES) == len(EVENT_TYPES)
@@ -399,15 +426,21 @@ def test_event_with_an_unknown_field_still_decodes() -> None:
 
 
 def test_envelope_and_nested_parts_with_unknown_fields_still_decode() -> None:
-    envelope = EventEnvelope(event_id="e-1", service="launcher", aggregate_type="launch",
-                             aggregate_id="job-000000000001", version=1, position=1, recorded_at=AT,
-                             event=EVENT_SAMPLES[7])
-    document = json.loads(encode(envelope))
-    document["shard"] = 3
-    document["event"]["priority"] = "high"
-    document["event"]["nodes"][0]["cgroup"] = "/trainyard"
-    document["event"]["nodes"][0]["mounts"][0]["propagation"] = "rslave"
-    assert decode(json.dumps(document), EventEnvelope) == envelope
+    for planned in (LaunchPlanned(job_id="job-000000000001", attempt=1, mode="pytorch", nodes=[LAUNCH]),
+                    LaunchPlanned(job_id="job-000000000001", attempt=2, mode="horovod", shape=SHAPE)):
+        envelope = EventEnvelope(event_id="e-1", service="launcher", aggregate_type="launch",
+                                 aggregate_id="job-000000000001", version=1, position=1, recorded_at=AT,
+                                 event=planned)
+        document = json.loads(encode(envelope))
+        document["shard"] = 3
+        document["event"]["priority"] = "high"
+        if planned.nodes:
+            document["event"]["nodes"][0]["cgroup"] = "/trainyard"
+            document["event"]["nodes"][0]["mounts"][0]["propagation"] = "rslave"
+        else:  # a host gets one more element at its end, a task one more field
+            document["event"]["shape"]["hosts"][0].append("rack-7")
+            document["event"]["shape"]["tasks"][0]["gpus"] = 2
+        assert decode(json.dumps(document), EventEnvelope) == envelope
 
 
 def test_event_missing_an_optional_field_gets_its_default() -> None:
@@ -892,6 +925,26 @@ def test_a_failed_node_check_lists_its_faulty_components() -> None:
 def test_a_log_page_request_out_of_bounds_is_refused_by_field(document: bytes) -> None:
     with pytest.raises(msgspec.ValidationError, match=r"at `\$\.(rank|after|max_chunks|max_bytes)`"):
         decode_strict(document, Request)
+
+
+def test_a_long_history_is_answered_in_pages_that_each_fit_a_reply_and_join_up() -> None:
+    """A job of 1,024 nodes records a start and an exit per node: more than one reply may hold."""
+    events = [EventEnvelope(event_id=f"e-{i}", service="launcher", aggregate_type="launch",
+                            aggregate_id="job-000000000001", version=i + 1, position=i + 1, recorded_at=AT,
+                            event=NodeProcessStarted(job_id="job-000000000001", attempt=1, rank=i, node=f"node-{i:04}",
+                                                     pid=1000 + i)) for i in range(2048)]
+    pages, start = [], 0
+    while True:
+        page = history_page(events, start)
+        assert len(encode(page)) <= MAX_HISTORY_PAGE_BYTES
+        pages.append(page)
+        if page.next is None:
+            break
+        start = page.next
+    assert len(pages) > 1
+    assert [e for page in pages for e in page.events] == events
+    assert history_page(events, len(events)) == JobHistory(events=[])
+    assert history_page(events[:1], 0, max_bytes=10).events == events[:1]  # one event, whatever its size
 
 
 def test_a_log_page_request_defaults_to_the_first_page_of_every_rank_within_a_reply() -> None:

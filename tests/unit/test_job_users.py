@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 from libs.contracts.cluster import MAX_JOB_UID, JobUsers
 from libs.contracts.events import JobAdmitted, JobSubmitted, LaunchPlanned, Placement
 from libs.jobusers import job_uid
-from tests.support.launcher import Site
+from tests.support.launcher import Site, launches
 from tests.support.platform import CLUSTER, JOB, plain_spec
 
 names = st.text(alphabet="abcdefghijklmnopqrstuvwxyz0123456789-", min_size=1, max_size=30)
@@ -43,4 +43,4 @@ async def test_every_node_of_a_plan_runs_as_the_job_s_user(monkeypatch: pytest.M
     await site.scheduler(JobAdmitted(job_id=JOB, attempt=1, flavor="cpu-4", placement=placement))
     await site.dispatch()
     [plan] = site.recorded(LaunchPlanned)
-    assert [node.run_as for node in plan.nodes] == [job_uid(CLUSTER.job_users, JOB, "alice")] * 2
+    assert [node.run_as for node in launches(plan)] == [job_uid(CLUSTER.job_users, JOB, "alice")] * 2

@@ -16,7 +16,7 @@ from services.launcher.dispatcher import PORTS_WAIT_SECONDS
 from services.launcher.service import Launcher
 from services.launcher.state import FIRST_FALLBACK_PORT
 from tests.support.eventlog import fake_runtime
-from tests.support.launcher import Site
+from tests.support.launcher import Site, launches
 from tests.support.platform import CLUSTER, JOB, plain_spec
 
 
@@ -44,9 +44,9 @@ async def test_a_pytorch_attempt_listens_on_the_port_its_master_node_chose(site:
 
     await site.dispatch()
     [plan] = site.recorded(LaunchPlanned)
-    assert plan.ports == {0: 30000}
-    assert [(n.rank, n.port, n.env["MASTER_PORT"]) for n in plan.nodes] == [(0, 30000, "30000"), (1, 0, "30000")]
-    assert "--master_port=30000" in plan.nodes[1].argv
+    assert plan.rank_ports() == {0: 30000}
+    assert [(n.rank, n.port, n.env["MASTER_PORT"]) for n in launches(plan)] == [(0, 30000, "30000"), (1, 0, "30000")]
+    assert "--master_port=30000" in launches(plan)[1].argv
     assert len(site.agents.starts()) == 2
 
 
@@ -56,17 +56,18 @@ async def test_every_tensorflow_task_listens_on_a_port_its_own_node_chose(site: 
     assert sorted((node, r.count) for node, r in port_requests(site)) == [("n1", 1), ("n2", 2)]
     await site.dispatch()
     [plan] = site.recorded(LaunchPlanned)
-    assert plan.ports == {0: 30000, 1: 30001, 2: 30002}  # n1 chose 30000, n2 30001 and 30002
-    cluster = json.loads(plan.nodes[0].env["TF_CONFIG"])["cluster"]["worker"]
-    assert cluster == [f"addr-n1:{plan.ports[0]}", f"addr-n2:{plan.ports[1]}", f"addr-n2:{plan.ports[2]}"]
-    assert [n.port for n in plan.nodes] == [plan.ports[0], plan.ports[1], plan.ports[2]]
+    ports = plan.rank_ports()
+    assert ports == {0: 30000, 1: 30001, 2: 30002}  # n1 chose 30000, n2 30001 and 30002
+    cluster = json.loads(launches(plan)[0].env["TF_CONFIG"])["cluster"]["worker"]
+    assert cluster == [f"addr-n1:{ports[0]}", f"addr-n2:{ports[1]}", f"addr-n2:{ports[2]}"]
+    assert [n.port for n in launches(plan)] == [ports[0], ports[1], ports[2]]
 
 
 async def test_a_mode_without_a_rendezvous_is_planned_without_asking(site: Site) -> None:
     await admit(site, "horovod", ["n1", "n2"])
     await site.dispatch()
     [plan] = site.recorded(LaunchPlanned)
-    assert plan.ports == {} and port_requests(site) == []
+    assert plan.rank_ports() == {} and port_requests(site) == []
     assert len(site.agents.starts()) == 2  # in the same pass
 
 
@@ -82,7 +83,7 @@ async def test_a_silent_node_gets_the_launchers_own_choice_after_a_while(site: S
     site.clock[0] += PORTS_WAIT_SECONDS
     await site.launcher.dispatcher.dispatch_once()
     [plan] = site.recorded(LaunchPlanned)
-    assert plan.ports == {0: FIRST_FALLBACK_PORT}
+    assert plan.rank_ports() == {0: FIRST_FALLBACK_PORT}
 
 
 async def test_the_fallback_avoids_the_ports_of_running_launches(site: Site) -> None:
@@ -97,7 +98,7 @@ async def test_the_fallback_avoids_the_ports_of_running_launches(site: Site) -> 
     await site.dispatch()
     await site.dispatch()
     [plan] = [e for e in site.log.of("launcher", other) if isinstance(e, LaunchPlanned)]
-    assert plan.ports == {0: FIRST_FALLBACK_PORT + 1}
+    assert plan.rank_ports() == {0: FIRST_FALLBACK_PORT + 1}
 
 
 async def test_a_job_stopped_before_its_plan_is_planned_at_once_to_be_stopped(site: Site) -> None:

@@ -34,7 +34,7 @@ from libs.contracts.jobspec import CheckpointResume, DebugTerminal, FaultRestart
 from libs.contracts.scheduling import AdminSettings
 from services.launcher.service import Launcher
 from tests.support.eventlog import fake_runtime
-from tests.support.launcher import GRACE, Site
+from tests.support.launcher import GRACE, Site, launches
 from tests.support.platform import CLUSTER, JOB, OTHER, job_spec, plain_spec
 
 
@@ -180,7 +180,7 @@ async def test_the_next_attempt_is_told_how_often_the_job_resumed(site: Site) ->
                                      resumes=1))
     await site.run(spec, ["n2"], attempt=2)
     plan = site.recorded(LaunchPlanned)[-1]
-    [launch] = plan.nodes
+    [launch] = launches(plan)
     assert (plan.attempt, launch.env["TRAINYARD_RESUME_COUNT"], launch.keep_workspace) == (2, "1", True)
     # The new attempt's own checkpoint folder: the old attempt's processes cannot write into it.
     assert any(m.source == f"checkpoints/{JOB}/attempt-2" and m.target == "checkpoints" and not m.read_only

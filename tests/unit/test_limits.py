@@ -11,9 +11,11 @@ from typing import Any
 import msgspec
 import pytest
 
+from libs.auth import issue_job_token
 from libs.contracts import jobspec
+from libs.contracts.agent import StartProcess
 from libs.contracts.cluster import Flavor
-from libs.contracts.events import EventEnvelope, JobSubmitted, LaunchPlanned, Placement
+from libs.contracts.events import EventEnvelope, JobAdmitted, JobSubmitted, LaunchPlanned, Placement
 from libs.contracts.jobspec import (
     MAX_COMMAND_LENGTH,
     MAX_ENV_VALUE_LENGTH,
@@ -27,11 +29,12 @@ from libs.contracts.jobspec import (
     size_errors,
     validate_spec,
 )
+from libs.contracts.operations.base import MAX_REQUEST_BYTES
 from libs.contracts.operations.jobs import SubmitJob
 from libs.contracts.strict import decode_strict
 from libs.eventstore.store import MAX_EVENT_BYTES
 from libs.messaging.responder import error_for_decode_failure
-from services.launcher.planner import plan_launch
+from services.launcher.planner import NodeLaunches, plan_shape
 from tests.support.schedulers import spec
 
 NATS_MAX_PAYLOAD = 1024 * 1024
@@ -76,7 +79,6 @@ def test_a_command_at_the_limit_is_still_checked_and_accepted() -> None:
     ({"image": "x" * 10_000}, "image"),
     ({"duration": "1" * 100_000 + "x"}, "duration"),
     ({"datasets": [DatasetRef(name=f"d{i}") for i in range(MAX_LIST_ITEMS + 1)]}, "datasets"),
-    ({"nodes": 5000, "mode": "pytorch"}, "nodes"),
 ])
 def test_each_free_form_field_has_a_limit(changes: dict[str, Any], field: str) -> None:
     assert field in fields(spec(**changes))
@@ -108,30 +110,54 @@ def test_a_job_submitted_at_the_limits_fits_one_event() -> None:
     assert len(msgspec.json.encode(envelope)) < MAX_EVENT_BYTES < NATS_MAX_PAYLOAD
 
 
-@pytest.mark.parametrize("mode", ["pytorch", "horovod", "tensorflow", "pytorch-deepspeed"])
-def test_the_launch_of_any_accepted_spec_fits_one_event(mode: str) -> None:
-    """For the largest node count accepted with a spec at its limits, the launcher's event fits."""
-    base = largest_accepted()
-    nodes = 1
-    while not validate_spec(msgspec.structs.replace(base, mode=mode, nodes=nodes + 1)):
-        nodes += 1
-    for job in (msgspec.structs.replace(base, mode=mode, nodes=nodes),
-                msgspec.structs.replace(spec(), mode=mode, nodes=max_nodes(mode))):
-        placement = [Placement(rank=i, node=f"server-node-{i:04}", address=f"10.100.{i // 250}.{i % 250 + 1}",
-                               slots=8) for i in range(job.nodes)]
-        ports = {place.rank: 29500 + place.rank for place in placement}
-        launches = plan_launch(job, GPU4, placement, ports=ports, job_id="job-0123456789ab")
-        event = LaunchPlanned(job_id="job-0123456789ab", attempt=1, mode=mode, nodes=launches, ports=ports)
-        assert len(msgspec.json.encode(event)) < MAX_EVENT_BYTES
+MODES = ["pytorch", "horovod", "tensorflow", "pytorch-deepspeed"]
 
 
-def max_nodes(mode: str) -> int:
-    """The most nodes a small spec is accepted with in `mode`."""
-    nodes = 1
-    while not validate_spec(spec(mode=mode, nodes=nodes + 1)):
-        nodes += 1
-    assert nodes >= 64  # real multi-node jobs are not refused
-    return nodes
+def placed(nodes: int) -> list[Placement]:
+    return [Placement(rank=i, node=f"server-node-{i:05}", address=f"10.100.{i // 250}.{i % 250 + 1}", slots=8)
+            for i in range(nodes)]
+
+
+def planned(job: JobSpec, nodes: int) -> tuple[LaunchPlanned, list[StartProcess]]:
+    """The launch event of `job` on `nodes` nodes, and the start request each node is sent."""
+    placement = placed(nodes)
+    ports = {place.rank: 29500 + place.rank for place in placement}
+    shape = plan_shape(job, GPU4, placement, ports=ports, job_id="job-0123456789ab")
+    event = LaunchPlanned(job_id="job-0123456789ab", attempt=1, mode=job.mode, shape=shape)
+    token = issue_job_token("s" * 32, "job-0123456789ab", 1, [place.node for place in placement])
+    starts = [StartProcess(job_id="job-0123456789ab", attempt=1, launch=launch, job_token=token)
+              for launch in NodeLaunches.of(event).every()]
+    return event, starts
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_job_of_any_size_is_accepted_in_every_mode(mode: str) -> None:
+    """Its size does not make a spec invalid: the cluster decides how many nodes a job may have."""
+    assert validate_spec(spec(mode=mode, nodes=10_000)) == []
+    assert validate_spec(msgspec.structs.replace(largest_accepted(), mode=mode, nodes=10_000)) == []
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_launch_grows_with_the_node_count_not_its_square(mode: str) -> None:
+    """The launcher's event, and each node's start request, take no more room per node at 1,024 nodes than at
+    64: nothing of one node is held once per peer."""
+    small_event, small_starts = planned(spec(mode=mode), 64)
+    large_event, large_starts = planned(spec(mode=mode), 1024)
+    assert len(msgspec.json.encode(large_event)) / 1024 <= len(msgspec.json.encode(small_event)) / 64
+    largest_start = max(len(msgspec.json.encode(start)) for start in large_starts)
+    assert largest_start / 1024 <= max(len(msgspec.json.encode(start)) for start in small_starts) / 64
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_a_launch_of_a_spec_at_its_limits_on_a_thousand_nodes_fits_one_event(mode: str) -> None:
+    """The largest spec accepted, on 1,024 nodes: the launcher's event fits one event, each node's start one
+    request (and the job's own events, its admission, fit too)."""
+    job = msgspec.structs.replace(largest_accepted(), mode=mode, nodes=1024)
+    event, starts = planned(job, 1024)
+    assert len(msgspec.json.encode(event)) < MAX_EVENT_BYTES
+    assert max(len(msgspec.json.encode(start)) for start in starts) < MAX_REQUEST_BYTES
+    admitted = JobAdmitted(job_id="job-0123456789ab", attempt=1, flavor="gpu-4", placement=placed(1024))
+    assert len(msgspec.json.encode(admitted)) < MAX_EVENT_BYTES
 
 
 @pytest.mark.parametrize("body", [b"[" * 2000 + b"]" * 2000, b'{"type":"SubmitJob.v1","spec":' + b"{\"a\":" * 3000])

@@ -214,14 +214,35 @@ class SearchResults(ReplyMessage, frozen=True, tag="SearchResults.v1"):
     total: int | None = None
 
 
+# A page of a job's history stays well under the NATS default max payload (1 MiB): a job of 1,024 nodes records
+# some 1.1 KiB of events per node and attempt.
+MAX_HISTORY_PAGE_BYTES = 512 * 1024
+
+
 class GetJobHistory(RequestMessage, frozen=True, tag="GetJobHistory.v1"):
-    """O6: every service's events about one job, in order."""
+    """O6: every service's events about one job, in order: a page of them from `start` (how many to skip: the
+    previous page's `next`)."""
 
     job_id: str
+    start: Annotated[int, Meta(ge=0)] = 0
 
 
 class JobHistory(ReplyMessage, frozen=True, tag="JobHistory.v1"):
     events: list[EventEnvelope]
+    next: int | None = None  # where the next page starts; None: this page ends the history
+
+
+def history_page(events: list[EventEnvelope], start: int, max_bytes: int = MAX_HISTORY_PAGE_BYTES) -> JobHistory:
+    """The events of a history from `start` that fit `max_bytes` as JSON (at least one, whatever its size: no
+    event is larger than one event may be), and where the next page starts."""
+    page: list[EventEnvelope] = []
+    size = 64  # the reply's own fields
+    for envelope in events[start:]:
+        size += len(msgspec.json.encode(envelope)) + 1  # and the comma before the next
+        if page and size > max_bytes:
+            return JobHistory(events=page, next=start + len(page))
+        page.append(envelope)
+    return JobHistory(events=page)
 
 
 # A log page stays well under the NATS default max payload (1 MiB), whatever the caller asks for.

@@ -514,8 +514,8 @@ class SchedulerState:
         if getattr(event, "attempt", None) != job.attempt:
             return False
         if isinstance(event, LaunchPlanned):
-            for launch in event.nodes:
-                job.instances.setdefault(launch.rank, Instance(rank=launch.rank, node=launch.node)).role = launch.role
+            for rank, node, role in event.ranks():
+                job.instances.setdefault(rank, Instance(rank=rank, node=node)).role = role
         elif isinstance(event, NodeProcessStarted):
             # A batch job's ranks start once per task: the instance shows the task running now.
             instance = job.instances.setdefault(event.rank, Instance(rank=event.rank, node=event.node))

@@ -62,6 +62,7 @@ from libs.contracts.operations.jobs import (
     ListJobs,
     SearchJobs,
     SearchResults,
+    history_page,
 )
 from libs.contracts.operations.planning import (
     EXPLAIN_JOB,
@@ -303,7 +304,7 @@ class JobQueries(StateQueries):
         return dev_env(self.state.jobs[request.job_id])
 
     async def history(self, request: GetJobHistory, identity: Identity) -> JobHistory | CommandError:
-        """O6: every service's events about the job, as published, in order."""
+        """O6: every service's events about the job, as published, in order: the page from `start`."""
         if error := access_error(self.state, [request.job_id], identity, "view"):
             return error
         # Its own events from its log (complete at once), the other services' (the launcher's, the
@@ -313,7 +314,7 @@ class JobQueries(StateQueries):
             self.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
         # The life of the job's run (the monitor's aggregate "run") is told by `trainyard metrics`, not here.
         others = [e for e in published if e.service != SERVICE and e.aggregate_type != "run"]
-        history = JobHistory(events=sorted(own + others, key=lambda e: e.recorded_at))
+        history = history_page(sorted(own + others, key=lambda e: e.recorded_at), request.start)
         return hide_jobs(history, self.state, identity)
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:
