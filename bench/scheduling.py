@@ -1,6 +1,6 @@
 """How fast the scheduler decides: one cycle over a big queue, draining it, and predictions.
 
-    python -m bench.scheduling [--jobs 10000] [--nodes 1000] [--repeats 7] [--seed 1]
+    python -m bench.scheduling [--jobs 10000] [--nodes 1000] [--repeats 7] [--seed 1] [--cycles 200] [--cycle-only]
 
 The cluster mixes CPU and accelerator nodes, some in dedicated pools; running jobs fill most of it,
 and the queue mixes priorities, sizes (1-8 nodes), flavors, elastic and TensorFlow jobs, with and
@@ -185,9 +185,70 @@ def timed(call: Callable[[], object], repeats: int) -> list[float]:
     return samples
 
 
-def p95(samples: list[float]) -> float:
+def percentile(samples: list[float], share: float) -> float:
     ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(0.95 * (len(ordered) - 1)))]
+    return ordered[min(len(ordered) - 1, round(share * (len(ordered) - 1)))]
+
+
+def p95(samples: list[float]) -> float:
+    return percentile(samples, 0.95)
+
+
+def p99(samples: list[float]) -> float:
+    return percentile(samples, 0.99)
+
+
+def steady(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[QueuedJob], cycles: int, *,
+           changes: bool) -> list[float]:
+    """Cycles as the scheduler runs them while little changes, the last cycle's `Cluster` kept: a second passes
+    between two cycles and, with `changes`, a job arrives in the queue or a running one ends before each (in turn;
+    what the cycles decide is not carried out, so every cycle looks at the whole queue again)."""
+    kept = Cluster(n.info for n in nodes)
+    free = {n.info.name: n for n in nodes}
+    live = list(running)
+    waiting = list(queue)
+    rng = random.Random(7)
+    samples = []
+    for index in range(cycles + 1):
+        now = START + timedelta(seconds=index)
+        if changes and index % 2:
+            spec, duration = random_spec(rng, len(queue) + index)
+            joined = QueuedJob(f"arrived-{index:06}", spec, duration)
+            waiting.insert(insertion_index(waiting, spec.priority), joined)
+        elif changes and index:
+            job = live.pop(rng.randrange(len(live)))
+            for name, amount in job.held.items():
+                free[name] = NodeCapacity(info=free[name].info, free=free[name].free + amount)
+        listed = list(free.values())
+        began = time.perf_counter()
+        schedule(waiting, listed, FLAVORS, running=live, now=now, cluster=kept)
+        if index:  # the first one works out what the others keep
+            samples.append(time.perf_counter() - began)
+    return samples
+
+
+def cycle_rows(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[QueuedJob], args: argparse.Namespace,
+               ) -> list[tuple[str, str, str, str, str]]:
+    """One cycle from scratch, over the same inputs with the cluster kept, and in a steady state."""
+    cycle = timed(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START), args.repeats)
+    # As the scheduler runs it: the last cycle's cluster over the same nodes kept (services/scheduler/rules/cycle.py)
+    kept = Cluster(n.info for n in nodes)
+    schedule(queue, nodes, FLAVORS, running=running, now=START, cluster=kept)
+    cycle_kept = timed(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START, cluster=kept),
+                       max(args.repeats, args.cycles))
+    quiet = steady(nodes, running, queue, args.cycles, changes=False)
+    busy = steady(nodes, running, queue, args.cycles, changes=True)
+
+    def row(name: str, samples: list[float], note: str) -> tuple[str, str, str, str, str]:
+        return (name, f"{statistics.median(samples) * 1000:.1f} ms", f"{p95(samples) * 1000:.1f} ms",
+                f"{p99(samples) * 1000:.1f} ms", note)
+
+    return [
+        row("schedule: one cycle", cycle, f"{len(queue) / statistics.median(cycle):,.0f} decisions/s"),
+        row("schedule: one cycle, cluster kept", cycle_kept, "as the scheduler's cycles over the same nodes"),
+        row("schedule: steady, time passes", quiet, f"{len(quiet)} cycles a second apart, nothing else changes"),
+        row("schedule: steady, a job arrives or ends", busy, f"{len(busy)} cycles, one change before each"),
+    ]
 
 
 def scheduler_state(infos: list[NodeInfo], running: list[RunningJob], queue: list[QueuedJob],
@@ -289,6 +350,8 @@ def main() -> None:
     parser.add_argument("--nodes", type=int, default=1_000, help="nodes (default 1000)")
     parser.add_argument("--repeats", type=int, default=7, help="timed repeats of each measurement (default 7)")
     parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--cycles", type=int, default=200, help="cycles of the steady-state rows (default 200)")
+    parser.add_argument("--cycle-only", action="store_true", help="only the rows of one cycle, no predictions")
     args = parser.parse_args()
 
     rng = random.Random(args.seed)
@@ -303,15 +366,15 @@ def main() -> None:
     print(f"python {platform.python_version()} on {platform.machine()}\n")
 
     decision = schedule(queue, nodes, FLAVORS, running=running, now=START)
-    cycle = timed(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START), args.repeats)
-    # As the scheduler runs it: the last cycle's cluster over the same nodes kept (services/scheduler/rules/cycle.py)
-    kept = Cluster(n.info for n in nodes)
-    schedule(queue, nodes, FLAVORS, running=running, now=START, cluster=kept)
-    cycle_kept = timed(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START, cluster=kept), args.repeats)
     head = decision.reservation
     print(f"one cycle: {len(decision.admissions)} admitted ({sum(a.backfilled for a in decision.admissions)} "
           f"backfilled), {len(decision.growths)} grown, {len(decision.unplaceable)} unplaceable, "
           f"head reserved {'at ' + str(head.start) if head and head.start else 'with an unknown start'}\n")
+    header = ("measure", "median", "p95", "p99", "throughput")
+    one_cycle = cycle_rows(nodes, running, queue, args)
+    if args.cycle_only:
+        show([header, *one_cycle])
+        return
 
     empty = [NodeCapacity(info=n, free=Resources.of_node(n)) for n in infos]
     first = schedule(queue, empty, FLAVORS, now=START)
@@ -374,10 +437,6 @@ def main() -> None:
     cycles, admitted, spent = drain(nodes, running, queue, cycles=50)
 
     rows = [
-        ("schedule: one cycle", f"{statistics.median(cycle) * 1000:.0f} ms", f"{p95(cycle) * 1000:.0f} ms",
-         f"{len(queue) / statistics.median(cycle):,.0f} decisions/s"),
-        ("schedule: one cycle, cluster kept", f"{statistics.median(cycle_kept) * 1000:.0f} ms",
-         f"{p95(cycle_kept) * 1000:.0f} ms", "as the scheduler's cycles over the same nodes"),
         ("schedule: empty cluster", f"{statistics.median(filling) * 1000:.0f} ms",
          f"{p95(filling) * 1000:.0f} ms",
          f"{len(first.admissions)} admitted, {len(first.admissions) / statistics.median(filling):,.0f} admitted/s"),
@@ -404,8 +463,12 @@ def main() -> None:
         ("drain: cycles as jobs end", f"{spent / max(cycles, 1) * 1000:.0f} ms/cycle", "",
          f"{admitted} admitted in {cycles} cycles, {admitted / spent:,.0f} admitted/s"),
     ]
-    widths = [max(len(row[i]) for row in [("measure", "median", "p95", "throughput"), *rows]) for i in range(4)]
-    for row in [("measure", "median", "p95", "throughput"), tuple("-" * w for w in widths), *rows]:
+    show([header, *one_cycle, *((name, median, high, "", note) for name, median, high, note in rows)])
+
+
+def show(rows: list[tuple[str, str, str, str, str]]) -> None:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    for row in [rows[0], tuple("-" * w for w in widths), *rows[1:]]:
         print("  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip())
 
 

@@ -17,6 +17,7 @@ import bisect
 import copy
 import heapq
 import math
+import operator
 from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
@@ -37,6 +38,7 @@ class NodeCapacity:
 
 
 NO_NODES: frozenset[str] = frozenset()
+_MICROSECOND = timedelta(microseconds=1)
 # A cycle decides on the first this many waiting jobs, as Slurm's scheduler looks `default_queue_depth` deep:
 # they are more than enough to fill the cluster, and a queue of tens of thousands costs a cycle no more. The
 # jobs behind them move up as these start (predictions still plan the whole queue).
@@ -220,10 +222,13 @@ class Cluster:
     def __init__(self, infos: Iterable[NodeInfo]) -> None:
         self.infos: dict[str, NodeInfo] = {info.name: info for info in infos}
         self._eligible: dict[_EligibilityKey, tuple[str, ...]] = {}
+        self._eligible_sets: dict[_EligibilityKey, frozenset[str]] = {}
         self._totals: dict[str, Resources] | None = None
         # Kept for the cycles over these nodes (with one set of flavors): see `Cycle`.
         self.placeable: dict[Shape, bool] = {}
         self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = {}
+        # What `schedule` keeps from one cycle to the next over these nodes (`_Kept`); a cycle takes it while it runs.
+        self.kept: _Kept | None = None
 
     @cached_property
     def served(self) -> Served:
@@ -246,6 +251,13 @@ class Cluster:
             self._eligible[key] = names
         return key, names
 
+    def eligible_set(self, key: _EligibilityKey) -> frozenset[str]:
+        """The names `eligible` gave for `key`, as a set."""
+        names = self._eligible_sets.get(key)
+        if names is None:
+            names = self._eligible_sets[key] = frozenset(self._eligible[key])
+        return names
+
 
 class _Fitting:
     """The nodes where one rank needing `need` fits now, and (once a placement asked for it) a heap of
@@ -253,11 +265,12 @@ class _Fitting:
     with their new room when the heap is next read; entries that no longer match a node's room are
     dropped when they surface."""
 
-    __slots__ = ("changed", "heap", "names", "need", "nodes")
+    __slots__ = ("changed", "eligible", "heap", "names", "need", "nodes")
 
-    def __init__(self, need: Resources, names: tuple[str, ...]) -> None:
+    def __init__(self, need: Resources, names: tuple[str, ...], eligible: frozenset[str]) -> None:
         self.need = need
         self.names = names  # the nodes eligible
+        self.eligible = eligible  # the same, as a set
         self.nodes: set[str] = set()
         self.heap: list[tuple[float, int, str]] | None = None
         self.changed: set[str] = set()
@@ -268,19 +281,35 @@ class Capacity:
 
     On a busy cluster only a few nodes have room; the index lets a placement look at those instead
     of every node, and it is kept up to date as resources are taken and given back.
+
+    A capacity made `over` another one is that one but for a few nodes (what a backfill may use, or what is free
+    at some later instant): its indexes are copied from the other's and corrected on those nodes only, rather than
+    worked out over every eligible node. Until it is dropped, the other one may change only on nodes set on it too.
     """
 
     def __init__(self, cluster: Cluster, free: dict[str, Resources]) -> None:
         self.cluster = cluster
         self.free = free
         self._fitting: dict[tuple[_EligibilityKey, Resources], _Fitting] = {}
-        # Per node, the indexes that list it: made on the first change, as many capacities are only read.
-        self._watchers: dict[str, list[_Fitting]] | None = None
+        # Per node, the indexes that list it: worked out when it first changes, and again once an index was added.
+        self._watchers: dict[str, list[_Fitting]] = {}
+        self._base: Capacity | None = None
+        self._own: set[str] = set()  # with a base: the nodes whose room may differ from the base's
 
     @classmethod
     def of(cls, nodes: Iterable[NodeCapacity]) -> Capacity:
         nodes = list(nodes)
         return cls(Cluster(n.info for n in nodes), {n.info.name: n.free for n in nodes})
+
+    @classmethod
+    def over(cls, base: Capacity, changes: Mapping[str, Resources] | None = None) -> Capacity:
+        """`base`, but for `changes` (and whatever is `set` on it later)."""
+        twin = cls(base.cluster, dict(base.free))
+        twin._base = base
+        for name, free in (changes or {}).items():
+            twin.free[name] = free
+            twin._own.add(name)
+        return twin
 
     def copy(self) -> Capacity:
         return Capacity(self.cluster, dict(self.free))
@@ -294,17 +323,19 @@ class Capacity:
         need = Resources.of_flavor(flavor)
         index = self._fitting.get((key, need))
         if index is None:
-            index = self._fitting[(key, need)] = _Fitting(need, names)
+            index = self._fitting[(key, need)] = _Fitting(need, names, self.cluster.eligible_set(key))
             free, fits = self.free, need.fits_in
-            index.nodes = {name for name in names if fits(free[name])}
-            if self._watchers is not None:
-                self._watch(index)
+            if self._base is not None:
+                index.nodes = set(self._base._index(spec, flavor, exclude).nodes)
+                for name in self._own & index.eligible:
+                    if fits(free[name]):
+                        index.nodes.add(name)
+                    else:
+                        index.nodes.discard(name)
+            else:
+                index.nodes = {name for name in names if fits(free[name])}
+            self._watchers.clear()
         return index
-
-    def _watch(self, index: _Fitting) -> None:
-        assert self._watchers is not None
-        for name in index.names:
-            self._watchers.setdefault(name, []).append(index)
 
     def roomiest(self, index: _Fitting, count: int) -> list[str]:
         """The `count` nodes of `index` with the most free CPU, then memory (ties by name), in that
@@ -336,17 +367,32 @@ class Capacity:
 
     def set(self, name: str, free: Resources) -> None:
         self.free[name] = free
-        if self._watchers is None:
-            self._watchers = {}
-            for index in self._fitting.values():
-                self._watch(index)
-        for index in self._watchers.get(name, ()):
+        if self._base is not None:
+            self._own.add(name)
+        watchers = self._watchers.get(name)
+        if watchers is None:
+            watchers = self._watchers[name] = [index for index in self._fitting.values() if name in index.eligible]
+        for index in watchers:
             if index.need.fits_in(free):
                 index.nodes.add(name)
                 if index.heap is not None:
                     index.changed.add(name)
             else:
                 index.nodes.discard(name)
+
+    def update(self, nodes: Iterable[NodeCapacity]) -> bool:
+        """Bring it up to date with what is free on `nodes` (the same nodes); False when they are not the same."""
+        free = self.free
+        count = 0
+        for node in nodes:
+            name = node.info.name
+            count += 1
+            now = free.get(name)
+            if now is None:
+                return False
+            if now != node.free:
+                self.set(name, node.free)
+        return count == len(free)
 
     def take(self, held: Mapping[str, Resources]) -> None:
         for name, amount in held.items():
@@ -489,9 +535,95 @@ def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[st
 
     `queue` is in start order (S1); `nodes` are the schedulable nodes with what is free on them now;
     `running` says what the running jobs hold and until when (their duration limits). `cluster`, when
-    given, is the `Cluster` of the same nodes from an earlier cycle: what it worked out about them is reused.
+    given, is the `Cluster` of the same nodes from an earlier cycle: what it worked out about them is reused, and so is
+    what the last cycle over it kept (`_Kept`): only what changed since is worked out again.
     """
-    return Cycle(nodes, flavors, running, now, cluster=cluster).run(queue)
+    cycle = Cycle(nodes, flavors, running, now, cluster=cluster, keep=cluster is not None)
+    decision = cycle.run(queue)
+    if cluster is not None:
+        cluster.kept = _Kept(cycle.free_now, cycle.held)
+    return decision
+
+
+class _Held:
+    """What running jobs hold and until when, worked out once for a list of them: the jobs with a known end in order
+    of end (ties in the list's order), what those hold, what the others hold, and which jobs may grow. For a list
+    that differs from an earlier one by a few jobs that ended or started, `then` works it out from the earlier one."""
+
+    def __init__(self, running: list[RunningJob]) -> None:
+        self.running = running
+        self.jobs: list[RunningJob] = sorted((job for job in running if job.ends_at is not None),
+                                             key=lambda job: job.ends_at)  # type: ignore[arg-type, return-value]
+        self.ends: list[datetime] = [job.ends_at for job in self.jobs]  # type: ignore[misc]
+        self.timed: list[Mapping[str, Resources]] = [job.held for job in self.jobs]
+        self.distinct: list[datetime] = sorted(set(self.ends))
+        self.growable: list[RunningJob] = sorted((job for job in running if may_grow(job)),
+                                                 key=lambda job: PRIORITY_RANK[job.spec.priority])
+        self._positions: dict[int, int] | None = None
+
+    @property
+    def positions(self) -> dict[int, int]:
+        """Where each job stands in the list (by its id)."""
+        if self._positions is None:
+            self._positions = {id(job): index for index, job in enumerate(self.running)}
+        return self._positions
+
+    @property
+    def untimed(self) -> list[Mapping[str, Resources]]:
+        return [job.held for job in self.running if job.ends_at is None]
+
+    def then(self, running: list[RunningJob]) -> _Held:
+        """The same for `running`: from this one when the jobs of both are in the same order in both."""
+        positions = dict(zip(map(id, running), range(len(running)), strict=True))
+        before = dict(zip(map(id, self.running), self.running, strict=True))
+        gone = before.keys() - positions.keys()
+        added = positions.keys() - before.keys()
+        if len(gone) + len(added) > 64 or len(positions) != len(running) or len(before) != len(self.running):
+            return _Held(running)
+        order = [place for place in map(positions.get, before) if place is not None]
+        if not all(map(operator.lt, order, order[1:])):  # jobs moved: worked out again
+            return _Held(running)
+        twin = copy.copy(self)
+        twin.running, twin._positions = running, positions
+        twin.jobs, twin.ends, twin.timed, twin.distinct = (list(self.jobs), list(self.ends), list(self.timed),
+                                                           list(self.distinct))
+        for key in gone:
+            end = before[key].ends_at
+            if end is None:
+                continue
+            place = bisect.bisect_left(twin.ends, end)
+            while twin.jobs[place] is not before[key]:
+                place += 1
+            del twin.jobs[place], twin.ends[place], twin.timed[place]
+            if end not in twin.ends[max(place - 1, 0):place + 1]:  # no other job ends then
+                twin.distinct.pop(bisect.bisect_left(twin.distinct, end))
+        arrived = sorted((running[positions[key]] for key in added), key=lambda job: positions[id(job)])
+        for job in arrived:
+            end = job.ends_at
+            if end is None:
+                continue
+            place, high = bisect.bisect_left(twin.ends, end), bisect.bisect_right(twin.ends, end)
+            while place < high and positions[id(twin.jobs[place])] < positions[id(job)]:  # ties in the list's order
+                place += 1
+            twin.jobs.insert(place, job)
+            twin.ends.insert(place, end)
+            twin.timed.insert(place, job.held)
+            index = bisect.bisect_left(twin.distinct, end)
+            if index == len(twin.distinct) or twin.distinct[index] != end:
+                twin.distinct.insert(index, end)
+        growable = [job for job in self.growable if id(job) not in gone] + [job for job in arrived if may_grow(job)]
+        twin.growable = sorted(growable, key=lambda job: (PRIORITY_RANK[job.spec.priority], positions[id(job)]))
+        return twin
+
+
+@dataclass
+class _Kept:
+    """What one cycle over a `Cluster` leaves the next (see `schedule`): its capacity, brought up to date with what is
+    free by the next on the nodes that changed (its indexes with it), and what its running jobs hold (`_Held`), used
+    again while they are the same."""
+
+    capacity: Capacity
+    held: _Held | None
 
 
 @dataclass
@@ -509,7 +641,7 @@ class _Timeline:
 
     def __init__(self, free_now: Capacity, timed: Sequence[Mapping[str, Resources]]) -> None:
         self.base = free_now.free
-        self.capacity = free_now.copy()
+        self.capacity = Capacity.over(free_now)
         self.timed = timed
         self.after: dict[str, list[Resources]] = {}  # per node: what is free after none, one, two... of its releases
         self.steps: list[list[tuple[str, int]]] = []  # per release summed: its nodes, and how many of theirs it ends
@@ -549,12 +681,20 @@ class Cycle:
     """
 
     def __init__(self, nodes: list[NodeCapacity], flavors: Mapping[str, Flavor], running: Sequence[RunningJob],
-                 now: datetime, *, cluster: Cluster | None = None) -> None:
+                 now: datetime, *, cluster: Cluster | None = None, keep: bool = False) -> None:
+        """`keep`: take what the last cycle over `cluster` kept (`_Kept`), for this cycle alone to use and change."""
         self.cluster = Cluster(n.info for n in nodes) if cluster is None else cluster
         self.flavors = flavors
         self.running = list(running)
         self.now = now
-        self.free_now = Capacity(self.cluster, {n.info.name: n.free for n in nodes})
+        kept, self.cluster.kept = (self.cluster.kept, None) if keep else (None, self.cluster.kept)
+        if kept is not None and kept.capacity.update(nodes):
+            self.free_now = kept.capacity
+        else:
+            self.free_now = Capacity(self.cluster, {n.info.name: n.free for n in nodes})
+        self._held: _Held | None = None
+        if kept is not None and kept.held is not None:  # the same running jobs, or a few more or fewer
+            self._held = kept.held if kept.held.running == self.running else kept.held.then(self.running)
         self.failed_now: set[Shape] = set()
         self.failed_extra: set[Shape] = set()
         # Whether a job shape fits the empty cluster at all, and how many ranks of a kind it holds: they depend on
@@ -562,9 +702,8 @@ class Cycle:
         self.placeable: dict[Shape, bool] = self.cluster.placeable
         self.most_workers: dict[tuple[_EligibilityKey, Resources], int] = self.cluster.most_workers
         self.admissions: list[Admission] = []
-        # What running jobs and this cycle's admissions hold, and until when (None: no limit).
-        self.holders: list[tuple[datetime | None, Mapping[str, Resources]]] = [
-            (job.ends_at, job.held) for job in self.running]
+        # What this cycle's admissions hold, and until when (None: no limit); the running jobs' is in `held`.
+        self.holders: list[tuple[datetime | None, Mapping[str, Resources]]] = []
         self.unplaceable: list[str] = []
         self.head: _Head | None = None
         # Per node: what stays free at the head's start once the head has its share (backfills that
@@ -572,6 +711,13 @@ class Cycle:
         self.after_head: dict[str, Resources] = {}
         self.extra: Capacity | None = None
         self.totals: Capacity | None = None
+
+    @property
+    def held(self) -> _Held:
+        """What the running jobs hold and until when, worked out when first asked."""
+        if self._held is None:
+            self._held = _Held(self.running)
+        return self._held
 
     def fork(self) -> Cycle:
         """A copy of this cycle part-way through the queue, to go on with while this one stays as it is.
@@ -591,18 +737,18 @@ class Cycle:
         """Walk `queue` (the next stretch of it, in start order), then grow what may grow (unless `grow` is
         False: more of the queue is still to come)."""
         failed, placeable = self.failed_now, self.placeable
-        for job in queue:
-            shape = job.shape
-            if shape in failed and (self.head is not None or placeable.get(shape) is False):
-                # Like a job before it, it fits nowhere now: it waits behind the head, or fits nowhere at all. A deep
-                # queue of such jobs costs a lookup each.
-                known = placeable.get(shape)
-                if not (self._placeable(job, shape) if known is None else known):
-                    self.unplaceable.append(job.job_id)
-            elif self.head is None:
+        jobs = iter(queue)
+        if self.head is None:
+            for job in jobs:
+                shape = job.shape
+                if shape in failed and placeable.get(shape) is False:
+                    self.unplaceable.append(job.job_id)  # like a job before it, it fits nowhere at all
+                    continue
                 self._admit_in_order(job, shape)
-            else:
-                self._backfill(job, shape)
+                if self.head is not None:
+                    break
+        if self.head is not None:
+            self._behind_head(jobs)
         growths = self._grow() if grow else []
         return Decision(admissions=self.admissions, growths=growths,
                         reservation=self.head.reservation if self.head else None, unplaceable=self.unplaceable)
@@ -637,18 +783,40 @@ class Cycle:
         if self.head is None:
             self.unplaceable.append(job.job_id)
         else:
-            self.after_head = {name: free - self.head.held.get(name, Resources())
-                               for name, free in self.head.at_start.items()}
-            self.extra = Capacity(self.cluster, {name: least(free, self.after_head[name])
-                                                 for name, free in self.free_now.free.items()})
+            # Free at the start only grows from what is free now, so a backfill may use all that is free now but on
+            # the head's nodes.
+            at_start = self.head.at_start
+            self.after_head = dict(at_start)
+            for name, amount in self.head.held.items():
+                if name in at_start:
+                    self.after_head[name] = at_start[name] - amount
+            self.extra = Capacity.over(self.free_now, {name: least(self.free_now.free[name], self.after_head[name])
+                                                       for name in self.head.held if name in at_start})
 
-    def _backfill(self, job: QueuedJob, shape: Shape) -> None:
+    def _behind_head(self, jobs: Iterable[QueuedJob]) -> None:
+        """Each job behind the head: backfilled if it can be (`_backfill`). Like a job before it, most fit nowhere
+        they may go now, and a deep queue of such jobs costs a few lookups each."""
+        assert self.head is not None
+        failed_now, failed_extra, placeable, unplaceable = (self.failed_now, self.failed_extra, self.placeable,
+                                                            self.unplaceable)
+        start = self.head.reservation.start
+        # A job ends in time when its limit runs out no later than the head's start: no more than `slack` from now.
+        slack = None if start is None else (start - self.now) // _MICROSECOND
+        for job in jobs:
+            shape = job.shape
+            duration = job.duration_seconds
+            in_time = slack is not None and duration is not None and duration * 1_000_000 <= slack
+            if shape in failed_now or (not in_time and shape in failed_extra):
+                known = placeable.get(shape)
+                if known is False or (known is None and not self._placeable(job, shape)):
+                    unplaceable.append(job.job_id)
+                continue
+            self._backfill(job, shape, in_time)
+
+    def _backfill(self, job: QueuedJob, shape: Shape, ends_in_time: bool) -> None:
         """Start a job behind the head only if it cannot delay the head's reservation: it ends before
         the reserved start, or it uses only what the head will not need then."""
         assert self.head is not None and self.extra is not None
-        start = self.head.reservation.start
-        ends_in_time = (start is not None and job.duration_seconds is not None
-                        and self.now + timedelta(seconds=job.duration_seconds) <= start)
         if ends_in_time:
             choice = self._try(job, shape, self.free_now, self.failed_now)
         elif shape in self.failed_now:
@@ -708,13 +876,34 @@ class Cycle:
             self.totals = Capacity(self.cluster, dict(totals))
         return place(self.totals, spec, flavor, workers, exclude) is not None
 
-    def _releases(self) -> tuple[list[datetime], list[Mapping[str, Resources]], list[Mapping[str, Resources]]]:
-        """What is held until a known end (sorted by end; an overdue job releases now), and what is
-        held without one. Jobs admitted earlier in this cycle count as running from now."""
-        timed = sorted(((max(end, self.now), held) for end, held in self.holders if end is not None),
-                       key=lambda pair: pair[0])
-        return ([end for end, _ in timed], [held for _, held in timed],
-                [held for end, held in self.holders if end is None])
+    def _releases(self) -> tuple[list[datetime], list[Mapping[str, Resources]], list[Mapping[str, Resources]],
+                                 list[datetime]]:
+        """What is held until a known end (sorted by end, ties in the order of the running jobs and then of this
+        cycle's admissions; an overdue job releases now), what is held without one, and the instants from now on
+        at which something is released. Jobs admitted earlier in this cycle count as running from now."""
+        held, now = self.held, self.now
+        overdue = bisect.bisect_right(held.ends, now)
+        ends = [now] * overdue + held.ends[overdue:]
+        if overdue:  # all release now: in the running jobs' order
+            positions = held.positions
+            timed = [held.timed[i] for i in sorted(range(overdue), key=lambda i: positions[id(held.jobs[i])])] \
+                + held.timed[overdue:]
+        else:
+            timed = list(held.timed)
+        times = [now, *held.distinct[bisect.bisect_right(held.distinct, now):]]
+        untimed = list(held.untimed)
+        for end, amount in self.holders:
+            if end is None:
+                untimed.append(amount)
+                continue
+            end = max(end, now)
+            index = bisect.bisect_right(ends, end)  # after the running jobs and the admissions ending then
+            ends.insert(index, end)
+            timed.insert(index, amount)
+            index = bisect.bisect_left(times, end)
+            if index == len(times) or times[index] != end:
+                times.insert(index, end)
+        return ends, timed, untimed, times
 
     def _capacity_after(self, released: Iterable[Mapping[str, Resources]]) -> Capacity:
         capacity = self.free_now.copy()
@@ -728,8 +917,7 @@ class Cycle:
         """The earliest time the head's gang fits, given that running jobs end by their duration
         limits: the full size first, then (elastic) smaller sizes; with no such time, the start is
         unknown and the nodes are reserved on what would be free once every running job ended."""
-        ends, timed, untimed = self._releases()
-        times = [self.now, *sorted({end for end in ends if end > self.now})]
+        ends, timed, untimed, times = self._releases()
         timeline = _Timeline(self.free_now, timed)
 
         def capacity_at(index: int) -> Capacity:
@@ -785,9 +973,7 @@ class Cycle:
         start = self.head.reservation.start if self.head else None
         # What any job may take now: free now, and (with a head) not needed by the head at its start.
         spare = self.extra if self.extra is not None else self.free_now
-        growable = sorted((job for job in self.running if may_grow(job)),
-                          key=lambda job: PRIORITY_RANK[job.spec.priority])
-        for job in growable:
+        for job in self.held.growable:
             own = job.held
             # At the head's start the job still holds its nodes unless it will have ended by then.
             own_at_start = {} if job.ends_at is not None and start is not None and job.ends_at <= start else own

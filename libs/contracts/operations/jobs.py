@@ -365,7 +365,8 @@ SEARCH_JOBS = people_operation(
     summary="Find jobs by name, status, user, project or time.")
 JOB_HISTORY = people_operation(
     "job-history", "trainyard.query.jobs.history", GetJobHistory, JobHistory, "scheduler", changes_state=False,
-    summary="Every recorded event of one job.")
+    summary="Every recorded event of one job, in pages of at most 512 KiB from `start` (each page says where the "
+            "next starts).")
 JOB_LOGS = people_operation(
     "job-logs", "trainyard.query.jobs.logs", GetJobLogs, LogPage, "scheduler", changes_state=False,
     summary="A page of a job's logs.")
