@@ -159,7 +159,7 @@ class NodeAgent:
                                 nodes=nodes, host_interfaces=host_addresses())
         self.presence = NodePresence(self.nc, self.info, node_token=self.node_token, storage=self.storage,
                                      root=self.root, health_probe_seconds=self.health_probe_seconds, data=self.data,
-                                     running=self.ranks.running_holders, each_beat=self.ranks.release_unused_ports)
+                                     running=self.ranks.running_holders, each_beat=self.ranks.each_beat)
 
     def _signed_by(self, role: ControlRole) -> Callable[[Msg, object], str | None]:
         def gate(msg: Msg, _: object) -> str | None:

@@ -32,6 +32,7 @@ from libs.contracts.jobspec import PRIORITY_RANK, CheckpointResume, Elastic, Job
 from libs.placement import (
     Capacity,
     Cluster,
+    Decision,
     NodeCapacity,
     QueuedJob,
     RunningJob,
@@ -198,11 +199,20 @@ def p99(samples: list[float]) -> float:
     return percentile(samples, 0.99)
 
 
+def paused(call: Callable[[], object]) -> Callable[[], object]:
+    """`call` with the cycle collector paused, as the scheduler makes its decisions."""
+    def run() -> object:
+        with collector_paused():
+            return call()
+    return run
+
+
 def steady(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[QueuedJob], cycles: int, *,
            changes: bool) -> list[float]:
     """Cycles as the scheduler runs them while little changes, the last cycle's `Cluster` kept: a second passes
-    between two cycles and, with `changes`, a job arrives in the queue or a running one ends before each (in turn;
-    what the cycles decide is not carried out, so every cycle looks at the whole queue again)."""
+    between two cycles and, with `changes`, a job arrives in the queue or a running one ends before each (in turn).
+    The jobs a cycle admits start, as the scheduler's do: they leave the queue and hold their nodes from the next cycle
+    on (growths are not carried out)."""
     kept = Cluster(n.info for n in nodes)
     free = {n.info.name: n for n in nodes}
     live = list(running)
@@ -221,20 +231,39 @@ def steady(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[Que
                 free[name] = NodeCapacity(info=free[name].info, free=free[name].free + amount)
         listed = list(free.values())
         began = time.perf_counter()
-        schedule(waiting, listed, FLAVORS, running=live, now=now, cluster=kept)
+        with collector_paused():  # as the scheduler decides (services/scheduler/service.py)
+            decision = schedule(waiting, listed, FLAVORS, running=live, now=now, cluster=kept)
         if index:  # the first one works out what the others keep
             samples.append(time.perf_counter() - began)
+        started(decision, waiting, live, free, now)
     return samples
+
+
+def started(decision: Decision, waiting: list[QueuedJob], live: list[RunningJob], free: dict[str, NodeCapacity],
+            now: datetime) -> None:
+    """The decision's admissions carried out: the jobs leave the queue, run, and hold their nodes."""
+    admitted = {admission.job_id: admission for admission in decision.admissions}
+    if not admitted:
+        return
+    for job in [job for job in waiting if job.job_id in admitted]:
+        admission = admitted[job.job_id]
+        ends = now + timedelta(seconds=job.duration_seconds) if job.duration_seconds is not None else None
+        running = RunningJob(job_id=job.job_id, spec=job.spec, flavor=FLAVORS[admission.flavor],
+                             placement=admission.placement, ends_at=ends)
+        live.append(running)
+        for name, amount in running.held.items():
+            free[name] = NodeCapacity(info=free[name].info, free=free[name].free - amount)
+    waiting[:] = [job for job in waiting if job.job_id not in admitted]
 
 
 def cycle_rows(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[QueuedJob], args: argparse.Namespace,
                ) -> list[tuple[str, str, str, str, str]]:
     """One cycle from scratch, over the same inputs with the cluster kept, and in a steady state."""
-    cycle = timed(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START), args.repeats)
+    cycle = timed(paused(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START)), args.repeats)
     # As the scheduler runs it: the last cycle's cluster over the same nodes kept (services/scheduler/rules/cycle.py)
     kept = Cluster(n.info for n in nodes)
     schedule(queue, nodes, FLAVORS, running=running, now=START, cluster=kept)
-    cycle_kept = timed(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START, cluster=kept),
+    cycle_kept = timed(paused(lambda: schedule(queue, nodes, FLAVORS, running=running, now=START, cluster=kept)),
                        max(args.repeats, args.cycles))
     quiet = steady(nodes, running, queue, args.cycles, changes=False)
     busy = steady(nodes, running, queue, args.cycles, changes=True)

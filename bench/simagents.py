@@ -9,7 +9,11 @@ signature on a request is not checked (a real agent checks it): what is measured
 The monitor's pre-checks are answered too (every node healthy, with room). A node `silence`d answers nothing from
 then on, as a node that went away: its processes neither stop nor report. `answered` keeps, per kind of request and
 attempt, when the first and the last answer went out and to which nodes' requests, so a benchmark can tell the
-launcher's sending from the services' recording, and `wait_answered` waits for a count of them.
+launcher's sending from the services' recording, and `wait_answered` waits for a count of them. A run of millions of
+jobs passes `remember=False`: a process is forgotten once it exited and no answer is noted, so that the simulated
+agents hold only the processes that run (a start the launcher sends again after an exit, which a real agent answers
+from its own records, starts the process again; its reports carry the same message ids, which JetStream drops as
+duplicates within its window).
 """
 
 from __future__ import annotations
@@ -57,9 +61,12 @@ class Answered:
 class SimulatedAgents:
     """The nodes' processes, started and stopped on request and ended on schedule."""
 
-    def __init__(self, js: JetStreamContext, *, seconds: float) -> None:
+    def __init__(self, js: JetStreamContext, *, seconds: float, remember: bool = True) -> None:
+        """Each process exits with code 0 `seconds` after its start (0: at once), unless stopped first.
+        `remember`: keep every process's key (`known`) and every answer (`answered`) for the whole run."""
         self.js = js
         self.seconds = seconds
+        self.remember = remember
         self.tasks: dict[Key, asyncio.Task[None]] = {}
         self.stops: dict[Key, asyncio.Event] = {}  # a running process's: set when it is stopped
         self.known: set[Key] = set()
@@ -90,6 +97,8 @@ class SimulatedAgents:
         return found
 
     def _note(self, kind: Kind, job_id: str, attempt: int, node: str) -> None:
+        if not self.remember:
+            return
         now = datetime.now(UTC)
         found = self.answered.setdefault((kind, job_id, attempt), Answered(first=now, last=now))
         found.last = now
@@ -151,6 +160,8 @@ class SimulatedAgents:
         await self._report(node, exited, key, "exited")
         self.exited += 1
         del self.tasks[key]
+        if not self.remember:
+            self.known.discard(key)
 
     async def _stop_asked(self, msg: Msg) -> None:
         if (node := self._node(msg)) in self.silent:

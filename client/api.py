@@ -466,7 +466,8 @@ class TrainyardClient:
                               cache_high_percent: float | None = None, cache_low_percent: float | None = None,
                               disk_high_percent: float | None = None,
                               disk_low_percent: float | None = None, max_queued_jobs_per_user: int | None = None,
-                              submit_rate: int | None = None, submit_burst: int | None = None) -> AdminSettings:
+                              submit_rate: int | None = None, submit_burst: int | None = None,
+                              job_retention: str | None = None) -> AdminSettings:
         """Administrators only: change the given settings (None keeps one) and return all of them.
         `max_queued_jobs_per_user` and `submit_rate` take 0 for no limit."""
         request = ChangeSettings(urgent_cap=urgent_cap, sharing_enabled=sharing_enabled,
@@ -476,7 +477,7 @@ class TrainyardClient:
                                  cache_high_percent=cache_high_percent, cache_low_percent=cache_low_percent,
                                  disk_high_percent=disk_high_percent, disk_low_percent=disk_low_percent,
                                  max_queued_jobs_per_user=max_queued_jobs_per_user, submit_rate=submit_rate,
-                                 submit_burst=submit_burst)
+                                 submit_burst=submit_burst, job_retention=job_retention)
         reply: SettingsView = await self.ask(CHANGE_SETTINGS, request)
         return reply.settings
 

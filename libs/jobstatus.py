@@ -14,6 +14,7 @@ from libs.access import allowed
 from libs.contracts.events import (
     EventEnvelope,
     JobAdmitted,
+    JobArchived,
     JobDeleted,
     JobExpired,
     JobFailed,
@@ -53,6 +54,7 @@ class JobRecord:
     deleted: bool = False
     trace: dict[str, str] = field(default_factory=dict)  # of its latest admission (else its submission)
     image: ImageUse | None = None  # J10: the image it runs in, as accepted
+    archived: bool = False  # ended long ago (JobArchived): no longer in the state
 
     @property
     def ended(self) -> bool:
@@ -87,7 +89,8 @@ class JobLifecycle:
     settings: AdminSettings = field(default_factory=AdminSettings)
 
     def apply(self, envelope: EventEnvelope) -> JobRecord | None:
-        """Fold a scheduler event; return the job it changed, if any."""
+        """Fold a scheduler event; return the job it changed, if any (an archived one, `archived`, has left
+        `jobs`)."""
         if envelope.service != SCHEDULER:
             return None
         event = envelope.event
@@ -102,7 +105,10 @@ class JobLifecycle:
         job = self.jobs.get(envelope.aggregate_id)
         if job is None or envelope.aggregate_type != "job":
             return None
-        if isinstance(event, JobAdmitted):
+        if isinstance(event, JobArchived):  # it leaves the state; its caller drops what it keeps of it too
+            del self.jobs[job.job_id]
+            job.archived = True
+        elif isinstance(event, JobAdmitted):
             job.status, job.held, job.attempt = "running", False, event.attempt
             job.flavor, job.placement = event.flavor, list(event.placement)
             job.nodes_used.update(dict.fromkeys(p.node for p in event.placement))

@@ -18,7 +18,7 @@ import copy
 import heapq
 import math
 import operator
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -295,6 +295,7 @@ class Capacity:
         self._watchers: dict[str, list[_Fitting]] = {}
         self._base: Capacity | None = None
         self._own: set[str] = set()  # with a base: the nodes whose room may differ from the base's
+        self.revision = 0  # moves on with every change of a node's room
 
     @classmethod
     def of(cls, nodes: Iterable[NodeCapacity]) -> Capacity:
@@ -367,6 +368,7 @@ class Capacity:
 
     def set(self, name: str, free: Resources) -> None:
         self.free[name] = free
+        self.revision += 1
         if self._base is not None:
             self._own.add(name)
         watchers = self._watchers.get(name)
@@ -516,6 +518,22 @@ def job_shape(spec: JobSpec, exclude: frozenset[str] = NO_NODES) -> Shape:
             spec.driver_version, tuple(spec.node_names), parameter_server_count(spec), exclude)
 
 
+def _slot_counter(need: Resources) -> Callable[[Resources], int]:
+    """`_slots` for one `need`, made once for the many amounts it is asked about."""
+    cpus, memory, accelerators = need.cpus, need.memory_mib, need.accelerators
+    floor = math.floor
+
+    def slots(free: Resources) -> int:
+        count = floor(free.cpus / cpus + 1e-9)
+        if memory and free.memory_mib // memory < count:
+            count = free.memory_mib // memory
+        if accelerators and free.accelerators // accelerators < count:
+            count = free.accelerators // accelerators
+        return count if count > 0 else 0
+
+    return slots
+
+
 def _slots(need: Resources, free: Resources) -> int:
     """How many ranks needing `need` fit in `free`."""
     counts = [math.floor(free.cpus / need.cpus + 1e-9)]
@@ -541,7 +559,8 @@ def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[st
     cycle = Cycle(nodes, flavors, running, now, cluster=cluster, keep=cluster is not None)
     decision = cycle.run(queue)
     if cluster is not None:
-        cluster.kept = _Kept(cycle.free_now, cycle.held)
+        cluster.kept = _Kept(cycle.free_now, cycle.held, cycle.free_now.revision, cycle.failed_now, cycle.extra_made,
+                             cycle.failed_extra)
     return decision
 
 
@@ -624,6 +643,12 @@ class _Kept:
 
     capacity: Capacity
     held: _Held | None
+    # The job shapes that did not fit what was free now, nor what a backfill could use (`extra`, made as `extra_made`
+    # says), which stay so while neither changed: the capacity's revision is the same when the next cycle begins.
+    revision: int = -1
+    failed_now: set[Shape] = field(default_factory=set)
+    extra_made: tuple[object, ...] | None = None
+    failed_extra: set[Shape] = field(default_factory=set)
 
 
 @dataclass
@@ -672,6 +697,86 @@ class _Timeline:
         return step
 
 
+class _Counted:
+    """The reservation search for a job whose ranks are all alike (no parameter servers), by counting: such ranks fit
+    wherever there is room for them, in any order (`place`), so they fit at an instant exactly when the eligible nodes
+    hold that many ranks' room then. The releases are summed node by node up to the first instant at which they do,
+    and only there (and just before) is a placement made, to check the count and to place the head: far cheaper than
+    moving a whole capacity, its indexes with it, back and forth across the releases as a search over instants does.
+    The free amounts are summed in the order `_Timeline` sums them, so the capacity at the instant is the same."""
+
+    def __init__(self, cycle: Cycle, ends: Sequence[datetime], timed: Sequence[Mapping[str, Resources]],
+                 times: Sequence[datetime]) -> None:
+        self.cycle, self.ends, self.timed, self.times = cycle, ends, timed, times
+        # Per release summed so far (shared by the flavors and node counts tried): each node it frees room on, with
+        # what is free there before and after it; and what is free after the last one summed, where it differs.
+        self.steps: list[list[tuple[str, Resources, Resources]]] = []
+        self.summed: dict[str, Resources] = {}
+
+    def _sum(self, releases: int) -> list[list[tuple[str, Resources, Resources]]]:
+        """The steps of the first `releases` releases (summed when first asked for)."""
+        steps = self.steps
+        if len(steps) < releases:
+            base, summed = self.cycle.free_now.free, self.summed
+            for held in self.timed[len(steps):releases]:
+                step = []
+                for name, amount in held.items():
+                    if name in base:
+                        old = summed.get(name, base[name])
+                        summed[name] = new = old + amount
+                        step.append((name, old, new))
+                steps.append(step)
+        return steps
+
+    def first_fit(self, job: QueuedJob, flavor: Flavor, count: int, last: int,
+                  ) -> tuple[int | None, list[Placement], dict[str, Resources]] | None:
+        """The first instant (an index into `times`, at most `last`) at which `count` ranks of `flavor` fit, with their
+        placement and what is free then; (None, [], {}) when they fit at none of them; None when a placement does not
+        bear the count out (then the search over instants decides)."""
+        cycle, spec, exclude = self.cycle, job.spec, job.excluded_nodes
+        now = cycle.free_now
+        base = now.free
+        key, _ = cycle.cluster.eligible(spec, flavor, exclude)
+        eligible = cycle.cluster.eligible_set(key)
+        need = Resources.of_flavor(flavor)
+        slots = _slot_counter(need)
+        room = sum(slots(base[name]) for name in now.fitting(spec, flavor, exclude))
+        applied, index, first = 0, 0, 0  # releases summed; the instant reached; its first release
+        ends, times = self.ends, self.times
+        while True:
+            first = applied
+            released = bisect.bisect_right(ends, times[index])
+            if released > applied:
+                for step in self._sum(released)[applied:released]:
+                    for name, old, new in step:
+                        if name in eligible:
+                            room += slots(new) - slots(old)
+                applied = released
+            if room >= count or index == last:
+                break
+            index += 1
+        free: dict[str, Resources] = {}  # what differs from now at the instant reached
+        before: list[tuple[str, Resources]] = []  # what its own releases changed, as it was
+        for release in range(applied):
+            for name, old, new in self.steps[release]:
+                free[name] = new
+                if release >= first:
+                    before.append((name, old))
+        then = Capacity.over(now, free)
+        placement = place(then, spec, flavor, count, exclude)
+        if room < count:  # at no instant up to `last`: so it must be
+            return (None, [], {}) if placement is None else None
+        if placement is None:
+            return None
+        if index:  # and not an instant sooner
+            earlier = dict(free)
+            for name, old in reversed(before):
+                earlier[name] = old
+            if place(Capacity.over(now, earlier), spec, flavor, count, exclude) is not None:
+                return None
+        return index, placement, then.free
+
+
 class Cycle:
     """One pass over the queue. Capacity only shrinks during a cycle, so a job shape that failed on
     some capacity is remembered and not tried again on it.
@@ -688,15 +793,22 @@ class Cycle:
         self.running = list(running)
         self.now = now
         kept, self.cluster.kept = (self.cluster.kept, None) if keep else (None, self.cluster.kept)
+        self.failed_now: set[Shape] = set()
+        self.failed_extra: set[Shape] = set()
+        # What a backfill's capacity (`extra`) was made from, and the shapes that failed on it last cycle: they fail
+        # again on one made from the same.
+        self.extra_made: tuple[object, ...] | None = None
+        self._kept_extra: tuple[tuple[object, ...] | None, set[Shape]] = (None, set())
         if kept is not None and kept.capacity.update(nodes):
             self.free_now = kept.capacity
+            if kept.capacity.revision == kept.revision:  # nothing is free that was not at the end of the last cycle
+                self.failed_now = kept.failed_now
+                self._kept_extra = (kept.extra_made, kept.failed_extra)
         else:
             self.free_now = Capacity(self.cluster, {n.info.name: n.free for n in nodes})
         self._held: _Held | None = None
         if kept is not None and kept.held is not None:  # the same running jobs, or a few more or fewer
             self._held = kept.held if kept.held.running == self.running else kept.held.then(self.running)
-        self.failed_now: set[Shape] = set()
-        self.failed_extra: set[Shape] = set()
         # Whether a job shape fits the empty cluster at all, and how many ranks of a kind it holds: they depend on
         # the nodes and the flavors only, so cycles over the same `Cluster` (a simulation's) share them.
         self.placeable: dict[Shape, bool] = self.cluster.placeable
@@ -790,8 +902,13 @@ class Cycle:
             for name, amount in self.head.held.items():
                 if name in at_start:
                     self.after_head[name] = at_start[name] - amount
-            self.extra = Capacity.over(self.free_now, {name: least(self.free_now.free[name], self.after_head[name])
-                                                       for name in self.head.held if name in at_start})
+            backfill_room = {name: least(self.free_now.free[name], self.after_head[name])
+                             for name in self.head.held if name in at_start}
+            self.extra = Capacity.over(self.free_now, backfill_room)
+            self.extra_made = (self.free_now, self.free_now.revision, self.head.reservation,
+                               tuple(backfill_room.items()))
+            if self._kept_extra[0] == self.extra_made:
+                self.failed_extra = self._kept_extra[1]
 
     def _behind_head(self, jobs: Iterable[QueuedJob]) -> None:
         """Each job behind the head: backfilled if it can be (`_backfill`). Like a job before it, most fit nowhere
@@ -876,11 +993,10 @@ class Cycle:
             self.totals = Capacity(self.cluster, dict(totals))
         return place(self.totals, spec, flavor, workers, exclude) is not None
 
-    def _releases(self) -> tuple[list[datetime], list[Mapping[str, Resources]], list[Mapping[str, Resources]],
-                                 list[datetime]]:
+    def _releases(self) -> tuple[list[datetime], list[Mapping[str, Resources]], list[datetime]]:
         """What is held until a known end (sorted by end, ties in the order of the running jobs and then of this
-        cycle's admissions; an overdue job releases now), what is held without one, and the instants from now on
-        at which something is released. Jobs admitted earlier in this cycle count as running from now."""
+        cycle's admissions; an overdue job releases now), and the instants from now on at which something is
+        released. Jobs admitted earlier in this cycle count as running from now."""
         held, now = self.held, self.now
         overdue = bisect.bisect_right(held.ends, now)
         ends = [now] * overdue + held.ends[overdue:]
@@ -891,10 +1007,8 @@ class Cycle:
         else:
             timed = list(held.timed)
         times = [now, *held.distinct[bisect.bisect_right(held.distinct, now):]]
-        untimed = list(held.untimed)
         for end, amount in self.holders:
             if end is None:
-                untimed.append(amount)
                 continue
             end = max(end, now)
             index = bisect.bisect_right(ends, end)  # after the running jobs and the admissions ending then
@@ -903,7 +1017,7 @@ class Cycle:
             index = bisect.bisect_left(times, end)
             if index == len(times) or times[index] != end:
                 times.insert(index, end)
-        return ends, timed, untimed, times
+        return ends, timed, times
 
     def _capacity_after(self, released: Iterable[Mapping[str, Resources]]) -> Capacity:
         capacity = self.free_now.copy()
@@ -917,19 +1031,29 @@ class Cycle:
         """The earliest time the head's gang fits, given that running jobs end by their duration
         limits: the full size first, then (elastic) smaller sizes; with no such time, the start is
         unknown and the nodes are reserved on what would be free once every running job ended."""
-        ends, timed, untimed, times = self._releases()
-        timeline = _Timeline(self.free_now, timed)
+        ends, timed, times = self._releases()
+        timeline: _Timeline | None = None
 
         def capacity_at(index: int) -> Capacity:
+            nonlocal timeline
+            if timeline is None:
+                timeline = _Timeline(self.free_now, timed)
             return timeline.at(bisect.bisect_right(ends, times[index]))
 
+        counted = _Counted(self, ends, timed, times) if not parameter_server_count(job.spec) else None
         for count in worker_counts(job.spec):
             best: tuple[int, str, list[Placement]] | None = None
+            best_free: dict[str, Resources] | None = None  # free at the best start, when the count found it
             for name in job.spec.flavors:
                 flavor = self.flavors.get(name)
                 last = len(times) - 1 if best is None else best[0] - 1  # a later flavor must start earlier
                 if flavor is None or last < 0:
                     continue
+                counted_fit = counted.first_fit(job, flavor, count, last) if counted is not None else None
+                if counted_fit is not None:
+                    if counted_fit[0] is not None:
+                        best, best_free = (counted_fit[0], name, counted_fit[1]), counted_fit[2]
+                    continue  # (or it fits at no instant up to `last`)
                 # Free capacity only grows with time: look at instants 0, 1, 3, 7... until it fits (the head of a
                 # busy cluster mostly starts soon, and only the releases up to then are summed), then in between.
                 low, high, step = 0, 0, 1
@@ -946,10 +1070,12 @@ class Cycle:
                         low = middle + 1
                     else:
                         high, placement = middle, found
-                best = (high, name, placement)
+                best, best_free = (high, name, placement), None
             if best is not None:
                 index, name, placement = best
-                return self._head(job, name, placement, times[index], capacity_at(index).free)
+                free = best_free if best_free is not None else capacity_at(index).free
+                return self._head(job, name, placement, times[index], free)
+        untimed = [*self.held.untimed, *(amount for end, amount in self.holders if end is None)]
         everything = self._capacity_after([*timed, *untimed])
         # Totals only matter when something not listed as running holds resources forever.
         for capacity in (everything, Capacity(self.cluster, dict(self.cluster.totals))):

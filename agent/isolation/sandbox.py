@@ -108,6 +108,9 @@ IMAGE_HOST_MOUNTS = ("/sys",)
 # A directory listed within this long of its last change is listed again next time: a change made
 # within the same tick of the file system's clock could leave its modification time as it was.
 SETTLED_NS = 1_000_000_000
+# Directories whose listings an agent keeps, the last used: the host's few a sandbox shows, and those of
+# the images used lately (an image's, once evicted, are never looked at again).
+LISTINGS_KEPT = 1024
 
 
 @dataclass(frozen=True)
@@ -140,9 +143,11 @@ class HostListing:
     few host directories (the root, /etc, /run) for every job, and an entry added, removed or replaced
     changes its directory's modification time. One stat a directory tells."""
 
-    def __init__(self, list_dir: ListDir = list_host_dir) -> None:
+    def __init__(self, list_dir: ListDir = list_host_dir, kept: int = LISTINGS_KEPT) -> None:
         self._list_dir = list_dir
-        self._known: dict[str, tuple[tuple[int, int, int], tuple[HostEntry, ...]]] = {}
+        self._kept = kept
+        self._known: collections.OrderedDict[str, tuple[tuple[int, int, int], tuple[HostEntry, ...]]] = (
+            collections.OrderedDict())
 
     def __call__(self, path: str) -> Sequence[HostEntry]:
         try:
@@ -152,10 +157,14 @@ class HostListing:
         stamp = (found.st_dev, found.st_ino, found.st_mtime_ns)
         known = self._known.get(path)
         if known is not None and known[0] == stamp:
+            self._known.move_to_end(path)
             return known[1]
         entries = tuple(self._list_dir(path))
         if time.time_ns() - found.st_mtime_ns > SETTLED_NS:
             self._known[path] = (stamp, entries)
+            self._known.move_to_end(path)
+            if len(self._known) > self._kept:
+                self._known.popitem(last=False)
         else:
             self._known.pop(path, None)
         return entries

@@ -46,7 +46,8 @@ class NodePresence:
                  health_probe_seconds: float, data: DataPreparation, running: Callable[[], list[str]],
                  each_beat: Callable[[], None]) -> None:
         """`running`: the holders of the ranks that run, sent with every heartbeat; `each_beat`: what the
-        agent does at every heartbeat besides (frees the ports no live attempt holds)."""
+        agent does at every heartbeat besides (frees the ports no live attempt holds, forgets the ranks long
+        over)."""
         self.nc = nc
         self.info = info
         self.node_token = node_token

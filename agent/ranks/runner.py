@@ -1,7 +1,9 @@
 """The ranks this node runs, from the launcher's start to their report (SPEC L1, J3, J10, J12, J14, J15, M3).
 
 - a start is accepted once: a repeated start of the same (job, attempt, task, rank) is acknowledged without
-  starting anything, and a stopped attempt never starts again;
+  starting anything, and a stopped attempt never starts again; a rank is kept while it is prepared and runs,
+  and only noted once it ended and was reported (FORGET_SECONDS), so that an agent that runs for months
+  holds nothing of the jobs that went through it;
 - a rank's datasets are staged (J14) and its image unpacked (J10) first, while a record of the accepted start
   on disk lets a later agent begin it again; then its workspace is built (agent/isolation/workspace.py), its
   environment composed (agent/processes/jobenv.py) and its command handed to the agent's holder
@@ -21,9 +23,9 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Hashable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 from nats.aio.client import Client
@@ -104,6 +106,14 @@ span_tracer = tracer("trainyard.agent")
 # 0.1 s, 44% of 2,000 `true` jobs on two busy cores had their start reported alone). The start keeps its own
 # time (`started_at`); only the pid's showing in `show` waits.
 START_REPORT_SECONDS = 0.5
+# How long a rank that ended (reported, or never started) and an attempt that was stopped stay noted, so that
+# a start sent again is answered `already_known` and runs nothing: the launcher sends a start again every few
+# seconds until it has folded the rank's report, and a signed request older than a few minutes is refused
+# anyway (libs/controlsign.py). An hour covers that many times over; forgetting after it is no worse than a
+# restart of the agent, which forgets them all. Nothing of an attempt that still has a rank here is forgotten.
+FORGET_SECONDS = 3600.0
+
+Noted = TypeVar("Noted", bound=Hashable)
 
 
 class RankRunner:
@@ -112,10 +122,12 @@ class RankRunner:
     def __init__(self, nc: Client, info: NodeInfo, *, root: Path, storage: Path, nats_url: str, backend: str,
                  hidden_paths: list[Path], ports: PortBook, data: DataPreparation, images: ImagePreparation,
                  output: OutputShipper, debugging: DebugSessions, nodes: dict[RankKey, RunningNode],
-                 host_interfaces: Mapping[str, list[str]]) -> None:
+                 host_interfaces: Mapping[str, list[str]], clock: Callable[[], float] = time.monotonic) -> None:
         """`backend`: how workspaces are made (SPEC L1), chosen at the agent's start; `hidden_paths`: what jobs
-        must not see under bwrap; `nodes`: the ranks on this node (job, attempt, task, rank), which the debug
-        sessions look up too; `host_interfaces`: the host's addresses by interface, for the jobs' network."""
+        must not see under bwrap; `nodes`: the ranks on this node (job, attempt, task, rank) while they are
+        prepared, run and are reported, which the debug sessions look up too; `host_interfaces`: the host's
+        addresses by interface, for the jobs' network; `clock`: seconds, monotonic (port holds, what is
+        forgotten when)."""
         self.nc = nc
         self.info = info
         self.root = root
@@ -129,7 +141,11 @@ class RankRunner:
         self.output = output
         self.debugging = debugging
         self.nodes = nodes
-        self.stopped_attempts: set[tuple[str, int]] = set()
+        self.clock = clock
+        # Noted when they ended or were stopped, oldest first: a start sent again for them runs nothing, until
+        # they are forgotten (FORGET_SECONDS).
+        self.ended: dict[RankKey, float] = {}
+        self.stopped_attempts: dict[tuple[str, int], float] = {}
         self.holders = HoldServer()  # starts and waits for each rank's command (agent/processes/holder.py)
         self.image_binds = host_binds()
         self.jobs_as_root = jobs_as_root()  # an administrator's setting, read once: fixed while it runs
@@ -150,7 +166,22 @@ class RankRunner:
 
     def release_unused_ports(self) -> None:
         """Free the ports held for attempts that no longer run here."""
-        self.ports.release_unused(time.monotonic(), self.live_attempts())
+        self.ports.release_unused(self.clock(), self.live_attempts())
+
+    def forget_ended(self) -> None:
+        """Forget the ranks that ended and the attempts stopped FORGET_SECONDS ago or more, but for attempts
+        that still have a rank here."""
+        before = self.clock() - FORGET_SECONDS
+        if not _noted_before(self.ended, before) and not _noted_before(self.stopped_attempts, before):
+            return  # the usual beat: nothing old enough, and no look at every rank
+        here = {(n.job_id, n.attempt) for n in self.nodes.values()}
+        forget_noted_before(self.ended, before, keep=lambda key: key[:2] in here)
+        forget_noted_before(self.stopped_attempts, before, keep=lambda attempt: attempt in here)
+
+    def each_beat(self) -> None:
+        """What is due at every heartbeat: ports no attempt here uses freed, ranks long over forgotten."""
+        self.release_unused_ports()
+        self.forget_ended()
 
     def job_tokens(self, job_id: str, attempt: int) -> list[str]:
         """The tokens the launcher gave the ranks of this job attempt that run here."""
@@ -189,7 +220,7 @@ class RankRunner:
                 node.workspace, node.env = environment.workspace, environment.env
             held = HeldProcess(folder, record.pid, record.holder, record.holder_since)
             if record.port and held.running:
-                self.ports.hold((record.job_id, record.attempt), [record.port], time.monotonic())
+                self.ports.hold((record.job_id, record.attempt), [record.port], self.clock())
             log.info("agent.adopted", job_id=record.job_id, attempt=record.attempt, task=record.task,
                      rank=record.rank, node=self.info.name, pid=record.pid, running=held.running)
             self.nodes[key] = node
@@ -230,7 +261,7 @@ class RankRunner:
     # --- requests from the launcher ---------------------------------------------------------------
 
     async def reserve_ports(self, request: ReservePorts) -> PortsReserved | CommandError:
-        ports = self.ports.reserve((request.job_id, request.attempt), request.count, time.monotonic(),
+        ports = self.ports.reserve((request.job_id, request.attempt), request.count, self.clock(),
                                    self.live_attempts())
         if ports is None:
             return CommandError(code="unavailable",
@@ -245,7 +276,8 @@ class RankRunner:
         if not SAFE_ID.match(request.job_id):  # it names the node's folder
             return CommandError(code="invalid-request", message=f"{request.job_id!r} is not a job id")
         key = (request.job_id, request.attempt, request.launch.task, request.launch.rank)
-        known = key in self.nodes or (request.job_id, request.attempt) in self.stopped_attempts
+        # Ranks that ended stay known a while after they are let go (FORGET_SECONDS), stopped attempts too.
+        known = key in self.nodes or key in self.ended or (request.job_id, request.attempt) in self.stopped_attempts
         if not known:
             # The node's reports continue the trace of this request.
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
@@ -262,7 +294,7 @@ class RankRunner:
         """Mark the attempt stopped and pick its processes now; the stop itself, which waits until they are gone,
         is what this returns."""
         if request.task is None:
-            self.stopped_attempts.add((request.job_id, request.attempt))
+            _note(self.stopped_attempts, (request.job_id, request.attempt), self.clock())
         targets = [n for n in self.nodes.values()
                    if (n.job_id, n.attempt) == (request.job_id, request.attempt) and n.group is not None
                    and request.task in (None, n.task)]
@@ -320,8 +352,14 @@ class RankRunner:
     def _begin(self, node: RunningNode, request: StartProcess) -> None:
         self.nodes[(node.job_id, node.attempt, node.task, node.rank)] = node
         if request.launch.port:  # reserved here before, unless this agent restarted since
-            self.ports.hold((request.job_id, request.attempt), [request.launch.port], time.monotonic())
+            self.ports.hold((request.job_id, request.attempt), [request.launch.port], self.clock())
         node.runner = asyncio.create_task(self._run(node, request))
+
+    def _let_go(self, node: RunningNode) -> None:
+        """The rank is over and reported: nothing of it is kept but a note that it ended (a start sent again
+        for it is known)."""
+        self.nodes.pop(node.key, None)
+        _note(self.ended, node.key, self.clock())
 
     async def _run(self, node: RunningNode, request: StartProcess) -> None:
         # One span per rank start, a child of the start request's (whose trace the node keeps), until it runs.
@@ -329,8 +367,10 @@ class RankRunner:
                 "trainyard.job.id": node.job_id, "trainyard.attempt": node.attempt, "trainyard.task": node.task,
                 "trainyard.rank": node.rank, "trainyard.node": self.info.name}):
             started = await self._start_rank(node, request)
-        if started is not None:
-            await self._follow(node, *started)
+        if started is None:  # it never ran, and its exit is reported
+            self._let_go(node)
+            return
+        await self._follow(node, *started)
 
     async def _start_rank(self, node: RunningNode, request: StartProcess) -> tuple[HeldProcess, Path] | None:
         """Prepare the rank's workspace and start its command: the process and its folder (None: it never ran)."""
@@ -499,6 +539,7 @@ class RankRunner:
             await node.relay.close()
         if not node.keep:
             await self._discard(node, root)
+        self._let_go(node)
 
     async def _discard(self, node: RunningNode, root: Path) -> None:
         """Remove a node's folder (never what its links point to), ending the sessions still in it."""
@@ -511,6 +552,30 @@ class RankRunner:
         except OSError as exc:  # a folder left behind costs disk, not the job
             log.warning("agent.workspace_not_removed", job_id=node.job_id, attempt=node.attempt, task=node.task,
                         rank=node.rank, node=self.info.name, error=str(exc))
+
+
+def _note(noted: dict[Noted, float], key: Noted, now: float) -> None:
+    """Note `key` at `now`, after every other: the oldest notes are always first."""
+    noted.pop(key, None)
+    noted[key] = now
+
+
+def _noted_before(noted: dict[Noted, float], before: float) -> bool:
+    """Whether the oldest note is from before `before`."""
+    return bool(noted) and next(iter(noted.values())) < before
+
+
+def forget_noted_before(noted: dict[Noted, float], before: float, keep: Callable[[Noted], bool]) -> None:
+    """Drop the notes (oldest first, as `_note` keeps them) from before `before`, but for those to `keep`: only
+    the notes old enough and those kept are looked at."""
+    old: list[Noted] = []
+    for key, when in noted.items():
+        if when >= before:
+            break
+        old.append(key)
+    for key in old:
+        if not keep(key):
+            del noted[key]
 
 
 def _prepares_first(launch: NodeLaunch) -> bool:

@@ -550,6 +550,7 @@ def settings_rows(settings: AdminSettings) -> list[tuple[str, str]]:
             ("max resumes cap", str(settings.max_resumes_cap)),
             ("max graceful shutdown", f"{settings.max_graceful_shutdown_seconds} s"),
             ("debug retention", settings.debug_retention),
+            ("job retention", f"ended jobs kept in memory {settings.job_retention}; `search` finds them after"),
             ("dataset cache", f"unused entries kept {settings.cache_retention}; at most "
                               f"{settings.cache_high_percent:g}% of a node's disk, cut to "
                               f"{settings.cache_low_percent:g}% when above"),

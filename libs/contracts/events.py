@@ -223,6 +223,15 @@ class JobDeleted(_Event, frozen=True, tag="JobDeleted.v1"):
     by: str
 
 
+class JobArchived(_Event, frozen=True, tag="JobArchived.v1"):
+    """The job ended more than the administrator's `job_retention` ago (and keeps no debug environment): it
+    leaves every service's state in memory. Its history stays in the event log and the search read model, from
+    which `show`, `events`, `logs`, `metrics` and `search` answer for it from then on."""
+
+    job_id: str
+    retention: str  # what it was kept for after its end
+
+
 # --- scheduler: aggregate "settings" (id = "platform") ---------------------------------------------
 
 
@@ -772,8 +781,9 @@ class UpstreamMessageSetAside(_Event, frozen=True, tag="UpstreamMessageSetAside.
 
 
 JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | JobDurationChanged
-            | JobStopRequested | JobSucceeded | JobFailed | JobStopped | JobDeleted | JobExpiring | JobExpired
-            | JobRescaling | JobPrechecking | JobPrecheckFailed | JobResuming | JobRequeued | JobRestarting)
+            | JobStopRequested | JobSucceeded | JobFailed | JobStopped | JobDeleted | JobArchived | JobExpiring
+            | JobExpired | JobRescaling | JobPrechecking | JobPrecheckFailed | JobResuming | JobRequeued
+            | JobRestarting)
 LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProcessLost | LostProcessesStopped
                | LaunchSucceeded | LaunchFailed | LaunchStopped)
 NodeEvent = (NodeRegistered | NodeLost | NodeRecovered | NodeRetired | NodeUnhealthy | NodeHealthy | ComponentMarked
@@ -791,7 +801,7 @@ Event = (JobEvent | ArraySubmitted | SettingsChanged | StorageAccessSet | ImageE
 
 EVENT_TYPES: tuple[type[_Event], ...] = (
     JobSubmitted, ArraySubmitted, JobPredicted, JobAdmitted, JobPriorityChanged, JobDurationChanged, JobStopRequested,
-    JobSucceeded, JobFailed, JobStopped, JobDeleted, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
+    JobSucceeded, JobFailed, JobStopped, JobDeleted, JobArchived, JobExpiring, JobExpired, JobRescaling, JobPrechecking,
     JobPrecheckFailed, JobResuming, JobRequeued, JobRestarting, SettingsChanged, StorageAccessSet,
     ImageRegistered, ImageMarked, ImageDeleted,
     DatasetPreloadRequested, NodeDrained,

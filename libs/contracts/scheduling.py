@@ -84,6 +84,10 @@ class AdminSettings(Struct, frozen=True, kw_only=True, forbid_unknown_fields=Tru
     max_resumes_cap: NonNegative = 10  # J12
     max_graceful_shutdown_seconds: NonNegative = 600  # J12
     debug_retention: str = "4h"  # J15
+    # An ended job leaves the services' state in memory this long after its end (JobArchived); its history stays
+    # in the log and the search read model. Slurm's MinJobAge keeps 300 s; a week leaves a job's page live for
+    # its users' next look.
+    job_retention: str = "7d"
     # D1, D2: nodes' dataset caches: an unused entry is kept this long; above `cache_high_percent` of its
     # disk a cache evicts its least recently used entries down to `cache_low_percent`.
     cache_retention: str = "7d"

@@ -262,6 +262,25 @@ class EventSourcedService:
     def version(self, aggregate_type: str, aggregate_id: str) -> int:
         return self.versions.get((aggregate_type, aggregate_id), 0)
 
+    def forget(self, aggregate_type: str, aggregate_id: str) -> None:
+        """Drop an aggregate's version along with what the state held of it (its job was archived): nothing is
+        recorded to it again but by `record_to_archived`."""
+        self.versions.pop((aggregate_type, aggregate_id), None)
+
+    async def record_to_archived(self, changes: Sequence[NewEvent]) -> list[EventEnvelope]:
+        """Append `changes` to aggregates the state no longer holds, at their versions in the log (read first), and
+        forget those versions again: for a command on an archived job."""
+        aggregates = dict.fromkeys((change.aggregate_type, change.aggregate_id) for change in changes)
+        for aggregate_type, aggregate_id in aggregates:
+            stored = await self.rt.store.read_aggregate(aggregate_type, aggregate_id)
+            if stored:
+                self.versions[(aggregate_type, aggregate_id)] = stored[-1].version
+        try:
+            return await self.record(changes)
+        finally:
+            for aggregate in aggregates:
+                self.versions.pop(aggregate, None)
+
     async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
         """Append `changes` at the versions folded so far (with `tracking`, exactly once per upstream
         message), fold them and wake the loops. A stale version raises ConcurrencyConflict."""

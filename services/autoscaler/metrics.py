@@ -1,8 +1,7 @@
-"""The autoscaler's metrics (libs/telemetry/metrics.py): its instances not ended, by type and state."""
+"""The autoscaler's metrics (libs/telemetry/metrics.py): its instances not ended, by type and state, as the state
+counts them while it folds (never a walk over its instances or jobs)."""
 
 from __future__ import annotations
-
-from collections import Counter
 
 from libs.telemetry.metrics import INSTANCES, SampledGauge
 from services.autoscaler.state import AutoscalerState
@@ -13,6 +12,6 @@ STATES = ("requested", "booting", "ready", "draining")
 
 def sample(state: AutoscalerState, instance_types: list[str]) -> None:
     """Every configured type in every state, zeros included, so that a chart shows a type's instances ending."""
-    counts: Counter[tuple[str, str]] = Counter((view.instance_type, view.state) for view in state.instance_views())
+    counts = state.instance_counts
     types = sorted(set(instance_types) | {kind for kind, _ in counts})
     _instances.set({(kind, st): counts.get((kind, st), 0) for kind in types for st in STATES})

@@ -96,7 +96,7 @@ def released(state: AutoscalerState, name: str, reason: str, cause: ReleaseCause
 def overdue(state: AutoscalerState, config: AutoscalerConfig, now: datetime) -> list[Instance]:
     """Instances whose agent has not registered within the boot timeout: they are terminated."""
     limit = timedelta(seconds=config.boot_timeout_seconds)
-    return [i for i in state.instances.values() if i.on_the_way and now - i.requested_at > limit]
+    return [i for i in state.live.values() if i.on_the_way and now - i.requested_at > limit]
 
 
 def drains(state: AutoscalerState, config: AutoscalerConfig, now: datetime) -> list[NewEvent]:
@@ -104,7 +104,7 @@ def drains(state: AutoscalerState, config: AutoscalerConfig, now: datetime) -> l
     nothing more on it and says so (NodeDrained); only then is it released, if still idle."""
     changes: list[NewEvent] = []
     busy = state.busy_nodes()
-    for instance in state.instances.values():
+    for instance in state.live.values():
         kind = config.instance_type(instance.instance_type)
         since = state.idle_since(instance, busy)
         if instance.alive and instance.draining_since is None and kind is not None and since is not None \
@@ -122,7 +122,7 @@ def drained(state: AutoscalerState) -> tuple[list[NewEvent], list[Instance]]:
     kept: list[NewEvent] = []
     idle: list[Instance] = []
     busy = state.busy_nodes()
-    for instance in state.instances.values():
+    for instance in state.live.values():
         if not instance.alive or not instance.drained:
             continue
         if instance.name in busy:

@@ -7,6 +7,9 @@ is for) before the provider is asked, `InstanceLaunched` or `ProvisionFailed` wi
 it is ended. A restarted autoscaler rebuilds all of it from its log; providers start instances
 idempotently by name, so an instance asked for just before a crash is never started twice.
 
+An ended instance leaves the state once the jobs it was asked for were archived (state.py), and with it the
+version of its log: a new instance that happens to get its name goes on from the version its log holds.
+
 Decisions are made on events: every fold wakes the scale loop, so a job that queues is looked at within a
 second; provider calls run in tasks of their own and never hold up the loop. What to record is decided by
 the pure rules (rules.py, with the placement search in scaling.py); the queue status and the autoscaler's log
@@ -22,13 +25,15 @@ from collections import deque
 from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any, Self
 
 from libs.auth import issue_node_token
 from libs.contracts import subjects
 from libs.contracts.autoscaling import check_autoscaler
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.events import EventEnvelope, ReleaseCause, WaitingJobsPacked
+from libs.contracts.events import EventEnvelope, InstanceRequested, ReleaseCause, WaitingJobsPacked
+from libs.eventstore import NewEvent
 from libs.messaging.rpc import serve_operations
 from libs.natsroles import events_consumer
 from libs.outages import OUTAGES
@@ -41,6 +46,7 @@ from services.autoscaler.providers import NoCapacity, Provider, ProvisionError
 from services.autoscaler.providers.ec2 import Ec2Provider
 from services.autoscaler.providers.local import LocalProvider
 from services.autoscaler.rules import (
+    INSTANCE,
     drained,
     drains,
     launch_failed,
@@ -67,7 +73,7 @@ class Autoscaler(EventSourcedService):
         super().__init__(runtime)
         self.cluster = cluster
         self.config = cluster.autoscaler
-        self.state = AutoscalerState()
+        self.state = AutoscalerState(instance_left=partial(self.forget, INSTANCE))
         self.providers: Mapping[str, Provider] = providers if providers is not None else {
             "local": LocalProvider(),
             "aws-ec2": Ec2Provider(self.config.instance_types, cluster=self.config.cluster,
@@ -75,7 +81,7 @@ class Autoscaler(EventSourcedService):
         self.secret = runtime.settings.require_auth_secret()  # signs its instances' node credentials
         self._busy: set[str] = set()  # instances a provider call is under way for
         self._calls: set[asyncio.Task[None]] = set()
-        self._told_unservable: set[str] = set()
+        self._told_unservable: set[str] = set()  # the unservable jobs of the last decision, each warned of once
         self.history: deque[EventEnvelope] = deque(maxlen=HISTORY)  # its own log, newest last (A6)
 
     @classmethod
@@ -132,7 +138,7 @@ class Autoscaler(EventSourcedService):
 
     async def scale_once(self, now: datetime) -> None:
         """Ask for the instances waiting jobs need, then make the provider calls that are due."""
-        if not self.config.instance_types and not self.state.instances:
+        if not self.config.instance_types and not self.state.live:
             return  # nothing to start, nothing to release: no decision to make
         async with self.lock:
             decided = scale_up(self.state.demand(self.cluster), self.config, on_the_way=self.state.on_the_way(),
@@ -143,12 +149,15 @@ class Autoscaler(EventSourcedService):
             for job_id in set(decided.unservable) - self._told_unservable:
                 log.warning("autoscaler.job_unservable", job_id=job_id,
                             reason="no instance type serves its flavors, pool or nodes")
-            self._told_unservable.update(decided.unservable)
+            # Only those still unservable are remembered: a job that started, ended or left is not kept.
+            self._told_unservable = set(decided.unservable)
             for request in decided.requests:
                 log.info("autoscaler.instance_requested", instance=request.instance,
                          instance_type=request.instance_type, jobs=request.jobs)
             # The instances and where the waiting jobs go on them, in one append: a restart packs as before.
-            await self.record(requested(decided, self.config) + packing(self.state, decided))
+            changes = requested(decided, self.config) + packing(self.state, decided)
+            await self._continue_left_names(changes)
+            await self.record(changes)
             await self.record(drains(self.state, self.config, now))
             kept, idle = drained(self.state)
             await self.record(kept)
@@ -164,6 +173,16 @@ class Autoscaler(EventSourcedService):
             kind = self.config.instance_type(instance.instance_type)
             self._call(instance, self._release(instance, f"idle for {kind.idle_seconds:g}s" if kind else "idle",
                                                "idle"))
+
+    async def _continue_left_names(self, changes: list[NewEvent]) -> None:
+        """A new instance named as one that left the state (the same random suffix again) goes on in that one's log,
+        at the version the log holds, which the state no longer knows."""
+        for change in changes:
+            key = (change.aggregate_type, change.aggregate_id)
+            if isinstance(change.event, InstanceRequested) and key not in self.versions:
+                stored = await self.rt.store.read_aggregate(*key)
+                if stored:
+                    self.versions[key] = stored[-1].version
 
     def _call(self, instance: Instance, call: Coroutine[Any, Any, None]) -> None:
         self._busy.add(instance.name)
@@ -238,8 +257,8 @@ class Autoscaler(EventSourcedService):
                     with suppress(ProvisionError):  # ended at the next reconciliation
                         await provider.terminate(instance_name)
             settled = datetime.now(UTC) - timedelta(seconds=self.config.listing_grace_seconds)
-            gone = [i for i in self.state.instances.values()
-                    if i.provider == name and i.alive and i.provider_id is not None and i.name not in running
+            gone = [i for i in self.state.live.values()
+                    if i.provider == name and i.provider_id is not None and i.name not in running
                     and i.name not in self._busy and i.requested_at < settled]
             async with self.lock:
                 for instance in gone:

@@ -3,12 +3,18 @@
 Jobs come from the shared job-lifecycle fold of the scheduler's events (libs.jobstatus): a job placed and
 being pre-checked holds its nodes and asks for no new ones (M1); one requeued after a failed pre-check or
 a fault (J12) waits again. Nodes come from the shared fold of the monitor's node events (libs.nodes).
+
+What is looked at on every decision is kept as the fold goes, so that its cost follows what is under way rather
+than all that ever was: the jobs not ended, the instances not ended and their count per type and state. A job the
+scheduler archives (JobArchived: it ended longer ago than the administrator's retention) leaves the state, and so
+does an ended instance once every job it was asked for has, with its node and the version of its log
+(`instance_left`): memory stays flat however many jobs and instances pass through.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -29,8 +35,8 @@ from libs.contracts.events import (
 )
 from libs.contracts.identity import Identity
 from libs.contracts.jobspec import PRIORITY_RANK
-from libs.contracts.operations.autoscaler import ScaledInstance
-from libs.jobstatus import JobLifecycle
+from libs.contracts.operations.autoscaler import ScaledInstance, ScaledInstanceState
+from libs.jobstatus import JobLifecycle, JobRecord
 from libs.nodes import NodeState, fold_node_event
 from libs.placement import NodeCapacity, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings
@@ -60,6 +66,12 @@ class Instance:
     def alive(self) -> bool:
         return self.ended is None
 
+    @property
+    def state(self) -> ScaledInstanceState:
+        """Where it is on its way to taking work, as shown (A6)."""
+        return ("draining" if self.draining_since else "ready" if self.ready_at
+                else "booting" if self.provider_id else "requested")
+
 
 @dataclass
 class Cooldown:
@@ -69,11 +81,23 @@ class Cooldown:
     until: datetime
 
 
+def _kept_nowhere(name: str) -> None:
+    """What a state alone does when an instance leaves it: nothing is kept beside it."""
+
+
 @dataclass
 class AutoscalerState:
     lifecycle: JobLifecycle = field(default_factory=JobLifecycle)
     nodes: dict[str, NodeState] = field(default_factory=dict)
+    # Every instance until it ended and every job it was asked for was archived; `live`, those not ended.
     instances: dict[str, Instance] = field(default_factory=dict)
+    live: dict[str, Instance] = field(default_factory=dict)
+    # The instances not ended, per (type, state): the gauge's counts.
+    instance_counts: Counter[tuple[str, str]] = field(default_factory=Counter)
+    # Per job not archived, the instances of the state asked for it.
+    asked: dict[str, list[str]] = field(default_factory=dict)
+    # The jobs not ended, in the order they were submitted: all that a decision looks at.
+    open_jobs: dict[str, JobRecord] = field(default_factory=dict)
     # Per type whose instance could not start: its failures in a row and until when it waits (a start ends it).
     cooldowns: dict[str, Cooldown] = field(default_factory=dict)
     # Per node, when a job last started or stopped holding it (by the scheduler's clock): idle since then.
@@ -83,6 +107,8 @@ class AutoscalerState:
     # Where the last decision packed each waiting job (job -> node -> what it holds there): the next one packs
     # it there first. Kept in the log (WaitingJobsPacked), so a restart packs as before.
     packing: dict[str, dict[str, Resources]] = field(default_factory=dict)
+    # Told the name of every instance that left the state, so that what is kept of it beside the state goes too.
+    instance_left: Callable[[str], None] = field(default=_kept_nowhere, compare=False, repr=False)
 
     # --- folds ----------------------------------------------------------------------------------------
 
@@ -95,13 +121,21 @@ class AutoscalerState:
             self.packing.update({job_id: held for job_id, held in event.packed.items() if self._may_wait(job_id)})
             return
         if isinstance(event, InstanceRequested):
-            self.instances[event.instance] = Instance(name=event.instance, instance_type=event.instance_type,
-                                                      provider=event.provider, jobs=list(event.jobs),
-                                                      requested_at=at)
+            self._requested(Instance(name=event.instance, instance_type=event.instance_type, provider=event.provider,
+                                     jobs=list(event.jobs), requested_at=at))
             return
         instance = self.instances.get(getattr(event, "instance", ""))
         if instance is None:
             return
+        self._count(instance, -1)
+        self._change(instance, envelope)
+        self._count(instance, 1)
+        if not instance.alive:
+            self.live.pop(instance.name, None)
+            self._leave_once_done(instance.name)
+
+    def _change(self, instance: Instance, envelope: EventEnvelope) -> None:
+        event, at = envelope.event, envelope.recorded_at
         if isinstance(event, InstanceLaunched):
             instance.provider_id = event.provider_id
             self.cooldowns.pop(instance.instance_type, None)  # the provider has capacity again
@@ -116,6 +150,52 @@ class AutoscalerState:
             if isinstance(event, ProvisionFailed) and event.retry_after is not None:
                 self.cooldowns[event.instance_type] = Cooldown(failures=event.failures, until=event.retry_after)
 
+    def _requested(self, instance: Instance) -> None:
+        if (earlier := self.instances.get(instance.name)) is not None:  # its name again: the new one replaces it
+            self._count(earlier, -1)
+            self._unask(earlier)
+        self.instances[instance.name] = self.live[instance.name] = instance
+        self._count(instance, 1)
+        for job_id in dict.fromkeys(instance.jobs):
+            self.asked.setdefault(job_id, []).append(instance.name)
+
+    def _count(self, instance: Instance, change: int) -> None:
+        if not instance.alive:
+            return
+        key = (instance.instance_type, instance.state)
+        self.instance_counts[key] += change
+        if self.instance_counts[key] <= 0:
+            del self.instance_counts[key]
+
+    def _unask(self, instance: Instance) -> None:
+        for job_id in instance.jobs:
+            names = self.asked.get(job_id)
+            if names is not None and instance.name in names:
+                names.remove(instance.name)
+                if not names:
+                    del self.asked[job_id]
+
+    def _leave_once_done(self, name: str) -> None:
+        """An ended instance leaves once every job it was asked for was archived (until then, its log page shows
+        them), and takes its node along: released, it takes no work whatever the node's last word."""
+        instance = self.instances.get(name)
+        if instance is None or instance.alive or any(job_id in self.asked for job_id in instance.jobs):
+            return
+        del self.instances[name]
+        self.live.pop(name, None)
+        self.last_held.pop(name, None)
+        self.nodes.pop(name, None)
+        self.instance_left(name)
+
+    def _archive(self, job_id: str) -> None:
+        """The job ended long ago and left the lifecycle: nothing of it is kept, nor an ended instance only it
+        still kept."""
+        self.open_jobs.pop(job_id, None)
+        self.packing.pop(job_id, None)
+        self.prechecking.pop(job_id, None)
+        for name in self.asked.pop(job_id, []):
+            self._leave_once_done(name)
+
     def apply_scheduler(self, envelope: EventEnvelope) -> None:
         event = envelope.event
         if isinstance(event, NodeDrained):
@@ -129,6 +209,13 @@ class AutoscalerState:
         job = self.lifecycle.apply(envelope)
         if job is None:
             return
+        if job.archived:
+            self._archive(job.job_id)
+            return
+        if job.ended:
+            self.open_jobs.pop(job.job_id, None)
+        else:
+            self.open_jobs[job.job_id] = job
         if not self._may_wait(job.job_id):
             self.packing.pop(job.job_id, None)  # started or ended: its packing is done with
         if isinstance(event, JobPrechecking):
@@ -138,7 +225,8 @@ class AutoscalerState:
         held = set(job.nodes) if job.status == "running" else set()
         held |= set(self.prechecking.get(job.job_id, []))
         for node in held ^ held_before:
-            self.last_held[node] = envelope.recorded_at
+            if node in self.instances:  # only an instance's idle time is looked at
+                self.last_held[node] = envelope.recorded_at
 
     def apply_monitor(self, envelope: EventEnvelope) -> None:
         fold_node_event(self.nodes, envelope.event)
@@ -151,21 +239,21 @@ class AutoscalerState:
     # --- instances ------------------------------------------------------------------------------------
 
     def on_the_way(self) -> dict[str, str]:
-        return {i.name: i.instance_type for i in self.instances.values() if i.on_the_way}
+        return {i.name: i.instance_type for i in self.live.values() if i.on_the_way}
 
     def promised(self) -> dict[str, list[str]]:
         """The jobs each instance on its way was asked for."""
-        return {i.name: list(i.jobs) for i in self.instances.values() if i.on_the_way}
+        return {i.name: list(i.jobs) for i in self.live.values() if i.on_the_way}
 
     def alive_per_type(self) -> dict[str, int]:
-        return dict(Counter(i.instance_type for i in self.instances.values() if i.alive))
+        return dict(Counter(i.instance_type for i in self.live.values()))
 
     def cooling(self, now: datetime) -> set[str]:
         return {kind for kind, cooldown in self.cooldowns.items() if cooldown.until > now}
 
     def busy_nodes(self) -> set[str]:
         """Nodes a running job, or one being pre-checked, holds."""
-        running = {node for job in self.lifecycle.jobs.values() if job.status == "running" for node in job.nodes}
+        running = {node for job in self.open_jobs.values() if job.status == "running" for node in job.nodes}
         return running | {node for nodes in self.prechecking.values() for node in nodes}
 
     def idle_since(self, instance: Instance, busy: Collection[str]) -> datetime | None:
@@ -178,7 +266,7 @@ class AutoscalerState:
 
     def to_launch(self) -> list[Instance]:
         """Requested, and not known started nor failed: the provider is asked (again: asking is idempotent)."""
-        return [i for i in self.instances.values() if i.provider_id is None and i.ended is None]
+        return [i for i in self.live.values() if i.provider_id is None]
 
     # --- demand ---------------------------------------------------------------------------------------
 
@@ -186,7 +274,7 @@ class AutoscalerState:
         """The waiting jobs in start order (S1: priority, then first come first served), the nodes that take
         work with what is free on them, and what running jobs hold."""
         flavors = {flavor.name: flavor for flavor in cluster.flavors}
-        jobs = list(self.lifecycle.jobs.values())
+        jobs = list(self.open_jobs.values())
         queue = [QueuedJob(j.job_id, j.spec) for j in sorted((j for j in jobs if j.waiting and not j.deleted),
                                                            key=lambda j: PRIORITY_RANK[j.spec.priority])]
         running: list[RunningJob] = []
@@ -199,37 +287,38 @@ class AutoscalerState:
                                       ends_at=None))
             for node, held in placement_holdings(job.placement, flavor).items():
                 used[node] = used.get(node, Resources()) + held
-        gone = {i.name for i in self.instances.values() if not i.alive or i.draining_since is not None}
         nodes = [NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
-                 for name, n in self.nodes.items() if n.schedulable and name not in gone]
+                 for name, n in self.nodes.items() if n.schedulable and not self._leaving(name)]
         return Demand(queue=queue, nodes=nodes, running=running, flavors=flavors)
+
+    def _leaving(self, node: str) -> bool:
+        """The node is an instance released or being drained."""
+        instance = self.instances.get(node)
+        return instance is not None and (not instance.alive or instance.draining_since is not None)
 
     # --- the queue status (A6) ------------------------------------------------------------------------
 
     @property
     def queued(self) -> dict[str, list[str]]:
         """Waiting jobs and the flavors each could use."""
-        return {j.job_id: list(j.spec.flavors) for j in self.lifecycle.jobs.values() if j.waiting and not j.deleted}
+        return {j.job_id: list(j.spec.flavors) for j in self.open_jobs.values() if j.waiting and not j.deleted}
 
     @property
     def running(self) -> set[str]:
-        return {j.job_id for j in self.lifecycle.jobs.values() if j.status == "running" and not j.deleted}
+        return {j.job_id for j in self.open_jobs.values() if j.status == "running" and not j.deleted}
 
     def viewable_jobs(self, identity: Identity) -> set[str]:
         """The jobs `identity` may see (J2: the scheduler's rule), of those an instance was asked for."""
-        asked = {job for instance in self.instances.values() for job in instance.jobs}
         jobs = self.lifecycle.jobs
-        return {job_id for job_id in asked if (job := jobs.get(job_id)) is not None and not job.deleted
+        return {job_id for job_id in self.asked if (job := jobs.get(job_id)) is not None and not job.deleted
                 and allowed(identity, job.spec, job.creator, "view",
                             sharing_enabled=self.lifecycle.settings.sharing_enabled)}
 
     def instance_views(self) -> list[ScaledInstance]:
         busy = self.busy_nodes()
         return [ScaledInstance(name=i.name, instance_type=i.instance_type, provider=i.provider, since=i.requested_at,
-                               state="draining" if i.draining_since else "ready" if i.ready_at
-                               else "booting" if i.provider_id else "requested",
-                               jobs=list(i.jobs), busy=i.name in busy, provider_id=i.provider_id)
-                for i in self.instances.values() if i.alive]
+                               state=i.state, jobs=list(i.jobs), busy=i.name in busy, provider_id=i.provider_id)
+                for i in self.live.values()]
 
     def queued_by_flavor(self) -> dict[str, int]:
         """Queued jobs per flavor they could use (a job with two flavors counts for both)."""

@@ -13,7 +13,11 @@ graceful shutdown time (stopping.py). Processes on a node the scheduler found lo
 once, and those on a node that never answers a stop after a while, since nothing there will answer.
 
 What was sent and confirmed is kept in memory only, so after a restart everything unconfirmed is sent
-again; what the answers settle is decided by the pure rules in rules.py and recorded under the lock.
+again; what the answers settle is decided by the pure rules in rules.py and recorded under the lock. It is kept
+per job, and only while the job has a launch under way, an attempt to plan or processes given up on a node: a pass
+over every launch under way drops the rest, and a job that leaves the state (archived) takes its own along at once
+(`forget`), so that memory stays flat however many jobs pass through. An answer that comes for a job no longer
+kept changes nothing.
 
 Every request to an agent is sent in a client span of its job's trace named as OpenTelemetry's messaging
 conventions name a send, after its subject with the node as `{node}` (`send trainyard.agent.{node}.start`),
@@ -27,6 +31,7 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from contextlib import AbstractContextManager, suppress
+from dataclasses import dataclass, field
 from typing import cast
 
 from opentelemetry import trace as otel_trace
@@ -64,6 +69,20 @@ class AgentRefused(Exception):
     """The agent answered that it could not do what was asked."""
 
 
+@dataclass
+class JobCalls:
+    """What the dispatcher keeps of one job's requests."""
+
+    sent: dict[SendKey, float] = field(default_factory=dict)  # when each request was last sent (or answered)
+    stop_confirmed: dict[int, set[str]] = field(default_factory=dict)  # per attempt: the nodes that confirmed a stop
+    # Per (attempt, node): since when a stop has gone unanswered.
+    unanswered_since: dict[tuple[int, str], float] = field(default_factory=dict)
+    # Per attempt not planned yet: the ports each node chose, and when the launcher first wanted them.
+    chosen: dict[int, dict[str, list[int]]] = field(default_factory=dict)
+    wanted_since: dict[int, float] = field(default_factory=dict)
+    tokens: dict[int, str] = field(default_factory=dict)  # per attempt: its job token (`_job_token`)
+
+
 def internal_span(name: str, trace: Mapping[str, str] | None, job_id: str, **attributes: str | int
                   ) -> AbstractContextManager[otel_trace.Span]:
     """A span of the launcher's own work for a job (no message), continuing the job's trace."""
@@ -87,18 +106,12 @@ class Dispatcher:
         # The secret issues job tokens; the key derived from it signs every request to an agent.
         self.secret = service.rt.settings.require_auth_secret()
         self.signer = ControlSigner.of(self.secret, "launcher")
-        # When a start or stop was last sent, per (job, attempt, rank or node), and which nodes
-        # confirmed a stop.
-        self._sent: dict[SendKey, float] = {}
-        self._in_flight: set[SendKey] = set()
-        self._stop_confirmed: dict[tuple[str, int], set[str]] = {}
-        self._unanswered_since: dict[tuple[str, int, str], float] = {}
-        # Per unplanned (job, attempt): the ports each node chose, and when the launcher first wanted them.
-        self._chosen: dict[tuple[str, int], dict[str, list[int]]] = {}
-        self._wanted_since: dict[tuple[str, int], float] = {}
+        # Per job the state holds with a launch under way, an attempt to plan or processes given up: what was sent
+        # and answered for it (`_calls_of`).
+        self._calls: dict[str, JobCalls] = {}
+        self._in_flight: set[SendKey] = set()  # requests out now, whoever still keeps their job
         self._outstanding: set[asyncio.Future[None]] = set()  # requests sent and not yet answered
         self._looked_at_all = -LOOK_AT_ALL_SECONDS  # when a pass last looked at every launch under way
-        self._tokens: dict[tuple[str, int], str] = {}  # per launch under way: its job token (`_job_token`)
 
     async def dispatch_once(self) -> None:
         """Record what the agents' answers settled, then send what is due and wait for the answers."""
@@ -114,7 +127,7 @@ class Dispatcher:
             among = None if now - self._looked_at_all >= LOOK_AT_ALL_SECONDS else touched
             if among is None:
                 self._looked_at_all = now
-                self._tokens = {key: token for key, token in self._tokens.items() if key[0] in self.state.unsettled}
+                self._keep_calls_needed()
             await self._give_up_lost_nodes(among)
             await self._record_finished_stops(among)
             await self._plan_admitted()
@@ -132,7 +145,29 @@ class Dispatcher:
             log.error("launch.request_failed", error=repr(error))
 
     def _confirmed(self, launch: Launch) -> set[str]:
-        return self._stop_confirmed.get((launch.job_id, launch.attempt), set())
+        calls = self._calls.get(launch.job_id)
+        return calls.stop_confirmed.get(launch.attempt, set()) if calls is not None else set()
+
+    # --- what is kept of each job's requests ----------------------------------------------------------
+
+    def _calls_of(self, job_id: str) -> JobCalls | None:
+        """What is kept of the job's requests, made when first needed; None for a job the state no longer holds
+        (archived), whose late answers are let go."""
+        calls = self._calls.get(job_id)
+        if calls is None and self.state.holds(job_id):
+            calls = self._calls[job_id] = JobCalls()
+        return calls
+
+    def forget(self, job_id: str) -> None:
+        """The job left the state: nothing of its requests is kept."""
+        self._calls.pop(job_id, None)
+
+    def _keep_calls_needed(self) -> None:
+        """Drop what is kept of the requests of jobs with no launch under way, no attempt to plan and no processes
+        given up: a launch that starts again later has its requests sent afresh."""
+        fenced = {job_id for job_id, _, _ in self.state.fences}
+        self._calls = {job_id: calls for job_id, calls in self._calls.items()
+                       if job_id in self.state.unsettled or job_id in self.state.unplanned or job_id in fenced}
 
     # --- what the answers settled (under the lock) ----------------------------------------------------
 
@@ -158,9 +193,11 @@ class Dispatcher:
         planned: list[tuple[str, int]] = []
         for job_id, admitted in list(self.state.unplanned.items()):
             key = (job_id, admitted.event.attempt)
-            wanted, chosen = needs_ports(self.state, self.cluster, job_id), self._chosen.get(key, {})
+            if (calls := self._calls_of(job_id)) is None:
+                continue  # never: an attempt to plan is held
+            wanted, chosen = needs_ports(self.state, self.cluster, job_id), calls.chosen.get(key[1], {})
             silent = sorted(set(wanted) - set(chosen))
-            if silent and now - self._wanted_since.setdefault(key, now) < PORTS_WAIT_SECONDS:
+            if silent and now - calls.wanted_since.setdefault(key[1], now) < PORTS_WAIT_SECONDS:
                 continue
             if silent:
                 log.warning("launch.ports_not_chosen", job_id=job_id, attempt=key[1], nodes=silent,
@@ -171,9 +208,10 @@ class Dispatcher:
                           for change in plan_admission(self.state, self.cluster, job_id, chosen)]
             planned.append(key)
         await self.service.record(plans)
-        for key in planned:
-            self._chosen.pop(key, None)
-            self._wanted_since.pop(key, None)
+        for job_id, attempt in planned:
+            if (calls := self._calls.get(job_id)) is not None:
+                calls.chosen.pop(attempt, None)
+                calls.wanted_since.pop(attempt, None)
 
     async def _give_up_node(self, launch: Launch, node: str, reason: str) -> None:
         """Record the node's running processes lost and count it as stopped (the caller holds the lock)."""
@@ -181,8 +219,15 @@ class Dispatcher:
         if changes:
             with internal_span("launcher give up", launch.trace, launch.job_id, attempt=launch.attempt, node=node):
                 await self.service.record(changes)
-        self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
-        self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
+        self._stop_answered(launch, node)
+
+    def _stop_answered(self, launch: Launch, node: str) -> None:
+        """The node confirmed the stop of the launch (or was given up on): the launch is looked at again."""
+        calls = self._calls_of(launch.job_id)
+        if calls is None:
+            return  # the job left meanwhile
+        calls.stop_confirmed.setdefault(launch.attempt, set()).add(node)
+        calls.unanswered_since.pop((launch.attempt, node), None)
         self.state.touched.add(launch.job_id)
         self.service.wake.set()
 
@@ -193,7 +238,8 @@ class Dispatcher:
         work: list[asyncio.Future[None]] = []
         for job_id, admitted in self.state.unplanned.items():
             attempt = admitted.event.attempt
-            chosen = self._chosen.get((job_id, attempt), {})
+            calls = self._calls.get(job_id)
+            chosen = calls.chosen.get(attempt, {}) if calls is not None else {}
             for node, count in needs_ports(self.state, self.cluster, job_id).items():
                 ports_key: SendKey = ("ports", attempt, node, job_id)
                 if node not in chosen and self._due(ports_key, now, PORTS_RESEND_SECONDS):
@@ -224,9 +270,10 @@ class Dispatcher:
 
     def _due(self, key: SendKey, now: float, every: float = RESEND_SECONDS) -> bool:
         # Never twice at once: a stop may take a job's whole graceful shutdown time to be answered.
-        if key in self._in_flight or now - self._sent.get(key, -every) < every:
+        calls = self._calls_of(key[3])
+        if calls is None or key in self._in_flight or now - calls.sent.get(key, -every) < every:
             return False
-        self._sent[key] = now
+        calls.sent[key] = now
         return True
 
     def _send(self, key: SendKey, request: Awaitable[None]) -> asyncio.Future[None]:
@@ -237,7 +284,8 @@ class Dispatcher:
                 await request
             finally:
                 self._in_flight.discard(key)
-                self._sent[key] = time.monotonic()  # the next one is due a while after this answer
+                if (calls := self._calls.get(key[3])) is not None:
+                    calls.sent[key] = time.monotonic()  # the next one is due a while after this answer
 
         return asyncio.ensure_future(sending())
 
@@ -261,10 +309,13 @@ class Dispatcher:
     def _job_token(self, launch: Launch) -> str:
         """The job attempt's own token, for its processes' remote shell: the same for all its nodes, so made
         once (it names every node: made for each start, a job of n nodes would cost n² to start)."""
-        key = (launch.job_id, launch.attempt)
-        if (token := self._tokens.get(key)) is None:
-            token = self._tokens[key] = issue_job_token(self.secret, launch.job_id, launch.attempt, launch.node_names,
-                                                        issued_at=int(launch.planned_at.timestamp()))
+        calls = self._calls_of(launch.job_id)
+        if calls is not None and (token := calls.tokens.get(launch.attempt)) is not None:
+            return token
+        token = issue_job_token(self.secret, launch.job_id, launch.attempt, launch.node_names,
+                                issued_at=int(launch.planned_at.timestamp()))
+        if calls is not None:
+            calls.tokens[launch.attempt] = token
         return token
 
     async def _reserve(self, admitted: Admitted, node: str, count: int) -> None:
@@ -280,7 +331,10 @@ class Dispatcher:
         if not isinstance(reply, PortsReserved) or len(set(reply.ports)) != count:
             log.warning("launch.ports_answer_unusable", job_id=job_id, node=node, reply=str(reply)[:200])
             return
-        self._chosen.setdefault((job_id, attempt), {})[node] = list(reply.ports)
+        current = self.state.unplanned.get(job_id)
+        if current is None or current.event.attempt != attempt or (calls := self._calls_of(job_id)) is None:
+            return  # planned (or the job left) meanwhile: a late answer is kept by no one
+        calls.chosen.setdefault(attempt, {})[node] = list(reply.ports)
         self.service.wake.set()
 
     async def _start(self, launch: Launch, unit: Unit) -> None:
@@ -309,14 +363,13 @@ class Dispatcher:
         try:
             with send_span(subjects.agent_stop, node, launch.trace, launch.job_id, attempt=launch.attempt):
                 await self._ask(subjects.agent_stop(node), request, timeout=timeout)
-            self._stop_confirmed.setdefault((launch.job_id, launch.attempt), set()).add(node)
-            self._unanswered_since.pop((launch.job_id, launch.attempt, node), None)
-            self.state.touched.add(launch.job_id)
-            self.service.wake.set()
+            self._stop_answered(launch, node)
             log.info("launch.stop_confirmed", job_id=launch.job_id, node=node)
         except (ServiceUnavailable, AgentRefused) as exc:
             log.warning(_failure(exc), job_id=launch.job_id, node=node, error=str(exc))
-            since = self._unanswered_since.setdefault((launch.job_id, launch.attempt, node), time.monotonic())
+            if (calls := self._calls_of(launch.job_id)) is None:
+                return  # the job left meanwhile: nothing is given up for it
+            since = calls.unanswered_since.setdefault((launch.attempt, node), time.monotonic())
             if time.monotonic() - since >= settings.stop_give_up_seconds:
                 async with self.service.lock:
                     await self._give_up_node(launch, node, f"node {node} did not answer stop requests for "

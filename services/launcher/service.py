@@ -4,6 +4,9 @@ It follows the scheduler's job events (admissions and stops) and the agents' pro
 from the node it names, about a process planned there; anything else is set aside, rules.report_refusal). What
 it decides (rules.py) is recorded first (LaunchPlanned, NodeProcessStarted, ...); talking to agents
 happens after, in the dispatcher (dispatcher.py), which re-sends until the agents confirm.
+
+A job the scheduler archives leaves the state once its launch has settled (state.py), and with it the version of its
+launch and what the dispatcher kept of its requests: nothing is kept per job once it is archived.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from libs.skeleton.eventsourced import EventSourcedService, Loop, Pacer, Upstrea
 from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.launcher.dispatcher import Dispatcher
-from services.launcher.rules import record_report, report_refusal
+from services.launcher.rules import LAUNCH, record_report, report_refusal
 from services.launcher.state import LauncherState
 
 log = get_logger(__name__)
@@ -35,7 +38,7 @@ class Launcher(EventSourcedService):
     def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig) -> None:
         super().__init__(runtime)
         self.cluster = cluster
-        self.state = LauncherState()
+        self.state = LauncherState(on_leave=self._left)
         self.dispatcher = Dispatcher(self, self.state, cluster)
         self.pacer = Pacer()
 
@@ -47,6 +50,11 @@ class Launcher(EventSourcedService):
 
     def fold(self, envelope: EventEnvelope) -> None:
         self.state.apply(envelope)
+
+    def _left(self, job_id: str) -> None:
+        """An archived job left the state: its launch is never recorded to again, nor sent for."""
+        self.forget(LAUNCH, job_id)
+        self.dispatcher.forget(job_id)
 
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("launch.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())

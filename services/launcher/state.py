@@ -8,12 +8,18 @@ nodes lost under an attempt.
 An attempt the scheduler stops is reported LaunchStopped once it is down. So is a failed attempt the
 scheduler follows with a new one (a fault restart, J13; a resume, J12): the next attempt may only
 start once the scheduler knows nothing of this one still runs.
+
+A job the scheduler archives (JobArchived: it ended longer ago than the administrator's retention) leaves the state
+whole, so that memory stays flat however many jobs pass through: at once, or once its launch has settled and what
+was given up on its nodes is known stopped, when it has not yet (the launcher was away longer than the retention,
+or a node does not answer). Nothing of it is recorded afterwards, and what keeps anything beside the state is told
+(`on_leave`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 
@@ -41,7 +47,7 @@ from libs.contracts.events import (
 from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import AdminSettings
-from libs.jobstatus import JobLifecycle
+from libs.jobstatus import JobLifecycle, JobRecord
 from services.launcher.planner import NodeLaunches, Unit
 
 # Where the launcher's own choice of rendezvous ports starts, for a node that did not choose them (an agent
@@ -141,6 +147,10 @@ _ENDS_ATTEMPT = (JobStopRequested, JobExpiring, JobRescaling, JobResuming, JobRe
                  JobSucceeded)
 
 
+def _kept_nowhere(job_id: str) -> None:
+    """What a state alone does when a job leaves it: nothing is kept beside it."""
+
+
 @dataclass
 class LauncherState:
     lifecycle: JobLifecycle = field(default_factory=JobLifecycle)
@@ -164,6 +174,11 @@ class LauncherState:
     # The jobs whose launch or lifecycle changed since the dispatcher last took them (`take_touched`): what a
     # pass needs to look at between the passes over every launch under way.
     touched: set[str] = field(default_factory=set)
+    # Jobs archived whose launch is still under way, or whose given-up processes are not known stopped yet: they
+    # leave the state once that has settled.
+    archived: set[str] = field(default_factory=set)
+    # Told the id of every job that left the state, so that what is kept of it beside the state goes too.
+    on_leave: Callable[[str], None] = field(default=_kept_nowhere, compare=False, repr=False)
 
     # --- folds ----------------------------------------------------------------------------------------
 
@@ -184,6 +199,8 @@ class LauncherState:
             self.fences.add((event.job_id, event.attempt, event.node))
         elif isinstance(event, LostProcessesStopped):
             self.fences.discard((event.job_id, event.attempt, event.node))
+            if event.job_id in self.archived:
+                self._leave_once_settled(event.job_id)
             return
         launch = self.launches.get(envelope.aggregate_id)
         if launch is None or getattr(event, "attempt", None) != launch.attempt:
@@ -206,10 +223,13 @@ class LauncherState:
 
     def apply_scheduler(self, envelope: EventEnvelope) -> None:
         """Fold one of the scheduler's events: the job's lifecycle, then what the launcher must do."""
-        self.lifecycle.apply(envelope)
-        if envelope.aggregate_type != "job":
-            return
+        job = self.lifecycle.apply(envelope)
+        if envelope.aggregate_type != "job" or job is None:
+            return  # settings, or a job the state does not hold (archived before: a delete of it, say)
         job_id, event = envelope.aggregate_id, envelope.event
+        if job.archived:
+            self._archive(job)
+            return
         self.touched.add(job_id)
         if isinstance(event, JobAdmitted):
             if event.attempt > self.planned.get(job_id, 0):
@@ -276,16 +296,25 @@ class LauncherState:
         touched, self.touched = self.touched, set()
         return touched
 
+    def holds(self, job_id: str) -> bool:
+        """Whether the job has a launch or an attempt to plan here (not before its admission, nor once it left)."""
+        return job_id in self.launches or job_id in self.unplanned
+
     def active(self, among: Iterable[str] | None = None) -> list[Launch]:
         """The launches under way: all of them, or those of the jobs `among`."""
         found = []
         for job_id in list(self.unsettled) if among is None else [j for j in among if j in self.unsettled]:
             launch = self.launches[job_id]
-            if launch.outcome is None or launch.running() or self.reports_stop(launch):
+            if self._under_way(launch):
                 found.append(launch)
             elif self._settled(launch):
                 del self.unsettled[job_id]
+                if job_id in self.archived:
+                    self._leave_once_settled(job_id)
         return found
+
+    def _under_way(self, launch: Launch) -> bool:
+        return launch.outcome is None or bool(launch.running()) or self.reports_stop(launch)
 
     def _settled(self, launch: Launch) -> bool:
         """Ended for good: only a new attempt (a launch of its own) needs the dispatcher again. A failed
@@ -294,6 +323,36 @@ class LauncherState:
             return True
         job = self.lifecycle.jobs.get(launch.job_id)
         return job is None or job.ended
+
+    # --- archived jobs ------------------------------------------------------------------------------
+
+    def _archive(self, job: JobRecord) -> None:
+        """The job ended long ago: nothing of it is planned now, and it leaves once its launch has settled."""
+        self.unplanned.pop(job.job_id, None)
+        self.archived.add(job.job_id)
+        self._leave_once_settled(job.job_id)
+
+    def _leave_once_settled(self, job_id: str) -> None:
+        """An archived job leaves unless its launch is still under way (its processes are stopped first) or a node
+        has yet to stop what was given up there (asked until it answers)."""
+        launch = self.launches.get(job_id)
+        if launch is not None and job_id in self.unsettled and self._under_way(launch):
+            return
+        if any(fenced_job == job_id for fenced_job, _, _ in self.fences):
+            return
+        self._leave(job_id)
+
+    def _leave(self, job_id: str) -> None:
+        self.archived.discard(job_id)
+        self.launches.pop(job_id, None)
+        self.unsettled.pop(job_id, None)
+        self.ending.discard(job_id)
+        self.renewing.pop(job_id, None)
+        self.lost_nodes.pop(job_id, None)
+        self.planned.pop(job_id, None)
+        self.unplanned.pop(job_id, None)
+        self.touched.discard(job_id)
+        self.on_leave(job_id)
 
     def _planned(self, job_id: str, attempt: int) -> None:
         self.planned[job_id] = max(attempt, self.planned.get(job_id, 0))

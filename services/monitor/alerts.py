@@ -9,7 +9,7 @@ services that follow the monitor; people read them with `ListAlerts` (`page`), e
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import msgspec
 
@@ -181,15 +181,16 @@ def message_set_aside(service: str, record: UpstreamMessageSetAside, operators: 
         recipients=recipients(None, operators))
 
 
-def visible(alert: AlertRaised, identity: Identity, jobs: JobLifecycle) -> bool:
+def visible(alert: AlertRaised, identity: Identity, jobs: JobLifecycle,
+            archived: Mapping[str, JobRecord] | None = None) -> bool:
     """Who reads an alert: administrators all; others node alerts, and alerts about jobs they may show
-    (the scheduler's rule: not deleted, and viewable under J2). A message set aside is about the
-    platform itself (who published what, where): administrators only."""
+    (the scheduler's rule: not deleted, and viewable under J2), archived ones (`archived`, read back) too. A
+    message set aside is about the platform itself (who published what, where): administrators only."""
     if identity.admin:
         return True
     if alert.job_id is None:
         return alert.kind != "message-set-aside"
-    job = jobs.jobs.get(alert.job_id)
+    job = jobs.jobs.get(alert.job_id) or (archived or {}).get(alert.job_id)
     return job is not None and not job.deleted and allowed(identity, job.spec, job.creator, "view",
                                                            sharing_enabled=jobs.settings.sharing_enabled)
 
@@ -206,9 +207,22 @@ def as_seen_by(envelope: EventEnvelope, identity: Identity) -> EventEnvelope:
     return msgspec.structs.replace(envelope, event=msgspec.structs.replace(alert, message=message, recipients=[]))
 
 
-def page(raised: Sequence[EventEnvelope], request: ListAlerts, identity: Identity, jobs: JobLifecycle) -> AlertPage:
+def jobs_to_look_up(raised: Sequence[EventEnvelope], request: ListAlerts, identity: Identity,
+                    jobs: JobLifecycle) -> list[str]:
+    """The jobs a page needs read back to tell whether `identity` sees their alerts: those of the alerts it looks
+    at that the monitor no longer holds (archived ones). An administrator sees every alert: none."""
+    if identity.admin:
+        return []
+    looked_at = [e.event for e in raised if e.position > request.after and isinstance(e.event, AlertRaised)]
+    return list(dict.fromkeys(alert.job_id for alert in looked_at[:request.limit]
+                              if alert.job_id is not None and alert.job_id not in jobs.jobs))
+
+
+def page(raised: Sequence[EventEnvelope], request: ListAlerts, identity: Identity, jobs: JobLifecycle,
+         archived: Mapping[str, JobRecord] | None = None) -> AlertPage:
     """One page of the alerts `identity` may see among `raised` (alerts in position order), after
-    position `request.after`, oldest first.
+    position `request.after`, oldest first; `archived`: the records of the jobs no longer held that it may
+    name (`jobs_to_look_up`).
 
     At most `request.limit` alerts are looked at, so a page costs the same whoever asks; the page stops
     early, before `MAX_ALERT_PAGE_BYTES`, so that the reply fits one NATS message (one alert always goes).
@@ -221,7 +235,7 @@ def page(raised: Sequence[EventEnvelope], request: ListAlerts, identity: Identit
             continue
         if looked_at == request.limit:
             return AlertPage(alerts=found, next_after=next_after, more=True)
-        if visible(envelope.event, identity, jobs):
+        if visible(envelope.event, identity, jobs, archived):
             shown = as_seen_by(envelope, identity)
             size += len(encode(shown))
             if found and size > MAX_ALERT_PAGE_BYTES:

@@ -3,7 +3,8 @@
 Each handler is thin: it checks who asks, takes the service lock for what it reads or changes, has the rules
 (rules.py) decide what to record and the service record it. Agents register with their node credential, which
 the handler checks itself; people's requests come with a token the request plumbing has checked already. The
-runs (R2) are answered by `runs.reader.RunReader`.
+runs (R2) are answered by `runs.reader.RunReader`. A job the monitor no longer holds (archived) is read back from
+the events stream (`archive`) for the alerts about it and its debug terminal.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from collections.abc import Awaitable, Mapping, Sequence
 from datetime import UTC, datetime
 from typing import Protocol
 
+import nats.errors
 from nats.aio.client import Client
 
 from libs.auth import AuthError, node_from_headers
@@ -35,6 +37,7 @@ from libs.messaging.responder import Route
 from libs.telemetry.logs import get_logger
 from services.monitor import alerts, caches, rules, terminal
 from services.monitor.rules import Outcome
+from services.monitor.runs.archive import PastJobs, events_unavailable
 from services.monitor.state import MonitorState
 
 log = get_logger(__name__)
@@ -53,6 +56,10 @@ class Monitoring(Protocol):
     @property
     def jobs(self) -> JobLifecycle:
         """The scheduler's jobs and settings, as folded from its events."""
+
+    @property
+    def past(self) -> PastJobs:
+        """The jobs archived, read back when asked about."""
 
     @property
     def operators(self) -> Sequence[str]:
@@ -153,15 +160,28 @@ class UserRequests:
                                 hint="`trainyard nodes` lists the nodes")
         return caches.listing(reports, nodes, request.node)
 
-    async def list_alerts(self, request: ListAlerts, identity: Identity) -> AlertPage:
+    async def list_alerts(self, request: ListAlerts, identity: Identity) -> AlertPage | CommandError:
         """M7: a page of the alerts this user may see, read from the monitor's own log (one more than
         the limit, to tell whether more follow); `trainyard alerts` pages through them."""
         raised = await self.store.read_type("alert", AlertRaised, after=request.after, limit=request.limit + 1)
-        return alerts.page(raised, request, identity, self.monitor.jobs)
+        wanted = alerts.jobs_to_look_up(raised, request, identity, self.monitor.jobs)
+        try:
+            archived = await self.monitor.past.records(wanted) if wanted else {}
+        except (nats.errors.Error, OSError) as exc:
+            return events_unavailable(exc)
+        return alerts.page(raised, request, identity, self.monitor.jobs, archived)
 
     async def open_terminal(self, request: OpenTerminal, identity: Identity) -> TerminalOpened | CommandError:
         async with self.monitor.lock:
-            target = terminal.target(request, identity, self.monitor.jobs, self.monitor.state, datetime.now(UTC))
+            target = (terminal.target(request, identity, self.monitor.jobs, self.monitor.state, datetime.now(UTC))
+                      if request.job_id in self.monitor.jobs.jobs else None)
+        if target is None:  # archived (or never there): read back, outside the lock
+            try:
+                past = await self.monitor.past.find(request.job_id)
+            except (nats.errors.Error, OSError) as exc:
+                return events_unavailable(exc)
+            return terminal.archived_refusal(request, identity, past, self.monitor.jobs, datetime.now(UTC))
         if isinstance(target, CommandError):
             return target
         return await terminal.open_session(self.nc, self.signer, request, identity, target)
+

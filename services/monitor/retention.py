@@ -25,7 +25,8 @@ from libs.controlsign import ControlSigner
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, send_span, span_failed, tracer
-from services.monitor.state import KeptEnvironment, MonitoredNode
+from services.monitor.kept import KeptEnvironment
+from services.monitor.state import MonitoredNode
 
 log = get_logger(__name__)
 span_tracer = tracer("trainyard.monitor")
@@ -57,7 +58,8 @@ async def release(nc: Client, signer: ControlSigner, job_id: str, nodes: Iterabl
 class Retention:
     """Releases kept environments whose time is over, and workspaces nobody needs any more.
 
-    It reads the monitor's state (`kept`, `nodes`: read only), starts once `caught_up` returns, and has
+    It reads the monitor's state (`kept`: the environments not released yet, so that its walks cost what is
+    kept now, not every environment ever kept; `nodes`: read only), starts once `caught_up` returns, and has
     the monitor record each environment it released through `released`.
     """
 
@@ -75,6 +77,10 @@ class Retention:
         self._retry_at: dict[str, datetime] = {}  # job id -> when to ask unanswered nodes again
         # job id, nodes, and the trace of what decided the release
         self._queue: asyncio.Queue[tuple[str, list[str], dict[str, str]]] = asyncio.Queue()
+
+    def forget(self, job_id: str) -> None:
+        """The job was archived: no retry of its release is due any more."""
+        self._retry_at.pop(job_id, None)
 
     def release_soon(self, job_id: str, nodes: Iterable[str]) -> None:
         """Release now, in the background (see `run_releases`), in the trace of the caller's span."""

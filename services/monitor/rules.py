@@ -56,8 +56,9 @@ from libs.eventstore import NewEvent
 from libs.jobstatus import JobLifecycle, JobRecord
 from services.monitor import alerts
 from services.monitor.health import changed, faulty_components, problems_of
+from services.monitor.kept import KeptEnvironment
 from services.monitor.performance.detector import Incident
-from services.monitor.state import KeptEnvironment, MonitoredNode
+from services.monitor.state import MonitoredNode
 
 
 @dataclass(frozen=True)

@@ -17,6 +17,9 @@
   ends (`runs.runlife`); its series are read on demand from the metrics stream (`runs.reader`).
 - J15 debug terminals: environments of failed or expired jobs are kept for their retention and
   then released (`retention`); OpenTerminal opens a session in one (`terminal`).
+- Archived jobs: on the scheduler's JobArchived everything held of the job goes (`archived`), so that memory
+  holds the jobs running or ended within the retention, not every job there ever was; the questions about it
+  are answered from its history read back from the events stream (`archive`).
 
 What to record is decided in `rules`, and the requests are answered in `handlers`; this module wires
 them to the state, the upstreams, the heartbeat subscription and the loops.
@@ -48,6 +51,7 @@ from libs.contracts.events import (
     DatasetPreloadRequested,
     DebugEnvironmentKept,
     EventEnvelope,
+    JobArchived,
     JobPrechecking,
     JobPredicted,
     PerformanceDegraded,
@@ -74,14 +78,16 @@ from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
 from services.monitor import caches, metrics, precheck, rules
 from services.monitor.handlers import AgentRequests, UserRequests, node_credential
+from services.monitor.kept import KeptEnvironment
 from services.monitor.mailer import Mailer
 from services.monitor.performance.detector import Incident, PerformanceDetector
 from services.monitor.performance.logfeed import follow_logs
 from services.monitor.retention import Retention
 from services.monitor.rules import Outcome
 from services.monitor.runs import runlife
+from services.monitor.runs.archive import PastJobs
 from services.monitor.runs.reader import RunReader
-from services.monitor.state import KeptEnvironment, MonitoredNode, MonitorState
+from services.monitor.state import MonitoredNode, MonitorState
 from services.monitor.watches import JobWatching
 
 SCHEDULER_CONSUMER = events_consumer("scheduler")  # tracking row in the monitor's schema
@@ -101,11 +107,13 @@ class Monitor(EventSourcedService):
         self.cluster = cluster
         self.secret = runtime.settings.require_auth_secret()
         self.signer = ControlSigner.of(self.secret, "monitor")  # its requests to agents (libs/controlsign.py)
-        self.state = MonitorState()
+        self.state = MonitorState(mailing=bool(runtime.settings.smtp_url))
         self.reports: dict[str, CacheReport] = {}  # D1, D2: each node's latest cache report (its live view)
         self.preloading: set[asyncio.Task[None]] = set()  # D2: preloads being handed to agents
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
-        self.watching = JobWatching(runtime.nc, self.jobs)  # L9: what happens to a job, pushed to its watchers
+        self.past = PastJobs(runtime.js)  # archived jobs, read back from the events stream when asked about
+        # L9: what happens to a job, pushed to its watchers
+        self.watching = JobWatching(runtime.nc, self.jobs, self.past)
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
         self.refused_beats_logged: dict[str, float] = {}  # node -> when its ignored heartbeat was last logged
         self.heartbeats = Batches(self.on_heartbeats)
@@ -115,8 +123,8 @@ class Monitor(EventSourcedService):
         self.detector = PerformanceDetector(self.state.incidents)
         self.mailer = Mailer(runtime.settings.smtp_url, runtime.settings.alert_from,
                              pending=lambda: list(self.state.unmailed.values()), mailed=self._mailed)
-        self.retention = Retention(runtime.nc, self.signer, self.state.kept, self.state.nodes, caught_up=self.caught_up,
-                                   released=self._released)
+        self.retention = Retention(runtime.nc, self.signer, self.state.keeping, self.state.nodes,
+                                   caught_up=self.caught_up, released=self._released)
 
     @classmethod
     def create(cls, runtime: ServiceRuntime) -> Self:
@@ -127,12 +135,34 @@ class Monitor(EventSourcedService):
     def fold(self, envelope: EventEnvelope) -> None:
         self.state.apply(envelope, time.monotonic())
 
+    def apply(self, envelope: EventEnvelope) -> None:
+        """Fold one of the monitor's own events as the base does. An alert's version is kept only while its mail
+        is awaited (AlertMailed is recorded to it): one per alert ever raised would grow without end. Raising an
+        alert again then finds its id taken in the log (`record`)."""
+        super().apply(envelope)
+        if envelope.aggregate_type == "alert" and envelope.aggregate_id not in self.state.unmailed:
+            self.forget("alert", envelope.aggregate_id)
+
     def follow(self, envelope: EventEnvelope) -> None:
-        """Fold a scheduler event: the job's state, and which attempts are watched for performance."""
+        """Fold a scheduler event: the job's state, and which attempts are watched for performance; an archived
+        job's everything goes."""
         self.detector.follow(envelope, self.jobs.apply(envelope))
         if envelope.aggregate_type == "job":
             self.watching.changed(envelope.aggregate_id)
+            self.past.changed(envelope.aggregate_id)
+            if isinstance(envelope.event, JobArchived):
+                self.archived(envelope.aggregate_id)
         self.wake.set()  # as the base does after every fold
+
+    def archived(self, job_id: str) -> None:
+        """The scheduler archived the job (it ended more than the retention ago, its environment released): all
+        that is held of it goes, its own aggregates' versions too (nothing is recorded to them again)."""
+        self.state.forget_job(job_id)
+        self.detector.unwatch(job_id)
+        self.watching.forget(job_id)
+        self.retention.forget(job_id)
+        for aggregate_type in ("job", "run"):
+            self.forget(aggregate_type, job_id)
 
     def upstreams(self) -> Sequence[Upstream]:
         return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of("scheduler", "job", "settings",
@@ -172,7 +202,8 @@ class Monitor(EventSourcedService):
     def handlers(self) -> None:
         agents = AgentRequests(self, secret=self.secret, heartbeat_seconds=self.heartbeat_seconds)
         people = UserRequests(self, nc=self.rt.nc, signer=self.signer, store=self.rt.store)
-        runs = RunReader(self.rt.js, self.jobs, self.state.runs)  # R2: every job's run, read from the metrics stream
+        # R2: every job's run, an archived one's too, read from the metrics stream
+        runs = RunReader(self.rt.js, self.jobs, self.state.runs, self.past)
         serve_operations(self.rt.broker, self.name,
                          [*agents.routes(), *people.routes(), *runs.routes(), *self.watching.routes()],
                          secret=self.secret)
@@ -200,16 +231,18 @@ class Monitor(EventSourcedService):
     # --- recording ------------------------------------------------------------------------------------
 
     async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
-        """Record as the base does; an alert whose id is taken was raised before and is left out."""
+        """Record as the base does; an alert whose id is taken was raised before and is left out (its version is
+        known while its mail is awaited, else the log is asked once the append finds it taken)."""
         fresh = [c for c in changes if not self._raised_before(c)]
         try:
             return await super().record(fresh, tracking)
         except ConcurrencyConflict:
-            others = [c for c in fresh if not isinstance(c.event, AlertRaised)]
-            if len(others) == len(fresh):
+            taken = [c for c in fresh if isinstance(c.event, AlertRaised)
+                     and await self.rt.store.read_aggregate("alert", c.aggregate_id)]
+            if not taken:
                 raise
-            log.info("alert.already_raised", alert_ids=[c.aggregate_id for c in fresh if c not in others])
-            return await self.record(others, tracking)
+            log.info("alert.already_raised", alert_ids=[c.aggregate_id for c in taken])
+            return await self.record([c for c in fresh if c not in taken], tracking)
 
     def _raised_before(self, change: NewEvent) -> bool:
         return isinstance(change.event, AlertRaised) and self.version("alert", change.aggregate_id) > 0
@@ -346,13 +379,13 @@ class Monitor(EventSourcedService):
                     return False  # most of a job's events ask nothing of the monitor: no span for them
                 with consumer_span(self._tracer, envelope, None, consumer=SCHEDULER_CONSUMER):
                     return await self.carry_out(outcome, tracking)
-            if (event.job_id, event.attempt) in self.state.prechecked:
+            if self.state.was_prechecked(event.job_id, event.attempt):
                 return False
             plan = precheck.plan(event, self.cluster.flavor(event.flavor), self.state.nodes)
         with consumer_span(self._tracer, envelope, None, consumer=SCHEDULER_CONSUMER):
             checks = await precheck.check_nodes(self.rt.nc, self.signer, event.job_id, plan)
             async with self.lock:
-                if (event.job_id, event.attempt) in self.state.prechecked:
+                if self.state.was_prechecked(event.job_id, event.attempt):
                     return False
                 job = self.jobs.jobs.get(event.job_id)
                 return await self.carry_out(rules.precheck_result(event, checks, job, self.operators), tracking)

@@ -4,8 +4,12 @@ Nodes: registration, lost or not, the administrator's component marks and the pr
 recorded (empty when healthy); when each was last heard from and its latest probe are kept in
 memory only. Jobs (aggregate "job"): pre-checks done, performance incidents recorded, environments
 kept for the debug terminal. Runs (aggregate "run"): the life of each job's run (`runs.runlife`). Alerts
-(aggregate "alert"): which still await their mail. The version of every aggregate (and so whether an
-alert was raised) is kept by the service base (`libs.skeleton.eventsourced`).
+(aggregate "alert"): which still await their mail. The version of every aggregate is kept by the service
+base (`libs.skeleton.eventsourced`).
+
+What is held of a job goes once the scheduler archives it (`forget_job`, on JobArchived), so that the state
+holds the jobs still running or ended within the retention, not every job there ever was. An alert waiting
+for its mail stays until it is mailed, whatever became of its job: its creator is owed the mail.
 """
 
 from __future__ import annotations
@@ -38,6 +42,7 @@ from libs.contracts.events import (
     PrecheckCompleted,
 )
 from libs.contracts.health import ComponentHealth
+from services.monitor.kept import KeptEnvironment
 from services.monitor.performance.detector import RankKey
 from services.monitor.runs import runlife
 from services.monitor.runs.runlife import RunLife
@@ -59,16 +64,6 @@ class MonitoredNode:
 
 
 @dataclass
-class KeptEnvironment:
-    job_id: str
-    attempt: int
-    nodes: list[str]
-    until: datetime
-    released: bool = False
-    trace: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
 class PendingMail:
     alert: AlertRaised
     trace: dict[str, str]
@@ -77,16 +72,21 @@ class PendingMail:
 @dataclass
 class MonitorState:
     nodes: dict[str, MonitoredNode] = field(default_factory=dict)
-    prechecked: set[tuple[str, int]] = field(default_factory=set)
+    prechecked: dict[str, set[int]] = field(default_factory=dict)  # job -> its attempts pre-checked
     incidents: dict[RankKey, int] = field(default_factory=dict)  # performance incidents recorded
-    kept: dict[str, KeptEnvironment] = field(default_factory=dict)
+    kept: dict[str, KeptEnvironment] = field(default_factory=dict)  # released ones too, until the job is archived
+    keeping: dict[str, KeptEnvironment] = field(default_factory=dict)  # those of `kept` not released yet
     unmailed: dict[str, PendingMail] = field(default_factory=dict)
+    # Whether alerts are mailed at all: without mail nothing awaits its mail, and none is kept for it.
+    mailing: bool = True
     # Instances the autoscaler released (instance, i.e. node -> why) whose node is not retired yet: one a job
     # ran on when its instance vanished is retired once it is counted lost.
     released: dict[str, str] = field(default_factory=dict)
     # D1, D2: each node's dataset cache as recorded (DatasetCached, DatasetEvicted), by entry key.
     cached: dict[str, dict[str, CacheEntry]] = field(default_factory=dict)
     runs: dict[str, RunLife] = field(default_factory=dict)  # R1: each job's run, once it began
+    # The keys of `incidents` by job, so that an archived job's are found without a walk over all of them.
+    _incident_keys: dict[str, set[RankKey]] = field(default_factory=dict, init=False, repr=False)
 
     def apply(self, envelope: EventEnvelope, now: float) -> None:
         if envelope.aggregate_type == "node":
@@ -147,26 +147,41 @@ class MonitorState:
     def _apply_job(self, envelope: EventEnvelope) -> None:
         event = envelope.event
         if isinstance(event, PrecheckCompleted):
-            self.prechecked.add((event.job_id, event.attempt))
+            self.prechecked.setdefault(event.job_id, set()).add(event.attempt)
         elif isinstance(event, PerformanceDegraded):
             key = (event.job_id, event.attempt, event.rank)
             self.incidents[key] = self.incidents.get(key, 0) + 1
+            self._incident_keys.setdefault(event.job_id, set()).add(key)
         elif isinstance(event, DebugEnvironmentKept):
-            self.kept[event.job_id] = KeptEnvironment(job_id=event.job_id, attempt=event.attempt,
-                                                      nodes=list(event.nodes), until=event.until,
-                                                      trace=envelope.trace)
+            self.kept[event.job_id] = self.keeping[event.job_id] = KeptEnvironment(
+                job_id=event.job_id, attempt=event.attempt, nodes=list(event.nodes), until=event.until,
+                trace=envelope.trace)
         elif isinstance(event, DebugEnvironmentReleased):
             kept = self.kept.get(event.job_id)
             if kept is not None and kept.attempt == event.attempt:
                 kept.released = True
+                self.keeping.pop(event.job_id, None)
 
     def _apply_alert(self, envelope: EventEnvelope) -> None:
         event = envelope.event
         if isinstance(event, AlertRaised):
-            if event.recipients:
+            if event.recipients and self.mailing:
                 self.unmailed[event.alert_id] = PendingMail(event, envelope.trace)
         elif isinstance(event, AlertMailed):
             self.unmailed.pop(event.alert_id, None)
+
+    def was_prechecked(self, job_id: str, attempt: int) -> bool:
+        return attempt in self.prechecked.get(job_id, ())
+
+    def forget_job(self, job_id: str) -> None:
+        """The job was archived: nothing of it is held any more (its alerts awaiting their mail stay until
+        mailed)."""
+        self.prechecked.pop(job_id, None)
+        for key in self._incident_keys.pop(job_id, ()):
+            self.incidents.pop(key, None)
+        self.kept.pop(job_id, None)
+        self.keeping.pop(job_id, None)
+        self.runs.pop(job_id, None)
 
     def overdue(self, now: float, lost_after: float, hearing_since: float = 0.0) -> list[MonitoredNode]:
         """Nodes, not yet marked lost, not heard from for over `lost_after` seconds: since their last

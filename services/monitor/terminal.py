@@ -3,7 +3,8 @@
 Who may: J2's "terminal" operation (read-write); a job the caller may not view is not found, as in
 the scheduler. Where: the requested node of the job's placement, else the master's (rank 0). The
 node's agent starts the session and answers; the client then talks to it directly. `target` decides
-(under the monitor's lock, with `now` given); `open_session` asks the agent.
+(under the monitor's lock, with `now` given); `open_session` asks the agent. An archived job (`archive`) has no
+environment left: `archived_refusal` says so, as for a retention that is over.
 """
 
 from __future__ import annotations
@@ -26,7 +27,9 @@ from libs.jobstatus import JobLifecycle, JobRecord
 from libs.messaging.rpc import ServiceUnavailable, call
 from libs.natsroles import user_nats_name
 from libs.telemetry.logs import get_logger
-from services.monitor.state import KeptEnvironment, MonitorState
+from services.monitor.kept import KeptEnvironment
+from services.monitor.runs.archive import PastJob
+from services.monitor.state import MonitorState
 
 log = get_logger(__name__)
 IDLE_SECONDS = 60.0
@@ -50,6 +53,10 @@ def not_open(job: JobRecord, kept: KeptEnvironment | None, now: datetime) -> Com
         return CommandError(code="invalid-state", message=f"{base}: it {job.status}, and environments are kept "
                                                           "only when a job fails or expires",
                             hint="clone the job to run it again")
+    if job.archived and job.placement:  # whatever was kept went before the job was archived
+        return CommandError(code="invalid-state", message=f"{base}: it {job.status} long ago and its environment "
+                                                          "is released", hint="the retention time is over; run the "
+                                                                              "job again to debug it")
     if job.placement:  # the monitor has not recorded the end yet
         return CommandError(code="invalid-state", message=f"{base}: it {job.status} and its environment is "
                                                           "not kept yet", hint="try again in a moment")
@@ -82,14 +89,10 @@ def target(request: OpenTerminal, identity: Identity, jobs: JobLifecycle, state:
            now: datetime) -> Target | CommandError:
     """Where the caller's terminal opens, or why it does not (`jobs` and `state` are only read)."""
     job = jobs.viewable(request.job_id, identity)
-    sharing = jobs.settings.sharing_enabled
     if job is None:
-        return CommandError(code="not-found", message=f"no such job: {request.job_id}",
-                            hint="`trainyard list` shows the jobs you can see")
-    if not allowed(identity, job.spec, job.creator, "terminal", sharing_enabled=sharing):
-        return CommandError(code="forbidden",
-                            message=f"you have read-only access to {job.job_id}: terminal needs read-write",
-                            hint="ask the job's creator or an administrator")
+        return not_found(request.job_id)
+    if (refusal := access_refusal(identity, job, jobs.settings.sharing_enabled)) is not None:
+        return refusal
     kept = state.kept_environment(job.job_id, now)
     if kept is not None:
         attempt = kept.attempt
@@ -101,6 +104,29 @@ def target(request: OpenTerminal, identity: Identity, jobs: JobLifecycle, state:
     if isinstance(place, CommandError):
         return place
     return Target(job_id=job.job_id, attempt=attempt, place=place)
+
+
+def archived_refusal(request: OpenTerminal, identity: Identity, past: PastJob | None, jobs: JobLifecycle,
+                     now: datetime) -> CommandError:
+    """Why no terminal opens in a job the monitor no longer holds: not found (never existed, or hidden from the
+    caller, as for a job held), else its environment is gone, as when a retention is over."""
+    job = past.viewable(identity, jobs.settings) if past is not None else None
+    if past is None or job is None:
+        return not_found(request.job_id)
+    return access_refusal(identity, job, jobs.settings.sharing_enabled) or not_open(job, past.kept, now)
+
+
+def not_found(job_id: str) -> CommandError:
+    return CommandError(code="not-found", message=f"no such job: {job_id}",
+                        hint="`trainyard list` shows the jobs you can see")
+
+
+def access_refusal(identity: Identity, job: JobRecord, sharing: bool) -> CommandError | None:
+    """J2: a terminal needs read-write access to the job."""
+    if allowed(identity, job.spec, job.creator, "terminal", sharing_enabled=sharing):
+        return None
+    return CommandError(code="forbidden", message=f"you have read-only access to {job.job_id}: terminal needs "
+                                                  "read-write", hint="ask the job's creator or an administrator")
 
 
 async def open_session(nc: Client, signer: ControlSigner, request: OpenTerminal, identity: Identity,

@@ -9,7 +9,9 @@ which does no I/O, can push too; a queue that overflows drops pushes, which a wa
 its renewal's `last_log`) and reads as a page.
 
 A watch is a subscription, not state of the platform: it lives in memory only, for `WATCH_SECONDS` unless
-renewed, and a monitor that restarts starts with none (the watcher's renewal says `since_now`).
+renewed, and a monitor that restarts starts with none (the watcher's renewal says `since_now`). An archived job's
+watches end with its archival; one asked for afterwards stands with the status read back (`archive`), and nothing
+comes of it.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from libs.jobstatus import JobLifecycle
 from libs.messaging.responder import Route
 from libs.natsroles import inbox_prefix, user_nats_name
 from libs.telemetry.logs import get_logger
+from services.monitor.runs.archive import PastJobs, events_unavailable, job_to_answer
 
 log = get_logger(__name__)
 
@@ -144,9 +147,10 @@ def inbox_refusal(inbox: str, identity: Identity) -> CommandError | None:
 class JobWatching:
     """Answers `watch-job` for those who may view the job, and pushes to its watchers what the monitor sees."""
 
-    def __init__(self, nc: Client, jobs: JobLifecycle) -> None:
+    def __init__(self, nc: Client, jobs: JobLifecycle, past: PastJobs | None = None) -> None:
         self.nc = nc
         self.jobs = jobs
+        self.past = past  # jobs archived, read back when asked about
         self.watches = Watches()
         self.queued: list[tuple[str, bytes]] = []
         self.ready = asyncio.Event()
@@ -155,10 +159,14 @@ class JobWatching:
         return [(WATCH_JOB, self.watch)]
 
     async def watch(self, request: WatchJob, identity: Identity) -> Watching | CommandError:
-        job = self.jobs.viewable(request.job_id, identity)
-        if job is None:
+        try:
+            found = await job_to_answer(self.jobs, self.past, request.job_id, identity)
+        except (nats.errors.Error, OSError) as exc:
+            return events_unavailable(exc)
+        if found is None:
             return CommandError(code="not-found", message=f"no such job: {request.job_id}",
                                 hint="`trainyard list` shows the jobs you can see")
+        job, _ = found
         if refusal := inbox_refusal(request.inbox, identity):
             return refusal
         asked = self.watches.ask(request, identity.user, time.monotonic())
@@ -181,6 +189,10 @@ class JobWatching:
             self._queue(watch.inbox, data)
         if job.deleted:
             self.watches.forget(job_id)
+
+    def forget(self, job_id: str) -> None:
+        """The job was archived: its watches end (a renewal stands again, on the job as read back)."""
+        self.watches.forget(job_id)
 
     def stored(self, batch: Sequence[Msg]) -> None:
         """Log chunks as stored (the monitor's log consumer): each of a job watched with its logs, to its

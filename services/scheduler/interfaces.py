@@ -58,3 +58,6 @@ class Scheduling(Reading, Protocol):
 
     async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
         """Append `changes` at the versions folded so far, and fold them."""
+
+    async def record_to_archived(self, changes: Sequence[NewEvent]) -> list[EventEnvelope]:
+        """Append `changes` to archived jobs, at their versions in the log."""

@@ -4,7 +4,7 @@ never registers is ended, and a local instance's agent sees no control-plane sec
 
 from __future__ import annotations
 
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from pathlib import Path
 
 import msgspec
@@ -13,9 +13,7 @@ import pytest
 from libs.contracts.cluster import (
     Accelerators,
     AutoscalerConfig,
-    ClusterConfig,
     Ec2Settings,
-    Flavor,
     InstanceNode,
     InstanceType,
     NodeInfo,
@@ -41,12 +39,7 @@ from services.autoscaler.providers.ec2 import boot_script
 from services.autoscaler.providers.local import LocalProvider, agent_command, agent_environment
 from services.autoscaler.rules import drained, drains, launch_failed, overdue, registered
 from services.autoscaler.state import AutoscalerState
-
-AT = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
-GPU = InstanceType(name="gpu", provider="local", flavors=["gpu-1"], max_instances=4, init_script="true",
-                   node=InstanceNode(cpus=8, memory_mib=32768, accelerators=[Accelerators(board="a100", count=2)]))
-CLUSTER = ClusterConfig(flavors=[Flavor(name="gpu-1", cpus=2, memory_mib=4096, accelerators=1, board="a100")],
-                        autoscaler=AutoscalerConfig(boot_timeout_seconds=300, instance_types=[GPU]))
+from tests.support.autoscaling import AT, CLUSTER, GPU
 
 
 def envelope(event: object, service: str = "autoscaler", at: datetime = AT, position: int = 1) -> EventEnvelope:

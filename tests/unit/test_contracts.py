@@ -76,6 +76,7 @@ from libs.contracts.events import (
     InstanceReleased,
     InstanceRequested,
     JobAdmitted,
+    JobArchived,
     JobDeleted,
     JobDurationChanged,
     JobExpired,
@@ -280,6 +281,7 @@ EVENT_SAMPLES: list[Any] = [
     JobFailed(job_id="job-000000000001", reason="rank 1 exited with code 3", exit_code=3),
     JobStopped(job_id="job-000000000001", by="bob", reason="maintenance"),
     JobDeleted(job_id="job-000000000001", by="alice"),
+    JobArchived(job_id="job-000000000001", retention="7d"),
     LaunchPlanned(job_id="job-000000000001", attempt=2, mode="horovod", shape=SHAPE),
     NodeProcessStarted(job_id="job-000000000001", attempt=1, rank=0, node="gpu-node-1", pid=4242, staged=[
         StagedDataset(source="datasets/imgs/v1", key="0123456789abcdef01234567", bytes=2048, files=2, hit=False,

@@ -10,8 +10,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.contracts.cluster import Flavor, Resources
+from libs.contracts.jobspec import JobSpec
 from libs.placement import Cluster, Decision, NodeCapacity, QueuedJob, RunningJob, holdings, schedule
-from tests.support.placement import NOW
+from tests.support.placement import NOW, node, run_on
 from tests.support.strategies import SETTINGS, Scenario, job_specs, scenarios
 
 
@@ -91,3 +92,27 @@ def test_a_cycle_over_the_same_inputs_decides_the_same_again(scenario: Scenario)
         assert schedule(scenario.queue, scenario.nodes, scenario.flavors, running=scenario.running, now=now,
                         cluster=cluster) == (fresh if not later else schedule(
                             scenario.queue, scenario.nodes, scenario.flavors, running=scenario.running, now=now))
+
+
+def test_a_backfill_refused_behind_one_head_is_tried_again_behind_another() -> None:
+    """Nothing changed on the nodes, but a new head reserves other nodes: what a backfill may use is not the same,
+    and a job that could not be backfilled behind the old head is tried again (and starts)."""
+    small, mid, big = (Flavor(name=name, cpus=cpus, memory_mib=1024) for name, cpus in
+                       (("small", 4), ("mid", 12), ("big", 16)))
+    flavors = {flavor.name: flavor for flavor in (small, mid, big)}
+    nodes = [node("a", cpus=16, memory_mib=65536), node("b", cpus=16, memory_mib=65536)]
+    running = [run_on("on-a", ["a"], flavor=mid, ends_in=100), run_on("on-b", ["b"], flavor=big, ends_in=200)]
+    for job in running:
+        nodes = [NodeCapacity(info=n.info, free=n.free - job.held[n.info.name]) if n.info.name in job.held else n
+                 for n in nodes]
+    later = QueuedJob("later", JobSpec(name="j", flavors=["big"], command="c"), None)  # reserved node a at +100 s
+    pinned = QueuedJob("pinned", JobSpec(name="j", flavors=["small"], command="c", node_names=["a"]), None)
+    cluster = Cluster(n.info for n in nodes)
+    first = schedule([later, pinned], nodes, flavors, running=running, now=NOW, cluster=cluster)
+    assert first.admissions == [] and first.reservation is not None and first.reservation.nodes == ["a"]
+    urgent = QueuedJob("urgent", JobSpec(name="j", flavors=["big"], command="c", node_names=["b"],
+                                         priority="urgent"), None)
+    queue = [urgent, later, pinned]
+    kept = schedule(queue, nodes, flavors, running=running, now=NOW, cluster=cluster)
+    assert kept == schedule(queue, nodes, flavors, running=running, now=NOW)
+    assert [admission.job_id for admission in kept.admissions] == ["pinned"]

@@ -83,12 +83,16 @@ async def admin_settings(
                                                         "refill (an array of N counts N); 0: no limit.")] = None,
         submit_burst: Annotated[int | None, typer.Option(min=1, help="Jobs one user may submit at once, also the "
                                                          "largest array they may submit.")] = None,
+        job_retention: Annotated[str | None, typer.Option(callback=refusing(retention),
+                                                          help="How long an ended job stays in the services' "
+                                                          "memory (at least 1m); `search` finds it ever after, "
+                                                          "e.g. 7d.")] = None,
         as_json: JsonOption = False) -> None:
     """Show the platform settings; with options, change them (administrators only)."""
     sharing_enabled = sharing_switch(sharing)
     changes = (urgent_cap, sharing_enabled, max_resumes_cap, max_graceful_shutdown_seconds, debug_retention,
                cache_retention, cache_high, cache_low, disk_high, disk_low, max_queued_jobs, submit_rate,
-               submit_burst)
+               submit_burst, job_retention)
     changing = any(value is not None for value in changes)
     if changing:
         settings = await client.change_settings(
@@ -96,7 +100,7 @@ async def admin_settings(
             max_graceful_shutdown_seconds=max_graceful_shutdown_seconds, debug_retention=debug_retention,
             cache_retention=cache_retention, cache_high_percent=cache_high, cache_low_percent=cache_low,
             disk_high_percent=disk_high, disk_low_percent=disk_low, max_queued_jobs_per_user=max_queued_jobs,
-            submit_rate=submit_rate, submit_burst=submit_burst)
+            submit_rate=submit_rate, submit_burst=submit_burst, job_retention=job_retention)
     else:
         settings = await client.settings()
     if as_json:

@@ -86,6 +86,7 @@ class ChangeSettings(RequestMessage, frozen=True, tag="ChangeSettings.v1"):
     max_graceful_shutdown_seconds: int | None = None
     debug_retention: str | None = None
     cache_retention: str | None = None
+    job_retention: str | None = None
     cache_high_percent: Annotated[float, Meta(gt=0, le=100)] | None = None
     cache_low_percent: Annotated[float, Meta(ge=0, le=100)] | None = None
     disk_high_percent: Annotated[float, Meta(gt=0, le=100)] | None = None

@@ -119,6 +119,8 @@ SETTINGS: tuple[Setting, ...] = (
     Setting("max_graceful_shutdown_seconds", "count", N_("Longest graceful shutdown (seconds)")),
     Setting("debug_retention", "duration", N_("Debug environment kept for"), N_("e.g. 30m, 4h, 2d")),
     Setting("cache_retention", "duration", N_("Unused cached dataset kept for"), N_("e.g. 12h, 7d")),
+    Setting("job_retention", "duration", N_("Ended job kept in memory for"),
+            N_("At least 1m; search finds it after. e.g. 7d")),
     Setting("cache_high_percent", "percent", N_("Dataset cache at most (percent of a node's disk)")),
     Setting("cache_low_percent", "percent", N_("Dataset cache cut down to (percent of the disk)")),
     Setting("disk_high_percent", "percent", N_("No new work above (percent of the disk full)")),

@@ -5,7 +5,8 @@ publish.
 demand, with a pull consumer on the job's own subject, folding them into each series' count, last,
 least and greatest values (a series is a name logged by one rank of one task) and the run's configuration
 and summary. A point is taken once: each process numbers its lines, and a line published again (after an
-agent restart) is dropped by its number.
+agent restart) is dropped by its number. An archived job's run is read the same way: its record and its run's
+life are read back from the events stream (`archive`), its points are still in the metrics stream.
 """
 
 from __future__ import annotations
@@ -36,9 +37,10 @@ from libs.contracts.operations.runs import (
     SeriesView,
 )
 from libs.contracts.runs import MetricBatch, MetricPoint
-from libs.jobstatus import JobLifecycle
+from libs.jobstatus import JobLifecycle, JobRecord
 from libs.messaging.reader import read_pulled
 from libs.messaging.responder import Route
+from services.monitor.runs.archive import PastJobs, events_unavailable, job_to_answer
 from services.monitor.runs.runlife import RunLife
 
 ProcessKey = tuple[int, int, int, str]  # attempt, task, rank, process
@@ -131,29 +133,36 @@ def page_points(batch: MetricBatch, taken: dict[ProcessKey, int], name: str, ran
 
 
 class RunReader:
-    """Reads a job's run from the metrics stream for those who may view the job (J2)."""
+    """Reads a job's run from the metrics stream for those who may view the job (J2), an archived one's too."""
 
-    def __init__(self, js: JetStreamContext, jobs: JobLifecycle, lives: Mapping[str, RunLife]) -> None:
+    def __init__(self, js: JetStreamContext, jobs: JobLifecycle, lives: Mapping[str, RunLife],
+                 past: PastJobs | None = None) -> None:
         self.js = js
         self.jobs = jobs
         self.lives = lives  # each run's life, as the monitor recorded it (`runlife`)
+        self.past = past  # jobs archived, read back when asked about
 
     def routes(self) -> list[Route]:
         return [(GET_RUN, self.run), (GET_SERIES, self.series)]
 
-    def refusal(self, job_id: str, identity: Identity) -> CommandError | None:
-        # A job the caller may not view is answered as one that does not exist (J2), so ids cannot be probed.
-        if self.jobs.viewable(job_id, identity) is None:
+    async def job(self, job_id: str, identity: Identity) -> tuple[JobRecord, RunLife | None] | CommandError:
+        """The job and its run's life, if the caller may view it. A job the caller may not view is answered as one
+        that does not exist (J2), so ids cannot be probed; so is an archived job that it may not."""
+        try:
+            found = await job_to_answer(self.jobs, self.past, job_id, identity)
+        except (nats.errors.Error, OSError) as exc:
+            return events_unavailable(exc)
+        if found is None:
             return CommandError(code="not-found", message=f"no such job: {job_id}",
                                 hint="`trainyard list` shows the jobs you can see")
-        return None
+        job, past = found
+        return job, past.life if past is not None else self.lives.get(job_id)
 
-    async def batches(self, job_id: str, after: int = 0) -> AsyncIterator[tuple[int, MetricBatch]]:
+    async def batches(self, job: JobRecord, after: int = 0) -> AsyncIterator[tuple[int, MetricBatch]]:
         """The job's batches from stream position `after` on, with their positions, as the agents of its nodes
         published them: fetched a few at a time by a pull consumer on the job's subjects, so that a page costs
         the batches it holds, not one round trip each."""
-        job = self.jobs.jobs.get(job_id)
-        ran_on = job.nodes_used if job is not None else {}
+        job_id, ran_on = job.job_id, job.nodes_used
         subject = subjects.metrics_of_job(job_id)
         async with contextlib.aclosing(read_pulled(self.js, subjects.METRICS_STREAM, subject, after=after)) as msgs:
             async for msg in msgs:
@@ -167,24 +176,28 @@ class RunReader:
                     yield msg.metadata.sequence.stream, batch
 
     async def run(self, request: GetRun, identity: Identity) -> RunView | CommandError:
-        if refusal := self.refusal(request.job_id, identity):
-            return refusal
+        found = await self.job(request.job_id, identity)
+        if isinstance(found, CommandError):
+            return found
+        job, life = found
         index = RunIndex()
         try:
-            async for _, batch in self.batches(request.job_id):
+            async for _, batch in self.batches(job):
                 index.fold(batch)
         except (nats.errors.Error, OSError) as exc:
             return unavailable(exc)
-        return with_life(index.view(request.job_id), self.lives.get(request.job_id))
+        return with_life(index.view(request.job_id), life)
 
     async def series(self, request: GetSeries, identity: Identity) -> SeriesPage | CommandError:
-        if refusal := self.refusal(request.job_id, identity):
-            return refusal
+        asked = await self.job(request.job_id, identity)
+        if isinstance(asked, CommandError):
+            return asked
+        job, _ = asked
         points: list[SeriesPoint] = []
         taken: dict[ProcessKey, int] = {}
         position, more = request.after, False
         try:
-            async for at, batch in self.batches(request.job_id, request.after):
+            async for at, batch in self.batches(job, request.after):
                 found = page_points(batch, taken, request.name, request.rank)
                 if points and len(points) + len(found) > request.limit:  # the next page begins with this batch
                     more = True

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import bisect
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 
@@ -37,6 +37,7 @@ from libs.contracts.events import (
     InstanceReleased,
     InstanceRequested,
     JobAdmitted,
+    JobArchived,
     JobDeleted,
     JobDurationChanged,
     JobExpired,
@@ -234,6 +235,10 @@ class _Ordered:
         return None if key is None else bisect.bisect_left(self.keys, key)
 
 
+def _microseconds(at: datetime) -> int:
+    return int(at.timestamp() * 1_000_000)
+
+
 def _ended_at(job: Job, recorded: datetime) -> datetime:
     """When a job that ended with its processes' exits ended: its last rank's exit, by the agent's clock, when
     known (never later than the record of the end, whatever the clocks say)."""
@@ -280,9 +285,13 @@ class Provisioning:
         elif isinstance(event, InstanceReleased) and event.cause == "boot-timeout":
             sentence = f"Its instance {event.instance} never joined the cluster: {event.reason}."
         else:
+            if isinstance(event, InstanceReleased):  # gone: nothing more will be told of it
+                self.instances.pop(event.instance, None)
             return isinstance(event, InstanceLaunched | InstanceReleased | InstanceDraining | InstanceKept)
         for job_id in self.instances.get(event.instance, []):
             self.news[job_id] = sentence
+        if isinstance(event, InstanceReleased):
+            self.instances.pop(event.instance, None)
         return True
 
 
@@ -318,6 +327,8 @@ class SchedulerState:
     # How many jobs are in each status, kept as their events are folded (the `trainyard.jobs` gauge), not counted
     # from every job there ever was.
     _by_status: Counter[str] = field(default_factory=Counter, init=False, compare=False, repr=False)
+    # The ended jobs still held, in the order of their ends: the oldest are archived first (rules/archive.py).
+    _ended_order: _Ordered = field(default_factory=_Ordered, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for flavor in reversed(self.cluster.flavors):  # by name; the first of a name, as ClusterConfig.flavor
@@ -369,11 +380,15 @@ class SchedulerState:
                                           image=event.image)
             self.unpredicted[event.job_id] = None
             self.active[event.job_id] = self.jobs[event.job_id]
-            if event.array is not None and (array := self.arrays.get(event.array.array_id)) is not None:
-                array.jobs[event.array.index] = event.job_id
+            if event.array is not None:  # (a job read back from the log alone has no array beside it)
                 self.jobs[event.job_id].array = event.array
+                if (array := self.arrays.get(event.array.array_id)) is not None:
+                    array.jobs[event.array.index] = event.job_id
         job = self.jobs.get(getattr(event, "job_id", ""))
         if job is None:
+            return
+        if isinstance(event, JobArchived):
+            self._archive(job)
             return
         if envelope.service == SERVICE:
             was = job.status
@@ -392,6 +407,10 @@ class SchedulerState:
             job.kept_until = event.until
         elif isinstance(event, DebugEnvironmentReleased):
             job.kept_until = None
+
+    def ended_in_order(self) -> Sequence[Job]:
+        """The ended jobs still held, oldest end first."""
+        return self._ended_order.jobs
 
     def status_counts(self) -> Mapping[str, int]:
         """How many jobs are in each status (a status no job is in may be missing, or 0)."""
@@ -504,8 +523,25 @@ class SchedulerState:
         job.precheck = job.resuming = job.restarting = job.rescaling = None
         job.unexplained_failure, job.queued_as = None, None
         self.active.pop(job.job_id, None)
+        if job.ended_at is not None:
+            self._ended_order.put(job, (_microseconds(job.ended_at), job.queue_order, job.job_id))
         if job.started_at is None:  # it never started: no prediction is needed any more
             self.unpredicted.pop(job.job_id, None)
+
+    def _archive(self, job: Job) -> None:
+        """The job leaves the state (it ended long ago): nothing of it stays in memory but its count by status.
+        An array leaves with its last job."""
+        job_id = job.job_id
+        del self.jobs[job_id]
+        for kept in (self.active, self.unpredicted, self.provisioning.news):
+            kept.pop(job_id, None)
+        self._queue.discard(job_id)
+        self._holding.discard(job_id)
+        self._ended_order.discard(job_id)
+        if job.array is not None and (array := self.arrays.get(job.array.array_id)) is not None:
+            array.jobs.pop(job.array.index, None)
+            if not array.jobs:
+                del self.arrays[array.array_id]
 
     def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> bool:
         """Fold one of the launcher's events about `job`; whether it changed when the job must end (J14) or a

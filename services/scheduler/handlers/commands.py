@@ -70,14 +70,17 @@ from services.scheduler.domain.names import job_change, settings_change, storage
 from services.scheduler.domain.spec_checks import cap_errors, invalid_spec, spec_errors
 from services.scheduler.domain.state import SchedulerState
 from services.scheduler.domain.storage_access import storage_errors
+from services.scheduler.history.archived import Archive
 from services.scheduler.interfaces import Scheduling
+from services.scheduler.rules.archive import MIN_RETENTION_SECONDS
 from services.scheduler.rules.submissions import Submission, retried, urgent_cap_error
 
 
 class JobCommands:
-    def __init__(self, scheduler: Scheduling, *, storage_root: Path) -> None:
+    def __init__(self, scheduler: Scheduling, *, storage_root: Path, archive: Archive) -> None:
         self.scheduler = scheduler
         self.storage_root = storage_root  # shared storage, where a job's inputs must exist
+        self.archive = archive  # jobs that ended long ago, read back from the log
 
     def routes(self) -> list[Route]:
         return [
@@ -103,9 +106,10 @@ class JobCommands:
 
     async def clone(self, request: CloneJob, identity: Identity) -> JobAccepted | CommandError:
         """O1: the source's spec with `overrides` applied, created as the caller's own job."""
-        if error := access_error(self.state, [request.source_job_id], identity, "clone"):
+        holding = await self.archive.holding(request.source_job_id)
+        if error := access_error(holding, [request.source_job_id], identity, "clone"):
             return error
-        source = self.state.jobs[request.source_job_id].spec
+        source = holding.jobs[request.source_job_id].spec
         unknown = sorted(set(request.overrides) - set(JobSpec.__struct_fields__))
         if unknown:
             return CommandError(code="invalid-spec", message=f"not fields of a job spec: {', '.join(unknown)}",
@@ -222,9 +226,10 @@ class JobCommands:
             self.scheduler.submissions.buckets[identity.user] = bucket
         return ArrayAccepted(array_id=request.array_id, job_ids=[c.aggregate_id for c in changes[1:]], created=True)
 
-    def _selected(self, request: StopJobs | DeleteJobs, identity: Identity,
-                  operation: JobAction) -> list[str] | CommandError:
-        """The jobs a stop or delete names, itself or as the selected jobs of arrays (under the lock)."""
+    async def _selected(self, request: StopJobs | DeleteJobs, identity: Identity,
+                        operation: JobAction) -> list[str] | CommandError:
+        """The jobs a stop or delete names, itself or as the selected jobs of arrays (under the lock); archived ones
+        are read back from the log to be checked."""
         job_ids = list(request.job_ids)
         if request.arrays:
             if error := array_access_error(self.state, [s.array_id for s in request.arrays], identity):
@@ -233,18 +238,25 @@ class JobCommands:
             if isinstance(members, CommandError):
                 return members
             job_ids += [j for j in members if not self.state.jobs[j].deleted]
-        if error := access_error(self.state, job_ids, identity, operation):
+        archived = await self.archive.state_of(job_ids)
+        live = [j for j in job_ids if j in self.state.jobs]
+        if error := access_error(self.state, live, identity, operation):
+            return error
+        if archived is not None and (error := access_error(archived, self.archive.archived(job_ids), identity,
+                                                           operation)):
             return error
         return list(dict.fromkeys(job_ids))
 
     async def stop(self, request: StopJobs, identity: Identity) -> Done | CommandError:
         async with self.scheduler.lock:
-            selected = self._selected(request, identity, "stop")
+            selected = await self._selected(request, identity, "stop")
             if isinstance(selected, CommandError):
                 return selected
             changes: list[NewEvent] = []
             for job_id in selected:
-                job = self.state.jobs[job_id]
+                job = self.state.jobs.get(job_id)
+                if job is None:  # archived: it ended long ago
+                    continue
                 if job.status == "queued":
                     changes.append(job_change(JobStopped(job_id=job_id, by=identity.user)))
                 elif job.status == "running" and job.stop_requested_by is None and not job.expiring:
@@ -254,10 +266,12 @@ class JobCommands:
 
     async def delete(self, request: DeleteJobs, identity: Identity) -> Done | CommandError:
         async with self.scheduler.lock:
-            selected = self._selected(request, identity, "delete")
+            selected = await self._selected(request, identity, "delete")
             if isinstance(selected, CommandError):
                 return selected
-            active = [j for j in selected if not self.state.jobs[j].terminal]
+            archived = self.archive.archived(selected)
+            live = [j for j in selected if j not in archived]
+            active = [j for j in live if not self.state.jobs[j].terminal]
             if active:
                 more = f" and {len(active) - 20} more" if len(active) > 20 else ""
                 stop = " ".join(request.job_ids) if request.arrays else " ".join(active[:20]) + (" …" if more else "")
@@ -265,15 +279,18 @@ class JobCommands:
                     stop += " " + " ".join(selection.array_id for selection in request.arrays)
                 return CommandError(code="invalid-state", message=f"still queued or running: {', '.join(active[:20])}"
                                     + more, hint=f"stop first: trainyard stop {stop.strip()}; nothing was deleted")
-            await self.scheduler.record([job_change(JobDeleted(job_id=j, by=identity.user)) for j in selected])
+            await self.scheduler.record([job_change(JobDeleted(job_id=j, by=identity.user)) for j in live])
+            await self.scheduler.record_to_archived([job_change(JobDeleted(job_id=j, by=identity.user))
+                                                     for j in archived])
         return Done(job_ids=selected, message=f"deleted {len(selected)} job(s)")
 
     async def change_priority(self, request: ChangePriority, identity: Identity) -> Done | CommandError:
         """S3: users may choose normal or urgent; very-urgent is for administrators."""
         async with self.scheduler.lock:
-            if error := access_error(self.state, [request.job_id], identity, "priority"):
+            holding = await self.archive.holding(request.job_id)
+            if error := access_error(holding, [request.job_id], identity, "priority"):
                 return error
-            job = self.state.jobs[request.job_id]
+            job = holding.jobs[request.job_id]
             if job.status != "queued":
                 return CommandError(code="invalid-state",
                                     message=f"{job.job_id} is {job.status}: only a queued job's priority can change",
@@ -299,9 +316,10 @@ class JobCommands:
                 return CommandError(code="invalid-request", message=str(exc),
                                     hint="e.g. 30m, 4h or 2d; none removes it")
         async with self.scheduler.lock:
-            if error := access_error(self.state, [request.job_id], identity, "duration"):
+            holding = await self.archive.holding(request.job_id)
+            if error := access_error(holding, [request.job_id], identity, "duration"):
                 return error
-            job = self.state.jobs[request.job_id]
+            job = holding.jobs[request.job_id]
             if job.terminal or job.expiring:
                 return CommandError(code="invalid-state",
                                     message=f"{job.job_id} is {'expiring' if job.expiring else job.status}: "
@@ -316,12 +334,16 @@ class JobCommands:
         if not identity.admin:
             return CommandError(code="forbidden", message="only administrators change platform settings")
         changes = {k: v for k, v in msgspec.structs.asdict(request).items() if v is not None}
-        for name in ("debug_retention", "cache_retention"):
+        for name in ("debug_retention", "cache_retention", "job_retention"):
             if (retention := changes.get(name)) is not None:
                 try:
-                    parse_duration(retention)
+                    seconds = parse_duration(retention)
                 except ValueError as exc:
                     return CommandError(code="invalid-request", message=f"{name}: {exc}")
+                if name == "job_retention" and seconds < MIN_RETENTION_SECONDS:
+                    return CommandError(code="invalid-request",
+                                        message=f"job_retention: {retention} is shorter than a minute",
+                                        hint="ended jobs are kept in memory at least 1m; e.g. 1d or 7d")
         negative = [k for k, v in changes.items() if isinstance(v, int) and not isinstance(v, bool) and v < 0]
         if negative:
             return CommandError(code="invalid-request", message=f"must not be negative: {', '.join(negative)}")

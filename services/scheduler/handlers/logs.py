@@ -27,6 +27,7 @@ from libs.messaging.reader import next_stored
 from libs.messaging.responder import Route
 from libs.telemetry.logs import get_logger
 from services.scheduler.domain.access import access_error
+from services.scheduler.history.archived import Archive
 from services.scheduler.interfaces import Jobs
 
 log = get_logger(__name__)
@@ -43,15 +44,16 @@ def unavailable(what: str, exc: Exception) -> CommandError:
 
 
 class JobLogs:
-    def __init__(self, scheduler: Jobs, *, nc: Client, js: JetStreamContext) -> None:
+    def __init__(self, scheduler: Jobs, *, nc: Client, js: JetStreamContext, archive: Archive) -> None:
         self.scheduler = scheduler
         self.nc, self.js = nc, js
+        self.archive = archive  # an archived job's logs are read as a live one's
 
     def routes(self) -> list[Route]:
         return [(JOB_LOGS, self.logs), (JOB_USAGE, self.usage)]
 
     async def logs(self, request: GetJobLogs, identity: Identity) -> LogPage | CommandError:
-        state = self.scheduler.state
+        state = await self.archive.holding(request.job_id)
         if error := access_error(state, [request.job_id], identity, "view"):
             return error
         # Seen before reading: whatever the job wrote before it ended is in the stream by now.
@@ -95,7 +97,7 @@ class JobLogs:
         return msgspec.structs.replace(chunk, lines=[*kept, notice])
 
     async def usage(self, request: GetJobUsage, identity: Identity) -> JobUsage | CommandError:
-        if error := access_error(self.scheduler.state, [request.job_id], identity, "view"):
+        if error := access_error(await self.archive.holding(request.job_id), [request.job_id], identity, "view"):
             return error
         # The bucket keeps one value per key, so reading the job's keys in order reads each latest sample.
         samples: list[UsageSample] = []

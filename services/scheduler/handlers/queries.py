@@ -16,9 +16,6 @@ from typing import Any
 import msgspec
 from nats.js.client import JetStreamContext
 
-from libs.contracts import subjects
-from libs.contracts.codec import decode
-from libs.contracts.events import EventEnvelope
 from libs.contracts.identity import Identity
 from libs.contracts.operations.arrays import GET_ARRAY, ArrayDetails, ArrayView, GetArray
 from libs.contracts.operations.base import CommandError
@@ -74,16 +71,15 @@ from libs.contracts.operations.planning import (
 )
 from libs.contracts.scheduling import WhyReport
 from libs.eventstore import EventStore
-from libs.messaging.reader import read_subject
 from libs.messaging.responder import Handler, Route
 from services.scheduler.domain import arrays
 from services.scheduler.domain.access import access_error, can_view
-from services.scheduler.domain.names import JOB, SERVICE
 from services.scheduler.domain.spec_checks import invalid_spec, spec_errors
 from services.scheduler.domain.state import Job, SchedulerState
 from services.scheduler.domain.views import dev_env, flavor_list, node_resources, node_views, status_sentence
 from services.scheduler.domain.visibility import hide_applications, hide_jobs
 from services.scheduler.handlers.shared_plans import SharedPlans, consumed, latest_expectation
+from services.scheduler.history.archived import Archive, ArchivedScheduler, job_events
 from services.scheduler.history.past import PastStates
 from services.scheduler.interfaces import Reading, Scheduling
 from services.scheduler.planning.decision_inputs import cluster_flavors, node_capacity, queued_jobs, running_jobs
@@ -249,11 +245,12 @@ class JobQueries(StateQueries):
     state rebuilt from the events up to it, by the same code."""
 
     def __init__(self, scheduler: Scheduling, *, store: EventStore, js: JetStreamContext,
-                 past: PastStates | None = None) -> None:
+                 past: PastStates | None = None, archive: Archive | None = None) -> None:
         super().__init__(scheduler, own_planning=False)
         self.live = scheduler
         self.store, self.js = store, js  # for a job's history: its own log, the others' published events
         self.past = past or PastStates(store, js, lambda: scheduler.state.cluster)
+        self.archive = archive or Archive(store, js, lambda: scheduler.state)
 
     def routes(self) -> list[Route]:
         return [
@@ -280,6 +277,9 @@ class JobQueries(StateQueries):
         async def answer(request: Any, identity: Identity) -> Any:
             at: datetime | None = request.at
             if at is None:
+                job_id: str | None = getattr(request, "job_id", None)
+                if job_id is not None and (state := await self.archive.holding(job_id)) is not self.state:
+                    return await view(StateQueries(ArchivedScheduler(state, self.live.clock)), request, identity)
                 return await view(self, request, identity)
             if at > (now := self.live.clock()):
                 return CommandError(code="invalid-request",
@@ -299,22 +299,19 @@ class JobQueries(StateQueries):
         return hide_jobs(reply, self.state, identity)
 
     async def devenv(self, request: GetDevEnv, identity: Identity) -> DevEnvSpec | CommandError:
-        if error := access_error(self.state, [request.job_id], identity, "devenv"):
+        state = await self.archive.holding(request.job_id)
+        if error := access_error(state, [request.job_id], identity, "devenv"):
             return error
-        return dev_env(self.state.jobs[request.job_id])
+        return dev_env(state.jobs[request.job_id])
 
     async def history(self, request: GetJobHistory, identity: Identity) -> JobHistory | CommandError:
         """O6: every service's events about the job, as published, in order: the page from `start`."""
-        if error := access_error(self.state, [request.job_id], identity, "view"):
+        state = await self.archive.holding(request.job_id)
+        if error := access_error(state, [request.job_id], identity, "view"):
             return error
-        # Its own events from its log (complete at once), the other services' (the launcher's, the
-        # monitor's pre-checks, slowdowns and kept environments) as published, in time order.
-        own = await self.store.read_aggregate(JOB, request.job_id)
-        published = [decode(m.data, EventEnvelope) async for m in read_subject(
-            self.js, subjects.EVENTS_STREAM, subjects.events_of_job(request.job_id))]
-        # The life of the job's run (the monitor's aggregate "run") is told by `trainyard metrics`, not here.
-        others = [e for e in published if e.service != SERVICE and e.aggregate_type != "run"]
-        history = history_page(sorted(own + others, key=lambda e: e.recorded_at), request.start)
+        # Its own events from its log, the other services' (the launcher's, the monitor's pre-checks, slowdowns and
+        # kept environments) as published, in time order.
+        history = history_page(await job_events(self.store, self.js, request.job_id), request.start)
         return hide_jobs(history, self.state, identity)
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:

@@ -1,0 +1,82 @@
+"""Jobs archived: ended longer ago than the administrator's `job_retention`, no longer in the state in memory
+(rules/archive.py), but still shown, explained, cloned and deleted as before.
+
+Such a job is read back from the log when it is asked for: its own events from the scheduler's log, the other
+services' (its launches' processes, kept environments) as published, folded in time order into a state of its own
+that holds that job alone, as the live state held it before it left (its JobArchived left out). The queries and
+commands read that state with the same code as the live one. A job that never existed reads back as nothing,
+which is answered as before: not found.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable, Collection, Iterable
+from datetime import datetime
+
+from nats.js.client import JetStreamContext
+
+from libs.contracts import subjects
+from libs.contracts.codec import decode
+from libs.contracts.events import EventEnvelope, JobArchived
+from libs.eventstore import EventStore
+from libs.messaging.reader import read_subject
+from services.scheduler.domain.names import JOB, SERVICE
+from services.scheduler.domain.state import SchedulerState
+from services.scheduler.planning.prediction import Forecast
+
+
+async def job_events(store: EventStore, js: JetStreamContext, job_id: str) -> list[EventEnvelope]:
+    """Every service's events about the job, in time order: its own from the log (complete at once), the others' as
+    published. The life of its run (the monitor's aggregate "run") is left out: `trainyard metrics` tells it."""
+    own = await store.read_aggregate(JOB, job_id)
+    if not own:
+        return []
+    published = [decode(m.data, EventEnvelope) async for m in read_subject(
+        js, subjects.EVENTS_STREAM, subjects.events_of_job(job_id))]
+    others = [e for e in published if e.service != SERVICE and e.aggregate_type != "run"]
+    return sorted(own + others, key=lambda e: e.recorded_at)
+
+
+class ArchivedScheduler:
+    """A state of archived jobs, read as the live scheduler's is (`interfaces.Reading`): its clock is the live one,
+    and none of its jobs waits for a start."""
+
+    def __init__(self, state: SchedulerState, clock: Callable[[], datetime]) -> None:
+        self.state = state
+        self.clock = clock
+        self.lock = asyncio.Lock()
+
+    async def forecast_queued(self, job_ids: Collection[str]) -> dict[str, Forecast]:
+        return {}
+
+
+class Archive:
+    """Reads archived jobs back from the log for the live scheduler's handlers."""
+
+    def __init__(self, store: EventStore, js: JetStreamContext, live: Callable[[], SchedulerState]) -> None:
+        self.store, self.js, self.live = store, js, live  # live(): the live state (replaced by a restore)
+
+    def archived(self, job_ids: Iterable[str]) -> list[str]:
+        """The ids the live state does not hold (archived, or never known)."""
+        return [job_id for job_id in dict.fromkeys(job_ids) if job_id not in self.live().jobs]
+
+    async def state_of(self, job_ids: Iterable[str]) -> SchedulerState | None:
+        """A state holding those of `job_ids` that left the live state, as it held them before (with the live
+        settings, so that access is decided as for the others); None when the live state holds all of them."""
+        missing = self.archived(job_ids)
+        if not missing:
+            return None
+        live = self.live()
+        state = SchedulerState(live.cluster, settings=live.settings)
+        for job_id in missing:
+            for envelope in await job_events(self.store, self.js, job_id):
+                if not isinstance(envelope.event, JobArchived):
+                    state.apply(envelope)
+        return state
+
+    async def holding(self, job_id: str) -> SchedulerState:
+        """The state that holds the job: the live one, or one read back from the log when it was archived (the live
+        one for a job never known, which is answered as not found)."""
+        archived = await self.state_of([job_id])
+        return archived if archived is not None and job_id in archived.jobs else self.live()

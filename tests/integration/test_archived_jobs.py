@@ -1,0 +1,101 @@
+"""Ended jobs leave the scheduler's memory after the administrator's `job_retention` and are still answered for:
+`show`, `events`, `logs`, `why`, `search`, `clone` and `delete` work on them as before, for whoever could before and
+for nobody else; a job that never existed is still not found; a restarted scheduler does not hold them again.
+
+A scheduler in the test's process on real NATS and PostgreSQL, whose clock the test moves on."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from datetime import datetime, timedelta
+
+import pytest
+
+from libs.contracts.events import JobArchived
+from services.scheduler import service
+from services.scheduler.service import utc_now
+from tests.support.schedulers import Login, Schedulers, logins, refused, spec
+from tests.support.waiting import eventually
+
+pytestmark = pytest.mark.asyncio(loop_scope="session")
+
+
+@pytest.fixture
+def quick_archiving(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.setattr(service, "ARCHIVE_PERIOD", 0.1)
+    yield
+
+
+class Later:
+    """A clock the test moves on."""
+
+    def __init__(self) -> None:
+        self.ahead = timedelta()
+
+    def __call__(self) -> datetime:
+        return utc_now() + self.ahead
+
+
+async def test_an_archived_job_is_answered_for_as_before(quick_archiving: None, nats_url: str,
+                                                         schedulers: Schedulers) -> None:
+    await schedulers.start()
+    clock = Later()
+    schedulers.started[-1].clock = clock
+    async with logins(nats_url) as login:
+        await archived_jobs_answered(login, schedulers, clock)
+
+
+async def archived_jobs_answered(login: Login, schedulers: Schedulers, clock: Later) -> None:
+    alice = await login("alice", "vision")
+    admin = await login("root", admin=True)
+    short = await refused(admin.change_settings(job_retention="30s"))
+    assert short.error.code == "invalid-request" and "shorter than a minute" in short.error.message
+    await admin.change_settings(job_retention="1h")
+    ended = await alice.submit(spec("old", project="vision"))
+    queued = await alice.submit(spec("waiting", project="vision"))
+    await alice.stop([ended.job_id])
+    before = await alice.get_job(ended.job_id)
+    assert before.job.status == "stopped"
+    scheduler = schedulers.started[-1]
+
+    async def archived() -> bool:
+        return ended.job_id not in scheduler.state.jobs
+
+    await asyncio.sleep(0.5)
+    assert not await archived()  # within its retention
+    clock.ahead = timedelta(hours=2)
+    await eventually(archived, timeout=20)
+    assert queued.job_id in scheduler.state.jobs  # not ended: it stays
+
+    # Shown as it was, explained, its history with its archival last, its logs, found by search.
+    shown = await alice.get_job(ended.job_id)
+    assert shown.job == before.job and shown.spec == before.spec
+    assert (await alice.why(ended.job_id)).status == "stopped"
+    history = await alice.events(ended.job_id)
+    assert isinstance(history[-1].event, JobArchived) and history[-1].event.retention == "1h"
+    assert [chunk async for chunk in alice.logs(ended.job_id)] == []
+    assert [found.job_id for found in await alice.search(name="old")] == [ended.job_id]
+
+    # Nobody else sees it; an id that never existed is not found, as ever.
+    bob = await login("bob", "other")
+    assert (await refused(bob.get_job(ended.job_id))).error.code == "not-found"
+    assert (await refused(bob.events(ended.job_id))).error.code == "not-found"
+    assert (await refused(alice.get_job("job-000000000000"))).error.code == "not-found"
+
+    # Commands: changing it is refused as for any ended job; stopping it does nothing; it can be cloned, deleted.
+    changed = await refused(alice.change_priority(ended.job_id, "urgent"))
+    assert changed.error.code == "invalid-state" and "stopped" in changed.error.message
+    assert (await alice.stop([ended.job_id])).message == "stopping 0 job(s)"
+    clone = await alice.clone(ended.job_id, {"name": "again"})
+    assert (await alice.get_job(clone.job_id)).spec.command == before.spec.command
+    await alice.delete([ended.job_id])
+    assert (await refused(alice.get_job(ended.job_id))).error.code == "not-found"
+    assert await alice.search(name="old") == []
+    assert (await refused(alice.delete([ended.job_id]))).error.code == "not-found"
+
+    # A scheduler started again rebuilds its state from the log without it.
+    await schedulers.stop_all()
+    await schedulers.start()
+    assert ended.job_id not in schedulers.started[-1].state.jobs
+    assert queued.job_id in schedulers.started[-1].state.jobs
