@@ -242,8 +242,8 @@ class JobCommands:
         live = [j for j in job_ids if j in self.state.jobs]
         if error := access_error(self.state, live, identity, operation):
             return error
-        if archived is not None and (error := access_error(archived, self.archive.archived(job_ids), identity,
-                                                           operation)):
+        missing = self.archive.archived(job_ids)  # read back from the log, or not found
+        if missing and (error := access_error(archived or self.state, missing, identity, operation)):
             return error
         return list(dict.fromkeys(job_ids))
 

@@ -19,6 +19,7 @@ from nats.js.client import JetStreamContext
 from libs.contracts import subjects
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, JobArchived
+from libs.contracts.ids import is_job_id
 from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
 from services.scheduler.domain.names import JOB, SERVICE
@@ -61,10 +62,15 @@ class Archive:
         """The ids the live state does not hold (archived, or never known)."""
         return [job_id for job_id in dict.fromkeys(job_ids) if job_id not in self.live().jobs]
 
+    def _readable(self, job_ids: Iterable[str]) -> list[str]:
+        """Those of the ids not held that could name a job (every job's id is one): any other, a NUL in it say, is
+        never looked for in the log, where it could not be stored; it is not found, as ever."""
+        return [job_id for job_id in self.archived(job_ids) if is_job_id(job_id)]
+
     async def state_of(self, job_ids: Iterable[str]) -> SchedulerState | None:
         """A state holding those of `job_ids` that left the live state, as it held them before (with the live
         settings, so that access is decided as for the others); None when the live state holds all of them."""
-        missing = self.archived(job_ids)
+        missing = self._readable(job_ids)
         if not missing:
             return None
         live = self.live()
