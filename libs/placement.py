@@ -18,7 +18,7 @@ import copy
 import heapq
 import math
 import operator
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -518,30 +518,14 @@ def job_shape(spec: JobSpec, exclude: frozenset[str] = NO_NODES) -> Shape:
             spec.driver_version, tuple(spec.node_names), parameter_server_count(spec), exclude)
 
 
-def _slot_counter(need: Resources) -> Callable[[Resources], int]:
-    """`_slots` for one `need`, made once for the many amounts it is asked about."""
-    cpus, memory, accelerators = need.cpus, need.memory_mib, need.accelerators
-    floor = math.floor
-
-    def slots(free: Resources) -> int:
-        count = floor(free.cpus / cpus + 1e-9)
-        if memory and free.memory_mib // memory < count:
-            count = free.memory_mib // memory
-        if accelerators and free.accelerators // accelerators < count:
-            count = free.accelerators // accelerators
-        return count if count > 0 else 0
-
-    return slots
-
-
 def _slots(need: Resources, free: Resources) -> int:
     """How many ranks needing `need` fit in `free`."""
-    counts = [math.floor(free.cpus / need.cpus + 1e-9)]
-    if need.memory_mib:
-        counts.append(free.memory_mib // need.memory_mib)
-    if need.accelerators:
-        counts.append(free.accelerators // need.accelerators)
-    return max(min(counts), 0)
+    count = math.floor(free.cpus / need.cpus + 1e-9)
+    if need.memory_mib and free.memory_mib // need.memory_mib < count:
+        count = free.memory_mib // need.memory_mib
+    if need.accelerators and free.accelerators // need.accelerators < count:
+        count = free.accelerators // need.accelerators
+    return count if count > 0 else 0
 
 
 # --- the cycle ------------------------------------------------------------------------------------------
@@ -739,8 +723,7 @@ class _Counted:
         key, _ = cycle.cluster.eligible(spec, flavor, exclude)
         eligible = cycle.cluster.eligible_set(key)
         need = Resources.of_flavor(flavor)
-        slots = _slot_counter(need)
-        room = sum(slots(base[name]) for name in now.fitting(spec, flavor, exclude))
+        room = sum(_slots(need, base[name]) for name in now.fitting(spec, flavor, exclude))
         applied, index, first = 0, 0, 0  # releases summed; the instant reached; its first release
         ends, times = self.ends, self.times
         while True:
@@ -750,7 +733,7 @@ class _Counted:
                 for step in self._sum(released)[applied:released]:
                     for name, old, new in step:
                         if name in eligible:
-                            room += slots(new) - slots(old)
+                            room += _slots(need, new) - _slots(need, old)
                 applied = released
             if room >= count or index == last:
                 break

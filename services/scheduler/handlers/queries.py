@@ -306,12 +306,15 @@ class JobQueries(StateQueries):
 
     async def history(self, request: GetJobHistory, identity: Identity) -> JobHistory | CommandError:
         """O6: every service's events about the job, as published, in order: the page from `start`."""
-        state = await self.archive.holding(request.job_id)
+        # An archived job's state is folded from the very events its history shows: they are read once.
+        archived = None if request.job_id in self.state.jobs else await self.archive.read_back(request.job_id)
+        state = archived[0] if archived is not None else self.state
         if error := access_error(state, [request.job_id], identity, "view"):
             return error
         # Its own events from its log, the other services' (the launcher's, the monitor's pre-checks, slowdowns and
         # kept environments) as published, in time order.
-        history = history_page(await job_events(self.store, self.js, request.job_id), request.start)
+        events = archived[1] if archived is not None else await job_events(self.store, self.js, request.job_id)
+        history = history_page(events, request.start)
         return hide_jobs(history, self.state, identity)
 
     async def search(self, request: SearchJobs, identity: Identity) -> SearchResults:

@@ -73,13 +73,31 @@ class Archive:
         missing = self._readable(job_ids)
         if not missing:
             return None
-        live = self.live()
-        state = SchedulerState(live.cluster, settings=live.settings)
+        state = self._empty()
         for job_id in missing:
-            for envelope in await job_events(self.store, self.js, job_id):
-                if not isinstance(envelope.event, JobArchived):
-                    state.apply(envelope)
+            self._fold(state, await job_events(self.store, self.js, job_id))
         return state
+
+    async def read_back(self, job_id: str) -> tuple[SchedulerState, list[EventEnvelope]] | None:
+        """For a job the live state does not hold and the log may: a state of it alone, and the events it was folded
+        from (its history); None for an id that could name no job."""
+        if not self._readable([job_id]):
+            return None
+        events = await job_events(self.store, self.js, job_id)
+        state = self._empty()
+        self._fold(state, events)
+        return state, events
+
+    def _empty(self) -> SchedulerState:
+        """A state of no job, with the live settings, so that access is decided as for the jobs held."""
+        live = self.live()
+        return SchedulerState(live.cluster, settings=live.settings)
+
+    @staticmethod
+    def _fold(state: SchedulerState, events: list[EventEnvelope]) -> None:
+        for envelope in events:
+            if not isinstance(envelope.event, JobArchived):  # as the live state held it before it left
+                state.apply(envelope)
 
     async def holding(self, job_id: str) -> SchedulerState:
         """The state that holds the job: the live one, or one read back from the log when it was archived (the live
