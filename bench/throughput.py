@@ -2,7 +2,8 @@
 
     python -m bench.throughput [--jobs 1000] [--agents 8] [--in-flight 16] [--submits 5000] [--array 10000]
                                [--workloads trivial,gang,submit,array] [--no-slurm] [--cpu] [--metrics]
-                               [--sync-nats] [--rounds 1]
+                               [--sync-nats] [--rounds 1] [--slurm-in-flight 1,4,16]
+                               [--slurm-settings throughput]
 
 Runs the whole local stack as `make up` does (NATS enforcing a login per role, PostgreSQL, the four
 services, `--agents` node agents of 16 CPUs and 4000 MiB each), whose servers keep what they acknowledge as
@@ -21,9 +22,13 @@ client:
 
 Every job is a real process started by a real agent. Where Slurm is installed (`apt-get install
 slurm-wlm`), the same workloads run on it in the same run (bench/slurm.py: 8 emulated nodes of the same
-size, throughput tuning) and the ratio is printed. With `--rounds N`, Trainyard and Slurm take turns N times
-(each on a fresh stack), so that a machine whose speed drifts within minutes weighs on both alike; each round's
-ratio is printed, and their median.
+size, its THROUGHPUT settings: ended jobs forgotten after 2 s and counted from the jobcomp file, cores alone
+counted, no authentication, logs of errors only) and the ratio is printed. Slurm runs the trivial workload once
+for each of `--slurm-in-flight` (sbatch processes at once: 1, 4 and 16) and keeps the fastest, whose count its
+gang workload then uses; each round prints the settings that ran and every count's rate. `--slurm-settings
+listed` runs the peer as it ran before (finished jobs listed for an hour, memory packed, munge) for a comparison.
+With `--rounds N`, Trainyard and Slurm take turns N times (each on a fresh stack), so that a machine whose speed
+drifts within minutes weighs on both alike; each round's ratio is printed, and their median.
 """
 
 from __future__ import annotations
@@ -41,7 +46,7 @@ from pathlib import Path
 
 from bench import cpu
 from bench.servers import bench_servers
-from bench.slurm import SlurmPeer, slurm_missing
+from bench.slurm import IN_FLIGHT, LISTED, THROUGHPUT, SlurmPeer, fastest, in_flight_counts, slurm_missing
 from client.api import TrainyardClient
 from devstack.harness import Stack
 from devstack.ops import metrics_env
@@ -256,29 +261,61 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
     return figures
 
 
-async def slurm_side(args: argparse.Namespace, folder: Path, progress: Callable[[str], None]) -> dict[str, float]:
-    """The same workloads on a real Slurm of as many nodes of the same size (bench/slurm.py): jobs/s each."""
+@dataclass
+class SlurmSide:
+    """What the Slurm peer did in one round: its jobs/s by workload, the settings that ran, and the trivial
+    workload's rate at each count of sbatch at once tried (the fastest is its figure)."""
+
+    rates: dict[str, float] = field(default_factory=dict)
+    settings: str = ""
+    tried: dict[int, float] = field(default_factory=dict)
+    in_flight: int = 0  # the count kept, which the gang workload ran with
+
+    def lines(self) -> list[str]:
+        lines = [f"Slurm ran with {self.settings}"]
+        if self.tried:
+            lines.append("Slurm trivial by sbatch at once: " + ", ".join(
+                f"{count}: {rate:.1f} jobs/s" for count, rate in self.tried.items()) + f"; kept {self.in_flight}")
+        return lines
+
+
+async def slurm_side(args: argparse.Namespace, folder: Path, progress: Callable[[str], None],
+                     turn: int = 1) -> SlurmSide:
+    """The same workloads on a real Slurm of as many nodes of the same size (bench/slurm.py): jobs/s each. The
+    counts of sbatch at once are tried in an order that turns with each round, so that none is always first."""
     folder.mkdir()
-    found: dict[str, float] = {}
+    side = SlurmSide()
+    settings = LISTED if args.slurm_settings == "listed" else THROUGHPUT
     async with SlurmPeer(folder, nodes=args.agents, cpus=NODE_CPUS, memory_mib=NODE_MEMORY_MIB,
-                         max_array=max(args.array, 1)) as peer:
+                         max_array=max(args.array, 1), settings=settings) as peer:
+        side.settings = peer.describe()
+        progress(f"Slurm: {side.settings}")
+        shift = (turn - 1) % len(args.slurm_in_flight)
+        order = (*args.slurm_in_flight[shift:], *args.slurm_in_flight[:shift])
+        side.in_flight = order[0]
         workloads = args.workloads.split(",")
         if "trivial" in workloads:
-            progress(f"Slurm trivial: {args.jobs} jobs, one sbatch each, {args.in_flight} at once")
+            progress(f"Slurm trivial: {args.jobs} jobs, one sbatch each, {', '.join(map(str, order))} at once in turn")
             before = cpu.look(folder)
-            found["trivial"] = (await peer.run_trivial(args.jobs, args.in_flight)).jobs_per_second
+            tried = await peer.run_trivial_fastest(args.jobs, order, progress)
             if args.cpu:
-                progress("\n".join(cpu.table(cpu.spent(before, cpu.look(folder)), args.jobs)))
+                progress("\n".join(cpu.table(cpu.spent(before, cpu.look(folder)), args.jobs * len(tried))))
+            kept = fastest(tried)
+            side.tried = {result.in_flight: result.jobs_per_second
+                          for result in sorted(tried, key=lambda result: result.in_flight)}
+            side.rates["trivial"], side.in_flight = kept.jobs_per_second, kept.in_flight
         if "gang" in workloads:
-            progress(f"Slurm gang: {args.jobs} --exclusive jobs of 1, 2 and 4 nodes running srun true")
-            found["gang"] = (await peer.run_gang(args.jobs, GANG_SIZES, args.in_flight)).jobs_per_second
+            progress(f"Slurm gang: {args.jobs} --exclusive jobs of 1, 2 and 4 nodes running srun true, "
+                     f"{side.in_flight} sbatch at once")
+            side.rates["gang"] = (await peer.run_gang(args.jobs, GANG_SIZES, side.in_flight)).jobs_per_second
         if "array" in workloads and args.array:
             progress(f"Slurm array: sbatch --array=0-{args.array - 1}")
-            found["array"] = (await peer.run_array(args.array)).jobs_per_second
-    return found
+            side.rates["array"] = (await peer.run_array(args.array)).jobs_per_second
+    return side
 
 
-def report(figures: Figures, slurm: dict[str, float] | None) -> list[str]:
+def report(figures: Figures, side: SlurmSide | None) -> list[str]:
+    slurm = side.rates if side else None
     lines = [f"{'workload':<10} {'jobs':>6} {'seconds':>8} {'jobs/s':>8} {'submit/s':>9} "
              f"{'p50 ms':>7} {'p99 ms':>7} {'Slurm jobs/s':>13} {'ratio':>6}"]
     for name, run in figures.runs.items():
@@ -299,6 +336,8 @@ def report(figures: Figures, slurm: dict[str, float] | None) -> list[str]:
                      f"{percentile(seconds, 0.5) * 1000:.0f} ms, max {max(seconds) * 1000:.0f} ms")
     if figures.prediction_lag is not None:
         lines.append(f"the last submission's prediction was recorded {figures.prediction_lag:.1f} s after its answer")
+    if side is not None:
+        lines += side.lines()
     return lines
 
 
@@ -319,12 +358,18 @@ def main() -> None:
                         help="the stack's NATS syncs every write to disk before it acknowledges it, as deploy/ runs it")
     parser.add_argument("--rounds", type=int, default=1,
                         help="Trainyard and Slurm take turns this many times; each round's ratio and their median")
+    parser.add_argument("--slurm-in-flight", type=in_flight_counts, default=IN_FLIGHT,
+                        help="sbatch processes at once that Slurm's trivial workload tries, each in turn (the "
+                             "fastest counts, and its gang workload uses it); default 1,4,16")
+    parser.add_argument("--slurm-settings", choices=("throughput", "listed"), default="throughput",
+                        help="the peer's THROUGHPUT settings, or LISTED's (ended jobs listed for an hour, memory "
+                             "packed, munge), as it ran before")
     args = parser.parse_args()
 
     def progress(line: str) -> None:
         print(line, flush=True)
 
-    rounds: list[tuple[Figures, dict[str, float] | None]] = []
+    rounds: list[tuple[Figures, SlurmSide | None]] = []
     with tempfile.TemporaryDirectory(prefix="trainyard-throughput-") as workdir:
         top = Path(workdir)
         top.chmod(0o755)
@@ -338,7 +383,7 @@ def main() -> None:
             home.mkdir(mode=0o755)
             figures = asyncio.run(trainyard(args, home, progress))
             slurm = None if args.no_slurm or missing is not None else asyncio.run(
-                slurm_side(args, home / "slurm", progress))
+                slurm_side(args, home / "slurm", progress, turn))
             rounds.append((figures, slurm))
     for turn, (figures, slurm) in enumerate(rounds, 1):
         print()
@@ -350,12 +395,12 @@ def main() -> None:
         print("\n".join(summary(rounds)))
 
 
-def summary(rounds: Sequence[tuple[Figures, dict[str, float] | None]]) -> list[str]:
+def summary(rounds: Sequence[tuple[Figures, SlurmSide | None]]) -> list[str]:
     """Per workload run on both sides: each round's ratio and their median."""
     lines = []
     for name in rounds[0][0].runs:
-        ratios = [figures.runs[name].rate / slurm[name] for figures, slurm in rounds
-                  if slurm and slurm.get(name) and figures.runs[name].seconds]
+        ratios = [figures.runs[name].rate / side.rates[name] for figures, side in rounds
+                  if side and side.rates.get(name) and figures.runs[name].seconds]
         if ratios:
             lines.append(f"{name}: ratio to Slurm by round {', '.join(f'{r:.2f}' for r in ratios)}; "
                          f"median {statistics.median(ratios):.2f}")

@@ -309,7 +309,8 @@ def service_permissions(service: str) -> Permissions:
     answers: tuple[str, ...] = ()
     if service == "scheduler":
         answers = answered_subjects(service)
-        publish += [*_message_getter(subjects.LOGS_STREAM), *_message_getter(subjects.USAGE_STREAM)]
+        publish += [*_message_getter(subjects.LOGS_STREAM), *_message_getter(subjects.USAGE_STREAM),
+                    *_pulled_reader(subjects.EVENTS_STREAM)]  # its past states read the streams it follows
     elif service == "launcher":
         publish += [*asks_agents(service),
                     *_ordered_reader(subjects.AGENT_REPORTS_STREAM), *_message_getter(subjects.AGENT_REPORTS_STREAM)]

@@ -304,6 +304,15 @@ class EventStore:
         )
         return [self.envelope(row) for row in rows]
 
+    async def read_aggregates(self, aggregate_type: str, aggregate_ids: Sequence[str]) -> list[EventEnvelope]:
+        """The events of several aggregates of one kind, in the order they were stored (an array's jobs)."""
+        rows = await self.pool.fetch(
+            f"""SELECT * FROM {self.schema}.events WHERE aggregate_type = $1 AND aggregate_id = ANY($2::text[])
+                ORDER BY position""",
+            aggregate_type, list(aggregate_ids),
+        )
+        return [self.envelope(row) for row in rows]
+
     async def read_type(self, aggregate_type: str, event_type: type[msgspec.Struct], *, after: int = 0,
                         limit: int = 100) -> list[EventEnvelope]:
         """Up to `limit` events of one type on one kind of aggregate, stored after position `after`, in

@@ -13,7 +13,7 @@ publishes its log again, libs/eventstore/relay.py), the recorded sequence no lon
 message, and the follower goes by the upstream position instead. Where there is none (agent reports),
 it reacts to the new stream's messages from its start: those reactions hold to what they decide on.
 
-A service that restored a state saved with some of a stream already folded (the scheduler's snapshots) gives its
+A service that restored a state saved with some of a stream already folded (a snapshot) gives its
 follower, per subject filter, the stream sequence up to which that filter's messages are in the state (`folded`):
 delivery then begins after the lowest, and a message at or before its filter's is passed over, neither folded nor
 reacted to. The service restores only a state folded no further than it had reacted, so nothing is left unanswered.
@@ -21,6 +21,8 @@ Such a follower still remembers the envelopes a replay from the first message wo
 `REMEMBERED_ENVELOPES`): delivery begins far enough before the lowest position for the latest of its filters'
 envelopes up to it, which, as those passed over, it notes without folding them. So a copy of an envelope the state
 holds, published again after its position, is passed over as it is after a replay, not folded and answered twice.
+What a follower has handled whole (folded and reacted to, passed over or set aside) it tells per subject filter
+(`positions`), in the same terms: what a snapshot of the live state saves of each stream.
 
 A message that cannot be applied is *set aside*, never retried for ever (one poisoned message must
 not stop every later one): the follower records an `UpstreamMessageSetAside` with its tracking
@@ -211,6 +213,12 @@ async def _consumer_info(sub: Any) -> ConsumerInfo:
     raise AssertionError("unreachable")
 
 
+def starts_part_way(subject: str) -> bool:
+    """Whether a follower of the subject filter can begin after what a restored state holds of it (`folded`): a plain
+    filter, or `prefix.>`."""
+    return "*" not in subject and (">" not in subject or subject.endswith(".>"))
+
+
 async def still_holds(js: JetStreamContext, stream: str, sequence: int, upstream: int | None) -> bool:
     """Whether `stream` still has, at `sequence`, the message a tracking position was recorded for (with the
     upstream log position `upstream`, when known): False when the stream was made anew since. Raises when NATS
@@ -255,10 +263,12 @@ class StreamFollower:
         self.check = check  # a message it refuses is set aside as `inconsistent`
         # Per subject filter, the stream sequence up to which its messages are folded already (a restored state).
         self.folded = {subject: folded.get(subject, 0) for subject in self.subjects} if folded else {}
-        for subject in self.folded:
-            if "*" in subject or (">" in subject and not subject.endswith(".>")):
+        for subject, through in self.folded.items():
+            if through and not starts_part_way(subject):
                 raise ValueError(f"a follower starts part-way only on plain filters or `prefix.>`: {subject}")
         self._folded_through = max(self.folded.values(), default=0)  # past it, nothing is passed over
+        # The stream sequence of the last message handled whole: folded and reacted to, passed over or set aside.
+        self.through = 0
         self.caught_up = asyncio.Event()
         self.tracked = 0
         # Set when the stream was made anew: the upstream position reacted to last before; a message is new
@@ -363,6 +373,11 @@ class StreamFollower:
                 return sequence <= through
         return False
 
+    def positions(self) -> dict[str, int]:
+        """Per subject filter, the stream sequence up to which its messages are handled whole (`through`), or held by
+        the restored state it started from (`folded`): what a state saved now holds of each (`Restored`)."""
+        return {subject: max(self.folded.get(subject, 0), self.through) for subject in self.subjects}
+
     async def lag(self) -> int:
         """Messages of its filters not yet handled: those the server has not delivered yet, and those delivered and
         still waiting in the client or in the follower's inbox."""
@@ -401,7 +416,10 @@ class StreamFollower:
             if self._counted is not None:
                 self._counted.add(1, self._counted_as)
             if sequence <= self._folded_through and self._folded_already(msg.subject, sequence):
+                await self._decide(together)  # those before it first: `through` never passes one not handled
+                together = []
                 self._held(msg)
+                self.through = max(self.through, sequence)
                 continue
             try:
                 decoded = self._accepted(msg)
@@ -437,6 +455,7 @@ class StreamFollower:
         return tracking
 
     def _handled(self, sequence: int, tracking: Tracking | None, pending: int | bool) -> None:
+        self.through = max(self.through, sequence)
         if tracking is not None:
             self.tracked = max(self.tracked, sequence)
             if tracking.by_upstream and tracking.upstream is not None:

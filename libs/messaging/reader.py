@@ -7,10 +7,11 @@ import contextlib
 from collections.abc import AsyncGenerator, Awaitable
 from typing import Any
 
+import nats.errors
 from nats.aio.msg import Msg
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg
 from nats.js.client import JetStreamContext
-from nats.js.errors import NotFoundError
+from nats.js.errors import NotFoundError, ServiceUnavailableError
 
 PULLED_IDLE_SECONDS = 30.0
 FETCH_SECONDS = 5.0
@@ -52,11 +53,7 @@ async def read_pulled(js: JetStreamContext, stream: str, subject: str, *, after:
     Only what is fetched is sent: a reader that stops early (a page of a series) costs what it read, where
     an ordered consumer's server pushes on ahead. The consumer is deleted when the iterator is closed.
     """
-    start = (ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1) if after
-             else ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
-    start.ack_policy, start.mem_storage, start.num_replicas = AckPolicy.NONE, True, 1
-    start.inactive_threshold = PULLED_IDLE_SECONDS  # removed by the server if this reader vanishes
-    sub = await js.pull_subscribe(subject, stream=stream, config=start)
+    sub = await js.pull_subscribe(subject, stream=stream, config=_pulled_config(after))
     info = await sub.consumer_info()
     try:
         left = info.num_pending or 0
@@ -70,6 +67,62 @@ async def read_pulled(js: JetStreamContext, stream: str, subject: str, *, after:
             await sub.unsubscribe()
         with contextlib.suppress(Exception):
             await js.delete_consumer(stream, info.name)
+
+
+def _pulled_config(after: int) -> ConsumerConfig:
+    """An ephemeral pull consumer's, from sequence `after` on (0: the first)."""
+    start = (ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1) if after
+             else ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
+    start.ack_policy, start.mem_storage, start.num_replicas = AckPolicy.NONE, True, 1
+    start.inactive_threshold = PULLED_IDLE_SECONDS  # removed by the server if this reader vanishes
+    return start
+
+
+class PulledReader:
+    """Messages on `subject` of `stream` stored after sequence `after`, fetched `batch` at a time by an ephemeral
+    pull consumer, only when asked: a reader at the end keeps its consumer, and is handed what was stored since
+    when asked again, without a consumer made anew (a JetStream request of its own, slow on a busy server). One
+    left idle past `PULLED_IDLE_SECONDS`, which the server removes, is made again after the last message fetched;
+    close the reader to remove it at once."""
+
+    def __init__(self, js: JetStreamContext, stream: str, subject: str, *, after: int = 0, batch: int = 16) -> None:
+        self.js, self.stream, self.subject, self.after, self.batch = js, stream, subject, after, batch
+        self._sub: JetStreamContext.PullSubscription | None = None
+        self._name = ""
+        self._left = 0  # stored and not yet fetched, as the last message fetched told (0: ask the server)
+
+    async def fetch(self) -> list[Msg]:
+        """The next messages stored, at most `batch`; none: nothing more for now."""
+        try:
+            return await self._fetch()
+        except (NotFoundError, ServiceUnavailableError, nats.errors.TimeoutError):  # removed while idle: made again
+            await self.close()
+            return await self._fetch()
+
+    async def _fetch(self) -> list[Msg]:
+        if self._sub is None:
+            self._sub = await self.js.pull_subscribe(self.subject, stream=self.stream,
+                                                     config=_pulled_config(self.after))
+            self._name = (await self._sub.consumer_info()).name
+        if not self._left:
+            self._left = (await self._sub.consumer_info()).num_pending or 0
+            if not self._left:
+                return []
+        msgs = await self._sub.fetch(batch=min(self.batch, self._left), timeout=FETCH_SECONDS)
+        if msgs:
+            self.after, self._left = delivered(msgs[-1])
+        else:
+            self._left = 0
+        return msgs
+
+    async def close(self) -> None:
+        if self._sub is None:
+            return
+        sub, self._sub, self._left = self._sub, None, 0
+        with contextlib.suppress(Exception):
+            await sub.unsubscribe()
+        with contextlib.suppress(Exception):
+            await self.js.delete_consumer(self.stream, self._name)
 
 
 async def read_subject(js: JetStreamContext, stream: str, subject: str, *, after: int = 0,

@@ -10,6 +10,9 @@ idempotently by name, so an instance asked for just before a crash is never star
 An ended instance leaves the state once the jobs it was asked for were archived (state.py), and with it the
 version of its log: a new instance that happens to get its name goes on from the version its log holds.
 
+It starts from the latest snapshot of its state (libs.skeleton.snapshots): its instances, the jobs not yet archived,
+the nodes and the last entries of its log it shows, with where it stood in its log and in the events it follows.
+
 Decisions are made on events: every fold wakes the scale loop, so a job that queues is looked at within a
 second; provider calls run in tasks of their own and never hold up the loop. What to record is decided by
 the pure rules (rules.py, with the placement search in scaling.py); the queue status and the autoscaler's log
@@ -26,7 +29,9 @@ from collections.abc import Coroutine, Mapping, Sequence
 from contextlib import suppress
 from datetime import UTC, datetime, timedelta
 from functools import partial
-from typing import Any, Self
+from typing import Any, ClassVar, Self
+
+import msgspec
 
 from libs.auth import issue_node_token
 from libs.contracts import subjects
@@ -58,7 +63,7 @@ from services.autoscaler.rules import (
     requested,
 )
 from services.autoscaler.scaling import scale_up
-from services.autoscaler.state import AutoscalerState, Instance
+from services.autoscaler.state import AutoscalerState, Instance, SavedAutoscalerState
 
 log = get_logger(__name__)
 NAMES_PER_DECISION = 64  # at most this many instances are asked for in one decision
@@ -67,6 +72,10 @@ HISTORY = 10_000  # entries of its own log kept for `trainyard autoscaler log`
 
 class Autoscaler(EventSourcedService):
     name = "autoscaler"
+    # What a snapshot of its state depends on: the state, its folds (the jobs' and the nodes' too) and the contracts.
+    snapshot_code: ClassVar[tuple[str, ...]] = (
+        "services/autoscaler/service.py", "services/autoscaler/state.py", "libs/jobstatus.py", "libs/nodes.py",
+        "libs/contracts/*.py", "libs/skeleton/eventsourced.py", "libs/skeleton/snapshots.py")
 
     def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig,
                  providers: Mapping[str, Provider] | None = None) -> None:
@@ -96,6 +105,16 @@ class Autoscaler(EventSourcedService):
         self.state.apply(envelope)
         if not isinstance(envelope.event, WaitingJobsPacked):  # its log is its instances' story
             self.history.append(envelope)
+
+    def save_state(self) -> bytes:
+        return _ENCODER.encode(_Saved(state=self.state.to_save(), history=list(self.history)))
+
+    def load_state(self, data: bytes) -> None:
+        saved = _DECODER.decode(data)
+        del data  # read: let it go before the state is made of it (the base keeps no other reference)
+        self.state = AutoscalerState.restored(saved.state, instance_left=partial(self.forget, INSTANCE))
+        self.history.clear()
+        self.history.extend(saved.history)
 
     def upstreams(self) -> Sequence[Upstream]:
         return [
@@ -263,3 +282,14 @@ class Autoscaler(EventSourcedService):
             async with self.lock:
                 for instance in gone:
                     await self.record(released(self.state, instance.name, f"{name} no longer runs it", "gone"))
+
+
+class _Saved(msgspec.Struct, array_like=True):
+    """A snapshot of the autoscaler: its state, and the entries of its log it shows (`HISTORY`)."""
+
+    state: SavedAutoscalerState
+    history: list[EventEnvelope]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(_Saved)

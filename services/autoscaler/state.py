@@ -9,6 +9,9 @@ than all that ever was: the jobs not ended, the instances not ended and their co
 scheduler archives (JobArchived: it ended longer ago than the administrator's retention) leaves the state, and so
 does an ended instance once every job it was asked for has, with its node and the version of its log
 (`instance_left`): memory stays flat however many jobs and instances pass through.
+
+A snapshot holds the state as it stands (`saved`, `loaded`; libs.skeleton.snapshots): the jobs not ended and the
+instances not ended are kept by name, as the same records the lifecycle and the instances hold.
 """
 
 from __future__ import annotations
@@ -17,6 +20,8 @@ from collections import Counter
 from collections.abc import Callable, Collection
 from dataclasses import dataclass, field
 from datetime import datetime
+
+import msgspec
 
 from libs.access import allowed
 from libs.contracts.cluster import ClusterConfig, Resources
@@ -40,6 +45,7 @@ from libs.jobstatus import JobLifecycle, JobRecord
 from libs.nodes import NodeState, fold_node_event
 from libs.placement import NodeCapacity, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings
+from libs.skeleton.snapshots import SavedLifecycle, load_lifecycle, save_lifecycle
 from services.autoscaler.scaling import Demand
 
 
@@ -236,6 +242,37 @@ class AutoscalerState:
         job = self.lifecycle.jobs.get(job_id)
         return job is None or (job.waiting and not job.deleted)
 
+    # --- snapshots --------------------------------------------------------------------------------------
+
+    def saved(self) -> bytes:
+        """The state as a snapshot holds it."""
+        return _ENCODER.encode(self.to_save())
+
+    def to_save(self) -> SavedAutoscalerState:
+        return SavedAutoscalerState(
+            lifecycle=save_lifecycle(self.lifecycle), nodes=self.nodes, instances=list(self.instances.values()),
+            live=list(self.live), instance_counts=[(*key, count) for key, count in self.instance_counts.items()],
+            asked=self.asked, open_jobs=list(self.open_jobs), cooldowns=self.cooldowns, last_held=self.last_held,
+            prechecking=self.prechecking, packing=self.packing)
+
+    @classmethod
+    def loaded(cls, data: bytes, instance_left: Callable[[str], None] = _kept_nowhere) -> AutoscalerState:
+        """The state `saved` wrote."""
+        return cls.restored(_DECODER.decode(data), instance_left)
+
+    @classmethod
+    def restored(cls, saved: SavedAutoscalerState,
+                 instance_left: Callable[[str], None] = _kept_nowhere) -> AutoscalerState:
+        """The state `saved` holds."""
+        lifecycle = load_lifecycle(saved.lifecycle)
+        instances = {instance.name: instance for instance in saved.instances}
+        return cls(lifecycle=lifecycle, nodes=saved.nodes, instances=instances,
+                   live={name: instances[name] for name in saved.live},
+                   instance_counts=Counter({(kind, state): count for kind, state, count in saved.instance_counts}),
+                   asked=saved.asked, open_jobs={job_id: lifecycle.jobs[job_id] for job_id in saved.open_jobs},
+                   cooldowns=saved.cooldowns, last_held=saved.last_held, prechecking=saved.prechecking,
+                   packing=saved.packing, instance_left=instance_left)
+
     # --- instances ------------------------------------------------------------------------------------
 
     def on_the_way(self) -> dict[str, str]:
@@ -326,3 +363,21 @@ class AutoscalerState:
         for flavors in self.queued.values():
             counts.update(flavors)
         return dict(sorted(counts.items()))
+
+
+class SavedAutoscalerState(msgspec.Struct, array_like=True):
+    lifecycle: SavedLifecycle
+    nodes: dict[str, NodeState]
+    instances: list[Instance]  # in the order they were asked for
+    live: list[str]
+    instance_counts: list[tuple[str, str, int]]
+    asked: dict[str, list[str]]
+    open_jobs: list[str]  # in the order they were submitted
+    cooldowns: dict[str, Cooldown]
+    last_held: dict[str, datetime]
+    prechecking: dict[str, list[str]]
+    packing: dict[str, dict[str, Resources]]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(SavedAutoscalerState)

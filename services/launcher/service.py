@@ -7,6 +7,9 @@ happens after, in the dispatcher (dispatcher.py), which re-sends until the agent
 
 A job the scheduler archives leaves the state once its launch has settled (state.py), and with it the version of its
 launch and what the dispatcher kept of its requests: nothing is kept per job once it is archived.
+
+It starts from the latest snapshot of its state (libs.skeleton.snapshots): the launches and the jobs not yet
+archived, with where it stood in its log, the scheduler's events and the agents' reports.
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ import asyncio
 from collections.abc import Mapping, Sequence
 from contextlib import suppress
 from functools import partial
-from typing import Self
+from typing import ClassVar, Self
 
 from libs.contracts import subjects
 from libs.contracts.agent import ProcessReport
@@ -27,13 +30,17 @@ from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from services.launcher.dispatcher import Dispatcher
 from services.launcher.rules import LAUNCH, record_report, report_refusal
-from services.launcher.state import LauncherState
+from services.launcher.state import LauncherState, decoded
 
 log = get_logger(__name__)
 
 
 class Launcher(EventSourcedService):
     name = "launcher"
+    # What a snapshot of its state depends on: the state, its folds (the jobs' too) and the contracts it holds.
+    snapshot_code: ClassVar[tuple[str, ...]] = (
+        "services/launcher/service.py", "services/launcher/state.py", "services/launcher/planner.py",
+        "libs/jobstatus.py", "libs/contracts/*.py", "libs/skeleton/eventsourced.py", "libs/skeleton/snapshots.py")
 
     def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig) -> None:
         super().__init__(runtime)
@@ -50,6 +57,15 @@ class Launcher(EventSourcedService):
 
     def fold(self, envelope: EventEnvelope) -> None:
         self.state.apply(envelope)
+
+    def save_state(self) -> bytes:
+        return self.state.saved()
+
+    def load_state(self, data: bytes) -> None:
+        saved = decoded(data)
+        del data  # read: let it go before the state is made of it (the base keeps no other reference)
+        self.state = LauncherState.restored(saved, on_leave=self._left)
+        self.dispatcher.state = self.state
 
     def _left(self, job_id: str) -> None:
         """An archived job left the state: its launch is never recorded to again, nor sent for."""

@@ -14,6 +14,10 @@ whole, so that memory stays flat however many jobs pass through: at once, or onc
 was given up on its nodes is known stopped, when it has not yet (the launcher was away longer than the retention,
 or a node does not answer). Nothing of it is recorded afterwards, and what keeps anything beside the state is told
 (`on_leave`).
+
+A snapshot holds the state as it stands (`saved`, `loaded`; libs.skeleton.snapshots): each launch by what it was
+made from (its plan) and what happened to it since, in the order it happened, so that what is worked out of them
+(the units per task, the workers done) is worked out again as the folds did.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
+
+import msgspec
 
 from libs.contracts.events import (
     EventEnvelope,
@@ -36,9 +42,11 @@ from libs.contracts.events import (
     JobSucceeded,
     LaunchFailed,
     LaunchPlanned,
+    LaunchShape,
     LaunchStopped,
     LaunchSucceeded,
     LostProcessesStopped,
+    NodeLaunch,
     NodeProcessExited,
     NodeProcessLost,
     NodeProcessStarted,
@@ -48,6 +56,7 @@ from libs.contracts.images import ImageUse
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import AdminSettings
 from libs.jobstatus import JobLifecycle, JobRecord
+from libs.skeleton.snapshots import SavedLifecycle, load_lifecycle, save_lifecycle
 from services.launcher.planner import NodeLaunches, Unit
 
 # Where the launcher's own choice of rendezvous ports starts, for a node that did not choose them (an agent
@@ -360,6 +369,42 @@ class LauncherState:
         if admission is not None and admission.event.attempt <= attempt:
             del self.unplanned[job_id]
 
+    # --- snapshots --------------------------------------------------------------------------------------
+
+    def saved(self) -> bytes:
+        """The state as a snapshot holds it (sets in one order, so that equal states save the same bytes)."""
+        return _ENCODER.encode(SavedLauncherState(
+            lifecycle=save_lifecycle(self.lifecycle), launches=[_saved(launch) for launch in self.launches.values()],
+            ending=sorted(self.ending), renewing=self.renewing,
+            lost_nodes={job_id: (attempt, sorted(nodes)) for job_id, (attempt, nodes) in self.lost_nodes.items()},
+            fences=sorted(self.fences), planned=self.planned,
+            unplanned={job_id: _SavedAdmission(admitted.event, admitted.trace)
+                       for job_id, admitted in self.unplanned.items()},
+            unsettled=list(self.unsettled), touched=sorted(self.touched), archived=sorted(self.archived)))
+
+    @classmethod
+    def loaded(cls, data: bytes, on_leave: Callable[[str], None] = _kept_nowhere) -> LauncherState:
+        """The state `saved` wrote."""
+        return cls.restored(decoded(data), on_leave)
+
+    @classmethod
+    def restored(cls, saved: SavedLauncherState, on_leave: Callable[[str], None] = _kept_nowhere) -> LauncherState:
+        """The state `saved` holds; each launch's saved form goes as soon as the launch is made of it, so that a start
+        holds the two at once for one launch, not for all."""
+        launches: dict[str, Launch] = {}
+        saved.launches.reverse()
+        while saved.launches:
+            launch = _loaded(saved.launches.pop())
+            launches[launch.job_id] = launch
+        return cls(lifecycle=load_lifecycle(saved.lifecycle), launches=launches,
+                   ending=set(saved.ending), renewing=saved.renewing,
+                   lost_nodes={job_id: (attempt, set(nodes)) for job_id, (attempt, nodes) in saved.lost_nodes.items()},
+                   fences=set(saved.fences), planned=saved.planned,
+                   unplanned={job_id: Admitted(admitted.event, admitted.trace)
+                              for job_id, admitted in saved.unplanned.items()},
+                   unsettled=dict.fromkeys(saved.unsettled), touched=set(saved.touched), archived=set(saved.archived),
+                   on_leave=on_leave)
+
     def fallback_ports(self, count: int) -> list[int]:
         """The launcher's own choice for a node that chose no ports: the lowest ones no active launch holds
         on any node."""
@@ -373,3 +418,69 @@ class LauncherState:
                 chosen.append(port)
             port += 1
         return chosen
+
+
+class _SavedLaunch(msgspec.Struct, array_like=True):
+    """A launch as a snapshot holds it: its plan as recorded, and what happened to it since, in that order."""
+
+    job_id: str
+    attempt: int
+    mode: str
+    shape: LaunchShape | None
+    recorded: list[NodeLaunch]  # a plan recorded before shapes: every node's launch
+    started: list[tuple[int, int, int]]  # (task, rank, pid)
+    exited: list[tuple[int, int, int]]  # (task, rank, exit code), in the order they exited
+    lost: list[tuple[int, int]]
+    outcome: str | None
+    trace: dict[str, str]
+    ports: dict[int, int]
+    planned_at: datetime
+
+
+class _SavedAdmission(msgspec.Struct, array_like=True):
+    event: JobAdmitted
+    trace: dict[str, str]
+
+
+class SavedLauncherState(msgspec.Struct, array_like=True):
+    lifecycle: SavedLifecycle
+    launches: list[_SavedLaunch]
+    ending: list[str]
+    renewing: dict[str, int]
+    lost_nodes: dict[str, tuple[int, list[str]]]
+    fences: list[tuple[str, int, str]]
+    planned: dict[str, int]
+    unplanned: dict[str, _SavedAdmission]
+    unsettled: list[str]
+    touched: list[str]
+    archived: list[str]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(SavedLauncherState)
+
+
+def decoded(data: bytes) -> SavedLauncherState:
+    """What `LauncherState.saved` wrote, read back (to be made a state by `LauncherState.restored`)."""
+    return _DECODER.decode(data)
+
+
+def _saved(launch: Launch) -> _SavedLaunch:
+    plan = launch.plan
+    return _SavedLaunch(job_id=launch.job_id, attempt=launch.attempt, mode=plan.mode, shape=plan.shape,
+                        recorded=plan.every() if plan.shape is None else [],
+                        started=[(task, rank, pid) for (task, rank), pid in launch.started.items()],
+                        exited=[(task, rank, code) for (task, rank), code in launch.exited.items()],
+                        lost=sorted(launch.lost), outcome=launch.outcome, trace=launch.trace, ports=launch.ports,
+                        planned_at=launch.planned_at)
+
+
+def _loaded(saved: _SavedLaunch) -> Launch:
+    launch = Launch(job_id=saved.job_id, attempt=saved.attempt,
+                    plan=NodeLaunches(saved.mode, saved.shape, saved.recorded),
+                    started={(task, rank): pid for task, rank, pid in saved.started},
+                    lost={(task, rank) for task, rank in saved.lost}, outcome=saved.outcome, trace=saved.trace,
+                    ports=saved.ports, planned_at=saved.planned_at)
+    for task, rank, code in saved.exited:
+        launch.exit((task, rank), code)
+    return launch

@@ -25,8 +25,9 @@ What to record is decided in `rules`, and the requests are answered in `handlers
 them to the state, the upstreams, the heartbeat subscription and the loops.
 Heartbeats and probes are not events (they would flood the log): after a restart every known node
 gets a full grace period, and the problems last recorded stand until its next probe. Everything
-else is rebuilt from the monitor's log and by replaying the scheduler's events. Agents are only
-called outside the service lock.
+else is rebuilt from the monitor's log and by replaying the scheduler's events, after the latest snapshot of
+the state (libs.skeleton.snapshots: its own state, the jobs as the scheduler's events left them, the nodes' latest
+cache reports and the attempts watched for performance). Agents are only called outside the service lock.
 """
 
 from __future__ import annotations
@@ -35,7 +36,7 @@ import asyncio
 import time
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Self
+from typing import ClassVar, Self
 
 import msgspec
 from nats.aio.msg import Msg
@@ -74,6 +75,7 @@ from libs.natsroles import (
 )
 from libs.skeleton.eventsourced import EventSourcedService, Loop, Upstream, aggregate_of, consumer_span
 from libs.skeleton.runtime import ServiceRuntime
+from libs.skeleton.snapshots import SavedLifecycle, load_lifecycle, save_lifecycle
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers
 from services.monitor import caches, metrics, precheck, rules
@@ -87,7 +89,7 @@ from services.monitor.rules import Outcome
 from services.monitor.runs import runlife
 from services.monitor.runs.archive import PastJobs
 from services.monitor.runs.reader import RunReader
-from services.monitor.state import MonitoredNode, MonitorState
+from services.monitor.state import MonitoredNode, MonitorState, SavedMonitorState
 from services.monitor.watches import JobWatching
 
 SCHEDULER_CONSUMER = events_consumer("scheduler")  # tracking row in the monitor's schema
@@ -101,6 +103,12 @@ log = get_logger(__name__)
 
 class Monitor(EventSourcedService):
     name = "monitor"
+    # What a snapshot of its state depends on: the state and its folds (its runs' and the jobs' too), the
+    # performance detector's watches, and the contracts it holds.
+    snapshot_code: ClassVar[tuple[str, ...]] = (
+        "services/monitor/service.py", "services/monitor/state.py", "services/monitor/kept.py",
+        "services/monitor/runs/runlife.py", "services/monitor/performance/detector.py", "libs/jobstatus.py",
+        "libs/contracts/*.py", "libs/skeleton/eventsourced.py", "libs/skeleton/snapshots.py")
 
     def __init__(self, runtime: ServiceRuntime, cluster: ClusterConfig) -> None:
         super().__init__(runtime)
@@ -134,6 +142,28 @@ class Monitor(EventSourcedService):
 
     def fold(self, envelope: EventEnvelope) -> None:
         self.state.apply(envelope, time.monotonic())
+
+    def save_state(self) -> bytes:
+        return _ENCODER.encode(_Saved(
+            state=self.state.saved(), jobs=save_lifecycle(self.jobs), reports=list(self.reports.values()),
+            watched=[job_id for job_id in self.jobs.jobs if self.detector.watching(job_id)]))
+
+    def load_state(self, data: bytes) -> None:
+        """Everything in place in the maps the parts of the monitor read: its state, the scheduler's jobs, the
+        latest cache reports; the attempts watched for performance from their jobs' admissions (their windows begin
+        empty, as after a rebuild)."""
+        saved = _DECODER.decode(data)
+        del data  # read: let it go before the state is made of it (the base keeps no other reference)
+        self.state.load(saved.state, time.monotonic())
+        load_lifecycle(saved.jobs, into=self.jobs)
+        self.reports.clear()
+        self.reports.update((report.node, report) for report in saved.reports)
+        for job_id in saved.watched:
+            job = self.jobs.jobs.get(job_id)
+            resume = job.spec.checkpoint_resume if job is not None else None
+            if job is not None and resume is not None and resume.performance is not None:
+                self.detector.watch(job_id, job.attempt, resume.performance,
+                                    {place.rank: place.node for place in job.placement})
 
     def apply(self, envelope: EventEnvelope) -> None:
         """Fold one of the monitor's own events as the base does. An alert's version is kept only while its mail
@@ -430,3 +460,17 @@ class Monitor(EventSourcedService):
     def _spec(self, job_id: str) -> JobSpec | None:
         job = self.jobs.jobs.get(job_id)
         return job.spec if job is not None else None
+
+
+class _Saved(msgspec.Struct, array_like=True):
+    """A snapshot of the monitor: its state, the scheduler's jobs and settings as folded, each node's latest cache
+    report, and the jobs whose current attempt is watched for performance."""
+
+    state: SavedMonitorState
+    jobs: SavedLifecycle
+    reports: list[CacheReport]
+    watched: list[str]
+
+
+_ENCODER = msgspec.msgpack.Encoder()
+_DECODER = msgspec.msgpack.Decoder(_Saved)

@@ -10,12 +10,19 @@ base (`libs.skeleton.eventsourced`).
 What is held of a job goes once the scheduler archives it (`forget_job`, on JobArchived), so that the state
 holds the jobs still running or ended within the retention, not every job there ever was. An alert waiting
 for its mail stays until it is mailed, whatever became of its job: its creator is owed the mail.
+
+A snapshot holds the state as it stands but for what is not of the log (`saved`, `load`; libs.skeleton.snapshots):
+the nodes' last heartbeats and probes are not kept, and a state loaded gives every node a full grace period, as a
+rebuild does. It is loaded into the same maps, which the retention and the performance detector read.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from datetime import datetime
+from typing import TypeVar
+
+import msgspec
 
 from libs.contracts.cluster import NodeInfo
 from libs.contracts.datacache import CacheEntry
@@ -40,12 +47,17 @@ from libs.contracts.events import (
     NodeUnhealthy,
     PerformanceDegraded,
     PrecheckCompleted,
+    RunFinished,
+    RunProcessEnded,
 )
 from libs.contracts.health import ComponentHealth
 from services.monitor.kept import KeptEnvironment
 from services.monitor.performance.detector import RankKey
 from services.monitor.runs import runlife
 from services.monitor.runs.runlife import RunLife
+
+K = TypeVar("K")
+V = TypeVar("V")
 
 
 @dataclass
@@ -189,8 +201,81 @@ class MonitorState:
         monitor cut off from NATS never counts its own deafness against the nodes."""
         return [n for n in self.nodes.values() if not n.lost and now - max(n.last_seen, hearing_since) > lost_after]
 
+    # --- snapshots --------------------------------------------------------------------------------------
+
+    def saved(self) -> SavedMonitorState:
+        """The state as a snapshot holds it (sets in one order, so that equal states save the same bytes)."""
+        return SavedMonitorState(
+            mailing=self.mailing,
+            nodes=[_SavedNode(node.info, node.lost, node.marks, node.problems, node.disk_pressure)
+                   for node in self.nodes.values()],
+            prechecked={job_id: sorted(attempts) for job_id, attempts in self.prechecked.items()},
+            incidents=[(*key, count) for key, count in self.incidents.items()], kept=list(self.kept.values()),
+            keeping=list(self.keeping), unmailed=self.unmailed, released=self.released, cached=self.cached,
+            runs={job_id: _SavedRun(life.began_at, life.attempts, list(life.ended.values()), life.finished)
+                  for job_id, life in self.runs.items()})
+
+    def load(self, saved: SavedMonitorState, now: float) -> None:
+        """Put in place, in the maps others read, what `saved` holds; every node seen `now`. A snapshot of a monitor
+        that mailed alerts, or did not, when this one does not, or does, holds other alerts awaiting their mail than
+        its log would give: it is refused (ValueError), nothing changed."""
+        if saved.mailing != self.mailing:
+            raise ValueError(f"a snapshot of a monitor {'with' if saved.mailing else 'without'} mail")
+        kept = {environment.job_id: environment for environment in saved.kept}
+        _replace(self.nodes, {node.info.name: MonitoredNode(info=node.info, lost=node.lost, marks=node.marks,
+                                                            problems=node.problems, last_seen=now,
+                                                            disk_pressure=node.disk_pressure)
+                              for node in saved.nodes})
+        _replace(self.prechecked, {job_id: set(attempts) for job_id, attempts in saved.prechecked.items()})
+        _replace(self.incidents, {(job_id, attempt, rank): count for job_id, attempt, rank, count in saved.incidents})
+        _replace(self._incident_keys, {})
+        for key in self.incidents:
+            self._incident_keys.setdefault(key[0], set()).add(key)
+        _replace(self.kept, kept)
+        _replace(self.keeping, {job_id: kept[job_id] for job_id in saved.keeping})
+        _replace(self.unmailed, saved.unmailed)
+        _replace(self.released, saved.released)
+        _replace(self.cached, saved.cached)
+        _replace(self.runs, {job_id: RunLife(began_at=run.began_at, attempts=run.attempts,
+                                             ended={(e.attempt, e.task, e.rank): e for e in run.ended},
+                                             finished=run.finished)
+                             for job_id, run in saved.runs.items()})
+
     def kept_environment(self, job_id: str, now: datetime) -> KeptEnvironment | None:
         """The job's kept environment, if it has one and its retention is not over."""
         kept = self.kept.get(job_id)
         return kept if kept is not None and not kept.released and kept.until > now else None
 
+
+
+def _replace(held: dict[K, V], saved: dict[K, V]) -> None:
+    held.clear()
+    held.update(saved)
+
+
+class _SavedNode(msgspec.Struct, array_like=True):
+    info: NodeInfo
+    lost: bool
+    marks: dict[str, ComponentMarked]
+    problems: list[str]
+    disk_pressure: str | None
+
+
+class _SavedRun(msgspec.Struct, array_like=True):
+    began_at: datetime
+    attempts: list[int]
+    ended: list[RunProcessEnded]  # in the order they ended
+    finished: RunFinished | None
+
+
+class SavedMonitorState(msgspec.Struct, array_like=True):
+    mailing: bool
+    nodes: list[_SavedNode]
+    prechecked: dict[str, list[int]]
+    incidents: list[tuple[str, int, int, int]]  # (job, attempt, rank, incidents)
+    kept: list[KeptEnvironment]
+    keeping: list[str]  # those of `kept` not released yet
+    unmailed: dict[str, PendingMail]
+    released: dict[str, str]
+    cached: dict[str, dict[str, CacheEntry]]
+    runs: dict[str, _SavedRun]

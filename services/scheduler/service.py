@@ -51,7 +51,7 @@ from services.scheduler.handlers.logs import JobLogs
 from services.scheduler.handlers.preloads import PreloadCommands
 from services.scheduler.handlers.queries import JobQueries
 from services.scheduler.handlers.whatif_queries import WhatIfQueries
-from services.scheduler.history import past, start_snapshots
+from services.scheduler.history import past, snapshot_process, start_snapshots
 from services.scheduler.history.archived import Archive
 from services.scheduler.history.past import PastStates
 from services.scheduler.planning.decision_inputs import plan_inputs
@@ -255,7 +255,8 @@ class Scheduler(EventSourcedService):
             if self.past is None:
                 continue
             try:
-                await self.past.snapshot_if_due(self.clock())
+                if await self.past.snapshot_due():
+                    await snapshot_process.made_apart(self.clock(), self.state.cluster, self.rt.settings)
             except OUTAGES:
                 raise  # the loop pauses until they are back
             except Exception:  # snapshots only save time: the service goes on without a new one

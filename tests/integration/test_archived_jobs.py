@@ -13,6 +13,7 @@ from datetime import datetime, timedelta
 import pytest
 
 from libs.contracts.events import JobArchived
+from libs.contracts.operations.arrays import ArraySelection
 from services.scheduler import service
 from services.scheduler.service import utc_now
 from tests.support.schedulers import Login, Schedulers, logins, refused, spec
@@ -54,8 +55,11 @@ async def archived_jobs_answered(login: Login, schedulers: Schedulers, clock: La
     await admin.change_settings(job_retention="1h")
     ended = await alice.submit(spec("old", project="vision"))
     queued = await alice.submit(spec("waiting", project="vision"))
-    await alice.stop([ended.job_id])
+    array = await alice.submit_array(spec("sweep-{index}", project="vision"), indices="0-2")
+    await alice.stop([ended.job_id], arrays=[ArraySelection(array_id=array.array_id)])
     before = await alice.get_job(ended.job_id)
+    array_before = await alice.get_array(array.array_id)
+    assert array_before.array.statuses == {"stopped": 3}
     assert before.job.status == "stopped"
     scheduler = schedulers.started[-1]
 
@@ -67,6 +71,7 @@ async def archived_jobs_answered(login: Login, schedulers: Schedulers, clock: La
     clock.ahead = timedelta(hours=2)
     await eventually(archived, timeout=20)
     assert queued.job_id in scheduler.state.jobs  # not ended: it stays
+    assert array.array_id not in scheduler.state.arrays  # its jobs left together
 
     # Shown as it was, explained, its history with its archival last, its logs, found by search.
     shown = await alice.get_job(ended.job_id)
@@ -76,11 +81,14 @@ async def archived_jobs_answered(login: Login, schedulers: Schedulers, clock: La
     assert isinstance(history[-1].event, JobArchived) and history[-1].event.retention == "1h"
     assert [chunk async for chunk in alice.logs(ended.job_id)] == []
     assert [found.job_id for found in await alice.search(name="old")] == [ended.job_id]
+    assert await alice.get_array(array.array_id) == array_before  # the array's page too, read back whole
 
     # Nobody else sees it; an id that never existed is not found, as ever.
     bob = await login("bob", "other")
     assert (await refused(bob.get_job(ended.job_id))).error.code == "not-found"
     assert (await refused(bob.events(ended.job_id))).error.code == "not-found"
+    assert (await refused(bob.get_array(array.array_id))).error.code == "not-found"
+    assert (await refused(alice.get_array("array-000000000000"))).error.code == "not-found"
     assert (await refused(alice.get_job("job-000000000000"))).error.code == "not-found"
 
     # Commands: changing it is refused as for any ended job; stopping it does nothing; it can be cloned, deleted.

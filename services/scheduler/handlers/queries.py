@@ -280,6 +280,9 @@ class JobQueries(StateQueries):
                 job_id: str | None = getattr(request, "job_id", None)
                 if job_id is not None and (state := await self.archive.holding(job_id)) is not self.state:
                     return await view(StateQueries(ArchivedScheduler(state, self.live.clock)), request, identity)
+                array_id: str | None = getattr(request, "array_id", None)
+                if array_id is not None and (state := await self.archive.holding_array(array_id)) is not self.state:
+                    return await view(StateQueries(ArchivedScheduler(state, self.live.clock)), request, identity)
                 return await view(self, request, identity)
             if at > (now := self.live.clock()):
                 return CommandError(code="invalid-request",

@@ -17,11 +17,13 @@ from datetime import datetime
 from nats.js.client import JetStreamContext
 
 from libs.contracts import subjects
+from libs.contracts.arrays import is_array_id, parse_indices
 from libs.contracts.codec import decode
-from libs.contracts.events import EventEnvelope, JobArchived
+from libs.contracts.events import ArraySubmitted, EventEnvelope, JobArchived
 from libs.contracts.ids import is_job_id
 from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
+from services.scheduler.domain.arrays import ARRAY, member_id
 from services.scheduler.domain.names import JOB, SERVICE
 from services.scheduler.domain.state import SchedulerState
 from services.scheduler.planning.prediction import Forecast
@@ -98,6 +100,21 @@ class Archive:
         for envelope in events:
             if not isinstance(envelope.event, JobArchived):  # as the live state held it before it left
                 state.apply(envelope)
+
+    async def holding_array(self, array_id: str) -> SchedulerState:
+        """The state that holds the array: the live one, or one read back from the log when its jobs were archived
+        (they leave together): its ArraySubmitted and its jobs' own events, enough for its page (statuses, starts,
+        ends, exit codes); the live one for an array never known, which is answered as not found."""
+        live = self.live()
+        if array_id in live.arrays or not is_array_id(array_id):
+            return live
+        submitted = await self.store.read_aggregate(ARRAY, array_id)
+        if not submitted or not isinstance(first := submitted[0].event, ArraySubmitted):
+            return live
+        members = [member_id(array_id, index) for index in parse_indices(first.indices).indices]
+        state = self._empty()
+        self._fold(state, submitted + await self.store.read_aggregates(JOB, members))
+        return state
 
     async def holding(self, job_id: str) -> SchedulerState:
         """The state that holds the job: the live one, or one read back from the log when it was archived (the live

@@ -12,7 +12,8 @@ stepping forward through a night pays for each step, not for the whole history a
 starts afresh, from the latest snapshot before it (past_snapshots.py). The live scheduler keeps those snapshots
 ahead of any view (`snapshot_if_due`, from its snapshot loop): once its log has grown by `SNAPSHOT_EVENTS` since the
 latest, it makes the state of the present in the background, saving snapshots on the way, so that no instant asked
-for is more than that many events past one. A start restores the latest of them too (start_snapshots.py).
+for is more than that many events past one; in a process of its own (snapshot_process.py), so that the memory that
+state takes while it is made is given back whole. A start restores the latest of them too (start_snapshots.py).
 
 Nothing here touches the live state: the replay has its own state, folded in a worker thread in windows of the own
 log (bounded memory), and answers one view at a time.
@@ -36,12 +37,13 @@ from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.eventstore import EventStore
-from libs.messaging.reader import delivered, read_subject
+from libs.messaging.reader import PulledReader, delivered
 from libs.skeleton.eventsourced import LONG_LIVED_EVENTS, collector_paused
 from libs.telemetry.logs import get_logger
 from services.scheduler.domain.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
 from services.scheduler.domain.state import SchedulerState
-from services.scheduler.history.past_snapshots import SNAPSHOT_EVENTS, PastSnapshots, Snapshot, Versions, dump, load
+from services.scheduler.history.past_snapshots import SNAPSHOT_EVENTS as SNAPSHOT_EVENTS
+from services.scheduler.history.past_snapshots import PastSnapshots, Snapshot, Versions, dump, load
 from services.scheduler.planning.decision_inputs import plan_inputs
 from services.scheduler.planning.prediction import Forecast
 from services.scheduler.planning.prediction_cache import PredictionCache
@@ -49,14 +51,21 @@ from services.scheduler.planning.thread import PlanningThread
 
 log = get_logger(__name__)
 
-WINDOW = 20_000  # own events folded at a time, with the upstream events recorded meanwhile
+# Own events folded at a time, with the upstream events recorded meanwhile: what a past state costs beyond itself
+# while it is made. Upstream events are fetched `UPSTREAM_BATCH` at a time, only as they are folded: a reader the
+# server pushed ahead to would hold a followed stream whole (some 100 MiB after 16,000 jobs) until the state is made,
+# and a process keeps the memory of that peak. A source's reader stays open from window to window.
+WINDOW = 5_000
+UPSTREAM_BATCH = 1_000
 KEEP_SECONDS = 600.0  # a past state unused this long is dropped (it may be as large as the live one)
 SET_ASIDE_PAGE = 1_000
 EPOCH = datetime.min.replace(tzinfo=UTC)
 KEEP_AHEAD_SECONDS = 60.0  # how often the live scheduler looks whether a new snapshot is due
 
 Positioned = AsyncIterator[tuple[int, EventEnvelope | None]]
-"""A source's events after a position, each with its own position (None: passed over, as the live service did)."""
+"""A source's events after a position, each with its own position (None: passed over, as the live service did).
+A source that stays open yields the position `FOR_NOW` at its end, and goes on with what came since when read again."""
+FOR_NOW = -1
 
 
 class PastScheduler:
@@ -121,6 +130,8 @@ class _Source:
                 position, found = await anext(self._reading)
             except StopAsyncIteration:
                 self._reading = None  # at the end for now: opened again, after `after`, next time
+                break
+            if position == FOR_NOW:  # at the end for now: read on from here next time
                 break
             if found is not None and found.recorded_at > when:
                 self._pending = (position, found)
@@ -210,9 +221,16 @@ class _Replay:
         consumer = upstream_consumer(upstream)
 
         async def read(after: int) -> Positioned:
-            async for msg in read_subject(self.js, subjects.EVENTS_STREAM, subject, after=after):
-                sequence, _ = delivered(msg)
-                yield sequence, self._folded(consumer, sequence, msg)
+            reader = PulledReader(self.js, subjects.EVENTS_STREAM, subject, after=after, batch=UPSTREAM_BATCH)
+            try:
+                while True:
+                    if not (msgs := await reader.fetch()):
+                        yield FOR_NOW, None
+                    for msg in msgs:
+                        sequence, _ = delivered(msg)
+                        yield sequence, self._folded(consumer, sequence, msg)
+            finally:
+                await reader.close()
 
         return read
 
@@ -280,11 +298,16 @@ class PastStates:
             finally:
                 self._forget = asyncio.get_running_loop().call_later(KEEP_SECONDS, self._forgotten)
 
+    async def snapshot_due(self) -> int:
+        """How far the log has grown since the latest snapshot, if by `SNAPSHOT_EVENTS` or more (else 0)."""
+        behind = await self.store.last_position() - await (await self._snapshot_table()).latest_own_after()
+        return behind if behind >= SNAPSHOT_EVENTS else 0
+
     async def snapshot_if_due(self, now: datetime) -> bool:
         """If the log has grown by `SNAPSHOT_EVENTS` since the latest snapshot, make the state of `now` (snapshots
-        saved on the way) and let it go: a later view starts from the snapshot. Whether it did."""
-        behind = await self.store.last_position() - await (await self._snapshot_table()).latest_own_after()
-        if behind < SNAPSHOT_EVENTS:
+        saved on the way) and let it go: a later view starts from the snapshot. Whether it did. The live scheduler
+        has it done in a process of its own (snapshot_process.py)."""
+        if not (behind := await self.snapshot_due()):
             return False
         log.info("scheduler.snapshot_due", events_since=behind)
         async with self.at(now) as made:
