@@ -9,14 +9,11 @@ import types
 from collections import deque
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
 
 from libs.contracts.agent import LogChunk
-from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import (
     AlertMailed,
     AlertRaised,
@@ -46,14 +43,13 @@ from libs.contracts.operations.runs import OpenTerminal
 from libs.contracts.operations.watches import WatchJob
 from libs.jobstatus import JobLifecycle
 from libs.natsroles import inbox_prefix, user_nats_name
-from libs.settings import Settings
 from services.monitor import alerts, terminal
 from services.monitor.runs import archive
 from services.monitor.runs.archive import PastJobs, fold_past
 from services.monitor.service import Monitor
+from tests.support.monitor import unstarted_monitor
 from tests.support.specs import sleeper
 
-CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.yaml"
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 ALICE = Identity(user="alice", projects=["vision"])
 CAROL = Identity(user="carol", projects=["nlp"])
@@ -64,13 +60,7 @@ SPEC = msgspec.structs.replace(
 PLACED = [Placement(rank=0, node="node-a", address="127.0.0.1", slots=1)]
 
 
-def monitor(*, smtp_url: str | None = "smtp://127.0.0.1:2525") -> Monitor:
-    """A monitor not started (no connection): only what it folds and holds is looked at."""
-    settings = Settings(nats_url="nats://127.0.0.1:4222", database_url="postgresql://unused",
-                        auth_secret="unit-tests-signing-secret-0123456789abcdef", smtp_url=smtp_url,
-                        alert_emails=("ops@example.com",))
-    runtime: Any = types.SimpleNamespace(settings=settings, nc=None, js=None)
-    return Monitor(runtime, ClusterConfig.load(CLUSTER))
+monitor = unstarted_monitor
 
 
 class Log:

@@ -5,16 +5,14 @@ node with a full grace period; folded on from any point of a history, it ends wh
 
 from __future__ import annotations
 
-import types
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 import msgspec
 import pytest
 
-from libs.contracts.cluster import ClusterConfig, NodeInfo
+from libs.contracts.cluster import NodeInfo
 from libs.contracts.datacache import CacheEntry, CacheEviction, CacheReport
 from libs.contracts.events import (
     AlertMailed,
@@ -46,11 +44,10 @@ from libs.contracts.events import (
 from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.jobspec import CheckpointResume, DebugTerminal, PerformanceDetection
 from libs.contracts.scheduling import AdminSettings
-from libs.settings import Settings
 from services.monitor.service import Monitor
+from tests.support.monitor import unstarted_monitor
 from tests.support.specs import sleeper
 
-CLUSTER = Path(__file__).resolve().parents[2] / "deploy" / "local" / "cluster.yaml"
 NOW = datetime(2026, 11, 25, 12, 0, tzinfo=UTC)
 SPEC = msgspec.structs.replace(
     sleeper("watched"), project="vision", pool="resilient",
@@ -60,13 +57,7 @@ A, B = "job-00000000000a", "job-00000000000b"
 KEY = "0123456789abcdef01234567"
 
 
-def monitor(*, smtp_url: str | None = "smtp://127.0.0.1:2525") -> Monitor:
-    """A monitor not started (no connection): only what it folds and holds is looked at."""
-    settings = Settings(nats_url="nats://127.0.0.1:4222", database_url="postgresql://unused",
-                        auth_secret="unit-tests-signing-secret-0123456789abcdef", smtp_url=smtp_url,
-                        alert_emails=("ops@example.com",))
-    runtime: Any = types.SimpleNamespace(settings=settings, nc=None, js=None)
-    return Monitor(runtime, ClusterConfig.load(CLUSTER))
+monitor = unstarted_monitor
 
 
 class Log:
