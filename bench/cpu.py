@@ -4,14 +4,15 @@ Only the run's own processes are counted: those this process started (and theirs
 line names the run's folder (servers that detach, such as PostgreSQL's) with theirs, so that other work on
 the machine does not count. A process that ended between the looks is counted in its parent's children's
 time once reaped (a job's sandbox and command in its agent's holder server); one that ended without being
-reaped by a process we look at is not counted, which the machine's busy time beside the sum shows.
+reaped by a process we look at is not counted, which the machine's busy time beside the sum shows. The kernel's
+own threads (work queues, soft interrupts) are shown beside it, all of them: they work for every process alike.
 """
 
 from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 TICKS = os.sysconf("SC_CLK_TCK")
@@ -40,6 +41,7 @@ class Look:
     processes: dict[int, tuple[str, float, float, float, float]]
     busy: float  # the machine's busy CPU seconds since boot
     total: float  # all its CPU seconds since boot, idle included
+    kernel_threads: dict[int, float] = field(default_factory=dict)  # pid -> CPU seconds, of the kernel's threads
 
 
 def role_of(command: str) -> str:
@@ -53,6 +55,7 @@ def look(*folders: Path) -> Look:
     """The CPU of this run's processes: this one's descendants, and those whose command line names one of its
     `folders`, with their descendants."""
     found: dict[int, tuple[int, str, float, float, float, float]] = {}  # pid -> (parent, command, times...)
+    kernel_threads: dict[int, float] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
@@ -63,6 +66,9 @@ def look(*folders: Path) -> Look:
             continue
         fields = stat.rsplit(")", 1)[1].split()
         own = (int(fields[11]) + int(fields[12])) / TICKS
+        if entry.name == "2" or fields[1] == "2":  # kthreadd, and the threads it made
+            kernel_threads[int(entry.name)] = own
+            continue
         children = (int(fields[13]) + int(fields[14])) / TICKS
         found[int(entry.name)] = (int(fields[1]), command, own, children, int(fields[12]) / TICKS,
                                   int(fields[14]) / TICKS)
@@ -82,7 +88,7 @@ def look(*folders: Path) -> Look:
                  for pid, (_, command, own, children, own_system, children_system) in found.items() if ours(pid)}
     values = [int(v) for v in Path("/proc/stat").read_text().splitlines()[0].split()[1:]]
     idle = values[3] + values[4]
-    return Look(processes, (sum(values) - idle) / TICKS, sum(values) / TICKS)
+    return Look(processes, (sum(values) - idle) / TICKS, sum(values) / TICKS, kernel_threads)
 
 
 @dataclass(frozen=True)
@@ -91,6 +97,7 @@ class Spent:
     system: dict[str, float]  # of which in the kernel
     busy: float  # the machine's busy CPU seconds between the looks
     total: float
+    kernel_threads: float = 0.0  # the kernel's threads' CPU seconds between the looks (but of those that ended)
 
 
 def spent(before: Look, after: Look) -> Spent:
@@ -105,7 +112,8 @@ def spent(before: Look, after: Look) -> Spent:
             system[name] = system.get(name, 0.0) + kernel - was_kernel
     ranked = sorted(by_role.items(), key=lambda item: -item[1])
     return Spent({role: seconds for role, seconds in ranked if seconds > 0.005}, system,
-                 after.busy - before.busy, after.total - before.total)
+                 after.busy - before.busy, after.total - before.total,
+                 sum(seconds - before.kernel_threads.get(pid, 0.0) for pid, seconds in after.kernel_threads.items()))
 
 
 def table(spent: Spent, jobs: int) -> list[str]:
@@ -116,6 +124,8 @@ def table(spent: Spent, jobs: int) -> list[str]:
                      f" {spent.system.get(role, 0.0) / jobs * 1000:>14.2f}")
     counted = sum(spent.by_role.values())
     lines.append(f"  {'counted':<36} {counted:>8.2f} {counted / jobs * 1000:>7.2f}")
+    lines.append(f"  {'kernel threads (the whole machine)':<36} {spent.kernel_threads:>8.2f}"
+                 f" {spent.kernel_threads / jobs * 1000:>7.2f}")
     lines.append(f"  {'the machine busy':<36} {spent.busy:>8.2f} {spent.busy / jobs * 1000:>7.2f}"
                  f"   (of {spent.total:.1f} CPU seconds)")
     return lines

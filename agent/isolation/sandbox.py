@@ -262,6 +262,15 @@ def _seen_as_on_host(path: str, covered: frozenset[str], shown: frozenset[str], 
     return path.startswith("/") and all(seen(p) for p in (path, _real_path(path)))
 
 
+@functools.lru_cache(maxsize=4096)
+def _absent_inside(path: str, made: frozenset[str]) -> bool:
+    """Whether the host folder `path`, which the job does not see as on the host, is nowhere inside the sandbox:
+    neither in nor around a path the sandbox mounts, hides or makes (`made`: the folders it makes hold only what it
+    puts there), and with no host link on its way (a link at the host's root is shown as written), remembered: every
+    start looks along the same PATH. Its entries then cannot be found there."""
+    return not any(_inside(path, other) or _inside(other, path) for other in made) and _real_path(path) == path
+
+
 def is_executable_file(path: str) -> bool:
     return os.path.isfile(path) and os.access(path, os.X_OK)
 
@@ -293,7 +302,7 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     for bind in sorted(binds, key=lambda b: _depth(b.target)):
         args.extend(_folders_for(bind.target, made))
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
-    wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable) else EXEC
+    wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable, layout.folders) else EXEC
     drop: Sequence[str] = ()
     if as_root and spec.run_as is not None:
         drop = dropper(spec.run_as, image=image, python=python, setpriv=setpriv)
@@ -427,10 +436,13 @@ def _visibility(spec: SandboxSpec) -> Callable[[str], bool]:
 
 
 def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | None, replaced: AbstractSet[str],
-                  executable: Callable[[str], bool] = is_executable_file) -> bool:
+                  executable: Callable[[str], bool] = is_executable_file,
+                  folders: AbstractSet[str] = frozenset()) -> bool:
     """Whether argv[0] is found, inside the sandbox, as the executable host file at the same path: on the host's
     root (no image), neither at nor under a path the sandbox shows something else at or hides, and, looked up on
-    `search_path`, in the first folder holding it, with no folder before that the sandbox shows otherwise."""
+    `search_path`, in the first folder holding it, with no folder before that the sandbox shows otherwise; a
+    folder that is nowhere inside (`_absent_inside`; `folders`: those the sandbox makes in its root) is passed
+    over, as the shell passes over it."""
     if spec.root is not None or not argv:
         return False
     covered = frozenset(replaced).union(str(entry.path) for entry in spec.hidden)
@@ -445,7 +457,10 @@ def runs_directly(spec: SandboxSpec, argv: Sequence[str], search_path: str | Non
         return name.startswith("/") and seen_as_on_host(name) and executable(name)
     if not search_path:
         return False
+    made = covered.union(kept, folders, (HOST,))
     for folder in search_path.split(":"):
+        if folder.startswith("/") and not seen_as_on_host(folder) and _absent_inside(folder, made):
+            continue  # such as a folder of the agent's user's home on the agent's PATH
         if not folder.startswith("/") or not seen_as_on_host(folder):
             return False  # the working folder, or one that holds other files inside: as the shell finds it
         candidate = _join(folder, name)

@@ -23,6 +23,9 @@ each rank cost about 20 ms of CPU, a holder forked for each rank about 3 ms (a P
 files), more than the rest of a short job's start. A holder killed takes the record of all its
 commands' exits with it: each of them then counts as killed (agent/processes/holder_client.py).
 
+The holder is the subreaper of what its commands leave behind (`become_subreaper`), and reaps it: the first process
+of each bwrap sandbox outlives bwrap by a moment.
+
 Run as `python -I -S holder.py --serve`: standard library only, so that it needs no installed package
 and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables itself, so a stop
 that kills every process of the attempt leaves it alive to record the exit.
@@ -46,6 +49,7 @@ EXIT_NAME = "exit.json"  # {"exit_code": ..., "exited_at": ..., "started": ...}
 # starts with them (what subprocess's restore_signals does for the first two), so that a job stopped with
 # SIGINT as its checkpoint signal, or a pipeline whose reader ended, behaves as it would from a shell.
 RESTORED_SIGNALS = (signal.SIGPIPE, signal.SIGXFSZ, signal.SIGHUP, signal.SIGINT)
+PR_SET_CHILD_SUBREAPER = 36  # prctl: orphans of this process's descendants become its children
 
 
 def write_atomically(path: Path, text: str) -> None:
@@ -128,7 +132,8 @@ def start(request: bytes) -> tuple[int, Path] | None:
 
 
 def _reaped() -> list[tuple[int, int]]:
-    """The commands that ended since the last look, reaped: each pid and exit code."""
+    """The commands that ended since the last look, reaped: each pid and exit code (and what they left behind,
+    `become_subreaper`, reaped the same)."""
     ended: list[tuple[int, int]] = []
     while True:
         try:
@@ -221,10 +226,22 @@ def serve(tell_exits: bool = False) -> int:
     return 0
 
 
+def become_subreaper() -> None:
+    """Have the processes the commands leave behind reaped here rather than by the machine's init: bwrap ends
+    once its sandbox's first process told it the command's exit, before that process ends, so without this the
+    sandbox's first process and the command (most of a short job's CPU) would be nobody's child's time here."""
+    if sys.platform.startswith("linux"):
+        import ctypes  # only here: the holder starts with as little as it can
+
+        with contextlib.suppress(OSError, AttributeError):
+            ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0)
+
+
 def main() -> int:
     # A terminal's hang-up or interrupt is not meant for the holder; a stop is sent to the command.
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    become_subreaper()
     return serve(tell_exits="--tell-exits" in sys.argv[1:])
 
 

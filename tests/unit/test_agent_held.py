@@ -200,6 +200,24 @@ async def test_commands_outlive_their_agent_and_the_holder_ends_after_the_last(t
 
 
 @on_loop
+async def test_what_a_command_leaves_behind_is_the_holder_s_to_reap(tmp_path: Path) -> None:
+    """As bwrap leaves its sandbox's first process behind: the holder becomes its parent and reaps it, so that its
+    CPU is counted as its jobs' rather than lost to the machine's init."""
+    server, flag = HoldServer(), tmp_path / "go"
+    script = (f"import subprocess, sys\nleft = subprocess.Popen([sys.executable, '-c', {until(flag)!r}])\n"
+              "print(left.pid, flush=True)\n")
+    process = await HeldProcess.start(tmp_path, [sys.executable, "-c", script], {}, tmp_path, server)
+    assert (await process.wait_exit())[0] == 0
+    left = int((tmp_path / OUTPUT_NAME).read_text().split()[0])
+    assert int(Path(f"/proc/{left}/stat").read_text().rsplit(")", 1)[1].split()[1]) == process.holder_pid
+    flag.touch()
+    async with asyncio.timeout(WAIT_SECONDS):  # reaped: no zombie left
+        while Path(f"/proc/{left}").exists():
+            await asyncio.sleep(0.05)
+    server.close()
+
+
+@on_loop
 async def test_the_holder_tells_its_agent_when_a_command_ended(tmp_path: Path) -> None:
     server = HoldServer()
     process = await HeldProcess.start(tmp_path, [sys.executable, "-c", "raise SystemExit(4)"], {}, tmp_path, server)

@@ -179,6 +179,10 @@ def command_after_options(argv: list[str]) -> list[str]:
     (["python3", "train.py"], "/usr/local/bin:/usr/bin", True),  # found where the job sees the host's file
     (["/usr/bin/python3", "train.py"], None, True),
     (["python3"], "/workspace/bin:/usr/bin", False),  # a folder the job sees otherwise comes first
+    # A folder the job has nowhere (of the agent's user's home, say) is passed over, as the shell passes over it.
+    (["python3"], "/home/me/bin:/srv/tools:/usr/bin", True),
+    (["python3"], "/job:/usr/bin", False),  # a folder the sandbox makes holds what it puts there
+    (["python3"], "/home/secret/bin:/usr/bin", False),  # in a hidden folder
     (["python3"], "bin:/usr/bin", False),  # relative to where it starts: as the shell finds it
     (["python3"], None, False),  # no PATH given
     (["trainer"], "/usr/bin", False),  # not found: the shell says so, with exit code 127
@@ -194,6 +198,15 @@ def test_an_executable_the_job_sees_as_on_the_host_runs_without_a_shell_in_betwe
     command = command_after_options(bwrap_argv(spec, argv, list_dir=list_dir, search_path=search_path,
                                                executable=on_host.__contains__))
     assert command == (argv if direct else [*EXEC, *argv])
+
+
+def test_a_path_folder_reached_through_a_host_link_is_not_passed_over(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A link at the host's root is shown as written, so a folder through one may be there inside."""
+    monkeypatch.setattr(sandbox, "_real_path", lambda path: "/usr/lib/tools/bin" if path == "/linked/bin"
+                        else path)
+    command = command_after_options(bwrap_argv(SPEC, ["python3"], list_dir=list_dir, search_path="/linked/bin:/usr/bin",
+                                               executable={"/usr/bin/python3"}.__contains__))
+    assert command == [*EXEC, "python3"]
 
 
 def test_a_folder_hidden_from_one_job_only_is_looked_at_for_each() -> None:
