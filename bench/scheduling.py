@@ -27,7 +27,7 @@ from datetime import UTC, datetime, timedelta
 import msgspec
 
 from libs.contracts.cluster import Accelerators, ClusterConfig, Flavor, NodeInfo, Resources
-from libs.contracts.events import Event, EventEnvelope, JobAdmitted, JobSubmitted, NodeRegistered
+from libs.contracts.events import Event, EventEnvelope, JobAdmitted, JobSubmitted, JobSucceeded, NodeRegistered
 from libs.contracts.jobspec import PRIORITY_RANK, CheckpointResume, Elastic, JobSpec, Priority
 from libs.placement import (
     Capacity,
@@ -48,6 +48,7 @@ from services.scheduler.planning.prediction_cache import PlanInputs, PredictionC
 from services.scheduler.planning.runtime_model import JobRecord, RuntimeModel, Traits
 from services.scheduler.planning.simulation import insertion_index
 from services.scheduler.planning.thread import PlanningThread
+from services.scheduler.rules.cycle import decide
 
 START = datetime(2024, 5, 1, 9, 0, tzinfo=UTC)
 POOLS = ["team-a", "team-b"]
@@ -280,6 +281,46 @@ def cycle_rows(nodes: list[NodeCapacity], running: list[RunningJob], queue: list
     ]
 
 
+def state_rows(infos: list[NodeInfo], running: list[RunningJob], queue: list[QueuedJob], records: dict[str, JobRecord],
+               cycles: int) -> list[tuple[str, str, str, str, str]]:
+    """The scheduler's own cycle (`decide`, services/scheduler/rules/cycle.py): what it decides on read from its state
+    as the service reads it, then the decision, with the cycle collector paused. A second passes between two cycles;
+    in the second row a running job ends before each (its JobSucceeded folded); each cycle's admissions are folded
+    as JobAdmitted, as the scheduler records them."""
+    state = scheduler_state(infos, running, queue, records)
+    rng = random.Random(7)
+    ending = [job.job_id for job in running]
+    position = 10**9
+
+    def fold(job_id: str, event: Event, at: datetime) -> None:
+        nonlocal position
+        position += 1
+        state.apply(EventEnvelope(event_id=f"e{position}", service="scheduler", aggregate_type="job",
+                                  aggregate_id=job_id, version=position, position=position, recorded_at=at,
+                                  event=event))
+
+    rows = []
+    for name, change in (("decide: the scheduler's cycle, time passes", False),
+                         ("decide: the scheduler's cycle, a job ends", True)):
+        samples = []
+        for index in range(cycles + 1):
+            now = START + timedelta(seconds=index)
+            if change and index:
+                ended = ending.pop(rng.randrange(len(ending)))
+                fold(ended, JobSucceeded(job_id=ended), now)
+            began = time.perf_counter()
+            with collector_paused():
+                decision = decide(state, now)
+            if index:
+                samples.append(time.perf_counter() - began)
+            for admission in decision.admissions if decision is not None else ():
+                fold(admission.job_id, JobAdmitted(job_id=admission.job_id, attempt=1, flavor=admission.flavor,
+                                                   placement=admission.placement), now)
+        rows.append((name, f"{statistics.median(samples) * 1000:.1f} ms", f"{p95(samples) * 1000:.1f} ms",
+                     f"{p99(samples) * 1000:.1f} ms", f"{len(samples)} cycles, inputs read from the state"))
+    return rows
+
+
 def scheduler_state(infos: list[NodeInfo], running: list[RunningJob], queue: list[QueuedJob],
                     records: dict[str, JobRecord]) -> SchedulerState:
     """The cluster, running jobs and queue as the scheduler's state holds them, folded from events."""
@@ -400,7 +441,7 @@ def main() -> None:
           f"backfilled), {len(decision.growths)} grown, {len(decision.unplaceable)} unplaceable, "
           f"head reserved {'at ' + str(head.start) if head and head.start else 'with an unknown start'}\n")
     header = ("measure", "median", "p95", "p99", "throughput")
-    one_cycle = cycle_rows(nodes, running, queue, args)
+    one_cycle = cycle_rows(nodes, running, queue, args) + state_rows(infos, running, queue, records, args.cycles)
     if args.cycle_only:
         show([header, *one_cycle])
         return

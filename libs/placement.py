@@ -16,9 +16,10 @@ from __future__ import annotations
 import bisect
 import copy
 import heapq
+import itertools
 import math
 import operator
-from collections.abc import Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -54,17 +55,15 @@ class QueuedJob:
     # D1 locality: bytes of its datasets each node's cache holds; of the nodes a rank fits on, those holding
     # more come first (where the job goes, never whether it starts: the queue's order and reservations stand).
     prefer: Mapping[str, int] = field(default_factory=dict)
+    # `job_shape` of it, worked out once: a job waits through many cycles, and each looks at it.
+    shape: Shape = field(init=False, repr=False, compare=False)
 
-    @cached_property
-    def shape(self) -> Shape:
-        """`job_shape` of it, worked out once: a job waits through many cycles."""
-        return job_shape(self.spec, self.excluded_nodes)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", job_shape(self.spec, self.excluded_nodes))
 
     def lasting(self, seconds: int | None) -> QueuedJob:
-        """A copy that runs for `seconds` (as a plan takes it), keeping its shape as worked out already."""
-        twin = QueuedJob(self.job_id, self.spec, seconds, self.excluded_nodes, self.prefer)
-        twin.__dict__["shape"] = self.shape  # where cached_property keeps it
-        return twin
+        """A copy that runs for `seconds` (as a plan takes it)."""
+        return QueuedJob(self.job_id, self.spec, seconds, self.excluded_nodes, self.prefer)
 
 
 @dataclass(frozen=True)
@@ -265,13 +264,16 @@ class _Fitting:
     with their new room when the heap is next read; entries that no longer match a node's room are
     dropped when they surface."""
 
-    __slots__ = ("changed", "eligible", "heap", "names", "need", "nodes")
+    __slots__ = ("changed", "eligible", "heap", "names", "need", "nodes", "room")
 
     def __init__(self, need: Resources, names: tuple[str, ...], eligible: frozenset[str]) -> None:
         self.need = need
         self.names = names  # the nodes eligible
         self.eligible = eligible  # the same, as a set
         self.nodes: set[str] = set()
+        # How many such ranks the eligible nodes hold room for in all (`_slots`): ranks all alike fit exactly when
+        # there is room for that many, so a gang that does not fit is known without trying to place it.
+        self.room = 0
         self.heap: list[tuple[float, int, str]] | None = None
         self.changed: set[str] = set()
 
@@ -291,11 +293,18 @@ class Capacity:
         self.cluster = cluster
         self.free = free
         self._fitting: dict[tuple[_EligibilityKey, Resources], _Fitting] = {}
+        self._shaped: dict[Shape, list[_Fitting | None]] = {}  # a job shape's index of each flavor (`rooms`)
         # Per node, the indexes that list it: worked out when it first changes, and again once an index was added.
         self._watchers: dict[str, list[_Fitting]] = {}
         self._base: Capacity | None = None
         self._own: set[str] = set()  # with a base: the nodes whose room may differ from the base's
         self.revision = 0  # moves on with every change of a node's room
+        self.touched: set[str] | None = None  # when a set: the nodes whose room changed since it was last emptied
+        # The nodes it was made from or last brought up to date with (`update`), where each is in that list, and the
+        # nodes whose room was set since.
+        self.given: list[NodeCapacity] | None = None
+        self._positions: dict[str, int] = {}
+        self._set_since: set[str] = set()
 
     @classmethod
     def of(cls, nodes: Iterable[NodeCapacity]) -> Capacity:
@@ -327,16 +336,43 @@ class Capacity:
             index = self._fitting[(key, need)] = _Fitting(need, names, self.cluster.eligible_set(key))
             free, fits = self.free, need.fits_in
             if self._base is not None:
-                index.nodes = set(self._base._index(spec, flavor, exclude).nodes)
+                based = self._base._index(spec, flavor, exclude)
+                index.nodes, index.room = set(based.nodes), based.room
+                base_free = self._base.free
                 for name in self._own & index.eligible:
+                    index.room += _slots(need, free[name]) - _slots(need, base_free[name])
                     if fits(free[name]):
                         index.nodes.add(name)
                     else:
                         index.nodes.discard(name)
             else:
                 index.nodes = {name for name in names if fits(free[name])}
+                index.room = sum(_slots(need, free[name]) for name in index.nodes)
             self._watchers.clear()
         return index
+
+    def rooms(self, shape: Shape, spec: JobSpec, flavors: Mapping[str, Flavor], exclude: frozenset[str],
+              ) -> list[int] | None:
+        """For a job of `shape` whose ranks are all alike: how many ranks of each of its flavors there is room for
+        (by `spec.flavors`' order; 0 for a flavor the cluster lacks). None for a job with parameter servers."""
+        base = self._base
+        if base is not None:  # the base's, corrected on the few nodes where this one differs: no index made here
+            rooms = base.rooms(shape, spec, flavors, exclude)
+            if rooms is None or not self._own:
+                return rooms
+            for place, index in enumerate(base._shaped[shape]):
+                if index is not None:
+                    for name in self._own & index.eligible:
+                        rooms[place] += _slots(index.need, self.free[name]) - _slots(index.need, base.free[name])
+            return rooms
+        indexes = self._shaped.get(shape)
+        if indexes is None:
+            if parameter_server_count(spec):
+                return None
+            indexes = self._shaped[shape] = [
+                None if (flavor := flavors.get(name)) is None else self._index(spec, flavor, exclude)
+                for name in spec.flavors]
+        return [0 if index is None else index.room for index in indexes]
 
     def roomiest(self, index: _Fitting, count: int) -> list[str]:
         """The `count` nodes of `index` with the most free CPU, then memory (ties by name), in that
@@ -367,14 +403,19 @@ class Capacity:
         return [entry[2] for entry in chosen]
 
     def set(self, name: str, free: Resources) -> None:
+        old = self.free[name]
         self.free[name] = free
         self.revision += 1
+        if self.touched is not None:
+            self.touched.add(name)
+        self._set_since.add(name)
         if self._base is not None:
             self._own.add(name)
         watchers = self._watchers.get(name)
         if watchers is None:
             watchers = self._watchers[name] = [index for index in self._fitting.values() if name in index.eligible]
         for index in watchers:
+            index.room += _slots(index.need, free) - _slots(index.need, old)
             if index.need.fits_in(free):
                 index.nodes.add(name)
                 if index.heap is not None:
@@ -382,9 +423,28 @@ class Capacity:
             else:
                 index.nodes.discard(name)
 
-    def update(self, nodes: Iterable[NodeCapacity]) -> bool:
-        """Bring it up to date with what is free on `nodes` (the same nodes); False when they are not the same."""
-        free = self.free
+    def update(self, nodes: list[NodeCapacity]) -> bool:
+        """Bring it up to date with what is free on `nodes` (the same nodes); False when they are not the same.
+
+        Given the same nodes in the same order as last time (`given`), only those that are not the very objects given
+        at the same place are looked at, and those whose room was set here since (a cycle's admissions): the scheduler
+        gives the same object for a node where nothing changed."""
+        free, given = self.free, self.given
+        if given is not None and len(given) == len(nodes):
+            for place in itertools.compress(range(len(nodes)), map(operator.is_not, nodes, given)):
+                node = nodes[place]
+                name = node.info.name
+                if name != given[place].info.name:
+                    break  # another node there: every node is looked at
+                if free[name] != node.free:
+                    self.set(name, node.free)
+            else:
+                for name in list(self._set_since):
+                    node = nodes[self._positions[name]]
+                    if free[name] != node.free:
+                        self.set(name, node.free)
+                self._given(nodes)
+                return True
         count = 0
         for node in nodes:
             name = node.info.name
@@ -394,7 +454,15 @@ class Capacity:
                 return False
             if now != node.free:
                 self.set(name, node.free)
-        return count == len(free)
+        if count != len(free):
+            return False
+        self._positions = {node.info.name: place for place, node in enumerate(nodes)}
+        self._given(nodes)
+        return True
+
+    def _given(self, nodes: list[NodeCapacity]) -> None:
+        self.given = list(nodes)  # (a copy: the caller may change its list)
+        self._set_since.clear()
 
     def take(self, held: Mapping[str, Resources]) -> None:
         for name, amount in held.items():
@@ -425,6 +493,8 @@ def place(capacity: Capacity, spec: JobSpec, flavor: Flavor, workers: int,
     server_roles: list[Role] = ["ps"] * parameter_server_count(spec)
     roles = worker_roles + server_roles
     indexes = {role: capacity._index(spec, role_flavor(role, flavor), exclude) for role in dict.fromkeys(roles)}
+    if not server_roles and indexes["worker"].room < workers:
+        return None  # ranks all alike: not room for that many, wherever they went
     if not local and workers and len(indexes["worker"].nodes) >= workers and (
             not server_roles or len(indexes["ps"].nodes) >= len(roles)):
         return _spread(capacity, indexes, worker_roles, server_roles, flavor)
@@ -494,14 +564,19 @@ Choice = tuple[str, list[Placement]]  # a flavor name and a placement
 
 
 def choose(capacity: Capacity, spec: JobSpec, flavors: Mapping[str, Flavor],
-           exclude: frozenset[str] = NO_NODES, prefer: Mapping[str, int] | None = None) -> Choice | None:
+           exclude: frozenset[str] = NO_NODES, prefer: Mapping[str, int] | None = None, *,
+           shape: Shape | None = None) -> Choice | None:
     """The job's first workable (flavor, placement): every flavor at the full node count first, then
     (elastic jobs) every flavor at each smaller count. Flavors are equivalent (J9) but node counts
-    are not: a shrunken job runs slower and must be restarted to grow, so size comes first."""
+    are not: a shrunken job runs slower and must be restarted to grow, so size comes first.
+
+    With the job's `shape`, a gang of ranks all alike that there is not room for is passed over on the room its
+    indexes count (`_Fitting.room`), found by shape, with no placement tried: most jobs a cycle looks at do not fit."""
+    rooms = capacity.rooms(shape, spec, flavors, exclude) if shape is not None else None
     for count in worker_counts(spec):
-        for name in spec.flavors:
+        for index, name in enumerate(spec.flavors):
             flavor = flavors.get(name)
-            if flavor is None:
+            if flavor is None or (rooms is not None and rooms[index] < count):
                 continue
             placement = place(capacity, spec, flavor, count, exclude, prefer)
             if placement is not None:
@@ -544,69 +619,78 @@ def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[st
     decision = cycle.run(queue)
     if cluster is not None:
         cluster.kept = _Kept(cycle.free_now, cycle.held, cycle.free_now.revision, cycle.failed_now, cycle.extra_made,
-                             cycle.failed_extra)
+                             cycle.failed_extra, cycle.releases)
     return decision
+
+
+# The release order: jobs release what they hold in order of end, ties by id. Each node's amounts are summed in this
+# order wherever they are summed, so that what is free at an instant is the same to the last bit however it was
+# worked out.
+_BY_ID, _BY_END = operator.attrgetter("job_id"), operator.attrgetter("ends_at")
 
 
 class _Held:
     """What running jobs hold and until when, worked out once for a list of them: the jobs with a known end in order
-    of end (ties in the list's order), what those hold, what the others hold, and which jobs may grow. For a list
-    that differs from an earlier one by a few jobs that ended or started, `then` works it out from the earlier one."""
+    of end (the release order), what those hold, what the others hold, and which jobs may grow. For a list that differs
+    from an earlier one by a few jobs that ended or started, `then` works it out from the earlier one and says which
+    (`gone`, `added`)."""
 
     def __init__(self, running: list[RunningJob]) -> None:
         self.running = running
-        self.jobs: list[RunningJob] = sorted((job for job in running if job.ends_at is not None),
-                                             key=lambda job: job.ends_at)  # type: ignore[arg-type, return-value]
+        self._by_id: dict[int, RunningJob] | None = None
+        # In the release order: by id, then by end (a sort keeps the order of ties), cheaper than by both at once.
+        self.jobs: list[RunningJob] = sorted((job for job in running if job.ends_at is not None), key=_BY_ID)
+        self.jobs.sort(key=_BY_END)
         self.ends: list[datetime] = [job.ends_at for job in self.jobs]  # type: ignore[misc]
         self.timed: list[Mapping[str, Resources]] = [job.held for job in self.jobs]
-        self.distinct: list[datetime] = sorted(set(self.ends))
+        self.distinct: list[datetime] = list(dict.fromkeys(self.ends))  # (sorted already)
+        # Growth goes by priority, then in the list's order.
         self.growable: list[RunningJob] = sorted((job for job in running if may_grow(job)),
                                                  key=lambda job: PRIORITY_RANK[job.spec.priority])
-        self._positions: dict[int, int] | None = None
-
-    @property
-    def positions(self) -> dict[int, int]:
-        """Where each job stands in the list (by its id)."""
-        if self._positions is None:
-            self._positions = {id(job): index for index, job in enumerate(self.running)}
-        return self._positions
+        # Since the one this was worked out from (`then`); None: worked out afresh.
+        self.gone: list[RunningJob] | None = None
+        self.added: list[RunningJob] = []
 
     @property
     def untimed(self) -> list[Mapping[str, Resources]]:
         return [job.held for job in self.running if job.ends_at is None]
 
+    @property
+    def by_id(self) -> dict[int, RunningJob]:
+        """The running jobs by identity (worked out when first asked: only a kept cycle's `then` asks)."""
+        if self._by_id is None:
+            self._by_id = dict(zip(map(id, self.running), self.running, strict=True))
+        return self._by_id
+
     def then(self, running: list[RunningJob]) -> _Held:
-        """The same for `running`: from this one when the jobs of both are in the same order in both."""
-        positions = dict(zip(map(id, running), range(len(running)), strict=True))
-        before = dict(zip(map(id, self.running), self.running, strict=True))
-        gone = before.keys() - positions.keys()
-        added = positions.keys() - before.keys()
-        if len(gone) + len(added) > 64 or len(positions) != len(running) or len(before) != len(self.running):
-            return _Held(running)
-        order = [place for place in map(positions.get, before) if place is not None]
-        if not all(map(operator.lt, order, order[1:])):  # jobs moved: worked out again
+        """The same for `running`: from this one when few jobs differ."""
+        by_id, before = dict(zip(map(id, running), running, strict=True)), self.by_id
+        gone_ids = before.keys() - by_id.keys()
+        added_ids = by_id.keys() - before.keys()
+        if len(gone_ids) + len(added_ids) > 64 or len(by_id) != len(running):
             return _Held(running)
         twin = copy.copy(self)
-        twin.running, twin._positions = running, positions
+        twin.running, twin._by_id = running, by_id
         twin.jobs, twin.ends, twin.timed, twin.distinct = (list(self.jobs), list(self.ends), list(self.timed),
                                                            list(self.distinct))
-        for key in gone:
-            end = before[key].ends_at
-            if end is None:
+        twin.gone = [before[key] for key in gone_ids]
+        twin.added = [by_id[key] for key in added_ids]
+        for job in twin.gone:
+            gone_end = job.ends_at
+            if gone_end is None:
                 continue
-            place = bisect.bisect_left(twin.ends, end)
-            while twin.jobs[place] is not before[key]:
+            place = bisect.bisect_left(twin.ends, gone_end)
+            while twin.jobs[place] is not job:  # among those ending then
                 place += 1
             del twin.jobs[place], twin.ends[place], twin.timed[place]
-            if end not in twin.ends[max(place - 1, 0):place + 1]:  # no other job ends then
-                twin.distinct.pop(bisect.bisect_left(twin.distinct, end))
-        arrived = sorted((running[positions[key]] for key in added), key=lambda job: positions[id(job)])
-        for job in arrived:
+            if gone_end not in twin.ends[max(place - 1, 0):place + 1]:  # no other job ends then
+                twin.distinct.pop(bisect.bisect_left(twin.distinct, gone_end))
+        for job in twin.added:
             end = job.ends_at
             if end is None:
                 continue
             place, high = bisect.bisect_left(twin.ends, end), bisect.bisect_right(twin.ends, end)
-            while place < high and positions[id(twin.jobs[place])] < positions[id(job)]:  # ties in the list's order
+            while place < high and twin.jobs[place].job_id < job.job_id:  # among those ending then, by id
                 place += 1
             twin.jobs.insert(place, job)
             twin.ends.insert(place, end)
@@ -614,8 +698,13 @@ class _Held:
             index = bisect.bisect_left(twin.distinct, end)
             if index == len(twin.distinct) or twin.distinct[index] != end:
                 twin.distinct.insert(index, end)
-        growable = [job for job in self.growable if id(job) not in gone] + [job for job in arrived if may_grow(job)]
-        twin.growable = sorted(growable, key=lambda job: (PRIORITY_RANK[job.spec.priority], positions[id(job)]))
+        arrived = [job for job in twin.added if may_grow(job)]
+        if arrived:  # where it goes among the others depends on the list's order
+            positions = dict(zip(map(id, running), range(len(running)), strict=True))
+            growable = [job for job in self.growable if id(job) not in gone_ids] + arrived
+            twin.growable = sorted(growable, key=lambda job: (PRIORITY_RANK[job.spec.priority], positions[id(job)]))
+        elif gone_ids:
+            twin.growable = [job for job in self.growable if id(job) not in gone_ids]
         return twin
 
 
@@ -633,6 +722,7 @@ class _Kept:
     failed_now: set[Shape] = field(default_factory=set)
     extra_made: tuple[object, ...] | None = None
     failed_extra: set[Shape] = field(default_factory=set)
+    releases: _Releases | None = None  # kept over `capacity`, following `held`
 
 
 @dataclass
@@ -719,32 +809,10 @@ class _Counted:
         bear the count out (then the search over instants decides)."""
         cycle, spec, exclude = self.cycle, job.spec, job.excluded_nodes
         now = cycle.free_now
-        base = now.free
         key, _ = cycle.cluster.eligible(spec, flavor, exclude)
-        eligible = cycle.cluster.eligible_set(key)
         need = Resources.of_flavor(flavor)
-        room = sum(_slots(need, base[name]) for name in now.fitting(spec, flavor, exclude))
-        applied, index, first = 0, 0, 0  # releases summed; the instant reached; its first release
-        ends, times = self.ends, self.times
-        while True:
-            first = applied
-            released = bisect.bisect_right(ends, times[index])
-            if released > applied:
-                for step in self._sum(released)[applied:released]:
-                    for name, old, new in step:
-                        if name in eligible:
-                            room += _slots(need, new) - _slots(need, old)
-                applied = released
-            if room >= count or index == last:
-                break
-            index += 1
-        free: dict[str, Resources] = {}  # what differs from now at the instant reached
-        before: list[tuple[str, Resources]] = []  # what its own releases changed, as it was
-        for release in range(applied):
-            for name, old, new in self.steps[release]:
-                free[name] = new
-                if release >= first:
-                    before.append((name, old))
+        room, index, applied, first = self._walk(key, need, now._index(spec, flavor, exclude).room, count, last)
+        free, before = self._free_at(applied, first)
         then = Capacity.over(now, free)
         placement = place(then, spec, flavor, count, exclude)
         if room < count:  # at no instant up to `last`: so it must be
@@ -758,6 +826,263 @@ class _Counted:
             if place(Capacity.over(now, earlier), spec, flavor, count, exclude) is not None:
                 return None
         return index, placement, then.free
+
+    def _walk(self, key: _EligibilityKey, need: Resources, room: int, count: int, last: int,
+              ) -> tuple[int, int, int, int]:
+        """From `room` (for ranks needing `need` on the nodes of `key`, now), instant by instant up to the first where
+        there is room for `count` of them, or `last`: the room there, the instant, how many releases have happened by
+        then and how many had before it."""
+        eligible = self.cycle.cluster.eligible_set(key)
+        applied, index, first = 0, 0, 0  # releases summed; the instant reached; its first release
+        ends, times = self.ends, self.times
+        while True:
+            first = applied
+            released = bisect.bisect_right(ends, times[index])
+            if released > applied:
+                for step in self._sum(released)[applied:released]:
+                    for name, old, new in step:
+                        if name in eligible:
+                            room += _slots(need, new) - _slots(need, old)
+                applied = released
+            if room >= count or index == last:
+                return room, index, applied, first
+            index += 1
+
+    def _free_at(self, applied: int, first: int) -> tuple[dict[str, Resources], list[tuple[str, Resources]]]:
+        """What is free once the first `applied` releases happened, where it differs from now; and what the releases
+        from `first` on changed, as it was before them."""
+        free: dict[str, Resources] = {}
+        before: list[tuple[str, Resources]] = []
+        for release in range(applied):
+            for name, old, new in self.steps[release]:
+                free[name] = new
+                if release >= first:
+                    before.append((name, old))
+        return free, before
+
+
+_KINDS_KEPT = 16  # kinds of rank whose gains `_Releases` keeps: heads come in a few kinds at a time
+_INSTANTS_KEPT = 4  # instants `_Releases` keeps what is free at
+_ReleaseKey = tuple[datetime, int, str]  # its end; 0 for a running job, 1 for one of the cycle's admissions; which
+
+
+class _Releases:
+    """The running jobs' releases node by node, kept from one cycle to the next: per node, what is free after each
+    release on it in turn (from what is free now), worked out again only where the releases on a node or what is free
+    on it now changed; and per kind of rank a head asked about, how much room (`_slots`) the eligible nodes gain at
+    each end, as far as a search has looked. A reservation search then finds the first instant a gang fits by adding up
+    those gains, where `_Counted` sums every node's releases again in each cycle. Amounts are summed in
+    the release order, as everywhere."""
+
+    def __init__(self, capacity: Capacity, held: _Held) -> None:
+        self.capacity = capacity
+        self.held: dict[_ReleaseKey, Mapping[str, Resources]] = {}
+        self.order: list[_ReleaseKey] = []  # sorted
+        self.on_node: dict[str, list[_ReleaseKey]] = {}  # each sorted
+        # Per node with releases: per release on it, in order, its end and what is free before and after it.
+        self.chains: dict[str, list[tuple[datetime, Resources, Resources]]] = {}
+        # The same per release (by its amounts' identity, as `timed` lists them): each node's before and after.
+        self.steps: dict[int, dict[str, tuple[Resources, Resources]]] = {}
+        self.gains: dict[tuple[_EligibilityKey, Resources], _Gains] = {}
+        self.admitted: list[_ReleaseKey] = []  # the last cycle's admissions, taken out at the next
+        # What is free at the instants heads were last reserved at (the few asked about most recently), each a capacity
+        # over what is free now with its indexes, set anew on the nodes whose releases or room changed: on every node
+        # where the two may differ, as a capacity made over another must be.
+        self.instants: dict[datetime, Capacity] = {}
+        self.dirty: set[str] = set()
+        capacity.touched = set()
+        for job in held.jobs:
+            self._add((job.ends_at, 0, job.job_id), job.held)  # type: ignore[arg-type]
+
+    def _add(self, key: _ReleaseKey, held: Mapping[str, Resources]) -> None:
+        self.held[key] = held
+        bisect.insort(self.order, key)
+        self.steps[id(held)] = {}
+        for name in held:
+            bisect.insort(self.on_node.setdefault(name, []), key)
+        self.dirty.update(held)
+
+    def _remove(self, key: _ReleaseKey) -> None:
+        held = self.held.pop(key)
+        del self.order[bisect.bisect_left(self.order, key)]
+        del self.steps[id(held)]
+        for name in held:
+            self.on_node[name].remove(key)
+        self.dirty.update(held)
+
+    def follow(self, held: _Held) -> None:
+        """The jobs that ended or started since (`held.gone`, `held.added`)."""
+        assert held.gone is not None
+        for job in held.gone:
+            if job.ends_at is not None:
+                self._remove((job.ends_at, 0, job.job_id))
+        for job in held.added:
+            if job.ends_at is not None:
+                self._add((job.ends_at, 0, job.job_id), job.held)
+
+    def settle(self, admitted: Sequence[tuple[datetime | None, Mapping[str, Resources]]], now: datetime) -> None:
+        """Up to date with what is free now and with this cycle's admissions so far (`Cycle.holders`)."""
+        for then in [then for then in self.instants if then < now]:  # past: not asked about again
+            del self.instants[then]
+        for key in self.admitted:
+            self._remove(key)
+        self.admitted = [(end, 1, f"{index:09}") for index, (end, _) in enumerate(admitted) if end is not None]
+        for key, (_, amount) in zip(self.admitted, (holder for holder in admitted if holder[0] is not None),
+                                    strict=True):
+            self._add(key, amount)
+        touched = self.capacity.touched
+        assert touched is not None
+        self.dirty |= touched
+        touched.clear()
+        for name in self.dirty:
+            self._chain(name)
+            for then, capacity in self.instants.items():
+                free = self.free_at(name, then)
+                if free is not None:
+                    capacity.set(name, free)  # (even if the same: it differs from now as it was when it was made)
+        self.dirty.clear()
+
+    def free_at(self, name: str, then: datetime) -> Resources | None:
+        """What is free on a node once every release up to `then` happened."""
+        free = self.capacity.free.get(name)
+        for end, _, after in self.chains.get(name, ()):
+            if end > then:
+                break
+            free = after
+        return free
+
+    def at(self, then: datetime, free: Callable[[], Mapping[str, Resources]]) -> Capacity:
+        """What is free at `then`, kept: made from what is free now and `free()` (where that differs) when first
+        asked."""
+        capacity = self.instants.pop(then, None)
+        if capacity is None:
+            if len(self.instants) >= _INSTANTS_KEPT:
+                del self.instants[next(iter(self.instants))]
+            capacity = Capacity.over(self.capacity, free())
+        self.instants[then] = capacity  # (last, as the one asked about most recently)
+        return capacity
+
+    def _chain(self, name: str) -> None:
+        old = self.chains.pop(name, [])
+        keys = self.on_node.get(name)
+        free = self.capacity.free.get(name)
+        new: list[tuple[datetime, Resources, Resources]] = []
+        if keys and free is not None:
+            for key in keys:
+                held = self.held[key]
+                after = free + held[name]
+                new.append((key[0], free, after))
+                self.steps[id(held)][name] = (free, after)
+                free = after
+            self.chains[name] = new
+        elif not keys:
+            self.on_node.pop(name, None)
+        for (_, need), kind in self.gains.items():
+            if name in kind.eligible:
+                gains, horizon = kind.gains, kind.horizon
+                if horizon is None:
+                    continue
+                for end, before, after in old:
+                    if end > horizon:
+                        break
+                    gains[end] = gains.get(end, 0) - _slots(need, after) + _slots(need, before)
+                for end, before, after in new:
+                    if end > horizon:
+                        break
+                    gains[end] = gains.get(end, 0) + _slots(need, after) - _slots(need, before)
+
+    def gains_of(self, key: _EligibilityKey, need: Resources, eligible: frozenset[str]) -> _Gains:
+        """The gains of the nodes of `key` for ranks needing `need` (`_Gains`)."""
+        kind = self.gains.pop((key, need), None)
+        if kind is None:
+            if len(self.gains) >= _KINDS_KEPT:  # each kept is kept up to date: the one asked about least recently goes
+                del self.gains[next(iter(self.gains))]
+            kind = _Gains(eligible, need, self)
+        self.gains[(key, need)] = kind  # (last, as the one asked about most recently)
+        return kind
+
+
+class _Gains:
+    """Per end, the room the eligible nodes gain for ranks needing `need` as the releases then happen: worked out for
+    the ends up to `horizon`, further when a search looks further (`until`), and kept up to date to there."""
+
+    def __init__(self, eligible: frozenset[str], need: Resources, releases: _Releases) -> None:
+        self.eligible, self.need, self.releases = eligible, need, releases
+        self.gains: dict[datetime, int] = {}
+        self.horizon: datetime | None = None  # None: nothing worked out yet
+
+    def until(self, then: datetime) -> dict[datetime, int]:
+        """The gains, worked out for every end up to `then` at least."""
+        horizon = self.horizon
+        if horizon is None or then > horizon:
+            releases, eligible, need, gains = self.releases, self.eligible, self.need, self.gains
+            order = releases.order
+            start = 0 if horizon is None else bisect.bisect_right(order, (horizon, 2, ""))
+            for key in order[start:bisect.bisect_right(order, (then, 2, ""))]:
+                gained = 0
+                for name, (before, after) in releases.steps[id(releases.held[key])].items():
+                    if name in eligible:
+                        gained += _slots(need, after) - _slots(need, before)
+                if gained:
+                    gains[key[0]] = gains.get(key[0], 0) + gained
+            self.horizon = then
+        return self.gains
+
+
+class _CountedKept(_Counted):
+    """`_Counted` over the releases a cycle kept (`_Releases`): the room at each instant is the room now plus the
+    gains up to it, and the head is placed on what is free then as kept (`_Releases.at`)."""
+
+    def __init__(self, cycle: Cycle, ends: Sequence[datetime], timed: Sequence[Mapping[str, Resources]],
+                 times: Sequence[datetime], releases: _Releases) -> None:
+        super().__init__(cycle, ends, timed, times)
+        self.releases = releases
+        releases.settle(cycle.holders, cycle.now)
+        held = cycle.held
+        # Every end up to now releases at the first instant.
+        self.past = {*held.distinct[:bisect.bisect_right(held.distinct, cycle.now)], cycle.now}
+
+    def first_fit(self, job: QueuedJob, flavor: Flavor, count: int, last: int,
+                  ) -> tuple[int | None, list[Placement], dict[str, Resources]] | None:
+        """As `_Counted.first_fit`, but taking the count's word where it finds no room: its gains are kept from cycle
+        to cycle, and a kept cycle decides as one from scratch (whose counts are checked by placements) does. The
+        placement at the instant found is made all the same: it places the head. The count is exact where ranks are
+        all alike, and it is the count a placement would make (`tests/unit/test_scheduling_kept.py` checks both)."""
+        cycle, spec, exclude = self.cycle, job.spec, job.excluded_nodes
+        now = cycle.free_now
+        key, _ = cycle.cluster.eligible(spec, flavor, exclude)
+        room, index, applied, _ = self._walk(key, Resources.of_flavor(flavor), now._index(spec, flavor, exclude).room,
+                                             count, last)
+        if room < count:
+            return None, [], {}
+        then = self.releases.at(self.times[index], lambda: self._changed_by(applied))
+        placement = place(then, spec, flavor, count, exclude)
+        return None if placement is None else (index, placement, then.free)
+
+    def _walk(self, key: _EligibilityKey, need: Resources, room: int, count: int, last: int,
+              ) -> tuple[int, int, int, int]:
+        kind = self.releases.gains_of(key, need, self.cycle.cluster.eligible_set(key))
+        times = self.times
+        gains = kind.until(times[0])
+        room += sum(gains.get(end, 0) for end in self.past)
+        index = 0
+        while room < count and index < last:
+            index += 1
+            if times[index] > kind.horizon:  # type: ignore[operator]  # look further: half as far again
+                gains = kind.until(times[min(last, index + index // 2 + 16)])
+            room += gains.get(times[index], 0)
+        ends = self.ends
+        first = bisect.bisect_right(ends, times[index - 1]) if index else 0
+        return room, index, bisect.bisect_right(ends, times[index]), first
+
+    def _changed_by(self, applied: int) -> dict[str, Resources]:
+        """What is free once the first `applied` releases happened, where they changed it."""
+        steps = self.releases.steps
+        free: dict[str, Resources] = {}
+        for held in self.timed[:applied]:
+            for name, (_, new) in steps[id(held)].items():
+                free[name] = new
+        return free
 
 
 class Cycle:
@@ -789,9 +1114,21 @@ class Cycle:
                 self._kept_extra = (kept.extra_made, kept.failed_extra)
         else:
             self.free_now = Capacity(self.cluster, {n.info.name: n.free for n in nodes})
+            if keep:
+                self.free_now.update(nodes)  # (nothing to set: it notes where each node is, for the next cycle)
         self._held: _Held | None = None
         if kept is not None and kept.held is not None:  # the same running jobs, or a few more or fewer
             self._held = kept.held if kept.held.running == self.running else kept.held.then(self.running)
+        # The releases node by node (`_Releases`), kept by the cycles of a scheduler and made when a head first needs
+        # them: over the capacity kept, following the jobs that ended or started.
+        self.keep = keep
+        self.releases: _Releases | None = None
+        if kept is not None and kept.releases is not None and self.free_now is kept.capacity and self._held is not None:
+            if self._held is kept.held:
+                self.releases = kept.releases
+            elif self._held.gone is not None:
+                self.releases = kept.releases
+                self.releases.follow(self._held)
         # Whether a job shape fits the empty cluster at all, and how many ranks of a kind it holds: they depend on
         # the nodes and the flavors only, so cycles over the same `Cluster` (a simulation's) share them.
         self.placeable: dict[Shape, bool] = self.cluster.placeable
@@ -818,6 +1155,7 @@ class Cycle:
         """A copy of this cycle part-way through the queue, to go on with while this one stays as it is.
         What a cycle only reads (the cluster, the flavors, the head's reservation) is shared."""
         twin = copy.copy(self)
+        twin.keep, twin.releases = False, None  # what is kept belongs to this one
         twin.running = list(self.running)
         twin.free_now = self.free_now.copy()
         twin.failed_now, twin.failed_extra = set(self.failed_now), set(self.failed_extra)
@@ -853,7 +1191,7 @@ class Cycle:
     def _try(self, job: QueuedJob, shape: Shape, capacity: Capacity, failed: set[Shape]) -> Choice | None:
         if shape in failed:
             return None
-        choice = choose(capacity, job.spec, self.flavors, job.excluded_nodes, job.prefer)
+        choice = choose(capacity, job.spec, self.flavors, job.excluded_nodes, job.prefer, shape=shape)
         if choice is None:
             failed.add(shape)
         return choice
@@ -977,18 +1315,13 @@ class Cycle:
         return place(self.totals, spec, flavor, workers, exclude) is not None
 
     def _releases(self) -> tuple[list[datetime], list[Mapping[str, Resources]], list[datetime]]:
-        """What is held until a known end (sorted by end, ties in the order of the running jobs and then of this
-        cycle's admissions; an overdue job releases now), and the instants from now on at which something is
+        """What is held until a known end (sorted by end: the running jobs in the release order, then this cycle's
+        admissions in their order; an overdue job releases now), and the instants from now on at which something is
         released. Jobs admitted earlier in this cycle count as running from now."""
         held, now = self.held, self.now
         overdue = bisect.bisect_right(held.ends, now)
-        ends = [now] * overdue + held.ends[overdue:]
-        if overdue:  # all release now: in the running jobs' order
-            positions = held.positions
-            timed = [held.timed[i] for i in sorted(range(overdue), key=lambda i: positions[id(held.jobs[i])])] \
-                + held.timed[overdue:]
-        else:
-            timed = list(held.timed)
+        ends = [now] * overdue + held.ends[overdue:]  # all release now, in their order
+        timed = list(held.timed)
         times = [now, *held.distinct[bisect.bisect_right(held.distinct, now):]]
         for end, amount in self.holders:
             if end is None:
@@ -1023,7 +1356,7 @@ class Cycle:
                 timeline = _Timeline(self.free_now, timed)
             return timeline.at(bisect.bisect_right(ends, times[index]))
 
-        counted = _Counted(self, ends, timed, times) if not parameter_server_count(job.spec) else None
+        counted = self._counted(ends, timed, times) if not parameter_server_count(job.spec) else None
         for count in worker_counts(job.spec):
             best: tuple[int, str, list[Placement]] | None = None
             best_free: dict[str, Resources] | None = None  # free at the best start, when the count found it
@@ -1066,6 +1399,14 @@ class Cycle:
             if choice is not None:
                 return self._head(job, choice[0], choice[1], None, everything.free)
         return None  # a TensorFlow gang that fits an empty cluster only in an order this placement does not try
+
+    def _counted(self, ends: list[datetime], timed: list[Mapping[str, Resources]], times: list[datetime]) -> _Counted:
+        """The search by counting: over the releases kept, for a cycle that keeps them."""
+        if not self.keep:
+            return _Counted(self, ends, timed, times)
+        if self.releases is None:
+            self.releases = _Releases(self.free_now, self.held)
+        return _CountedKept(self, ends, timed, times, self.releases)
 
     def _head(self, job: QueuedJob, flavor: str, placement: list[Placement], start: datetime | None,
               at_start: dict[str, Resources]) -> _Head:

@@ -4,15 +4,19 @@ time passed, jobs started, ended, arrived or left the queue, room on nodes was t
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime, timedelta
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from libs import placement
 from libs.contracts.cluster import Flavor, Resources
 from libs.contracts.jobspec import JobSpec
 from libs.placement import Cluster, Decision, NodeCapacity, QueuedJob, RunningJob, holdings, schedule
-from tests.support.placement import NOW, node, run_on
+from tests.support.placement import NOW, busy, node, run_on
 from tests.support.strategies import SETTINGS, Scenario, job_specs, scenarios
 
 
@@ -48,9 +52,34 @@ class World:
         self.queue = [job for job in self.queue if job.job_id not in admitted]
 
 
+@contextmanager
+def counted_exactly() -> Iterator[None]:
+    """A kept cycle's search by counting (`_CountedKept`) finds each head's start itself: were its count off, the
+    placement it makes to check it would send the search over instants to decide, and the decision would be the same,
+    only slower."""
+    fell_back: list[str] = []
+    counted = placement._CountedKept.first_fit
+
+    def checked(self: placement._CountedKept, job: QueuedJob, *args: object) -> object:
+        found = counted(self, job, *args)  # type: ignore[arg-type]
+        if found is None:
+            fell_back.append(job.job_id)
+        return found
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(placement._CountedKept, "first_fit", checked)
+        yield
+    assert fell_back == []
+
+
 @SETTINGS
 @given(scenarios(), st.data())
 def test_a_kept_cycle_decides_as_one_from_scratch(scenario: Scenario, data: st.DataObject) -> None:
+    with counted_exactly():
+        changed_step_by_step(scenario, data)
+
+
+def changed_step_by_step(scenario: Scenario, data: st.DataObject) -> None:
     world = World(scenario)
     cluster = Cluster(n.info for n in world.nodes)
     names = sorted(world.flavors)
@@ -116,3 +145,64 @@ def test_a_backfill_refused_behind_one_head_is_tried_again_behind_another() -> N
     kept = schedule(queue, nodes, flavors, running=running, now=NOW, cluster=cluster)
     assert kept == schedule(queue, nodes, flavors, running=running, now=NOW)
     assert [admission.job_id for admission in kept.admissions] == ["pinned"]
+
+
+def test_room_taken_on_a_node_outside_the_cycle_moves_the_reservation_counted_from_kept_releases() -> None:
+    """What is free on a node changed though no job started or ended there (a process outside the platform took
+    room): the releases kept for that node are summed again from what is free now, and the head's start moves."""
+    mid, big = Flavor(name="mid", cpus=12, memory_mib=1024), Flavor(name="big", cpus=16, memory_mib=1024)
+    flavors = {flavor.name: flavor for flavor in (mid, big)}
+    running = [run_on("on-a", ["a"], flavor=mid, ends_in=100), run_on("on-b", ["b"], flavor=big, ends_in=200)]
+    nodes = busy([node("a", cpus=16, memory_mib=65536), node("b", cpus=16, memory_mib=65536)], running)
+    head = [QueuedJob("head", JobSpec(name="j", flavors=["big"], command="c"), None)]
+    cluster = Cluster(n.info for n in nodes)
+    with counted_exactly():
+        first = schedule(head, nodes, flavors, running=running, now=NOW, cluster=cluster)
+        assert first.reservation is not None and first.reservation.nodes == ["a"]
+        assert first.reservation.start == NOW + timedelta(seconds=100)
+        taken = [NodeCapacity(info=n.info, free=n.free - Resources(cpus=4)) if n.info.name == "a" else n
+                 for n in nodes]
+        later = schedule(head, taken, flavors, running=running, now=NOW, cluster=cluster)
+    assert later == schedule(head, taken, flavors, running=running, now=NOW)
+    assert later.reservation is not None and later.reservation.nodes == ["b"]
+    assert later.reservation.start == NOW + timedelta(seconds=200)
+
+
+def test_room_taken_at_the_instant_a_head_was_reserved_at_moves_it_to_another_node() -> None:
+    """The head's start stays the same but its node has less room then: what is free at that instant, kept from the
+    last cycle, is set anew on that node, and the head goes to the other one."""
+    big = Flavor(name="big", cpus=16, memory_mib=1024)
+    running = [run_on("on-a", ["a"], flavor=big, ends_in=100), run_on("on-b", ["b"], flavor=big, ends_in=100)]
+    nodes = busy([node("a", cpus=16, memory_mib=65536), node("b", cpus=16, memory_mib=65536)], running)
+    head = [QueuedJob("head", JobSpec(name="j", flavors=["big"], command="c"), None)]
+    cluster = Cluster(n.info for n in nodes)
+    with counted_exactly():
+        first = schedule(head, nodes, {"big": big}, running=running, now=NOW, cluster=cluster)
+        assert first.reservation is not None and first.reservation.nodes == ["a"]
+        taken = [NodeCapacity(info=n.info, free=n.free - Resources(cpus=4)) if n.info.name == "a" else n
+                 for n in nodes]
+        later = schedule(head, taken, {"big": big}, running=running, now=NOW, cluster=cluster)
+    assert later == schedule(head, taken, {"big": big}, running=running, now=NOW)
+    assert later.reservation is not None and later.reservation.nodes == ["b"]
+    assert later.reservation.start == NOW + timedelta(seconds=100)
+
+
+def test_a_head_that_looks_further_than_the_last_counts_each_release_once() -> None:
+    """A search looks only as far as it needs, and what it worked out is kept up to that point: a release further
+    out, on a node whose room changed meanwhile, is counted when a later head first looks that far, and once."""
+    big = Flavor(name="big", cpus=16, memory_mib=1024)
+    names = [f"n{index:02}" for index in range(40)]
+    running = [run_on(f"on-{name}", [name], flavor=big, ends_in=10 * (index + 1)) for index, name in enumerate(names)]
+    nodes = busy([node(name, cpus=17, memory_mib=65536) for name in names], running)
+    one = QueuedJob("one", JobSpec(name="j", flavors=["big"], command="c"), None)
+    cluster = Cluster(n.info for n in nodes)
+    with counted_exactly():
+        first = schedule([one], nodes, {"big": big}, running=running, now=NOW, cluster=cluster)
+        assert first.reservation is not None and first.reservation.start == NOW + timedelta(seconds=10)
+        # A process outside the platform takes the spare CPU of a node whose job ends far beyond that.
+        taken = [NodeCapacity(info=n.info, free=n.free - Resources(cpus=1)) if n.info.name == "n34" else n
+                 for n in nodes]
+        many = QueuedJob("many", JobSpec(name="j", mode="pytorch", nodes=36, flavors=["big"], command="c"), None)
+        later = schedule([many], taken, {"big": big}, running=running, now=NOW, cluster=cluster)
+    assert later == schedule([many], taken, {"big": big}, running=running, now=NOW)
+    assert later.reservation is not None and later.reservation.start == NOW + timedelta(seconds=360)

@@ -71,7 +71,7 @@ from libs.contracts.operations.base import TERMINAL_STATUSES, JobStatus
 from libs.contracts.operations.jobs import InstanceView, JobView
 from libs.contracts.scheduling import AdminSettings, Prediction, StoredAccess
 from libs.nodes import NodeState, fold_node_event
-from libs.placement import NO_NODES, QueuedJob, RunningJob
+from libs.placement import NO_NODES, NodeCapacity, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings
 from libs.storage import staged_sources
 from services.scheduler.domain.images import fold_image
@@ -323,6 +323,12 @@ class SchedulerState:
     _held: dict[str, dict[str, Resources]] = field(default_factory=dict, init=False, compare=False, repr=False)
     _on_node: dict[str, dict[str, Resources]] = field(default_factory=dict, init=False, compare=False, repr=False)
     _used: dict[str, Resources] = field(default_factory=dict, init=False, compare=False, repr=False)
+    # What the decision logic was last given of the nodes (decision_inputs.node_capacity): the schedulable nodes with
+    # what is free on each, where each stands in that list, and the nodes where what is held changed since (None:
+    # any node may have changed, as after a node event).
+    capacity_as: list[NodeCapacity] = field(default_factory=list, init=False, compare=False, repr=False)
+    capacity_at: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
+    capacity_changed: set[str] | None = field(default=None, init=False, compare=False, repr=False)
     _flavors: dict[str, Flavor] = field(default_factory=dict, init=False, compare=False, repr=False)
     # How many jobs are in each status, kept as their events are folded (the `trainyard.jobs` gauge), not counted
     # from every job there ever was.
@@ -342,6 +348,7 @@ class SchedulerState:
         at = envelope.recorded_at
         if fold_node_event(self.nodes, event):
             self.revision += 1
+            self.capacity_changed = None
             return
         if self.provisioning.apply(envelope):
             return
@@ -445,6 +452,8 @@ class SchedulerState:
             on_node.pop(job_id, None)
         else:
             on_node[job_id] = amount
+        if self.capacity_changed is not None:
+            self.capacity_changed.add(node)
         if not on_node:
             del self._on_node[node], self._used[node]
             return
@@ -635,6 +644,10 @@ class SchedulerState:
             for node, amount in placement_holdings(placement, flavor).items():
                 held[node] = held.get(node, Resources()) + amount
         return held
+
+    def used_on(self, node: str) -> Resources | None:
+        """What running and pre-checked jobs hold on `node`; None when nothing. The object changes when that does."""
+        return self._used.get(node)
 
     def used(self) -> dict[str, Resources]:
         """Resources held per node by running and pre-checked jobs."""

@@ -7,7 +7,7 @@ from datetime import datetime, timedelta
 
 import msgspec
 
-from libs.contracts.cluster import Flavor, Resources
+from libs.contracts.cluster import Flavor, NodeInfo, Resources
 from libs.placement import NodeCapacity, QueuedJob, RunningJob
 from services.scheduler.domain.state import Job, SchedulerState
 from services.scheduler.planning.prediction_cache import JobFacts, PlanInputs
@@ -17,10 +17,27 @@ RECHECK_AFTER = timedelta(seconds=60)
 
 
 def node_capacity(state: SchedulerState) -> list[NodeCapacity]:
-    """The schedulable nodes and what is free on each."""
-    used = state.used()
-    return [NodeCapacity(info=n.info, free=Resources.of_node(n.info) - used.get(name, Resources()))
-            for name, n in state.nodes.items() if n.schedulable]
+    """The schedulable nodes, in the state's order, and what is free on each: made again only for the nodes where
+    what is held changed since the last time (all of them after a node event), and the same objects as last time
+    for the others, so that a cycle over the same nodes sees at once which changed (`Capacity.update`)."""
+    changed, made, at = state.capacity_changed, state.capacity_as, state.capacity_at
+    if changed is None:
+        made[:] = [_free_on(state, name, node.info) for name, node in state.nodes.items() if node.schedulable]
+        at.clear()
+        at.update((node.info.name, place) for place, node in enumerate(made))
+    else:
+        for name in changed:
+            place = at.get(name)
+            if place is not None:  # (a node that is not schedulable has nothing held on it to change)
+                made[place] = _free_on(state, name, made[place].info)
+        changed.clear()
+    state.capacity_changed = changed if changed is not None else set()
+    return list(made)
+
+
+def _free_on(state: SchedulerState, name: str, info: NodeInfo) -> NodeCapacity:
+    used = state.used_on(name)
+    return NodeCapacity(info=info, free=Resources.of_node(info) - (Resources() if used is None else used))
 
 
 def cluster_flavors(state: SchedulerState) -> dict[str, Flavor]:
