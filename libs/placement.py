@@ -271,7 +271,7 @@ class _Fitting:
         self.names = names  # the nodes eligible
         self.eligible = eligible  # the same, as a set
         self.nodes: set[str] = set()
-        # How many such ranks the eligible nodes hold room for in all (`_slots`): ranks all alike fit exactly when
+        # How many such ranks the eligible nodes hold room for in all (`_room`): ranks all alike fit exactly when
         # there is room for that many, so a gang that does not fit is known without trying to place it.
         self.room = 0
         self.heap: list[tuple[float, int, str]] | None = None
@@ -340,14 +340,14 @@ class Capacity:
                 index.nodes, index.room = set(based.nodes), based.room
                 base_free = self._base.free
                 for name in self._own & index.eligible:
-                    index.room += _slots(need, free[name]) - _slots(need, base_free[name])
+                    index.room += _room(need, free[name]) - _room(need, base_free[name])
                     if fits(free[name]):
                         index.nodes.add(name)
                     else:
                         index.nodes.discard(name)
             else:
                 index.nodes = {name for name in names if fits(free[name])}
-                index.room = sum(_slots(need, free[name]) for name in index.nodes)
+                index.room = sum(_room(need, free[name]) for name in index.nodes)
             self._watchers.clear()
         return index
 
@@ -363,7 +363,7 @@ class Capacity:
             for place, index in enumerate(base._shaped[shape]):
                 if index is not None:
                     for name in self._own & index.eligible:
-                        rooms[place] += _slots(index.need, self.free[name]) - _slots(index.need, base.free[name])
+                        rooms[place] += _room(index.need, self.free[name]) - _room(index.need, base.free[name])
             return rooms
         indexes = self._shaped.get(shape)
         if indexes is None:
@@ -415,13 +415,16 @@ class Capacity:
         if watchers is None:
             watchers = self._watchers[name] = [index for index in self._fitting.values() if name in index.eligible]
         for index in watchers:
-            index.room += _slots(index.need, free) - _slots(index.need, old)
-            if index.need.fits_in(free):
-                index.nodes.add(name)
+            need, nodes = index.need, index.nodes
+            if name in nodes:  # one fitted there (`_room`, worked out here from what is known already)
+                index.room -= _slots(need, old) or 1
+            if need.fits_in(free):
+                index.room += _slots(need, free) or 1
+                nodes.add(name)
                 if index.heap is not None:
                     index.changed.add(name)
             else:
-                index.nodes.discard(name)
+                nodes.discard(name)
 
     def update(self, nodes: list[NodeCapacity]) -> bool:
         """Bring it up to date with what is free on `nodes` (the same nodes); False when they are not the same.
@@ -601,6 +604,15 @@ def _slots(need: Resources, free: Resources) -> int:
     if need.accelerators and free.accelerators // need.accelerators < count:
         count = free.accelerators // need.accelerators
     return count if count > 0 else 0
+
+
+def _room(need: Resources, free: Resources) -> int:
+    """How many ranks needing `need` fit in `free` as `place` puts them: none where one does not fit (`fits_in`: room
+    short of nothing, say, but of accelerators a node has fewer of than none), at least one where it does."""
+    if not need.fits_in(free):
+        return 0
+    count = _slots(need, free)
+    return count if count > 0 else 1
 
 
 # --- the cycle ------------------------------------------------------------------------------------------
@@ -842,7 +854,7 @@ class _Counted:
                 for step in self._sum(released)[applied:released]:
                     for name, old, new in step:
                         if name in eligible:
-                            room += _slots(need, new) - _slots(need, old)
+                            room += _room(need, new) - _room(need, old)
                 applied = released
             if room >= count or index == last:
                 return room, index, applied, first
@@ -869,7 +881,7 @@ _ReleaseKey = tuple[datetime, int, str]  # its end; 0 for a running job, 1 for o
 class _Releases:
     """The running jobs' releases node by node, kept from one cycle to the next: per node, what is free after each
     release on it in turn (from what is free now), worked out again only where the releases on a node or what is free
-    on it now changed; and per kind of rank a head asked about, how much room (`_slots`) the eligible nodes gain at
+    on it now changed; and per kind of rank a head asked about, how much room (`_room`) the eligible nodes gain at
     each end, as far as a search has looked. A reservation search then finds the first instant a gang fits by adding up
     those gains, where `_Counted` sums every node's releases again in each cycle. Amounts are summed in
     the release order, as everywhere."""
@@ -978,18 +990,17 @@ class _Releases:
         elif not keys:
             self.on_node.pop(name, None)
         for (_, need), kind in self.gains.items():
-            if name in kind.eligible:
-                gains, horizon = kind.gains, kind.horizon
-                if horizon is None:
-                    continue
-                for end, before, after in old:
-                    if end > horizon:
-                        break
-                    gains[end] = gains.get(end, 0) - _slots(need, after) + _slots(need, before)
-                for end, before, after in new:
-                    if end > horizon:
-                        break
-                    gains[end] = gains.get(end, 0) + _slots(need, after) - _slots(need, before)
+            horizon = kind.horizon
+            if horizon is None or name not in kind.eligible:
+                continue
+            for end, before, after in old:
+                if end > horizon:
+                    break
+                kind.gain(end, _room(need, before) - _room(need, after))
+            for end, before, after in new:
+                if end > horizon:
+                    break
+                kind.gain(end, _room(need, after) - _room(need, before))
 
     def gains_of(self, key: _EligibilityKey, need: Resources, eligible: frozenset[str]) -> _Gains:
         """The gains of the nodes of `key` for ranks needing `need` (`_Gains`)."""
@@ -1015,18 +1026,26 @@ class _Gains:
         """The gains, worked out for every end up to `then` at least."""
         horizon = self.horizon
         if horizon is None or then > horizon:
-            releases, eligible, need, gains = self.releases, self.eligible, self.need, self.gains
+            releases, eligible, need = self.releases, self.eligible, self.need
             order = releases.order
             start = 0 if horizon is None else bisect.bisect_right(order, (horizon, 2, ""))
             for key in order[start:bisect.bisect_right(order, (then, 2, ""))]:
                 gained = 0
                 for name, (before, after) in releases.steps[id(releases.held[key])].items():
                     if name in eligible:
-                        gained += _slots(need, after) - _slots(need, before)
-                if gained:
-                    gains[key[0]] = gains.get(key[0], 0) + gained
+                        gained += _room(need, after) - _room(need, before)
+                self.gain(key[0], gained)
             self.horizon = then
         return self.gains
+
+    def gain(self, end: datetime, amount: int) -> None:
+        """`amount` more room at `end`; an end with none gained is not kept (ends pass, the gains stay flat)."""
+        if amount:
+            total = self.gains.get(end, 0) + amount
+            if total:
+                self.gains[end] = total
+            else:
+                del self.gains[end]
 
 
 class _CountedKept(_Counted):
@@ -1068,8 +1087,8 @@ class _CountedKept(_Counted):
         index = 0
         while room < count and index < last:
             index += 1
-            if times[index] > kind.horizon:  # type: ignore[operator]  # look further: half as far again
-                gains = kind.until(times[min(last, index + index // 2 + 16)])
+            if times[index] > kind.horizon:  # type: ignore[operator]  # look a little further
+                gains = kind.until(times[min(last, index + 64)])
             room += gains.get(times[index], 0)
         ends = self.ends
         first = bisect.bisect_right(ends, times[index - 1]) if index else 0
@@ -1427,13 +1446,14 @@ class Cycle:
             own = job.held
             # At the head's start the job still holds its nodes unless it will have ended by then.
             own_at_start = {} if job.ends_at is not None and start is not None and job.ends_at <= start else own
-            room = Capacity(self.cluster, dict(spare.free))
+            mine: dict[str, Resources] = {}  # what is free for it on its own nodes: what it holds there too
             for name, amount in own.items():
-                if name in room.free:
+                if name in spare.free:
                     now = self.free_now.free[name] + amount
                     if self.head is not None:
                         now = least(now, self.after_head[name] + own_at_start.get(name, Resources()))
-                    room.free[name] = now
+                    mine[name] = now
+            room = Capacity.over(spare, mine)  # (dropped before `spare` changes, below)
             current = sum(1 for p in job.placement if p.role == "worker")
             placement = None
             for count in range(job.spec.nodes, current, -1):

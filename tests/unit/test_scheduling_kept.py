@@ -206,3 +206,27 @@ def test_a_head_that_looks_further_than_the_last_counts_each_release_once() -> N
         later = schedule([many], taken, {"big": big}, running=running, now=NOW, cluster=cluster)
     assert later == schedule([many], taken, {"big": big}, running=running, now=NOW)
     assert later.reservation is not None and later.reservation.start == NOW + timedelta(seconds=360)
+
+
+def test_what_a_cycle_keeps_of_releases_goes_with_the_jobs_that_ended() -> None:
+    """A scheduler's cycles run for months: once the jobs that were running ended, nothing is kept of their releases
+    (the room each kind of rank gained at their ends included), however far heads looked."""
+    big = Flavor(name="big", cpus=16, memory_mib=1024)
+    names = [f"n{index:02}" for index in range(20)]
+    running = [run_on(f"on-{name}", [name], flavor=big, ends_in=10 * (index + 1)) for index, name in enumerate(names)]
+    free = {n.info.name: n for n in busy([node(name, cpus=16, memory_mib=65536) for name in names], running)}
+    head = [QueuedJob("many", JobSpec(name="j", mode="pytorch", nodes=20, flavors=["big"], command="c"), None)]
+    cluster = Cluster(n.info for n in free.values())
+    with counted_exactly():
+        while running:
+            decision = schedule(head, list(free.values()), {"big": big}, running=running, now=NOW, cluster=cluster)
+            assert decision.reservation is not None
+            ended = running.pop(0)
+            for name, amount in ended.held.items():
+                free[name] = NodeCapacity(info=free[name].info, free=free[name].free + amount)
+        schedule(head, list(free.values()), {"big": big}, running=running, now=NOW, cluster=cluster)  # it starts
+    assert cluster.kept is not None and cluster.kept.releases is not None
+    kept = cluster.kept.releases
+    kept.settle([], NOW)  # as the next head's reservation would
+    assert kept.held == {} and kept.chains == {} and kept.steps == {}
+    assert [kind.gains for kind in kept.gains.values()] == [{}]
