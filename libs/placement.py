@@ -19,7 +19,7 @@ import heapq
 import itertools
 import math
 import operator
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import datetime, timedelta
 from functools import cached_property
@@ -337,10 +337,8 @@ class Capacity:
             free, fits = self.free, need.fits_in
             if self._base is not None:
                 based = self._base._index(spec, flavor, exclude)
-                index.nodes, index.room = set(based.nodes), based.room
-                base_free = self._base.free
+                index.nodes, index.room = set(based.nodes), based.room + self._room_beside_base(index)
                 for name in self._own & index.eligible:
-                    index.room += _room(need, free[name]) - _room(need, base_free[name])
                     if fits(free[name]):
                         index.nodes.add(name)
                     else:
@@ -362,8 +360,7 @@ class Capacity:
                 return rooms
             for place, index in enumerate(base._shaped[shape]):
                 if index is not None:
-                    for name in self._own & index.eligible:
-                        rooms[place] += _room(index.need, self.free[name]) - _room(index.need, base.free[name])
+                    rooms[place] += self._room_beside_base(index)
             return rooms
         indexes = self._shaped.get(shape)
         if indexes is None:
@@ -373,6 +370,13 @@ class Capacity:
                 None if (flavor := flavors.get(name)) is None else self._index(spec, flavor, exclude)
                 for name in spec.flavors]
         return [0 if index is None else index.room for index in indexes]
+
+    def _room_beside_base(self, index: _Fitting) -> int:
+        """How much more room than its base this capacity has for the ranks of `index` (of its base or its own): the
+        difference on the nodes set here."""
+        assert self._base is not None
+        need, free, base_free = index.need, self.free, self._base.free
+        return sum(_room(need, free[name]) - _room(need, base_free[name]) for name in self._own & index.eligible)
 
     def roomiest(self, index: _Fitting, count: int) -> list[str]:
         """The `count` nodes of `index` with the most free CPU, then memory (ties by name), in that
@@ -416,10 +420,9 @@ class Capacity:
             watchers = self._watchers[name] = [index for index in self._fitting.values() if name in index.eligible]
         for index in watchers:
             need, nodes = index.need, index.nodes
-            if name in nodes:  # one fitted there (`_room`, worked out here from what is known already)
-                index.room -= _slots(need, old) or 1
-            if need.fits_in(free):
-                index.room += _slots(need, free) or 1
+            fits = need.fits_in(free)
+            index.room += _room(need, free, fits) - _room(need, old, name in nodes)  # (listed there: one fitted)
+            if fits:
                 nodes.add(name)
                 if index.heap is not None:
                     index.changed.add(name)
@@ -446,7 +449,8 @@ class Capacity:
                     node = nodes[self._positions[name]]
                     if free[name] != node.free:
                         self.set(name, node.free)
-                self._given(nodes)
+                self.given = list(nodes)  # (a copy: the caller may change its list)
+                self._set_since.clear()
                 return True
         count = 0
         for node in nodes:
@@ -459,12 +463,13 @@ class Capacity:
                 self.set(name, node.free)
         if count != len(free):
             return False
-        self._positions = {node.info.name: place for place, node in enumerate(nodes)}
-        self._given(nodes)
+        self.remember(nodes)
         return True
 
-    def _given(self, nodes: list[NodeCapacity]) -> None:
+    def remember(self, nodes: list[NodeCapacity]) -> None:
+        """That its room is what `nodes` say (for the next `update`)."""
         self.given = list(nodes)  # (a copy: the caller may change its list)
+        self._positions = {node.info.name: place for place, node in enumerate(nodes)}
         self._set_since.clear()
 
     def take(self, held: Mapping[str, Resources]) -> None:
@@ -606,10 +611,11 @@ def _slots(need: Resources, free: Resources) -> int:
     return count if count > 0 else 0
 
 
-def _room(need: Resources, free: Resources) -> int:
+def _room(need: Resources, free: Resources, fits: bool | None = None) -> int:
     """How many ranks needing `need` fit in `free` as `place` puts them: none where one does not fit (`fits_in`: room
-    short of nothing, say, but of accelerators a node has fewer of than none), at least one where it does."""
-    if not need.fits_in(free):
+    short of nothing, say, but of accelerators a node has fewer of than none), at least one where it does. `fits`:
+    whether one does, when that is known already."""
+    if not (need.fits_in(free) if fits is None else fits):
         return 0
     count = _slots(need, free)
     return count if count > 0 else 1
@@ -893,8 +899,8 @@ class _Releases:
         self.on_node: dict[str, list[_ReleaseKey]] = {}  # each sorted
         # Per node with releases: per release on it, in order, its end and what is free before and after it.
         self.chains: dict[str, list[tuple[datetime, Resources, Resources]]] = {}
-        # The same per release (by its amounts' identity, as `timed` lists them): each node's before and after.
-        self.steps: dict[int, dict[str, tuple[Resources, Resources]]] = {}
+        # The same per release: each node's before and after.
+        self.steps: dict[_ReleaseKey, dict[str, tuple[Resources, Resources]]] = {}
         self.gains: dict[tuple[_EligibilityKey, Resources], _Gains] = {}
         self.admitted: list[_ReleaseKey] = []  # the last cycle's admissions, taken out at the next
         # What is free at the instants heads were last reserved at (the few asked about most recently), each a capacity
@@ -909,7 +915,7 @@ class _Releases:
     def _add(self, key: _ReleaseKey, held: Mapping[str, Resources]) -> None:
         self.held[key] = held
         bisect.insort(self.order, key)
-        self.steps[id(held)] = {}
+        self.steps[key] = {}
         for name in held:
             bisect.insort(self.on_node.setdefault(name, []), key)
         self.dirty.update(held)
@@ -917,7 +923,7 @@ class _Releases:
     def _remove(self, key: _ReleaseKey) -> None:
         held = self.held.pop(key)
         del self.order[bisect.bisect_left(self.order, key)]
-        del self.steps[id(held)]
+        del self.steps[key]
         for name in held:
             self.on_node[name].remove(key)
         self.dirty.update(held)
@@ -963,16 +969,24 @@ class _Releases:
             free = after
         return free
 
-    def at(self, then: datetime, free: Callable[[], Mapping[str, Resources]]) -> Capacity:
-        """What is free at `then`, kept: made from what is free now and `free()` (where that differs) when first
-        asked."""
+    def at(self, then: datetime) -> Capacity:
+        """What is free at `then`, kept (made when first asked)."""
         capacity = self.instants.pop(then, None)
         if capacity is None:
             if len(self.instants) >= _INSTANTS_KEPT:
                 del self.instants[next(iter(self.instants))]
-            capacity = Capacity.over(self.capacity, free())
+            capacity = Capacity.over(self.capacity, self._changed_by(then))
         self.instants[then] = capacity  # (last, as the one asked about most recently)
         return capacity
+
+    def _changed_by(self, then: datetime) -> dict[str, Resources]:
+        """What is free once every release up to `then` happened, where they changed it."""
+        steps, order = self.steps, self.order
+        free: dict[str, Resources] = {}
+        for key in order[:bisect.bisect_right(order, (then, 2, ""))]:
+            for name, (_, new) in steps[key].items():
+                free[name] = new
+        return free
 
     def _chain(self, name: str) -> None:
         old = self.chains.pop(name, [])
@@ -981,10 +995,9 @@ class _Releases:
         new: list[tuple[datetime, Resources, Resources]] = []
         if keys and free is not None:
             for key in keys:
-                held = self.held[key]
-                after = free + held[name]
+                after = free + self.held[key][name]
                 new.append((key[0], free, after))
-                self.steps[id(held)][name] = (free, after)
+                self.steps[key][name] = (free, after)
                 free = after
             self.chains[name] = new
         elif not keys:
@@ -1031,7 +1044,7 @@ class _Gains:
             start = 0 if horizon is None else bisect.bisect_right(order, (horizon, 2, ""))
             for key in order[start:bisect.bisect_right(order, (then, 2, ""))]:
                 gained = 0
-                for name, (before, after) in releases.steps[id(releases.held[key])].items():
+                for name, (before, after) in releases.steps[key].items():
                     if name in eligible:
                         gained += _room(need, after) - _room(need, before)
                 self.gain(key[0], gained)
@@ -1070,16 +1083,16 @@ class _CountedKept(_Counted):
         cycle, spec, exclude = self.cycle, job.spec, job.excluded_nodes
         now = cycle.free_now
         key, _ = cycle.cluster.eligible(spec, flavor, exclude)
-        room, index, applied, _ = self._walk(key, Resources.of_flavor(flavor), now._index(spec, flavor, exclude).room,
-                                             count, last)
+        room, index = self._reach(key, Resources.of_flavor(flavor), now._index(spec, flavor, exclude).room, count, last)
         if room < count:
             return None, [], {}
-        then = self.releases.at(self.times[index], lambda: self._changed_by(applied))
+        then = self.releases.at(self.times[index])
         placement = place(then, spec, flavor, count, exclude)
         return None if placement is None else (index, placement, then.free)
 
-    def _walk(self, key: _EligibilityKey, need: Resources, room: int, count: int, last: int,
-              ) -> tuple[int, int, int, int]:
+    def _reach(self, key: _EligibilityKey, need: Resources, room: int, count: int, last: int) -> tuple[int, int]:
+        """From `room` (for ranks needing `need` on the nodes of `key`, now), instant by instant up to the first where
+        there is room for `count` of them, or `last`: the room there, and the instant."""
         kind = self.releases.gains_of(key, need, self.cycle.cluster.eligible_set(key))
         times = self.times
         gains = kind.until(times[0])
@@ -1090,18 +1103,7 @@ class _CountedKept(_Counted):
             if times[index] > kind.horizon:  # type: ignore[operator]  # look a little further
                 gains = kind.until(times[min(last, index + 64)])
             room += gains.get(times[index], 0)
-        ends = self.ends
-        first = bisect.bisect_right(ends, times[index - 1]) if index else 0
-        return room, index, bisect.bisect_right(ends, times[index]), first
-
-    def _changed_by(self, applied: int) -> dict[str, Resources]:
-        """What is free once the first `applied` releases happened, where they changed it."""
-        steps = self.releases.steps
-        free: dict[str, Resources] = {}
-        for held in self.timed[:applied]:
-            for name, (_, new) in steps[id(held)].items():
-                free[name] = new
-        return free
+        return room, index
 
 
 class Cycle:
@@ -1134,7 +1136,7 @@ class Cycle:
         else:
             self.free_now = Capacity(self.cluster, {n.info.name: n.free for n in nodes})
             if keep:
-                self.free_now.update(nodes)  # (nothing to set: it notes where each node is, for the next cycle)
+                self.free_now.remember(nodes)
         self._held: _Held | None = None
         if kept is not None and kept.held is not None:  # the same running jobs, or a few more or fewer
             self._held = kept.held if kept.held.running == self.running else kept.held.then(self.running)
