@@ -718,8 +718,10 @@ async def soak(args: argparse.Namespace) -> Outcome:
             for task in (flowing, restarting):
                 task.cancel()
             await asyncio.gather(flowing, restarting, return_exceptions=True)
-            if args.keep_logs is not None:  # the run's folder goes with the servers
+            if args.keep_logs is not None:  # the run's folder goes with the servers, and so do their own logs
                 shutil.copytree(sim.stack.home / "logs", args.keep_logs, dirs_exist_ok=True)
+                for server_log in (servers.home / "servers").rglob("*.log"):
+                    shutil.copy(server_log, args.keep_logs / f"server-{server_log.parent.name}-{server_log.name}")
         return outcome
 
 
@@ -736,7 +738,8 @@ def main() -> None:
     parser.add_argument("--agent-every", type=int, default=10,
                         help="every Nth job runs on the real agent (0: no real agent)")
     parser.add_argument("--keep-logs", type=Path, default=None,
-                        help="a folder to copy the processes' logs into at the end (the run's own is removed)")
+                        help="a folder to copy the processes' and servers' logs into at the end (the run's own "
+                             "is removed)")
     parser.add_argument("--timeout", type=float, default=600.0,
                         help="seconds a start-up, a stall of the submissions or the last jobs' end may take")
     args = parser.parse_args()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncpg
 import nats.errors
+import nats.js.errors
 
 # Errors of a database or NATS that is away for a while.
 OUTAGES: tuple[type[BaseException], ...] = (
@@ -25,6 +26,7 @@ OUTAGES: tuple[type[BaseException], ...] = (
     nats.errors.ConnectionClosedError, nats.errors.ConnectionDrainingError, nats.errors.ConnectionReconnectingError,
     nats.errors.NoServersError, nats.errors.StaleConnectionError, nats.errors.OutboundBufferLimitError,
     nats.errors.NoRespondersError, nats.errors.FlushTimeoutError,
+    nats.js.errors.ServiceUnavailableError,  # JetStream not answering (yet): a server starting, or short of quorum
 )
 
 

@@ -43,6 +43,7 @@ from libs.contracts.subjects import event_subject
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.messaging.follower import Arrival, GroupBroken, GroupHandler, Handler, StreamFollower
 from libs.outages import OUTAGES, is_outage
+from libs.settings import Settings
 from libs.skeleton import snapshots
 from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
@@ -61,6 +62,9 @@ log = get_logger(__name__)
 _events_recorded = counter(EVENTS_RECORDED)
 _outbox_lag = SampledGauge(OUTBOX_LAG)
 _follower_lag = SampledGauge(FOLLOWER_LAG)
+
+# A start cut short by an outage is made again after the first pause, each pause twice the last, up to the second.
+START_RETRY_SECONDS = (1.0, 30.0)
 
 Fold = Callable[[Any], None]
 Rule = Callable[[Any], Sequence[NewEvent]]
@@ -204,17 +208,25 @@ class EventSourcedService:
         return cls(runtime)
 
     @classmethod
-    async def started(cls) -> ServiceRuntime:
-        """Connect, rebuild, follow and answer: the factory `libs.skeleton.entrypoint.run` runs."""
-        runtime = ServiceRuntime(cls.name)
-        await runtime.start()
-        try:
-            await cls.create(runtime).start()
-            await runtime.listen()
-        except BaseException:
-            await runtime.close()
-            raise
-        return runtime
+    async def started(cls, settings: Settings | None = None) -> ServiceRuntime:
+        """Connect, rebuild, follow and answer: the factory `libs.skeleton.entrypoint.run` runs. A start that NATS or
+        PostgreSQL cut short (JetStream not answering while it makes the streams or a follower's consumer, say) is
+        undone and made again once they are back, as often as it takes: an outage never ends the process."""
+        pause = START_RETRY_SECONDS[0]
+        while True:
+            runtime = ServiceRuntime(cls.name, settings)
+            try:
+                await runtime.start()
+                await cls.create(runtime).start()
+                await runtime.listen()
+                return runtime
+            except BaseException as exc:
+                await runtime.close()
+                if not is_outage(exc):
+                    raise
+                log.warning("service.start_interrupted", error=repr(exc) or type(exc).__name__, again_in=pause)
+            await asyncio.sleep(pause)
+            pause = min(2 * pause, START_RETRY_SECONDS[1])
 
     async def restore(self) -> Restored:
         """Put in place a state saved with the service's own log (and maybe its upstreams) folded up to a position,

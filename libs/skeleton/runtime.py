@@ -161,7 +161,8 @@ class ServiceRuntime:
 
     async def close(self, timeout: float = 10.0) -> None:
         """Stop answering, end the background tasks, then close connections; every step is bounded,
-        so a stuck query or subscription can delay a shutdown but never hang it."""
+        so a stuck query or subscription can delay a shutdown but never hang it. A start cut short is closed as
+        far as it got."""
         log.info("service.stopping")
         # Stop answering first, so no request reaches a service that is half shut down.
         with contextlib.suppress(Exception):
@@ -177,7 +178,10 @@ class ServiceRuntime:
             await asyncio.wait_for(self.nc.close(), timeout)
         with contextlib.suppress(Exception):  # a standby takes over at once, not after the lease ran out
             await asyncio.wait_for(self.lease.give_up(), timeout)
+        pool: asyncpg.Pool | None = getattr(self, "pool", None)
+        if pool is None:  # (a start cut short before it connected)
+            return
         try:
-            await asyncio.wait_for(self.pool.close(), timeout)
+            await asyncio.wait_for(pool.close(), timeout)
         except (TimeoutError, Exception):
-            self.pool.terminate()
+            pool.terminate()

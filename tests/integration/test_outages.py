@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime
@@ -22,7 +23,7 @@ from nats.aio.msg import Msg
 from agent.agent import NodeAgent
 from agent.isolation.workspace import BACKEND_VARIABLE, PLAIN
 from client.api import TrainyardClient, TrainyardError
-from devstack.servers import admin_url, create_database, start_postgres
+from devstack.servers import admin_url, create_database, free_port, nats_server_binary, start_postgres, wait_for_port
 from libs.auth import bearer_headers, issue_node_token, issue_token
 from libs.contracts import subjects
 from libs.contracts.agent import (
@@ -322,3 +323,42 @@ async def test_the_scheduler_outlives_its_database_going_away_and_answers_honest
     assert isinstance(meanwhile, CommandError) and meanwhile.code == "unavailable"
     assert "cannot reach its database or NATS right now" in meanwhile.message
     assert {before.job_id, after.job_id} <= listed
+
+
+def nats_without_jetstream(port: int) -> subprocess.Popen[bytes]:
+    return subprocess.Popen([nats_server_binary(), "-a", "127.0.0.1", "-p", str(port)], stdin=subprocess.DEVNULL,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+
+
+async def test_a_service_started_while_jetstream_does_not_answer_starts_once_it_does(
+        nats_url: str, database_url: str, tmp_path: Path) -> None:
+    """NATS answers but its JetStream does not (a server started without it stands in for one that is busy or
+    starting): the scheduler's start waits, undone and made again, without the process ending, and completes once
+    a JetStream server is on the same port; then it takes jobs."""
+    port = free_port()
+    plain = nats_without_jetstream(port)
+    (tmp_path / "storage" / "algorithms" / "sleeper").mkdir(parents=True)  # what the jobs name must exist
+    settings = Settings(nats_url=f"nats://127.0.0.1:{port}", database_url=database_url, auth_secret=SECRET,
+                        cluster_config=CLUSTER, storage_root=tmp_path / "storage")
+    server = OwnNats(tmp_path / "nats")
+    server.port, server.url = port, settings.nats_url
+    try:
+        wait_for_port(port, 15, "nats-server", tmp_path / "absent.log")
+        starting = asyncio.ensure_future(Scheduler.started(settings))
+        await asyncio.sleep(3)
+        assert not starting.done()  # waiting, not failed
+        plain.kill()
+        plain.wait(timeout=10)
+        server.start()
+        runtime = await asyncio.wait_for(starting, 60)
+        client = await TrainyardClient.open(settings.nats_url, token=issue_token(
+            SECRET, Identity(user="alice", projects=["default"])))
+        try:
+            accepted = await client.submit(sleeper("after-jetstream-answers"))
+            assert accepted.job_id in {job.job_id for job in await client.list_jobs()}
+        finally:
+            await client.close()
+            await runtime.close()
+    finally:
+        plain.kill()
+        server.kill()
