@@ -35,6 +35,7 @@ from libs.placement import (
     Decision,
     NodeCapacity,
     QueuedJob,
+    RunningChange,
     RunningJob,
     choose,
     holdings,
@@ -213,27 +214,36 @@ def steady(nodes: list[NodeCapacity], running: list[RunningJob], queue: list[Que
     """Cycles as the scheduler runs them while little changes, the last cycle's `Cluster` kept: a second passes
     between two cycles and, with `changes`, a job arrives in the queue or a running one ends before each (in turn).
     The jobs a cycle admits start, as the scheduler's do: they leave the queue and hold their nodes from the next cycle
-    on (growths are not carried out)."""
+    on (growths are not carried out). Each cycle is told how the running jobs changed since the last, as the
+    scheduler's state tells it (`RunningChange`)."""
     kept = Cluster(n.info for n in nodes)
     free = {n.info.name: n for n in nodes}
     live = list(running)
     waiting = list(queue)
     rng = random.Random(7)
     samples = []
+    given: list[RunningJob] | None = None
     for index in range(cycles + 1):
         now = START + timedelta(seconds=index)
+        gone, added = [], live[len(given):] if given is not None else []  # (admitted jobs are appended)
         if changes and index % 2:
             spec, duration = random_spec(rng, len(queue) + index)
             joined = QueuedJob(f"arrived-{index:06}", spec, duration)
             waiting.insert(insertion_index(waiting, spec.priority), joined)
         elif changes and index:
             job = live.pop(rng.randrange(len(live)))
+            if job in added:
+                added.remove(job)
+            else:
+                gone.append(job)
             for name, amount in job.held.items():
                 free[name] = NodeCapacity(info=free[name].info, free=free[name].free + amount)
         listed = list(free.values())
+        change = None if given is None else RunningChange(given, gone, added)
+        given = list(live)
         began = time.perf_counter()
         with collector_paused():  # as the scheduler decides (services/scheduler/service.py)
-            decision = schedule(waiting, listed, FLAVORS, running=live, now=now, cluster=kept)
+            decision = schedule(waiting, listed, FLAVORS, running=given, now=now, cluster=kept, running_change=change)
         if index:  # the first one works out what the others keep
             samples.append(time.perf_counter() - began)
         started(decision, waiting, live, free, now)

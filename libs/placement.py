@@ -92,6 +92,17 @@ class RunningJob:
 
 
 @dataclass(frozen=True)
+class RunningChange:
+    """How a list of running jobs differs from the list given to the last cycle over the same `Cluster` (`before`, the
+    very object): the jobs of that list not in this one and those of this one not in that, by identity. Whoever keeps
+    the list as jobs start and end knows it at once; a cycle told so compares no lists (`schedule`)."""
+
+    before: Sequence[RunningJob]
+    gone: Sequence[RunningJob]
+    added: Sequence[RunningJob]
+
+
+@dataclass(frozen=True)
 class Admission:
     job_id: str
     flavor: str
@@ -625,19 +636,23 @@ def _room(need: Resources, free: Resources, fits: bool | None = None) -> int:
 
 
 def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[str, Flavor], *,
-             running: Sequence[RunningJob] = (), now: datetime, cluster: Cluster | None = None) -> Decision:
+             running: Sequence[RunningJob] = (), now: datetime, cluster: Cluster | None = None,
+             running_change: RunningChange | None = None) -> Decision:
     """Decide which queued jobs start now and which running elastic jobs grow.
 
     `queue` is in start order (S1); `nodes` are the schedulable nodes with what is free on them now;
     `running` says what the running jobs hold and until when (their duration limits). `cluster`, when
     given, is the `Cluster` of the same nodes from an earlier cycle: what it worked out about them is reused, and so is
-    what the last cycle over it kept (`_Kept`): only what changed since is worked out again.
+    what the last cycle over it kept (`_Kept`): only what changed since is worked out again. `running_change`, when
+    given, says how `running` differs from the list the last cycle over `cluster` was given (else the two are compared
+    job by job).
     """
-    cycle = Cycle(nodes, flavors, running, now, cluster=cluster, keep=cluster is not None)
+    cycle = Cycle(nodes, flavors, running, now, cluster=cluster, keep=cluster is not None,
+                  running_change=running_change)
     decision = cycle.run(queue)
     if cluster is not None:
         cluster.kept = _Kept(cycle.free_now, cycle.held, cycle.free_now.revision, cycle.failed_now, cycle.extra_made,
-                             cycle.failed_extra, cycle.releases)
+                             cycle.failed_extra, cycle.releases, running)
     return decision
 
 
@@ -645,6 +660,8 @@ def schedule(queue: list[QueuedJob], nodes: list[NodeCapacity], flavors: dict[st
 # order wherever they are summed, so that what is free at an instant is the same to the last bit however it was
 # worked out.
 _BY_ID, _BY_END = operator.attrgetter("job_id"), operator.attrgetter("ends_at")
+# Past this many jobs started or ended since the last cycle, what they hold is worked out afresh rather than from it.
+CHANGED_AT_MOST = 64
 
 
 class _Held:
@@ -685,21 +702,30 @@ class _Held:
         by_id, before = dict(zip(map(id, running), running, strict=True)), self.by_id
         gone_ids = before.keys() - by_id.keys()
         added_ids = by_id.keys() - before.keys()
-        if len(gone_ids) + len(added_ids) > 64 or len(by_id) != len(running):
+        if len(gone_ids) + len(added_ids) > CHANGED_AT_MOST or len(by_id) != len(running):
+            return _Held(running)
+        twin = self.changed(running, [before[key] for key in gone_ids], [by_id[key] for key in added_ids])
+        twin._by_id = by_id
+        return twin
+
+    def changed(self, running: list[RunningJob], gone: Sequence[RunningJob], added: Sequence[RunningJob]) -> _Held:
+        """The same for `running`, which holds this one's jobs but `gone` and besides them `added` (by identity)."""
+        if len(gone) + len(added) > CHANGED_AT_MOST:
             return _Held(running)
         twin = copy.copy(self)
-        twin.running, twin._by_id = running, by_id
+        twin.running, twin._by_id = running, None
         twin.jobs, twin.ends, twin.timed, twin.distinct = (list(self.jobs), list(self.ends), list(self.timed),
                                                            list(self.distinct))
-        twin.gone = [before[key] for key in gone_ids]
-        twin.added = [by_id[key] for key in added_ids]
+        twin.gone, twin.added = list(gone), list(added)
         for job in twin.gone:
             gone_end = job.ends_at
             if gone_end is None:
                 continue
-            place = bisect.bisect_left(twin.ends, gone_end)
-            while twin.jobs[place] is not job:  # among those ending then
+            place, high = bisect.bisect_left(twin.ends, gone_end), bisect.bisect_right(twin.ends, gone_end)
+            while place < high and twin.jobs[place] is not job:  # among those ending then
                 place += 1
+            if place == high:  # not one of these jobs: worked out afresh rather than wrongly
+                return _Held(running)
             del twin.jobs[place], twin.ends[place], twin.timed[place]
             if gone_end not in twin.ends[max(place - 1, 0):place + 1]:  # no other job ends then
                 twin.distinct.pop(bisect.bisect_left(twin.distinct, gone_end))
@@ -716,6 +742,7 @@ class _Held:
             index = bisect.bisect_left(twin.distinct, end)
             if index == len(twin.distinct) or twin.distinct[index] != end:
                 twin.distinct.insert(index, end)
+        gone_ids = set(map(id, twin.gone))
         arrived = [job for job in twin.added if may_grow(job)]
         if arrived:  # where it goes among the others depends on the list's order
             positions = dict(zip(map(id, running), range(len(running)), strict=True))
@@ -741,6 +768,7 @@ class _Kept:
     extra_made: tuple[object, ...] | None = None
     failed_extra: set[Shape] = field(default_factory=set)
     releases: _Releases | None = None  # kept over `capacity`, following `held`
+    given: Sequence[RunningJob] | None = None  # the running jobs as given (the very list: see `RunningChange`)
 
 
 @dataclass
@@ -1115,8 +1143,10 @@ class Cycle:
     """
 
     def __init__(self, nodes: list[NodeCapacity], flavors: Mapping[str, Flavor], running: Sequence[RunningJob],
-                 now: datetime, *, cluster: Cluster | None = None, keep: bool = False) -> None:
-        """`keep`: take what the last cycle over `cluster` kept (`_Kept`), for this cycle alone to use and change."""
+                 now: datetime, *, cluster: Cluster | None = None, keep: bool = False,
+                 running_change: RunningChange | None = None) -> None:
+        """`keep`: take what the last cycle over `cluster` kept (`_Kept`), for this cycle alone to use and change;
+        `running_change`: how `running` differs from the running jobs that cycle was given."""
         self.cluster = Cluster(n.info for n in nodes) if cluster is None else cluster
         self.flavors = flavors
         self.running = list(running)
@@ -1139,7 +1169,7 @@ class Cycle:
                 self.free_now.remember(nodes)
         self._held: _Held | None = None
         if kept is not None and kept.held is not None:  # the same running jobs, or a few more or fewer
-            self._held = kept.held if kept.held.running == self.running else kept.held.then(self.running)
+            self._held = self._held_since(kept.held, kept.given, running_change)
         # The releases node by node (`_Releases`), kept by the cycles of a scheduler and made when a head first needs
         # them: over the capacity kept, following the jobs that ended or started.
         self.keep = keep
@@ -1164,6 +1194,15 @@ class Cycle:
         self.after_head: dict[str, Resources] = {}
         self.extra: Capacity | None = None
         self.totals: Capacity | None = None
+
+    def _held_since(self, held: _Held, given: Sequence[RunningJob] | None, change: RunningChange | None) -> _Held:
+        """What the running jobs hold, from what they held last cycle (`held`, given as `given`): told how they changed
+        since (`change`, about that very list), or else found by comparing the two lists."""
+        if (change is not None and change.before is given
+                and len(held.running) - len(change.gone) + len(change.added) == len(self.running)):
+            return held.changed(self.running, change.gone, change.added) if change.gone or change.added else held
+        same = len(held.running) == len(self.running) and all(map(operator.is_, held.running, self.running))
+        return held if same else held.then(self.running)  # (by identity: equal jobs made anew are other jobs)
 
     @property
     def held(self) -> _Held:

@@ -46,7 +46,13 @@ from libs.contracts.jobspec import CheckpointResume, DatasetRef, Elastic, JobSpe
 from libs.contracts.scheduling import Prediction
 from libs.placement import NodeCapacity, QueuedJob, RunningJob, Served, schedule
 from services.scheduler.domain.state import Job, SchedulerState
-from services.scheduler.planning.decision_inputs import RECHECK_AFTER, node_capacity, queued_job, running_jobs
+from services.scheduler.planning.decision_inputs import (
+    RECHECK_AFTER,
+    node_capacity,
+    queued_job,
+    running_jobs,
+    running_jobs_changed,
+)
 from services.scheduler.rules import cycle
 from tests.support.placement import NOW
 from tests.support.strategies import SETTINGS
@@ -236,6 +242,7 @@ def nodes_from_scratch(state: SchedulerState) -> list[NodeCapacity]:
 @given(st.data())
 def test_what_the_state_keeps_equals_what_every_job_gives(data: st.DataObject) -> None:
     log = Log()
+    given: list[RunningJob] | None = None  # what a cycle was last given of the running jobs
     for _ in range(data.draw(st.integers(1, 60))):
         step(log, data)
         state, now = log.state, log.at() + timedelta(seconds=data.draw(st.sampled_from([0, 90])))
@@ -244,6 +251,14 @@ def test_what_the_state_keeps_equals_what_every_job_gives(data: st.DataObject) -
         assert state.used() == used_from_scratch(state)
         assert node_capacity(state) == nodes_from_scratch(state)
         assert running_jobs(state, now) == running_from_scratch(state, now)
+        if data.draw(st.booleans()):  # a cycle runs: it is given the running jobs, and told how they changed
+            listed, change = running_jobs_changed(state, now)
+            assert listed == running_from_scratch(state, now)
+            if change is not None:
+                assert given is not None and change.before is given
+                assert set(map(id, change.gone)) == set(map(id, given)) - set(map(id, listed))
+                assert set(map(id, change.added)) == set(map(id, listed)) - set(map(id, given))
+            given = listed
         for job in state.queue():
             made = queued_job(state, job, now)
             assert made == queued_from_scratch(state, job, now)

@@ -4,6 +4,7 @@ time passed, jobs started, ended, arrived or left the queue, room on nodes was t
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta
@@ -15,7 +16,7 @@ from hypothesis import strategies as st
 from libs import placement
 from libs.contracts.cluster import Flavor, Resources
 from libs.contracts.jobspec import JobSpec
-from libs.placement import Cluster, Decision, NodeCapacity, QueuedJob, RunningJob, holdings, schedule
+from libs.placement import Cluster, Decision, NodeCapacity, QueuedJob, RunningChange, RunningJob, holdings, schedule
 from tests.support.placement import NOW, busy, node, run_on
 from tests.support.strategies import SETTINGS, Scenario, job_specs, scenarios
 
@@ -30,9 +31,32 @@ class World:
         self.queue: list[QueuedJob] = list(scenario.queue)
         self.now: datetime = NOW
         self.made = 0
+        # The running jobs as the last kept cycle was given them, and how they changed since (as a scheduler's state
+        # tells its cycle: `RunningChange`); None: the cycle is not told, and compares the lists.
+        self.tell = False
+        self.given: list[RunningJob] | None = None
+        self.gone: list[RunningJob] = []
+        self.added: list[RunningJob] = []
 
     def decide(self, cluster: Cluster | None) -> Decision:
-        return schedule(self.queue, self.nodes, self.flavors, running=self.running, now=self.now, cluster=cluster)
+        if cluster is None:
+            return schedule(self.queue, self.nodes, self.flavors, running=self.running, now=self.now)
+        given = list(self.running)
+        change = RunningChange(self.given, self.gone, self.added) if self.tell and self.given is not None else None
+        self.given, self.gone, self.added = given, [], []
+        with pytest.MonkeyPatch.context() as patch:
+            if change is not None:  # told how they changed, a cycle compares no lists
+                patch.setattr(placement._Held, "then", lambda *_: pytest.fail("the running jobs were compared"))
+            return schedule(self.queue, self.nodes, self.flavors, running=given, now=self.now, cluster=cluster,
+                            running_change=change)
+
+    def end(self, index: int) -> RunningJob:
+        ended = self.running.pop(index)
+        if ended in self.added:
+            self.added.remove(ended)
+        else:
+            self.gone.append(ended)
+        return ended
 
     def change(self, held: dict[str, Resources], sign: int) -> None:
         self.nodes = [NodeCapacity(info=n.info, free=n.free + held[n.info.name] if sign > 0 else
@@ -47,6 +71,7 @@ class World:
             ends = None if job.duration_seconds is None else self.now + timedelta(seconds=job.duration_seconds)
             self.running.append(RunningJob(job_id=job.job_id, spec=job.spec, flavor=flavor,
                                            placement=admission.placement, ends_at=ends))
+            self.added.append(self.running[-1])
             self.change(holdings(admission.placement, flavor), -1)
         admitted = {admission.job_id for admission in decision.admissions}
         self.queue = [job for job in self.queue if job.job_id not in admitted]
@@ -81,6 +106,7 @@ def test_a_kept_cycle_decides_as_one_from_scratch(scenario: Scenario, data: st.D
 
 def changed_step_by_step(scenario: Scenario, data: st.DataObject) -> None:
     world = World(scenario)
+    world.tell = data.draw(st.booleans())
     cluster = Cluster(n.info for n in world.nodes)
     names = sorted(world.flavors)
     node_names = [n.info.name for n in world.nodes]
@@ -91,7 +117,7 @@ def changed_step_by_step(scenario: Scenario, data: st.DataObject) -> None:
         if step == "admit":
             world.admit(kept)
         elif step == "end" and world.running:
-            ended = world.running.pop(data.draw(st.integers(0, len(world.running) - 1)))
+            ended = world.end(data.draw(st.integers(0, len(world.running) - 1)))
             world.change(holdings(ended.placement, ended.flavor), +1)
         elif step == "arrive":
             world.made += 1
@@ -230,3 +256,46 @@ def test_what_a_cycle_keeps_of_releases_goes_with_the_jobs_that_ended() -> None:
     kept.settle([], NOW)  # as the next head's reservation would
     assert kept.held == {} and kept.chains == {} and kept.steps == {}
     assert [kind.gains for kind in kept.gains.values()] == [{}]
+
+
+def test_a_job_that_ended_as_the_cycle_is_told_no_longer_releases_anything() -> None:
+    """Told that a job ended (`RunningChange`), a kept cycle stops counting what it held: a head that needs a whole
+    node waits for the node's other job, not for the end the ended one would have reached."""
+    half, whole = Flavor(name="half", cpus=16, memory_mib=1024), Flavor(name="whole", cpus=32, memory_mib=1024)
+    flavors = {flavor.name: flavor for flavor in (half, whole)}
+    early, late = run_on("early", ["a"], flavor=half, ends_in=100), run_on("late", ["a"], flavor=half, ends_in=300)
+    running = [early, late]
+    nodes = busy([node("a", cpus=32, memory_mib=65536)], running)
+    head = [QueuedJob("head", JobSpec(name="j", flavors=["whole"], command="c"), None)]
+    cluster = Cluster(n.info for n in nodes)
+    with counted_exactly():
+        first = schedule(head, nodes, flavors, running=running, now=NOW, cluster=cluster)
+        assert first.reservation is not None and first.reservation.start == NOW + timedelta(seconds=300)
+        freed = busy([node("a", cpus=32, memory_mib=65536)], [late])
+        later = schedule(head, freed, flavors, running=[late], now=NOW + timedelta(seconds=10), cluster=cluster,
+                         running_change=RunningChange(running, [early], []))
+    assert later == schedule(head, freed, flavors, running=[late], now=NOW + timedelta(seconds=10))
+    assert later.reservation is not None and later.reservation.start == NOW + timedelta(seconds=300)
+
+
+def test_running_jobs_made_anew_are_told_from_those_the_last_cycle_was_given() -> None:
+    """A scheduler started again in the same process (from a snapshot, say) makes its running jobs anew: equal to
+    those the last cycle over the cluster was given, not the same objects. Told later that one of them ended, the
+    cycle finds it among them and goes on from what it kept, rather than working everything out again."""
+    half, whole = Flavor(name="half", cpus=16, memory_mib=1024), Flavor(name="whole", cpus=32, memory_mib=1024)
+    flavors = {flavor.name: flavor for flavor in (half, whole)}
+    running = [run_on("early", ["a"], flavor=half, ends_in=100), run_on("late", ["a"], flavor=half, ends_in=300)]
+    nodes = busy([node("a", cpus=32, memory_mib=65536)], running)
+    head = [QueuedJob("head", JobSpec(name="j", flavors=["whole"], command="c"), None)]
+    cluster = Cluster(n.info for n in nodes)
+    schedule(head, nodes, flavors, running=running, now=NOW, cluster=cluster)
+    anew = [dataclasses.replace(job) for job in running]
+    assert anew == running
+    schedule(head, nodes, flavors, running=anew, now=NOW, cluster=cluster)  # a state made anew tells no change
+    freed = busy([node("a", cpus=32, memory_mib=65536)], anew[1:])
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(placement._Held, "__init__", lambda *_: pytest.fail("worked out afresh"))
+        later = schedule(head, freed, flavors, running=anew[1:], now=NOW, cluster=cluster,
+                         running_change=RunningChange(anew, [anew[0]], []))
+    assert later == schedule(head, freed, flavors, running=anew[1:], now=NOW)
+    assert later.reservation is not None and later.reservation.start == NOW + timedelta(seconds=300)

@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
+from typing import Generic, Protocol, TypeVar
 
 from libs.contracts.arrays import ArrayMember
 from libs.contracts.cluster import ClusterConfig, Flavor, Resources
@@ -205,16 +206,24 @@ class Job:
         return (PRIORITY_RANK[self.priority], self.queue_order)
 
 
-class _Ordered:
+class _Identified(Protocol):
+    @property
+    def job_id(self) -> str: ...
+
+
+Kept = TypeVar("Kept", bound=_Identified)
+
+
+class _Ordered(Generic[Kept]):
     """Jobs kept in the order of a key, as they come and go, so that reading them in order sorts nothing. A job
     leaves by the key it came with, whatever changed in it since."""
 
     def __init__(self) -> None:
         self.keys: list[tuple[int, int, str]] = []
-        self.jobs: list[Job] = []
+        self.jobs: list[Kept] = []
         self.key_of: dict[str, tuple[int, int, str]] = {}
 
-    def put(self, job: Job, key: tuple[int, int, str]) -> None:
+    def put(self, job: Kept, key: tuple[int, int, str]) -> None:
         """Keep `job` at `key`."""
         if self.key_of.get(job.job_id) == key and self.jobs[bisect.bisect_left(self.keys, key)] is job:
             return
@@ -233,6 +242,34 @@ class _Ordered:
     def index(self, job_id: str) -> int | None:
         key = self.key_of.get(job_id)
         return None if key is None else bisect.bisect_left(self.keys, key)
+
+    def get(self, job_id: str) -> Kept | None:
+        index = self.index(job_id)
+        return None if index is None else self.jobs[index]
+
+    def clear(self) -> None:
+        self.keys.clear()
+        self.jobs.clear()
+        self.key_of.clear()
+
+
+class GivenRunning:
+    """What the decision logic was last given of the jobs holding resources (decision_inputs.running_jobs_changed):
+    each as a `RunningJob`, in submission order; the list it was handed; the jobs changed since (None: any may have);
+    those made again every time (they depend on the time). Left out of a snapshot: a state read back makes it again."""
+
+    def __init__(self) -> None:
+        self.made: _Ordered[RunningJob] = _Ordered()
+        self.listed: list[RunningJob] | None = None
+        self.changed: set[str] | None = None
+        self.every_time: set[str] = set()
+
+    def touch(self, job_id: str) -> None:
+        if self.changed is not None:
+            self.changed.add(job_id)
+
+    def __reduce__(self) -> tuple[type[GivenRunning], tuple[()]]:
+        return GivenRunning, ()  # read back (or copied) empty
 
 
 def _microseconds(at: datetime) -> int:
@@ -318,8 +355,8 @@ class SchedulerState:
     # Kept up to date as the jobs' events are folded, so that a cycle reads them rather than working them out
     # from every job: the queue in start order (S1), the jobs holding resources in submission order, what each
     # of those holds per node, and what is held on each node (their sum, in that order).
-    _queue: _Ordered = field(default_factory=_Ordered, init=False, compare=False, repr=False)
-    _holding: _Ordered = field(default_factory=_Ordered, init=False, compare=False, repr=False)
+    _queue: _Ordered[Job] = field(default_factory=_Ordered, init=False, compare=False, repr=False)
+    _holding: _Ordered[Job] = field(default_factory=_Ordered, init=False, compare=False, repr=False)
     _held: dict[str, dict[str, Resources]] = field(default_factory=dict, init=False, compare=False, repr=False)
     _on_node: dict[str, dict[str, Resources]] = field(default_factory=dict, init=False, compare=False, repr=False)
     _used: dict[str, Resources] = field(default_factory=dict, init=False, compare=False, repr=False)
@@ -329,12 +366,14 @@ class SchedulerState:
     capacity_as: list[NodeCapacity] = field(default_factory=list, init=False, compare=False, repr=False)
     capacity_at: dict[str, int] = field(default_factory=dict, init=False, compare=False, repr=False)
     capacity_changed: set[str] | None = field(default=None, init=False, compare=False, repr=False)
+    # Likewise of the jobs holding resources (decision_inputs.running_jobs_changed).
+    given_running: GivenRunning = field(default_factory=GivenRunning, init=False, compare=False, repr=False)
     _flavors: dict[str, Flavor] = field(default_factory=dict, init=False, compare=False, repr=False)
     # How many jobs are in each status, kept as their events are folded (the `trainyard.jobs` gauge), not counted
     # from every job there ever was.
     _by_status: Counter[str] = field(default_factory=Counter, init=False, compare=False, repr=False)
     # The ended jobs still held, in the order of their ends: the oldest are archived first (rules/archive.py).
-    _ended_order: _Ordered = field(default_factory=_Ordered, init=False, compare=False, repr=False)
+    _ended_order: _Ordered[Job] = field(default_factory=_Ordered, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for flavor in reversed(self.cluster.flavors):  # by name; the first of a name, as ClusterConfig.flavor
@@ -409,6 +448,8 @@ class SchedulerState:
         elif envelope.service == "launcher":
             if self._apply_launch_event(job, envelope):
                 job.changed()
+                if job.job_id in self._holding.key_of:
+                    self.given_running.touch(job.job_id)
                 self.revision += 1
         elif isinstance(event, DebugEnvironmentKept):
             job.kept_until = event.until
@@ -432,6 +473,8 @@ class SchedulerState:
         else:
             self._queue.discard(job_id)
         holds = (job.status == "running" or job.prechecking) and self.active.get(job_id) is job
+        if holds or job_id in self._holding.key_of:
+            self.given_running.touch(job_id)
         if holds:
             self._holding.put(job, (0, job.queue_order, job_id))
         else:
@@ -545,6 +588,8 @@ class SchedulerState:
         for kept in (self.active, self.unpredicted, self.provisioning.news):
             kept.pop(job_id, None)
         self._queue.discard(job_id)
+        if job_id in self._holding.key_of:
+            self.given_running.touch(job_id)
         self._holding.discard(job_id)
         self._ended_order.discard(job_id)
         if job.array is not None and (array := self.arrays.get(job.array.array_id)) is not None:
@@ -623,6 +668,10 @@ class SchedulerState:
     def holding(self) -> list[Job]:
         """Jobs that hold resources: running ones and those being pre-checked, in submission order."""
         return list(self._holding.jobs)
+
+    def holding_key(self, job_id: str) -> tuple[int, int, str] | None:
+        """Where a job holding resources stands among them (`holding`); None: it holds none."""
+        return self._holding.key_of.get(job_id)
 
     def placements(self, job: Job) -> list[tuple[str, list[Placement]]]:
         """What a job holds, as (flavor, placement): its current placement, and while it is being moved

@@ -8,7 +8,7 @@ from datetime import datetime, timedelta
 import msgspec
 
 from libs.contracts.cluster import Flavor, NodeInfo, Resources
-from libs.placement import NodeCapacity, QueuedJob, RunningJob
+from libs.placement import NodeCapacity, QueuedJob, RunningChange, RunningJob
 from services.scheduler.domain.state import Job, SchedulerState
 from services.scheduler.planning.prediction_cache import JobFacts, PlanInputs
 
@@ -71,15 +71,66 @@ def running_jobs(state: SchedulerState, now: datetime) -> list[RunningJob]:
     pre-checked (they hold their placement and, once admitted, run until their limit)."""
     running: list[RunningJob] = []
     for job in state.holding():
-        made = job.running_as  # made since the job's last event
-        if made is None:
-            made = running_job(state, job, now)
-            if made is None:
-                continue
-            if not (job.prechecking and job.duration_seconds is not None):  # else it depends on `now`
-                job.running_as = made
-        running.append(made)
+        made, _ = held_as(state, job, now)
+        if made is not None:
+            running.append(made)
     return running
+
+
+def running_jobs_changed(state: SchedulerState, now: datetime) -> tuple[list[RunningJob], RunningChange | None]:
+    """`running_jobs` for a cycle, made again only for the jobs whose events were folded since the last time (all of
+    them after a state was read back), and how it differs from the list given then (None: made afresh), so that the
+    cycle compares no lists (`RunningChange`)."""
+    given = state.given_running
+    made, before = given.made, given.listed
+    change: RunningChange | None = None
+    if given.changed is None or before is None:
+        made.clear()
+        given.every_time.clear()
+        for job in state.holding():
+            running, key = _given(state, job, now), state.holding_key(job.job_id)
+            if running is not None and key is not None:
+                made.put(running, key)
+    else:
+        gone, added = [], []
+        for job_id in given.changed | given.every_time:
+            key = state.holding_key(job_id)
+            old, new = made.get(job_id), None if key is None else _given(state, state.jobs[job_id], now)
+            if key is None:
+                given.every_time.discard(job_id)
+            if new is old:
+                continue
+            if old is not None:
+                made.discard(job_id)
+                gone.append(old)
+            if new is not None and key is not None:
+                made.put(new, key)
+                added.append(new)
+        change = RunningChange(before, gone, added)
+    given.listed, given.changed = list(made.jobs), set()
+    return given.listed, change
+
+
+def _given(state: SchedulerState, job: Job, now: datetime) -> RunningJob | None:
+    made, every_time = held_as(state, job, now)
+    if every_time:
+        state.given_running.every_time.add(job.job_id)
+    else:
+        state.given_running.every_time.discard(job.job_id)
+    return made
+
+
+def held_as(state: SchedulerState, job: Job, now: datetime) -> tuple[RunningJob | None, bool]:
+    """A job holding resources as the decision logic sees it (None: it holds a flavor the cluster lacks), the one made
+    before unless one of its events was folded since; and whether it is made again every time (a pre-checked job with
+    a limit ends as if it started now)."""
+    if (made := job.running_as) is not None:
+        return made, False
+    made = running_job(state, job, now)
+    every_time = job.prechecking and job.duration_seconds is not None
+    if made is not None and not every_time:
+        job.running_as = made
+    return made, every_time
 
 
 def running_job(state: SchedulerState, job: Job, now: datetime) -> RunningJob | None:

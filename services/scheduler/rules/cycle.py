@@ -34,7 +34,12 @@ from libs.settings import Settings
 from services.scheduler.domain.arrays import held_back
 from services.scheduler.domain.names import job_change
 from services.scheduler.domain.state import Job, SchedulerState
-from services.scheduler.planning.decision_inputs import cluster_flavors, node_capacity, queued_job, running_jobs
+from services.scheduler.planning.decision_inputs import (
+    cluster_flavors,
+    node_capacity,
+    queued_job,
+    running_jobs_changed,
+)
 from services.scheduler.planning.prediction import started
 
 
@@ -99,10 +104,11 @@ def decide(state: SchedulerState, now: datetime) -> Decision | None:
     served = cluster.served  # a job no node could take does not count against the depth
     queue = [queued_job(state, job, now) for job in itertools.islice(
         (job for job in waiting if job.job_id not in held and served.may_serve(job.spec)), CYCLE_DEPTH)]
-    running = running_jobs(state, now)
+    running, change = running_jobs_changed(state, now)
     if not queue and not any(map(may_grow, running)):
         return None
-    return schedule(queue, nodes, cluster_flavors(state), running=running, now=now, cluster=cluster)
+    return schedule(queue, nodes, cluster_flavors(state), running=running, now=now, cluster=cluster,
+                    running_change=change)
 
 
 def admissions(state: SchedulerState, decision: Decision, now: datetime) -> list[NewEvent]:
