@@ -12,8 +12,9 @@ ended jobs leave the services' memory (JobArchived) a minute after their end by 
 
 Then `--jobs` trivial single-node jobs are submitted through the Python client, `--in-flight` submissions out at a
 time, without pause: a closed flow, as fast as they are answered, which speeds up whenever submissions get cheaper
-(while a restarted scheduler catches up and decides nothing, say). `--rate N` makes it an open one: the i-th job is
-sent at i/N s, not sooner (still within `--in-flight` out), as users submit whatever the scheduler is doing. A
+(while a restarted scheduler catches up and decides nothing, say). `--rate N` makes it an open one: each job is
+sent 1/N s after the one before it, not sooner (still within `--in-flight` out), as users submit whatever the
+scheduler is doing; a flow the stack kept behind goes on at N a second from where it is, never faster to catch up. A
 submission nothing answers (a service being restarted) is sent again with the same job id; its latency counts from
 the first attempt. While they flow, `--samples` samples are taken, evenly spaced by jobs
 submitted, each giving: every service's and the real agent's resident memory (VmRSS of the processes the harness
@@ -273,7 +274,7 @@ class Flow:
     resent: int = 0  # submissions sent again because nothing answered
     last_answer: float = field(default_factory=time.monotonic)
     _next: int = 0
-    _began: float = 0.0
+    _due: float = 0.0  # when the next job may be sent (with `rate`)
     _latencies: list[float] = field(default_factory=list)
 
     def spec(self, index: int) -> JobSpec:
@@ -281,7 +282,7 @@ class Flow:
         return trivial_spec(index, output=OUTPUT, pool=REAL_POOL if real else None)
 
     async def run(self, in_flight: int) -> None:
-        self._began = time.monotonic()
+        self._due = time.monotonic()
         await asyncio.gather(*(self._submitter() for _ in range(in_flight)))
 
     def take_window(self) -> list[float]:
@@ -293,7 +294,9 @@ class Flow:
             index, job_id = self._next, new_job_id()
             self._next += 1
             if self.rate:  # at its turn, not sooner: an open flow, as users' (within `in_flight` out at a time)
-                await asyncio.sleep(self._began + index / self.rate - time.monotonic())
+                due = max(self._due, time.monotonic())
+                self._due = due + 1 / self.rate
+                await asyncio.sleep(due - time.monotonic())
             spec, sent = self.spec(index), time.monotonic()
             while True:
                 try:
@@ -732,7 +735,7 @@ def main() -> None:
     parser.add_argument("--retention", default="1m", help="the administrator's job_retention (at least 1m)")
     parser.add_argument("--in-flight", type=int, default=32, help="submissions out at a time")
     parser.add_argument("--rate", type=float, default=None,
-                        help="jobs submitted a second at most, each at its turn (default: as fast as answered)")
+                        help="jobs submitted a second at most, 1/N s apart (default: as fast as answered)")
     parser.add_argument("--samples", type=int, default=20, help="evenly spaced by jobs submitted")
     parser.add_argument("--restarts", type=int, default=4, help="times every service is stopped and started again")
     parser.add_argument("--agent-every", type=int, default=10,

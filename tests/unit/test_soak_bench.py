@@ -1,11 +1,24 @@
 """The soak benchmark's figures: where it samples, the cycle quantiles it reads from a histogram, and which samples
-its memory growth compares."""
+its memory growth compares; and its open flow of submissions."""
 
 from __future__ import annotations
 
+import asyncio
+import time
+from typing import Any, cast
+
 import pytest
 
-from bench.soak import evenly, growth_percent, histogram_buckets, histogram_quantile, steady_stretch, warm_up_index
+from bench.soak import (
+    Flow,
+    evenly,
+    growth_percent,
+    histogram_buckets,
+    histogram_quantile,
+    steady_stretch,
+    warm_up_index,
+)
+from client.api import TrainyardClient
 
 SCRAPED = """# HELP trainyard_scheduler_cycle_duration_seconds How long a scheduling cycle took
 # TYPE trainyard_scheduler_cycle_duration_seconds histogram
@@ -44,3 +57,34 @@ def test_a_restarted_process_is_compared_over_its_longest_stretch_without_a_rest
     # Samples 1-3 before the first restart, 5-8 after it (4 is the restarted process's first), 10-11 after the second.
     assert steady_stretch(restarted, 1) == (5, 8)
     assert steady_stretch([False, True, True], 0) is None
+
+
+class StalledStack:
+    """Answers no submission until `resume` is set (a restarted scheduler catching up), then each at once; notes
+    when each submission was sent."""
+
+    def __init__(self) -> None:
+        self.resume = asyncio.Event()
+        self.sent: list[float] = []
+
+    async def submit(self, spec: Any, *, job_id: str) -> None:
+        self.sent.append(time.monotonic())
+        await self.resume.wait()
+
+
+@pytest.mark.asyncio
+async def test_an_open_flow_kept_behind_goes_on_at_its_rate_rather_than_catching_up() -> None:
+    """Users do not submit faster because the platform was slow a moment: a flow of 50 jobs a second held up for
+    half a second (its 4 submissions out unanswered) sends the next ones 20 ms apart once answers come again, not
+    the 25 it fell behind by at once."""
+    stack = StalledStack()
+    flow = Flow(cast(TrainyardClient, stack), jobs=60, agent_every=0, rate=50)
+    flowing = asyncio.ensure_future(flow.run(in_flight=4))
+    await asyncio.sleep(0.5)
+    assert len(stack.sent) == 4
+    released = time.monotonic()
+    stack.resume.set()
+    await asyncio.sleep(0.1)
+    assert len([sent for sent in stack.sent if sent >= released]) <= 8  # (0.1 s at 50 a second: about 5)
+    await flowing
+    assert flow.submitted == 60
