@@ -121,6 +121,8 @@ class Scheduler(EventSourcedService):
         changed (and how long jobs ran)."""
         revision = self.state.revision
         self.state.apply(envelope)
+        for aggregate_type, aggregate_id in self.state.take_left():  # archived: its version goes with it
+            self.forget(aggregate_type, aggregate_id)
         self.predictions.applied(envelope, self.state.jobs)
         if self.state.revision != revision:
             self._changed.set()

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 from libs.contracts.arrays import ArrayMember
+from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import (
     ArraySubmitted,
     DebugEnvironmentKept,
@@ -14,13 +15,18 @@ from libs.contracts.events import (
     EventEnvelope,
     JobArchived,
     JobFailed,
+    JobStopped,
     JobSubmitted,
     JobSucceeded,
     SettingsChanged,
 )
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from libs.contracts.scheduling import AdminSettings
+from services.scheduler.history.past import PastScheduler
 from services.scheduler.rules.archive import archivals
+from services.scheduler.service import Scheduler
+from tests.support.eventlog import EventLog, fake_runtime
+from tests.support.placement import CPU4
 from tests.support.scheduler_state import AT, Fold
 
 DAY = timedelta(days=1)
@@ -130,3 +136,29 @@ def test_archived_is_recorded_with_the_retention_it_was_kept_for() -> None:
     ended_job(fold, "job-a")
     changes = archivals(fold.state, fold.now + 8 * DAY)
     assert [change.event for change in changes] == [JobArchived(job_id="job-a", retention="7d")]
+
+
+def test_an_archived_job_and_its_array_leave_the_versions_a_scheduler_records_at() -> None:
+    """A scheduler notes the version of every aggregate it records to; an archived job's goes with the job (and an
+    array's with its last job), in the live scheduler and in the states of past instants it restores at a start,
+    so that a scheduler that runs for months holds none of the jobs that left."""
+    log = EventLog()
+    live = Scheduler(fake_runtime(log, "scheduler"), ClusterConfig(flavors=[CPU4]))
+    past = PastScheduler(ClusterConfig(flavors=[CPU4]))
+    spec = JobSpec(name="member-{index}", flavors=["cpu-4"], algorithm=AlgorithmRef(name="code"), command="true",
+                   output=OutputRef(name="o"))
+    recorded = [log.record("scheduler", "array", "array-1", ArraySubmitted(
+        array_id="array-1", job_name="member-{index}", project="p", creator="alice", indices="0-1", size=2))]
+    for index in range(2):
+        recorded.append(log.record("scheduler", "job", f"job-{index}", JobSubmitted(
+            job_id=f"job-{index}", spec=spec, creator="alice", array=ArrayMember(array_id="array-1", index=index))))
+        recorded.append(log.record("scheduler", "job", f"job-{index}", JobStopped(job_id=f"job-{index}", by="alice")))
+    recorded.append(log.record("scheduler", "job", "job-0", JobArchived(job_id="job-0", retention="1m")))
+    for envelope in recorded:
+        live.apply(envelope)
+        past.fold(envelope)
+    assert set(live.versions) == set(past.versions) == {("array", "array-1"), ("job", "job-1")}
+    last = log.record("scheduler", "job", "job-1", JobArchived(job_id="job-1", retention="1m"))
+    live.apply(last)
+    past.fold(last)
+    assert live.versions == past.versions == {}

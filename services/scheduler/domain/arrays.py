@@ -41,10 +41,8 @@ from libs.contracts.operations.arrays import (
 )
 from libs.contracts.operations.base import CommandError
 from libs.eventstore import NewEvent
-from services.scheduler.domain.names import JOB
+from services.scheduler.domain.names import ARRAY, JOB
 from services.scheduler.domain.state import Array, SchedulerState
-
-ARRAY = "array"  # the scheduler's aggregate of an array (id = array id)
 
 
 def member_id(array_id: str, index: int) -> str:

@@ -12,6 +12,7 @@ from libs.natsroles import events_consumer
 
 SERVICE = "scheduler"
 JOB = "job"
+ARRAY = "array"  # the scheduler's aggregate of an array (id = array id)
 
 # What it reads of each upstream service's events: the monitor's nodes, pre-checks, incidents, kept environments
 # and caches (not its runs nor alerts), the launcher's launches, the autoscaler's instances (not its packing).

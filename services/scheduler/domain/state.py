@@ -76,7 +76,7 @@ from libs.placement import NO_NODES, NodeCapacity, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings
 from libs.storage import staged_sources
 from services.scheduler.domain.images import fold_image
-from services.scheduler.domain.names import SERVICE
+from services.scheduler.domain.names import ARRAY, JOB, SERVICE
 
 
 @dataclass
@@ -374,6 +374,9 @@ class SchedulerState:
     _by_status: Counter[str] = field(default_factory=Counter, init=False, compare=False, repr=False)
     # The ended jobs still held, in the order of their ends: the oldest are archived first (rules/archive.py).
     _ended_order: _Ordered[Job] = field(default_factory=_Ordered, init=False, compare=False, repr=False)
+    # The scheduler's aggregates that left the state (an archived job, an array with its last job), for whoever
+    # notes the aggregates' versions to forget theirs too (`take_left`).
+    left: list[tuple[str, str]] = field(default_factory=list, init=False, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         for flavor in reversed(self.cluster.flavors):  # by name; the first of a name, as ClusterConfig.flavor
@@ -455,6 +458,11 @@ class SchedulerState:
             job.kept_until = event.until
         elif isinstance(event, DebugEnvironmentReleased):
             job.kept_until = None
+
+    def take_left(self) -> list[tuple[str, str]]:
+        """The aggregates that left the state since the last time asked (see `left`)."""
+        taken, self.left = self.left, []
+        return taken
 
     def ended_in_order(self) -> Sequence[Job]:
         """The ended jobs still held, oldest end first."""
@@ -592,10 +600,12 @@ class SchedulerState:
             self.given_running.touch(job_id)
         self._holding.discard(job_id)
         self._ended_order.discard(job_id)
+        self.left.append((JOB, job_id))
         if job.array is not None and (array := self.arrays.get(job.array.array_id)) is not None:
             array.jobs.pop(job.array.index, None)
             if not array.jobs:
                 del self.arrays[array.array_id]
+                self.left.append((ARRAY, array.array_id))
 
     def _apply_launch_event(self, job: Job, envelope: EventEnvelope) -> bool:
         """Fold one of the launcher's events about `job`; whether it changed when the job must end (J14) or a

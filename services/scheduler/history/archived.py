@@ -23,8 +23,8 @@ from libs.contracts.events import ArraySubmitted, EventEnvelope, JobArchived
 from libs.contracts.ids import is_job_id
 from libs.eventstore import EventStore
 from libs.messaging.reader import read_subject
-from services.scheduler.domain.arrays import ARRAY, member_id
-from services.scheduler.domain.names import JOB, SERVICE
+from services.scheduler.domain.arrays import member_id
+from services.scheduler.domain.names import ARRAY, JOB, SERVICE
 from services.scheduler.domain.state import SchedulerState
 from services.scheduler.planning.prediction import Forecast
 

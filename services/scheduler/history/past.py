@@ -91,6 +91,8 @@ class PastScheduler:
         if isinstance(envelope.event, UpstreamMessageSetAside):
             return
         self.state.apply(envelope)
+        for aggregate in self.state.take_left():  # as the live scheduler forgets an archived job's version
+            self.versions.pop(aggregate, None)
         self.predictions.applied(envelope, self.state.jobs)
         self.events += 1
 
