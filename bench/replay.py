@@ -126,7 +126,7 @@ async def publish_launches(nats_url: str, store: EventStore, jobs: int, of: int,
     acks: list[Awaitable[object]] = []
     published = 0
     for envelope in launches(jobs, of, began):
-        subject = event_subject("launcher", "launch", envelope.aggregate_id, type(envelope.event).name())
+        subject = event_subject("launcher", "launch", type(envelope.event).name())
         acks.append(js.publish(subject, encode(envelope), stream=EVENTS_STREAM))
         if len(acks) == PUBLISH_AHEAD:
             await asyncio.gather(*acks)

@@ -22,7 +22,10 @@ started; `*` marks a process started since the last sample), the submit latency 
 sample, the scheduler's cycle time p50/p99 over that window (from its `trainyard.scheduler.cycle.duration` histogram,
 served in Prometheus' format: interpolated within its buckets, as Prometheus' histogram_quantile does), the jobs
 ended and archived so far, the jobs the scheduler holds (submitted, not archived) and the events in each service's log
-(counted in PostgreSQL).
+(counted in PostgreSQL). When the run started its own nats-server (no `NATS_URL` given), each sample also gives that
+server's resident memory and how long JetStream takes to make a follower's consumer over the whole events stream now
+(`JS ms`: an ephemeral consumer filtered on the scheduler's job events from the first message, made and deleted, as
+a service's follower is at its start): both grew with every event while each event's subject named its job.
 
 `--restarts` times during the run, evenly spaced by jobs submitted, each service in turn is stopped (SIGTERM) and
 started again while the jobs keep flowing; each start is timed from the process's start to its lease taken
@@ -57,6 +60,9 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 import asyncpg
+import nats
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from bench.capacity import rss_mib
 from bench.launch_scale import every_service_answers, timings
@@ -68,6 +74,7 @@ from client.api import TrainyardClient, TrainyardError
 from devstack.harness import Stack
 from devstack.ops import metrics_env
 from devstack.stack import SERVICES
+from libs.contracts import subjects
 from libs.contracts.ids import new_job_id
 from libs.contracts.jobspec import JobSpec
 from libs.messaging.rpc import ServiceUnavailable
@@ -372,11 +379,60 @@ def resident_mib(pid: int | None) -> float:
         return float("nan")
 
 
+class NatsProbe:
+    """The nats-server the run started (none: one given by `NATS_URL`, not measured): its resident memory, and the
+    time JetStream takes to make a follower's consumer over the events stream."""
+
+    def __init__(self, nats_url: str, data_dir: Path) -> None:
+        self.nats_url = nats_url
+        self.pid = server_pid(data_dir)
+        self._nc: Client | None = None
+
+    def rss(self) -> float:
+        return resident_mib(self.pid) if self.pid is not None else float("nan")
+
+    async def consumer_ms(self) -> float | None:
+        if self.pid is None:
+            return None
+        try:
+            if self._nc is None:
+                self._nc = await nats.connect(self.nats_url, max_reconnect_attempts=-1)
+            js = self._nc.jetstream()
+            config = ConsumerConfig(filter_subject=subjects.events_of("scheduler", "job")[0],
+                                    deliver_policy=DeliverPolicy.ALL, ack_policy=AckPolicy.NONE, mem_storage=True,
+                                    inactive_threshold=30.0)
+            began = time.monotonic()
+            made = await js.add_consumer(subjects.EVENTS_STREAM, config, timeout=60)
+            took = (time.monotonic() - began) * 1000
+            await js.delete_consumer(subjects.EVENTS_STREAM, made.name)
+            return took
+        except Exception as exc:  # an answer that does not come is the figure's absence, said so
+            print(f"  (JetStream did not make a consumer: {exc!r})", flush=True)
+            return None
+
+    async def close(self) -> None:
+        if self._nc is not None:
+            await self._nc.close()
+
+
+def server_pid(data_dir: Path) -> int | None:
+    """The nats-server storing under `data_dir` (started by the run), if any."""
+    wanted = str(data_dir).encode()
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        with contextlib.suppress(OSError):
+            argv = cmdline.read_bytes().split(b"\0")
+            if argv and argv[0].endswith(b"nats-server") and any(arg.startswith(wanted) for arg in argv):
+                return int(cmdline.parent.name)
+    return None
+
+
 @dataclass(frozen=True)
 class Sample:
     jobs: int  # submitted so far
     seconds: float  # since the first submission
     rss_mib: dict[str, float]  # by column; nan: the process was being restarted
+    nats_mib: float  # the nats-server's (nan: not measured)
+    consumer_ms: float | None  # JetStream making a follower's consumer over the events stream
     restarted: frozenset[str]  # the columns whose process is not the last sample's
     submit_ms: tuple[float, float] | None  # p50, p99 of the window; None: nothing submitted in it
     cycle_ms: tuple[float, float] | None  # p50, p99 of the window's cycles; None: none counted
@@ -388,9 +444,10 @@ class Sample:
 
 
 class Sampler:
-    def __init__(self, soak: SoakStack, logs: EventLogs) -> None:
+    def __init__(self, soak: SoakStack, logs: EventLogs, probe: NatsProbe) -> None:
         self.soak = soak
         self.logs = logs
+        self.probe = probe
         self.began = time.monotonic()
         self._pids: dict[str, int | None] = {}
         self._cycles: tuple[int, dict[float, float]] | None = None  # the scheduler's pid and its last buckets
@@ -404,7 +461,8 @@ class Sampler:
         self._pids = pids
         cycle_ms, cycles = await self._cycle_window(pids["scheduler"])
         await self.logs.count()
-        return Sample(jobs=flow.submitted, seconds=time.monotonic() - self.began, rss_mib=rss, restarted=restarted,
+        return Sample(jobs=flow.submitted, seconds=time.monotonic() - self.began, rss_mib=rss,
+                      nats_mib=self.probe.rss(), consumer_ms=await self.probe.consumer_ms(), restarted=restarted,
                       submit_ms=(percentile(latencies, 0.5) * 1000, percentile(latencies, 0.99) * 1000)
                       if latencies else None,
                       cycle_ms=cycle_ms, cycles=cycles, ended=self.logs.ended, archived=self.logs.archived,
@@ -552,7 +610,7 @@ def table_header(columns: Sequence[str]) -> list[str]:
     return [f"{'':>3}{'':>10}{'':>7} {'RSS MiB':^{width}}{'submit ms':^14}{'cycle ms':^19}{'jobs':^30}"
             f"{'events in the log':^{11 * len(SERVICES)}}",
             f"{'#':>3}{'jobs':>10}{'s':>7} {rss}{'p50':>7}{'p99':>7}{'p50':>6}{'p99':>6}{'cycles':>7}{'ended':>10}"
-            f"{'archived':>10}{'held':>8}{events}"]
+            f"{'archived':>10}{'held':>8}{events}{'nats MiB':>10}{'JS ms':>8}"]
 
 
 def table_row(label: int | str, sample: Sample, columns: Sequence[str]) -> str:
@@ -563,7 +621,8 @@ def table_row(label: int | str, sample: Sample, columns: Sequence[str]) -> str:
     events = "".join(figure(sample.events.get(service, 0), 11) for service in SERVICES)
     return (f"{label:>3}{sample.jobs:>10,}{sample.seconds:>7.0f} {rss}{figure(submit_p50, 7)}"
             f"{figure(submit_p99, 7)}{figure(cycle_p50, 6, 1)}{figure(cycle_p99, 6, 1)}{sample.cycles:>7,}"
-            f"{sample.ended:>10,}{sample.archived:>10,}{sample.held:>8,}{events}")
+            f"{sample.ended:>10,}{sample.archived:>10,}{sample.held:>8,}{events}{figure(sample.nats_mib, 10, 1)}"
+            f"{figure(sample.consumer_ms, 8)}")
 
 
 def startup_row(startup: StartUp) -> str:
@@ -624,6 +683,11 @@ def growth_lines(outcome: Outcome) -> list[str]:
             lines.append(f"  {'':<11}without a restart, samples {stretch[0] + 1}-{stretch[1] + 1} "
                          f"({since.jobs:,} to {until.jobs:,} jobs): {figure(since.rss_mib[column], 0, 1)} -> "
                          f"{figure(until.rss_mib[column], 0, 1)} MiB {figure(steady, 0, 1)}%")
+    if first.nats_mib == first.nats_mib:  # measured: the nats-server the run started
+        change = growth_percent(first.nats_mib, last.nats_mib)
+        lines.append(f"  {'nats-server':<11}{figure(first.nats_mib, 8, 1)} -> {figure(last.nats_mib, 8, 1)} MiB "
+                     f"{figure(change, 7, 1)}%  (JetStream making a follower's consumer: "
+                     f"{figure(first.consumer_ms, 0)} -> {figure(last.consumer_ms, 0)} ms)")
     return lines
 
 
@@ -699,7 +763,8 @@ async def soak(args: argparse.Namespace) -> Outcome:
         outcome = Outcome(args.jobs, sim.processes, Flow(sim.api, args.jobs, args.agent_every, args.rate),
                           EventLogs(servers.database_url), exits=sim.exits)
         await outcome.logs.count()
-        sampler = Sampler(sim, outcome.logs)
+        probe = NatsProbe(servers.nats_url, servers.home / "servers" / "nats")
+        sampler = Sampler(sim, outcome.logs, probe)
         flowing = asyncio.create_task(outcome.flow.run(args.in_flight))
         restarting = asyncio.create_task(restarts(sim, outcome.flow, evenly(args.jobs, args.restarts, last=False),
                                                   args.in_flight, args.timeout, outcome.startups))
@@ -721,6 +786,7 @@ async def soak(args: argparse.Namespace) -> Outcome:
             for task in (flowing, restarting):
                 task.cancel()
             await asyncio.gather(flowing, restarting, return_exceptions=True)
+            await probe.close()
             if args.keep_logs is not None:  # the run's folder goes with the servers, and so do their own logs
                 shutil.copytree(sim.stack.home / "logs", args.keep_logs, dirs_exist_ok=True)
                 for server_log in (servers.home / "servers").rglob("*.log"):

@@ -1,7 +1,7 @@
 """Domain events: every change of state in Trainyard is one of these (SPEC X1).
 
 Events are stored in each service's PostgreSQL event log and published to JetStream on
-`trainyard.events.<service>.<aggregate>.<id>.<EventName>` (see `subjects`). They are tagged with a
+`trainyard.events.<service>.<aggregate>.<EventName>` (see `subjects`). They are tagged with a
 versioned name (`JobSubmitted.v1`): a changed meaning gets a new tag, never a silent edit. Stored
 events tolerate unknown fields so that older readers survive newer writers.
 """

@@ -62,7 +62,7 @@ GROUPS: tuple[Group, ...] = (
           description="Every event type; `type` carries the versioned tag (e.g. JobSubmitted.v1).",
           types=(Event,)),
     Group(filename="envelope.schema.json", title="Trainyard event envelope",
-          description="What is stored and published on trainyard.events.<service>.<aggregate>.<id>.<EventName>.",
+          description="What is stored and published on trainyard.events.<service>.<aggregate>.<EventName>.",
           types=(EventEnvelope,)),
     Group(filename="requests.schema.json", title="Trainyard requests",
           description="Commands and queries sent over NATS request/reply to trainyard.cmd.* and trainyard.query.*.",

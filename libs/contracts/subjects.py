@@ -16,12 +16,27 @@ AGENT_REPORTS_STREAM = "TRAINYARD_AGENT_REPORTS"
 CACHE_REPORTS_STREAM = "TRAINYARD_CACHE_REPORTS"
 LOGS_STREAM = "TRAINYARD_LOGS"
 
-# Public domain events: trainyard.events.<service>.<aggregate>.<aggregate id>.<EventName>.
+# Public domain events: trainyard.events.<service>.<aggregate type>.<EventName>. The aggregate's id is in the
+# envelope, not in the subject: the subjects stay a few hundred however many jobs pass, where JetStream keeps an
+# index entry per subject for as long as the stream holds a message on it (with an id in each subject its memory
+# grew with every event, and its consumer requests slowed to seconds as the log reached a million events). One
+# job's history is read by the stream sequences of its events, which the services note as they fold them.
 EVENTS_ALL = "trainyard.events.>"
 
 
-def event_subject(service: str, aggregate_type: str, aggregate_id: str, event_name: str) -> str:
+def event_subject(service: str, aggregate_type: str, event_name: str) -> str:
+    return f"trainyard.events.{service}.{aggregate_type}.{event_name}"
+
+
+def earlier_event_subject(service: str, aggregate_type: str, aggregate_id: str, event_name: str) -> str:
+    """Where events were published before the aggregate id left the subject: a stream kept from then still holds
+    them, and they are read as they were published."""
     return f"trainyard.events.{service}.{aggregate_type}.{aggregate_id}.{event_name}"
+
+
+def earlier_events_of_job(job_id: str) -> str:
+    """Every service's events about one job published while subjects named the aggregate (its id is the job's)."""
+    return earlier_event_subject("*", "*", job_id, "*")
 
 
 def events_of_service(service: str) -> str:
@@ -37,7 +52,7 @@ def events_of(service: str, *aggregate_types: str) -> tuple[str, ...]:
 
 # Every service's records of upstream messages it set aside (UpstreamMessageSetAside), for the monitor.
 SET_ASIDE_AGGREGATE = "upstream"  # aggregate id: events.set_aside_id(consumer, sequence)
-SET_ASIDE_ALL = f"trainyard.events.*.{SET_ASIDE_AGGREGATE}.*.UpstreamMessageSetAside"
+SET_ASIDE_ALL = f"trainyard.events.*.{SET_ASIDE_AGGREGATE}.UpstreamMessageSetAside"
 
 
 def service_of_events(subject: str | Sequence[str]) -> str | None:
@@ -52,11 +67,6 @@ def _service_of(subject: str) -> str | None:
     if len(parts) < 3 or parts[:2] != ["trainyard", "events"] or parts[2] in ("*", ">"):
         return None
     return parts[2]
-
-
-def events_of_job(job_id: str) -> str:
-    """Every service's events about one job (their aggregate id is the job id)."""
-    return f"trainyard.events.*.*.{job_id}.*"
 
 
 # Commands and queries (core NATS request/reply) are declared with their requests and replies in the

@@ -77,7 +77,7 @@ def outgoing(store: EventStore, row: asyncpg.Record) -> Outgoing:
                              trace=msgspec.Raw(row["trace"])))
     if len(data) > MAX_EVENT_BYTES:  # PostgreSQL's text of it is roomier than ours, which the append kept within
         data = encode(store.envelope(row))
-    subject = event_subject(store.service, row["aggregate_type"], row["aggregate_id"], EVENT_NAMES[row["type"]])
+    subject = event_subject(store.service, row["aggregate_type"], EVENT_NAMES[row["type"]])
     return Outgoing(row["position"], subject, {"Nats-Msg-Id": event_id, **trace}, data)
 
 

@@ -30,7 +30,8 @@ position, folds nothing of it and goes on. That happens when
 
 - it does not decode as the expected type (`undecodable`);
 - its envelope disagrees with where it was published (`inconsistent`): the subject must be exactly
-  `event_subject(envelope.service, aggregate type, aggregate id, event name)`, and the service must
+  `event_subject(envelope.service, aggregate type, event name)` (or, for an event published before the aggregate
+  id left the subjects, `earlier_event_subject` with its id), and the service must
   be the one this follower follows (read from the subject filter, `subjects.service_of_events`); or
   the follower's own `check` finds the message cannot have come from where it was published (an agent's
   report naming another node than its subject's, `subjects.sender_refusal`);
@@ -68,7 +69,7 @@ from nats.js.errors import NotFoundError
 
 from libs.contracts.codec import decode_any
 from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageSetAside, set_aside_id
-from libs.contracts.subjects import SET_ASIDE_AGGREGATE, event_subject, service_of_events
+from libs.contracts.subjects import SET_ASIDE_AGGREGATE, earlier_event_subject, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.messaging.connection import wait_for_streams
 from libs.messaging.reader import PULLED_IDLE_SECONDS, delivered
@@ -166,9 +167,10 @@ def inconsistency(envelope: EventEnvelope, subject: str, source: str | None) -> 
     """Why an envelope cannot have come from where it was read, or None when it can."""
     if source is not None and envelope.service != source:
         return f"the envelope claims service {envelope.service!r} but this consumer follows {source!r}"
-    expected = event_subject(envelope.service, envelope.aggregate_type, envelope.aggregate_id,
-                             type(envelope.event).name())
-    if subject != expected:
+    name = type(envelope.event).name()
+    expected = event_subject(envelope.service, envelope.aggregate_type, name)
+    if subject != expected and subject != earlier_event_subject(envelope.service, envelope.aggregate_type,
+                                                                envelope.aggregate_id, name):
         return f"published on {subject} but its envelope belongs on {expected}"
     return None
 

@@ -36,6 +36,14 @@ def delivered(msg: Msg) -> tuple[int, int]:
     return metadata.sequence.stream, metadata.num_pending
 
 
+def stream_sequence(msg: Msg | None) -> int:
+    """The stream sequence of a message a JetStream consumer delivered; 0 for any other (none, or one sent to a
+    subject by hand, as tests do)."""
+    if msg is None or not (msg.reply or "").startswith(f"{Msg.Ack.Prefix0}.{Msg.Ack.Prefix1}."):
+        return 0
+    return delivered(msg)[0]
+
+
 async def next_stored(js: JetStreamContext, stream: str, subject: str, after: int) -> RawStreamMsg | None:
     """The first message on `subject` (wildcards allowed) stored after sequence `after`, or None. The server
     finds it through its subject index: no consumer is made, and no other subject's message is handed over."""

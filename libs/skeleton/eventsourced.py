@@ -42,6 +42,7 @@ from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.contracts.subjects import event_subject
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
 from libs.messaging.follower import Arrival, GroupBroken, GroupHandler, Handler, StreamFollower
+from libs.messaging.reader import stream_sequence
 from libs.outages import OUTAGES, is_outage
 from libs.settings import Settings
 from libs.skeleton import snapshots
@@ -67,6 +68,8 @@ _follower_lag = SampledGauge(FOLLOWER_LAG)
 START_RETRY_SECONDS = (1.0, 30.0)
 
 Fold = Callable[[Any], None]
+FoldAt = Callable[[Any, int], None]
+"""A fold also told the stream sequence the message is stored at (`Upstream.fold_at`)."""
 Rule = Callable[[Any], Sequence[NewEvent]]
 """A pure reaction: the upstream message (already folded) in, the events to record out."""
 RuleAfter = Callable[[Any, Sequence[NewEvent]], Sequence[NewEvent]]
@@ -90,8 +93,9 @@ class Restored:
 class Upstream:
     """A stream the service follows from its first message on every start.
 
-    `fold` updates the service's view with every message (replayed ones too); `react` answers each
-    message past the tracked position with the events to record, committed with that position.
+    `fold` updates the service's view with every message (replayed ones too), or `fold_at`, which is also told
+    the stream sequence the message is stored at (by which one job's history is read back, `subjects`); `react`
+    answers each message past the tracked position with the events to record, committed with that position.
     `handle` replaces both when the reaction must do I/O outside the service lock (it is then the
     whole handler, see `libs.messaging.follower.Handler`). `reactions=False`: fold only. A reaction is
     recorded in a consumer span (`consumer_span`).
@@ -122,6 +126,7 @@ class Upstream:
     consumer: str
     message_type: object
     fold: Fold | None = None
+    fold_at: FoldAt | None = None
     react: Rule | None = None
     handle: Handler | None = None
     reactions: bool = True
@@ -316,7 +321,7 @@ class EventSourcedService:
         """What follows `upstream` for this service (not started): from its first message, or after what a restored
         state holds of it."""
         handle = self._calling_out(upstream, upstream.handle) if upstream.handle else self._handler(upstream)
-        if upstream.fold is None and upstream.handle is None:
+        if upstream.fold is None and upstream.fold_at is None and upstream.handle is None:
             self._stateless.add(upstream.consumer)
         return StreamFollower(self.rt.js, self.rt.store, stream=upstream.stream, subject=upstream.subject,
                               consumer=upstream.consumer, message_type=upstream.message_type,
@@ -547,8 +552,7 @@ class EventSourcedService:
                     key = upstream.key(arrival.message)
                     if key in waiting_of and upstream.react_after is None:
                         await record_waiting()
-                    if upstream.fold is not None:
-                        upstream.fold(arrival.message)
+                    _fold(upstream, arrival.message, arrival.msg)
                     changes = self._reaction(upstream, arrival, waiting_of.get(key, ()))
                     if changes and others_write(key, changes):
                         await record_waiting()
@@ -583,8 +587,7 @@ class EventSourcedService:
         """Fold the message; when it is new (tracked), record what the upstream's rule answers."""
         async with self.lock:
             self._folding_begins(upstream.consumer, msg)
-            if upstream.fold is not None:
-                upstream.fold(message)
+            _fold(upstream, message, msg)
             self.wake.set()
             if tracking is None or upstream.react is None:
                 return False
@@ -595,6 +598,13 @@ class EventSourcedService:
             with consumer_span(self._tracer, message, msg, consumer=upstream.consumer, subject=upstream.subject):
                 await self.record(changes, tracking)
             return True
+
+
+def _fold(upstream: Upstream, message: Any, msg: Msg | None) -> None:
+    if upstream.fold is not None:
+        upstream.fold(message)
+    elif upstream.fold_at is not None:
+        upstream.fold_at(message, stream_sequence(msg))
 
 
 def _decompressed(snapshot: snapshots.Snapshot) -> tuple[bytes, bytes]:
@@ -723,14 +733,13 @@ def consumer_span(span_tracer: Tracer, message: Any, msg: Msg | None, *, consume
                   subject: str | Sequence[str] = ()) -> AbstractContextManager[Span]:
     """The span of a reaction to one upstream message, continuing its trace, named as OpenTelemetry's messaging
     conventions name a consumer's: `process` and the message's subject with the varying part as a placeholder, so
-    that names stay few (`process trainyard.events.scheduler.job.{job}.JobSucceeded`,
+    that names stay few (`process trainyard.events.scheduler.job.JobSucceeded`,
     `process trainyard.agent-reports.{sender}`). `subject`: what the consumer follows (its filters)."""
     filters = (subject,) if isinstance(subject, str) else tuple(subject) or ("",)
     attributes = {"messaging.consumer.group.name": consumer}
     if isinstance(message, EventEnvelope):
         kind = _kind(message)
-        destination = event_subject(message.service, message.aggregate_type, message.aggregate_id, kind)
-        template = event_subject(message.service, message.aggregate_type, f"{{{message.aggregate_type}}}", kind)
+        destination = template = event_subject(message.service, message.aggregate_type, kind)
         headers: Mapping[str, str] | None = message.trace
         attributes["messaging.message.id"] = message.event_id
         job_id = getattr(message.event, "job_id", None) or (

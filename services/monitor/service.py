@@ -63,8 +63,10 @@ from libs.contracts.jobspec import JobSpec
 from libs.contracts.operations.base import CommandError
 from libs.controlsign import ControlSigner
 from libs.eventstore import ConcurrencyConflict, NewEvent, Tracking
+from libs.eventstore.published import PublishedIndex
 from libs.jobstatus import JobLifecycle
 from libs.messaging.batches import Batches
+from libs.messaging.reader import stream_sequence
 from libs.messaging.rpc import serve_operations
 from libs.natsroles import (
     CACHE_REPORTS_CONSUMER,
@@ -119,7 +121,10 @@ class Monitor(EventSourcedService):
         self.reports: dict[str, CacheReport] = {}  # D1, D2: each node's latest cache report (its live view)
         self.preloading: set[asyncio.Task[None]] = set()  # D2: preloads being handed to agents
         self.jobs = JobLifecycle()  # the scheduler's jobs and settings, never written here
-        self.past = PastJobs(runtime.js)  # archived jobs, read back from the events stream when asked about
+        # Archived jobs, read back from the events stream and the log when asked about, by where the scheduler's
+        # events about them are (`past_index`).
+        self.past_index = PublishedIndex(runtime.store)
+        self.past = PastJobs(runtime.js, runtime.store, self.past_index)
         # L9: what happens to a job, pushed to its watchers
         self.watching = JobWatching(runtime.nc, self.jobs, self.past)
         self.heartbeat_seconds = runtime.settings.heartbeat_seconds
@@ -173,16 +178,26 @@ class Monitor(EventSourcedService):
         if envelope.aggregate_type == "alert" and envelope.aggregate_id not in self.state.unmailed:
             self.forget("alert", envelope.aggregate_id)
 
-    def follow(self, envelope: EventEnvelope) -> None:
+    def follow(self, envelope: EventEnvelope, sequence: int = 0) -> list[int]:
         """Fold a scheduler event: the job's state, and which attempts are watched for performance; an archived
-        job's everything goes."""
+        job's everything goes. Where the event is stored (`sequence`, 0: unknown) is noted with the job's; the
+        sequences of a job that is no longer held (archived now, or before) are returned, to be written down."""
         self.detector.follow(envelope, self.jobs.apply(envelope))
+        left: list[int] = []
         if envelope.aggregate_type == "job":
-            self.watching.changed(envelope.aggregate_id)
-            self.past.changed(envelope.aggregate_id)
+            job_id = envelope.aggregate_id
+            self.watching.changed(job_id)
+            self.past.changed(job_id)
+            noted = self.state.published.setdefault(job_id, []) if sequence else []
+            if sequence and (not noted or noted[-1] < sequence):
+                noted.append(sequence)
             if isinstance(envelope.event, JobArchived):
-                self.archived(envelope.aggregate_id)
+                left = self.state.published.get(job_id, [])
+                self.archived(job_id)
+            elif job_id not in self.jobs.jobs:  # an event about a job archived before (a command on it)
+                left = self.state.published.pop(job_id, [])
         self.wake.set()  # as the base does after every fold
+        return left
 
     def archived(self, job_id: str) -> None:
         """The scheduler archived the job (it ended more than the retention ago, its environment released): all
@@ -239,6 +254,7 @@ class Monitor(EventSourcedService):
                          secret=self.secret)
 
     async def prepare(self) -> None:
+        await self.past_index.migrate()
         # Heartbeats come by the thousand a second and mostly change nothing: taken in batches, not by faststream.
         await self.heartbeats.subscribe(self.rt.nc, subjects.HEARTBEAT_ALL, queue=queue_group(self.name))
 
@@ -382,15 +398,18 @@ class Monitor(EventSourcedService):
 
     # --- the scheduler's events: pre-checks, moves, ends ---------------------------------------------
 
-    async def on_scheduler_event(self, envelope: EventEnvelope, _: Msg, tracking: Tracking | None) -> bool:
+    async def on_scheduler_event(self, envelope: EventEnvelope, msg: Msg, tracking: Tracking | None) -> bool:
         """Fold every event; answer each new one, recorded with its tracking position. A pre-check asks
         the agents, outside the lock."""
         event = envelope.event
         async with self.lock:
             settings = self.jobs.settings  # as before this event
-            self.follow(envelope)
+            left = self.follow(envelope, stream_sequence(msg))
             if tracking is None:
                 return False
+            if left:  # no longer held: where its events are is noted at once, and written down
+                self.past_index.note(envelope.aggregate_id, left)
+            await self.past_index.write(envelope.aggregate_id)
             if isinstance(event, SettingsChanged) and rules.cache_policy(event.settings) != rules.cache_policy(
                     settings):
                 await self.announce([])  # the agents register again, and get the new cache policy (D1)

@@ -97,6 +97,9 @@ class MonitorState:
     # D1, D2: each node's dataset cache as recorded (DatasetCached, DatasetEvicted), by entry key.
     cached: dict[str, dict[str, CacheEntry]] = field(default_factory=dict)
     runs: dict[str, RunLife] = field(default_factory=dict)  # R1: each job's run, once it began
+    # The stream sequences of the scheduler's events about each job held, in order: indexed once it is archived
+    # (runs/archive.py), when they are where its history is read back from.
+    published: dict[str, list[int]] = field(default_factory=dict)
     # The keys of `incidents` by job, so that an archived job's are found without a walk over all of them.
     _incident_keys: dict[str, set[RankKey]] = field(default_factory=dict, init=False, repr=False)
 
@@ -194,6 +197,7 @@ class MonitorState:
         self.kept.pop(job_id, None)
         self.keeping.pop(job_id, None)
         self.runs.pop(job_id, None)
+        self.published.pop(job_id, None)
 
     def overdue(self, now: float, lost_after: float, hearing_since: float = 0.0) -> list[MonitoredNode]:
         """Nodes, not yet marked lost, not heard from for over `lost_after` seconds: since their last
@@ -213,7 +217,8 @@ class MonitorState:
             incidents=[(*key, count) for key, count in self.incidents.items()], kept=list(self.kept.values()),
             keeping=list(self.keeping), unmailed=self.unmailed, released=self.released, cached=self.cached,
             runs={job_id: _SavedRun(life.began_at, life.attempts, list(life.ended.values()), life.finished)
-                  for job_id, life in self.runs.items()})
+                  for job_id, life in self.runs.items()},
+            published=self.published)
 
     def load(self, saved: SavedMonitorState, now: float) -> None:
         """Put in place, in the maps others read, what `saved` holds; every node seen `now`. A snapshot of a monitor
@@ -240,6 +245,7 @@ class MonitorState:
                                              ended={(e.attempt, e.task, e.rank): e for e in run.ended},
                                              finished=run.finished)
                              for job_id, run in saved.runs.items()})
+        _replace(self.published, saved.published)
 
     def kept_environment(self, job_id: str, now: datetime) -> KeptEnvironment | None:
         """The job's kept environment, if it has one and its retention is not over."""
@@ -279,3 +285,4 @@ class SavedMonitorState(msgspec.Struct, array_like=True):
     released: dict[str, str]
     cached: dict[str, dict[str, CacheEntry]]
     runs: dict[str, _SavedRun]
+    published: dict[str, list[int]]

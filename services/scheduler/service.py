@@ -27,6 +27,7 @@ from libs.contracts.events import EventEnvelope
 from libs.contracts.jobspec import JobSpec
 from libs.contracts.scheduling import Prediction
 from libs.eventstore import NewEvent
+from libs.eventstore.published import PublishedIndex
 from libs.messaging.rpc import serve_operations
 from libs.outages import OUTAGES
 from libs.skeleton.eventsourced import (
@@ -43,7 +44,7 @@ from libs.skeleton.runtime import ServiceRuntime
 from libs.telemetry.logs import get_logger
 from libs.telemetry.tracing import context_from_headers, current_trace_headers, tracer
 from services.scheduler import metrics
-from services.scheduler.domain.names import SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
+from services.scheduler.domain.names import JOB, SERVICE, UPSTREAM_AGGREGATES, upstream_consumer
 from services.scheduler.domain.state import SchedulerState
 from services.scheduler.handlers.commands import JobCommands
 from services.scheduler.handlers.image_commands import ImageCommands
@@ -100,6 +101,8 @@ class Scheduler(EventSourcedService):
         self.clock = clock
         self.settle = cycle.settle_time(runtime.settings)
         self.search = JobSearchProjection(runtime.store)
+        # Where the other services' events about archived jobs are (their histories), beside the log.
+        self.published = PublishedIndex(runtime.store)
         self._search_wake = asyncio.Event()
         self.predictions = PredictionCache()  # S6: the plan of the queue, kept until the state changes
         self.planning = PlanningThread(self.predictions)
@@ -127,6 +130,11 @@ class Scheduler(EventSourcedService):
         if self.state.revision != revision:
             self._changed.set()
 
+    def fold_stored(self, envelope: EventEnvelope, sequence: int) -> None:
+        """Fold another service's event, noting where it is stored when it is about a job (its history)."""
+        self.fold(envelope)
+        self.state.stored_at(envelope, sequence)
+
     def recorded(self, envelope: EventEnvelope) -> None:
         log.info("job.event", job_id=envelope.aggregate_id, event_type=type(envelope.event).name())
         self._search_wake.set()
@@ -136,6 +144,7 @@ class Scheduler(EventSourcedService):
         metrics.sample(self.state)
 
     async def prepare(self) -> None:
+        await self.published.migrate()
         await self.search.migrate()
         await self.search.catch_up()
 
@@ -143,7 +152,7 @@ class Scheduler(EventSourcedService):
 
     def upstreams(self) -> Sequence[Upstream]:
         return [Upstream(stream=subjects.EVENTS_STREAM, subject=subjects.events_of(upstream, *aggregates),
-                         consumer=upstream_consumer(upstream), message_type=EventEnvelope, fold=self.fold,
+                         consumer=upstream_consumer(upstream), message_type=EventEnvelope, fold_at=self.fold_stored,
                          react=self.react, key=aggregate_of if upstream == "launcher" else None)
                 for upstream, aggregates in UPSTREAM_AGGREGATES.items()]
 
@@ -153,7 +162,7 @@ class Scheduler(EventSourcedService):
     # --- handlers ----------------------------------------------------------------------------------
 
     def handlers(self) -> None:
-        archive = Archive(self.rt.store, self.rt.js, lambda: self.state)
+        archive = Archive(self.rt.store, self.rt.js, self.published, lambda: self.state)
         commands = JobCommands(self, storage_root=self.rt.settings.storage_root, archive=archive)
         self.past = PastStates(self.rt.store, self.rt.js, lambda: self.state.cluster)
         queries = JobQueries(self, store=self.rt.store, js=self.rt.js, past=self.past, archive=archive)
@@ -271,6 +280,10 @@ class Scheduler(EventSourcedService):
         while True:
             async with self.lock:
                 changes = archive.archivals(self.state, self.clock())
+                for change in changes:  # where their other events are, written first: done twice, no matter
+                    if (job := self.state.jobs.get(change.aggregate_id)) is not None and change.aggregate_type == JOB:
+                        self.published.note(job.job_id, job.published)
+                await self.published.write()
                 await self.record(changes)
             if len(changes) < archive.ARCHIVE_BATCH:
                 await asyncio.sleep(ARCHIVE_PERIOD)

@@ -7,12 +7,17 @@ A scheduler in the test's process on real NATS and PostgreSQL, whose clock the t
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Iterator
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 import pytest
+from nats.js.api import StreamInfo
 
-from libs.contracts.events import JobArchived
+from libs.contracts import subjects
+from libs.contracts.codec import encode
+from libs.contracts.events import EventEnvelope, JobArchived, PrecheckCompleted
+from libs.contracts.ids import new_job_id
 from libs.contracts.operations.arrays import ArraySelection
 from services.scheduler import service
 from services.scheduler.service import utc_now
@@ -107,3 +112,78 @@ async def archived_jobs_answered(login: Login, schedulers: Schedulers, clock: La
     await schedulers.start()
     assert ended.job_id not in schedulers.started[-1].state.jobs
     assert queued.job_id in schedulers.started[-1].state.jobs
+
+
+async def monitor_says(login: Login, job_id: str, about: str | None = None) -> int:
+    """The monitor publishes a pre-check of `job_id` (recorded under the aggregate `about`, the job's by default), as
+    its relay would; its stream sequence."""
+    envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="job",
+                             aggregate_id=about or job_id, version=1, position=1, recorded_at=datetime.now(UTC),
+                             event=PrecheckCompleted(job_id=job_id, attempt=1, passed=True, nodes=[]))
+    api = await login("root", admin=True)
+    ack = await api.nc.jetstream().publish(subjects.event_subject("monitor", "job", "PrecheckCompleted"),
+                                           encode(envelope), headers={"Nats-Msg-Id": envelope.event_id})
+    return ack.seq
+
+
+async def test_an_archived_jobs_history_keeps_the_other_services_events_and_nothing_else(
+        quick_archiving: None, nats_url: str, schedulers: Schedulers) -> None:
+    """Subjects name no job: the scheduler notes where the other services' events about a job are stored, writes them
+    beside its log when the job is archived, and reads its history back by them, leaving out what is not about the
+    job (a stream made anew holds other messages there), after a restart too."""
+    await schedulers.start()
+    clock = Later()
+    scheduler = schedulers.started[-1]
+    scheduler.clock = clock
+    async with logins(nats_url) as login:
+        alice, admin = await login("alice", "vision"), await login("root", admin=True)
+        await admin.change_settings(job_retention="1h")
+        job, other = (await alice.submit(spec("old", project="vision"))).job_id, new_job_id()
+        await alice.stop([job])
+        checked = await monitor_says(login, job)
+        elsewhere = await monitor_says(login, other)  # about a job that never existed: noted nowhere
+
+        async def shown() -> list[str]:
+            names = [type(e.event).name() for e in await alice.events(job)]
+            return names if "PrecheckCompleted" in names else []
+
+        assert await eventually(shown) == ["JobSubmitted", "JobPredicted", "JobStopped", "PrecheckCompleted"]
+        clock.ahead = timedelta(hours=2)
+
+        async def archived() -> bool:
+            return job not in scheduler.state.jobs
+
+        await eventually(archived, timeout=20)
+        history = await alice.events(job)
+        assert [type(e.event).name() for e in history] == [
+            "JobSubmitted", "JobPredicted", "JobStopped", "PrecheckCompleted", "JobArchived"]
+        assert await scheduler.published.of(job) == [checked]
+        scheduler.published.note(job, [elsewhere])  # as if the stream held another job's event there
+        await scheduler.published.write()
+
+        await schedulers.stop_all()
+        await schedulers.start()
+        again = await alice.events(job)
+        assert again == history and all(e.aggregate_id == job for e in again)
+
+
+async def test_the_events_stream_holds_as_many_subjects_however_many_jobs_pass(
+        nats_url: str, schedulers: Schedulers) -> None:
+    """JetStream keeps an index entry per subject: event subjects name no job, so jobs do not add to it."""
+    await schedulers.start()
+    async with logins(nats_url) as login:
+        alice = await login("alice", "vision")
+
+        async def subjects_after(jobs: int) -> set[str]:
+            accepted = [(await alice.submit(spec(f"pass-{i}", project="vision"))).job_id for i in range(jobs)]
+            await alice.stop(accepted)
+
+            async def published() -> StreamInfo | None:
+                info: StreamInfo = await alice.nc.jetstream().stream_info(subjects.EVENTS_STREAM, subjects_filter=">")
+                return info if info.state.messages >= 2 * jobs else None
+
+            return set((await eventually(published)).state.subjects or {})
+
+        few = await subjects_after(3)
+        assert "trainyard.events.scheduler.job.JobSubmitted" in few
+        assert await subjects_after(30) == few

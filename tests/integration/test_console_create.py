@@ -84,7 +84,7 @@ async def registered(nc: Client, node: NodeInfo) -> None:
     event = NodeRegistered(node=node)
     envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="node",
                              aggregate_id=node.name, version=1, position=1, recorded_at=datetime.now(UTC), event=event)
-    await nc.jetstream().publish(subjects.event_subject("monitor", "node", node.name, "NodeRegistered"),
+    await nc.jetstream().publish(subjects.event_subject("monitor", "node", "NodeRegistered"),
                                  encode(envelope))
 
 

@@ -175,8 +175,8 @@ async def test_published_events_are_what_the_log_holds_on_their_own_subjects(sto
     messages = [m async for m in read_subject(nc.jetstream(), subjects.EVENTS_STREAM, subjects.EVENTS_ALL)]
     assert [decode(m.data, EventEnvelope) for m in messages] == logged
     assert [m.subject for m in messages] == [
-        "trainyard.events.scheduler.job.job-p1.JobSubmitted", "trainyard.events.scheduler.job.job-p1.JobStopped",
-        "trainyard.events.scheduler.node.node-a.NodeRecovered"]
+        "trainyard.events.scheduler.job.JobSubmitted", "trainyard.events.scheduler.job.JobStopped",
+        "trainyard.events.scheduler.node.NodeRecovered"]
     assert messages[0].headers is not None and messages[0].headers["traceparent"] == trace["traceparent"]
     assert decode(messages[0].data, EventEnvelope).trace == trace
 

@@ -109,7 +109,7 @@ async def test_a_stream_with_only_other_subjects_counts_as_caught_up(nc: Client,
         envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="node",
                                  aggregate_id=f"n{i}", version=1, position=i + 1, recorded_at=datetime.now(UTC),
                                  event=NodeRecovered(node_name=f"n{i}"))
-        await nc.jetstream().publish(subjects.event_subject("monitor", "node", f"n{i}", "NodeRecovered"),
+        await nc.jetstream().publish(subjects.event_subject("monitor", "node", "NodeRecovered"),
                                      encode(envelope))
     recorder = Recorder(store)
     follower = await follow(nc, store, recorder, expected=0)
@@ -120,7 +120,7 @@ async def test_a_stream_with_only_other_subjects_counts_as_caught_up(nc: Client,
 async def test_a_message_of_an_unknown_type_is_passed_over(nc: Client, store: EventStore) -> None:
     """A newer writer's event type must not stall an older reader."""
     await publish_upstream(nc, ["y0"])
-    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "y9", "JobTeleported"),
+    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "JobTeleported"),
                                  b'{"event_id": "e", "type": "JobTeleported.v1"}')
     await publish_upstream(nc, ["y1"])
     recorder = Recorder(store)
@@ -138,7 +138,7 @@ async def test_an_envelope_the_relay_published_again_is_applied_once(nc: Client,
                                event=JobStopped(job_id=job_id, by="bob"))
                  for position, job_id in ((1, "a"), (2, "b"), (3, "c"))]
     for envelope in (envelopes[0], envelopes[1], envelopes[0], envelopes[1], envelopes[2]):
-        await nc.jetstream().publish(subjects.event_subject("scheduler", "job", envelope.aggregate_id, "JobStopped"),
+        await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "JobStopped"),
                                      encode(envelope))
     recorder = Recorder(store)
 
@@ -162,7 +162,7 @@ async def test_after_the_stream_was_made_anew_only_what_is_new_upstream_is_react
 
     async def publish(envelopes: list[EventEnvelope]) -> None:
         for envelope in envelopes:
-            await nc.jetstream().publish(subjects.event_subject("scheduler", "job", envelope.aggregate_id,
+            await nc.jetstream().publish(subjects.event_subject("scheduler", "job",
                                                                 "JobStopped"), encode(envelope))
 
     await publish(history)
@@ -176,7 +176,7 @@ async def test_after_the_stream_was_made_anew_only_what_is_new_upstream_is_react
         envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="node",
                                  aggregate_id=f"n{i}", version=1, position=i + 1, recorded_at=datetime.now(UTC),
                                  event=NodeRecovered(node_name=f"n{i}"))
-        await js.publish(subjects.event_subject("monitor", "node", f"n{i}", "NodeRecovered"), encode(envelope))
+        await js.publish(subjects.event_subject("monitor", "node", "NodeRecovered"), encode(envelope))
     await publish([*history, new])
     again = Recorder(store)
     follower = await follow(nc, store, again, expected=6)
@@ -197,7 +197,7 @@ async def test_a_follower_naming_aggregates_gets_their_events_only_and_reacts_on
             envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type=kind,
                                      aggregate_id=aggregate_id, version=1, position=position,
                                      recorded_at=datetime.now(UTC), event=JobStopped(job_id=aggregate_id, by="bob"))
-            await nc.jetstream().publish(subjects.event_subject("scheduler", kind, aggregate_id, "JobStopped"),
+            await nc.jetstream().publish(subjects.event_subject("scheduler", kind, "JobStopped"),
                                          encode(envelope))
 
     read = subjects.events_of("scheduler", "job", "drain")
@@ -227,7 +227,7 @@ async def test_a_follower_of_a_restored_state_begins_after_what_it_holds_of_each
         envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type=kind,
                                  aggregate_id=aggregate_id, version=1, position=number,
                                  recorded_at=datetime.now(UTC), event=JobStopped(job_id=aggregate_id, by="bob"))
-        ack = await nc.jetstream().publish(subjects.event_subject("scheduler", kind, aggregate_id, "JobStopped"),
+        ack = await nc.jetstream().publish(subjects.event_subject("scheduler", kind, "JobStopped"),
                                            encode(envelope))
         return ack.seq
 
@@ -265,8 +265,7 @@ def stopped(job_id: str, position: int, kind: str = "job") -> EventEnvelope:
 
 async def publish_envelopes(nc: Client, envelopes: list[EventEnvelope]) -> list[int]:
     """Published as the relay does; their stream sequences."""
-    acks = [await nc.jetstream().publish(subjects.event_subject("scheduler", envelope.aggregate_type,
-                                                                envelope.aggregate_id, "JobStopped"),
+    acks = [await nc.jetstream().publish(subjects.event_subject("scheduler", envelope.aggregate_type, "JobStopped"),
                                          encode(envelope)) for envelope in envelopes]
     return [ack.seq for ack in acks]
 
@@ -277,7 +276,7 @@ async def publish_others(nc: Client, count: int) -> None:
         envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="node",
                                  aggregate_id=f"n{i}", version=1, position=i + 1, recorded_at=datetime.now(UTC),
                                  event=NodeRecovered(node_name=f"n{i}"))
-        await nc.jetstream().publish(subjects.event_subject("monitor", "node", f"n{i}", "NodeRecovered"),
+        await nc.jetstream().publish(subjects.event_subject("monitor", "node", "NodeRecovered"),
                                      encode(envelope))
 
 

@@ -139,11 +139,14 @@ async def reply_to(nc: Client, subject: str, body: bytes, headers: dict[str, str
 
 
 async def job_submitted_is_published(nc: Client, job_id: str) -> bool:
-    sub = await nc.jetstream().subscribe(subjects.events_of_job(job_id), stream=subjects.EVENTS_STREAM,
-                                         ordered_consumer=True, deliver_policy=DeliverPolicy.ALL)
+    sub = await nc.jetstream().subscribe(subjects.event_subject("scheduler", "job", "JobSubmitted"),
+                                         stream=subjects.EVENTS_STREAM, ordered_consumer=True,
+                                         deliver_policy=DeliverPolicy.ALL)
     try:
-        envelope = decode((await sub.next_msg(timeout=10)).data, EventEnvelope)
-        return isinstance(envelope.event, JobSubmitted)
+        while True:
+            envelope = decode((await sub.next_msg(timeout=10)).data, EventEnvelope)
+            if envelope.aggregate_id == job_id:
+                return isinstance(envelope.event, JobSubmitted)
     finally:
         await sub.unsubscribe()
 
@@ -180,7 +183,7 @@ async def test_an_event_too_large_to_publish_is_refused_and_nothing_stored(
 
 # Where a hostile reply subject would have the scheduler publish with its own rights.
 LURES = {
-    "another service's event stream": subjects.event_subject("launcher", "launch", JOB, "LaunchSucceeded"),
+    "another service's event stream": subjects.event_subject("launcher", "launch", "LaunchSucceeded"),
     "the usage bucket": f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key(JOB, 1, 0, 'node-a')}",
     "the agent-report stream": subjects.agent_report("node-a"),
     "another person's inbox": f"{inbox_prefix('user-bob')}.lure",

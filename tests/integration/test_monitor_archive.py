@@ -30,6 +30,7 @@ from libs.contracts.events import (
     Event,
     JobAdmitted,
     JobArchived,
+    JobDeleted,
     JobFailed,
     JobSubmitted,
     JobSucceeded,
@@ -219,3 +220,35 @@ async def test_an_archived_jobs_alerts_and_terminal_answer_as_before_its_archiva
     assert await ask(nc, OPEN_TERMINAL, OpenTerminal(job_id=job_id), ALICE, TerminalOpened) == terminal_before
     stranger = await ask(nc, OPEN_TERMINAL, OpenTerminal(job_id=job_id), CAROL, TerminalOpened)
     assert isinstance(stranger, CommandError) and stranger.code == "not-found"
+
+
+async def test_an_archived_job_is_read_back_after_a_restart_and_a_command_on_it_later_counts(
+        platform: Platform, nc: Client, nats_url: str, database_url: str) -> None:
+    """Where the scheduler's events about an archived job are is written beside the monitor's log: a monitor started
+    again reads the job back as before, and an administrator's deletion of it, recorded after, is read with it."""
+    monitor = await platform.start(nats_url, database_url)
+    job_id = new_job_id()
+    await platform.records("job", job_id, JobSubmitted(job_id=job_id, spec=SPEC, creator="alice"),
+                           JobAdmitted(job_id=job_id, attempt=1, flavor="cpu-1", placement=PLACED))
+    await platform.records("launch", job_id, NodeProcessStarted(job_id=job_id, attempt=1, rank=0, node="node-a",
+                                                                pid=7, started_at=AT))
+    await platform.records("launch", job_id, NodeProcessExited(job_id=job_id, attempt=1, rank=0, node="node-a",
+                                                               exit_code=0, exited_at=AT))
+    await platform.records("job", job_id, JobSucceeded(job_id=job_id))
+    await eventually(lambda: platform.recorded(RunFinished, job_id))
+    before = await ask(nc, GET_RUN, GetRun(job_id=job_id), ALICE, RunView)
+    assert isinstance(before, RunView) and before.state == "finished"
+    await archive(platform, monitor, job_id)
+    assert platform.runtime is not None
+    await platform.runtime.close()
+
+    monitor = await platform.start(nats_url, database_url)
+    assert job_id not in monitor.jobs.jobs
+    assert await ask(nc, GET_RUN, GetRun(job_id=job_id), ALICE, RunView) == before
+    await platform.records("job", job_id, JobDeleted(job_id=job_id, by="root"))
+
+    async def gone() -> bool:
+        answer = await ask(nc, GET_RUN, GetRun(job_id=job_id), ALICE, RunView)
+        return isinstance(answer, CommandError) and answer.code == "not-found"
+
+    await eventually(gone)

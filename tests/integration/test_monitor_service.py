@@ -506,7 +506,7 @@ async def test_every_message_set_aside_becomes_one_alert_its_own_included(platfo
                                                                           nc: Client) -> None:
     await platform.start()
     # The monitor itself sets aside garbage on a scheduler subject it follows ...
-    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "job-00000000000f", "JobSucceeded"),
+    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "JobSucceeded"),
                                  b"not an envelope")
     # ... and the scheduler recorded one it set aside.
     record = UpstreamMessageSetAside(consumer="monitor-events", stream=subjects.EVENTS_STREAM, sequence=7,

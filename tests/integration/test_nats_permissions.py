@@ -104,17 +104,16 @@ async def test_a_service_publishes_its_own_events_but_not_another_services(conne
     await declare_owned_streams(connect)
     launcher: Conn = await connect("launcher")
     js = launcher.nc.jetstream()
-    own = subjects.event_subject("launcher", "launch", "job-000000000001", "LaunchSucceeded")
+    own = subjects.event_subject("launcher", "launch", "LaunchSucceeded")
     ack = await js.publish(own, b"{}", timeout=WAIT_SECONDS)
     assert ack.stream == subjects.EVENTS_STREAM
 
-    forged = subjects.event_subject("scheduler", "job", "job-000000000001", "JobSucceeded")
+    forged = subjects.event_subject("scheduler", "job", "JobSucceeded")
     with pytest.raises(Exception):  # noqa: B017 - the server drops it, so no acknowledgement comes
         await js.publish(forged, b"{}", timeout=1)
     assert await launcher.refused("publish", forged)
     # Read back through the launcher's own ordered consumer: only its event is stored.
-    about_job = subjects.events_of_job("job-000000000001")
-    stored = [m.subject async for m in read_subject(js, subjects.EVENTS_STREAM, about_job)]
+    stored = [m.subject async for m in read_subject(js, subjects.EVENTS_STREAM, subjects.EVENTS_ALL)]
     assert stored == [own]
 
 
@@ -315,7 +314,7 @@ async def test_a_node_credential_speaks_for_its_own_node_only(connect: ConnectAs
     assert await agent.refused("publish", subjects.heartbeat("node-b"))
     # The server answers a connection's messages in order: a refusal of node-a's would have come before node-b's.
     assert not await agent.refused("publish", subjects.heartbeat("node-a"), wait=0)
-    forged = subjects.event_subject("launcher", "launch", "job-000000000001", "LaunchSucceeded")
+    forged = subjects.event_subject("launcher", "launch", "LaunchSucceeded")
     await agent.nc.publish(forged, b"{}")
     assert await agent.refused("publish", forged)
 

@@ -126,7 +126,7 @@ async def nothing_stored(conn: Conn, stream: str, subject: str) -> bool:
 # --- a person asks the scheduler ------------------------------------------------------------------------------
 
 async def test_a_reply_into_another_services_event_stream_is_refused(cluster: Cluster, refusals: Refusals) -> None:
-    forged = subjects.event_subject("launcher", "launch", JOB, "LaunchSucceeded")
+    forged = subjects.event_subject("launcher", "launch", "LaunchSucceeded")
     await hostile_request(cluster, refusals, forged)
     launcher = await cluster.connect("launcher")
     assert await nothing_stored(launcher, subjects.EVENTS_STREAM, forged)

@@ -103,7 +103,7 @@ async def publish(nc: Client, envelopes: Sequence[EventEnvelope]) -> int:
     """Published as the upstream's relay does; the stream sequence of the last."""
     sequence = 0
     for envelope in envelopes:
-        ack = await nc.jetstream().publish(subjects.event_subject("scheduler", "job", envelope.aggregate_id,
+        ack = await nc.jetstream().publish(subjects.event_subject("scheduler", "job",
                                                                   "JobStopped"), encode(envelope))
         sequence = ack.seq
     return sequence

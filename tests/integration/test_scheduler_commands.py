@@ -136,7 +136,7 @@ async def test_history_holds_the_monitors_events_and_the_submit_records_the_crea
         envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="monitor", aggregate_type="job",
                                  aggregate_id=job, version=1, position=1, recorded_at=datetime.now(UTC),
                                  event=PrecheckCompleted(job_id=job, attempt=1, passed=False, nodes=[]))
-        await api.nc.jetstream().publish(subjects.event_subject("monitor", "job", job, "PrecheckCompleted"),
+        await api.nc.jetstream().publish(subjects.event_subject("monitor", "job", "PrecheckCompleted"),
                                          encode(envelope), headers={"Nats-Msg-Id": envelope.event_id})
         history = await api.history(job)
         assert [type(e.event).name() for e in history] == ["JobSubmitted", "JobPredicted", "PrecheckCompleted"]

@@ -79,7 +79,7 @@ class Reactor:
 
 
 async def stopped(nc: Client, job_id: str) -> None:
-    await publish(nc, subjects.event_subject("scheduler", "job", job_id, "JobStopped"), service="scheduler",
+    await publish(nc, subjects.event_subject("scheduler", "job", "JobStopped"), service="scheduler",
                   aggregate_type="job", aggregate_id=job_id, event=JobStopped(job_id=job_id, by="bob"))
 
 
@@ -101,12 +101,12 @@ async def test_garbage_and_forgeries_are_set_aside_and_the_follower_goes_on(nc: 
                                                                            make_store: StoreFactory) -> None:
     store = await make_store("launcher")
     await stopped(nc, "g0")
-    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "g1", "JobStopped"), b"\x00garbage{")
-    # Claims the monitor, on the scheduler's subject; then a job event on another job's subject.
-    await publish(nc, subjects.event_subject("scheduler", "job", "g2", "JobStopped"), service="monitor",
+    await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "JobStopped"), b"\x00garbage{")
+    # Claims the monitor, on the scheduler's subject; then a job event on another event's subject.
+    await publish(nc, subjects.event_subject("scheduler", "job", "JobStopped"), service="monitor",
                   aggregate_type="job", aggregate_id="g2", event=JobStopped(job_id="g2", by="mallory"))
-    await publish(nc, subjects.event_subject("scheduler", "job", "g3", "JobStopped"), service="scheduler",
-                  aggregate_type="job", aggregate_id="other", event=JobStopped(job_id="other", by="mallory"))
+    await publish(nc, subjects.event_subject("scheduler", "job", "JobSucceeded"), service="scheduler",
+                  aggregate_type="job", aggregate_id="g3", event=JobStopped(job_id="g3", by="mallory"))
     await stopped(nc, "g4")
     reactor = Reactor(store)
     follower = await follow(nc, store, reactor, expected=2)
@@ -178,7 +178,7 @@ async def test_the_scheduler_sets_aside_forged_and_conflicting_events_and_still_
     try:
         # A node, as the monitor publishes it, so that jobs run.
         node = NodeInfo(name="node-a", address="127.0.0.1", cpus=8, memory_mib=16384)
-        await publish(nc, subjects.event_subject("monitor", "node", "node-a", "NodeRegistered"), service="monitor",
+        await publish(nc, subjects.event_subject("monitor", "node", "NodeRegistered"), service="monitor",
                       aggregate_type="node", aggregate_id="node-a", event=NodeRegistered(node=node))
         first = (await client.submit(spec("first"))).job_id
         second = (await client.submit(spec("second"))).job_id
@@ -186,10 +186,10 @@ async def test_the_scheduler_sets_aside_forged_and_conflicting_events_and_still_
             await eventually(lambda job_id=job_id: _status(client, job_id, "running"))  # type: ignore[misc]
 
         # (a) A JobSucceeded claiming the scheduler, published on a monitor subject, changes nothing.
-        await publish(nc, subjects.event_subject("monitor", "job", first, "JobSucceeded"), service="scheduler",
+        await publish(nc, subjects.event_subject("monitor", "job", "JobSucceeded"), service="scheduler",
                       aggregate_type="job", aggregate_id=first, event=JobSucceeded(job_id=first), version=9)
         # (c) Garbage on a followed subject.
-        await nc.jetstream().publish(subjects.event_subject("launcher", "launch", first, "LaunchSucceeded"), b"]]")
+        await nc.jetstream().publish(subjects.event_subject("launcher", "launch", "LaunchSucceeded"), b"]]")
         # (b) Another writer moved the first job on: the scheduler's answer to its launch outcome conflicts.
         other_writer = await make_store("scheduler")
         version = scheduler.version("job", first)
@@ -198,11 +198,11 @@ async def test_the_scheduler_sets_aside_forged_and_conflicting_events_and_still_
                                   expected_versions={("job", first): version})
         # One launch outcome at a time: two that arrive together are decided in one run, and a run that conflicts
         # is decided again message by message once the other writer's event is folded (then nothing conflicts).
-        await publish(nc, subjects.event_subject("launcher", "launch", first, "LaunchSucceeded"),
+        await publish(nc, subjects.event_subject("launcher", "launch", "LaunchSucceeded"),
                       service="launcher", aggregate_type="launch", aggregate_id=first,
                       event=LaunchSucceeded(job_id=first, attempt=1))
         records = await eventually(lambda: _count(set_aside(other_writer), 3))
-        await publish(nc, subjects.event_subject("launcher", "launch", second, "LaunchSucceeded"),
+        await publish(nc, subjects.event_subject("launcher", "launch", "LaunchSucceeded"),
                       service="launcher", aggregate_type="launch", aggregate_id=second,
                       event=LaunchSucceeded(job_id=second, attempt=1))
 

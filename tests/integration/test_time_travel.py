@@ -37,7 +37,7 @@ async def publish(nc: Client, service: str, aggregate_type: str, aggregate_id: s
     envelope = EventEnvelope(event_id=str(uuid.uuid4()), service=service, aggregate_type=aggregate_type,
                              aggregate_id=aggregate_id, version=1, position=1, recorded_at=datetime.now(UTC),
                              event=event)
-    subject = subjects.event_subject(service, aggregate_type, aggregate_id, type(event).__name__)
+    subject = subjects.event_subject(service, aggregate_type, type(event).__name__)
     await nc.jetstream().publish(subject, encode(envelope))
 
 

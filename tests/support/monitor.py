@@ -30,5 +30,5 @@ def unstarted_monitor(*, smtp_url: str | None = "smtp://127.0.0.1:2525") -> Moni
     settings = Settings(nats_url="nats://127.0.0.1:4222", database_url="postgresql://unused",
                         auth_secret="unit-tests-signing-secret-0123456789abcdef", smtp_url=smtp_url,
                         alert_emails=("ops@example.com",))
-    runtime: Any = types.SimpleNamespace(settings=settings, nc=None, js=None)
+    runtime: Any = types.SimpleNamespace(settings=settings, nc=None, js=None, store=None)
     return Monitor(runtime, ClusterConfig.load(CLUSTER))

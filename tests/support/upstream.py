@@ -26,7 +26,7 @@ async def publish_upstream(nc: Client, job_ids: list[str]) -> None:
         envelope = EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type="job",
                                  aggregate_id=job_id, version=1, position=position,
                                  recorded_at=datetime.now(UTC), event=JobStopped(job_id=job_id, by="bob"))
-        await nc.jetstream().publish(subjects.event_subject("scheduler", "job", job_id, "JobStopped"),
+        await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "JobStopped"),
                                      encode(envelope))
 
 

@@ -1008,10 +1008,9 @@ def test_a_set_aside_record_is_one_aggregate_per_consumer_and_stream_sequence() 
     assert isinstance(record, UpstreamMessageSetAside)
     assert (record.claimed_service, record.claimed_type) == (None, None)
     # The monitor follows every service's set-aside records and nothing else.
-    subject = subjects.event_subject("launcher", "upstream", set_aside_id("scheduler-events", 9),
-                                     "UpstreamMessageSetAside")
-    assert subject == "trainyard.events.launcher.upstream.scheduler-events-9.UpstreamMessageSetAside"
-    assert subjects.SET_ASIDE_ALL == "trainyard.events.*.upstream.*.UpstreamMessageSetAside"
+    subject = subjects.event_subject("launcher", "upstream", "UpstreamMessageSetAside")
+    assert subject == "trainyard.events.launcher.upstream.UpstreamMessageSetAside"
+    assert subjects.SET_ASIDE_ALL == "trainyard.events.*.upstream.UpstreamMessageSetAside"
 
 
 def test_the_service_a_follower_follows_is_read_from_its_subject_filter() -> None:

@@ -36,17 +36,24 @@ def envelope(service: str, job_id: str = "job-000000000001") -> EventEnvelope:
 
 
 def test_an_envelope_is_accepted_only_on_its_own_subject_from_the_service_followed() -> None:
-    genuine = "trainyard.events.scheduler.job.job-000000000001.JobSucceeded"
+    genuine = "trainyard.events.scheduler.job.JobSucceeded"
     assert inconsistency(envelope("scheduler"), genuine, "scheduler") is None
     assert inconsistency(envelope("scheduler"), genuine, None) is None
     # A scheduler event on a monitor subject; a monitor-claiming event on the scheduler's subject.
-    forged = "trainyard.events.monitor.job.job-000000000001.JobSucceeded"
+    forged = "trainyard.events.monitor.job.JobSucceeded"
     assert "claims service 'scheduler'" in (inconsistency(envelope("scheduler"), forged, "monitor") or "")
     assert "belongs on" in (inconsistency(envelope("scheduler"), forged, None) or "")
     assert inconsistency(envelope("monitor"), genuine, "scheduler") is not None
-    # Another job's id, or another event name, in the subject.
-    assert inconsistency(envelope("scheduler", "job-000000000002"), genuine, "scheduler") is not None
+    # Another event name, or another kind of aggregate, in the subject.
     assert inconsistency(envelope("scheduler"), genuine.replace("JobSucceeded", "JobFailed"), "scheduler") is not None
+    assert inconsistency(envelope("scheduler"), genuine.replace(".job.", ".launch."), "scheduler") is not None
+
+
+def test_an_event_published_while_subjects_named_its_aggregate_is_read_where_it_was_published() -> None:
+    earlier = "trainyard.events.scheduler.job.job-000000000001.JobSucceeded"
+    assert inconsistency(envelope("scheduler"), earlier, "scheduler") is None
+    assert inconsistency(envelope("scheduler", "job-000000000002"), earlier, "scheduler") is not None
+    assert inconsistency(envelope("scheduler"), earlier.replace("JobSucceeded", "JobFailed"), "scheduler") is not None
 
 
 def test_what_an_unreadable_message_claims_is_kept_when_it_reads_as_json() -> None:

@@ -138,6 +138,29 @@ def test_archived_is_recorded_with_the_retention_it_was_kept_for() -> None:
     assert [change.event for change in changes] == [JobArchived(job_id="job-a", retention="7d")]
 
 
+def test_the_scheduler_notes_where_the_other_services_events_about_a_job_are_stored() -> None:
+    """Event subjects name no job: the scheduler notes the stream sequence of each event of another service about a
+    job it holds (its launches', the monitor's about it), by which its history is read back."""
+    fold = TimedFold()
+    ended_job(fold, "job-a")
+    ended_job(fold, "job-b")
+
+    def stored(sequence: int, service: str, aggregate_type: str, job_id: str) -> None:
+        event = DebugEnvironmentReleased(job_id=job_id, attempt=1)
+        fold.state.stored_at(EventEnvelope(event_id=str(sequence), service=service, aggregate_type=aggregate_type,
+                                           aggregate_id=job_id, version=1, position=sequence, recorded_at=fold.now,
+                                           event=event), sequence)
+
+    stored(7, "launcher", "launch", "job-a")
+    stored(9, "monitor", "job", "job-a")
+    stored(9, "monitor", "job", "job-a")  # folded again (a replay): noted once
+    stored(11, "launcher", "launch", "job-b")
+    stored(12, "monitor", "run", "job-a")  # its run: not part of its history here (`trainyard metrics`)
+    stored(13, "launcher", "launch", "job-never")
+    stored(0, "launcher", "launch", "job-a")  # not delivered from the stream: nowhere to read it back
+    assert (fold.state.jobs["job-a"].published, fold.state.jobs["job-b"].published) == ([7, 9], [11])
+
+
 def test_an_archived_job_and_its_array_leave_the_versions_a_scheduler_records_at() -> None:
     """A scheduler notes the version of every aggregate it records to; an archived job's goes with the job (and an
     array's with its last job), in the live scheduler and in the states of past instants it restores at a start,

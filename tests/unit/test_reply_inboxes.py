@@ -100,7 +100,7 @@ def test_the_inboxes_are_laid_out_by_kind_so_that_nats_wildcards_can_name_them()
 
 # What a hostile reply subject aimed at: none of it is a reply any role may publish.
 LURES = {
-    "another service's event stream": subjects.event_subject("launcher", "launch", JOB, "LaunchSucceeded"),
+    "another service's event stream": subjects.event_subject("launcher", "launch", "LaunchSucceeded"),
     "the usage bucket": f"$KV.{subjects.USAGE_BUCKET}.{subjects.usage_key(JOB, 1, 0, 'node-b')}",
     "the agent-report stream": subjects.agent_report("node-b"),
     "the JetStream API": f"$JS.API.STREAM.PURGE.{subjects.AGENT_REPORTS_STREAM}",

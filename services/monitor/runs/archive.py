@@ -1,39 +1,38 @@
 """Archived jobs (JobArchived): how the monitor still answers for a job it no longer holds.
 
-The scheduler archives a job once it ended more than the administrator's `job_retention` ago, and the monitor
-then drops all it held of it (`Monitor.archived`). The job's history stays on TRAINYARD_EVENTS: the scheduler's
-events about it and the monitor's own (its run's life, its kept environment). A question about a job the monitor
-does not hold (`trainyard metrics`, a watch, the debug terminal, the alerts about it) reads them back, from the
-job's own subjects only, and folds them as the monitor once did: the job's record as it was before its
-JobArchived, for the access check (J2) and the nodes it ran on; its run's life; its kept environment, released
-by then. Only an archived job is answered so: a job not folded yet (the monitor just started) is not known, as
-before, and a job that never existed has no events: both stay "not found".
+The scheduler archives a job once it ended more than the administrator's `job_retention` ago, and the monitor then drops
+all it held of it (`Monitor.archived`). The job's history stays: the scheduler's events about it on TRAINYARD_EVENTS,
+the monitor's own (its run's life, its kept environment) in its log. Event subjects name no job, so the monitor notes
+the stream sequence of each of the scheduler's events about a job it holds, and writes them down when the job is
+archived (libs/eventstore/published.py, a table beside its log; those of a command on the archived job too). A question
+about a job the monitor does not hold (`trainyard metrics`, a watch, the debug terminal, the alerts about it) reads them
+back by those sequences (libs/messaging/history.py), with its own from its log, and folds them as the monitor once did:
+the job's record as it was before its JobArchived, for the access check (J2) and the nodes it ran on; its run's life;
+its kept environment, released by then. Only an archived job is answered so: a job not folded yet (the monitor just
+started) is not known, as before, and a job that never existed has no events: both stay "not found".
 
-The jobs asked about lately are kept (at most KEPT), until one of their events comes (an administrator's command
-on an archived job records one), so that the pages of a long series cost one read of their events.
+The jobs asked about lately are kept (at most KEPT), until one of their events comes (an administrator's command on an
+archived job records one), so that the pages of a long series cost one read of their events.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections import OrderedDict
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-import msgspec
 from nats.js.client import JetStreamContext
 
-from libs.contracts import subjects
-from libs.contracts.codec import decode
 from libs.contracts.events import DebugEnvironmentKept, EventEnvelope, JobArchived
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
 from libs.contracts.operations.base import CommandError
 from libs.contracts.scheduling import AdminSettings
+from libs.eventstore import EventStore
+from libs.eventstore.published import PublishedIndex
 from libs.jobstatus import SCHEDULER, JobLifecycle, JobRecord
-from libs.messaging.follower import inconsistency
-from libs.messaging.reader import read_subject
+from libs.messaging.history import stored_events
 from services.monitor.kept import KeptEnvironment
 from services.monitor.runs import runlife
 from services.monitor.runs.runlife import RunLife
@@ -55,12 +54,6 @@ class PastJob:
     def viewable(self, identity: Identity, settings: AdminSettings) -> JobRecord | None:
         """The job, if `identity` may view it under the current settings (J2), as for a job still held."""
         return JobLifecycle(jobs={self.job.job_id: self.job}, settings=settings).viewable(self.job.job_id, identity)
-
-
-def past_subjects(job_id: str) -> tuple[str, str]:
-    """Where an archived job's history is: every service's events about the job (the scheduler's, the
-    monitor's), and the monitor's about its run."""
-    return (subjects.event_subject("*", "job", job_id, "*"), subjects.event_subject(MONITOR, "run", job_id, "*"))
 
 
 def fold_past(job_id: str, envelopes: Iterable[EventEnvelope]) -> PastJob | None:
@@ -92,49 +85,41 @@ def fold_past(job_id: str, envelopes: Iterable[EventEnvelope]) -> PastJob | None
     return PastJob(job=job, life=runs.get(job_id), kept=kept)
 
 
-async def published(js: JetStreamContext, subject: str) -> list[EventEnvelope]:
-    """The envelopes on `subject` of TRAINYARD_EVENTS, in order, each once: none that does not belong where it was
-    published, none its relay published again."""
-    found: list[EventEnvelope] = []
-    seen: set[str] = set()
-    async with contextlib.aclosing(read_subject(js, subjects.EVENTS_STREAM, subject)) as msgs:
-        async for msg in msgs:
-            try:
-                envelope = decode(msg.data, EventEnvelope)
-            except (msgspec.DecodeError, msgspec.ValidationError):
-                continue
-            if inconsistency(envelope, msg.subject, None) is None and envelope.event_id not in seen:
-                seen.add(envelope.event_id)
-                found.append(envelope)
-    return found
-
-
 class PastJobs:
-    """Archived jobs, read back from TRAINYARD_EVENTS when asked about; the latest few kept."""
+    """Archived jobs, read back when asked about (the scheduler's events from TRAINYARD_EVENTS, the monitor's own
+    from its log); the latest few kept."""
 
-    def __init__(self, js: JetStreamContext, kept: int = KEPT) -> None:
-        self.js = js
+    def __init__(self, js: JetStreamContext, store: EventStore, index: PublishedIndex, kept: int = KEPT) -> None:
+        self.js, self.store, self.index = js, store, index
         self.most = kept
         self._kept: OrderedDict[str, PastJob] = OrderedDict()
         self._reading: dict[str, object] = {}  # job -> the latest read under way: kept if nothing came meanwhile
 
     async def find(self, job_id: str) -> PastJob | None:
-        """The archived job, or None for one not archived (or that never existed). JetStream away raises."""
-        if not is_job_id(job_id):  # its subjects would name other jobs' (wildcards) or none
+        """The archived job, or None for one not archived (or that never existed). JetStream or PostgreSQL away
+        raises."""
+        if not is_job_id(job_id):  # no job's id: never looked for
             return None
         if (past := self._kept.get(job_id)) is not None:
             self._kept.move_to_end(job_id)
             return past
         reading = self._reading[job_id] = object()
         try:
-            found = await asyncio.gather(*(published(self.js, subject) for subject in past_subjects(job_id)))
-            past = fold_past(job_id, [envelope for envelopes in found for envelope in envelopes])
+            past = fold_past(job_id, await self.history(job_id))
             if past is not None and self._reading.get(job_id) is reading:
                 self._keep(job_id, past)
         finally:
             if self._reading.get(job_id) is reading:
                 del self._reading[job_id]
         return past
+
+    async def history(self, job_id: str) -> list[EventEnvelope]:
+        """The scheduler's events about the job where the index says they are, then the monitor's own from its log
+        (each service's in the order it recorded them)."""
+        scheduler = [e for e in await stored_events(self.js, await self.index.of(job_id), job_id)
+                     if e.service == SCHEDULER and e.aggregate_type == "job"]
+        own = [*await self.store.read_aggregate("job", job_id), *await self.store.read_aggregate("run", job_id)]
+        return scheduler + own
 
     async def records(self, job_ids: Iterable[str]) -> dict[str, JobRecord]:
         """The records of those of `job_ids` that are archived, looked up a few at a time."""
@@ -172,6 +157,7 @@ async def job_to_answer(jobs: JobLifecycle, past: PastJobs | None, job_id: str,
 
 
 def events_unavailable(exc: Exception) -> CommandError:
-    """The answer when the events stream, where an archived job is read back from, does not answer."""
-    return CommandError(code="unavailable", message=f"the events stream did not answer ({type(exc).__name__})",
-                        hint="JetStream may be restarting; try again")
+    """The answer when the events stream or the monitor's log, where an archived job is read back from, does not
+    answer."""
+    return CommandError(code="unavailable", message=f"the job's history could not be read ({type(exc).__name__})",
+                        hint="JetStream or the database may be restarting; try again")

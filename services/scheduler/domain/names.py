@@ -19,6 +19,9 @@ ARRAY = "array"  # the scheduler's aggregate of an array (id = array id)
 UPSTREAM_AGGREGATES: dict[str, tuple[str, ...]] = {"monitor": ("node", "job", "cache"), "launcher": ("launch",),
                                                    "autoscaler": ("instance",)}
 
+# Those of them whose id is a job's (the monitor's about a job, the launcher's launches): part of its history.
+ABOUT_JOBS = ("job", "launch")
+
 
 def upstream_consumer(upstream: str) -> str:
     """The name of its follower of `upstream`'s events (and of that follower's tracking row)."""

@@ -76,7 +76,7 @@ from libs.placement import NO_NODES, NodeCapacity, QueuedJob, RunningJob
 from libs.placement import holdings as placement_holdings
 from libs.storage import staged_sources
 from services.scheduler.domain.images import fold_image
-from services.scheduler.domain.names import ARRAY, JOB, SERVICE
+from services.scheduler.domain.names import ABOUT_JOBS, ARRAY, JOB, SERVICE
 
 
 @dataclass
@@ -154,6 +154,9 @@ class Job:
     running_as: RunningJob | None = field(default=None, compare=False, repr=False)
     rank: int = field(default=0, compare=False, repr=False)  # PRIORITY_RANK of its priority
     array: ArrayMember | None = None  # the array it belongs to, and its index there
+    # The stream sequences of the other services' events about it (its launches', the monitor's), in order: where
+    # its history is read back from (`history/archived.py`), written beside the log when it is archived.
+    published: list[int] = field(default_factory=list, compare=False, repr=False)
     # `duration` parsed, and the text it was parsed from; `ends_at` once worked out, until the job's next event:
     # both are read on every cycle.
     _parsed: tuple[str | None, int | None] = field(default=(None, None), init=False, compare=False, repr=False)
@@ -458,6 +461,13 @@ class SchedulerState:
             job.kept_until = event.until
         elif isinstance(event, DebugEnvironmentReleased):
             job.kept_until = None
+
+    def stored_at(self, envelope: EventEnvelope, sequence: int) -> None:
+        """Another service's event about a job held is stored at `sequence` of the events stream (`Job.published`)."""
+        if (sequence and envelope.aggregate_type in ABOUT_JOBS and envelope.service != SERVICE
+                and (job := self.jobs.get(envelope.aggregate_id)) is not None
+                and (not job.published or job.published[-1] < sequence)):
+            job.published.append(sequence)
 
     def take_left(self) -> list[tuple[str, str]]:
         """The aggregates that left the state since the last time asked (see `left`)."""

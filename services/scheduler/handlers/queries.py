@@ -71,6 +71,7 @@ from libs.contracts.operations.planning import (
 )
 from libs.contracts.scheduling import WhyReport
 from libs.eventstore import EventStore
+from libs.eventstore.published import PublishedIndex
 from libs.messaging.responder import Handler, Route
 from services.scheduler.domain import arrays
 from services.scheduler.domain.access import access_error, can_view
@@ -250,7 +251,7 @@ class JobQueries(StateQueries):
         self.live = scheduler
         self.store, self.js = store, js  # for a job's history: its own log, the others' published events
         self.past = past or PastStates(store, js, lambda: scheduler.state.cluster)
-        self.archive = archive or Archive(store, js, lambda: scheduler.state)
+        self.archive = archive or Archive(store, js, PublishedIndex(store), lambda: scheduler.state)
 
     def routes(self) -> list[Route]:
         return [
@@ -316,7 +317,9 @@ class JobQueries(StateQueries):
             return error
         # Its own events from its log, the other services' (the launcher's, the monitor's pre-checks, slowdowns and
         # kept environments) as published, in time order.
-        events = archived[1] if archived is not None else await job_events(self.store, self.js, request.job_id)
+        held = self.state.jobs.get(request.job_id)  # None: archived meanwhile, its JobArchived tells
+        events = archived[1] if archived is not None else await job_events(
+            self.store, self.js, self.archive.index, request.job_id, list(held.published) if held else None)
         history = history_page(events, request.start)
         return hide_jobs(history, self.state, identity)
 

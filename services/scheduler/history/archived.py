@@ -1,43 +1,46 @@
 """Jobs archived: ended longer ago than the administrator's `job_retention`, no longer in the state in memory
 (rules/archive.py), but still shown, explained, cloned and deleted as before.
 
-Such a job is read back from the log when it is asked for: its own events from the scheduler's log, the other
-services' (its launches' processes, kept environments) as published, folded in time order into a state of its own
-that holds that job alone, as the live state held it before it left (its JobArchived left out). The queries and
-commands read that state with the same code as the live one. A job that never existed reads back as nothing,
-which is answered as before: not found.
+Such a job is read back from the log when it is asked for: its own events from the scheduler's log, the other services'
+(its launches' processes, kept environments) as published, found where the scheduler noted they are stored, written
+beside its log when the job was archived (libs/eventstore/published.py), folded in time order into a state of its own
+that holds that job alone, as the live state held it before it left (its JobArchived left out). The queries and commands
+read that state with the same code as the live one. A job that never existed reads back as nothing, which is answered as
+before: not found.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from datetime import datetime
 
 from nats.js.client import JetStreamContext
 
-from libs.contracts import subjects
 from libs.contracts.arrays import is_array_id, parse_indices
-from libs.contracts.codec import decode
 from libs.contracts.events import ArraySubmitted, EventEnvelope, JobArchived
 from libs.contracts.ids import is_job_id
 from libs.eventstore import EventStore
-from libs.messaging.reader import read_subject
+from libs.eventstore.published import PublishedIndex
+from libs.messaging.history import stored_events
 from services.scheduler.domain.arrays import member_id
 from services.scheduler.domain.names import ARRAY, JOB, SERVICE
 from services.scheduler.domain.state import SchedulerState
 from services.scheduler.planning.prediction import Forecast
 
 
-async def job_events(store: EventStore, js: JetStreamContext, job_id: str) -> list[EventEnvelope]:
+async def job_events(store: EventStore, js: JetStreamContext, index: PublishedIndex, job_id: str,
+                     published: Sequence[int] | None = None) -> list[EventEnvelope]:
     """Every service's events about the job, in time order: its own from the log (complete at once), the others' as
-    published. The life of its run (the monitor's aggregate "run") is left out: `trainyard metrics` tells it."""
+    published, at the stream sequences `published` (a job held: `Job.published`; None: an archived job's, which the
+    index tells). The life of its run (the monitor's aggregate "run") is not among them: `trainyard metrics` tells
+    it."""
     own = await store.read_aggregate(JOB, job_id)
     if not own:
         return []
-    published = [decode(m.data, EventEnvelope) async for m in read_subject(
-        js, subjects.EVENTS_STREAM, subjects.events_of_job(job_id))]
-    others = [e for e in published if e.service != SERVICE and e.aggregate_type != "run"]
+    if published is None:
+        published = await index.of(job_id)
+    others = [e for e in await stored_events(js, published, job_id) if e.service != SERVICE]
     return sorted(own + others, key=lambda e: e.recorded_at)
 
 
@@ -57,8 +60,10 @@ class ArchivedScheduler:
 class Archive:
     """Reads archived jobs back from the log for the live scheduler's handlers."""
 
-    def __init__(self, store: EventStore, js: JetStreamContext, live: Callable[[], SchedulerState]) -> None:
-        self.store, self.js, self.live = store, js, live  # live(): the live state (replaced by a restore)
+    def __init__(self, store: EventStore, js: JetStreamContext, index: PublishedIndex,
+                 live: Callable[[], SchedulerState]) -> None:
+        self.store, self.js, self.index, self.live = store, js, index, live  # live(): the live state (a restore
+        # replaces it)
 
     def archived(self, job_ids: Iterable[str]) -> list[str]:
         """The ids the live state does not hold (archived, or never known)."""
@@ -77,7 +82,7 @@ class Archive:
             return None
         state = self._empty()
         for job_id in missing:
-            self._fold(state, await job_events(self.store, self.js, job_id))
+            self._fold(state, await job_events(self.store, self.js, self.index, job_id))
         return state
 
     async def read_back(self, job_id: str) -> tuple[SchedulerState, list[EventEnvelope]] | None:
@@ -85,7 +90,7 @@ class Archive:
         from (its history); None for an id that could name no job."""
         if not self._readable([job_id]):
             return None
-        events = await job_events(self.store, self.js, job_id)
+        events = await job_events(self.store, self.js, self.index, job_id)
         state = self._empty()
         self._fold(state, events)
         return state, events
