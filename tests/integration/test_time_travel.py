@@ -176,7 +176,7 @@ async def test_views_at_past_instants_tell_what_the_scheduler_told_then(
 
 async def test_the_live_scheduler_keeps_snapshots_ahead_of_any_view(
         schedulers: Schedulers, nats_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(past, "SNAPSHOT_EVENTS", 3)  # one due every three events of its own
+    monkeypatch.setattr(past, "SNAPSHOT_EVENTS", 10**9)  # none due until the jobs below are all recorded
     monkeypatch.setattr(past, "KEEP_AHEAD_SECONDS", 0.1)
     await schedulers.start()
     scheduler = schedulers.started[-1]
@@ -188,13 +188,23 @@ async def test_the_live_scheduler_keeps_snapshots_ahead_of_any_view(
         assert await snapshots.latest(datetime.now(UTC)) is None  # nothing recorded, nothing due
         jobs = [(await alice.submit(spec(f"job-{n}"))).job_id for n in range(3)]
 
-        # Made by the scheduler itself, before anyone asked for a past instant; the state it made is let go.
+        # Every job's prediction recorded (a moment after its submission): the log grows no more.
+        async def predicted() -> bool:
+            return all([(await alice.get_job(job_id)).job.prediction is not None for job_id in jobs])
+
+        await eventually(predicted)
+        recorded = len([envelope async for envelope in scheduler.rt.store.read_all()])
+        monkeypatch.setattr(past, "SNAPSHOT_EVENTS", 3)  # one due every three events of its own: due now
+
+        # Made by the scheduler itself, before anyone asked for a past instant, up to the last event recorded; the
+        # state it made is let go.
         async def made() -> bool:
-            return await snapshots.latest(datetime.now(UTC)) is not None
+            latest = await snapshots.latest(datetime.now(UTC))
+            return latest is not None and latest.events == recorded
 
         await eventually(made)
         snapshot = await snapshots.latest(datetime.now(UTC))
-        assert snapshot is not None and snapshot.events >= 3
+        assert snapshot is not None and snapshot.events == recorded >= 6
         assert scheduler.past._kept is None
         # Not due again until the log has grown by as many events since.
         monkeypatch.setattr(past, "KEEP_AHEAD_SECONDS", 3600.0)
