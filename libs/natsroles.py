@@ -237,9 +237,12 @@ def _manage(stream: str) -> list[str]:
 
 
 def _ordered_reader(stream: str) -> list[str]:
-    """`js.subscribe(ordered_consumer=True)`: ephemeral consumers, recreated on a gap, flow-controlled."""
+    """A follower (`libs.messaging.follower`): what the stream holds at its start fetched by an ephemeral pull
+    consumer, then `js.subscribe(ordered_consumer=True)`: ephemeral consumers, recreated on a gap,
+    flow-controlled."""
     return [f"{API}.STREAM.INFO.{stream}", f"{API}.CONSUMER.CREATE.{stream}", f"{API}.CONSUMER.CREATE.{stream}.>",
-            f"{API}.CONSUMER.INFO.{stream}.*", f"{API}.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>"]
+            f"{API}.CONSUMER.INFO.{stream}.*", f"{API}.CONSUMER.DELETE.{stream}.*", f"$JS.FC.{stream}.>",
+            f"{API}.CONSUMER.MSG.NEXT.{stream}.*"]
 
 
 def _durable_puller(stream: str, durable: str) -> list[str]:

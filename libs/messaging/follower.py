@@ -13,6 +13,9 @@ publishes its log again, libs/eventstore/relay.py), the recorded sequence no lon
 message, and the follower goes by the upstream position instead. Where there is none (agent reports),
 it reacts to the new stream's messages from its start: those reactions hold to what they decide on.
 
+What the stream holds when a follower starts is fetched a batch at a time (`CATCH_UP_BATCH`), the next while one
+is handled; from its end on, an ordered consumer delivers what comes, pushed by the server as it is stored.
+
 A service that restored a state saved with some of a stream already folded (a snapshot) gives its
 follower, per subject filter, the stream sequence up to which that filter's messages are in the state (`folded`):
 delivery then begins after the lowest, and a message at or before its filter's is passed over, neither folded nor
@@ -72,7 +75,7 @@ from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageS
 from libs.contracts.subjects import SET_ASIDE_AGGREGATE, earlier_event_subject, event_subject, service_of_events
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.messaging.connection import wait_for_streams
-from libs.messaging.reader import PULLED_IDLE_SECONDS, delivered
+from libs.messaging.reader import PULLED_IDLE_SECONDS, PulledReader, delivered
 from libs.outages import is_outage
 from libs.telemetry.logs import get_logger
 from libs.telemetry.metrics import FOLLOWER_MESSAGES, attributes, counter, metrics_enabled
@@ -199,6 +202,9 @@ UNRECORDED_WRITE_SECONDS = 0.5
 # the follower: beyond that the client's queue and JetStream's flow control hold the rest back.
 GROUP_MESSAGES = 64
 CONSUMER_INFO_TRIES = 50  # 0.1 s apart
+# Messages fetched at a time while a follower catches up with what the stream held at its start; the next batch
+# is fetched while one is handled, so about twice this waits in the process (some 1.5 KiB each, decoded).
+CATCH_UP_BATCH = 256
 
 
 async def _consumer_info(sub: Any) -> ConsumerInfo:
@@ -277,6 +283,9 @@ class StreamFollower:
         # when its position is past it (one-service followers).
         self.anew_upstream: int | None = None
         self._sub: object | None = None
+        # While it catches up with what the stream held at its start (`_catch_up`): the reader, and its task.
+        self._reader: PulledReader | None = None
+        self._catching_up: asyncio.Task[None] | None = None
         self._unrecorded: Tracking | None = None  # the latest position whose reaction recorded nothing, unwritten
         self._writer: asyncio.Task[None] | None = None
         self._stopped = False
@@ -296,25 +305,88 @@ class StreamFollower:
                             tracked=self.tracked, upstream=upstream)
                 await self.store.forget_tracked_sequence(self.consumer)
                 self.tracked, self.anew_upstream = 0, upstream
-        config = ConsumerConfig(filter_subjects=self.subjects if len(self.subjects) > 1 else None)
-        policy = DeliverPolicy.ALL
+        after = 0
         # A restored state: from before what it holds, for the envelopes a replay would remember there (`_held`).
         first = min(self.folded.values(), default=0)
         if first and (begin := await self._remembering_from(first)) > 1:
-            policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, begin
+            after = begin - 1
         if self._inbox is not None:
             self._worker = asyncio.create_task(self._work(self._inbox), name=f"{self.consumer}.runs")
-        sub = await self.js.subscribe(self.subjects[0], stream=self.stream, config=config, ordered_consumer=True,
-                                      idle_heartbeat=HEARTBEAT_SECONDS, deliver_policy=policy, cb=self._on_message)
-        self._sub = sub
-        # Nothing matched the filter yet (the consumer sequence counts matching deliveries only; the
-        # stream sequence may already point past other services' messages): the view is complete.
-        info = await _consumer_info(sub)
-        if not info.num_pending and not (info.delivered and info.delivered.consumer_seq):
-            self.caught_up.set()
+        reader = PulledReader(self.js, self.stream, self.subjects, after=after, batch=CATCH_UP_BATCH)
+        if msgs := await reader.fetch():
+            self._reader = reader
+            self._catching_up = asyncio.create_task(self._catch_up(reader, msgs), name=f"{self.consumer}.catch_up")
+            return
+        await reader.close()
+        # Nothing matched the filter yet (the stream sequence may already point past other services' messages):
+        # the view is complete.
+        self.caught_up.set()
+        await self._subscribe(reader.after)
+
+    async def _subscribe(self, after: int) -> None:
+        """Follow what is stored after sequence `after` as it comes: an ordered consumer, which the server pushes
+        to without a request each."""
+        config = ConsumerConfig(filter_subjects=self.subjects if len(self.subjects) > 1 else None)
+        policy = DeliverPolicy.ALL
+        if after:
+            policy, config.opt_start_seq = DeliverPolicy.BY_START_SEQUENCE, after + 1
+        self._sub = await self.js.subscribe(self.subjects[0], stream=self.stream, config=config,
+                                            ordered_consumer=True, idle_heartbeat=HEARTBEAT_SECONDS,
+                                            deliver_policy=policy, cb=self._on_message)
+
+    async def _catch_up(self, reader: PulledReader, msgs: list[Msg]) -> None:
+        """Handle what the stream held when the follower started, a batch at a time, then follow the rest as it
+        comes. An ordered consumer would be pushed the whole backlog ahead of its handling (the server's flow
+        control lets some 64 MiB wait in the client): read on after a restart, that peak stayed in the process's
+        memory (`bench/soak.py`: a service started again held 20-60 MiB more than before)."""
+        while msgs:
+            ahead = asyncio.create_task(self._fetched(reader))  # the next batch comes while this one is handled
+            try:
+                await self._hand_over(msgs)
+            except BaseException:
+                ahead.cancel()
+                raise
+            msgs = await ahead
+        await reader.close()
+        while True:
+            try:
+                await self._subscribe(reader.after)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # NATS away: subscribe again once it is back
+                log.warning("follower.subscribe_failed", consumer=self.consumer, error=repr(exc))
+                await asyncio.sleep(self.retry_seconds)
+        self._reader = None
+
+    async def _fetched(self, reader: PulledReader) -> list[Msg]:
+        """The next batch; NATS away or slow: fetched again from the last message fetched, until it is back."""
+        while True:
+            try:
+                return await reader.fetch()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                log.warning("follower.catch_up_interrupted", consumer=self.consumer, after=reader.after,
+                            error=repr(exc))
+                await asyncio.sleep(self.retry_seconds)
+
+    async def _hand_over(self, msgs: list[Msg]) -> None:
+        """Messages fetched while catching up, handled as delivered ones are (`_on_message`)."""
+        if self._inbox is not None:
+            for msg in msgs:
+                await self._inbox.put(msg)  # a full inbox holds the rest back
+            return
+        await self._take_run(msgs)
 
     async def stop(self) -> None:
         self._stopped = True  # a message still being handled must not start a writer that outlives the store
+        if self._catching_up is not None:
+            self._catching_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._catching_up
+        if self._reader is not None:
+            await self._reader.close()
         if self._sub is not None:
             with contextlib.suppress(Exception):  # the connection closed already: so is the subscription
                 await self._sub.unsubscribe()  # type: ignore[attr-defined]
@@ -383,10 +455,12 @@ class StreamFollower:
     async def lag(self) -> int:
         """Messages of its filters not yet handled: those the server has not delivered yet, and those delivered and
         still waiting in the client or in the follower's inbox."""
-        if self._sub is None:
-            return 0
-        info = await _consumer_info(self._sub)
         waiting = self._inbox.qsize() if self._inbox is not None else 0  # taken from the client, not yet decided
+        if self._reader is not None:  # catching up: as the last batch fetched told
+            return self._reader.left + waiting
+        if self._sub is None:
+            return waiting
+        info = await _consumer_info(self._sub)
         return int(info.num_pending or 0) + int(self._sub.pending_msgs) + waiting  # type: ignore[attr-defined]
 
     async def _on_message(self, msg: Msg) -> None:
@@ -402,12 +476,16 @@ class StreamFollower:
             run = [await inbox.get()]
             while len(run) < GROUP_MESSAGES and not inbox.empty():
                 run.append(inbox.get_nowait())
-            try:
-                await self._take(run)
-            except asyncio.CancelledError:
-                raise
-            except Exception:  # as the client's own error callback would: logged, and the follower goes on
-                log.exception("follower.run_failed", consumer=self.consumer)
+            await self._take_run(run)
+
+    async def _take_run(self, run: Sequence[Msg]) -> None:
+        """`_take`, its failure logged as the client's own error callback would, and the follower goes on."""
+        try:
+            await self._take(run)
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("follower.run_failed", consumer=self.consumer)
 
     async def _take(self, run: Sequence[Msg]) -> None:
         """Handle delivered messages in order: new ones together when the follower decides runs, the others (and

@@ -25,7 +25,8 @@ from nats.js.errors import NotFoundError
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope
 from libs.contracts.ids import is_job_id
-from libs.contracts.subjects import EVENTS_STREAM, earlier_event_subject, earlier_events_of_job, event_subject
+from libs.contracts.subjects import EVENTS_STREAM, earlier_events_of_job
+from libs.messaging.follower import inconsistency
 from libs.messaging.reader import read_subject
 
 GETS_AT_ONCE = 32
@@ -75,7 +76,4 @@ def _about(data: bytes, subject: str, about: str) -> EventEnvelope | None:
         envelope = decode(data, EventEnvelope)
     except (msgspec.DecodeError, msgspec.ValidationError):
         return None
-    name = type(envelope.event).name()
-    where = (event_subject(envelope.service, envelope.aggregate_type, name),
-             earlier_event_subject(envelope.service, envelope.aggregate_type, envelope.aggregate_id, name))
-    return envelope if envelope.aggregate_id == about and subject in where else None
+    return envelope if envelope.aggregate_id == about and inconsistency(envelope, subject, None) is None else None

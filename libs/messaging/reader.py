@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncGenerator, Awaitable
+import json
+from collections.abc import AsyncGenerator, Awaitable, Sequence
 from typing import Any
 
 import nats.errors
 from nats.aio.msg import Msg
-from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg
+from nats.js.api import DEFAULT_PREFIX, AckPolicy, ConsumerConfig, DeliverPolicy, RawStreamMsg, StatusCode
 from nats.js.client import JetStreamContext
 from nats.js.errors import NotFoundError, ServiceUnavailableError
 
@@ -77,27 +78,43 @@ async def read_pulled(js: JetStreamContext, stream: str, subject: str, *, after:
             await js.delete_consumer(stream, info.name)
 
 
-def _pulled_config(after: int) -> ConsumerConfig:
-    """An ephemeral pull consumer's, from sequence `after` on (0: the first)."""
+def _pulled_config(after: int, subjects: Sequence[str] = ()) -> ConsumerConfig:
+    """An ephemeral pull consumer's, from sequence `after` on (0: the first), of `subjects` (none: the
+    subscription's own filter)."""
     start = (ConsumerConfig(deliver_policy=DeliverPolicy.BY_START_SEQUENCE, opt_start_seq=after + 1) if after
              else ConsumerConfig(deliver_policy=DeliverPolicy.ALL))
     start.ack_policy, start.mem_storage, start.num_replicas = AckPolicy.NONE, True, 1
     start.inactive_threshold = PULLED_IDLE_SECONDS  # removed by the server if this reader vanishes
+    if len(subjects) > 1:
+        start.filter_subjects = list(subjects)
+    elif subjects:
+        start.filter_subject = subjects[0]
     return start
 
 
 class PulledReader:
-    """Messages on `subject` of `stream` stored after sequence `after`, fetched `batch` at a time by an ephemeral
-    pull consumer, only when asked: a reader at the end keeps its consumer, and is handed what was stored since
-    when asked again, without a consumer made anew (a JetStream request of its own, slow on a busy server). One
-    left idle past `PULLED_IDLE_SECONDS`, which the server removes, is made again after the last message fetched;
-    close the reader to remove it at once."""
+    """Messages on `subject` of `stream` (or on any of several subjects) stored after sequence `after`, fetched
+    `batch` at a time by an ephemeral pull consumer, only when asked: a reader at the end keeps its consumer, and
+    is handed what was stored since when asked again, without a consumer made anew (a JetStream request of its
+    own, slow on a busy server). One left idle past `PULLED_IDLE_SECONDS`, which the server removes, is made again
+    after the last message fetched; close the reader to remove it at once.
 
-    def __init__(self, js: JetStreamContext, stream: str, subject: str, *, after: int = 0, batch: int = 16) -> None:
-        self.js, self.stream, self.subject, self.after, self.batch = js, stream, subject, after, batch
-        self._sub: JetStreamContext.PullSubscription | None = None
-        self._name = ""
+    A batch is asked for as JetStream's pull protocol asks (`CONSUMER.MSG.NEXT`, `no_wait`) and delivered to a
+    subscription of its own, which takes each message as it comes: nats-py's `fetch` waits for every message of a
+    batch in a task of its own, five times the CPU of an ordered consumer's delivery (34 against 6.5 µs a message
+    here), which made a follower's catch-up after a restart twice as long."""
+
+    def __init__(self, js: JetStreamContext, stream: str, subject: str | Sequence[str], *, after: int = 0,
+                 batch: int = 16) -> None:
+        self.js, self.stream, self.after, self.batch = js, stream, after, batch
+        self.subjects = [subject] if isinstance(subject, str) else list(subject)
+        self._name = ""  # the consumer's, once made
         self._left = 0  # stored and not yet fetched, as the last message fetched told (0: ask the server)
+
+    @property
+    def left(self) -> int:
+        """Messages stored and not yet fetched, as the last one fetched told (0 at the end, or before any)."""
+        return self._left
 
     async def fetch(self) -> list[Msg]:
         """The next messages stored, at most `batch`; none: nothing more for now."""
@@ -108,29 +125,69 @@ class PulledReader:
             return await self._fetch()
 
     async def _fetch(self) -> list[Msg]:
-        if self._sub is None:
-            self._sub = await self.js.pull_subscribe(self.subject, stream=self.stream,
-                                                     config=_pulled_config(self.after))
-            self._name = (await self._sub.consumer_info()).name
+        if not self._name:
+            info = await self.js.add_consumer(self.stream, _pulled_config(self.after, self.subjects))
+            self._name, self._left = info.name, info.num_pending or 0
         if not self._left:
-            self._left = (await self._sub.consumer_info()).num_pending or 0
+            self._left = (await self.js.consumer_info(self.stream, self._name)).num_pending or 0
             if not self._left:
                 return []
-        msgs = await self._sub.fetch(batch=min(self.batch, self._left), timeout=FETCH_SECONDS)
+        msgs = await self._ask(min(self.batch, self._left))
         if msgs:
             self.after, self._left = delivered(msgs[-1])
         else:
             self._left = 0
         return msgs
 
+    async def _ask(self, count: int) -> list[Msg]:
+        nc = self.js._nc  # the connection the context was made from
+        batch = _Batch(count)
+        reply = nc.new_inbox()
+        sub = await nc.subscribe(reply, cb=batch.take)
+        try:
+            await nc.publish(f"{DEFAULT_PREFIX}.CONSUMER.MSG.NEXT.{self.stream}.{self._name}",
+                             json.dumps({"batch": count, "no_wait": True}).encode(), reply=reply)
+            await asyncio.wait_for(asyncio.shield(batch.ended), FETCH_SECONDS)
+        except TimeoutError:
+            raise nats.errors.TimeoutError from None  # what came of it is dropped: read again from `after`
+        finally:
+            with contextlib.suppress(Exception):
+                await sub.unsubscribe()
+        if batch.refused and not batch.msgs:  # the consumer is gone (removed while idle), or the server refuses
+            raise NotFoundError(description=f"a pull request answered {batch.refused}")
+        return batch.msgs
+
     async def close(self) -> None:
-        if self._sub is None:
+        if not self._name:
             return
-        sub, self._sub, self._left = self._sub, None, 0
+        name, self._name, self._left = self._name, "", 0
         with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await self.js.delete_consumer(self.stream, self._name)
+            await self.js.delete_consumer(self.stream, name)
+
+
+class _Batch:
+    """One pull request's messages, as they are delivered."""
+
+    def __init__(self, count: int) -> None:
+        self.count = count
+        self.msgs: list[Msg] = []
+        self.ended: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self.refused = ""  # the status the server ended it with, when not "no more now" or "expired"
+
+    async def take(self, msg: Msg) -> None:
+        if self.ended.done():
+            return
+        status = JetStreamContext.is_status_msg(msg)
+        if status == StatusCode.CONTROL_MESSAGE:
+            return
+        if status:  # the batch ends: no more messages now (404), or the request expired (408), or refused
+            if status not in (StatusCode.NO_MESSAGES, StatusCode.REQUEST_TIMEOUT):
+                self.refused = status
+            self.ended.set_result(None)
+            return
+        self.msgs.append(msg)
+        if len(self.msgs) >= self.count:
+            self.ended.set_result(None)
 
 
 async def read_subject(js: JetStreamContext, stream: str, subject: str, *, after: int = 0,

@@ -139,6 +139,11 @@ async def test_an_archived_jobs_history_keeps_the_other_services_events_and_noth
         alice, admin = await login("alice", "vision"), await login("root", admin=True)
         await admin.change_settings(job_retention="1h")
         job, other = (await alice.submit(spec("old", project="vision"))).job_id, new_job_id()
+
+        async def predicted() -> bool:  # the next cycle predicts it; stopped before, it never would be
+            return "JobPredicted" in [type(e.event).name() for e in await alice.events(job)]
+
+        await eventually(predicted)
         await alice.stop([job])
         checked = await monitor_says(login, job)
         elsewhere = await monitor_says(login, other)  # about a job that never existed: noted nowhere

@@ -5,9 +5,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 
 import msgspec
+import nats
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
@@ -52,6 +54,18 @@ class Recorder:
         await self.store.append([NewEvent("node", job_id, NodeRecovered(node_name=job_id))],
                                 expected_versions={("node", job_id): 0}, tracking=tracking)
         return True
+
+
+def held_back(recorder: Recorder) -> tuple[asyncio.Event, Callable[[EventEnvelope, Msg, Tracking | None],
+                                                                     Awaitable[bool]]]:
+    """A handler that waits until the event is set, then records as `recorder` does."""
+    go_on = asyncio.Event()
+
+    async def handle(envelope: EventEnvelope, msg: Msg, tracking: Tracking | None) -> bool:
+        await go_on.wait()
+        return await recorder.handle(envelope, msg, tracking)
+
+    return go_on, handle
 
 
 async def follow(nc: Client, store: EventStore, recorder: Recorder, expected: int,
@@ -115,6 +129,58 @@ async def test_a_stream_with_only_other_subjects_counts_as_caught_up(nc: Client,
     follower = await follow(nc, store, recorder, expected=0)
     await follower.stop()
     assert recorder.folded == []
+
+
+async def test_a_follower_catching_up_holds_one_batch_of_the_backlog_not_all_of_it(
+        nc: Client, nats_url: str, store: EventStore) -> None:
+    """A service started after a long stretch of its upstream's log is handed it a batch at a time, the next fetched
+    while one is handled: the backlog never waits whole in its memory (it stayed there after a restart)."""
+    backlog = 8 * follower_module.CATCH_UP_BATCH
+    await publish_upstream(nc, [f"w{i}" for i in range(backlog)])
+    recorder = Recorder(store)
+    go_on, slow = held_back(recorder)
+    own = await nats.connect(nats_url)  # its messages counted alone
+    follower = StreamFollower(own.jetstream(), store, stream=subjects.EVENTS_STREAM,
+                              subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
+                              message_type=EventEnvelope, handle=slow, retry_seconds=0.01)
+    try:
+        await follower.start()
+        await asyncio.sleep(1.0)  # what the server would push meanwhile
+        assert own.stats["in_msgs"] <= 2 * follower_module.CATCH_UP_BATCH + 16
+        assert await follower.lag() >= backlog - 2 * follower_module.CATCH_UP_BATCH
+        go_on.set()
+        await asyncio.wait_for(follower.caught_up.wait(), 60)
+        assert recorder.folded[-backlog:] == [f"w{i}" for i in range(backlog)]
+        await publish_upstream(nc, ["after"])  # then followed as it comes
+        async with asyncio.timeout(30):
+            while recorder.folded[-1] != "after":
+                await asyncio.sleep(0.05)
+    finally:
+        await follower.stop()
+        await own.close()
+
+
+async def test_a_follower_whose_consumer_vanished_while_catching_up_reads_on_from_where_it_was(
+        nc: Client, store: EventStore) -> None:
+    """A NATS server started again has lost the ephemeral consumers: the follower makes its own anew and neither
+    skips nor repeats a message."""
+    backlog = 4 * follower_module.CATCH_UP_BATCH
+    await publish_upstream(nc, [f"v{i}" for i in range(backlog)])
+    recorder = Recorder(store)
+    go_on, slow = held_back(recorder)
+    follower = StreamFollower(nc.jetstream(), store, stream=subjects.EVENTS_STREAM,
+                              subject=subjects.events_of_service("scheduler"), consumer="scheduler-events",
+                              message_type=EventEnvelope, handle=slow, retry_seconds=0.01)
+    try:
+        await follower.start()
+        await asyncio.sleep(0.3)
+        for consumer in await nc.jetstream().consumers_info(subjects.EVENTS_STREAM):
+            await nc.jetstream().delete_consumer(subjects.EVENTS_STREAM, consumer.name)
+        go_on.set()
+        await asyncio.wait_for(follower.caught_up.wait(), 60)
+        assert recorder.folded == [f"v{i}" for i in range(backlog)]
+    finally:
+        await follower.stop()
 
 
 async def test_a_message_of_an_unknown_type_is_passed_over(nc: Client, store: EventStore) -> None:
