@@ -702,7 +702,7 @@ class _Held:
         by_id, before = dict(zip(map(id, running), running, strict=True)), self.by_id
         gone_ids = before.keys() - by_id.keys()
         added_ids = by_id.keys() - before.keys()
-        if len(gone_ids) + len(added_ids) > CHANGED_AT_MOST or len(by_id) != len(running):
+        if len(by_id) != len(running):  # a job listed twice: worked out afresh (`changed` counts the rest)
             return _Held(running)
         twin = self.changed(running, [before[key] for key in gone_ids], [by_id[key] for key in added_ids])
         twin._by_id = by_id

@@ -8,7 +8,6 @@ process up until SIGTERM/SIGINT or until `stopped()` returns (a background task 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
 from collections.abc import Awaitable, Callable, Coroutine
 from typing import Any
@@ -165,19 +164,15 @@ class ServiceRuntime:
         far as it got."""
         log.info("service.stopping")
         # Stop answering first, so no request reaches a service that is half shut down.
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.broker.stop(), timeout)
+        await _bounded("answering", self.broker.stop(), timeout)
         for stop in self._closers:
-            with contextlib.suppress(Exception):
-                await asyncio.wait_for(stop(), timeout)
+            await _bounded(getattr(stop, "__qualname__", repr(stop)), stop(), timeout)
         for task in self._tasks:
             task.cancel()
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.gather(*self._tasks, return_exceptions=True), timeout)
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(self.nc.close(), timeout)
-        with contextlib.suppress(Exception):  # a standby takes over at once, not after the lease ran out
-            await asyncio.wait_for(self.lease.give_up(), timeout)
+        await _bounded("background tasks", asyncio.gather(*self._tasks, return_exceptions=True), timeout)
+        await _bounded("nats", self.nc.close(), timeout)
+        # A standby takes over at once, not after the lease ran out.
+        await _bounded("lease", self.lease.give_up(), timeout)
         pool: asyncpg.Pool | None = getattr(self, "pool", None)
         if pool is None:  # (a start cut short before it connected)
             return
@@ -185,3 +180,20 @@ class ServiceRuntime:
             await asyncio.wait_for(pool.close(), timeout)
         except (TimeoutError, Exception):
             pool.terminate()
+
+
+SLOW_STOP_SECONDS = 1.0
+
+
+async def _bounded(step: str, done: Awaitable[object], timeout: float) -> None:
+    """One step of a shutdown, at most `timeout` seconds; its failure is passed over, and a slow one told (which step
+    held the stop up)."""
+    began = time.monotonic()
+    try:
+        await asyncio.wait_for(done, timeout)
+    except Exception as exc:
+        log.warning("service.stop_step_failed", step=step, error=repr(exc) or type(exc).__name__,
+                    seconds=round(time.monotonic() - began, 3))
+        return
+    if (seconds := time.monotonic() - began) >= SLOW_STOP_SECONDS:
+        log.warning("service.stop_step_slow", step=step, seconds=round(seconds, 3))

@@ -1,0 +1,37 @@
+"""A service's shutdown is bounded step by step, and says which step held it up: one that hangs is given up after
+its timeout, one that is slow is named, and the steps after them still run."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+from structlog.testing import capture_logs
+
+from libs.skeleton import runtime
+
+
+async def test_a_step_that_hangs_is_given_up_and_named() -> None:
+    with capture_logs() as logs:
+        await runtime._bounded("followers", asyncio.sleep(60), timeout=0.05)
+    [line] = logs
+    assert line["event"] == "service.stop_step_failed" and line["step"] == "followers"
+    assert "TimeoutError" in line["error"]
+
+
+async def test_a_slow_step_is_named_and_a_quick_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(runtime, "SLOW_STOP_SECONDS", 0.05)
+    with capture_logs() as logs:
+        await runtime._bounded("nats", asyncio.sleep(0.1), timeout=5)
+        await runtime._bounded("lease", asyncio.sleep(0), timeout=5)
+    [line] = logs
+    assert line["event"] == "service.stop_step_slow" and line["step"] == "nats" and line["seconds"] >= 0.05
+
+
+async def test_a_step_that_fails_does_not_stop_the_shutdown() -> None:
+    async def broken() -> None:
+        raise ConnectionError("NATS is gone")
+
+    with capture_logs() as logs:
+        await runtime._bounded("answering", broken(), timeout=5)
+    assert [(line["step"], line["error"]) for line in logs] == [("answering", "ConnectionError('NATS is gone')")]
