@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import gc
 import signal
 from collections.abc import Awaitable, Callable
@@ -24,6 +25,22 @@ from libs.telemetry.tracing import configure_tracing, shutdown_tracing
 YOUNG_COLLECTION_ALLOCATIONS = 20_000
 
 
+# glibc's mallopt parameter for how many malloc arenas a process may have (M_ARENA_MAX in <malloc.h>).
+M_ARENA_MAX = -8
+
+
+def one_malloc_arena() -> bool:
+    """Have every thread allocate from glibc's main malloc arena. A thread otherwise gets an arena of its own, and
+    what it frees there serves no allocation of the event loop's thread: a scheduler that restored its snapshot in a
+    worker thread held 13 MiB more for the rest of its life than one that restored it on the event loop. Python's
+    threads allocate under the GIL, so one arena costs them little waiting. False where the C library has no such
+    setting (not glibc)."""
+    try:
+        return bool(ctypes.CDLL(None).mallopt(M_ARENA_MAX, 1))
+    except (OSError, AttributeError):
+        return False
+
+
 class Process(Protocol):
     async def stopped(self) -> None:
         """Return when the process must stop on its own."""
@@ -35,6 +52,7 @@ def run(name: str, factory: Callable[[], Awaitable[Process]], *, trace_as: str |
         node: str | None = None) -> None:
     """Run the process `factory` starts until it is asked to stop (`python -m ...`); it logs as `name`, traces and
     exports metrics as `trace_as` (default `name`), its metrics labelled with `node` (an agent's)."""
+    one_malloc_arena()  # before any thread is made
     gc.set_threshold(YOUNG_COLLECTION_ALLOCATIONS, *gc.get_threshold()[1:])
     asyncio.run(serve(name, factory, trace_as=trace_as, node=node))
 
