@@ -164,15 +164,19 @@ class ServiceRuntime:
         far as it got."""
         log.info("service.stopping")
         # Stop answering first, so no request reaches a service that is half shut down.
-        await _bounded("answering", self.broker.stop(), timeout)
+        await _bounded("answering", lambda: self.broker.stop(), timeout)
         for stop in self._closers:
-            await _bounded(getattr(stop, "__qualname__", repr(stop)), stop(), timeout)
+            await _bounded(getattr(stop, "__qualname__", repr(stop)), stop, timeout)
         for task in self._tasks:
             task.cancel()
-        await _bounded("background tasks", asyncio.gather(*self._tasks, return_exceptions=True), timeout)
-        await _bounded("nats", self.nc.close(), timeout)
+        await _bounded("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True), timeout)
+        for task in self._tasks:
+            if not task.done():  # where it waits, for whoever looks into why a stop was slow
+                log.warning("service.task_not_ended", task=task.get_name(),
+                            at=[f"{frame.f_code.co_filename}:{frame.f_lineno}" for frame in task.get_stack()])
+        await _bounded("nats", lambda: self.nc.close(), timeout)
         # A standby takes over at once, not after the lease ran out.
-        await _bounded("lease", self.lease.give_up(), timeout)
+        await _bounded("lease", lambda: self.lease.give_up(), timeout)
         pool: asyncpg.Pool | None = getattr(self, "pool", None)
         if pool is None:  # (a start cut short before it connected)
             return
@@ -185,15 +189,30 @@ class ServiceRuntime:
 SLOW_STOP_SECONDS = 1.0
 
 
-async def _bounded(step: str, done: Awaitable[object], timeout: float) -> None:
-    """One step of a shutdown, at most `timeout` seconds; its failure is passed over, and a slow one told (which step
-    held the stop up)."""
+async def _bounded(step: str, do: Callable[[], Awaitable[object]], timeout: float) -> None:
+    """One step of a shutdown, at most `timeout` seconds: one still going then is cancelled and not waited for (a
+    task that goes on after its cancellation holds nothing up). Its failure (one of a start cut short before it had
+    what the step closes included) is passed over, and a slow one told (which step held the stop up)."""
     began = time.monotonic()
     try:
-        await asyncio.wait_for(done, timeout)
+        work = asyncio.ensure_future(do())
     except Exception as exc:
-        log.warning("service.stop_step_failed", step=step, error=repr(exc) or type(exc).__name__,
-                    seconds=round(time.monotonic() - began, 3))
+        log.warning("service.stop_step_failed", step=step, error=repr(exc) or type(exc).__name__, seconds=0.0)
         return
-    if (seconds := time.monotonic() - began) >= SLOW_STOP_SECONDS:
-        log.warning("service.stop_step_slow", step=step, seconds=round(seconds, 3))
+    done, _ = await asyncio.wait({work}, timeout=timeout)
+    seconds = round(time.monotonic() - began, 3)
+    if not done:
+        work.cancel()
+        work.add_done_callback(_retrieved)  # however it ends later, nothing is reported of it then
+        log.warning("service.stop_step_failed", step=step, error=f"not done within {timeout} s", seconds=seconds)
+        return
+    error = "cancelled" if work.cancelled() else repr(work.exception()) if work.exception() is not None else None
+    if error is not None:
+        log.warning("service.stop_step_failed", step=step, error=error, seconds=seconds)
+    elif seconds >= SLOW_STOP_SECONDS:
+        log.warning("service.stop_step_slow", step=step, seconds=seconds)
+
+
+def _retrieved(work: asyncio.Future[object]) -> None:
+    if not work.cancelled():
+        work.exception()

@@ -13,17 +13,17 @@ from libs.skeleton import runtime
 
 async def test_a_step_that_hangs_is_given_up_and_named() -> None:
     with capture_logs() as logs:
-        await runtime._bounded("followers", asyncio.sleep(60), timeout=0.05)
+        await runtime._bounded("followers", lambda: asyncio.sleep(60), timeout=0.05)
     [line] = logs
     assert line["event"] == "service.stop_step_failed" and line["step"] == "followers"
-    assert "TimeoutError" in line["error"]
+    assert "not done within" in line["error"]
 
 
 async def test_a_slow_step_is_named_and_a_quick_one_is_not(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(runtime, "SLOW_STOP_SECONDS", 0.05)
     with capture_logs() as logs:
-        await runtime._bounded("nats", asyncio.sleep(0.1), timeout=5)
-        await runtime._bounded("lease", asyncio.sleep(0), timeout=5)
+        await runtime._bounded("nats", lambda: asyncio.sleep(0.1), timeout=5)
+        await runtime._bounded("lease", lambda: asyncio.sleep(0), timeout=5)
     [line] = logs
     assert line["event"] == "service.stop_step_slow" and line["step"] == "nats" and line["seconds"] >= 0.05
 
@@ -33,5 +33,27 @@ async def test_a_step_that_fails_does_not_stop_the_shutdown() -> None:
         raise ConnectionError("NATS is gone")
 
     with capture_logs() as logs:
-        await runtime._bounded("answering", broken(), timeout=5)
+        await runtime._bounded("answering", broken, timeout=5)
     assert [(line["step"], line["error"]) for line in logs] == [("answering", "ConnectionError('NATS is gone')")]
+
+
+async def test_a_background_task_that_ignores_its_cancellation_is_named_with_where_it_waits() -> None:
+    from libs.settings import Settings
+
+    rt = runtime.ServiceRuntime("tests", Settings())
+    release = asyncio.Event()
+
+    async def stubborn() -> None:
+        while not release.is_set():
+            try:
+                await asyncio.sleep(60)
+            except asyncio.CancelledError:
+                continue
+
+    rt.spawn(stubborn(), "stubborn")
+    await asyncio.sleep(0)
+    with capture_logs() as logs:
+        await rt.close(timeout=0.05)
+    release.set()
+    [stuck] = [line for line in logs if line["event"] == "service.task_not_ended"]
+    assert stuck["task"].endswith("stubborn") and any("test_shutdown_steps.py" in place for place in stuck["at"])
