@@ -164,7 +164,9 @@ class ServiceRuntime:
         far as it got."""
         log.info("service.stopping")
         # Stop answering first, so no request reaches a service that is half shut down.
-        await _bounded("answering", lambda: self.broker.stop(), timeout)
+        # A start cut short has not made some of what the steps close: those are passed over.
+        if (broker := getattr(self, "broker", None)) is not None:
+            await _bounded("answering", broker.stop, timeout)
         for stop in self._closers:
             await _bounded(getattr(stop, "__qualname__", repr(stop)), stop, timeout)
         for task in self._tasks:
@@ -174,9 +176,10 @@ class ServiceRuntime:
             if not task.done():  # where it waits, for whoever looks into why a stop was slow
                 log.warning("service.task_not_ended", task=task.get_name(),
                             at=[f"{frame.f_code.co_filename}:{frame.f_lineno}" for frame in task.get_stack()])
-        await _bounded("nats", lambda: self.nc.close(), timeout)
-        # A standby takes over at once, not after the lease ran out.
-        await _bounded("lease", lambda: self.lease.give_up(), timeout)
+        if (nc := getattr(self, "nc", None)) is not None:
+            await _bounded("nats", nc.close, timeout)
+        if (lease := getattr(self, "lease", None)) is not None:  # a standby takes over at once, not after its ttl
+            await _bounded("lease", lease.give_up, timeout)
         pool: asyncpg.Pool | None = getattr(self, "pool", None)
         if pool is None:  # (a start cut short before it connected)
             return
@@ -191,8 +194,8 @@ SLOW_STOP_SECONDS = 1.0
 
 async def _bounded(step: str, do: Callable[[], Awaitable[object]], timeout: float) -> None:
     """One step of a shutdown, at most `timeout` seconds: one still going then is cancelled and not waited for (a
-    task that goes on after its cancellation holds nothing up). Its failure (one of a start cut short before it had
-    what the step closes included) is passed over, and a slow one told (which step held the stop up)."""
+    task that goes on after its cancellation holds nothing up). Its failure is passed over, and a slow one told
+    (which step held the stop up)."""
     began = time.monotonic()
     try:
         work = asyncio.ensure_future(do())
