@@ -4,13 +4,18 @@ arena per thread it kept the memory of that restore's buffers for the rest of it
 
 from __future__ import annotations
 
+import asyncio
 import platform
 import subprocess
 import sys
 import textwrap
+from collections.abc import Coroutine
 from pathlib import Path
+from typing import Any, cast
 
 import pytest
+
+from libs.skeleton import entrypoint
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -54,3 +59,21 @@ def resident_mib(arenas: str) -> int:
 def test_a_state_restored_in_a_worker_thread_leaves_no_memory_behind_with_one_arena() -> None:
     per_thread, one = resident_mib("per-thread"), resident_mib("one")
     assert one <= per_thread - 5, (one, per_thread)
+
+
+def test_every_process_run_by_the_entrypoint_has_one_arena(monkeypatch: pytest.MonkeyPatch) -> None:
+    """`run` sets it before anything else runs (no thread is made yet)."""
+    order: list[str] = []
+
+    def arena() -> bool:
+        order.append("one arena")
+        return True
+
+    def serve(main: Coroutine[Any, Any, None]) -> None:
+        main.close()
+        order.append("served")
+
+    monkeypatch.setattr(entrypoint, "one_malloc_arena", arena)
+    monkeypatch.setattr(asyncio, "run", serve)
+    entrypoint.run("tests", cast(Any, None))
+    assert order == ["one arena", "served"]

@@ -8,6 +8,7 @@ import asyncio
 import pytest
 from structlog.testing import capture_logs
 
+from libs.settings import Settings
 from libs.skeleton import runtime
 
 
@@ -38,8 +39,6 @@ async def test_a_step_that_fails_does_not_stop_the_shutdown() -> None:
 
 
 async def test_a_background_task_that_ignores_its_cancellation_is_named_with_where_it_waits() -> None:
-    from libs.settings import Settings
-
     rt = runtime.ServiceRuntime("tests", Settings())
     release = asyncio.Event()
 
