@@ -15,6 +15,7 @@ from bench.soak import (
     growth_percent,
     histogram_buckets,
     histogram_quantile,
+    kept_for_index,
     steady_stretch,
     warm_up_index,
 )
@@ -50,6 +51,13 @@ def test_growth_starts_after_the_warm_up_once_jobs_are_archived() -> None:
     assert warm_up_index(points, 200) == 3  # past 200 jobs, but nothing archived until the fourth
     assert warm_up_index([(100, 0), (200, 0)], 150) == 1  # never archived: the first past the warm-up
     assert growth_percent(100.0, 109.0) == pytest.approx(9.0)
+
+
+def test_the_agent_is_compared_from_the_first_sample_once_it_forgets_what_ended_as_fast_as_it_ends() -> None:
+    seconds = [600.0, 1800.0, 3599.0, 3600.0, 4200.0]
+    assert kept_for_index(seconds, 1, 3600.0) == 3  # an hour in: what ended at the start is being forgotten
+    assert kept_for_index(seconds, 4, 3600.0) == 4  # never before the warm-up
+    assert kept_for_index(seconds[:3], 0, 3600.0) is None  # the run was shorter than what it keeps
 
 
 def test_a_restarted_process_is_compared_over_its_longest_stretch_without_a_restart() -> None:
