@@ -57,25 +57,22 @@ async def next_stored(js: JetStreamContext, stream: str, subject: str, after: in
 async def read_pulled(js: JetStreamContext, stream: str, subject: str, *, after: int = 0,
                       batch: int = 16) -> AsyncGenerator[Msg, None]:
     """Messages on `subject` of `stream` stored after sequence `after` (0: from the start), up to those there
-    when it began, fetched `batch` at a time by an ephemeral pull consumer.
+    when its first batch came, fetched `batch` at a time by an ephemeral pull consumer (`PulledReader`).
 
     Only what is fetched is sent: a reader that stops early (a page of a series) costs what it read, where
     an ordered consumer's server pushes on ahead. The consumer is deleted when the iterator is closed.
     """
-    sub = await js.pull_subscribe(subject, stream=stream, config=_pulled_config(after))
-    info = await sub.consumer_info()
+    reader = PulledReader(js, stream, subject, after=after, batch=batch)
     try:
-        left = info.num_pending or 0
-        while left > 0:
-            msgs = await sub.fetch(batch=min(batch, left), timeout=FETCH_SECONDS)
-            left -= len(msgs)
-            for msg in msgs:
+        msgs = await reader.fetch()
+        left = len(msgs) + reader.left
+        while msgs:
+            for msg in msgs[:left]:
                 yield msg
+            left -= len(msgs)
+            msgs = await reader.fetch() if left > 0 else []
     finally:
-        with contextlib.suppress(Exception):
-            await sub.unsubscribe()
-        with contextlib.suppress(Exception):
-            await js.delete_consumer(stream, info.name)
+        await reader.close()
 
 
 def _pulled_config(after: int, subjects: Sequence[str] = ()) -> ConsumerConfig:

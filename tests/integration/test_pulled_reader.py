@@ -1,24 +1,26 @@
 """A pulled reader hands over a subject's messages a batch at a time, says when it is at the end for now, and then
 hands over what was stored since on the same consumer: a past state read window by window makes one consumer per
-source, not one per window."""
+source, not one per window. `read_pulled` reads a subject once, up to what it held, and leaves no consumer behind."""
 
 from __future__ import annotations
+
+import contextlib
 
 import pytest
 from nats.aio.client import Client
 
 from libs.contracts import subjects
-from libs.messaging.reader import PulledReader, delivered
+from libs.messaging.reader import PulledReader, delivered, read_pulled
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
 SUBJECT = "trainyard.events.launcher.launch.job-pulled000.LaunchEnded"
 
 
-async def consumers(nc: Client) -> int:
-    """The consumers reading the test's subject."""
+async def consumers(nc: Client, subject: str = SUBJECT) -> int:
+    """The consumers reading `subject` (the test's)."""
     found = await nc.jetstream().consumers_info(subjects.EVENTS_STREAM)
-    return sum(1 for info in found if info.config.filter_subject == SUBJECT)
+    return sum(1 for info in found if info.config.filter_subject == subject)
 
 
 async def test_a_reader_at_its_end_reads_on_from_there_on_the_same_consumer(nc: Client) -> None:
@@ -61,3 +63,26 @@ async def test_a_reader_whose_consumer_was_removed_goes_on_after_the_last_messag
         assert await reader.fetch() == []
     finally:
         await reader.close()
+
+
+async def test_a_read_to_the_end_stops_at_what_was_stored_and_one_closed_early_leaves_no_consumer(nc: Client) -> None:
+    """A page of a metric series reads a job's subject from a position on: it ends at what was stored when it
+    began, however many batches that takes, and a page that stops early removes its consumer at once."""
+    js = nc.jetstream()
+    subject = SUBJECT.replace("pulled000", "pulled002")
+    sent = [(await js.publish(subject, f"p{i}".encode())).seq for i in range(7)]
+    read = []
+    async with contextlib.aclosing(read_pulled(js, subjects.EVENTS_STREAM, subject, after=sent[1], batch=2)) as msgs:
+        async for msg in msgs:
+            read.append(msg.data)
+            if len(read) == 1:  # stored while it reads: not part of this read
+                await js.publish(subject, b"later")
+    assert read == [b"p2", b"p3", b"p4", b"p5", b"p6"]
+    assert await consumers(nc, subject) == 0
+
+    async with contextlib.aclosing(read_pulled(js, subjects.EVENTS_STREAM, subject, batch=2)) as msgs:
+        assert (await anext(msgs)).data == b"p0"
+        assert await consumers(nc, subject) == 1
+    assert await consumers(nc, subject) == 0  # closed after one message: removed
+    assert [m.data async for m in read_pulled(js, subjects.EVENTS_STREAM, "trainyard.events.launcher.launch."
+                                              "job-pulled003.LaunchEnded")] == []  # nothing stored: nothing read

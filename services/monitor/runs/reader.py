@@ -38,7 +38,7 @@ from libs.contracts.operations.runs import (
 )
 from libs.contracts.runs import MetricBatch, MetricPoint
 from libs.jobstatus import JobLifecycle, JobRecord
-from libs.messaging.reader import read_pulled
+from libs.messaging.reader import read_pulled, stream_sequence
 from libs.messaging.responder import Route
 from services.monitor.runs.archive import PastJobs, events_unavailable, job_to_answer
 from services.monitor.runs.runlife import RunLife
@@ -173,7 +173,7 @@ class RunReader:
                 # Taken from the agent of a node the job ran on, which NATS let publish only as itself.
                 if batch.job_id == job_id and batch.node in ran_on and msg.subject == subjects.job_metrics(
                         job_id, batch.node):
-                    yield msg.metadata.sequence.stream, batch
+                    yield stream_sequence(msg), batch
 
     async def run(self, request: GetRun, identity: Identity) -> RunView | CommandError:
         found = await self.job(request.job_id, identity)
