@@ -62,7 +62,7 @@ import contextlib
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import Any, Literal, TypeVar
 
 import msgspec
 from nats.aio.msg import Msg
@@ -81,6 +81,7 @@ from libs.telemetry.logs import get_logger
 from libs.telemetry.metrics import FOLLOWER_MESSAGES, attributes, counter, metrics_enabled
 
 log = get_logger(__name__)
+T = TypeVar("T")
 
 Check = Callable[[Any, str], str | None]
 """check(decoded, subject): why the message cannot have come from where it was published (None: it can)."""
@@ -348,27 +349,23 @@ class StreamFollower:
                 raise
             msgs = await ahead
         await reader.close()
-        while True:
-            try:
-                await self._subscribe(reader.after)
-                break
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # NATS away: subscribe again once it is back
-                log.warning("follower.subscribe_failed", consumer=self.consumer, error=repr(exc))
-                await asyncio.sleep(self.retry_seconds)
+        await self._until_nats_answers("follower.subscribe_failed", reader, lambda: self._subscribe(reader.after))
         self._reader = None
 
     async def _fetched(self, reader: PulledReader) -> list[Msg]:
         """The next batch; NATS away or slow: fetched again from the last message fetched, until it is back."""
+        return await self._until_nats_answers("follower.catch_up_interrupted", reader, reader.fetch)
+
+    async def _until_nats_answers(self, failed: str, reader: PulledReader, step: Callable[[], Awaitable[T]]) -> T:
+        """`step` of the catch-up, tried again every `retry_seconds` while it fails (NATS away or slow), each failure
+        logged as `failed` with where the catch-up is."""
         while True:
             try:
-                return await reader.fetch()
+                return await step()
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
-                log.warning("follower.catch_up_interrupted", consumer=self.consumer, after=reader.after,
-                            error=repr(exc))
+                log.warning(failed, consumer=self.consumer, after=reader.after, error=repr(exc))
                 await asyncio.sleep(self.retry_seconds)
 
     async def _hand_over(self, msgs: list[Msg]) -> None:
