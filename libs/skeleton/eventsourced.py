@@ -294,7 +294,7 @@ class EventSourcedService:
             follower = self.follower(upstream)
             await follower.start()
             self.followers.append(follower)
-            self.rt.on_close(follower.stop)
+            self.rt.on_close(follower.stop, f"following {follower.consumer}")
         if self.snapshot_code:
             self._streams = await self._stream_births()  # the streams the followers read: each exists by now
         self.handlers()

@@ -53,7 +53,7 @@ class ServiceRuntime:
         self.name = name
         self.settings = settings or Settings()
         self._tasks: list[asyncio.Task[Any]] = []
-        self._closers: list[Callable[[], Awaitable[None]]] = []
+        self._closers: list[tuple[str, Callable[[], Awaitable[None]]]] = []  # named steps of a shutdown
         self._stopping = asyncio.Event()
         # Whether the connection that carries requests and subscriptions is up, and since when: what
         # could not arrive while it was down (heartbeats) counts from then, not from before.
@@ -122,10 +122,11 @@ class ServiceRuntime:
         self._tasks.append(task)
         return task
 
-    def on_close(self, stop: Callable[[], Awaitable[None]]) -> None:
+    def on_close(self, stop: Callable[[], Awaitable[None]], name: str | None = None) -> None:
         """Run `stop` when the service closes, while its connections are still open: a part with tasks of its
-        own (a stream follower) ends them there, or they would outlive the service in a process that goes on."""
-        self._closers.append(stop)
+        own (a stream follower) ends them there, or they would outlive the service in a process that goes on.
+        `name`: what the shutdown's logs call the step (`stop`'s own name if none)."""
+        self._closers.append((name or str(getattr(stop, "__qualname__", stop)), stop))
 
     def _task_done(self, task: asyncio.Task[Any]) -> None:
         if task.cancelled():
@@ -167,8 +168,8 @@ class ServiceRuntime:
         # A start cut short has not made some of what the steps close: those are passed over.
         if (broker := getattr(self, "broker", None)) is not None:
             await _bounded("answering", broker.stop, timeout)
-        for stop in self._closers:
-            await _bounded(getattr(stop, "__qualname__", repr(stop)), stop, timeout)
+        for name, stop in self._closers:
+            await _bounded(name, stop, timeout)
         for task in self._tasks:
             task.cancel()
         await _bounded("background tasks", lambda: asyncio.gather(*self._tasks, return_exceptions=True), timeout)

@@ -58,3 +58,21 @@ async def test_a_background_task_that_ignores_its_cancellation_is_named_with_whe
     assert [line["step"] for line in logs if line["event"] == "service.stop_step_failed"] == ["background tasks"]
     [stuck] = [line for line in logs if line["event"] == "service.task_not_ended"]
     assert stuck["task"].endswith("stubborn") and any("test_shutdown_steps.py" in place for place in stuck["at"])
+
+
+async def test_a_part_that_holds_the_stop_up_is_named_as_it_asked() -> None:
+    """Several followers share one method's name: each is named after its consumer, so that a slow one is known."""
+    rt = runtime.ServiceRuntime("tests", Settings())
+
+    async def stop() -> None:
+        await asyncio.sleep(60)
+
+    async def quick() -> None:
+        return None
+
+    rt.on_close(quick, "following launcher-jobs")
+    rt.on_close(stop, "following launcher-nodes")
+    with capture_logs() as logs:
+        await rt.close(timeout=0.05)
+    assert [line["step"] for line in logs if line["event"] == "service.stop_step_failed"] == [
+        "following launcher-nodes"]
