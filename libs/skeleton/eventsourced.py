@@ -676,6 +676,7 @@ class Pacer:
 
     async def turn(self) -> None:
         """Wait until the next run may begin."""
+        ended_if_stopped()
         gap = self._cost * (1 - self.share) / self.share - (time.monotonic() - self._ended)
         if gap > 0:
             await asyncio.sleep(gap)
@@ -701,9 +702,19 @@ class Period:
 
     async def turn(self) -> None:
         """Wait until the next run may begin, and note that it begins."""
+        ended_if_stopped()
         if (gap := self._began + self.seconds - time.monotonic()) > 0:
             await asyncio.sleep(gap)
         self._began = time.monotonic()
+
+
+def ended_if_stopped() -> None:
+    """Raise CancelledError when the running task was asked to stop: nats-py swallows a cancellation that lands
+    inside a publish, and a client library may turn one into an error of its own (an outage), after which a loop
+    would go on until the shutdown gave up waiting for it and closed the connections under it."""
+    task = asyncio.current_task()
+    if task is not None and task.cancelling():
+        raise asyncio.CancelledError
 
 
 # How long a loop pauses after an outage: the first pause, the longest, and how long a loop must have
@@ -722,6 +733,7 @@ async def weathering(name: str, loop: Loop, pauses: tuple[float, float, float] =
             await loop()
             return
         except OUTAGES as exc:
+            ended_if_stopped()  # the stop's cancellation, turned into an outage by a client library
             if time.monotonic() - began >= settled:
                 pause = first
             log.warning("service.loop_outage", loop=name, error=repr(exc), retry_in=pause)
