@@ -22,6 +22,7 @@ from __future__ import annotations
 import base64
 import binascii
 import hashlib
+import heapq
 import hmac
 import secrets
 from collections.abc import Mapping
@@ -118,6 +119,8 @@ class ControlVerifier:
     not_before: float = 0.0
     journal: SeenJournal | None = None
     _seen: dict[bytes, float] = field(default_factory=dict)  # signature -> when it can be forgotten
+    # The same, soonest forgotten first: what is over is found without a look at every signature at each request.
+    _expiring: list[tuple[float, bytes]] = field(default_factory=list)
 
     @classmethod
     def of_secret(cls, secret: str) -> ControlVerifier:
@@ -128,7 +131,7 @@ class ControlVerifier:
         `journal` from now on, and refuse whatever was signed before `now`, this agent's start."""
         self.journal, self.not_before = journal, now
         for signature, until in seen.items():
-            self._seen[signature] = max(until, self._seen.get(signature, until))
+            self._note(signature, max(until, self._seen.get(signature, until)))
 
     def refusal(self, role: ControlRole, subject: str, body: bytes, headers: Mapping[str, str] | None,
                 now: float) -> str | None:
@@ -165,9 +168,15 @@ class ControlVerifier:
             except OSError as exc:  # obeyed unwritten, it could be replayed to the next agent
                 return (f"this node cannot write the request down before obeying it ({exc.strerror or exc}): "
                         "free space on the agent's disk, or let its user write its folder")
-        self._seen[signature] = until
+        self._note(signature, until)
         return None
 
+    def _note(self, signature: bytes, until: float) -> None:
+        self._seen[signature] = until
+        heapq.heappush(self._expiring, (until, signature))
+
     def _forget(self, now: float) -> None:
-        for signature in [s for s, until in self._seen.items() if until < now]:
-            del self._seen[signature]
+        while self._expiring and self._expiring[0][0] < now:
+            until, signature = heapq.heappop(self._expiring)
+            if self._seen.get(signature) == until:  # not noted again to stay longer since
+                del self._seen[signature]

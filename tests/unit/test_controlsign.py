@@ -101,3 +101,23 @@ def test_an_old_node_credential_without_keys_stops_the_agent_saying_what_to_do()
         control_of(old, "node-a")
     with pytest.raises(SystemExit, match="not a token"):
         control_of("garbage", "node-a")
+
+
+def test_a_signature_noted_again_to_stay_longer_is_kept_until_its_later_end() -> None:
+    """What the agents before accepted is read back from several files: a signature in two is kept to its later end."""
+    control = verifier()
+    first = LAUNCHER.headers(SUBJECT, b"{}", NOW)
+    assert control.refusal("launcher", SUBJECT, b"{}", first, NOW) is None
+    [(signature, until)] = control._seen.items()
+    control.restore(control.journal or Journal(), {signature: until + 60}, NOW)
+    later = NOW + MAX_SKEW_SECONDS + 30  # past its first end, before its second
+    control.refusal("launcher", SUBJECT, b"[]", LAUNCHER.headers(SUBJECT, b"[]", later), later)
+    assert control._seen.get(signature) == until + 60
+    gone = NOW + MAX_SKEW_SECONDS + 90
+    control.refusal("launcher", SUBJECT, b"()", LAUNCHER.headers(SUBJECT, b"()", gone), gone)
+    assert signature not in control._seen
+
+
+class Journal:
+    def remember(self, signature: bytes, until: float, now: float) -> None:
+        pass
