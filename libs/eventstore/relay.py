@@ -37,6 +37,7 @@ from libs.telemetry.logs import get_logger
 
 log = get_logger(__name__)
 HISTORY_CHECK_SECONDS = 30.0
+LET_GO_SECONDS = 3.0  # what the relay's stop may take to give its connection back (`_let_go`)
 # A run of events published before their acknowledgements are awaited: far within nats-py's buffers (2 MiB
 # of pending data, 1024 flushes queued, 4000 acknowledgements awaited), so a run is never sent in parts.
 RUN_EVENTS = 256
@@ -133,12 +134,26 @@ class OutboxRelay:
                     async with asyncio.timeout(self.poll_seconds):
                         await self._wake.wait()
         finally:
-            with contextlib.suppress(Exception):
-                await self._save()
-            with contextlib.suppress(Exception):
+            await self._let_go(conn)
+
+    async def _let_go(self, conn: asyncpg.pool.PoolConnectionProxy) -> None:
+        """Write down how far it published, stop listening, give the lock and the connection back: at most
+        `LET_GO_SECONDS` in all. asyncpg gives a connection back to its pool shielded from cancellation and, without a
+        timeout, for as long as resetting it takes: a stop once waited 10 s there. A connection not given back in
+        time is closed instead (its lock goes with it)."""
+        try:
+            async with asyncio.timeout(LET_GO_SECONDS):
+                with contextlib.suppress(Exception):
+                    await self._save()
                 await conn.remove_listener(self.store.notify_channel, self._on_notify)
                 await conn.execute("SELECT pg_advisory_unlock($1)", self.store.lock_key + 2)
-            await self.store.pool.release(conn)
+                await self.store.pool.release(conn)
+        except Exception as exc:  # a timeout included
+            log.warning("relay.connection_closed", store=self.store.service, error=repr(exc))
+            conn.terminate()
+        except BaseException:  # cancelled again meanwhile: closed all the same
+            conn.terminate()
+            raise
 
     def _on_notify(self, *_: object) -> None:
         self._wake.set()

@@ -5,11 +5,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 
+import asyncpg
 import pytest
 import pytest_asyncio
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
+from structlog.testing import capture_logs
 
 from libs.contracts import subjects
 from libs.contracts.codec import decode, encode
@@ -277,3 +279,30 @@ async def test_a_relay_publishes_its_events_again_after_the_stream_lost_them(sto
     assert await relay.rewind_if_history_lost() == 0
     assert await relay.publish_pending() == 5
     assert [e.aggregate_id for e in await published(nc)] == [f"job-h{i}" for i in range(5)]
+
+
+async def test_a_relay_stops_in_time_when_its_connection_is_slow_to_go_back_to_the_pool(
+        store: EventStore, nc: Client, monkeypatch: pytest.MonkeyPatch) -> None:
+    """asyncpg gives a connection back shielded from cancellation, for as long as resetting it takes: a relay's
+    stop does not wait for that; it closes the connection, and the pool serves on."""
+    never = asyncio.Event()
+
+    async def held_back(pool: asyncpg.Pool, connection: object, *, timeout: float | None = None) -> None:
+        await asyncio.shield(never.wait())  # a reset that does not end
+
+    relay = OutboxRelay(store, nc.jetstream(), poll_seconds=0.05)
+    running = asyncio.create_task(relay.run())
+    await store.append([stopped("job-let-go")], expected_versions={("job", "job-let-go"): 0})
+    while relay.published_position < await store.last_position():
+        await asyncio.sleep(0.05)
+    monkeypatch.setattr(relay_module, "LET_GO_SECONDS", 0.2)
+    monkeypatch.setattr(asyncpg.Pool, "release", held_back)
+    with capture_logs() as logs:
+        running.cancel()
+        done, _ = await asyncio.wait({running}, timeout=5)
+    monkeypatch.undo()
+    never.set()
+    assert done, "the relay's stop waited for its connection"
+    assert [line["event"] for line in logs if line["event"].startswith("relay.")] == ["relay.connection_closed"]
+    assert await store.pool.fetchval("SELECT published_position FROM scheduler.relay") == relay.published_position
+    assert await store.pool.fetchval("SELECT 1") == 1  # the pool has its connection back, closed
