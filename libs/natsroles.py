@@ -253,8 +253,10 @@ def _durable_puller(stream: str, durable: str) -> list[str]:
 
 
 def _pulled_reader(stream: str) -> list[str]:
-    """`reader.read_pulled`: ephemeral pull consumers, fetched from, deleted once read."""
-    return [f"{API}.STREAM.INFO.{stream}", f"{API}.CONSUMER.CREATE.{stream}.>", f"{API}.CONSUMER.INFO.{stream}.*",
+    """`reader.read_pulled`: ephemeral pull consumers (made unnamed, as `PulledReader` makes them), fetched from,
+    deleted once read."""
+    return [f"{API}.STREAM.INFO.{stream}", f"{API}.CONSUMER.CREATE.{stream}", f"{API}.CONSUMER.CREATE.{stream}.>",
+            f"{API}.CONSUMER.INFO.{stream}.*",
             f"{API}.CONSUMER.MSG.NEXT.{stream}.*", f"{API}.CONSUMER.DELETE.{stream}.*"]
 
 

@@ -281,27 +281,38 @@ async def test_a_relay_publishes_its_events_again_after_the_stream_lost_them(sto
     assert [e.aggregate_id for e in await published(nc)] == [f"job-h{i}" for i in range(5)]
 
 
+class SlowToTakeBack:
+    """A pool that does not end taking back what is handed back to it by hand (as `pool.release(conn)`; what it
+    lends and takes back itself, for `pool.fetch` and the like, goes as it would), as a reset that does not end."""
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self.pool = pool
+        self.never = asyncio.Event()
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.pool, name)
+
+    async def release(self, connection: object, *, timeout: float | None = None) -> None:
+        await asyncio.shield(self.never.wait())
+
+
 async def test_a_relay_stops_in_time_when_its_connection_is_slow_to_go_back_to_the_pool(
         store: EventStore, nc: Client, monkeypatch: pytest.MonkeyPatch) -> None:
     """asyncpg gives a connection back shielded from cancellation, for as long as resetting it takes: a relay's
     stop does not wait for that; it closes the connection, and the pool serves on."""
-    never = asyncio.Event()
-
-    async def held_back(pool: asyncpg.Pool, connection: object, *, timeout: float | None = None) -> None:
-        await asyncio.shield(never.wait())  # a reset that does not end
-
     relay = OutboxRelay(store, nc.jetstream(), poll_seconds=0.05)
     running = asyncio.create_task(relay.run())
     await store.append([stopped("job-let-go")], expected_versions={("job", "job-let-go"): 0})
     while relay.published_position < await store.last_position():
         await asyncio.sleep(0.05)
-    monkeypatch.setattr(relay_module, "LET_GO_SECONDS", 0.2)
-    monkeypatch.setattr(asyncpg.Pool, "release", held_back)
+    slow = SlowToTakeBack(store.pool)
+    monkeypatch.setattr(relay_module, "LET_GO_SECONDS", 0.5)
+    monkeypatch.setattr(store, "pool", slow)
     with capture_logs() as logs:
         running.cancel()
-        done, _ = await asyncio.wait({running}, timeout=5)
+        done, _ = await asyncio.wait({running}, timeout=10)
     monkeypatch.undo()
-    never.set()
+    slow.never.set()
     assert done, "the relay's stop waited for its connection"
     assert [line["event"] for line in logs if line["event"].startswith("relay.")] == ["relay.connection_closed"]
     assert await store.pool.fetchval("SELECT published_position FROM scheduler.relay") == relay.published_position
