@@ -713,7 +713,7 @@ def _agent_growth(samples: Sequence[Sample], warm: int) -> list[str]:
     (a start sent again must find it known), as the services keep an ended job until its retention is over."""
     kept = kept_for_index([sample.seconds for sample in samples], warm, FORGET_SECONDS)
     if kept is None or kept == len(samples) - 1:
-        return [f"  {'':<11}{_verdict(float('nan'))}: it keeps ended ranks {FORGET_SECONDS:.0f} s, and the run had "
+        return [f"  {'':<11}not measured: it keeps ended ranks {FORGET_SECONDS:.0f} s, and the run had "
                 "no two samples after that"]
     since, last = samples[kept], samples[-1]
     change = growth_percent(since.rss_mib[AGENT], last.rss_mib[AGENT])
