@@ -3,6 +3,9 @@ PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed
+# What drops a job to its own user in its sandbox where agents are root (agent/isolation/drop.c): setpriv where
+# there is no C compiler with a static C library (Debian's gcc and libc6-dev).
+DROP   := $(VENV)/bin/trainyard-drop
 # `make up REPLICAS=2`: two processes of each service, one active and one standby.
 REPLICAS ?= 1
 # `make up OPS=1`: also Prometheus (Debian's package) scraping every process's metrics, on 127.0.0.1:9090.
@@ -19,7 +22,7 @@ COMPILE = $(VENV)/bin/pip-compile --quiet --generate-hashes --allow-unsafe --str
 
 .PHONY: install lock up demo down status test test-hosts lint schemas clean
 
-install: $(STAMP)
+install: $(STAMP) $(DROP)
 
 ## The Debian packages of deploy/lock/debian.txt, then .venv built anew from the lock: exactly its packages, at
 ## its versions and hashes (pip refuses anything else), and the project itself, editable, without dependencies.
@@ -30,6 +33,10 @@ $(STAMP): $(LOCK) deploy/lock/debian.txt deploy/local/system-packages.sh
 	$(PIP) install -q --no-deps --no-build-isolation -e .
 	$(PY) deploy/lock/verify.py
 	touch $(STAMP)
+
+$(DROP): agent/isolation/drop.c $(STAMP)
+	@$(CC) -O2 -static -Wall -Wextra -Werror -o $@ $< \
+	  || echo "$@ not built (a C compiler and a static C library are needed): jobs drop to their user with setpriv"
 
 ## Compile deploy/lock/ from pyproject.toml: pins that still fit are kept (`make lock UPGRADE=1` moves every
 ## package to its newest release); then .venv is rebuilt from it. Run `make test` before committing the change.

@@ -13,7 +13,9 @@ A job is untrusted code. Where the agent runs as root, bwrap runs as root too (i
 read, whatever the permissions of the folders above it), and the first process inside drops to the job's own
 user and group (`SandboxSpec.run_as`, NodeLaunch.run_as) with no supplementary groups, no capabilities (none
 kept, none to gain: an empty bounding set) and `no_new_privs`, then runs the job's command (`dropper`): the
-host's setpriv, or under an image, whose files may lack it, the agent's own Python. Where the agent is not
+agent's own static `trainyard-drop` (agent/isolation/drop.c, built by `make install` beside the agent's Python,
+bound read-only at DROP_INSIDE: about 1 ms of CPU a start less than setpriv, and it runs in any image), or
+where it was not built, the host's setpriv, or under an image the agent's own Python. Where the agent is not
 root, bwrap makes a user namespace and the job runs as the agent's user, with no capabilities either. An
 agent allowed to run jobs as root (`run_as` None while root) runs them as root without any capability.
 There is no --die-with-parent: bwrap itself dies of the SIGTERM that starts a stop, and the flag would then
@@ -102,6 +104,10 @@ except OSError as exc:
     sys.stderr.write(f"{sys.argv[2]}: {exc.strerror}\\n")
     sys.exit(126 if isinstance(exc, PermissionError) else 127)
 """
+# The static program that drops to the job's user (agent/isolation/drop.c), beside the agent's Python where
+# `make install` built it, and where the sandbox shows it (read-only).
+DROP_PROGRAM = "trainyard-drop"
+DROP_INSIDE = "/.trainyard-drop"
 # What a job in an image still sees of the host (read-only): the kernel's view of the devices, which
 # communication libraries and accelerator runtimes read (topology, CPU and memory facts).
 IMAGE_HOST_MOUNTS = ("/sys",)
@@ -278,9 +284,11 @@ def is_executable_file(path: str) -> bool:
 def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = host_listing,
                bwrap: str = "bwrap", search_path: str | None = None,
                executable: Callable[[str], bool] = is_executable_file, as_root: bool | None = None,
-               python: str = sys.executable, setpriv: str = "/usr/bin/setpriv") -> list[str]:
+               python: str = sys.executable, setpriv: str = "/usr/bin/setpriv",
+               drop_program: str | None = None) -> list[str]:
     """The full command that runs `argv` in the sandbox `spec` describes; `search_path`: the PATH argv[0] is
-    looked up on inside, when it is known; `as_root`: whether bwrap runs as root (the agent's user, by default)."""
+    looked up on inside, when it is known; `as_root`: whether bwrap runs as root (the agent's user, by default);
+    `drop_program`: the host path of trainyard-drop, where it was built (`built_drop_program`)."""
     image = spec.root is not None
     as_root = os.geteuid() == 0 if as_root is None else as_root
     binds = [*spec.binds, *_kept_binds(spec.keep)] if image else list(spec.binds)
@@ -305,7 +313,10 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable, layout.folders) else EXEC
     drop: Sequence[str] = ()
     if as_root and spec.run_as is not None:
-        drop = dropper(spec.run_as, image=image, python=python, setpriv=setpriv)
+        if drop_program is not None:
+            args.extend(["--ro-bind", drop_program, DROP_INSIDE])
+        drop = dropper(spec.run_as, image=image, python=python, setpriv=setpriv,
+                       program=None if drop_program is None else DROP_INSIDE)
     elif as_root:
         args.extend(["--cap-drop", "ALL"])  # root allowed: still without any capability
     return [bwrap, *args, *layout.after, "--", *drop, *wrapper, *argv]
@@ -322,12 +333,23 @@ def _folders_for(target: str, made: set[str]) -> list[str]:
     return args
 
 
-def dropper(uid: int, *, image: bool, python: str = sys.executable, setpriv: str = "/usr/bin/setpriv") -> list[str]:
-    """What becomes user and group `uid` with no groups, capabilities or new privileges, then runs what follows."""
+def dropper(uid: int, *, image: bool, python: str = sys.executable, setpriv: str = "/usr/bin/setpriv",
+            program: str | None = None) -> list[str]:
+    """What becomes user and group `uid` with no groups, capabilities or new privileges, then runs what follows:
+    `program` (trainyard-drop, where the sandbox shows it) when there is one."""
+    if program is not None:
+        return [program, str(uid)]
     if image:
         return [python, "-I", "-S", "-c", PYTHON_DROPPER, str(uid)]
     return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",
             "--no-new-privs", "--"]
+
+
+@functools.cache
+def built_drop_program(python: str = sys.executable) -> str | None:
+    """trainyard-drop beside the agent's Python, where `make install` could build it (None: setpriv drops)."""
+    program = Path(python).with_name(DROP_PROGRAM)
+    return str(program) if is_executable_file(str(program)) else None
 
 
 @dataclass(frozen=True)

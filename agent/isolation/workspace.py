@@ -27,7 +27,16 @@ from pathlib import Path
 
 from agent.caches.imagecache import ImageRoot
 from agent.isolation.checkpoints import prepare_checkpoints
-from agent.isolation.sandbox import ACCELERATOR_DEVICES, WORKSPACE, Bind, Hidden, SandboxSpec, bwrap_argv, host_listing
+from agent.isolation.sandbox import (
+    ACCELERATOR_DEVICES,
+    WORKSPACE,
+    Bind,
+    Hidden,
+    SandboxSpec,
+    built_drop_program,
+    bwrap_argv,
+    host_listing,
+)
 from libs.contracts.cluster import JobUsers
 from libs.contracts.events import NodeLaunch
 from libs.jobusers import job_uid
@@ -79,7 +88,8 @@ class Workspace:
         started with)."""
         if self.sandbox is None:
             return argv
-        return bwrap_argv(self.sandbox, argv, bwrap=_bwrap_path(), search_path=search_path)
+        return bwrap_argv(self.sandbox, argv, bwrap=_bwrap_path(), search_path=search_path,
+                          drop_program=built_drop_program())
 
     @property
     def cwd(self) -> Path:
@@ -231,7 +241,8 @@ def bwrap_problem() -> str | None:
         spec = SandboxSpec(binds=[], dirs=[f"{WORKSPACE}/{part}" for part in SKELETON], tmp=Path(tmp),
                            keep=agent_paths(), cwd=WORKSPACE, run_as=PROBE_UID if os.geteuid() == 0 else None)
         try:
-            result = subprocess.run(bwrap_argv(spec, ["true"], bwrap=found), capture_output=True, text=True,
+            result = subprocess.run(bwrap_argv(spec, ["true"], bwrap=found, drop_program=built_drop_program()),
+                                    capture_output=True, text=True,
                                     stdin=subprocess.DEVNULL, timeout=PROBE_TIMEOUT_SECONDS, check=False)
         except (OSError, subprocess.TimeoutExpired) as exc:
             return f"a trial run of {found} failed: {exc}"

@@ -153,6 +153,13 @@ def test_as_root_the_job_drops_to_its_own_user_without_capabilities() -> None:
     image = SandboxSpec(binds=SPEC.binds, dirs=SPEC.dirs, tmp=SPEC.tmp, cwd=SPEC.cwd, root=Path(IMAGE), run_as=7000)
     command = command_after_options(bwrap_argv(image, ["true"], list_dir=image_dir, as_root=True, python="/py"))
     assert command[:4] == ["/py", "-I", "-S", "-c"] and command[5:] == ["7000", *EXEC, "true"]
+    # Where trainyard-drop was built, it drops, in a plain sandbox or an image alike, bound read-only inside.
+    for shown in (spec, image):
+        built = bwrap_argv(shown, ["true"], list_dir=image_dir if shown is image else list_dir, as_root=True,
+                           executable=lambda _: True, drop_program="/venv/bin/trainyard-drop")
+        assert ("--ro-bind", "/venv/bin/trainyard-drop", "/.trainyard-drop") in ops(built)
+        assert command_after_options(built)[:2] == ["/.trainyard-drop", str(shown.run_as)]
+        assert "/usr/bin/setpriv" not in built and "/py" not in built
     # Root allowed (no user to drop to): root all the same, without any capability.
     rooted = ops(bwrap_argv(SPEC, ["true"], list_dir=list_dir, as_root=True))
     assert ("--cap-drop", "ALL") in rooted
