@@ -32,6 +32,7 @@ from agent.isolation.sandbox import (
     WORKSPACE,
     Bind,
     Hidden,
+    HostEntry,
     SandboxSpec,
     built_drop_program,
     bwrap_argv,
@@ -194,7 +195,16 @@ def give_to(uid: int, own: Sequence[Path], writable: Sequence[Path], whole: Sequ
 
 def accelerator_devices(dev: str = "/dev") -> tuple[str, ...]:
     """The host's accelerator and RDMA devices (`ACCELERATOR_DEVICES`), shown in a sandbox's own /dev."""
-    return tuple(f"{dev}/{entry.name}" for entry in host_listing(dev) if entry.name.startswith(ACCELERATOR_DEVICES))
+    listing = host_listing(dev)
+    last = _last_devices.get(dev)
+    if last is not None and last[0] is listing:  # the same tuple while /dev is unchanged: picked once
+        return last[1]
+    devices = tuple(f"{dev}/{entry.name}" for entry in listing if entry.name.startswith(ACCELERATOR_DEVICES))
+    _last_devices[dev] = (listing, devices)
+    return devices
+
+
+_last_devices: dict[str, tuple[Sequence[HostEntry], tuple[str, ...]]] = {}
 
 
 def hidden_entries(paths: Sequence[Path]) -> list[Hidden]:

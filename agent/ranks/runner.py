@@ -238,7 +238,8 @@ class RankRunner:
                 continue
             request = pending.request
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
-                               task=request.launch.task, trace=dict(pending.trace), job_token=request.job_token)
+                               task=request.launch.task, trace=dict(pending.trace), job_token=request.job_token,
+                               imageless=request.launch.image is None)
             log.info("agent.start_resumed", job_id=node.job_id, attempt=node.attempt, task=node.task,
                      rank=node.rank, node=self.info.name)
             self._begin(node, request)
@@ -282,7 +283,7 @@ class RankRunner:
             # The node's reports continue the trace of this request.
             node = RunningNode(job_id=request.job_id, attempt=request.attempt, rank=request.launch.rank,
                                task=request.launch.task, trace=current_trace_headers(), job_token=request.job_token,
-                               helper=request.launch.role != "worker")
+                               helper=request.launch.role != "worker", imageless=request.launch.image is None)
             self.nodes[key] = node  # before any wait: a repeated request finds it known
             if _prepares_first(request.launch):  # staging or unpacking takes a while: outlive a crash
                 root = rank_root(self.root, node.job_id, node.attempt, node.task, node.rank)
@@ -545,7 +546,8 @@ class RankRunner:
         """Remove a node's folder (never what its links point to), ending the sessions still in it."""
         node.workspace = None  # no new session finds it
         await self.debugging.end_in(root)
-        self.images.release(node.holder)
+        if not node.imageless:
+            self.images.release(node.holder)
         remove_run_folder(root)
         try:
             await remove_rank_folder(self.root, root)

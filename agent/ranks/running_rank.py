@@ -51,6 +51,9 @@ class RunningNode:
     staged: list[StagedDataset] = field(default_factory=list)  # J14: its data preparation
     image: str | None = None  # J10: the image it runs in (NAME:TAG@digest), pinned in the node's cache
     image_unpacked: bool = False  # and whether its start unpacked it
+    # Its launch names no image, so it pins none: its end costs no look at the image cache (a rank adopted from
+    # the agent before is not known to be, and is looked for there).
+    imageless: bool = False
     relay: RunRelay | None = None  # R1: where its processes log their metrics
     # A parameter server or standby: it runs until stopped, and the launcher must know it runs before the
     # workers' exits end their task, so its start is reported at once.

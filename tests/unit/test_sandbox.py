@@ -32,6 +32,7 @@ from agent.isolation.workspace import (
     JOBS_AS_ROOT_VARIABLE,
     PLAIN,
     WorkspaceError,
+    accelerator_devices,
     agent_paths,
     build_workspace,
     bwrap_problem,
@@ -524,3 +525,14 @@ def test_a_node_runs_as_the_launchers_user_or_as_root_only_where_an_administrato
     assert job_user(msgspec.structs.replace(launch, run_as=1_000_123), "job-1", as_root=True) is None
     assert jobs_as_root({JOBS_AS_ROOT_VARIABLE: "1"}) and not jobs_as_root({}) and not jobs_as_root(
         {JOBS_AS_ROOT_VARIABLE: "yes"})
+
+
+def test_a_sandbox_shows_the_accelerators_dev_lists_now(tmp_path: Path) -> None:
+    for name in ("null", "nvidia0", "infiniband"):
+        (tmp_path / name).touch()
+    os.utime(tmp_path, ns=(time.time_ns() - 10**10, time.time_ns() - 10**10))  # settled: its listing is kept
+    assert set(accelerator_devices(str(tmp_path))) == {f"{tmp_path}/nvidia0", f"{tmp_path}/infiniband"}
+    assert set(accelerator_devices(str(tmp_path))) == {f"{tmp_path}/nvidia0", f"{tmp_path}/infiniband"}
+    (tmp_path / "nvidia1").touch()  # a board added while the agent runs
+    assert set(accelerator_devices(str(tmp_path))) == {f"{tmp_path}/nvidia0", f"{tmp_path}/nvidia1",
+                                                       f"{tmp_path}/infiniband"}
