@@ -632,6 +632,17 @@ class RunFinished(_Event, frozen=True, tag="RunFinished.v1"):
     finished_at: datetime
 
 
+class RunLived(_Event, frozen=True, tag="RunLived.v1"):
+    """R1: a whole run decided at once: it began, its processes ended and its primary finished it (a short job, whose
+    start was reported with its exit). The same as RunBegan, each RunProcessEnded and RunFinished, in one event."""
+
+    job_id: str
+    attempt: int
+    began_at: datetime
+    ended: list[RunProcessEnded]
+    finished: RunFinished
+
+
 # --- monitor: aggregate "alert" (id = alert id, one per incident) ----------------------------------
 
 
@@ -789,7 +800,7 @@ LaunchEvent = (LaunchPlanned | NodeProcessStarted | NodeProcessExited | NodeProc
 NodeEvent = (NodeRegistered | NodeLost | NodeRecovered | NodeRetired | NodeUnhealthy | NodeHealthy | ComponentMarked
              | NodeDiskPressure | NodeDiskRelieved)
 MonitorJobEvent = PrecheckCompleted | PerformanceDegraded | DebugEnvironmentKept | DebugEnvironmentReleased
-RunEvent = RunBegan | RunContinued | RunProcessEnded | RunFinished
+RunEvent = RunBegan | RunContinued | RunProcessEnded | RunFinished | RunLived
 AlertEvent = AlertRaised | AlertMailed
 CacheEvent = DatasetCached | DatasetEvicted
 InstanceEvent = (InstanceRequested | InstanceLaunched | InstanceReady | InstanceDraining | InstanceKept
@@ -810,7 +821,7 @@ EVENT_TYPES: tuple[type[_Event], ...] = (
     NodeRegistered, NodeLost, NodeRecovered, NodeRetired, NodeUnhealthy, NodeHealthy, ComponentMarked,
     NodeDiskPressure, NodeDiskRelieved,
     PrecheckCompleted, PerformanceDegraded, DebugEnvironmentKept, DebugEnvironmentReleased,
-    RunBegan, RunContinued, RunProcessEnded, RunFinished,
+    RunBegan, RunContinued, RunProcessEnded, RunFinished, RunLived,
     AlertRaised, AlertMailed, DatasetCached, DatasetEvicted, InstanceRequested, InstanceLaunched, InstanceReady,
     InstanceDraining, InstanceKept,
     InstanceReleased, ProvisionFailed, WaitingJobsPacked, UpstreamMessageSetAside,

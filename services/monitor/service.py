@@ -277,9 +277,10 @@ class Monitor(EventSourcedService):
     # --- recording ------------------------------------------------------------------------------------
 
     async def record(self, changes: Sequence[NewEvent], tracking: Tracking | None = None) -> list[EventEnvelope]:
-        """Record as the base does; an alert whose id is taken was raised before and is left out (its version is
-        known while its mail is awaited, else the log is asked once the append finds it taken)."""
-        fresh = [c for c in changes if not self._raised_before(c)]
+        """Record as the base does, a run lived whole as one RunLived; an alert whose id is taken was raised before
+        and is left out (its version is known while its mail is awaited, else the log is asked once the append finds
+        it taken)."""
+        fresh = runlife.compacted([c for c in changes if not self._raised_before(c)])
         try:
             return await super().record(fresh, tracking)
         except ConcurrencyConflict:

@@ -38,6 +38,7 @@ from libs.contracts.events import (
     NodeProcessStarted,
     Placement,
     RunFinished,
+    RunLived,
 )
 from libs.contracts.identity import Identity
 from libs.contracts.ids import new_job_id
@@ -127,6 +128,10 @@ class Platform:
         return [e.event async for e in self.monitor_log.read_all()
                 if isinstance(e.event, kind) and getattr(e.event, "job_id", None) == job_id]
 
+    async def finished(self, job_id: str) -> bool:
+        """Whether the job's run is finished in the monitor's log (a start and end that came together: lived whole)."""
+        return bool(await self.recorded(RunFinished, job_id) or await self.recorded(RunLived, job_id))
+
 
 @pytest_asyncio.fixture(loop_scope="session")
 async def platform(nc: Client, make_store: StoreFactory) -> AsyncIterator[Platform]:
@@ -165,7 +170,7 @@ async def test_metrics_answer_for_an_archived_job_to_its_creator_and_not_to_who_
     await platform.records("launch", job_id, NodeProcessExited(job_id=job_id, attempt=1, rank=0, node="node-a",
                                                                exit_code=0, exited_at=AT))
     await platform.records("job", job_id, JobSucceeded(job_id=job_id))
-    await eventually(lambda: platform.recorded(RunFinished, job_id))
+    await eventually(lambda: platform.finished(job_id))
     before: RunView = await ask(nc, GET_RUN, GetRun(job_id=job_id), ALICE, RunView)
     assert isinstance(before, RunView) and before.state == "finished" and before.series[0].count == 100
 
@@ -235,7 +240,7 @@ async def test_an_archived_job_is_read_back_after_a_restart_and_a_command_on_it_
     await platform.records("launch", job_id, NodeProcessExited(job_id=job_id, attempt=1, rank=0, node="node-a",
                                                                exit_code=0, exited_at=AT))
     await platform.records("job", job_id, JobSucceeded(job_id=job_id))
-    await eventually(lambda: platform.recorded(RunFinished, job_id))
+    await eventually(lambda: platform.finished(job_id))
     before = await ask(nc, GET_RUN, GetRun(job_id=job_id), ALICE, RunView)
     assert isinstance(before, RunView) and before.state == "finished"
     await archive(platform, monitor, job_id)

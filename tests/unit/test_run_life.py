@@ -19,6 +19,7 @@ from libs.contracts.events import (
     RunBegan,
     RunContinued,
     RunFinished,
+    RunLived,
     RunProcessEnded,
 )
 from services.monitor.runs import runlife
@@ -217,3 +218,39 @@ def test_events_decided_together_before_any_is_recorded_are_decided_as_one_by_on
             assert (before.attempts, before.ended, before.finished) == snapshot
         decided += together._record(waiting)
     assert decided == expected
+
+
+def test_a_short_job_s_run_is_recorded_as_one_event_that_folds_as_its_three() -> None:
+    plain, compact = Runs(), Runs()
+    for runs, squeeze in ((plain, False), (compact, True)):
+        waiting: list[Any] = []
+        for index, step in enumerate([("start", 1, 0, 0), ("exit", 1, 0, 0)]):
+            waiting += runlife.on_process_event(launcher_envelope(runs, index, step),
+                                                runlife.life_after(None, JOB, waiting), 1)
+        recorded = runs._record(runlife.compacted(waiting) if squeeze else waiting)
+        assert [type(e) for e in recorded] == ([RunLived] if squeeze else [RunBegan, RunProcessEnded, RunFinished])
+    assert compact.life == plain.life and compact.life.finished is not None
+    assert compact.life.finished.by == "rank 0 ended" and compact.life.rank_ends() == plain.life.rank_ends()
+
+
+@SETTINGS
+@example([("start", 1, 0, 0), ("exit", 1, 0, 0)], [2])
+@example([("start", 1, 0, 0), ("exit", 1, 1, 1), ("exit", 1, 0, 0), ("start", 2, 0, 0)], [4])
+@given(steps, st.lists(st.integers(1, 5), max_size=10))
+def test_runs_recorded_compacted_fold_as_runs_recorded_event_by_event(plan: list[Step], cuts: list[int]) -> None:
+    """Whatever arrives together, a run lived whole in one append folds as its parts would: the same life."""
+    plain, compact = Runs(), Runs()
+    index = 0
+    for size in [*cuts, len(plan)]:
+        run = plan[index:index + size]
+        for runs, squeeze in ((plain, False), (compact, True)):
+            before = runs.lives.get(JOB)
+            waiting: list[Any] = []
+            for offset, step in enumerate(run):
+                envelope = launcher_envelope(runs, index + offset, step)
+                waiting += runlife.on_process_event(envelope, runlife.life_after(before, JOB, waiting), 1)
+            kept = runlife.compacted(waiting) if squeeze else waiting
+            assert len(kept) <= len(waiting)
+            runs._record(kept)
+        index += len(run)
+    assert compact.lives == plain.lives

@@ -6,7 +6,8 @@ or when the job ends, whichever comes first. A worker (rank > 0) that ends or cr
 rank's end and nothing more; so is a rank 0 that fails, since the job may be restarted or resumed, and
 the next attempt continues the same run (opening it again if it was finished). The monitor records these
 events (aggregate "run") from the launcher's process events and the scheduler's job ends; the rules here
-are pure, and decide each event once, whatever is replayed.
+are pure, and decide each event once, whatever is replayed. A run whose beginning, ends and finish are
+decided together (a short job, its start reported with its exit) is recorded as one RunLived (`compacted`).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from libs.contracts.events import (
     RunBegan,
     RunContinued,
     RunFinished,
+    RunLived,
     RunProcessEnded,
 )
 from libs.contracts.operations.runs import RankEnd
@@ -71,6 +73,11 @@ def life_after(life: RunLife | None, job_id: str, waiting: Sequence[NewEvent]) -
 
 
 def _fold_event(runs: dict[str, RunLife], run_id: str, event: object) -> None:
+    if isinstance(event, RunLived):  # the three kinds it stands for, in their order
+        for part in (RunBegan(job_id=event.job_id, attempt=event.attempt, began_at=event.began_at), *event.ended,
+                     event.finished):
+            _fold_event(runs, run_id, part)
+        return
     if isinstance(event, RunBegan):
         runs[event.job_id] = RunLife(began_at=event.began_at, attempts=[event.attempt])
         return
@@ -88,6 +95,41 @@ def _fold_event(runs: dict[str, RunLife], run_id: str, event: object) -> None:
 
 def _run_event(event: RunBegan | RunContinued | RunProcessEnded | RunFinished) -> NewEvent:
     return NewEvent("run", event.job_id, event)
+
+
+def compacted(changes: Sequence[NewEvent]) -> list[NewEvent]:
+    """`changes` with each run they wholly live (a RunBegan, its attempt's RunProcessEnded and then its RunFinished,
+    nothing else of that run) as one RunLived where its RunBegan was: two events fewer to store and publish for a
+    short job. Anything else of a run, and every other event, is left as it is."""
+    of_run: dict[str, list[NewEvent]] = {}
+    for change in changes:
+        if change.aggregate_type == "run":
+            of_run.setdefault(change.aggregate_id, []).append(change)
+    lived = {run_id: whole for run_id, parts in of_run.items() if (whole := _lived(parts)) is not None}
+    if not lived:
+        return list(changes)
+    kept: list[NewEvent] = []
+    for change in changes:
+        if change.aggregate_type != "run" or change.aggregate_id not in lived:
+            kept.append(change)
+        elif isinstance(change.event, RunBegan):
+            kept.append(lived[change.aggregate_id])
+    return kept
+
+
+def _lived(parts: Sequence[NewEvent]) -> NewEvent | None:
+    """One RunLived for a run's events, when they are its beginning, its attempt's rank ends, then its finish."""
+    if len(parts) < 3:
+        return None
+    began, finished = parts[0].event, parts[-1].event
+    if not isinstance(began, RunBegan) or not isinstance(finished, RunFinished) or finished.attempt != began.attempt:
+        return None
+    ended = [p.event for p in parts[1:-1] if isinstance(p.event, RunProcessEnded) and p.event.attempt == began.attempt]
+    if len(ended) != len(parts) - 2:
+        return None
+    event = RunLived(job_id=began.job_id, attempt=began.attempt, began_at=began.began_at, ended=ended,
+                     finished=finished)
+    return NewEvent("run", parts[0].aggregate_id, event, trace=parts[0].trace)
 
 
 def on_process_event(envelope: EventEnvelope, life: RunLife | None, tasks: int) -> list[NewEvent]:
