@@ -22,6 +22,7 @@ from libs.eventstore.relay import PublishUnacknowledged
 from libs.messaging.connection import ensure_streams
 from libs.messaging.reader import read_subject
 from tests.support.stores import StoreFactory
+from tests.support.waiting import eventually
 
 pytestmark = pytest.mark.asyncio(loop_scope="session")
 
@@ -315,10 +316,10 @@ async def test_a_relay_stops_in_time_when_its_connection_is_slow_to_go_back_to_t
     slow.never.set()
     assert done, "the relay's stop waited for its connection"
     [backend] = slow.handed_back
-    for _ in range(50):  # closed rather than waited for: its server process ends
-        if not await store.pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", backend):
-            break
-        await asyncio.sleep(0.05)
-    assert not await store.pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", backend)
+
+    async def server_process_gone() -> bool:  # closed rather than waited for: its server process ends
+        return not await store.pool.fetchval("SELECT count(*) FROM pg_stat_activity WHERE pid = $1", backend)
+
+    await eventually(server_process_gone, timeout=2.5)
     assert await store.pool.fetchval("SELECT published_position FROM scheduler.relay") == relay.published_position
     assert await store.pool.fetchval("SELECT 1") == 1  # the pool has its connection back, closed
