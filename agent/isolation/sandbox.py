@@ -5,7 +5,10 @@ links beside them; nothing else of the host's: no /home, /root, /var, /run or /s
 made of bind mounts of shared storage (read-only ones really read-only, writable ones writing to storage), its
 generated files at their absolute paths (/etc/mpi/hostfile, /job/hostfile, ...), a writable /tmp of its own,
 a /dev of its own (with the host's accelerator devices, `ACCELERATOR_DEVICES`) and its own process, IPC, host
-name and cgroup namespaces with a /proc of its own: it sees only its own processes. The network is the host's,
+name and cgroup namespaces with a /proc of its own: it sees only its own processes. The agent's holder starts bwrap
+from a mount namespace without the host's mounts no sandbox shows (agent/processes/holder.py, SandboxMounts): a
+job's /sys has none of the host's cgroup hierarchies or kernel debugging interfaces, and each bwrap copies and
+reads a mount table of a few entries rather than the host's. The network is the host's,
 so that ranks reach each other as before, and so is the process group: the agent's killpg reaches every
 process of the job.
 

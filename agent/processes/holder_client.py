@@ -52,11 +52,16 @@ class HoldServer:
         self._turn = asyncio.Lock()  # one request on its way at a time, so answers come in order
         self._writing = asyncio.Lock()  # one line at a time into the holder's input
 
-    async def hold(self, folder: Path, argv: list[str], env: dict[str, str], cwd: Path) -> int:
+    async def hold(self, folder: Path, argv: list[str], env: dict[str, str], cwd: Path, *,
+                   sandbox: bool = False) -> int:
         """Have the holder start a command for the rank `folder`: its pid, 0 when it could not start
-        (its output says why, its exit is recorded)."""
+        (its output says why, its exit is recorded). `sandbox`: the command is bwrap's, started from the
+        holder's sandbox mounts (holder.SandboxMounts)."""
         # Through the pipe, never on disk: the job's secrets are in its environment.
-        request = json.dumps({"folder": str(folder), "argv": argv, "env": env, "cwd": str(cwd)}).encode() + b"\n"
+        fields: dict[str, object] = {"folder": str(folder), "argv": argv, "env": env, "cwd": str(cwd)}
+        if sandbox:
+            fields["sandbox"] = True
+        request = json.dumps(fields).encode() + b"\n"
         failure = "the holder did not answer"
         async with self._turn:
             for _ in range(2):  # a holder that ended meanwhile is started again once
@@ -242,11 +247,11 @@ class HeldProcess:
 
     @classmethod
     async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path,
-                    server: HoldServer | None = None) -> HeldProcess:
+                    server: HoldServer | None = None, *, sandbox: bool = False) -> HeldProcess:
         """Have the holder start the command: it runs (`pid` set), or could not start (`pid` 0, its exit
-        recorded)."""
+        recorded). `sandbox`: the command is a bwrap sandbox's."""
         server = server or hold_server()
-        pid = await server.hold(folder, argv, env, cwd)
+        pid = await server.hold(folder, argv, env, cwd, sandbox=sandbox)
         held = cls(folder, pid=pid, holder_pid=server.pid, holder_since=server.since)
         held._server = server
         held.started_at = datetime.now(UTC)

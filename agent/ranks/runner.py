@@ -419,7 +419,8 @@ class RankRunner:
                               node=self.info.name, environment=environment)
         command = workspace.command(argv, env.get("PATH"))  # under bwrap, the sandbox runs argv
         try:
-            held = await HeldProcess.start(root, command, env, workspace.cwd, self.holders)
+            held = await HeldProcess.start(root, command, env, workspace.cwd, self.holders,
+                                           sandbox=workspace.sandbox is not None)
         except (HolderFailed, OSError) as exc:
             await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:

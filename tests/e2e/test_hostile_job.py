@@ -60,6 +60,7 @@ for path in [home, f"{home}/auth-secret", f"{home}/token", f"{home}/nats", f"{ho
              "/home", "/var", "/srv", "/run/postgresql", "/.host/tmp", "/.host/root", "/.host/home"]:
     found[path] = os.path.exists(path)
 report["paths"] = found
+report["mount_types"] = sorted({line.split(" - ")[1].split()[0] for line in open("/proc/self/mountinfo")})
 report["root_home"] = [os.path.join(top, name) for top, dirs, files in os.walk("/root") for name in files][:5]
 written = []
 for path in ["/etc/probe", "/usr/probe", "/probe", "/.host/etc/probe", f"{home}/probe", "/dev/probe",
@@ -157,6 +158,9 @@ async def test_a_hostile_job_finds_nothing_of_the_control_plane_the_host_or_anot
     # /root holds only the path to the agent's Python, when the agent's Python lies there (pyenv), read-only.
     assert all(path.startswith(sys.base_prefix) for path in seen["root_home"]), seen["root_home"]
     assert seen["written"] == []  # no write outside its workspace
+    # None of the host's cgroup hierarchies or kernel debugging, tracing and security interfaces, even read-only.
+    assert not set(seen["mount_types"]) & {"cgroup", "cgroup2", "debugfs", "tracefs", "securityfs", "bpf",
+                                            "mqueue"}, seen["mount_types"]
     assert (stack.storage / "outputs" / "attacker" / "mine.txt").read_text() == "mine"  # its own outputs are
     # The control plane's servers take no one without a credential.
     assert set(seen["postgres"].values()) <= {"InvalidPasswordError", "InvalidAuthorizationSpecificationError",

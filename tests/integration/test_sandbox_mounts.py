@@ -1,0 +1,105 @@
+"""The mount namespace a root holder starts sandboxes from (agent/processes/holder.py, SandboxMounts): the host's
+mounts without those no sandbox shows, made again once the host's table changed, and the host left as it was."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from agent.processes.holder import unshown_mounts
+from agent.processes.holder_client import HeldProcess, HoldServer
+
+on_loop = pytest.mark.asyncio(loop_scope="session")
+as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of the holder's needs root")
+
+# A host's table as a container on cgroup v1 gives it (trimmed), with a path holding a space.
+MOUNTINFO = b"""\
+20 25 0:19 / /proc rw,nosuid - proc proc rw
+21 25 0:20 / /sys rw,nosuid - sysfs sysfs rw
+22 25 0:5 / /dev rw,nosuid shared:2 - devtmpfs udev rw
+23 22 0:21 / /dev/shm rw - tmpfs tmpfs rw
+24 22 0:22 / /dev/pts rw - devpts devpts rw,mode=600
+25 1 8:1 / / rw,relatime shared:1 - ext4 /dev/vda rw
+26 22 0:22 / /dev/pts rw - devpts devpts rw,mode=600
+27 21 0:23 / /sys/fs/cgroup ro - tmpfs tmpfs ro
+28 27 0:24 / /sys/fs/cgroup/memory rw - cgroup cgroup rw,memory
+29 27 0:25 / /sys/fs/cgroup/unified rw - cgroup2 cgroup2 rw
+30 21 0:26 / /sys/kernel/debug rw - debugfs debugfs rw
+31 20 0:27 / /proc/sys/fs/binfmt_misc rw - binfmt_misc binfmt_misc rw
+32 25 0:28 / /mnt/shared\\040storage rw - nfs4 server:/export rw
+33 22 0:5 /nvidia0 /dev/nvidia0 rw - devtmpfs udev rw
+34 25 0:29 / /run/user/0 rw - tmpfs tmpfs rw
+"""
+
+
+def test_the_mounts_no_sandbox_shows_are_named_deepest_first_and_the_rest_kept() -> None:
+    unshown = unshown_mounts(MOUNTINFO)
+    assert sorted(unshown) == sorted([b"/dev/shm", b"/dev/pts", b"/dev/pts", b"/sys/fs/cgroup",
+                                      b"/sys/fs/cgroup/memory", b"/sys/fs/cgroup/unified", b"/sys/kernel/debug",
+                                      b"/proc/sys/fs/binfmt_misc"])
+    depths = [point.count(b"/") for point in unshown]
+    assert depths == sorted(depths, reverse=True)
+    # What jobs are given or bound from stays: the system folders, storage (its escaped space read), devices.
+    for kept in (b"/", b"/proc", b"/sys", b"/dev", b"/mnt/shared storage", b"/dev/nvidia0", b"/run/user/0"):
+        assert kept not in unshown
+    assert unshown_mounts(b"garbage\n\n1 2 3\n") == []
+
+
+def mount_points(table: str) -> list[str]:
+    return [line.split()[4] for line in table.splitlines()]
+
+
+async def output_of(folder: Path, argv: list[str], server: HoldServer, *, sandbox: bool) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    process = await HeldProcess.start(folder, argv, {"PATH": os.environ["PATH"]}, folder, server, sandbox=sandbox)
+    code, _ = await asyncio.wait_for(process.wait_exit(), 30)
+    assert code == 0, (folder / "output.log").read_text()
+    return (folder / "output.log").read_text()
+
+
+@as_root
+@on_loop
+async def test_sandboxes_start_without_the_host_s_unshown_mounts_and_the_host_keeps_them(tmp_path: Path) -> None:
+    host_before = Path("/proc/self/mountinfo").read_text()
+    read_table = [sys.executable, "-c", "print(open('/proc/self/mountinfo').read(), end='')"]
+    server = HoldServer()
+    try:
+        in_sandbox = await output_of(tmp_path / "sandbox", read_table, server, sandbox=True)
+        plain = await output_of(tmp_path / "plain", read_table, server, sandbox=False)
+    finally:
+        server.close()
+    unshown = [point.decode() for point in unshown_mounts(host_before.encode())]
+    assert not set(unshown) & set(mount_points(in_sandbox))
+    assert "/" in mount_points(in_sandbox) and "/proc" in mount_points(in_sandbox)
+    # A command that is not a sandbox runs among the host's mounts, and the host lost none.
+    assert sorted(mount_points(plain)) == sorted(mount_points(host_before))
+    assert sorted(mount_points(Path("/proc/self/mountinfo").read_text())) == sorted(mount_points(host_before))
+
+
+async def host_command(*argv: str) -> None:
+    process = await asyncio.create_subprocess_exec(*argv)
+    assert await process.wait() == 0, argv
+
+
+@as_root
+@on_loop
+async def test_what_the_host_mounts_after_the_holder_started_is_there_for_the_next_sandbox(tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    server = HoldServer()
+    listing = ["ls", str(storage)]
+    try:
+        assert await output_of(tmp_path / "before", listing, server, sandbox=True) == ""
+        await host_command("mount", "-t", "tmpfs", "storage", str(storage))
+        try:
+            (storage / "mounted-later").write_text("on the host's new mount")
+            assert await output_of(tmp_path / "after", listing, server, sandbox=True) == "mounted-later\n"
+        finally:
+            await host_command("umount", str(storage))
+        assert await output_of(tmp_path / "gone", listing, server, sandbox=True) == ""
+    finally:
+        server.close()
