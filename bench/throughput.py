@@ -2,8 +2,8 @@
 
     python -m bench.throughput [--jobs 1000] [--agents 8] [--in-flight 16] [--submits 5000] [--array 10000]
                                [--workloads trivial,gang,submit,array] [--no-slurm] [--cpu] [--metrics]
-                               [--sync-nats] [--rounds 1] [--slurm-in-flight 1,4,16]
-                               [--slurm-settings throughput]
+                               [--sync-nats] [--rounds 1] [--trivial-in-flight 8,16,32]
+                               [--slurm-in-flight 1,4,16] [--slurm-settings throughput]
 
 Runs the whole local stack as `make up` does (NATS enforcing a login per role, PostgreSQL, the four
 services, `--agents` node agents of 16 CPUs and 4000 MiB each), whose servers keep what they acknowledge as
@@ -11,8 +11,9 @@ services, `--agents` node agents of 16 CPUs and 4000 MiB each), whose servers ke
 crash of the machine may; `--sync-nats`: NATS syncs every write first, as deploy/ runs it). Through the Python
 client:
 
-- trivial: `--jobs` single-node jobs of one CPU running `true`, `--in-flight` submissions at a time;
-  the seconds from the first submit to the last success (each job's `ended_at`), and the submit rate;
+- trivial: `--jobs` single-node jobs of one CPU running `true`, once with each of `--trivial-in-flight`
+  submissions at a time (8, 16 and 32), in turn on the same stack: the seconds from the first submit to the
+  last success (each job's `ended_at`), and the submit rate, of the fastest;
 - gang: `--jobs` whole-node PyTorch jobs of 1, 2 and 4 nodes in turn, running `true` on every node;
 - submit: `--submits` jobs from 4 clients at once, each with `--in-flight` requests out, into a pool no
   node serves, so they all stay queued: submissions accepted per second (every answer comes after its
@@ -28,7 +29,10 @@ for each of `--slurm-in-flight` (sbatch processes at once: 1, 4 and 16) and keep
 gang workload then uses; each round prints the settings that ran and every count's rate. `--slurm-settings
 listed` runs the peer as it ran before (finished jobs listed for an hour, memory packed, munge) for a comparison.
 With `--rounds N`, Trainyard and Slurm take turns N times (each on a fresh stack), so that a machine whose speed
-drifts within minutes weighs on both alike; each round's ratio is printed, and their median.
+drifts within minutes weighs on both alike; each round's ratio is printed, and their median. Within a round each
+side's trivial figure is the fastest of three runs (Slurm's counts of sbatch at once, Trainyard's of submissions
+at once), tried in an order that turns with the rounds, so that a slow spell of the machine weighs on both alike
+too; every run's rate is printed.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ GANG_SIZES = (1, 2, 4)
 SUBMIT_CLIENTS = 4
 POLL_SECONDS = 0.2  # as bench/slurm.py polls squeue
 SEARCH_LIMIT = 1000
+TRIVIAL_IN_FLIGHT = (8, 16, 32)  # submissions at once tried for the trivial workload, near its best (16) each
 SLURM_SUBMITS_PER_SECOND = 500.0  # the submission rate Slurm's high-throughput guide documents
 ENDED = ("succeeded", "failed", "stopped", "expired")
 
@@ -200,9 +205,18 @@ class Figures:
     queries: dict[str, list[float]] = field(default_factory=dict)
     prediction_lag: float | None = None  # from the last submission's answer to its prediction recorded
     queued: int = 0  # jobs queued while `queries` were timed
+    tried: dict[int, float] = field(default_factory=dict)  # the trivial workload's jobs/s by submissions at once
+    in_flight: int = 0  # the count of the fastest, its figure
 
 
-async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[str], None]) -> Figures:
+def turned(counts: Sequence[int], turn: int) -> tuple[int, ...]:
+    """The counts to try in round `turn`, in an order that turns with each round, so that none is always first."""
+    shift = (turn - 1) % len(counts)
+    return (*counts[shift:], *counts[:shift])
+
+
+async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[str], None],
+                    turn: int = 1) -> Figures:
     figures = Figures()
     async with bench_servers("throughput") as servers:
         stack = Stack(home / "stack", None, servers.database_url, connect=TrainyardClient.open,
@@ -218,9 +232,14 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
             workloads = args.workloads.split(",")
             ours = (home, servers.home) if args.cpu else ()  # the folders that name this run's processes
             if "trivial" in workloads:
-                progress(f"trivial: {args.jobs} single-node jobs running `true`")
-                figures.runs["trivial"] = await through(api, clients[:1], [trivial_spec(i) for i in range(args.jobs)],
-                                                        args.in_flight, progress, cpu_of=ours)
+                tries: dict[int, Run] = {}
+                for count in turned(args.trivial_in_flight, turn):
+                    progress(f"trivial: {args.jobs} single-node jobs running `true`, {count} submissions at once")
+                    specs = [trivial_spec(i, output=f"trivial-{count}") for i in range(args.jobs)]
+                    tries[count] = await through(api, clients[:1], specs, count, progress, cpu_of=ours)
+                figures.tried = {count: tries[count].rate for count in sorted(tries)}
+                figures.in_flight = max(tries, key=lambda count: tries[count].rate)
+                figures.runs["trivial"] = tries[figures.in_flight]
             if "gang" in workloads:
                 progress(f"gang: {args.jobs} whole-node jobs of 1, 2 and 4 nodes")
                 figures.runs["gang"] = await through(api, clients[:1], [gang_spec(i) for i in range(args.jobs)],
@@ -290,8 +309,7 @@ async def slurm_side(args: argparse.Namespace, folder: Path, progress: Callable[
                          max_array=max(args.array, 1), settings=settings) as peer:
         side.settings = peer.describe()
         progress(f"Slurm: {side.settings}")
-        shift = (turn - 1) % len(args.slurm_in_flight)
-        order = (*args.slurm_in_flight[shift:], *args.slurm_in_flight[:shift])
+        order = turned(args.slurm_in_flight, turn)
         side.in_flight = order[0]
         workloads = args.workloads.split(",")
         if "trivial" in workloads:
@@ -334,6 +352,9 @@ def report(figures: Figures, side: SlurmSide | None) -> list[str]:
     for name, seconds in figures.queries.items():
         lines.append(f"{name} while {figures.queued} jobs were queued: p50 "
                      f"{percentile(seconds, 0.5) * 1000:.0f} ms, max {max(seconds) * 1000:.0f} ms")
+    if len(figures.tried) > 1:
+        lines.append("Trainyard trivial by submissions at once: " + ", ".join(
+            f"{count}: {rate:.1f} jobs/s" for count, rate in figures.tried.items()) + f"; kept {figures.in_flight}")
     if figures.prediction_lag is not None:
         lines.append(f"the last submission's prediction was recorded {figures.prediction_lag:.1f} s after its answer")
     if side is not None:
@@ -358,6 +379,9 @@ def main() -> None:
                         help="the stack's NATS syncs every write to disk before it acknowledges it, as deploy/ runs it")
     parser.add_argument("--rounds", type=int, default=1,
                         help="Trainyard and Slurm take turns this many times; each round's ratio and their median")
+    parser.add_argument("--trivial-in-flight", type=in_flight_counts, default=TRIVIAL_IN_FLIGHT,
+                        help="submissions at once Trainyard's trivial workload tries, each in turn on one stack (the "
+                             "fastest counts, as Slurm's fastest count of sbatch at once does); default 8,16,32")
     parser.add_argument("--slurm-in-flight", type=in_flight_counts, default=IN_FLIGHT,
                         help="sbatch processes at once that Slurm's trivial workload tries, each in turn (the "
                              "fastest counts, and its gang workload uses it); default 1,4,16")
@@ -381,7 +405,7 @@ def main() -> None:
                 progress(f"round {turn} of {args.rounds}")
             home = top / f"round-{turn}"
             home.mkdir(mode=0o755)
-            figures = asyncio.run(trainyard(args, home, progress))
+            figures = asyncio.run(trainyard(args, home, progress, turn))
             slurm = None if args.no_slurm or missing is not None else asyncio.run(
                 slurm_side(args, home / "slurm", progress, turn))
             rounds.append((figures, slurm))
