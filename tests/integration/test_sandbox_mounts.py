@@ -72,12 +72,15 @@ async def test_sandboxes_start_without_the_host_s_unshown_mounts_and_the_host_ke
         plain = await output_of(tmp_path / "plain", read_table, server, sandbox=False)
     finally:
         server.close()
-    unshown = [point.decode() for point in unshown_mounts(host_before.encode())]
-    assert not set(unshown) & set(mount_points(in_sandbox))
+    unshown = {point.decode() for point in unshown_mounts(host_before.encode())}
+    if not unshown:
+        pytest.skip("this host mounts nothing a sandbox goes without")
+    assert not unshown & set(mount_points(in_sandbox))
     assert "/" in mount_points(in_sandbox) and "/proc" in mount_points(in_sandbox)
-    # A command that is not a sandbox runs among the host's mounts, and the host lost none.
-    assert sorted(mount_points(plain)) == sorted(mount_points(host_before))
-    assert sorted(mount_points(Path("/proc/self/mountinfo").read_text())) == sorted(mount_points(host_before))
+    # A command that is not a sandbox runs among the host's mounts, and the host lost none of them (other tests may
+    # mount more meanwhile).
+    assert unshown <= set(mount_points(plain))
+    assert unshown <= set(mount_points(Path("/proc/self/mountinfo").read_text()))
 
 
 async def host_command(*argv: str) -> None:
