@@ -280,6 +280,11 @@ async def trainyard(args: argparse.Namespace, home: Path, progress: Callable[[st
     return figures
 
 
+def tries_line(what: str, tried: dict[int, float], kept: int) -> str:
+    """A side's trivial runs of a round: each count's jobs/s, and the count kept (the fastest)."""
+    return f"{what}: " + ", ".join(f"{count}: {rate:.1f} jobs/s" for count, rate in tried.items()) + f"; kept {kept}"
+
+
 @dataclass
 class SlurmSide:
     """What the Slurm peer did in one round: its jobs/s by workload, the settings that ran, and the trivial
@@ -293,8 +298,7 @@ class SlurmSide:
     def lines(self) -> list[str]:
         lines = [f"Slurm ran with {self.settings}"]
         if self.tried:
-            lines.append("Slurm trivial by sbatch at once: " + ", ".join(
-                f"{count}: {rate:.1f} jobs/s" for count, rate in self.tried.items()) + f"; kept {self.in_flight}")
+            lines.append(tries_line("Slurm trivial by sbatch at once", self.tried, self.in_flight))
         return lines
 
 
@@ -353,8 +357,7 @@ def report(figures: Figures, side: SlurmSide | None) -> list[str]:
         lines.append(f"{name} while {figures.queued} jobs were queued: p50 "
                      f"{percentile(seconds, 0.5) * 1000:.0f} ms, max {max(seconds) * 1000:.0f} ms")
     if len(figures.tried) > 1:
-        lines.append("Trainyard trivial by submissions at once: " + ", ".join(
-            f"{count}: {rate:.1f} jobs/s" for count, rate in figures.tried.items()) + f"; kept {figures.in_flight}")
+        lines.append(tries_line("Trainyard trivial by submissions at once", figures.tried, figures.in_flight))
     if figures.prediction_lag is not None:
         lines.append(f"the last submission's prediction was recorded {figures.prediction_lag:.1f} s after its answer")
     if side is not None:
