@@ -226,13 +226,20 @@ def _resolved(paths: tuple[Path, ...]) -> tuple[Path, ...]:
     return tuple(dict.fromkeys(p.resolve() for p in paths))
 
 
+# Where an operating system's own interpreter is installed (Debian's python3.11 in /usr, the official images' in
+# /usr/local): an image has its own files there, which a bind of the host's would replace whole.
+SYSTEM_PREFIXES = frozenset({Path("/"), Path("/usr"), Path("/usr/local")})
+
+
 @functools.cache
 def agent_paths() -> tuple[Path, ...]:
     """What a job needs to see from the agent: its Python environment (the interpreter first on the
-    job's PATH, with its packages) and its code (helpers such as `python3 -m agent.lifecycle`)."""
+    job's PATH, with its packages) and its code (helpers such as `python3 -m agent.lifecycle`). An interpreter
+    installed in a system prefix is not among them: a job on the host's files sees it there anyway, and a job in
+    an image sees the image's files there (its helpers then run on the image's Python of that version)."""
     prefixes = [Path(sys.prefix), Path(sys.base_prefix)]
     paths = [*prefixes, *(p.resolve() for p in prefixes), Path(__file__).resolve().parents[2]]
-    return tuple(dict.fromkeys(paths))
+    return tuple(path for path in dict.fromkeys(paths) if path not in SYSTEM_PREFIXES)
 
 
 @functools.cache

@@ -18,6 +18,8 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import msgspec
+
 from agent.processes.holder import EXIT_NAME, exit_fields, exit_record, start_ticks, write_atomically
 
 HOLDER = Path(__file__).with_name("holder.py")
@@ -26,6 +28,16 @@ POLL_SECONDS = 0.1
 # at only this often besides.
 TOLD_POLL_SECONDS = 2.0
 HOLDER_START_SECONDS = 30.0  # a loaded host may be slow to start a Python
+
+
+def _request_line(fields: dict[str, object]) -> bytes:
+    """A request to the holder, one line of JSON: by msgspec's encoder (a start's argv and environment cost json's
+    three times as much), or json's where msgspec refuses (an environment value of undecodable bytes, kept by Python
+    as lone surrogates, which json escapes and gives back as they were)."""
+    try:
+        return msgspec.json.encode(fields) + b"\n"
+    except (UnicodeError, msgspec.EncodeError):
+        return json.dumps(fields).encode() + b"\n"
 
 
 class HolderFailed(OSError):
@@ -61,7 +73,7 @@ class HoldServer:
         fields: dict[str, object] = {"folder": str(folder), "argv": argv, "env": env, "cwd": str(cwd)}
         if sandbox:
             fields["sandbox"] = True
-        request = json.dumps(fields).encode() + b"\n"
+        request = _request_line(fields)
         failure = "the holder did not answer"
         async with self._turn:
             for _ in range(2):  # a holder that ended meanwhile is started again once

@@ -472,6 +472,23 @@ def test_under_an_image_its_root_filesystem_is_the_jobs_and_the_host_shows_only_
     assert found[-1] == ("--chdir", "/srv")
 
 
+@pytest.mark.parametrize(("base_prefix", "kept"), [
+    ("/usr", False),  # Debian's python3.11: an image's /usr would be the host's
+    ("/usr/local", False),  # the official python images'
+    ("/root/.pyenv/versions/3.11.7", True),  # an interpreter of its own folder: bound where it is
+])
+def test_an_interpreter_of_the_system_s_own_folders_is_not_kept(monkeypatch: pytest.MonkeyPatch, base_prefix: str,
+                                                                   kept: bool) -> None:
+    monkeypatch.setattr("sys.prefix", "/srv/agent/.venv")
+    monkeypatch.setattr("sys.base_prefix", base_prefix)
+    paths = agent_paths.__wrapped__()
+    assert Path("/srv/agent/.venv") in paths and (Path(base_prefix) in paths) == kept
+    spec = SandboxSpec(binds=[], tmp=SPEC.tmp, cwd="/srv", root=Path(IMAGE), keep=paths, hidden=[])
+    found = ops(bwrap_argv(spec, ["true"], list_dir=image_dir))
+    assert any(op[0] == "--ro-bind" and op[-1] == base_prefix for op in found) == kept
+    assert ("--symlink", ".host/usr", "/usr") in found  # the image's /usr, whichever interpreter the agent runs
+
+
 def test_a_plain_workspace_cannot_run_a_job_in_an_image(tmp_path: Path) -> None:
     from agent.caches.imagecache import ImageRoot
 
