@@ -32,7 +32,7 @@ HOLDER_START_SECONDS = 30.0  # a loaded host may be slow to start a Python
 
 def _request_line(fields: dict[str, object]) -> bytes:
     """A request to the holder, one line of JSON: by msgspec's encoder (a start's argv and environment cost json's
-    three times as much), or json's where msgspec refuses (an environment value of undecodable bytes, kept by Python
+    six times as much), or json's where msgspec refuses (an environment value of undecodable bytes, kept by Python
     as lone surrogates, which json escapes and gives back as they were)."""
     try:
         return msgspec.json.encode(fields) + b"\n"
