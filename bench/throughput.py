@@ -62,8 +62,8 @@ SUBMIT_CLIENTS = 4
 POLL_SECONDS = 0.2  # as bench/slurm.py polls squeue
 SEARCH_LIMIT = 1000
 # Submissions at once tried for the trivial workload: more at once let each service decide on more of them together
-# (one append for the submissions that came meanwhile, a cycle's admissions, the launcher's plans). 64 ran the
-# fastest in 8 rounds of 10 and 128 in the other 2; 16 ran 1-34% slower, 8 and 32 slower than 16.
+# (one append for the submissions that came meanwhile, a cycle's admissions, the launcher's plans). Of 15 rounds, 64
+# ran the fastest in 8, 128 in 6 and 16 in 1 (up to 34% slower, 16% at the median); 8 and 32 ran slower than 16.
 TRIVIAL_IN_FLIGHT = (16, 64, 128)
 SLURM_SUBMITS_PER_SECOND = 500.0  # the submission rate Slurm's high-throughput guide documents
 ENDED = ("succeeded", "failed", "stopped", "expired")
