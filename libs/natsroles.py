@@ -174,10 +174,13 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(want) == len(have)
 
 
+# A subject one can publish to: tokens that are neither empty nor wildcards, no white space.
+_LITERAL_SUBJECT = re.compile(r"(?:(?![*>](?:\.|$))[^.\s]+)(?:\.(?![*>](?:\.|$))[^.\s]+)*")
+
+
 def _literal(subject: str) -> bool:
     """A subject one can publish to: tokens that are neither empty nor wildcards, no white space."""
-    return all(token and token not in ("*", ">") and not any(c.isspace() for c in token)
-               for token in subject.split("."))
+    return _LITERAL_SUBJECT.fullmatch(subject) is not None
 
 
 def anonymous_inbox(subject: str) -> bool:

@@ -38,6 +38,13 @@ root is bound after the sandbox's own mounts (/proc, /dev, /tmp, the workspace's
 table each later read goes through (0.3 ms of a 3.7 ms start). What a job may notice: host paths are
 symbolic links, so a resolved path (realpath, pwd -P) starts with /.host.
 
+A sandbox its holder starts shows HOST through a host view (`HostView`, `host_view`): the holder makes once, in its
+mount namespace, a read-only tmpfs with the shown entries and trainyard-drop (at VIEW_DROP) bound in it, and each
+sandbox binds that whole (one bind where it took five, each of which bwrap follows with a read of its mount table:
+about 0.4 ms of CPU a start here). The command binds VIEW_SOURCE there, which the holder replaces with the view's place,
+or where it has none (not root), with a bind of each path into HOST, the same files at the same paths. A command
+started elsewhere (a debug session, an exec in the job) binds each entry itself.
+
 Host paths the platform keeps for itself (its state folder with the token signing secret, tokens and
 stack settings, the agent's own folder with other jobs' files) are hidden where the host's files
 are, under HOST, so through whatever path leads there: an empty read-only tmpfs over a folder,
@@ -62,6 +69,7 @@ from __future__ import annotations
 
 import collections
 import functools
+import json
 import os
 import sys
 import time
@@ -111,6 +119,10 @@ except OSError as exc:
 # `make install` built it, and where the sandbox shows it (read-only).
 DROP_PROGRAM = "trainyard-drop"
 DROP_INSIDE = "/.trainyard-drop"
+VIEW_DROP = f"{HOST}/.trainyard-drop"  # where a host view shows it
+# What a command binds at HOST for its holder to replace with a host view's place (`HostView`): a path no host has, so
+# that a command started without the replacement fails rather than showing anything.
+VIEW_SOURCE = "/.trainyard-host-view"
 # What a job in an image still sees of the host (read-only): the kernel's view of the devices, which
 # communication libraries and accelerator runtimes read (topology, CPU and memory facts).
 IMAGE_HOST_MOUNTS = ("/sys",)
@@ -288,10 +300,12 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
                bwrap: str = "bwrap", search_path: str | None = None,
                executable: Callable[[str], bool] = is_executable_file, as_root: bool | None = None,
                python: str = sys.executable, setpriv: str = "/usr/bin/setpriv",
-               drop_program: str | None = None) -> list[str]:
+               drop_program: str | None = None, host_view: HostView | None = None) -> list[str]:
     """The full command that runs `argv` in the sandbox `spec` describes; `search_path`: the PATH argv[0] is
     looked up on inside, when it is known; `as_root`: whether bwrap runs as root (the agent's user, by default);
-    `drop_program`: the host path of trainyard-drop, where it was built (`built_drop_program`)."""
+    `drop_program`: the host path of trainyard-drop, where it was built (`built_drop_program`); `host_view`: the
+    host's root shown through a view the holder makes (`host_view_of`) rather than by a bind of each entry, where
+    the sandbox shows the host's files and the view holds what it shows (else it is not used)."""
     image = spec.root is not None
     as_root = os.geteuid() == 0 if as_root is None else as_root
     binds = [*spec.binds, *_kept_binds(spec.keep)] if image else list(spec.binds)
@@ -314,15 +328,53 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
         args.extend(_folders_for(bind.target, made))
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
     wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable, layout.folders) else EXEC
+    run_as = spec.run_as if as_root else None  # the user the job drops to
+    viewed = host_view is not None and not image and host_view == host_view_of(
+        layout.host_entries, drop_program if run_as is not None else None)
     drop: Sequence[str] = ()
-    if as_root and spec.run_as is not None:
-        if drop_program is not None:
+    if run_as is not None:
+        inside = VIEW_DROP if viewed else DROP_INSIDE
+        if drop_program is not None and not viewed:
             args.extend(["--ro-bind", drop_program, DROP_INSIDE])
-        drop = dropper(spec.run_as, image=image, python=python, setpriv=setpriv,
-                       program=None if drop_program is None else DROP_INSIDE)
+        drop = dropper(run_as, image=image, python=python, setpriv=setpriv,
+                       program=None if drop_program is None else inside)
     elif as_root:
         args.extend(["--cap-drop", "ALL"])  # root allowed: still without any capability
-    return [bwrap, *args, *layout.after, "--", *drop, *wrapper, *argv]
+    host = ("--ro-bind", VIEW_SOURCE, HOST) if viewed else layout.host
+    return [bwrap, *args, *host, *layout.after, "--", *drop, *wrapper, *argv]
+
+
+@dataclass(frozen=True)
+class HostView:
+    """What a sandbox on the host's files shows at HOST, for the holder to make once (agent/processes/holder.py,
+    SandboxMounts.view): each path bound read-only at its name. The command binds VIEW_SOURCE there, which the holder
+    replaces with the view's place, or where it cannot make one, with a bind of each path."""
+
+    binds: tuple[tuple[str, str], ...]  # host path, and its name in the view
+
+    @functools.cached_property
+    def request(self) -> str:
+        """The view as a start's request to the holder carries it (JSON text, which the holder reads once)."""
+        return json.dumps({"source": VIEW_SOURCE, "binds": [list(bind) for bind in self.binds]})
+
+
+def host_view_of(entries: Sequence[str], drop_program: str | None) -> HostView:
+    """The view of the host root's shown `entries` (each at its name) and trainyard-drop (at VIEW_DROP's name)."""
+    binds = [(path, path.lstrip("/")) for path in entries]
+    if drop_program is not None:
+        binds.append((drop_program, VIEW_DROP.removeprefix(HOST + "/")))
+    return HostView(binds=tuple(binds))
+
+
+def host_view(spec: SandboxSpec, *, list_dir: ListDir = host_listing, drop_program: str | None = None,
+              as_root: bool | None = None) -> HostView | None:
+    """The host view a sandbox of `spec` shows, with trainyard-drop where the job drops to its user (None under an
+    image, whose root is one bind already)."""
+    if spec.root is not None:
+        return None
+    dropping = (os.geteuid() == 0 if as_root is None else as_root) and spec.run_as is not None
+    binds = tuple(b.target for b in spec.binds)
+    return host_view_of(_layout(spec, binds, list_dir).host_entries, drop_program if dropping else None)
 
 
 def _folders_for(target: str, made: set[str]) -> list[str]:
@@ -362,7 +414,9 @@ class _Layout:
     bind (a rank's own folders), and on the listings of the host directories shown, which it keeps."""
 
     before: tuple[str, ...]
+    host: tuple[str, ...]  # what shows the host's root at HOST (an image's, or each shown entry bound there)
     after: tuple[str, ...]
+    host_entries: tuple[str, ...]  # the host root's entries bound at HOST (without an image)
     replaced: frozenset[str]  # the paths the job sees something else at
     folders: frozenset[str]  # the folders it makes in the sandbox's root (those that hold new paths)
     listings: tuple[tuple[str, Sequence[HostEntry]], ...]  # each directory listed, and what it held
@@ -429,8 +483,9 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
 
     show("/", 0)
     before = tuple(args)
-    args = ["--ro-bind", root, HOST] if image else ["--dir", HOST, *(
-        arg for path in host_entries for arg in ("--ro-bind", path, HOST + path))]
+    host = ("--ro-bind", root, HOST) if image else ("--dir", HOST, *(
+        arg for path in host_entries for arg in ("--ro-bind", path, HOST + path)))
+    args = []
     for place, is_dir in covered:
         args.extend(_hide(place, is_dir))
     hidden_dirs = [place for place, is_dir in covered if is_dir]
@@ -447,8 +502,8 @@ def _make_layout(spec: SandboxSpec, targets: tuple[str, ...], list_dir: ListDir)
         args.extend(["--remount-ro", place])
     # The tmpfs root itself (and the folders made in it, such as /etc) takes no writes either.
     args.extend(["--remount-ro", "/", "--chdir", spec.cwd])
-    return _Layout(before=before, after=tuple(args), replaced=frozenset(replaced), folders=frozenset(folders),
-                   listings=tuple(listings))
+    return _Layout(before=before, host=host, after=tuple(args), host_entries=tuple(host_entries),
+                   replaced=frozenset(replaced), folders=frozenset(folders), listings=tuple(listings))
 
 
 def _visibility(spec: SandboxSpec) -> Callable[[str], bool]:

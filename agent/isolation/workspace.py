@@ -33,10 +33,12 @@ from agent.isolation.sandbox import (
     Bind,
     Hidden,
     HostEntry,
+    HostView,
     SandboxSpec,
     built_drop_program,
     bwrap_argv,
     host_listing,
+    host_view,
 )
 from libs.contracts.cluster import JobUsers
 from libs.contracts.events import NodeLaunch
@@ -84,13 +86,20 @@ class Workspace:
             return str(self.path) + text.removeprefix("/workspace")
         return text.replace("=/workspace/", f"={self.path}/")
 
-    def command(self, argv: list[str], search_path: str | None = None) -> list[str]:
+    def command(self, argv: list[str], search_path: str | None = None, host_view: HostView | None = None) -> list[str]:
         """What the agent starts: the job's command itself, or bwrap running it (`search_path`: the PATH it is
-        started with)."""
+        started with; `host_view`: the host's files shown through that view, for a holder to start)."""
         if self.sandbox is None:
             return argv
         return bwrap_argv(self.sandbox, argv, bwrap=_bwrap_path(), search_path=search_path,
-                          drop_program=built_drop_program())
+                          drop_program=built_drop_program(), host_view=host_view)
+
+    def host_view(self) -> HostView | None:
+        """The host view a holder makes for this workspace's sandbox (None: none, it shows no host files or runs
+        without a sandbox)."""
+        if self.sandbox is None:
+            return None
+        return host_view(self.sandbox, drop_program=built_drop_program())
 
     @property
     def cwd(self) -> Path:

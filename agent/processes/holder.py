@@ -33,7 +33,8 @@ mounted inside /proc). bwrap reads its whole mount table again after each of a s
 start), and copies it into the sandbox first: on this kind of machine 16 of the host's 20 mounts went, and a
 sandbox's start cost about 0.9 ms of CPU less (5.3 against 4.4); a host with containers of its own has hundreds
 more. The copy is made again before the next start once the host's mount table changed (storage mounted later is
-there for the next job). Other commands start in the host's namespace, as the holder itself runs.
+there for the next job). Other commands start in the host's namespace, as the holder itself runs. In that namespace it
+also makes the host views sandboxes ask for (`"view"` in the request, agent/isolation/sandbox.py HostView), once each.
 
 Run as `python -I -S holder.py --serve`: standard library only, so that it needs no installed package
 and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables itself, so a stop
@@ -45,13 +46,16 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import functools
 import json
 import os
 import re
 import select
 import selectors
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
@@ -67,9 +71,13 @@ PR_SET_CHILD_SUBREAPER = 36  # prctl: orphans of this process's descendants beco
 # Mount namespaces (<sched.h>, <sys/mount.h>): unshare and setns a mount namespace, make mounts private to it,
 # detach a mount (lazily, with what is mounted inside it).
 CLONE_NEWNS = 0x00020000
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_REMOUNT, MS_BIND = 1, 2, 4, 32, 4096
 MS_REC = 0x4000
 MS_PRIVATE = 1 << 18
 MNT_DETACH = 2
+VIEWS_KEPT = 16  # host views one holder makes at most (each set of paths a view of its own; a host's few)
+# A host view's mounts, read-only (a bind's flags change with MS_BIND | MS_REMOUNT, a file system's without MS_BIND).
+READ_ONLY = MS_RDONLY | MS_NOSUID | MS_NODEV
 # Mounts no sandbox shows, by filesystem type: the host's cgroup hierarchies (a sandbox has a cgroup namespace of
 # its own), terminals, message queues and huge pages (a sandbox has a /dev of its own), and the kernel's debugging,
 # tracing, security, BPF, crash-record, configuration, FUSE-control and binary-format interfaces. By mount point:
@@ -132,11 +140,50 @@ def _unescaped(field: bytes) -> bytes:
     return re.sub(rb"\\([0-7]{3})", lambda found: bytes([int(found[1], 8)]), field)
 
 
+def view_of(text: object) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    """A start's `view`, JSON text of {"source": ..., "binds": [[host path, name], ...]}: the placeholder its argv
+    binds and each host path with the name it is shown at (relative, without `..`); None when it is not one. Every
+    sandbox of a node carries the same few: each is read once."""
+    return _read_view(text) if isinstance(text, str) else None
+
+
+@functools.lru_cache(maxsize=64)
+def _read_view(text: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+    try:
+        found = json.loads(text)
+        source, binds = str(found["source"]), tuple((str(path), str(name)) for path, name in found["binds"])
+    except (KeyError, TypeError, ValueError):
+        return None
+    for path, name in binds:
+        if not os.path.isabs(path) or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+            return None
+    return source, binds
+
+
+def with_view(argv: list[str], source: str, binds: tuple[tuple[str, str], ...], place: str | None) -> list[str]:
+    """bwrap's `argv` with its `--ro-bind <source> <dest>` of a host view made real: the view's `place`, or where
+    there is none, `dest` made and each host path bound in it on its own (the same files, more mounts)."""
+    for at in range(1, len(argv) - 1):
+        if argv[at] == source and argv[at - 1] == "--ro-bind":
+            dest = argv[at + 1]
+            if place is not None:
+                return [*argv[:at], place, *argv[at + 1:]]
+            each = [arg for path, name in binds for arg in ("--ro-bind", path, f"{dest.rstrip('/')}/{name}")]
+            return [*argv[:at - 1], "--dir", dest, *each, *argv[at + 2:]]
+    raise ValueError("the command binds no host view")
+
+
 class SandboxMounts:
     """The mount namespace the holder starts sandboxes from: the host's, without the mounts no sandbox shows
     (`unshown_mounts`), made again once the host's mount table changed. The holder itself stays in the host's
     namespace and goes into this one only to start a sandbox (`entered`). `prepared()` is None where it cannot be
-    made (not root, not Linux): sandboxes then start from the host's namespace, as any command."""
+    made (not root, not Linux): sandboxes then start from the host's namespace, as any command.
+
+    It also holds host views (`view`): a read-only tmpfs with host paths bound in it read-only, made once in this
+    namespace, which a sandbox binds whole (one bind where it took one for each path: bwrap reads its whole mount
+    table again after each, agent/isolation/sandbox.py). A view is made again with the namespace, at the same
+    place, so a sandbox's command stays valid; on the host its place is an empty folder the holder removes as it
+    ends."""
 
     def __init__(self, libc: Any, host: int, table: Any) -> None:
         self._libc = libc
@@ -145,6 +192,10 @@ class SandboxMounts:
         self._changes = select.poll()
         self._changes.register(table.fileno(), select.POLLPRI | select.POLLERR)
         self._copy: int | None = None  # the namespace sandboxes start from, once made
+        self._views: dict[tuple[tuple[str, str], ...], str] = {}  # the binds of each view, and its place
+        self._unmade: set[tuple[tuple[str, str], ...]] = set()  # views that could not be made in this copy
+        self._places: str | None = None  # the folder the views' places are made in, once there is one
+        self._made_views = 0  # views made so far: the next one's place is named after the count
 
     @classmethod
     def prepared(cls) -> SandboxMounts | None:
@@ -164,6 +215,9 @@ class SandboxMounts:
         if self._copy is not None:
             os.close(self._copy)  # the sandboxes started from it have copies of their own
             self._copy = None
+        for place in self._views.values():  # on the host, an empty folder a cleaner of old files may have taken
+            with contextlib.suppress(OSError):
+                os.makedirs(place, mode=0o755, exist_ok=True)
         if self._libc.unshare(CLONE_NEWNS) != 0:
             return False
         try:
@@ -173,10 +227,77 @@ class SandboxMounts:
             with open("/proc/self/mountinfo", "rb") as table:
                 for point in unshown_mounts(table.read()):
                     self._libc.umount2(point, MNT_DETACH)  # one already gone with its parent: EINVAL, ignored
+            self._unmade.clear()
+            for binds, place in list(self._views.items()):
+                if not self._mount_view(place, binds):
+                    del self._views[binds]  # later sandboxes of it bind each path on their own
+                    self._unmade.add(binds)
             self._copy = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             return True
         finally:
             self._enter(self._host)
+
+    def view(self, binds: tuple[tuple[str, str], ...]) -> str | None:
+        """The place of a view holding each host path of `binds` at its name, made now unless it was already (None:
+        it cannot be made here, sandboxes bind each path themselves)."""
+        if self._changes.poll(0):
+            self._made()
+        if self._copy is None:  # sandboxes start from the host's namespace, where no view is mounted
+            return None
+        if (known := self._views.get(binds)) is not None:
+            return known
+        if binds in self._unmade or len(self._views) >= VIEWS_KEPT:
+            return None
+        try:
+            if self._places is None:
+                self._places = tempfile.mkdtemp(prefix="trainyard-views-")  # 0700, the holder's user's (root)
+            place = os.path.join(self._places, str(self._made_views))
+            self._made_views += 1
+            os.mkdir(place, 0o755)
+        except OSError:
+            self._unmade.add(binds)
+            return None
+        self._enter(self._copy)
+        try:
+            made = self._mount_view(place, binds)
+        finally:
+            self._enter(self._host)
+        if not made:
+            self._unmade.add(binds)
+            with contextlib.suppress(OSError):
+                os.rmdir(place)
+            return None
+        self._views[binds] = place
+        return place
+
+    def _mount_view(self, place: str, binds: tuple[tuple[str, str], ...]) -> bool:
+        """In the namespace entered: a tmpfs at `place` with each host path bound in it (with what is mounted inside
+        it), then all of it read-only. Whether it was made (what was made of it otherwise is detached)."""
+        mount = self._libc.mount
+        if mount(b"tmpfs", place.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755") != 0:
+            return False
+        try:
+            for source, name in binds:
+                target = os.path.join(place, name)
+                os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+                if os.path.isdir(source):
+                    os.mkdir(target, 0o755)
+                else:
+                    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444))
+                if (mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None) != 0
+                        or mount(None, target.encode(), None, MS_BIND | MS_REMOUNT | READ_ONLY, None) != 0):
+                    raise OSError(ctypes.get_errno(), f"cannot bind {source}")
+            if mount(None, place.encode(), None, MS_REMOUNT | READ_ONLY, b"mode=0755") != 0:
+                raise OSError(ctypes.get_errno(), "cannot make the view read-only")
+        except OSError:
+            self._libc.umount2(place.encode(), MNT_DETACH)
+            return False
+        return True
+
+    def close(self) -> None:
+        """Remove the views' places on the host (empty folders there)."""
+        if self._places is not None:
+            shutil.rmtree(self._places, ignore_errors=True)
 
     def _enter(self, namespace: int) -> None:
         if self._libc.setns(namespace, CLONE_NEWNS) != 0:
@@ -232,21 +353,26 @@ def start(request: bytes, mounts: SandboxMounts | None = None) -> tuple[int, Pat
     output says why, its exit is recorded); None when nothing could be recorded. A sandbox starts from `mounts`."""
     try:
         spec = json.loads(request)
-        folder, argv, env, cwd = Path(spec["folder"]), list(spec["argv"]), dict(spec["env"]), str(spec["cwd"])
+        folder, argv, env, cwd = str(spec["folder"]), list(spec["argv"]), dict(spec["env"]), str(spec["cwd"])
         sandbox = spec.get("sandbox") is True
-        output = os.open(folder / OUTPUT_NAME, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        output = os.open(os.path.join(folder, OUTPUT_NAME), os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     except Exception:  # not a request it can even record: the agent is told, and nothing else changes
         return None
     try:
+        if sandbox and "view" in spec:  # a host view, made once here, bound whole (else each of its paths)
+            if (view := view_of(spec["view"])) is None:
+                raise ValueError("the request's host view is not one")
+            source, binds = view
+            argv = with_view(argv, source, binds, mounts.view(binds) if mounts is not None else None)
         with mounts.entered() if sandbox and mounts is not None else contextlib.nullcontext():
-            return spawn(argv, env, cwd, output), folder
+            return spawn(argv, env, cwd, output), Path(folder)
     except Exception as exc:  # whatever a request holds, the holder goes on holding every other command
         try:
             os.write(output, f"[trainyard] cannot start {argv[0] if argv else ''!r}: {exc}\n".encode())
-            write_atomically(folder / EXIT_NAME, exit_record(exit_fields(127, started=False)))
+            write_atomically(Path(folder, EXIT_NAME), exit_record(exit_fields(127, started=False)))
         except OSError:
             return None
-        return 0, folder
+        return 0, Path(folder)
     finally:
         os.close(output)
 
@@ -360,7 +486,12 @@ def main() -> int:
     signal.signal(signal.SIGHUP, signal.SIG_IGN)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     become_subreaper()
-    return serve(tell_exits="--tell-exits" in sys.argv[1:], mounts=SandboxMounts.prepared())
+    mounts = SandboxMounts.prepared()
+    try:
+        return serve(tell_exits="--tell-exits" in sys.argv[1:], mounts=mounts)
+    finally:
+        if mounts is not None:
+            mounts.close()
 
 
 if __name__ == "__main__":

@@ -65,14 +65,16 @@ class HoldServer:
         self._writing = asyncio.Lock()  # one line at a time into the holder's input
 
     async def hold(self, folder: Path, argv: list[str], env: dict[str, str], cwd: Path, *,
-                   sandbox: bool = False) -> int:
+                   sandbox: bool = False, view: str | None = None) -> int:
         """Have the holder start a command for the rank `folder`: its pid, 0 when it could not start
         (its output says why, its exit is recorded). `sandbox`: the command is bwrap's, started from the
-        holder's sandbox mounts (holder.SandboxMounts)."""
+        holder's sandbox mounts (holder.SandboxMounts); `view`: the host view it binds (sandbox.HostView.request)."""
         # Through the pipe, never on disk: the job's secrets are in its environment.
         fields: dict[str, object] = {"folder": str(folder), "argv": argv, "env": env, "cwd": str(cwd)}
         if sandbox:
             fields["sandbox"] = True
+            if view is not None:
+                fields["view"] = view
         request = _request_line(fields)
         failure = "the holder did not answer"
         async with self._turn:
@@ -259,11 +261,12 @@ class HeldProcess:
 
     @classmethod
     async def start(cls, folder: Path, argv: list[str], env: dict[str, str], cwd: Path,
-                    server: HoldServer | None = None, *, sandbox: bool = False) -> HeldProcess:
+                    server: HoldServer | None = None, *, sandbox: bool = False,
+                    view: str | None = None) -> HeldProcess:
         """Have the holder start the command: it runs (`pid` set), or could not start (`pid` 0, its exit
-        recorded). `sandbox`: the command is a bwrap sandbox's."""
+        recorded). `sandbox`: the command is a bwrap sandbox's; `view`: the host view it binds."""
         server = server or hold_server()
-        pid = await server.hold(folder, argv, env, cwd, sandbox=sandbox)
+        pid = await server.hold(folder, argv, env, cwd, sandbox=sandbox, view=view)
         held = cls(folder, pid=pid, holder_pid=server.pid, holder_since=server.since)
         held._server = server
         held.started_at = datetime.now(UTC)
@@ -302,6 +305,9 @@ class HeldProcess:
         POLL_SECONDS."""
         ended = self._server.ended(self.pid) if self._server is not None and self.pid > 0 else None
         try:
+            if ended is not None and not ended.is_set():  # its holder tells: no look at files or processes first
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(ended.wait(), TOLD_POLL_SECONDS)
             while (found := self.exit()) is None:
                 if (ended is not None and ended.is_set()) or not self._holder_alive():
                     await asyncio.sleep(POLL_SECONDS)  # it may have written the exit as it ended

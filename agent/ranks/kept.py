@@ -215,7 +215,9 @@ def remove_node_root(root: Path, directory: Path) -> None:
             raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
     except FileNotFoundError:
         return
-    real = os.path.realpath(directory)
+    # Not a link itself: in the real jobs folder, it is its own real path (the look at every folder above is saved).
+    parent, name = os.path.split(directory)
+    real = str(directory) if parent == jobs and name not in ("", ".", "..") else os.path.realpath(directory)
     if not real.startswith(jobs + os.sep):
         raise RemovalRefused(f"{directory} is not a node folder under {jobs}")
     if (mounted := _mount_point_in(real)) is not None:

@@ -417,10 +417,13 @@ class RankRunner:
         if node.keep:  # written first: a session may be wanted however the command ends, even never started
             write_environment(root, job_id=node.job_id, attempt=node.attempt, task=node.task, rank=node.rank,
                               node=self.info.name, environment=environment)
-        command = workspace.command(argv, env.get("PATH"))  # under bwrap, the sandbox runs argv
+        # Under bwrap, the sandbox runs argv, the host's files shown through a view its holder makes once.
+        view = workspace.host_view()
+        command = workspace.command(argv, env.get("PATH"), host_view=view)
         try:
             held = await HeldProcess.start(root, command, env, workspace.cwd, self.holders,
-                                           sandbox=workspace.sandbox is not None)
+                                           sandbox=workspace.sandbox is not None,
+                                           view=view.request if view is not None else None)
         except (HolderFailed, OSError) as exc:
             await self._not_started(node, root, f"cannot start {command[0]!r}: {exc}")
             if not node.keep:

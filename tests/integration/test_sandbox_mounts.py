@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from agent.isolation.sandbox import VIEW_DROP, Hidden, SandboxSpec, built_drop_program, bwrap_argv, host_view
 from agent.processes.holder import unshown_mounts
 from agent.processes.holder_client import HeldProcess, HoldServer
 
@@ -53,9 +54,11 @@ def mount_points(table: str) -> list[str]:
     return [line.split()[4] for line in table.splitlines()]
 
 
-async def output_of(folder: Path, argv: list[str], server: HoldServer, *, sandbox: bool) -> str:
+async def output_of(folder: Path, argv: list[str], server: HoldServer, *, sandbox: bool,
+                    view: str | None = None) -> str:
     folder.mkdir(parents=True, exist_ok=True)
-    process = await HeldProcess.start(folder, argv, {"PATH": os.environ["PATH"]}, folder, server, sandbox=sandbox)
+    process = await HeldProcess.start(folder, argv, {"PATH": os.environ["PATH"]}, folder, server, sandbox=sandbox,
+                                      view=view)
     code, _ = await asyncio.wait_for(process.wait_exit(), 30)
     assert code == 0, (folder / "output.log").read_text()
     return (folder / "output.log").read_text()
@@ -106,3 +109,59 @@ async def test_what_the_host_mounts_after_the_holder_started_is_there_for_the_ne
         assert await output_of(tmp_path / "gone", listing, server, sandbox=True) == ""
     finally:
         server.close()
+
+
+# What a job looks at through a host view: where /.host is mounted from, what it holds, whether it takes a write,
+# and what a hidden folder inside a shown one holds.
+LOOK_AT_THE_VIEW = """
+echo $(stat -c '%d' /.host) $(grep -c ' /.host ' /proc/self/mountinfo)
+ls -A /.host | tr '\\n' ' '; echo
+touch /.host/x 2>/dev/null && echo written || echo refused
+ls -A "$1" | wc -l
+id -u
+"""
+
+
+@as_root
+@on_loop
+async def test_sandboxes_see_the_host_through_one_read_only_view_made_once_and_again_after_a_change(
+        tmp_path: Path) -> None:
+    drop = built_drop_program()
+    if drop is None:
+        pytest.skip("trainyard-drop is not built (make install)")
+    if not Path("/opt").is_dir():
+        pytest.skip("this host has no /opt to hide a folder in")
+    secret = Path("/opt") / f"trainyard-test-{os.getpid()}"  # a platform folder inside a shown one, hidden
+    secret.mkdir()
+    (secret / "auth-secret").write_text("the-signing-secret")
+    storage = tmp_path / "storage"
+    storage.mkdir()
+    spec = SandboxSpec(binds=[], tmp=None, keep=[], cwd="/", hidden=[Hidden(path=secret, is_dir=True)], run_as=65534)
+    view = host_view(spec, drop_program=drop)
+    assert view is not None and view.binds[-1] == (drop, VIEW_DROP.removeprefix("/.host/"))
+    look = bwrap_argv(spec, ["sh", "-c", LOOK_AT_THE_VIEW, "sh", str(secret)], drop_program=drop, host_view=view)
+    places_before = set(Path("/tmp").glob("trainyard-views-*"))
+    server = HoldServer()
+    try:
+        first = (await output_of(tmp_path / "first", look, server, sandbox=True, view=view.request)).splitlines()
+        second = (await output_of(tmp_path / "second", look, server, sandbox=True, view=view.request)).splitlines()
+        await host_command("mount", "-t", "tmpfs", "storage", str(storage))  # the holder makes its namespace again
+        try:
+            third = (await output_of(tmp_path / "third", look, server, sandbox=True, view=view.request)).splitlines()
+        finally:
+            await host_command("umount", str(storage))
+    finally:
+        server.close()
+        (secret / "auth-secret").unlink()
+        secret.rmdir()
+    shown = {path.removeprefix("/") for path, _ in view.binds[:-1]}
+    for seen in (first, second, third):
+        assert set(seen[1].split()) == {*shown, ".trainyard-drop"}  # the host's shown folders and the dropper
+        assert seen[2:] == ["refused", "0", "65534"]  # read-only, the secret's folder empty, run as the job's user
+    assert first[0] == second[0] and first[0].endswith(" 1")  # one view for both, mounted at /.host
+    assert third[0].endswith(" 1")  # made again with the holder's namespace (a new one may take the same device)
+    for _ in range(100):  # the holder ends once its input did, and removes the views' places on the host
+        if set(Path("/tmp").glob("trainyard-views-*")) == places_before:
+            break
+        await asyncio.sleep(0.05)
+    assert set(Path("/tmp").glob("trainyard-views-*")) == places_before

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -16,14 +17,19 @@ import pytest
 
 from agent.isolation import sandbox
 from agent.isolation.sandbox import (
+    DROP_INSIDE,
     EXEC,
     HOST,
+    VIEW_DROP,
+    VIEW_SOURCE,
     Bind,
     Hidden,
     HostEntry,
     HostListing,
+    HostView,
     SandboxSpec,
     bwrap_argv,
+    host_view,
     list_host_dir,
 )
 from agent.isolation.workspace import (
@@ -167,6 +173,35 @@ def test_as_root_the_job_drops_to_its_own_user_without_capabilities() -> None:
     # An agent that is not root: bwrap makes a user namespace, the job runs as the agent's user.
     plain = bwrap_argv(spec, ["true"], list_dir=list_dir, as_root=False)
     assert ("--unshare-user",) in ops(plain) and "/usr/bin/setpriv" not in plain
+
+
+def test_through_a_host_view_the_host_s_folders_and_the_dropper_are_one_bind_and_the_rest_as_before() -> None:
+    drop = "/venv/bin/trainyard-drop"
+    spec = dataclasses.replace(SPEC, run_as=JOB_UID)
+    view = host_view(spec, list_dir=list_dir, drop_program=drop, as_root=True)
+    assert view == HostView(binds=(("/etc", "etc"), ("/sys", "sys"), ("/usr", "usr"), (drop, ".trainyard-drop")))
+    # Where the job does not drop to a user of its own (the agent is not root), the view holds no dropper.
+    assert host_view(spec, list_dir=list_dir, drop_program=drop, as_root=False) == HostView(binds=view.binds[:-1])
+    each = bwrap_argv(spec, ["true"], list_dir=list_dir, as_root=True, drop_program=drop)
+    viewed = bwrap_argv(spec, ["true"], list_dir=list_dir, as_root=True, drop_program=drop, host_view=view)
+    found = ops(viewed)
+    # The view at HOST instead of a folder there with a bind of each shown entry, and of the dropper at the root.
+    assert ("--ro-bind", VIEW_SOURCE, HOST) in found and ("--dir", HOST) not in found
+    assert not any(op[0] == "--ro-bind" and op[1] in ("/etc", "/sys", "/usr", drop) for op in found)
+    assert command_after_options(viewed)[:2] == [VIEW_DROP, str(JOB_UID)]
+    assert ("--ro-bind", drop, DROP_INSIDE) in ops(each) and command_after_options(each)[0] == DROP_INSIDE
+    # Everything else the same, in the same order: what is hidden under HOST still goes over what the view shows.
+    replaced = {("--dir", HOST), *(("--ro-bind", path, f"{HOST}/{name}") for path, name in view.binds[:-1]),
+                ("--ro-bind", drop, DROP_INSIDE)}
+    assert [op for op in found if op != ("--ro-bind", VIEW_SOURCE, HOST)] == [op for op in ops(each)
+                                                                          if op not in replaced]
+    assert found.index(("--ro-bind", VIEW_SOURCE, HOST)) < found.index(("--remount-ro", "/"))
+    # A view of other folders (the host's root changed since it was made) is not used; nor under an image.
+    stale = HostView(binds=(("/etc", "etc"), (drop, ".trainyard-drop")))
+    assert ops(bwrap_argv(spec, ["true"], list_dir=list_dir, as_root=True, drop_program=drop, host_view=stale)) == ops(
+        each)
+    image = SandboxSpec(binds=[], root=Path("/images/abc/rootfs"), run_as=JOB_UID)
+    assert host_view(image, list_dir=list_dir, drop_program=drop, as_root=True) is None
 
 
 def test_the_python_environment_stays_visible() -> None:

@@ -1,0 +1,41 @@
+"""A start's host view as the holder reads it (agent/processes/holder.py): the view's place bound whole, or where the
+holder has none, each of its paths bound on their own; a view that names anything but absolute host paths and plain
+names in it starts nothing."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agent.isolation.sandbox import HOST, VIEW_SOURCE, HostView
+from agent.processes.holder import view_of, with_view
+
+BINDS = (("/etc", "etc"), ("/usr", "usr"), ("/venv/bin/trainyard-drop", ".trainyard-drop"))
+ARGV = ["bwrap", "--proc", "/proc", "--ro-bind", VIEW_SOURCE, HOST, "--tmpfs", f"{HOST}/etc/trainyard",
+        "--remount-ro", "/", "--", f"{HOST}/.trainyard-drop", "7", "true"]
+
+
+def test_the_view_s_place_is_bound_whole_or_each_of_its_paths_where_there_is_none() -> None:
+    assert with_view(ARGV, VIEW_SOURCE, BINDS, "/tmp/trainyard-views-x/0") == [
+        "bwrap", "--proc", "/proc", "--ro-bind", "/tmp/trainyard-views-x/0", HOST, *ARGV[6:]]
+    # The same files at the same paths: a folder at HOST, each path bound into it, before what hides inside them.
+    assert with_view(ARGV, VIEW_SOURCE, BINDS, None) == [
+        "bwrap", "--proc", "/proc", "--dir", HOST, "--ro-bind", "/etc", f"{HOST}/etc", "--ro-bind", "/usr",
+        f"{HOST}/usr", "--ro-bind", "/venv/bin/trainyard-drop", f"{HOST}/.trainyard-drop", *ARGV[6:]]
+    with pytest.raises(ValueError, match="no host view"):
+        with_view(["bwrap", "--", "true"], VIEW_SOURCE, BINDS, None)
+    # The placeholder only as the source of a read-only bind: the job's own argument of that text is left alone.
+    argv = [*ARGV[:-1], VIEW_SOURCE]
+    assert with_view(argv, VIEW_SOURCE, BINDS, "/v")[-1] == VIEW_SOURCE
+
+
+def test_a_view_is_read_from_the_agent_s_request_and_refused_when_it_names_more_than_paths_and_names() -> None:
+    request = HostView(binds=BINDS).request
+    assert view_of(request) == (VIEW_SOURCE, BINDS)
+    for binds in ([["etc", "etc"]], [["/etc", "../etc"]], [["/etc", "/etc"]], [["/etc", ""]], [["/etc", "a//b"]],
+                  [["/etc", "a/./b"]], [["/etc"]], "etc", [[1, 2]]):
+        assert view_of(json.dumps({"source": VIEW_SOURCE, "binds": binds})) is None, binds
+    assert view_of(json.dumps({"binds": []})) is None
+    assert view_of({"source": VIEW_SOURCE, "binds": []}) is None  # text only
+    assert view_of("not json") is None
