@@ -162,15 +162,18 @@ def _read_view(text: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
 
 def with_view(argv: list[str], source: str, binds: tuple[tuple[str, str], ...], place: str | None) -> list[str]:
     """bwrap's `argv` with its `--ro-bind <source> <dest>` of a host view made real: the view's `place`, or where
-    there is none, `dest` made and each host path bound in it on its own (the same files, more mounts)."""
+    there is none, `dest` made and each host path bound in it on its own (the same files, more mounts). Only bwrap's
+    options are looked at (what follows `--` is the job's); a command that binds no view is left as it is."""
     for at in range(1, len(argv) - 1):
+        if argv[at] == "--":
+            break
         if argv[at] == source and argv[at - 1] == "--ro-bind":
             dest = argv[at + 1]
             if place is not None:
                 return [*argv[:at], place, *argv[at + 1:]]
             each = [arg for path, name in binds for arg in ("--ro-bind", path, f"{dest.rstrip('/')}/{name}")]
             return [*argv[:at - 1], "--dir", dest, *each, *argv[at + 2:]]
-    raise ValueError("the command binds no host view")
+    return argv
 
 
 class SandboxMounts:
@@ -363,7 +366,8 @@ def start(request: bytes, mounts: SandboxMounts | None = None) -> tuple[int, Pat
             if (view := view_of(spec["view"])) is None:
                 raise ValueError("the request's host view is not one")
             source, binds = view
-            argv = with_view(argv, source, binds, mounts.view(binds) if mounts is not None else None)
+            if source in argv:  # (the host's root may have changed between the view's request and the command)
+                argv = with_view(argv, source, binds, mounts.view(binds) if mounts is not None else None)
         with mounts.entered() if sandbox and mounts is not None else contextlib.nullcontext():
             return spawn(argv, env, cwd, output), Path(folder)
     except Exception as exc:  # whatever a request holds, the holder goes on holding every other command
