@@ -112,7 +112,11 @@ def cells(row: str) -> list[str]:
 
 
 async def node_shown(browser: Browser, node: str, text: str) -> str | None:
+    """The cluster page once it lists `node` with `text` in its state: None before (the scheduler may not have folded
+    the node's registration yet, and then the page has no row for it)."""
     page = await browser.get("/cluster")
+    if f'<tr data-node="{node}">' not in page.text:
+        return None
     return page.text if text in cells(node_row(page.text, node))[1] else None
 
 
