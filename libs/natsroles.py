@@ -174,7 +174,6 @@ def subject_matches(pattern: str, subject: str) -> bool:
     return len(want) == len(have)
 
 
-# A subject one can publish to: tokens that are neither empty nor wildcards, no white space.
 _LITERAL_SUBJECT = re.compile(r"(?:(?![*>](?:\.|$))[^.\s]+)(?:\.(?![*>](?:\.|$))[^.\s]+)*")
 
 

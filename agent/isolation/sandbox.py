@@ -309,6 +309,7 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     the sandbox shows the host's files and the view holds what it shows (else it is not used)."""
     image = spec.root is not None
     as_root = os.geteuid() == 0 if as_root is None else as_root
+    run_as = _drops_to(spec, as_root)
     binds = [*spec.binds, *_kept_binds(spec.keep)] if image else list(spec.binds)
     layout = _layout(spec, tuple(b.target for b in binds), list_dir)
     # The sandbox's own mounts before the host's root: bwrap reads the whole mount table after each mount it
@@ -329,7 +330,6 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
         args.extend(_folders_for(bind.target, made))
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
     wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable, layout.folders) else EXEC
-    run_as = spec.run_as if as_root else None  # the user the job drops to
     viewed = host_view is not None and not image and host_view == host_view_of(
         layout.host_entries, drop_program if run_as is not None else None)
     drop: Sequence[str] = ()
@@ -373,9 +373,14 @@ def host_view(spec: SandboxSpec, *, list_dir: ListDir = host_listing, drop_progr
     image, whose root is one bind already)."""
     if spec.root is not None:
         return None
-    dropping = (os.geteuid() == 0 if as_root is None else as_root) and spec.run_as is not None
     binds = tuple(b.target for b in spec.binds)
+    dropping = _drops_to(spec, os.geteuid() == 0 if as_root is None else as_root) is not None
     return host_view_of(_layout(spec, binds, list_dir).host_entries, drop_program if dropping else None)
+
+
+def _drops_to(spec: SandboxSpec, as_root: bool) -> int | None:
+    """The user the sandbox's first process drops to: where bwrap runs as root and the job has a user of its own."""
+    return spec.run_as if as_root else None
 
 
 def _folders_for(target: str, made: set[str]) -> list[str]:

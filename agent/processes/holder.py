@@ -366,8 +366,7 @@ def start(request: bytes, mounts: SandboxMounts | None = None) -> tuple[int, Pat
             if (view := view_of(spec["view"])) is None:
                 raise ValueError("the request's host view is not one")
             source, binds = view
-            if source in argv:  # (the host's root may have changed between the view's request and the command)
-                argv = with_view(argv, source, binds, mounts.view(binds) if mounts is not None else None)
+            argv = with_view(argv, source, binds, mounts.view(binds) if mounts is not None else None)
         with mounts.entered() if sandbox and mounts is not None else contextlib.nullcontext():
             return spawn(argv, env, cwd, output), Path(folder)
     except Exception as exc:  # whatever a request holds, the holder goes on holding every other command
