@@ -8,7 +8,6 @@ caller opens (`connect`, e.g. `TrainyardClient.open`).
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import shutil
 import signal
 import subprocess
@@ -252,13 +251,24 @@ class Stack(Generic[ClientT]):
         """Wait until `count` nodes (all by default) are ready and every service answers."""
         api = await self.api()
         count = len(self.nodes) if count is None else count
-        async with asyncio.timeout(timeout):
-            while True:
-                with contextlib.suppress(ServiceUnavailable):
-                    if sum(n.status == "ready" for n in await api.nodes()) >= count:
-                        await api.queue_status()  # the autoscaler, the one service the rest do not wait for
-                        return
-                await asyncio.sleep(0.2)
+        nodes_seen, unavailable = "none listed", ""  # what the last looks saw, said if the wait runs out
+        try:
+            async with asyncio.timeout(timeout):
+                while True:
+                    try:
+                        nodes = await api.nodes()
+                        nodes_seen = ", ".join(f"{n.info.name} {n.status}" + "".join(f" ({p})" for p in n.problems)
+                                               for n in nodes) or "no nodes"
+                        unavailable = ""
+                        if sum(n.status == "ready" for n in nodes) >= count:
+                            await api.queue_status()  # the autoscaler, the one service the rest do not wait for
+                            return
+                    except ServiceUnavailable as exc:
+                        unavailable = f"; then {exc}"
+                    await asyncio.sleep(0.2)
+        except TimeoutError:
+            raise TimeoutError(f"{count} ready nodes and every service answering were awaited for {timeout:g}s; "
+                               f"nodes last listed: {nodes_seen}{unavailable}") from None
 
     async def wait_until(self, job_id: str, check: str, timeout: float = 60) -> JobView:
         """Wait until the job is `running` with every instance started, or ended (`ended`)."""

@@ -154,18 +154,25 @@ async def stream_leader(url: str, login: NatsLogin, stream: str, timeout: float 
 
 
 async def published_events(url: str, login: NatsLogin, services: list[str]) -> dict[str, int]:
-    """Per service, the events the event history's stream holds."""
+    """Per service, the events the event history's stream holds (each once, those of bundles counted one by one)."""
+    import contextlib
+
     import nats
 
     from libs.contracts import subjects
+    from libs.contracts.bundles import stored_envelopes
+    from libs.messaging.reader import read_subject
 
     nc = await nats.connect(server_urls(url), **login.options())
     try:
         found = {}
         for service in services:
-            info = await nc.jetstream().stream_info(subjects.EVENTS_STREAM,
-                                                    subjects_filter=subjects.events_of_service(service))
-            found[service] = sum((info.state.subjects or {}).values())
+            events: set[str] = set()
+            reading = read_subject(nc.jetstream(), subjects.EVENTS_STREAM, subjects.events_of_service(service))
+            async with contextlib.aclosing(reading) as msgs:
+                async for msg in msgs:
+                    events.update(envelope.event_id for envelope in stored_envelopes(msg.subject, msg.data))
+            found[service] = len(events)
         return found
     finally:
         await nc.close()

@@ -772,9 +772,10 @@ aggregate changed (ConcurrencyConflict); failed: folding or reacting kept failin
 is not a passing outage."""
 
 
-def set_aside_id(consumer: str, sequence: int) -> str:
-    """The aggregate id of a set-aside record: one per (consumer, stream sequence), so it is decided once."""
-    return f"{consumer}-{sequence}"
+def set_aside_id(consumer: str, sequence: int, part: int | None = None) -> str:
+    """The aggregate id of a set-aside record: one per (consumer, stream sequence, event of a bundle), so it is decided
+    once."""
+    return f"{consumer}-{sequence}" if part is None else f"{consumer}-{sequence}.{part}"
 
 
 class UpstreamMessageSetAside(_Event, frozen=True, tag="UpstreamMessageSetAside.v1"):
@@ -789,6 +790,7 @@ class UpstreamMessageSetAside(_Event, frozen=True, tag="UpstreamMessageSetAside.
     reason: str
     claimed_service: str | None = None
     claimed_type: str | None = None
+    part: int | None = None  # of a bundle (`subjects.bundle_subject`), the event set aside, from 0; None: the message
 
 
 JobEvent = (JobSubmitted | JobPredicted | JobAdmitted | JobPriorityChanged | JobDurationChanged

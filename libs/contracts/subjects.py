@@ -28,6 +28,21 @@ def event_subject(service: str, aggregate_type: str, event_name: str) -> str:
     return f"trainyard.events.{service}.{aggregate_type}.{event_name}"
 
 
+# The events of one kind of aggregate that one append recorded, published together as one message (its body a JSON
+# array of envelopes, in the order of the log): a follower takes each as if it came alone. A message costs the relay,
+# nats-server and every follower far more than the few hundred bytes of an event (docs/benchmarks.md).
+BUNDLE = "bundle"  # an event's name is its type's, capitalised: never this
+
+
+def bundle_subject(service: str, aggregate_type: str) -> str:
+    return event_subject(service, aggregate_type, BUNDLE)
+
+
+def is_bundle(subject: str) -> bool:
+    """Whether `subject` is where a bundle of events is published (`bundle_subject`)."""
+    return subject.endswith(f".{BUNDLE}") and subject.startswith("trainyard.events.") and subject.count(".") == 4
+
+
 def earlier_event_subject(service: str, aggregate_type: str, aggregate_id: str, event_name: str) -> str:
     """Where events were published before the aggregate id left the subject: a stream kept from then still holds
     them, and they are read as they were published."""

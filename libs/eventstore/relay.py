@@ -2,7 +2,10 @@
 
 The event table is the outbox. The relay reads events past its published position, publishes each
 with `Nats-Msg-Id` = the event id and moves the position on to the last event JetStream acknowledged,
-all before it without a gap. It publishes a run of events at once and then waits for their
+all before it without a gap. The events of one kind of aggregate that one append recorded go as one message, a
+bundle (`bundles`, `libs/contracts/bundles.py`): a message costs the relay, nats-server and each follower far more
+than an event's bytes, and under load an append records the reactions to dozens of messages (2,000 trivial jobs:
+18,000 events in some 1,400 messages). It publishes a run of messages at once and then waits for their
 acknowledgements, rather than one round trip each, so that a burst costs a few wake-ups, not many.
 After a crash it publishes again from the last recorded position; JetStream's duplicate window drops
 the repeats (and followers pass over repeats it no longer remembers). A session advisory lock keeps
@@ -20,7 +23,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import typing
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
 import asyncpg
@@ -29,9 +32,16 @@ from nats.js import JetStreamContext
 from nats.js.api import PubAck
 from nats.js.errors import NotFoundError
 
-from libs.contracts.codec import decode, encode
+from libs.contracts.bundles import BUNDLE_BYTES, BUNDLE_EVENTS, stored_envelopes
+from libs.contracts.codec import encode
 from libs.contracts.events import Event, EventEnvelope
-from libs.contracts.subjects import EVENTS_STREAM, event_subject, events_of_service
+from libs.contracts.subjects import (
+    EVENTS_STREAM,
+    SET_ASIDE_AGGREGATE,
+    bundle_subject,
+    event_subject,
+    events_of_service,
+)
 from libs.eventstore.store import ENVELOPE_BYTES, MAX_EVENT_BYTES, EventStore
 from libs.telemetry.logs import get_logger
 
@@ -60,26 +70,49 @@ _Published = msgspec.defstruct(
 
 @dataclass(frozen=True)
 class Outgoing:
-    """One stored event, ready to publish."""
+    """One message ready to publish: a stored event, or a bundle of them (`subjects.bundle_subject`)."""
 
-    position: int
+    position: int  # of its last event
+    events: int
     subject: str
     headers: dict[str, str]
     data: bytes
 
 
-def outgoing(store: EventStore, row: asyncpg.Record) -> Outgoing:
-    """The message that publishes the event of `row`, one of `store`'s."""
-    event_id = str(row["event_id"])
-    trace: dict[str, str] = msgspec.json.decode(row["trace"], type=dict[str, str])
-    data = encode(_Published(event_id=event_id, service=store.service, aggregate_type=row["aggregate_type"],
-                             aggregate_id=row["aggregate_id"], version=row["version"], position=row["position"],
-                             recorded_at=row["recorded_at"], event=msgspec.Raw(row["data"]),
-                             trace=msgspec.Raw(row["trace"])))
+def outgoing(store: EventStore, rows: Sequence[asyncpg.Record]) -> Outgoing:
+    """The message that publishes the events of `rows`, one of `store`'s or a bundle of them (`bundles`)."""
+    first, last = rows[0], rows[-1]
+    if len(rows) == 1:
+        trace: dict[str, str] = msgspec.json.decode(first["trace"], type=dict[str, str])
+        subject = event_subject(store.service, first["aggregate_type"], EVENT_NAMES[first["type"]])
+        return Outgoing(first["position"], 1, subject, {"Nats-Msg-Id": str(first["event_id"]), **trace},
+                        _envelope(store, first))
+    # Each envelope carries its trace: the message has none of its own. Its id is the same whenever the relay publishes
+    # it again, as long as the same rows make it (a crash between reads of another size may cut a bundle elsewhere:
+    # followers pass over the events they had, `libs/messaging/follower.py`).
+    return Outgoing(last["position"], len(rows), bundle_subject(store.service, first["aggregate_type"]),
+                    {"Nats-Msg-Id": f"{first['event_id']}..{last['event_id']}"},
+                    b"[" + b",".join(_envelope(store, row) for row in rows) + b"]")
+
+
+def _envelope(store: EventStore, row: asyncpg.Record) -> bytes:
+    """The envelope of the event of `row`, encoded."""
+    data = encode(_Published(event_id=str(row["event_id"]), service=store.service,
+                             aggregate_type=row["aggregate_type"], aggregate_id=row["aggregate_id"],
+                             version=row["version"], position=row["position"], recorded_at=row["recorded_at"],
+                             event=msgspec.Raw(row["data"]), trace=msgspec.Raw(row["trace"])))
     if len(data) > MAX_EVENT_BYTES:  # PostgreSQL's text of it is roomier than ours, which the append kept within
         data = encode(store.envelope(row))
-    subject = event_subject(store.service, row["aggregate_type"], EVENT_NAMES[row["type"]])
-    return Outgoing(row["position"], subject, {"Nats-Msg-Id": event_id, **trace}, data)
+    return data
+
+
+def bundles(rows: Sequence[asyncpg.Record]) -> Iterator[list[asyncpg.Record]]:
+    """The rows as they are published: the consecutive events of one kind of aggregate that one append recorded (one
+    transaction, `xmin`) together, at most BUNDLE_EVENTS and about BUNDLE_BYTES; set-aside records alone, for the
+    monitor follows them by their event's name (`subjects.SET_ASIDE_ALL`)."""
+    return _cut(rows, BUNDLE_EVENTS, BUNDLE_BYTES, lambda first, row: (
+        row["xmin"] != first["xmin"] or row["aggregate_type"] != first["aggregate_type"]
+        or row["aggregate_type"] == SET_ASIDE_AGGREGATE))
 
 
 class OutboxRelay:
@@ -168,11 +201,11 @@ class OutboxRelay:
             return recorded
         try:
             newest = await self.js.get_last_msg(EVENTS_STREAM, events_of_service(self.store.service))
-            kept = decode(newest.data or b"", EventEnvelope).position
         except NotFoundError:
-            kept = 0
-        except msgspec.DecodeError:  # not an envelope of ours: what it says cannot be trusted
-            kept = 0
+            newest = None
+        # Not an envelope of ours: what it says cannot be trusted.
+        envelopes = stored_envelopes(newest.subject or "", newest.data or b"") if newest is not None else []
+        kept = envelopes[-1].position if envelopes else 0
         if kept >= recorded:
             return recorded
         log.warning("relay.history_lost", store=self.store.service, published=recorded, still_in_stream=kept)
@@ -193,7 +226,7 @@ class OutboxRelay:
         try:
             rows = await self.store.pool.fetch(
                 f"""WITH saved AS (UPDATE {schema}.relay SET published_position = $2 WHERE published_position < $2)
-                    SELECT * FROM {schema}.events
+                    SELECT xmin, * FROM {schema}.events
                     WHERE position > greatest((SELECT published_position FROM {schema}.relay), $2)
                     ORDER BY position LIMIT $1""",
                 self.batch, unsaved,
@@ -204,10 +237,11 @@ class OutboxRelay:
         published = 0
         try:
             for run in _runs(rows):
-                acknowledged = await self._publish_run([outgoing(self.store, row) for row in run])
-                published += acknowledged
-                if acknowledged < len(run):
-                    raise PublishUnacknowledged(f"JetStream acknowledged {acknowledged} of {len(run)} events")
+                messages = [outgoing(self.store, bundle) for bundle in bundles(run)]
+                acknowledged = await self._publish_run(messages)
+                published += sum(message.events for message in messages[:acknowledged])
+                if acknowledged < len(messages):
+                    raise PublishUnacknowledged(f"JetStream acknowledged {acknowledged} of {len(messages)} messages")
         finally:
             if published:
                 self.published_position = self._unsaved = rows[published - 1]["position"]
@@ -252,18 +286,26 @@ class PublishUnacknowledged(Exception):
 
 
 def _runs(rows: list[asyncpg.Record]) -> Iterator[list[asyncpg.Record]]:
-    """The rows in runs of at most RUN_EVENTS events and about RUN_BYTES bytes (a larger event alone)."""
-    run: list[asyncpg.Record] = []
-    size = 0
+    """The rows in runs of at most RUN_EVENTS events and about RUN_BYTES bytes (a larger event alone); a run is
+    published before its acknowledgements are awaited."""
+    return _cut(rows, RUN_EVENTS, RUN_BYTES, lambda first, row: False)
+
+
+def _cut(rows: Sequence[asyncpg.Record], events: int, size: int,
+         apart: Callable[[asyncpg.Record, asyncpg.Record], bool]) -> Iterator[list[asyncpg.Record]]:
+    """The rows in consecutive groups of at most `events` events and about `size` bytes (a larger event alone), each
+    row `apart` from its group's first beginning the next."""
+    group: list[asyncpg.Record] = []
+    taken = 0
     for row in rows:
         row_size = len(row["data"]) + ENVELOPE_BYTES
-        if run and (len(run) == RUN_EVENTS or size + row_size > RUN_BYTES):
-            yield run
-            run, size = [], 0
-        run.append(row)
-        size += row_size
-    if run:
-        yield run
+        if group and (len(group) == events or taken + row_size > size or apart(group[0], row)):
+            yield group
+            group, taken = [], 0
+        group.append(row)
+        taken += row_size
+    if group:
+        yield group
 
 
 async def _settled(acks: list[asyncio.Future[PubAck]], seconds: float) -> None:

@@ -75,6 +75,11 @@ class Tracking:
     upstream: int | None = None
     by_upstream: bool = False
 
+    def order(self) -> tuple[int, int]:
+        """Where it stands among the consumer's positions: by stream sequence, then by upstream position (the
+        events of a bundle share a sequence, `subjects.bundle_subject`)."""
+        return self.position, self.upstream or 0
+
 
 def _schema_sql(schema: str) -> str:
     return f"""
@@ -136,7 +141,8 @@ def _append_sql(schema: str) -> str:
             SELECT t.position, t.upstream INTO done FROM {schema}.tracking t WHERE t.consumer = tracked_by FOR UPDATE;
             IF FOUND AND (CASE WHEN by_upstream AND tracked_upstream IS NOT NULL AND done.upstream IS NOT NULL
                                THEN tracked_upstream <= done.upstream
-                               ELSE tracked_position <= done.position END) THEN
+                               ELSE (tracked_position, coalesce(tracked_upstream, 0))
+                                    <= (done.position, coalesce(done.upstream, 0)) END) THEN
                 RAISE EXCEPTION '% already processed %', tracked_by, tracked_position
                     USING ERRCODE = '{ALREADY_PROCESSED_STATE}';
             END IF;

@@ -7,6 +7,12 @@ as a *reaction* when its stream sequence is past the position the service has re
 reaction appends its events together with that position (see `EventStore.append(tracking=...)`), so
 a restart never reacts twice and never skips one.
 
+Each event of a bundle (the events one append of the upstream recorded, published as one message,
+`subjects.bundle_subject`) is taken as if it had come alone: folded, reacted to and tracked on its own, its position
+the bundle's stream sequence and then its own upstream position (`Tracking.order`), so a service stopped in the middle
+of a bundle reacts to the rest of it, and to nothing twice. The bundle counts as handled whole (`through`) with its
+last event; one of its events that cannot be applied is set aside alone (`UpstreamMessageSetAside.part`).
+
 A follower of one service's events also records the upstream log's position of what it reacted to,
 which outlives the stream: when the stream was made anew (JetStream lost it; the upstream's relay then
 publishes its log again, libs/eventstore/relay.py), the recorded sequence no longer names the same
@@ -70,9 +76,17 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 from nats.js.errors import NotFoundError
 
+from libs.contracts.bundles import bundle_parts, claimed_position, stored_envelopes
 from libs.contracts.codec import decode_any
 from libs.contracts.events import EventEnvelope, SetAsideCause, UpstreamMessageSetAside, set_aside_id
-from libs.contracts.subjects import SET_ASIDE_AGGREGATE, earlier_event_subject, event_subject, service_of_events
+from libs.contracts.subjects import (
+    SET_ASIDE_AGGREGATE,
+    bundle_subject,
+    earlier_event_subject,
+    event_subject,
+    is_bundle,
+    service_of_events,
+)
 from libs.eventstore.store import AlreadyProcessed, ConcurrencyConflict, EventStore, NewEvent, Tracking
 from libs.messaging.connection import wait_for_streams
 from libs.messaging.reader import PULLED_IDLE_SECONDS, PulledReader, delivered
@@ -173,10 +187,21 @@ def inconsistency(envelope: EventEnvelope, subject: str, source: str | None) -> 
         return f"the envelope claims service {envelope.service!r} but this consumer follows {source!r}"
     name = type(envelope.event).name()
     expected = event_subject(envelope.service, envelope.aggregate_type, name)
-    if subject != expected and subject != earlier_event_subject(envelope.service, envelope.aggregate_type,
-                                                                envelope.aggregate_id, name):
+    if subject not in (expected, bundle_subject(envelope.service, envelope.aggregate_type),
+                       earlier_event_subject(envelope.service, envelope.aggregate_type, envelope.aggregate_id, name)):
         return f"published on {subject} but its envelope belongs on {expected}"
     return None
+
+
+@dataclass(frozen=True)
+class _Unit:
+    """What the follower handles at a time: a message as delivered, or one event of a bundle (`subjects.is_bundle`)."""
+
+    msg: Msg  # the message, or (of a bundle) a copy of it holding that event alone
+    sequence: int
+    pending: int | bool  # more of the stream behind it (a bundle's event before its last: True)
+    part: int | None = None  # of a bundle, which event, from 0
+    whole: bool = True  # the message is handled whole with it (a bundle's last event, or a message alone)
 
 
 class _SetAside(Exception):
@@ -184,6 +209,24 @@ class _SetAside(Exception):
         super().__init__(reason)
         self.cause = cause
         self.reason = reason
+
+
+def _units(msg: Msg, sequence: int, pending: int | bool) -> list[_Unit]:
+    """What the follower handles of a message: the message, or each event of a bundle in a copy of its own (the same
+    subject, reply and headers: its stream sequence and metadata are the bundle's). Raises _SetAside for a bundle whose
+    body is not an array."""
+    if not is_bundle(msg.subject):
+        return [_Unit(msg, sequence, pending)]
+    try:
+        parts = bundle_parts(msg.data)
+    except (msgspec.DecodeError, msgspec.ValidationError, UnicodeDecodeError) as exc:
+        raise _SetAside("undecodable", f"a bundle that is not an array of events: {str(exc)[:400]}") from None
+    if not parts:
+        raise _SetAside("undecodable", "a bundle of no events")
+    last = len(parts) - 1
+    return [_Unit(Msg(msg._client, subject=msg.subject, reply=msg.reply, data=bytes(part), headers=msg.headers),
+                  sequence, pending if index == last else True, index, index == last)
+            for index, part in enumerate(parts)]
 
 
 # An ordered consumer lives in the server's memory: a restarted NATS server has lost it, and the client
@@ -238,10 +281,7 @@ async def still_holds(js: JetStreamContext, stream: str, sequence: int, upstream
         return False
     if upstream is None:
         return True  # nothing to tell it by
-    try:
-        return bool(decode_any(msg.data or b"", EventEnvelope).position == upstream)
-    except (msgspec.DecodeError, UnicodeDecodeError, TypeError):
-        return False
+    return any(envelope.position == upstream for envelope in stored_envelopes(msg.subject or "", msg.data or b""))
 
 
 class StreamFollower:
@@ -279,7 +319,8 @@ class StreamFollower:
         # The stream sequence of the last message handled whole: folded and reacted to, passed over or set aside.
         self.through = 0
         self.caught_up = asyncio.Event()
-        self.tracked = 0
+        # The position of the last message (or event of a bundle) reacted to: stream sequence, upstream position.
+        self.tracked = (0, 0)
         # Set when the stream was made anew: the upstream position reacted to last before; a message is new
         # when its position is past it (one-service followers).
         self.anew_upstream: int | None = None
@@ -300,12 +341,13 @@ class StreamFollower:
     async def start(self) -> None:
         await wait_for_streams(self.js, [self.stream])  # another service may own it and not be up yet
         if self.reactions:
-            self.tracked, upstream = await self.store.tracked(self.consumer)
-            if self.tracked and not await self._still_holds(self.tracked, upstream):
+            tracked, upstream = await self.store.tracked(self.consumer)
+            self.tracked = (tracked, upstream or 0)
+            if tracked and not await self._still_holds(tracked, upstream):
                 log.warning("follower.stream_made_anew", consumer=self.consumer, stream=self.stream,
-                            tracked=self.tracked, upstream=upstream)
+                            tracked=tracked, upstream=upstream)
                 await self.store.forget_tracked_sequence(self.consumer)
-                self.tracked, self.anew_upstream = 0, upstream
+                self.tracked, self.anew_upstream = (0, 0), upstream
         after = 0
         # A restored state: from before what it holds, for the envelopes a replay would remember there (`_held`).
         first = min(self.folded.values(), default=0)
@@ -405,7 +447,7 @@ class StreamFollower:
 
     def _recorded(self, tracking: Tracking) -> None:
         """A reaction's append carried `tracking`: any earlier position waiting to be written is covered."""
-        if self._unrecorded is not None and self._unrecorded.position <= tracking.position:
+        if self._unrecorded is not None and self._unrecorded.order() <= tracking.order():
             self._unrecorded = None
 
     async def _write_unrecorded(self) -> None:
@@ -427,15 +469,19 @@ class StreamFollower:
             log.warning("follower.stream_unchecked", consumer=self.consumer, stream=self.stream, error=repr(exc))
             return True
 
-    def _tracking(self, sequence: int, decoded: Any) -> Tracking | None:
-        """The position to record with a reaction to this message; None: it was reacted to before."""
+    def _tracking(self, unit: _Unit, decoded: Any) -> Tracking | None:
+        """The position to record with a reaction to this message (or event of a bundle); None: it was reacted to
+        before. An event of a bundle set aside (`decoded` None) goes by the position it claims."""
         if not self.reactions:
             return None
         upstream = decoded.position if self.source is not None and isinstance(decoded, EventEnvelope) else None
+        if decoded is None and unit.part is not None:
+            upstream = claimed_position(unit.msg.data)
         if upstream is not None and self.anew_upstream is not None:
             new = upstream > self.anew_upstream
-            return Tracking(self.consumer, sequence, upstream, by_upstream=True) if new else None
-        return Tracking(self.consumer, sequence, upstream) if sequence > self.tracked else None
+            return Tracking(self.consumer, unit.sequence, upstream, by_upstream=True) if new else None
+        tracking = Tracking(self.consumer, unit.sequence, upstream)
+        return tracking if tracking.order() > self.tracked else None
 
     def _folded_already(self, subject: str, sequence: int) -> bool:
         """Whether the message is in the restored state already (`folded`)."""
@@ -485,9 +531,9 @@ class StreamFollower:
             log.exception("follower.run_failed", consumer=self.consumer)
 
     async def _take(self, run: Sequence[Msg]) -> None:
-        """Handle delivered messages in order: new ones together when the follower decides runs, the others (and
-        every message of a follower that does not) one at a time."""
-        together: list[tuple[Arrival, bool]] = []  # with whether more of the stream was pending behind it
+        """Handle delivered messages in order, each event of a bundle as if it came alone: new ones together when the
+        follower decides runs, the others (and every message of a follower that does not) one at a time."""
+        together: list[tuple[Arrival, _Unit]] = []
         for msg in run:
             sequence, pending = delivered(msg)
             if self._counted is not None:
@@ -499,77 +545,90 @@ class StreamFollower:
                 self.through = max(self.through, sequence)
                 continue
             try:
-                decoded = self._accepted(msg)
-            except _SetAside as refused:
+                units = _units(msg, sequence, pending)
+            except _SetAside as refused:  # a bundle that is not one: set aside whole
                 await self._decide(together)
                 together = []
-                self._handled(sequence, await self._refuse(msg, sequence, refused), pending)
+                unit = _Unit(msg, sequence, pending)
+                self._handled(unit, await self._refuse(unit, refused))
                 continue
-            tracking = self._tracking(sequence, decoded)
-            decoded = self._unless_repeated(decoded)
-            if self.handle_group is not None and tracking is not None and decoded is not _REPEATED:
-                together.append((Arrival(decoded, msg, tracking), bool(pending)))
-                continue
-            await self._decide(together)
-            together = []
-            await self._one(decoded, msg, sequence, tracking)
-            self._handled(sequence, tracking, pending)
+            for unit in units:
+                try:
+                    decoded = self._accepted(unit.msg)
+                except _SetAside as refused:
+                    await self._decide(together)
+                    together = []
+                    self._handled(unit, await self._refuse(unit, refused))
+                    continue
+                tracking = self._tracking(unit, decoded)
+                decoded = self._unless_repeated(decoded)
+                if self.handle_group is not None and tracking is not None and decoded is not _REPEATED:
+                    together.append((Arrival(decoded, unit.msg, tracking), unit))
+                    if len(together) == GROUP_MESSAGES:  # bundles of many events: a run decided stays as bounded
+                        await self._decide(together)
+                        together = []
+                    continue
+                await self._decide(together)
+                together = []
+                await self._one(decoded, unit, tracking)
+                self._handled(unit, tracking)
         await self._decide(together)
         if run and not delivered(run[-1])[1]:
             self.caught_up.set()  # the stream's end when the last one came: the view is complete
 
-    async def _one(self, decoded: Any, msg: Msg, sequence: int, tracking: Tracking | None) -> None:
+    async def _one(self, decoded: Any, unit: _Unit, tracking: Tracking | None) -> None:
         """Fold (and react to) one message, or set it aside."""
         try:
-            await self._apply(decoded, msg, tracking)
+            await self._apply(decoded, unit.msg, tracking)
         except _SetAside as refused:
-            await self._refuse(msg, sequence, refused)
+            await self._refuse(unit, refused)
 
-    async def _refuse(self, msg: Msg, sequence: int, refused: _SetAside) -> Tracking | None:
+    async def _refuse(self, unit: _Unit, refused: _SetAside) -> Tracking | None:
         """Set the message aside; the tracking position recorded with it (None: it was handled before)."""
-        tracking = self._tracking(sequence, None)
-        await self._set_aside(msg, claims(msg.data), refused, tracking)
+        tracking = self._tracking(unit, None)
+        await self._set_aside(unit, claims(unit.msg.data), refused, tracking)
         return tracking
 
-    def _handled(self, sequence: int, tracking: Tracking | None, pending: int | bool) -> None:
-        self.through = max(self.through, sequence)
+    def _handled(self, unit: _Unit, tracking: Tracking | None) -> None:
+        if unit.whole:  # a bundle is handled whole with its last event
+            self.through = max(self.through, unit.sequence)
         if tracking is not None:
-            self.tracked = max(self.tracked, sequence)
+            self.tracked = max(self.tracked, tracking.order())
             if tracking.by_upstream and tracking.upstream is not None:
                 self.anew_upstream = tracking.upstream
-        if not pending:
+        if not unit.pending:
             self.caught_up.set()
 
-    async def _decide(self, together: Sequence[tuple[Arrival, bool]]) -> None:
+    async def _decide(self, together: Sequence[tuple[Arrival, _Unit]]) -> None:
         """Decide a run of new messages together; one alone, or what follows a run that broke part-way, one at a
         time."""
         if not together:
             return
         if len(together) == 1 or self.handle_group is None:
-            for arrival, pending in together:
-                await self._one(arrival.message, arrival.msg, arrival.tracking.position, arrival.tracking)
-                self._handled(arrival.tracking.position, arrival.tracking, pending)
+            for arrival, unit in together:
+                await self._one(arrival.message, unit, arrival.tracking)
+                self._handled(unit, arrival.tracking)
             return
         try:
             recorded = await self.handle_group([arrival for arrival, _ in together])
         except GroupBroken as broken:
             log.warning("follower.run_broken", consumer=self.consumer, messages=len(together),
                         recorded=broken.recorded.position if broken.recorded else None, error=str(broken))
-            done = broken.recorded.position if broken.recorded is not None else 0
+            done = broken.recorded.order() if broken.recorded is not None else (0, 0)
             if broken.recorded is not None:
                 self._recorded(broken.recorded)
-            for arrival, pending in together:
-                if arrival.tracking.position > done:
-                    await self._one(arrival.message, arrival.msg, arrival.tracking.position, arrival.tracking)
-                self._handled(arrival.tracking.position, arrival.tracking, pending)
+            for arrival, unit in together:
+                if arrival.tracking.order() > done:
+                    await self._one(arrival.message, unit, arrival.tracking)
+                self._handled(unit, arrival.tracking)
             return
         last = together[-1][0].tracking
         if recorded is not None:
             self._recorded(recorded)
-        if recorded is None or recorded.position < last.position:
+        if recorded is None or recorded.order() < last.order():
             self._passed(last)
-        for arrival, pending in together:
-            self._handled(arrival.tracking.position, arrival.tracking, pending)
+        for arrival, unit in together:
+            self._handled(unit, arrival.tracking)
 
     def _accepted(self, msg: Msg) -> Any:
         """The message decoded, if it is what this follower reads and where it should come from."""
@@ -610,11 +669,16 @@ class StreamFollower:
         """Note a message the restored state holds (`folded`) as seen, as a replay that folded it would have, so
         that a copy of it published again later is known; it is neither folded nor reacted to."""
         try:
-            decoded = self._accepted(msg)
+            units = _units(msg, 0, 0)
         except _SetAside:
             return  # a replay would have set it aside, seen nothing of it
-        if isinstance(decoded, EventEnvelope):
-            self._repeated(decoded)
+        for unit in units:
+            try:
+                decoded = self._accepted(unit.msg)
+            except _SetAside:
+                continue
+            if isinstance(decoded, EventEnvelope):
+                self._repeated(decoded)
 
     async def _remembering_from(self, first: int) -> int:
         """The stream sequence to begin at, for a restored state holding the filters' messages up to `first` at
@@ -675,25 +739,26 @@ class StreamFollower:
                             verdict=verdict, error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(self.retry_seconds)
 
-    async def _set_aside(self, msg: Msg, claimed: tuple[str | None, str | None], refused: _SetAside,
+    async def _set_aside(self, unit: _Unit, claimed: tuple[str | None, str | None], refused: _SetAside,
                          tracking: Tracking | None) -> None:
-        """Pass over a message for good: recorded (with its tracking) the first time it is seen."""
-        sequence = msg.metadata.sequence.stream
+        """Pass over a message (or an event of a bundle) for good: recorded (with its tracking) the first time it is
+        seen."""
+        sequence, subject = unit.sequence, unit.msg.subject
         if tracking is None:
             # Replayed (set aside when it was new) or a fold-only follower: nothing to record.
-            log.warning("follower.passed_over", consumer=self.consumer, sequence=sequence, cause=refused.cause,
-                        reason=refused.reason)
+            log.warning("follower.passed_over", consumer=self.consumer, sequence=sequence, part=unit.part,
+                        cause=refused.cause, reason=refused.reason)
             return
         service, kind = claimed
         record = UpstreamMessageSetAside(consumer=self.consumer, stream=self.stream, sequence=sequence,
-                                         subject=msg.subject, cause=refused.cause, reason=refused.reason,
-                                         claimed_service=service, claimed_type=kind)
+                                         subject=subject, cause=refused.cause, reason=refused.reason,
+                                         claimed_service=service, claimed_type=kind, part=unit.part)
         log.error("follower.set_aside", consumer=self.consumer, stream=self.stream, sequence=sequence,
-                  subject=msg.subject, cause=refused.cause, reason=refused.reason, claimed_service=service,
-                  claimed_type=kind)
+                  part=unit.part, subject=subject, cause=refused.cause, reason=refused.reason,
+                  claimed_service=service, claimed_type=kind)
         # A set-aside record that cannot be applied is not recorded again: no chain of records.
         change = None if kind == _SET_ASIDE_TAG else NewEvent(SET_ASIDE_AGGREGATE,
-                                                              set_aside_id(self.consumer, sequence), record)
+                                                              set_aside_id(self.consumer, sequence, unit.part), record)
         failures = 0
         while True:
             try:

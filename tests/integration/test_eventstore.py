@@ -13,6 +13,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DeliverPolicy, PubAck
 
 from libs.contracts import subjects
+from libs.contracts.bundles import BUNDLE_EVENTS, stored_envelopes
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import EventEnvelope, JobDeleted, JobStopped, JobSubmitted, NodeRecovered
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
@@ -37,7 +38,7 @@ def stopped(job_id: str) -> NewEvent:
 
 
 async def published(nc: Client) -> list[EventEnvelope]:
-    """Every event in the events stream, in stream order."""
+    """Every event in the events stream, in stream order (a bundle's one by one)."""
     js = nc.jetstream()
     info = await js.stream_info(subjects.EVENTS_STREAM)
     if not info.state.messages:
@@ -47,7 +48,7 @@ async def published(nc: Client) -> list[EventEnvelope]:
     envelopes = []
     for _ in range(info.state.messages):
         msg = await sub.next_msg(timeout=30)  # stored: delivered at once
-        envelopes.append(decode(msg.data, EventEnvelope))
+        envelopes.extend(stored_envelopes(msg.subject, msg.data))
     await sub.unsubscribe()
     return envelopes
 
@@ -163,24 +164,28 @@ async def test_relay_restart_republishes_without_duplicates(store: EventStore, n
 
 
 async def test_published_events_are_what_the_log_holds_on_their_own_subjects(store: EventStore, nc: Client) -> None:
-    """Followers get each event, its trace and its place in the log as the service recorded them, on the subject
-    named for its service, aggregate and type; and its trace in the message's headers."""
+    """Followers get each event, its trace and its place in the log as the service recorded them: alone on the
+    subject named for its service, aggregate and type, its trace in the message's headers too; or, the events of one
+    kind of aggregate one append recorded, together in a bundle on that kind's bundle subject."""
     trace = {"traceparent": "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"}
     spec = JobSpec(name="ünïcode \"quoted\" name", flavors=["cpu-1"], algorithm=AlgorithmRef(name="pytorch-ddp"),
                    command="python train.py --lr 0.001", env={"EMOJI": "🚀", "EMPTY": ""}, output=OutputRef(name="out"))
-    events = [NewEvent("job", "job-p1", JobSubmitted(job_id="job-p1", spec=spec, creator="alice"),
-                       trace=trace),
-              stopped("job-p1"), NewEvent("node", "node-a", NodeRecovered(node_name="node-a"))]
-    await store.append(events, expected_versions={("job", "job-p1"): 0, ("node", "node-a"): 0})
-    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 3
-    logged = [*await store.read_aggregate("job", "job-p1"), *await store.read_aggregate("node", "node-a")]
+    await store.append([NewEvent("job", "job-p0", JobSubmitted(job_id="job-p0", spec=spec, creator="alice"),
+                                 trace=trace)], expected_versions={("job", "job-p0"): 0})
+    events = [NewEvent("job", "job-p1", JobSubmitted(job_id="job-p1", spec=spec, creator="alice"), trace=trace),
+              stopped("job-p1"), NewEvent("node", "node-a", NodeRecovered(node_name="node-a")), stopped("job-p2")]
+    await store.append(events, expected_versions={("job", "job-p1"): 0, ("node", "node-a"): 0, ("job", "job-p2"): 0})
+    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 5
+    logged = [envelope async for envelope in store.read_all()]
     messages = [m async for m in read_subject(nc.jetstream(), subjects.EVENTS_STREAM, subjects.EVENTS_ALL)]
-    assert [decode(m.data, EventEnvelope) for m in messages] == logged
     assert [m.subject for m in messages] == [
-        "trainyard.events.scheduler.job.JobSubmitted", "trainyard.events.scheduler.job.JobStopped",
-        "trainyard.events.scheduler.node.NodeRecovered"]
+        "trainyard.events.scheduler.job.JobSubmitted", "trainyard.events.scheduler.job.bundle",
+        "trainyard.events.scheduler.node.NodeRecovered", "trainyard.events.scheduler.job.JobStopped"]
+    assert [stored_envelopes(m.subject, m.data) for m in messages] == [logged[:1], logged[1:3], [logged[3]],
+                                                                        [logged[4]]]
     assert messages[0].headers is not None and messages[0].headers["traceparent"] == trace["traceparent"]
     assert decode(messages[0].data, EventEnvelope).trace == trace
+    assert stored_envelopes(messages[1].subject, messages[1].data)[0].trace == trace
 
 
 async def test_an_event_whose_stored_text_is_too_roomy_is_published_compact(store: EventStore, nc: Client,
@@ -189,7 +194,7 @@ async def test_an_event_whose_stored_text_is_too_roomy_is_published_compact(stor
     the limit as it encodes it must not go over it as published, so one that would is encoded again."""
     await store.append([stopped("job-big")], expected_versions={("job", "job-big"): 0})
     (row,) = await store.pool.fetch("SELECT * FROM scheduler.events WHERE aggregate_id = 'job-big'")
-    roomy = relay_module.outgoing(store, row).data
+    roomy = relay_module.outgoing(store, [row]).data
     assert b'", "' in roomy  # the stored text, spliced in
     monkeypatch.setattr(relay_module, "MAX_EVENT_BYTES", len(roomy) - 1)
     assert await OutboxRelay(store, nc.jetstream()).publish_pending() == 1
@@ -323,3 +328,23 @@ async def test_a_relay_stops_in_time_when_its_connection_is_slow_to_go_back_to_t
     await eventually(server_process_gone, timeout=2.5)
     assert await store.pool.fetchval("SELECT published_position FROM scheduler.relay") == relay.published_position
     assert await store.pool.fetchval("SELECT 1") == 1  # the pool has its connection back, closed
+
+
+async def test_a_relay_publishes_what_one_append_recorded_in_bundles_of_a_bounded_size(store: EventStore,
+                                                                                        nc: Client) -> None:
+    """An append's events of one kind of aggregate go in as few messages as the bundle's bounds allow, each with an id
+    of its own, so that publishing the same rows again is dropped; the relay's history check reads the newest event
+    inside a bundle."""
+    count = BUNDLE_EVENTS + 6
+    await store.append([stopped(f"job-b{i}") for i in range(count)],
+                       expected_versions={("job", f"job-b{i}"): 0 for i in range(count)})
+    relay = OutboxRelay(store, nc.jetstream())
+    assert await relay.publish_pending() == count
+    messages = [m async for m in read_subject(nc.jetstream(), subjects.EVENTS_STREAM, subjects.EVENTS_ALL)]
+    assert [len(stored_envelopes(m.subject, m.data)) for m in messages] == [BUNDLE_EVENTS, 6]
+    assert [e.aggregate_id for e in await published(nc)] == [f"job-b{i}" for i in range(count)]
+    assert await relay.rewind_if_history_lost() == await store.last_position()  # the stream has the newest
+
+    await store.pool.execute("UPDATE scheduler.relay SET published_position = 0")
+    assert await OutboxRelay(store, nc.jetstream()).publish_pending() == count  # a relay after a crash
+    assert len(await published(nc)) == count  # JetStream dropped the repeats

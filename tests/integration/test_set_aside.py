@@ -9,7 +9,6 @@ from collections.abc import Awaitable
 from datetime import UTC, datetime
 from typing import TypeVar
 
-import asyncpg
 import pytest
 from nats.aio.client import Client
 from nats.aio.msg import Msg
@@ -33,6 +32,7 @@ from libs.contracts.events import (
 from libs.eventstore import EventStore, NewEvent, Tracking
 from libs.messaging.follower import StreamFollower
 from services.scheduler.service import Scheduler
+from tests.support.reactor import Reactor
 from tests.support.schedulers import Schedulers, spec, token
 from tests.support.stores import StoreFactory
 from tests.support.waiting import eventually
@@ -56,26 +56,6 @@ async def set_aside(store: EventStore) -> list[UpstreamMessageSetAside]:
 
 
 # --- the follower on its own ---------------------------------------------------------------------------
-
-
-class Reactor:
-    """Folds every message and reacts with one event per message, as a service does."""
-
-    def __init__(self, store: EventStore) -> None:
-        self.store = store
-        self.folded: list[str] = []
-        self.outages: dict[str, int] = {}  # job id -> connection errors its append raises first
-
-    async def handle(self, envelope: EventEnvelope, _: Msg, tracking: Tracking | None) -> bool:
-        if self.outages.get(envelope.aggregate_id, 0) > 0:
-            self.outages[envelope.aggregate_id] -= 1
-            raise asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation")
-        self.folded.append(envelope.aggregate_id)
-        if tracking is None:
-            return False
-        await self.store.append([NewEvent("node", envelope.aggregate_id, NodeRecovered(node_name="n"))],
-                                expected_versions={("node", envelope.aggregate_id): 0}, tracking=tracking)
-        return True
 
 
 async def stopped(nc: Client, job_id: str) -> None:

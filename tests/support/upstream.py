@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import TypeVar
 
@@ -28,6 +29,22 @@ async def publish_upstream(nc: Client, job_ids: list[str]) -> None:
                                  recorded_at=datetime.now(UTC), event=JobStopped(job_id=job_id, by="bob"))
         await nc.jetstream().publish(subjects.event_subject("scheduler", "job", "JobStopped"),
                                      encode(envelope))
+
+
+def stopped_envelope(job_id: str, position: int) -> EventEnvelope:
+    """A scheduler's `JobStopped` at `position` of its log."""
+    return EventEnvelope(event_id=str(uuid.uuid4()), service="scheduler", aggregate_type="job", aggregate_id=job_id,
+                         version=1, position=position, recorded_at=datetime.now(UTC),
+                         event=JobStopped(job_id=job_id, by="bob"))
+
+
+async def publish_bundle(nc: Client, parts: Sequence[EventEnvelope | bytes], *, service: str = "scheduler",
+                         aggregate_type: str = "job") -> int:
+    """Envelopes (or any bytes in their place) published together as the relay publishes a bundle; its stream
+    sequence."""
+    body = b"[" + b",".join(part if isinstance(part, bytes) else encode(part) for part in parts) + b"]"
+    ack = await nc.jetstream().publish(subjects.bundle_subject(service, aggregate_type), body)
+    return ack.seq
 
 
 async def followed(service: S, store: EventStore, tracked: int, *, settle: float = 0.0) -> S:

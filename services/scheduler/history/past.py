@@ -33,6 +33,7 @@ from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from libs.contracts import subjects
+from libs.contracts.bundles import bundle_parts, stored_envelopes
 from libs.contracts.cluster import ClusterConfig
 from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
@@ -62,9 +63,12 @@ SET_ASIDE_PAGE = 1_000
 EPOCH = datetime.min.replace(tzinfo=UTC)
 KEEP_AHEAD_SECONDS = 60.0  # how often the live scheduler looks whether a new snapshot is due
 
-Positioned = AsyncIterator[tuple[int, EventEnvelope | None]]
-"""A source's events after a position, each with its own position (None: passed over, as the live service did).
-A source that stays open yields the position `FOR_NOW` at its end, and goes on with what came since when read again."""
+Positioned = AsyncIterator[tuple[int, list[EventEnvelope]]]
+"""A source's events after a position, with their position: one event, or those of a bundle (`subjects.bundle_subject`)
+at its stream sequence, less what the live service passed over (none at all: the message passed over). A bundle is
+taken whole, at the instant its last event was recorded: the events one append recorded together are folded together,
+whether an instant falls between them or not. A source that stays open yields the position `FOR_NOW` at its end, and
+goes on with what came since when read again."""
 FOR_NOW = -1
 
 
@@ -112,18 +116,18 @@ class _Source:
     def __init__(self, name: str, open_after: Callable[[int], Positioned]) -> None:
         self.name = name
         self._open_after = open_after
-        self.after = 0  # the position of the last event taken or passed over (not the one waiting)
-        self._pending: tuple[int, EventEnvelope] | None = None  # read, recorded after the last instant asked for
+        self.after = 0  # the position of the last event (or bundle) taken or passed over (not the one waiting)
+        self._pending: tuple[int, list[EventEnvelope]] | None = None  # read, recorded after the last instant asked for
         self._reading: Positioned | None = None
 
     async def until(self, when: datetime, limit: int | None = None) -> list[EventEnvelope]:
-        """The next events recorded up to `when`, at most `limit`."""
+        """The next events recorded up to `when`, at most `limit` (and a bundle's whole)."""
         taken: list[EventEnvelope] = []
         if self._pending is not None:
-            position, envelope = self._pending
-            if envelope.recorded_at > when:
+            position, envelopes = self._pending
+            if envelopes[-1].recorded_at > when:
                 return taken
-            taken.append(envelope)
+            taken.extend(envelopes)
             self.after, self._pending = position, None
         if self._reading is None:
             self._reading = self._open_after(self.after)
@@ -135,12 +139,11 @@ class _Source:
                 break
             if position == FOR_NOW:  # at the end for now: read on from here next time
                 break
-            if found is not None and found.recorded_at > when:
+            if found and found[-1].recorded_at > when:
                 self._pending = (position, found)
                 break
             self.after = position
-            if found is not None:
-                taken.append(found)
+            taken.extend(found)
         return taken
 
     async def close(self) -> None:
@@ -164,7 +167,8 @@ class _Replay:
         self.upstream = [_Source(subject, self._upstream_after(name, subject))
                          for name, aggregates in UPSTREAM_AGGREGATES.items()
                          for subject in subjects.events_of(name, *aggregates)]
-        self._set_aside: dict[str, set[int]] = {}  # per consumer: the stream sequences the live service passed over
+        # Per consumer: what the live service passed over, by stream sequence and event of a bundle (None: the message).
+        self._set_aside: dict[str, set[tuple[int, int | None]]] = {}
         self._set_aside_after = 0
 
     async def restore(self, snapshot: Snapshot) -> None:
@@ -217,7 +221,7 @@ class _Replay:
 
     async def _own_after(self, position: int) -> Positioned:
         async for envelope in self.store.read_all(after=position, batch=WINDOW // 4):
-            yield envelope.position, envelope
+            yield envelope.position, [envelope]
 
     def _upstream_after(self, upstream: str, subject: str) -> Callable[[int], Positioned]:
         consumer = upstream_consumer(upstream)
@@ -227,7 +231,7 @@ class _Replay:
             try:
                 while True:
                     if not (msgs := await reader.fetch()):
-                        yield FOR_NOW, None
+                        yield FOR_NOW, []
                     for msg in msgs:
                         sequence, _ = delivered(msg)
                         yield sequence, self._folded(consumer, sequence, msg)
@@ -236,14 +240,24 @@ class _Replay:
 
         return read
 
-    def _folded(self, consumer: str, sequence: int, msg: Msg) -> EventEnvelope | None:
-        """The upstream event as the live follower folded it, or None for one it set aside."""
-        if sequence in self._set_aside.get(consumer, ()):
-            return None
+    def _folded(self, consumer: str, sequence: int, msg: Msg) -> list[EventEnvelope]:
+        """The upstream events of a message as the live follower folded them, less those it set aside."""
+        passed = self._set_aside.get(consumer, set())
+        if (sequence, None) in passed:
+            return []
+        if not subjects.is_bundle(msg.subject):
+            # One that does not decode was set aside by the follower too, and its record may be later than the instant.
+            return stored_envelopes(msg.subject, msg.data)
         try:
-            return decode(msg.data, EventEnvelope)
-        except (msgspec.DecodeError, msgspec.ValidationError):
-            return None  # set aside by the follower too, and its record may be later than the instant
+            parts = bundle_parts(msg.data)
+        except msgspec.DecodeError:
+            return []
+        folded: list[EventEnvelope] = []
+        for part, raw in enumerate(parts):
+            if (sequence, part) not in passed:
+                with contextlib.suppress(msgspec.DecodeError):
+                    folded.append(decode(raw, EventEnvelope))
+        return folded
 
     async def _learn_set_aside(self) -> None:
         while True:
@@ -252,7 +266,7 @@ class _Replay:
             for envelope in page:
                 event = envelope.event
                 assert isinstance(event, UpstreamMessageSetAside)
-                self._set_aside.setdefault(event.consumer, set()).add(event.sequence)
+                self._set_aside.setdefault(event.consumer, set()).add((event.sequence, event.part))
                 self._set_aside_after = envelope.position
             if len(page) < SET_ASIDE_PAGE:
                 return
