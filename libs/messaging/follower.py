@@ -132,8 +132,10 @@ class GroupBroken(Exception):
         self.cause = cause
 
 
-RecordSetAside = Callable[[NewEvent, Tracking], Awaitable[None]]
-"""record(change, tracking): append the set-aside record together with the message's tracking."""
+RecordSetAside = Callable[[NewEvent, Tracking | None], Awaitable[bool]]
+"""record(change, tracking): append the set-aside record together with the message's tracking (None: an event of a
+bundle that has no position to be tracked by, recorded once by its aggregate id alone); whether it was recorded now
+(False: it was before)."""
 
 _SET_ASIDE_TAG = UpstreamMessageSetAside.__struct_config__.tag
 
@@ -744,7 +746,10 @@ class StreamFollower:
         """Pass over a message (or an event of a bundle) for good: recorded (with its tracking) the first time it is
         seen."""
         sequence, subject = unit.sequence, unit.msg.subject
-        if tracking is None:
+        # An event of a bundle without a position of its own cannot be told new by one: its record, kept once by its
+        # id, is asked for every time, and made the first.
+        untracked = self.reactions and unit.part is not None and claimed_position(unit.msg.data) is None
+        if tracking is None and not untracked:
             # Replayed (set aside when it was new) or a fold-only follower: nothing to record.
             log.warning("follower.passed_over", consumer=self.consumer, sequence=sequence, part=unit.part,
                         cause=refused.cause, reason=refused.reason)
@@ -753,9 +758,11 @@ class StreamFollower:
         record = UpstreamMessageSetAside(consumer=self.consumer, stream=self.stream, sequence=sequence,
                                          subject=subject, cause=refused.cause, reason=refused.reason,
                                          claimed_service=service, claimed_type=kind, part=unit.part)
-        log.error("follower.set_aside", consumer=self.consumer, stream=self.stream, sequence=sequence,
-                  part=unit.part, subject=subject, cause=refused.cause, reason=refused.reason,
-                  claimed_service=service, claimed_type=kind)
+        fields = {"consumer": self.consumer, "stream": self.stream, "sequence": sequence, "part": unit.part,
+                  "subject": subject, "cause": refused.cause, "reason": refused.reason, "claimed_service": service,
+                  "claimed_type": kind}
+        if tracking is not None:
+            log.error("follower.set_aside", **fields)
         # A set-aside record that cannot be applied is not recorded again: no chain of records.
         change = None if kind == _SET_ASIDE_TAG else NewEvent(SET_ASIDE_AGGREGATE,
                                                               set_aside_id(self.consumer, sequence, unit.part), record)
@@ -763,9 +770,10 @@ class StreamFollower:
         while True:
             try:
                 if change is None:
-                    await self.store.record_tracking(tracking)
-                else:
-                    await self.record_set_aside(change, tracking)
+                    if tracking is not None:
+                        await self.store.record_tracking(tracking)
+                elif await self.record_set_aside(change, tracking) and tracking is None:
+                    log.error("follower.set_aside", **fields)
                 return
             except asyncio.CancelledError:
                 raise
@@ -782,6 +790,7 @@ class StreamFollower:
                             error=f"{type(exc).__name__}: {exc}")
                 await asyncio.sleep(self.retry_seconds)
 
-    async def _append_set_aside(self, change: NewEvent, tracking: Tracking) -> None:
+    async def _append_set_aside(self, change: NewEvent, tracking: Tracking | None) -> bool:
         await self.store.append([change], expected_versions={(change.aggregate_type, change.aggregate_id): 0},
                                 tracking=tracking)
+        return True

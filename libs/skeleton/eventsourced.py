@@ -486,9 +486,12 @@ class EventSourcedService:
 
     # --- following other services ---------------------------------------------------------------------
 
-    async def _record_set_aside(self, change: NewEvent, tracking: Tracking) -> None:
+    async def _record_set_aside(self, change: NewEvent, tracking: Tracking | None) -> bool:
         async with self.lock:
+            if tracking is None and self.version(change.aggregate_type, change.aggregate_id):
+                return False  # recorded before (an event of a bundle with no position: kept once by its id)
             await self.record([change], tracking)
+            return True
 
     def _handler(self, upstream: Upstream) -> Handler:
         async def handle(message: Any, msg: Msg, tracking: Tracking | None) -> bool:

@@ -56,8 +56,9 @@ def job_failed_id(job_id: str) -> str:
     return f"job-failed-{job_id}"
 
 
-def set_aside_id(service: str, consumer: str, sequence: int) -> str:
-    return f"message-set-aside-{service}-{consumer}-{sequence}"
+def set_aside_id(service: str, consumer: str, sequence: int, part: int | None = None) -> str:
+    """One alert per message set aside, or per event of a bundle set aside."""
+    return f"message-set-aside-{service}-{consumer}-{sequence}" + ("" if part is None else f".{part}")
 
 
 def instance_boot_timeout(event: InstanceReleased, operators: Sequence[str]) -> AlertRaised:
@@ -172,10 +173,11 @@ def message_set_aside(service: str, record: UpstreamMessageSetAside, operators: 
     claimed = ", ".join(part for part in (
         f"claimed service {record.claimed_service}" if record.claimed_service else "",
         f"claimed type {record.claimed_type}" if record.claimed_type else "") if part)
+    what = "message" if record.part is None else f"event {record.part} (from 0) of the bundle"
     return AlertRaised(
-        alert_id=set_aside_id(service, record.consumer, record.sequence), kind="message-set-aside",
-        title=f"The {service} set aside message {record.sequence} of {record.stream}",
-        message=(f"The {service} (consumer {record.consumer}) passed over the message at sequence {record.sequence} "
+        alert_id=set_aside_id(service, record.consumer, record.sequence, record.part), kind="message-set-aside",
+        title=f"The {service} set aside {what} {record.sequence} of {record.stream}",
+        message=(f"The {service} (consumer {record.consumer}) passed over the {what} at sequence {record.sequence} "
                  f"of {record.stream}, subject {record.subject}{f' ({claimed})' if claimed else ''}: "
                  f"{record.cause}: {record.reason}. Nothing of it was applied; check who published it."),
         recipients=recipients(None, operators))

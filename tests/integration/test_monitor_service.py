@@ -537,6 +537,26 @@ async def test_every_message_set_aside_becomes_one_alert_its_own_included(platfo
     assert len(mailbox.messages) == 2
 
 
+async def test_each_event_of_a_bundle_set_aside_becomes_an_alert_of_its_own(platform: Platform, nc: Client) -> None:
+    """Two events of one bundle the monitor cannot read: two alerts, each naming its event, not one hiding the other,
+    and each recorded once."""
+    await platform.start()
+    ack = await nc.jetstream().publish(subjects.bundle_subject("scheduler", "job"),
+                                       b'[{"event_id": "a", "type": "JobTeleported.v1"}, "not an envelope"]')
+
+    alerts = await eventually(lambda: _at_least(platform.recorded(AlertRaised), 2))
+    assert sorted(a.alert_id for a in alerts) == [f"message-set-aside-monitor-scheduler-events-{ack.seq}.{part}"
+                                                   for part in (0, 1)]
+    assert all(f"event {part} (from 0) of the bundle at sequence {ack.seq}" in alert.message
+               for part, alert in enumerate(sorted(alerts, key=lambda a: a.alert_id)))
+
+    # The second has no position to be tracked by: a restart, which reads the bundle again, records it no more.
+    await platform.restart()
+    await asyncio.sleep(0.5)
+    assert len(await platform.recorded(AlertRaised)) == 2
+    assert [r.part for r in await platform.recorded(UpstreamMessageSetAside)] == [0, 1]
+
+
 async def _at_least(found: Awaitable[list[T]], count: int) -> list[T]:
     items = await found
     return items if len(items) >= count else []
