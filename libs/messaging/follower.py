@@ -277,13 +277,24 @@ async def still_holds(js: JetStreamContext, stream: str, sequence: int, upstream
     """Whether `stream` still has, at `sequence`, the message a tracking position was recorded for (with the
     upstream log position `upstream`, when known): False when the stream was made anew since. Raises when NATS
     cannot tell now."""
+    return await handled_through(js, stream, sequence, upstream) is not None
+
+
+async def handled_through(js: JetStreamContext, stream: str, sequence: int, upstream: int | None) -> int | None:
+    """The stream sequence up to which a consumer that recorded the tracking position (`sequence`, `upstream`) has
+    handled every message whole: `sequence`, or the one before it when the message there is a bundle and `upstream`
+    not its last event. None when `stream` no longer holds, at `sequence`, the message it was recorded for (the
+    stream was made anew since). Raises when NATS cannot tell now."""
     try:
         msg = await js.get_msg(stream, sequence)
     except NotFoundError:  # the stream is younger than the tracking
-        return False
+        return None
     if upstream is None:
-        return True  # nothing to tell it by
-    return any(envelope.position == upstream for envelope in stored_envelopes(msg.subject or "", msg.data or b""))
+        return sequence  # nothing to tell it by
+    positions = [envelope.position for envelope in stored_envelopes(msg.subject or "", msg.data or b"")]
+    if upstream not in positions:
+        return None
+    return sequence if upstream == positions[-1] else sequence - 1
 
 
 class StreamFollower:

@@ -15,7 +15,7 @@ from libs.contracts import subjects
 from libs.contracts.codec import encode
 from libs.contracts.events import EventEnvelope, NodeRecovered, UpstreamMessageSetAside
 from libs.eventstore import EventStore, Tracking
-from libs.messaging.follower import StreamFollower, still_holds
+from libs.messaging.follower import StreamFollower, handled_through, still_holds
 from libs.messaging.history import stored_events
 from tests.support.reactor import Reactor
 from tests.support.stores import StoreFactory
@@ -121,11 +121,18 @@ async def test_a_bundle_that_is_not_an_array_of_events_is_set_aside_whole_and_th
                                                                               (2, None, "undecodable")]
 
 
-async def test_a_recorded_position_inside_a_bundle_is_known_to_be_still_in_the_stream(nc: Client) -> None:
+async def test_a_recorded_position_inside_a_bundle_is_known_to_be_still_in_the_stream_and_handled_in_part(
+        nc: Client) -> None:
+    """A start that restores a snapshot (which folds bundles whole) may take one only up to the last message its
+    followers handled whole: a bundle answered in part is not."""
     sequence = await publish_bundle(nc, [stopped_envelope("f0", 7), stopped_envelope("f1", 8)])
-    js = nc.jetstream()
-    assert await still_holds(js, subjects.EVENTS_STREAM, sequence, 8)
-    assert not await still_holds(js, subjects.EVENTS_STREAM, sequence, 9)  # another log's bundle there now
+    js, stream = nc.jetstream(), subjects.EVENTS_STREAM
+    assert await still_holds(js, stream, sequence, 7) and await still_holds(js, stream, sequence, 8)
+    assert not await still_holds(js, stream, sequence, 9)  # another log's bundle there now
+    assert await handled_through(js, stream, sequence, 8) == sequence
+    assert await handled_through(js, stream, sequence, 7) == sequence - 1
+    assert await handled_through(js, stream, sequence, 9) is None
+    assert await handled_through(js, stream, sequence + 1, 8) is None  # a stream younger than the tracking
 
 
 async def test_a_jobs_history_reads_its_events_out_of_the_bundles_they_were_published_in(nc: Client) -> None:

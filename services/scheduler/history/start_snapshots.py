@@ -8,9 +8,10 @@ each stream (`libs.skeleton.eventsourced.Restored`).
 
 A start may only take a snapshot that holds no upstream message the scheduler had not reacted to yet: a follower
 beginning after it would never react to that message. So a snapshot is taken only when, for every subject followed,
-what it folded is at or before the stream position the scheduler recorded as handled, and the stream still holds
-the message at that position (a stream made anew numbers its messages afresh: the start then folds everything, as
-ever). A snapshot made with another cluster config, or that cannot be read, is passed over too.
+what it folded is at or before the stream position the scheduler recorded as handled (before it, when that is a
+bundle answered in part: a snapshot folds bundles whole), and the stream still holds the message at that position
+(a stream made anew numbers its messages afresh: the start then folds everything, as ever). A snapshot made with
+another cluster config, or that cannot be read, is passed over too.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ from nats.js.client import JetStreamContext
 from libs.contracts import subjects
 from libs.contracts.cluster import ClusterConfig
 from libs.eventstore import EventStore
-from libs.messaging.follower import still_holds
+from libs.messaging.follower import handled_through
 from libs.skeleton.eventsourced import Restored
 from libs.telemetry.logs import get_logger
 from services.scheduler.domain.names import UPSTREAM_AGGREGATES, upstream_consumer
@@ -75,11 +76,10 @@ async def _handled(store: EventStore, js: JetStreamContext) -> Mapping[str, int]
     for upstream, aggregates in UPSTREAM_AGGREGATES.items():
         sequence, upstream_position = await store.tracked(upstream_consumer(upstream))
         if sequence:
-            try:
-                holds = await still_holds(js, subjects.EVENTS_STREAM, sequence, upstream_position)
+            try:  # a bundle answered in part counts as not handled: a snapshot folds bundles whole
+                sequence = await handled_through(js, subjects.EVENTS_STREAM, sequence, upstream_position) or 0
             except Exception as exc:  # cannot tell (NATS slow or away): no snapshot is worth a reaction missed
                 log.warning("scheduler.snapshot_unchecked", consumer=upstream_consumer(upstream), error=repr(exc))
-                holds = False
-            sequence = sequence if holds else 0
+                sequence = 0
         handled.update(dict.fromkeys(subjects.events_of(upstream, *aggregates), sequence))
     return handled
