@@ -1,13 +1,15 @@
-"""What the event machinery costs a service's process: CPU per event the outbox relay publishes, per message
-a follower folds and per message it tracks, on the tests' servers (NATS with `sync_interval: always`).
+"""What the event machinery costs a service's process: CPU per event the outbox relay publishes, per event
+a follower folds and per event it tracks, on the tests' servers (NATS with `sync_interval: always`).
 
-    python -m bench.messaging [--jobs 1000]
+    python -m bench.messaging [--jobs 1000] [--per-append 1,16]
 
 A scheduler's log of JOBS jobs (JobSubmitted, JobAdmitted and JobSucceeded each, with their traces) is
 published by `OutboxRelay` as the service's relay does, then replayed from the stream by a `StreamFollower`
-that folds each message into a `JobLifecycle`, and by one that also tracks each (a reaction that records
-nothing, its position written later, as most upstream messages are). CPU is this process's, so the
-servers' share is not in it; the whole stack's is in `bench.throughput --cpu`.
+that folds each event into a `JobLifecycle`, and by one that also tracks each (a reaction that records
+nothing, its position written later, as most upstream messages are). Each count of `--per-append` records the
+log anew with that many jobs' events of a kind in one append (1: each event alone, in a message of its own; more:
+the relay publishes them as bundles). CPU is this process's, so the servers' share is not in it; the whole stack's
+is in `bench.throughput --cpu`.
 """
 
 from __future__ import annotations
@@ -35,7 +37,7 @@ from libs.jobstatus import JobLifecycle
 from libs.messaging.connection import ensure_streams
 from libs.messaging.follower import StreamFollower
 from libs.telemetry.logs import configure_logging
-from libs.telemetry.tracing import configure_tracing, tracer
+from libs.telemetry.tracing import configure_tracing, current_trace_headers, tracer
 
 EVENTS_PER_JOB = 3
 
@@ -47,19 +49,25 @@ async def cpu_per_item(work: Awaitable[Any], items: int) -> float:
     return (time.process_time() - began) / items * 1e6
 
 
-async def record_jobs(store: EventStore, jobs: int) -> None:
+async def record_jobs(store: EventStore, jobs: int, per_append: int) -> None:
     spec = JobSpec(name="bench", flavors=["cpu-1"], algorithm=AlgorithmRef(name="sleeper"),
                    output=OutputRef(name="bench"), command="python3 run.py --seconds 1")
     placement = [Placement(rank=0, node="node-1", address="127.0.0.1", slots=1)]
     submitting = tracer("bench.messaging")
-    for number in range(jobs):
-        job_id = f"job-{number:012x}"
-        with submitting.start_as_current_span("submit"):  # each job's events carry its trace, as in the stack
-            life: tuple[Event, ...] = (JobSubmitted(job_id=job_id, spec=spec, creator="alice"),
-                                       JobAdmitted(job_id=job_id, attempt=1, flavor="cpu-1", placement=placement),
-                                       JobSucceeded(job_id=job_id))
-            for version, event in enumerate(life):
-                await store.append([NewEvent("job", job_id, event)], expected_versions={("job", job_id): version})
+    for first in range(0, jobs, per_append):
+        job_ids = [f"job-{number:012x}" for number in range(first, min(first + per_append, jobs))]
+        traces = {}
+        for job_id in job_ids:
+            with submitting.start_as_current_span("submit"):  # each job's events carry its trace, as in the stack
+                traces[job_id] = current_trace_headers()
+        lives: dict[str, tuple[Event, ...]] = {
+            job_id: (JobSubmitted(job_id=job_id, spec=spec, creator="alice"),
+                     JobAdmitted(job_id=job_id, attempt=1, flavor="cpu-1", placement=placement),
+                     JobSucceeded(job_id=job_id)) for job_id in job_ids}
+        for version in range(EVENTS_PER_JOB):
+            await store.append([NewEvent("job", job_id, lives[job_id][version], trace=traces[job_id])
+                                for job_id in job_ids],
+                               expected_versions={("job", job_id): version for job_id in job_ids})
 
 
 async def publish_all(relay: OutboxRelay) -> None:
@@ -73,21 +81,24 @@ async def follow_all(follower: StreamFollower) -> None:
     await follower.stop()
 
 
-async def run(servers: Servers, jobs: int) -> None:
+async def run(servers: Servers, jobs: int, per_append: int) -> None:
     name = f"bench_messaging_{uuid.uuid4().hex[:8]}"
     await create_database(servers.postgres_admin_url, name)
     pool = await asyncpg.create_pool(servers.database_url(name), min_size=2, max_size=8)
     nc = await nats.connect(servers.nats_url)
     js = nc.jetstream()
     await ensure_streams(js)
+    await js.purge_stream(subjects.EVENTS_STREAM)  # the last count's log
     scheduler, follower_store = EventStore(pool, "scheduler"), EventStore(pool, "launcher")
     for store in (scheduler, follower_store):
         await store.migrate()
-    await record_jobs(scheduler, jobs)
+    await record_jobs(scheduler, jobs, per_append)
     events = jobs * EVENTS_PER_JOB
 
+    print(f"{per_append} job(s) a kind of event in each append")
     relay = await cpu_per_item(publish_all(OutboxRelay(scheduler, js)), events)
-    print(f"outbox relay, per event published          {relay:7.1f} µs")
+    messages = (await js.stream_info(subjects.EVENTS_STREAM)).state.messages
+    print(f"  outbox relay, per event published          {relay:7.1f} µs  ({events} events in {messages} messages)")
 
     async def fold(message: EventEnvelope, _: Msg, tracking: Tracking | None) -> bool:
         lifecycle.apply(message)
@@ -100,7 +111,7 @@ async def run(servers: Servers, jobs: int) -> None:
                                   consumer=f"bench-{uuid.uuid4().hex[:6]}", message_type=EventEnvelope,
                                   handle=fold, reactions=tracked)
         cost = await cpu_per_item(follow_all(follower), events)
-        print(f"follower, per message {'folded and tracked' if tracked else 'folded':<20} {cost:7.1f} µs")
+        print(f"  follower, per event {'folded and tracked' if tracked else 'folded':<22} {cost:7.1f} µs")
     await nc.close()
     await pool.close()
 
@@ -108,13 +119,15 @@ async def run(servers: Servers, jobs: int) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--jobs", type=int, default=1000)
+    parser.add_argument("--per-append", default="1,16", help="jobs' events of a kind in one append, each in turn")
     args = parser.parse_args()
     configure_logging("bench", "warning")
     configure_tracing("bench")
     with tempfile.TemporaryDirectory(prefix="bench-messaging-") as folder:
         Path(folder).chmod(0o755)  # PostgreSQL runs as another user when started as root
         with provide_servers(Path(folder)) as servers:
-            asyncio.run(run(servers, args.jobs))
+            for per_append in (int(count) for count in args.per_append.split(",")):
+                asyncio.run(run(servers, args.jobs, per_append))
 
 
 if __name__ == "__main__":
