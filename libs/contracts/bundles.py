@@ -36,14 +36,19 @@ def claimed_position(part: bytes) -> int | None:
 def stored_envelopes(subject: str, data: bytes) -> list[EventEnvelope]:
     """The envelopes of one message of the events stream published on `subject`, a bundle's or the one it is, that
     decode (an event a follower set aside is left out, the rest of its bundle kept)."""
+    return [envelope for _, envelope in placed_envelopes(subject, data)]
+
+
+def placed_envelopes(subject: str, data: bytes) -> list[tuple[int | None, EventEnvelope]]:
+    """`stored_envelopes`, each with its place in the bundle (from 0; None: the message is the one envelope)."""
     try:
-        parts = bundle_parts(data) if is_bundle(subject) else [msgspec.Raw(data)]
+        parts = list(enumerate(bundle_parts(data))) if is_bundle(subject) else [(None, msgspec.Raw(data))]
     except msgspec.DecodeError:
         return []
-    envelopes: list[EventEnvelope] = []
-    for part in parts:
+    envelopes: list[tuple[int | None, EventEnvelope]] = []
+    for place, part in parts:
         try:
-            envelopes.append(decode(part, EventEnvelope))
+            envelopes.append((place, decode(part, EventEnvelope)))
         except msgspec.DecodeError:  # ValidationError is one
             continue
     return envelopes

@@ -28,14 +28,12 @@ import heapq
 from collections.abc import AsyncIterator, Callable, Collection
 from datetime import UTC, datetime
 
-import msgspec
 from nats.aio.msg import Msg
 from nats.js.client import JetStreamContext
 
 from libs.contracts import subjects
-from libs.contracts.bundles import bundle_parts, stored_envelopes
+from libs.contracts.bundles import placed_envelopes
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.codec import decode
 from libs.contracts.events import EventEnvelope, UpstreamMessageSetAside
 from libs.eventstore import EventStore
 from libs.messaging.reader import PulledReader, delivered
@@ -245,19 +243,9 @@ class _Replay:
         passed = self._set_aside.get(consumer, set())
         if (sequence, None) in passed:
             return []
-        if not subjects.is_bundle(msg.subject):
-            # One that does not decode was set aside by the follower too, and its record may be later than the instant.
-            return stored_envelopes(msg.subject, msg.data)
-        try:
-            parts = bundle_parts(msg.data)
-        except msgspec.DecodeError:
-            return []
-        folded: list[EventEnvelope] = []
-        for part, raw in enumerate(parts):
-            if (sequence, part) not in passed:
-                with contextlib.suppress(msgspec.DecodeError):
-                    folded.append(decode(raw, EventEnvelope))
-        return folded
+        # One that does not decode was set aside by the follower too, and its record may be later than the instant.
+        return [envelope for part, envelope in placed_envelopes(msg.subject, msg.data)
+                if (sequence, part) not in passed]
 
     async def _learn_set_aside(self) -> None:
         while True:
