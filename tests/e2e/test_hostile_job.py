@@ -19,7 +19,7 @@ from urllib.parse import urlsplit
 
 import pytest
 
-from agent.isolation.workspace import BACKEND_VARIABLE, bwrap_problem
+from agent.isolation.workspace import BACKEND_VARIABLE, bwrap_problem, bwrap_program
 from libs.contracts.cluster import JobUsers
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
 from tests.support.stack import Stack
@@ -149,7 +149,7 @@ async def test_a_hostile_job_finds_nothing_of_the_control_plane_the_host_or_anot
     # Its own processes only (bwrap's init of its namespace, then the probe): no agent, service, server or victim
     # process, nor the victim's key.
     commands = seen["commands"]
-    assert seen["pids"] == [1, 2] and commands[0].startswith("/usr/bin/bwrap "), commands
+    assert seen["pids"] == [1, 2] and commands[0].startswith(f"{bwrap_program()} "), commands
     assert "probe.py" in commands[1]
     assert seen["victim_key_seen"] == []
     assert all(outcome in ("FileNotFoundError", "PermissionError") for outcome in seen["agent_roots"].values())
