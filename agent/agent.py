@@ -58,6 +58,9 @@ from libs.contracts.agent import (
     StageAccepted,
     StageDataset,
     StartProcess,
+    StartProcesses,
+    StartRefused,
+    StartsAnswered,
     StopProcesses,
 )
 from libs.contracts.cluster import NodeInfo
@@ -131,6 +134,7 @@ class NodeAgent:
         self.requests = requests = RequestServer(self.nc, self.info.name)
         launcher, monitor = self._signed_by("launcher"), self._signed_by("monitor")
         await requests.serve(agents.RESERVE_PORTS, self._on_ports, launcher)
+        await requests.serve(agents.START_PROCESSES, self._on_starts, launcher)
         await requests.serve(agents.START_PROCESS, self._on_start, launcher)
         await requests.serve(agents.STOP_PROCESSES, self._on_stop, launcher)
         await requests.serve(agents.EXEC_IN_JOB, self._on_exec, self._from_the_job)
@@ -184,6 +188,18 @@ class NodeAgent:
 
     async def _on_start(self, request: StartProcess) -> ProcessAccepted | CommandError:
         return await self.ranks.accept_start(request)
+
+    async def _on_starts(self, request: StartProcesses) -> StartsAnswered:
+        """Each start as start-process takes one, in a span of the trace it carries (its job's)."""
+        answers: list[ProcessAccepted | StartRefused] = []
+        for item in request.starts:
+            start = item.start
+            with self.requests.part_span(agents.START_PROCESSES, item.trace, job_id=start.job_id,
+                                         attempt=start.attempt, task=start.launch.task, rank=start.launch.rank):
+                answer = await self.ranks.accept_start(start)
+            answers.append(answer if isinstance(answer, ProcessAccepted)
+                           else StartRefused(code=answer.code, message=answer.message[:2000]))
+        return StartsAnswered(answers=answers)
 
     async def _on_stop(self, request: StopProcesses) -> Later:
         # A job's long graceful shutdown must not hold up the stops of other jobs on this node: the

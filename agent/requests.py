@@ -19,19 +19,21 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
+from contextlib import AbstractContextManager
 from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
 from nats.aio.client import Client
 from nats.aio.msg import Msg
-from opentelemetry.trace import Span, use_span
+from opentelemetry.trace import Span, SpanKind, use_span
 
 from libs.contracts.operations.base import Operation
 from libs.messaging.responder import REPLY_REFUSED, Answer, Incoming, Later, Responder
 from libs.natsroles import agent_request_sender
 from libs.telemetry.logs import get_logger
+from libs.telemetry.tracing import context_from_headers, job_attributes, messaging_attributes
 
 log = get_logger(__name__)
 
@@ -54,6 +56,17 @@ class RequestServer:
     def refuse_reply(self, operation: Operation[Any, Any], caller: str | None, reply_to: str, reason: str) -> None:
         """Log and count an answer for `operation` refused for where it was asked to go (nothing is sent there)."""
         self.responder.refuse_reply(operation.subject_for(self.node), caller, reply_to, reason)
+
+    def part_span(self, operation: Operation[Any, Any], trace: Mapping[str, str], **job: str | int
+                  ) -> AbstractContextManager[Span]:
+        """The span of one part of a request that carries several (a start of start-processes): named and described
+        as the request's own, but continuing the trace that part carries (its job's, with `job` as attributes)."""
+        subject = operation.subject_for(self.node)
+        template = self.responder.template(subject)
+        attributes = {**messaging_attributes(subject, "process"), "messaging.destination.template": template,
+                      **job_attributes(str(job.pop("job_id")), node=self.node, **job)}
+        return self.responder.tracer.start_as_current_span(f"process {template}", context=context_from_headers(trace),
+                                                           kind=SpanKind.SERVER, attributes=attributes)
 
     async def serve(self, operation: Operation[Any, Any], handler: Handler[Any], gate: Gate[Any]) -> None:
         """Answer every request of `operation` to this node that `gate` lets through with what `handler` makes

@@ -37,6 +37,9 @@ from libs.contracts.agent import (
     ProcessStarted,
     ReservePorts,
     StartProcess,
+    StartProcesses,
+    StartRefused,
+    StartsAnswered,
     Stopped,
     StopProcesses,
 )
@@ -81,6 +84,7 @@ class SimulatedAgents:
         """Answer every simulated node's ports, start and stop requests arriving on `nc`."""
         await nc.subscribe(subjects.agent_ports("*"), queue=QUEUE, cb=self._ports_asked)
         await nc.subscribe(subjects.agent_start("*"), queue=QUEUE, cb=self._start_asked)
+        await nc.subscribe(subjects.agent_starts("*"), queue=QUEUE, cb=self._starts_asked)
         await nc.subscribe(subjects.agent_stop("*"), queue=QUEUE, cb=self._stop_asked)
         await nc.subscribe(subjects.agent_precheck("*"), queue=QUEUE, cb=self._precheck_asked)
         await round_trip(nc)
@@ -133,15 +137,25 @@ class SimulatedAgents:
         if self._node(msg) in self.silent:
             return
         request = decode(msg.data, StartProcess)
+        await msg.respond(encode(self._accept(request)))
+
+    async def _starts_asked(self, msg: Msg) -> None:
+        if self._node(msg) in self.silent:
+            return
+        request = decode(msg.data, StartProcesses)
+        answers: list[ProcessAccepted | StartRefused] = [self._accept(item.start) for item in request.starts]
+        await msg.respond(encode(StartsAnswered(answers=answers)))
+
+    def _accept(self, request: StartProcess) -> ProcessAccepted:
         launch = request.launch
         key = (request.job_id, request.attempt, launch.task, launch.rank, launch.node)
         known = key in self.known
-        await msg.respond(encode(ProcessAccepted(already_known=known)))
         self._note("start", request.job_id, request.attempt, launch.node)
         if not known:
             self.known.add(key)
             self.stops[key] = asyncio.Event()
             self.tasks[key] = asyncio.create_task(self._process(key))
+        return ProcessAccepted(already_known=known)
 
     async def _process(self, key: Key) -> None:
         job_id, attempt, task, rank, node = key

@@ -274,6 +274,8 @@ class RankRunner:
         return PortsReserved(ports=ports)
 
     async def accept_start(self, request: StartProcess) -> ProcessAccepted | CommandError:
+        """Begin the rank unless it is known (begun, ended lately, or of an attempt stopped); its reports continue the
+        current trace (its request's)."""
         if not SAFE_ID.match(request.job_id):  # it names the node's folder
             return CommandError(code="invalid-request", message=f"{request.job_id!r} is not a job id")
         key = (request.job_id, request.attempt, request.launch.task, request.launch.rank)

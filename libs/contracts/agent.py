@@ -65,6 +65,39 @@ class ProcessAccepted(_AgentMessage, frozen=True, tag="ProcessAccepted.v1"):
     already_known: bool
 
 
+# Bounds a request of several starts: what the launcher has due for one node at once, in requests of this many.
+MAX_STARTS_PER_REQUEST = 64
+# Bounds the trace context a start carries (`traceparent`, `tracestate`, a few more for other propagators).
+MAX_TRACE_FIELDS = 8
+
+
+class TracedStart(Struct, frozen=True, kw_only=True):
+    """One start of a StartProcesses and the trace context it continues: its job's (the launcher's span of it)."""
+
+    start: StartProcess
+    trace: Annotated[dict[str, str], Meta(max_length=MAX_TRACE_FIELDS)] = msgspec.field(default_factory=dict)
+
+
+class StartProcesses(_AgentMessage, frozen=True, tag="StartProcesses.v1"):
+    """Start several nodes of jobs on this node, each as StartProcess starts one (idempotent alike): what the
+    launcher has due for a node at once goes in one request, with one signature and one answer."""
+
+    starts: Annotated[list[TracedStart], Meta(min_length=1, max_length=MAX_STARTS_PER_REQUEST)]
+
+
+class StartRefused(_AgentMessage, frozen=True, tag="StartRefused.v1"):
+    """A start of a StartProcesses not taken: why, as start-process's error would say it (`code`, `message`)."""
+
+    code: Annotated[str, Meta(max_length=64)]
+    message: Annotated[str, Meta(max_length=2000)]
+
+
+class StartsAnswered(_AgentMessage, frozen=True, tag="StartsAnswered.v1"):
+    """Each start's answer, in the order of the request: accepted, or refused."""
+
+    answers: list[ProcessAccepted | StartRefused]
+
+
 # Bounds a request for rendezvous ports: more ranks than this on one node is no placement of ours.
 MAX_PORTS_PER_REQUEST = 256
 
@@ -280,5 +313,5 @@ class UsageSample(Struct, frozen=True, kw_only=True):
 
 
 ProcessReport = ProcessStarted | ProcessExited
-AgentReply = (NodeAccepted | ProcessAccepted | PortsReserved | Stopped | PrecheckReport | Released | SessionOpened
-              | StageAccepted)
+AgentReply = (NodeAccepted | ProcessAccepted | StartsAnswered | PortsReserved | Stopped | PrecheckReport | Released
+              | SessionOpened | StageAccepted)

@@ -106,6 +106,10 @@ def agent_start(node: str) -> str:
     return f"trainyard.agent.{node}.start"
 
 
+def agent_starts(node: str) -> str:
+    return f"trainyard.agent.{node}.starts"
+
+
 def agent_stop(node: str) -> str:
     return f"trainyard.agent.{node}.stop"
 

@@ -29,18 +29,32 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from contextlib import AbstractContextManager, suppress
+from collections.abc import Awaitable, Callable, Mapping, Sequence
+from contextlib import AbstractContextManager, ExitStack, suppress
 from dataclasses import dataclass, field
 from typing import cast
 
+import msgspec
+from opentelemetry import context as otel_context
 from opentelemetry import trace as otel_trace
 
 from libs.auth import issue_job_token
 from libs.contracts import subjects
-from libs.contracts.agent import AgentReply, PortsReserved, ReservePorts, StartProcess, StopProcesses
+from libs.contracts.agent import (
+    MAX_STARTS_PER_REQUEST,
+    AgentReply,
+    PortsReserved,
+    ReservePorts,
+    StartProcess,
+    StartProcesses,
+    StartRefused,
+    StartsAnswered,
+    StopProcesses,
+    TracedStart,
+)
 from libs.contracts.cluster import ClusterConfig
-from libs.contracts.operations.base import CommandError
+from libs.contracts.codec import encode
+from libs.contracts.operations.base import MAX_REQUEST_BYTES, CommandError
 from libs.controlsign import ControlSigner
 from libs.eventstore import NewEvent
 from libs.messaging.rpc import ServiceUnavailable, call
@@ -236,6 +250,7 @@ class Dispatcher:
     def _due_work(self, among: set[str] | None) -> list[asyncio.Future[None]]:
         now = time.monotonic()
         work: list[asyncio.Future[None]] = []
+        starts: dict[str, list[tuple[Launch, Unit, SendKey]]] = {}  # by node
         for job_id, admitted in self.state.unplanned.items():
             attempt = admitted.event.attempt
             calls = self._calls.get(job_id)
@@ -243,7 +258,7 @@ class Dispatcher:
             for node, count in needs_ports(self.state, self.cluster, job_id).items():
                 ports_key: SendKey = ("ports", attempt, node, job_id)
                 if node not in chosen and self._due(ports_key, now, PORTS_RESEND_SECONDS):
-                    work.append(self._send(ports_key, self._reserve(admitted, node, count)))
+                    work.append(self._send([ports_key], self._reserve(admitted, node, count)))
         for launch in self.state.active(among):
             if self.state.stop_wanted(launch):
                 confirmed = self._confirmed(launch)
@@ -251,21 +266,26 @@ class Dispatcher:
                 for node in set(launch.node_names) - (confirmed - running):
                     key: SendKey = ("stop", launch.attempt, node, launch.job_id)
                     if self._due(key, now):
-                        work.append(self._send(key, self._stop(launch, node)))
+                        work.append(self._send([key], self._stop(launch, node)))
                 continue
             for unit in launch.leftovers():
                 node = launch.node(unit)
                 key = ("stop-task", launch.attempt, (unit[0], node), launch.job_id)
                 if self._due(key, now):
-                    work.append(self._send(key, self._stop(launch, node, task=unit[0])))
+                    work.append(self._send([key], self._stop(launch, node, task=unit[0])))
             for unit in launch.pending():
                 key = ("start", launch.attempt, unit, launch.job_id)
                 if self._due(key, now):
-                    work.append(self._send(key, self._start(launch, unit)))
+                    starts.setdefault(launch.node(unit), []).append((launch, unit, key))
         for job_id, attempt, node in sorted(self.state.fences):
             key = ("fence", attempt, node, job_id)
             if self._due(key, now):
-                work.append(self._send(key, self._fence(job_id, attempt, node)))
+                work.append(self._send([key], self._fence(job_id, attempt, node)))
+        for node, due in starts.items():  # a node's starts in one request (a few, when they are many)
+            for first in range(0, len(due), MAX_STARTS_PER_REQUEST):
+                batch = due[first:first + MAX_STARTS_PER_REQUEST]
+                work.append(self._send([key for _, _, key in batch],
+                                       self._start(node, [(launch, unit) for launch, unit, _ in batch])))
         return work
 
     def _due(self, key: SendKey, now: float, every: float = RESEND_SECONDS) -> bool:
@@ -276,22 +296,25 @@ class Dispatcher:
         calls.sent[key] = now
         return True
 
-    def _send(self, key: SendKey, request: Awaitable[None]) -> asyncio.Future[None]:
-        self._in_flight.add(key)
+    def _send(self, keys: Sequence[SendKey], request: Awaitable[None]) -> asyncio.Future[None]:
+        """`request`, which carries what `keys` name, out until it is answered."""
+        self._in_flight.update(keys)
 
         async def sending() -> None:
             try:
                 await request
             finally:
-                self._in_flight.discard(key)
-                if (calls := self._calls.get(key[3])) is not None:
-                    calls.sent[key] = time.monotonic()  # the next one is due a while after this answer
+                answered = time.monotonic()
+                for key in keys:
+                    self._in_flight.discard(key)
+                    if (calls := self._calls.get(key[3])) is not None:
+                        calls.sent[key] = answered  # the next one is due a while after this answer
 
         return asyncio.ensure_future(sending())
 
     # --- the calls (outside the lock) -----------------------------------------------------------------
 
-    async def _ask(self, subject: str, request: ReservePorts | StartProcess | StopProcesses, *,
+    async def _ask(self, subject: str, request: ReservePorts | StartProcesses | StopProcesses, *,
                    timeout: float) -> AgentReply:
         """Send a request to an agent; an agent that could not do it answers a CommandError, which counts
         as no answer: the request is sent again, and a stop never answered leads to giving up the node."""
@@ -337,17 +360,48 @@ class Dispatcher:
         calls.chosen.setdefault(attempt, {})[node] = list(reply.ports)
         self.service.wake.set()
 
-    async def _start(self, launch: Launch, unit: Unit) -> None:
-        node = launch.plan.launch(unit)
-        request = StartProcess(job_id=launch.job_id, attempt=launch.attempt, launch=node,
-                               job_token=self._job_token(launch))
+    async def _start(self, node: str, due: Sequence[tuple[Launch, Unit]]) -> None:
+        """Send the starts due for `node` in one request (a few, to keep each under half the largest a request may
+        be), each start in a client span of its job's trace, which it carries to the agent."""
+        with ExitStack() as spans:
+            items: list[TracedStart] = []
+            opened: list[otel_trace.Span] = []
+            for launch, unit in due:
+                launched = launch.plan.launch(unit)
+                opened.append(spans.enter_context(send_span(
+                    subjects.agent_starts, node, launch.trace, launch.job_id, attempt=launch.attempt,
+                    task=launched.task, rank=launched.rank)))
+                items.append(TracedStart(start=StartProcess(job_id=launch.job_id, attempt=launch.attempt,
+                                                            launch=launched, job_token=self._job_token(launch)),
+                                         trace=current_trace_headers()))
+            await asyncio.gather(*(self._ask_starts(node, [items[i] for i in part], [opened[i] for i in part])
+                                   for part in _parts_by_size(items, MAX_REQUEST_BYTES // 2)))
+
+    async def _ask_starts(self, node: str, items: list[TracedStart], spans: list[otel_trace.Span]) -> None:
+        # The request itself is in no job's trace: each start carries its own, which the agent continues.
+        outside = otel_context.attach(otel_context.Context())
         try:
-            with send_span(subjects.agent_start, node.node, launch.trace, launch.job_id, attempt=launch.attempt,
-                           task=node.task, rank=node.rank):
-                await self._ask(subjects.agent_start(node.node), request, timeout=5.0)
-                log.info("launch.start_sent", job_id=launch.job_id, task=node.task, rank=node.rank, node=node.node)
+            reply = await self._ask(subjects.agent_starts(node), StartProcesses(starts=items), timeout=5.0)
+            if not isinstance(reply, StartsAnswered) or len(reply.answers) != len(items):
+                raise AgentRefused(f"{subjects.agent_starts(node)}: not an answer to each start: {str(reply)[:200]}")
         except (ServiceUnavailable, AgentRefused) as exc:
-            log.warning(_failure(exc), job_id=launch.job_id, node=node.node, error=str(exc))
+            for item, span in zip(items, spans, strict=True):
+                span.set_attribute("error.type", "unavailable" if isinstance(exc, ServiceUnavailable) else "refused")
+                with otel_trace.use_span(span):  # logged in the start's trace
+                    log.warning(_failure(exc), job_id=item.start.job_id, node=node, error=str(exc))
+            return
+        finally:
+            otel_context.detach(outside)
+        for item, span, answer in zip(items, spans, reply.answers, strict=True):
+            start = item.start
+            with otel_trace.use_span(span):
+                if isinstance(answer, StartRefused):
+                    span.set_attribute("error.type", answer.code)
+                    log.warning("launch.agent_refused", job_id=start.job_id, node=node,
+                                error=f"{answer.code}: {answer.message}")
+                    continue
+                log.info("launch.start_sent", job_id=start.job_id, task=start.launch.task, rank=start.launch.rank,
+                         node=node)
 
     async def _stop(self, launch: Launch, node: str, *, task: int | None = None) -> None:
         settings = self.service.rt.settings
@@ -389,6 +443,21 @@ class Dispatcher:
             if (job_id, attempt, node) in self.state.fences:
                 log.info("launch.given_up_processes_stopped", job_id=job_id, attempt=attempt, node=node)
                 await self.service.record(fenced(job_id, attempt, node))
+
+
+def _parts_by_size(items: Sequence[msgspec.Struct], limit: int) -> list[list[int]]:
+    """The indexes of `items` in consecutive parts whose encoded sizes add up to `limit` at most (an item larger
+    than that alone in its part)."""
+    parts: list[list[int]] = []
+    size = limit
+    for index, item in enumerate(items):
+        length = len(encode(item))
+        if size + length > limit:
+            parts.append([])
+            size = 0
+        parts[-1].append(index)
+        size += length
+    return parts
 
 
 def _failure(exc: Exception) -> str:

@@ -149,10 +149,10 @@ async def test_the_spans_of_a_job_arrive_as_one_trace_from_submit_to_end(stack: 
     assert {s.attributes["trainyard.node"] for s in starts} == set(NODES)
     for start in starts:
         assert is_agent(start) and start.status != "ERROR", described([start])
-        [request] = [a for a in ancestors(start, by_id) if a.name == "process trainyard.agent.{node}.start"]
+        [request] = [a for a in ancestors(start, by_id) if a.name == "process trainyard.agent.{node}.starts"]
         assert request.kind == "SERVER" and request.attributes["trainyard.node"] == start.attributes["trainyard.node"]
         sent = [a for a in ancestors(start, by_id)
-                if a.service == LAUNCHER and a.name == "send trainyard.agent.{node}.start"]
+                if a.service == LAUNCHER and a.name == "send trainyard.agent.{node}.starts"]
         assert [(s.kind, s.attributes["trainyard.rank"], s.attributes["trainyard.node"]) for s in sent] == [
             ("CLIENT", start.attributes["trainyard.rank"], start.attributes["trainyard.node"])], described(sent)
         assert request.parent_span_id == sent[0].span_id  # the agent's span continues the launcher's request
@@ -164,7 +164,7 @@ async def test_the_spans_of_a_job_arrive_as_one_trace_from_submit_to_end(stack: 
     unconventional = [s for s in messaging if not follows_the_messaging_conventions(s)]
     assert unconventional == [], described(unconventional)
     assert {s.attributes["messaging.destination.name"] for s in spans if is_agent(s) and s.kind == "SERVER"} >= {
-        f"trainyard.agent.{node}.start" for node in NODES}
+        f"trainyard.agent.{node}.starts" for node in NODES}
     # The reactions that carried the job to its end handled a message each: the launcher's to its agents'
     # reports, the scheduler's to the launcher's outcome.
     for name in ("NodeProcessStarted", "NodeProcessExited", "LaunchSucceeded", "JobSucceeded"):

@@ -24,6 +24,7 @@ from agent.isolation.workspace import BACKEND_VARIABLE, PLAIN
 from libs.auth import bearer_headers
 from libs.contracts import subjects
 from libs.contracts.agent import (
+    MAX_STARTS_PER_REQUEST,
     ExecExited,
     ExecInJob,
     PortsReserved,
@@ -33,8 +34,12 @@ from libs.contracts.agent import (
     ProcessStarted,
     ReservePorts,
     StartProcess,
+    StartProcesses,
+    StartRefused,
+    StartsAnswered,
     Stopped,
     StopProcesses,
+    TracedStart,
 )
 from libs.contracts.codec import decode, encode
 from libs.contracts.events import NodeLaunch
@@ -113,6 +118,65 @@ async def test_a_good_start_still_runs_and_a_repeated_one_is_already_known(node:
     exited = await node.report(ProcessExited)
     assert isinstance(exited, ProcessExited) and exited.exit_code == 6
     assert len(node.starts()) == 1
+
+
+def starts_request(*starts: StartProcess, trace: dict[str, str] | None = None) -> bytes:
+    return encode(StartProcesses(starts=[TracedStart(start=start, trace=trace or {}) for start in starts]))
+
+
+async def test_starts_sent_together_each_run_once_and_are_answered_each_in_order(node: Node) -> None:
+    first, second = start_request("raise SystemExit(3)", attempt=1), start_request("raise SystemExit(4)", attempt=2)
+    answered = await node.ask(subjects.agent_starts, starts_request(first, second))
+    assert answered == StartsAnswered(answers=[ProcessAccepted(already_known=False)] * 2)
+
+    exits = {(await node.report(ProcessExited, attempt)).exit_code for attempt in (1, 2)}  # type: ignore[union-attr]
+    assert exits == {3, 4}
+    # Sent again (the launcher's resend of what it did not hear answered), alone or together: known, nothing runs.
+    again = await node.ask(subjects.agent_starts, starts_request(second, first))
+    assert again == StartsAnswered(answers=[ProcessAccepted(already_known=True)] * 2)
+    assert await node.ask(subjects.agent_start, encode(first)) == ProcessAccepted(already_known=True)
+    await asyncio.sleep(0.3)
+    assert len(node.starts()) == 2
+
+
+async def test_a_start_that_cannot_be_taken_is_refused_alone_and_the_others_run(node: Node) -> None:
+    bad = StartProcess(job_id="../../etc", attempt=1, launch=start_request("pass").launch)
+    answered = await node.ask(subjects.agent_starts, starts_request(bad, start_request("raise SystemExit(5)")))
+
+    assert isinstance(answered, StartsAnswered)
+    refused, accepted = answered.answers
+    assert isinstance(refused, StartRefused) and refused.code == "invalid-request" and "not a job id" in refused.message
+    assert accepted == ProcessAccepted(already_known=False)
+    exited = await node.report(ProcessExited)
+    assert isinstance(exited, ProcessExited) and exited.exit_code == 5 and len(node.starts()) == 1
+
+
+BAD_BATCHES = {
+    "no starts": (b'{"type": "StartProcesses.v1", "starts": []}', "of length >= 1"),
+    "too many starts": (starts_request(*[start_request("pass", attempt=n) for n in range(MAX_STARTS_PER_REQUEST + 1)]),
+                        f"of length <= {MAX_STARTS_PER_REQUEST}"),
+}
+
+
+@pytest.mark.parametrize("payload, reason", BAD_BATCHES.values(), ids=BAD_BATCHES.keys())
+async def test_a_malformed_request_of_starts_is_refused_whole_and_starts_nothing(node: Node, payload: bytes,
+                                                                                reason: str) -> None:
+    refused = await node.ask(subjects.agent_starts, payload)
+
+    assert isinstance(refused, CommandError) and refused.code == "invalid-request" and reason in refused.message
+    await asyncio.sleep(0.3)
+    assert node.nothing_started()
+
+
+async def test_starts_signed_by_another_service_are_refused_whole(node: Node) -> None:
+    payload = starts_request(start_request("pass"))
+    headers = MONITOR.headers(subjects.agent_starts(node.name), payload, time.time())
+
+    refused = await node.ask(subjects.agent_starts, payload, headers)
+
+    assert isinstance(refused, CommandError) and refused.code in ("unauthenticated", "forbidden"), refused
+    await asyncio.sleep(0.3)
+    assert node.nothing_started()
 
 
 async def test_a_command_that_ends_at_once_has_its_start_reported_with_its_exit(

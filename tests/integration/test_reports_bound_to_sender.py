@@ -20,8 +20,15 @@ from nats.js.api import KeyValueConfig
 
 from devstack.natslogins import nats_login_env
 from libs.contracts import subjects
-from libs.contracts.agent import ProcessAccepted, ProcessExited, ProcessStarted, UsageSample
-from libs.contracts.codec import encode
+from libs.contracts.agent import (
+    ProcessAccepted,
+    ProcessExited,
+    ProcessStarted,
+    StartProcesses,
+    StartsAnswered,
+    UsageSample,
+)
+from libs.contracts.codec import decode, encode
 from libs.contracts.datacache import CacheReport
 from libs.contracts.events import (
     AlertRaised,
@@ -114,9 +121,10 @@ class Stack:
         conn = await self.connect(f"agent-{node}")  # logged in with its node credential
 
         async def accept(msg: Msg) -> None:
-            await msg.respond(encode(ProcessAccepted(already_known=False)))
+            starts = decode(msg.data, StartProcesses).starts
+            await msg.respond(encode(StartsAnswered(answers=[ProcessAccepted(already_known=False)] * len(starts))))
 
-        await conn.nc.subscribe(subjects.agent_start(node), cb=accept)
+        await conn.nc.subscribe(subjects.agent_starts(node), cb=accept)
         await round_trip(conn.nc)
         return conn
 

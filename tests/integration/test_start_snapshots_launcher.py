@@ -21,8 +21,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 
 from libs.contracts import subjects
-from libs.contracts.agent import ProcessAccepted, ProcessExited, ProcessStarted, Stopped
-from libs.contracts.codec import encode
+from libs.contracts.agent import ProcessAccepted, ProcessExited, ProcessStarted, StartProcesses, StartsAnswered, Stopped
+from libs.contracts.codec import decode, encode
 from libs.contracts.events import (
     Event,
     JobAdmitted,
@@ -82,12 +82,13 @@ class Site:
     async def agents(self) -> None:
         """Every agent answers: processes accepted, stops done (the jobs here need no rendezvous ports)."""
         async def started(msg: Msg) -> None:
-            await msg.respond(encode(ProcessAccepted(already_known=False)))
+            starts = decode(msg.data, StartProcesses).starts
+            await msg.respond(encode(StartsAnswered(answers=[ProcessAccepted(already_known=False)] * len(starts))))
 
         async def stopped(msg: Msg) -> None:
             await msg.respond(encode(Stopped(stopped=1)))
 
-        await self.nc.subscribe(subjects.agent_start("*"), cb=started)
+        await self.nc.subscribe(subjects.agent_starts("*"), cb=started)
         await self.nc.subscribe(subjects.agent_stop("*"), cb=stopped)
         await round_trip(self.nc)
 

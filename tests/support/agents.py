@@ -31,6 +31,7 @@ from libs.contracts.agent import (
     SessionExited,
     SessionOpened,
     StartProcess,
+    StartsAnswered,
     Stopped,
 )
 from libs.contracts.cluster import NodeInfo
@@ -47,7 +48,8 @@ LAUNCHER = ControlSigner.of(CONTROL_SECRET, "launcher")
 MONITOR = ControlSigner.of(CONTROL_SECRET, "monitor")
 # Who sends what to an agent; exec comes from a job, with the job's token instead of a signature.
 SENDERS: dict[Callable[[str], str], ControlSigner] = {
-    subjects.agent_ports: LAUNCHER, subjects.agent_start: LAUNCHER, subjects.agent_stop: LAUNCHER,
+    subjects.agent_ports: LAUNCHER, subjects.agent_start: LAUNCHER, subjects.agent_starts: LAUNCHER,
+    subjects.agent_stop: LAUNCHER,
     subjects.agent_precheck: MONITOR,
     subjects.agent_release: MONITOR, subjects.agent_open_session: MONITOR}
 
@@ -98,7 +100,7 @@ class Node:
         send them (signed) unless `headers` are given, and decode the reply."""
         sent = signed(subject, self.name, payload) if headers is None else headers
         reply = await self.nc.request(subject(self.name), payload, timeout=WAIT_SECONDS, headers=sent)
-        return decode_any(reply.data, ProcessAccepted | PortsReserved | Stopped | CommandError)
+        return decode_any(reply.data, ProcessAccepted | StartsAnswered | PortsReserved | Stopped | CommandError)
 
     async def report(self, kind: type[ProcessReport], attempt: int = 1, *, rank: int | None = None) -> ProcessReport:
         """The first report of `kind`: a start reported with its exit is a start too."""

@@ -17,6 +17,8 @@ from libs.contracts.agent import (
     ProcessStarted,
     ReservePorts,
     StartProcess,
+    StartProcesses,
+    StartsAnswered,
     Stopped,
     StopProcesses,
 )
@@ -69,14 +71,18 @@ class Agents:
         if isinstance(request, ReservePorts):
             self.next_port += request.count
             return PortsReserved(ports=list(range(self.next_port - request.count, self.next_port)))
-        return Stopped(stopped=1) if isinstance(request, StopProcesses) else ProcessAccepted(already_known=False)
+        if isinstance(request, StartProcesses):
+            return StartsAnswered(answers=[ProcessAccepted(already_known=False)] * len(request.starts))
+        return Stopped(stopped=1)
 
     def stops(self) -> list[tuple[str, StopProcesses, float]]:
         return [(subject.split(".")[2], request, timeout) for subject, request, timeout in self.calls
                 if isinstance(request, StopProcesses)]
 
     def starts(self) -> list[StartProcess]:
-        return [request for _, request, _ in self.calls if isinstance(request, StartProcess)]
+        """Every start sent, in the order sent (several in a request, each node's due starts together)."""
+        return [item.start for _, request, _ in self.calls if isinstance(request, StartProcesses)
+                for item in request.starts]
 
 
 class Site:

@@ -24,6 +24,8 @@ from libs.contracts.agent import (
     StageAccepted,
     StageDataset,
     StartProcess,
+    StartProcesses,
+    StartsAnswered,
     Stopped,
     StopProcesses,
 )
@@ -46,6 +48,11 @@ def _control(name: str, subject: str, request: type[RequestT], reply: type[Reply
 RESERVE_PORTS = _control(
     "reserve-ports", subjects.agent_ports(NODE), ReservePorts, PortsReserved, "launcher", changes_state=True,
     summary="Choose free TCP ports on the node for a job's rendezvous.")
+# What the launcher sends: every start due for the node at once. Agents still answer start-process, which the
+# launcher sent before it: an agent is upgraded before the launcher that asks it.
+START_PROCESSES = _control(
+    "start-processes", subjects.agent_starts(NODE), StartProcesses, StartsAnswered, "launcher", changes_state=True,
+    summary="Start several nodes of jobs on the node at once, each as start-process does.")
 START_PROCESS = _control(
     "start-process", subjects.agent_start(NODE), StartProcess, ProcessAccepted, "launcher", changes_state=True,
     summary="Start one node of a job.")
