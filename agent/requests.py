@@ -33,7 +33,7 @@ from libs.contracts.operations.base import Operation
 from libs.messaging.responder import REPLY_REFUSED, Answer, Incoming, Later, Responder
 from libs.natsroles import agent_request_sender
 from libs.telemetry.logs import get_logger
-from libs.telemetry.tracing import context_from_headers, job_attributes, messaging_attributes
+from libs.telemetry.tracing import context_from_headers, job_attributes
 
 log = get_logger(__name__)
 
@@ -61,11 +61,9 @@ class RequestServer:
                   ) -> AbstractContextManager[Span]:
         """The span of one part of a request that carries several (a start of start-processes): named and described
         as the request's own, but continuing the trace that part carries (its job's, with `job` as attributes)."""
-        subject = operation.subject_for(self.node)
-        template = self.responder.template(subject)
-        attributes = {**messaging_attributes(subject, "process"), "messaging.destination.template": template,
-                      **job_attributes(str(job.pop("job_id")), node=self.node, **job)}
-        return self.responder.tracer.start_as_current_span(f"process {template}", context=context_from_headers(trace),
+        name, described = self.responder.span_described(operation.subject_for(self.node))
+        attributes = {**described, **job_attributes(str(job.pop("job_id")), **job)}
+        return self.responder.tracer.start_as_current_span(name, context=context_from_headers(trace),
                                                            kind=SpanKind.SERVER, attributes=attributes)
 
     async def serve(self, operation: Operation[Any, Any], handler: Handler[Any], gate: Gate[Any]) -> None:

@@ -409,7 +409,12 @@ def dropper(uid: int, *, image: bool, python: str = sys.executable, setpriv: str
 @functools.cache
 def built_drop_program(python: str = sys.executable) -> str | None:
     """trainyard-drop beside the agent's Python, where `make install` could build it (None: setpriv drops)."""
-    program = Path(python).with_name(DROP_PROGRAM)
+    return built_program(DROP_PROGRAM, python)
+
+
+def built_program(name: str, python: str = sys.executable) -> str | None:
+    """The program `name` that `make install` builds beside the agent's Python, where it could (None: not there)."""
+    program = Path(python).with_name(name)
     return str(program) if is_executable_file(str(program)) else None
 
 

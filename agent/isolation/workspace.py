@@ -36,10 +36,10 @@ from agent.isolation.sandbox import (
     HostView,
     SandboxSpec,
     built_drop_program,
+    built_program,
     bwrap_argv,
     host_listing,
     host_view,
-    is_executable_file,
 )
 from libs.contracts.cluster import JobUsers
 from libs.contracts.events import NodeLaunch
@@ -262,8 +262,7 @@ def _bwrap_path() -> str:
 def bwrap_program(python: str = sys.executable) -> str | None:
     """trainyard-bwrap beside the agent's Python where `make install` built it (Debian's bubblewrap, static with
     musl: half a millisecond of CPU a sandbox's start less), else the system's bwrap; None when there is neither."""
-    built = Path(python).with_name(BUILT_BWRAP)
-    return str(built) if is_executable_file(str(built)) else shutil.which("bwrap")
+    return built_program(BUILT_BWRAP, python) or shutil.which("bwrap")
 
 
 def bwrap_problem() -> str | None:

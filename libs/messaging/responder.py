@@ -170,12 +170,17 @@ class Responder:
         return (self.caller_of(incoming) if self.caller_of else None) or claimed_caller(incoming.headers)
 
     def start_span(self, incoming: Incoming) -> Span:
-        template = self.template(incoming.subject)
-        attributes_ = {**messaging_attributes(incoming.subject, "process"), "messaging.destination.template": template}
+        name, attributes_ = self.span_described(incoming.subject)
+        return self.tracer.start_span(name, context=context_from_headers(incoming.headers), kind=SpanKind.SERVER,
+                                      attributes=attributes_)
+
+    def span_described(self, subject: str) -> tuple[str, dict[str, str]]:
+        """The name and attributes of the server span of a request on `subject`, as the messaging conventions say."""
+        template = self.template(subject)
+        attributes_ = {**messaging_attributes(subject, "process"), "messaging.destination.template": template}
         if self.node:
             attributes_["trainyard.node"] = self.node
-        return self.tracer.start_span(f"process {template}", context=context_from_headers(incoming.headers),
-                                      kind=SpanKind.SERVER, attributes=attributes_)
+        return f"process {template}", attributes_
 
     def refuse_reply(self, subject: str, caller: str | None, reply_to: str, reason: str) -> None:
         """Log and count an answer to a request on `subject` refused for where it was asked to go (`reply_to`):

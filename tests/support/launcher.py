@@ -112,12 +112,16 @@ class Site:
         await self.launcher.on_upstream(self.upstreams["agent-reports"], report, msg,
                                         Tracking("agent-reports", self.reports))
 
+    async def admit(self, spec: JobSpec, nodes: list[str], attempt: int = 1, job_id: str = JOB) -> None:
+        """The scheduler admits the job (submitted first, for its first attempt) with a rank on each of `nodes`."""
+        if attempt == 1:
+            await self.scheduler(JobSubmitted(job_id=job_id, spec=spec, creator="alice"))
+        placement = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(nodes)]
+        await self.scheduler(JobAdmitted(job_id=job_id, attempt=attempt, flavor="cpu-4", placement=placement))
+
     async def run(self, spec: JobSpec, nodes: list[str], attempt: int = 1) -> None:
         """Submit and admit the job, start it, and have every rank report started."""
-        if attempt == 1:
-            await self.scheduler(JobSubmitted(job_id=JOB, spec=spec, creator="alice"))
-        placement = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(nodes)]
-        await self.scheduler(JobAdmitted(job_id=JOB, attempt=attempt, flavor="cpu-4", placement=placement))
+        await self.admit(spec, nodes, attempt)
         await self.dispatch()  # the nodes choose the rendezvous ports
         await self.dispatch()  # the attempt is planned and started
         for rank, node in enumerate(nodes):

@@ -31,9 +31,7 @@ def port_requests(site: Site) -> list[tuple[str, ReservePorts]]:
 
 
 async def admit(site: Site, mode: str, nodes: list[str], **spec: object) -> None:
-    await site.scheduler(JobSubmitted(job_id=JOB, spec=plain_spec(len(nodes), mode=mode, **spec), creator="alice"))
-    placement = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(nodes)]
-    await site.scheduler(JobAdmitted(job_id=JOB, attempt=1, flavor="cpu-4", placement=placement))
+    await site.admit(plain_spec(len(nodes), mode=mode, **spec), nodes)
 
 
 async def test_a_pytorch_attempt_listens_on_the_port_its_master_node_chose(site: Site) -> None:

@@ -19,7 +19,6 @@ from libs.contracts.agent import (
     StartRefused,
     StartsAnswered,
 )
-from libs.contracts.events import JobAdmitted, JobSubmitted, Placement
 from services.launcher import dispatcher as launcher_dispatcher
 from tests.support.launcher import Site
 from tests.support.platform import plain_spec
@@ -30,10 +29,8 @@ def site(monkeypatch: pytest.MonkeyPatch) -> Site:
     return Site(monkeypatch)
 
 
-async def admit(site: Site, job_id: str, nodes: list[str]) -> None:
-    await site.scheduler(JobSubmitted(job_id=job_id, spec=plain_spec(len(nodes)), creator="alice"))
-    placement = [Placement(rank=r, node=n, address=f"addr-{n}", slots=1) for r, n in enumerate(nodes)]
-    await site.scheduler(JobAdmitted(job_id=job_id, attempt=1, flavor="cpu-4", placement=placement))
+async def admit(site: Site, job_id: str, node: str) -> None:
+    await site.admit(plain_spec(1), [node], job_id=job_id)
 
 
 def requests_of_starts(site: Site) -> list[tuple[str, list[tuple[str, int]]]]:
@@ -44,7 +41,7 @@ def requests_of_starts(site: Site) -> list[tuple[str, list[tuple[str, int]]]]:
 
 async def test_the_starts_due_for_a_node_go_in_one_request(site: Site) -> None:
     for job_id, node in (("job-00000000000a", "n1"), ("job-00000000000b", "n1"), ("job-00000000000c", "n2")):
-        await admit(site, job_id, [node])
+        await admit(site, job_id, node)
     await site.dispatch()
 
     sent = sorted(requests_of_starts(site))
@@ -54,7 +51,7 @@ async def test_the_starts_due_for_a_node_go_in_one_request(site: Site) -> None:
 async def test_more_starts_than_a_request_holds_go_in_several(site: Site) -> None:
     jobs = [f"job-{n:012x}" for n in range(MAX_STARTS_PER_REQUEST + 3)]
     for job_id in jobs:
-        await admit(site, job_id, ["n1"])
+        await admit(site, job_id, "n1")
     await site.dispatch()
 
     sizes = [len(starts) for _, starts in requests_of_starts(site)]
@@ -73,8 +70,8 @@ async def test_a_start_refused_is_sent_again_until_reported_and_one_reported_is_
             else ProcessAccepted(already_known=False) for item in request.starts])
 
     monkeypatch.setattr(launcher_dispatcher, "call", refusing_b)
-    await admit(site, "job-00000000000a", ["n1"])
-    await admit(site, "job-00000000000b", ["n1"])
+    await admit(site, "job-00000000000a", "n1")
+    await admit(site, "job-00000000000b", "n1")
     await site.dispatch()
     assert requests_of_starts(site) == [("n1", [("job-00000000000a", 0), ("job-00000000000b", 0)])]
 
