@@ -1,6 +1,9 @@
 /*
- * trainyard-drop UID COMMAND [ARG...]: become user and group UID with no supplementary groups, no capability
- * (none kept, none to gain: empty bounding, inheritable and ambient sets) and no_new_privs, then run COMMAND.
+ * trainyard-drop [--devpts DIR] UID COMMAND [ARG...]: become user and group UID with no supplementary groups, no
+ * capability (none kept, none to gain: empty bounding, inheritable and ambient sets) and no_new_privs, then run
+ * COMMAND. With --devpts, first mount a new instance of devpts at DIR, as bwrap's --dev does: the sandbox's /dev is
+ * then a read-only view its holder made once, shared by every sandbox of the node (agent/processes/holder.py,
+ * SandboxMounts), and its terminals are its own.
  *
  * The first process of a job's sandbox runs it where the agent is root (agent/isolation/sandbox.py, `dropper`):
  * it does what `setpriv --reuid=UID --regid=UID --clear-groups --inh-caps=-all --bounding-set=-all
@@ -16,6 +19,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/prctl.h>
 #include <sys/syscall.h>
 #include <unistd.h>
@@ -45,11 +49,21 @@ static uid_t parse_uid(const char *text) {
 }
 
 int main(int argc, char **argv) {
+    const char *devpts = NULL;
+    if (argc > 2 && strcmp(argv[1], "--devpts") == 0) {
+        devpts = argv[2];
+        argc -= 2;
+        argv += 2;
+    }
     if (argc < 3) {
-        fputs("usage: trainyard-drop UID COMMAND [ARG...]\n", stderr);
+        fputs("usage: trainyard-drop [--devpts DIR] UID COMMAND [ARG...]\n", stderr);
         return CANNOT_DROP;
     }
     uid_t id = parse_uid(argv[1]);
+    /* While still root: the options bwrap's --dev gives its own devpts (ptys any user may open, each its owner's). */
+    if (devpts != NULL && mount("devpts", devpts, "devpts", MS_NOSUID | MS_NOEXEC,
+                                "newinstance,ptmxmode=0666,mode=620") != 0)
+        fail("mounting a devpts of the sandbox's own");
     /* The bounding set first, while the process still has CAP_SETPCAP; past the last capability: EINVAL. */
     for (int cap = 0; cap < 64; cap++) {
         if (prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) != 0 && errno != EINVAL)

@@ -44,7 +44,12 @@ sandbox binds that whole (one bind where it took five, each of which bwrap follo
 about 0.4 ms of CPU a start alone, 0.25-0.3 ms in the whole stack, where the view's own mounts lengthen those reads).
 The command binds VIEW_SOURCE there, which the holder replaces with the view's place, or where it has none (not
 root), with a bind of each path into HOST, the same files at the same paths. A command started elsewhere (a debug
-session, an exec in the job) binds each entry itself.
+session, an exec in the job) binds each entry itself. Where trainyard-drop starts the job, the holder makes its /dev
+once too (`HostView.devices`): the six devices and the links bwrap's --dev makes, and the accelerators, in a read-only
+tmpfs each sandbox binds whole (DEVICES_SOURCE), where --dev bound each device and read the mount table after each
+(0.6-0.8 ms of CPU a start); trainyard-drop mounts a devpts of the sandbox's own at /dev/pts before it drops, so that
+its terminals are its own as under --dev. Every sandbox has a /dev/shm of its own that its user may write (POSIX
+shared memory: PyTorch's data loaders, NCCL, MPI), which --dev's folder of root's was not.
 
 Host paths the platform keeps for itself (its state folder with the token signing secret, tokens and
 stack settings, the agent's own folder with other jobs' files) are hidden where the host's files
@@ -124,6 +129,10 @@ VIEW_DROP = f"{HOST}/.trainyard-drop"  # where a host view shows it
 # What a command binds at HOST for its holder to replace with a host view's place (`HostView`): a path no host has, so
 # that a command started without the replacement fails rather than showing anything.
 VIEW_SOURCE = "/.trainyard-host-view"
+# The same for the /dev a host view's holder makes once (`HostView.devices`), bound with its devices usable.
+DEVICES_SOURCE = "/.trainyard-devices-view"
+# Where trainyard-drop mounts the sandbox's own devpts when /dev is the holder's view (bwrap's --dev mounts its own).
+DEVPTS = "/dev/pts"
 # What a job in an image still sees of the host (read-only): the kernel's view of the devices, which
 # communication libraries and accelerator runtimes read (topology, CPU and memory facts).
 IMAGE_HOST_MOUNTS = ("/sys",)
@@ -312,13 +321,21 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
     run_as = _drops_to(spec, as_root)
     binds = [*spec.binds, *_kept_binds(spec.keep)] if image else list(spec.binds)
     layout = _layout(spec, tuple(b.target for b in binds), list_dir)
-    # The sandbox's own mounts before the host's root: bwrap reads the whole mount table after each mount it
-    # makes (11 times a start), and the host's root bound at HOST doubles that table, so each of these reads
-    # costs half as much before it. None of them lies under HOST; the hidden and kept paths, which do, come after.
-    args = [*NAMESPACES, *(() if as_root else ("--unshare-user",)), *layout.before, "--proc", "/proc",
-            "--dev", "/dev"]
-    for device in spec.devices:
-        args.extend(["--dev-bind-try", device, device])
+    # The sandbox's own mounts before the host's root: bwrap reads the whole mount table after each bind it makes,
+    # and the host's root bound at HOST doubles that table, so each of these reads costs half as much before it.
+    # None of them lies under HOST; the hidden and kept paths, which do, come after.
+    viewed = host_view is not None and not image and host_view == host_view_of(
+        layout.host_entries, drop_program if run_as is not None else None, spec.devices)
+    devices_viewed = viewed and host_view is not None and host_view.devices is not None
+    args = [*NAMESPACES, *(() if as_root else ("--unshare-user",)), *layout.before, "--proc", "/proc"]
+    if devices_viewed:  # the holder's /dev, its devices in it; trainyard-drop mounts the sandbox's own devpts
+        args.extend(["--dev-bind", DEVICES_SOURCE, "/dev"])
+    else:
+        args.extend(["--dev", "/dev"])
+        for device in spec.devices:
+            args.extend(["--dev-bind-try", device, device])
+    # Shared memory of the sandbox's own that its user may write (POSIX shm_open, PyTorch's and NCCL's tensors).
+    args.extend(["--perms", "1777", "--tmpfs", "/dev/shm"])
     for path in IMAGE_HOST_MOUNTS if image else ():
         args.extend(["--ro-bind", path, path])
     args.extend(["--bind", str(spec.tmp), "/tmp"] if spec.tmp is not None else ["--tmpfs", "/tmp"])
@@ -330,15 +347,13 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
         args.extend(_folders_for(bind.target, made))
         args.extend(["--ro-bind" if bind.read_only else "--bind", str(bind.source), bind.target])
     wrapper = () if runs_directly(spec, argv, search_path, layout.replaced, executable, layout.folders) else EXEC
-    viewed = host_view is not None and not image and host_view == host_view_of(
-        layout.host_entries, drop_program if run_as is not None else None)
     drop: Sequence[str] = ()
     if run_as is not None:
         inside = VIEW_DROP if viewed else DROP_INSIDE
         if drop_program is not None and not viewed:
             args.extend(["--ro-bind", drop_program, DROP_INSIDE])
         drop = dropper(run_as, image=image, python=python, setpriv=setpriv,
-                       program=None if drop_program is None else inside)
+                       program=None if drop_program is None else inside, devpts=DEVPTS if devices_viewed else None)
     elif as_root:
         args.extend(["--cap-drop", "ALL"])  # root allowed: still without any capability
     host = ("--ro-bind", VIEW_SOURCE, HOST) if viewed else layout.host
@@ -349,22 +364,33 @@ def bwrap_argv(spec: SandboxSpec, argv: Sequence[str], *, list_dir: ListDir = ho
 class HostView:
     """What a sandbox on the host's files shows at HOST, for the holder to make once (agent/processes/holder.py,
     SandboxMounts.view): each path bound read-only at its name. The command binds VIEW_SOURCE there, which the holder
-    replaces with the view's place, or where it cannot make one, with a bind of each path."""
+    replaces with the view's place, or where it cannot make one, with a bind of each path.
+
+    Where trainyard-drop starts the job (it mounts the sandbox's devpts), the holder also makes its /dev once
+    (`devices`: the accelerator devices in it besides bwrap's six): one bind of a read-only tmpfs with the devices
+    bound in it where bwrap's --dev bound each of them, reading its whole mount table after each (0.6-0.8 ms of CPU a
+    start). The command binds DEVICES_SOURCE at /dev, which the holder replaces with that /dev's place, or where it
+    cannot make one, with bwrap's --dev and a bind of each device."""
 
     binds: tuple[tuple[str, str], ...]  # host path, and its name in the view
+    devices: tuple[str, ...] | None = None  # the accelerator devices of the holder's /dev (None: bwrap makes /dev)
 
     @functools.cached_property
     def request(self) -> str:
         """The view as a start's request to the holder carries it (JSON text, which the holder reads once)."""
-        return json.dumps({"source": VIEW_SOURCE, "binds": [list(bind) for bind in self.binds]})
+        view: dict[str, object] = {"source": VIEW_SOURCE, "binds": [list(bind) for bind in self.binds]}
+        if self.devices is not None:
+            view["devices"] = {"source": DEVICES_SOURCE, "paths": list(self.devices)}
+        return json.dumps(view)
 
 
-def host_view_of(entries: Sequence[str], drop_program: str | None) -> HostView:
-    """The view of the host root's shown `entries` (each at its name) and trainyard-drop (at VIEW_DROP's name)."""
+def host_view_of(entries: Sequence[str], drop_program: str | None, devices: Sequence[str] = ()) -> HostView:
+    """The view of the host root's shown `entries` (each at its name) and trainyard-drop (at VIEW_DROP's name); where
+    trainyard-drop is in it, the holder's /dev too, with the accelerator `devices`."""
     binds = [(path, path.lstrip("/")) for path in entries]
     if drop_program is not None:
         binds.append((drop_program, VIEW_DROP.removeprefix(HOST + "/")))
-    return HostView(binds=tuple(binds))
+    return HostView(binds=tuple(binds), devices=tuple(devices) if drop_program is not None else None)
 
 
 def host_view(spec: SandboxSpec, *, list_dir: ListDir = host_listing, drop_program: str | None = None,
@@ -375,7 +401,7 @@ def host_view(spec: SandboxSpec, *, list_dir: ListDir = host_listing, drop_progr
         return None
     binds = tuple(b.target for b in spec.binds)
     dropping = _drops_to(spec, os.geteuid() == 0 if as_root is None else as_root) is not None
-    return host_view_of(_layout(spec, binds, list_dir).host_entries, drop_program if dropping else None)
+    return host_view_of(_layout(spec, binds, list_dir).host_entries, drop_program if dropping else None, spec.devices)
 
 
 def _drops_to(spec: SandboxSpec, as_root: bool) -> int | None:
@@ -395,11 +421,12 @@ def _folders_for(target: str, made: set[str]) -> list[str]:
 
 
 def dropper(uid: int, *, image: bool, python: str = sys.executable, setpriv: str = "/usr/bin/setpriv",
-            program: str | None = None) -> list[str]:
+            program: str | None = None, devpts: str | None = None) -> list[str]:
     """What becomes user and group `uid` with no groups, capabilities or new privileges, then runs what follows:
-    `program` (trainyard-drop, where the sandbox shows it) when there is one."""
+    `program` (trainyard-drop, where the sandbox shows it) when there is one, first mounting a devpts of the
+    sandbox's own at `devpts` when asked."""
     if program is not None:
-        return [program, str(uid)]
+        return [program, *(("--devpts", devpts) if devpts is not None else ()), str(uid)]
     if image:
         return [python, "-I", "-S", "-c", PYTHON_DROPPER, str(uid)]
     return [setpriv, f"--reuid={uid}", f"--regid={uid}", "--clear-groups", "--inh-caps=-all", "--bounding-set=-all",

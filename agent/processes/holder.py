@@ -34,7 +34,8 @@ start), and copies it into the sandbox first: on this kind of machine 16 of the 
 sandbox's start cost about 0.9 ms of CPU less (5.3 against 4.4); a host with containers of its own has hundreds
 more. The copy is made again before the next start once the host's mount table changed (storage mounted later is
 there for the next job). Other commands start in the host's namespace, as the holder itself runs. In that namespace it
-also makes the host views sandboxes ask for (`"view"` in the request, agent/isolation/sandbox.py HostView), once each.
+also makes the host views sandboxes ask for (`"view"` in the request, agent/isolation/sandbox.py HostView), once each,
+and the /dev a view asks for with it (`"devices"`), which sandboxes bind whole instead of bwrap's --dev.
 
 Run as `python -I -S holder.py --serve`: standard library only, so that it needs no installed package
 and reads no PYTHON* variable. It carries none of the job's TRAINYARD_* variables itself, so a stop
@@ -56,10 +57,10 @@ import shutil
 import signal
 import sys
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 OUTPUT_NAME = "output.log"
 EXIT_NAME = "exit.json"  # {"exit_code": ..., "exited_at": ..., "started": ...}
@@ -78,6 +79,12 @@ MNT_DETACH = 2
 VIEWS_KEPT = 16  # host views one holder makes at most (each set of paths a view of its own; a host's few)
 # A host view's mounts, read-only (a bind's flags change with MS_BIND | MS_REMOUNT, a file system's without MS_BIND).
 READ_ONLY = MS_RDONLY | MS_NOSUID | MS_NODEV
+# What bwrap's --dev puts in a sandbox's /dev: these devices bound from the host's, and these links.
+STANDARD_DEVICES = ("null", "zero", "full", "random", "urandom", "tty")
+DEVICE_LINKS = (("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("stderr", "/proc/self/fd/2"),
+                ("fd", "/proc/self/fd"), ("core", "/proc/kcore"), ("ptmx", "pts/ptmx"))
+# A view a holder makes: ("host", its binds) or ("devices", the devices of a /dev besides the standard ones).
+ViewKey = tuple[str, tuple[Any, ...]]
 # Mounts no sandbox shows, by filesystem type: the host's cgroup hierarchies (a sandbox has a cgroup namespace of
 # its own), terminals, message queues and huge pages (a sandbox has a /dev of its own), and the kernel's debugging,
 # tracing, security, BPF, crash-record, configuration, FUSE-control and binary-format interfaces. By mount point:
@@ -140,24 +147,45 @@ def _unescaped(field: bytes) -> bytes:
     return re.sub(rb"\\([0-7]{3})", lambda found: bytes([int(found[1], 8)]), field)
 
 
-def view_of(text: object) -> tuple[str, tuple[tuple[str, str], ...]] | None:
-    """A start's `view`, JSON text of {"source": ..., "binds": [[host path, name], ...]}: the placeholder its argv
-    binds and each host path with the name it is shown at (relative, without `..`); None when it is not one. Every
-    sandbox of a node carries the same few: each is read once."""
+class ViewAsked(NamedTuple):
+    """A host view a start asks for: the placeholder its argv binds at the view's place, each host path with the name
+    it is shown at, and where the holder's /dev is asked for too, the placeholder argv binds at /dev and the
+    accelerator devices in it (besides `STANDARD_DEVICES`)."""
+
+    source: str
+    binds: tuple[tuple[str, str], ...]
+    devices_source: str | None = None
+    devices: tuple[str, ...] = ()
+
+
+def view_of(text: object) -> ViewAsked | None:
+    """A start's `view`, JSON text of {"source": ..., "binds": [[host path, name], ...], "devices": {"source": ...,
+    "paths": [device, ...]}} ("devices" optional): names relative, without `..`, devices under /dev; None when it is
+    not one. Every sandbox of a node carries the same few: each is read once."""
     return _read_view(text) if isinstance(text, str) else None
 
 
 @functools.lru_cache(maxsize=64)
-def _read_view(text: str) -> tuple[str, tuple[tuple[str, str], ...]] | None:
+def _read_view(text: str) -> ViewAsked | None:
     try:
         found = json.loads(text)
         source, binds = str(found["source"]), tuple((str(path), str(name)) for path, name in found["binds"])
-    except (KeyError, TypeError, ValueError):
+        asked = found.get("devices")
+        devices_source = None if asked is None else str(asked["source"])
+        devices = () if asked is None else tuple(str(path) for path in asked["paths"])
+    except (AttributeError, KeyError, TypeError, ValueError):
         return None
     for path, name in binds:
-        if not os.path.isabs(path) or name.startswith("/") or any(p in ("", ".", "..") for p in name.split("/")):
+        if not os.path.isabs(path) or not _plain(name):
             return None
-    return source, binds
+    if not all(device.startswith("/dev/") and _plain(device.removeprefix("/dev/")) for device in devices):
+        return None
+    return ViewAsked(source, binds, devices_source, devices)
+
+
+def _plain(name: str) -> bool:
+    """A relative path that stays where it starts (no empty, `.` or `..` part)."""
+    return not name.startswith("/") and all(part not in ("", ".", "..") for part in name.split("/"))
 
 
 def with_view(argv: list[str], source: str, binds: tuple[tuple[str, str], ...], place: str | None) -> list[str]:
@@ -176,6 +204,20 @@ def with_view(argv: list[str], source: str, binds: tuple[tuple[str, str], ...], 
     return argv
 
 
+def with_devices(argv: list[str], source: str, devices: tuple[str, ...], place: str | None) -> list[str]:
+    """bwrap's `argv` with its `--dev-bind <source> <dest>` of the holder's /dev made real: that /dev's `place`, or
+    where there is none, bwrap's own /dev with each device bound in it (`--dev`, as a sandbox without a view has)."""
+    for at in range(1, len(argv) - 1):
+        if argv[at] == "--":
+            break
+        if argv[at] == source and argv[at - 1] == "--dev-bind":
+            if place is not None:
+                return [*argv[:at], place, *argv[at + 1:]]
+            each = [arg for device in devices for arg in ("--dev-bind-try", device, device)]
+            return [*argv[:at - 1], "--dev", argv[at + 1], *each, *argv[at + 2:]]
+    return argv
+
+
 class SandboxMounts:
     """The mount namespace the holder starts sandboxes from: the host's, without the mounts no sandbox shows
     (`unshown_mounts`), made again once the host's mount table changed. The holder itself stays in the host's
@@ -184,9 +226,9 @@ class SandboxMounts:
 
     It also holds host views (`view`): a read-only tmpfs with host paths bound in it read-only, made once in this
     namespace, which a sandbox binds whole (one bind where it took one for each path: bwrap reads its whole mount
-    table again after each, agent/isolation/sandbox.py). A view is made again with the namespace, at the same
-    place, so a sandbox's command stays valid; on the host its place is an empty folder the holder removes as it
-    ends."""
+    table again after each, agent/isolation/sandbox.py), and views of /dev (`devices`): what bwrap's --dev makes but
+    its devpts, the same way. A view is made again with the namespace, at the same place, so a sandbox's command
+    stays valid; on the host its place is an empty folder the holder removes as it ends."""
 
     def __init__(self, libc: Any, host: int, table: Any) -> None:
         self._libc = libc
@@ -195,8 +237,8 @@ class SandboxMounts:
         self._changes = select.poll()
         self._changes.register(table.fileno(), select.POLLPRI | select.POLLERR)
         self._copy: int | None = None  # the namespace sandboxes start from, once made
-        self._views: dict[tuple[tuple[str, str], ...], str] = {}  # the binds of each view, and its place
-        self._unmade: set[tuple[tuple[str, str], ...]] = set()  # views that could not be made in this copy
+        self._views: dict[ViewKey, str] = {}  # each view (its binds, or its /dev's devices), and its place
+        self._unmade: set[ViewKey] = set()  # views that could not be made in this copy
         self._places: str | None = None  # the folder the views' places are made in, once there is one
         self._made_views = 0  # views made so far: the next one's place is named after the count
 
@@ -231,10 +273,10 @@ class SandboxMounts:
                 for point in unshown_mounts(table.read()):
                     self._libc.umount2(point, MNT_DETACH)  # one already gone with its parent: EINVAL, ignored
             self._unmade.clear()
-            for binds, place in list(self._views.items()):
-                if not self._mount_view(place, binds):
-                    del self._views[binds]  # later sandboxes of it bind each path on their own
-                    self._unmade.add(binds)
+            for key, place in list(self._views.items()):
+                if not self._mount(place, key):
+                    del self._views[key]  # later sandboxes of it bind each path on their own
+                    self._unmade.add(key)
             self._copy = os.open("/proc/self/ns/mnt", os.O_RDONLY | os.O_CLOEXEC)
             return True
         finally:
@@ -243,13 +285,22 @@ class SandboxMounts:
     def view(self, binds: tuple[tuple[str, str], ...]) -> str | None:
         """The place of a view holding each host path of `binds` at its name, made now unless it was already (None:
         it cannot be made here, sandboxes bind each path themselves)."""
+        return self._view(("host", binds))
+
+    def devices(self, devices: tuple[str, ...]) -> str | None:
+        """The place of a sandbox's /dev as bwrap's --dev makes it, with `devices` in it too and no devpts (the
+        sandbox mounts its own), made now unless it was already (None: it cannot be made here, sandboxes make their
+        own /dev)."""
+        return self._view(("devices", devices))
+
+    def _view(self, key: ViewKey) -> str | None:
         if self._changes.poll(0):
             self._made()
         if self._copy is None:  # sandboxes start from the host's namespace, where no view is mounted
             return None
-        if (known := self._views.get(binds)) is not None:
+        if (known := self._views.get(key)) is not None:
             return known
-        if binds in self._unmade or len(self._views) >= VIEWS_KEPT:
+        if key in self._unmade or len(self._views) >= VIEWS_KEPT:
             return None
         try:
             if self._places is None:
@@ -258,44 +309,79 @@ class SandboxMounts:
             self._made_views += 1
             os.mkdir(place, 0o755)
         except OSError:
-            self._unmade.add(binds)
+            self._unmade.add(key)
             return None
         self._enter(self._copy)
         try:
-            made = self._mount_view(place, binds)
+            made = self._mount(place, key)
         finally:
             self._enter(self._host)
         if not made:
-            self._unmade.add(binds)
+            self._unmade.add(key)
             with contextlib.suppress(OSError):
                 os.rmdir(place)
             return None
-        self._views[binds] = place
+        self._views[key] = place
         return place
+
+    def _mount(self, place: str, key: ViewKey) -> bool:
+        kind, what = key
+        return self._mount_view(place, what) if kind == "host" else self._mount_devices(place, what)
+
+    def _mount_devices(self, place: str, devices: tuple[str, ...]) -> bool:
+        """In the namespace entered: at `place`, what bwrap's --dev makes but the devpts (the six devices bound from the
+        host's /dev, the links to the process's own descriptors, pts/ptmx, an empty shm), and each of `devices` that
+        is there, the whole read-only but for the devices themselves (bwrap's --dev binds them writable), none with
+        set-user-ID programs. Whether it was made."""
+        def fill() -> None:
+            for name in STANDARD_DEVICES:
+                self._bind(f"/dev/{name}", os.path.join(place, name), MS_NOSUID)
+            for device in devices:  # one gone since it was listed is left out, as bwrap's --dev-bind-try does
+                with contextlib.suppress(FileNotFoundError):
+                    self._bind(device, os.path.join(place, device.removeprefix("/dev/")), MS_NOSUID)
+            for name, target in DEVICE_LINKS:
+                os.symlink(target, os.path.join(place, name))
+            for name in ("pts", "shm"):
+                os.mkdir(os.path.join(place, name), 0o755)
+
+        return self._made_view(place, fill)
 
     def _mount_view(self, place: str, binds: tuple[tuple[str, str], ...]) -> bool:
         """In the namespace entered: a tmpfs at `place` with each host path bound in it (with what is mounted inside
-        it), then all of it read-only. Whether it was made (what was made of it otherwise is detached)."""
-        mount = self._libc.mount
-        if mount(b"tmpfs", place.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755") != 0:
+        it), then all of it read-only. Whether it was made."""
+        def fill() -> None:
+            for source, name in binds:
+                self._bind(source, os.path.join(place, name), READ_ONLY)
+
+        return self._made_view(place, fill)
+
+    def _made_view(self, place: str, fill: Callable[[], None]) -> bool:
+        """A tmpfs at `place`, filled, then read-only; whether it was made (what was made of it otherwise is
+        detached)."""
+        if self._libc.mount(b"tmpfs", place.encode(), b"tmpfs", MS_NOSUID | MS_NODEV, b"mode=0755") != 0:
             return False
         try:
-            for source, name in binds:
-                target = os.path.join(place, name)
-                os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
-                if os.path.isdir(source):
-                    os.mkdir(target, 0o755)
-                else:
-                    os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444))
-                if (mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None) != 0
-                        or mount(None, target.encode(), None, MS_BIND | MS_REMOUNT | READ_ONLY, None) != 0):
-                    raise OSError(ctypes.get_errno(), f"cannot bind {source}")
-            if mount(None, place.encode(), None, MS_REMOUNT | READ_ONLY, b"mode=0755") != 0:
+            fill()
+            if self._libc.mount(None, place.encode(), None, MS_REMOUNT | READ_ONLY, b"mode=0755") != 0:
                 raise OSError(ctypes.get_errno(), "cannot make the view read-only")
         except OSError:
             self._libc.umount2(place.encode(), MNT_DETACH)
             return False
         return True
+
+    def _bind(self, source: str, target: str, flags: int) -> None:
+        """The host's `source` (a file or a folder, with what is mounted inside it) bound at `target` in a view, with
+        the mount `flags`."""
+        os.makedirs(os.path.dirname(target), mode=0o755, exist_ok=True)
+        if os.path.isdir(source):
+            os.mkdir(target, 0o755)
+        elif os.path.exists(source):
+            os.close(os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o444))
+        else:
+            raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), source)
+        if (self._libc.mount(source.encode(), target.encode(), None, MS_BIND | MS_REC, None) != 0
+                or self._libc.mount(None, target.encode(), None, MS_BIND | MS_REMOUNT | flags, None) != 0):
+            raise OSError(ctypes.get_errno(), f"cannot bind {source}")
 
     def close(self) -> None:
         """Remove the views' places on the host (empty folders there)."""
@@ -365,8 +451,10 @@ def start(request: bytes, mounts: SandboxMounts | None = None) -> tuple[int, Pat
         if sandbox and "view" in spec:  # a host view, made once here, bound whole (else each of its paths)
             if (view := view_of(spec["view"])) is None:
                 raise ValueError("the request's host view is not one")
-            source, binds = view
-            argv = with_view(argv, source, binds, mounts.view(binds) if mounts is not None else None)
+            argv = with_view(argv, view.source, view.binds, mounts.view(view.binds) if mounts is not None else None)
+            if view.devices_source is not None:  # and its /dev (else bwrap's own)
+                argv = with_devices(argv, view.devices_source, view.devices,
+                                    mounts.devices(view.devices) if mounts is not None else None)
         with mounts.entered() if sandbox and mounts is not None else contextlib.nullcontext():
             return spawn(argv, env, cwd, output), Path(folder)
     except Exception as exc:  # whatever a request holds, the holder goes on holding every other command

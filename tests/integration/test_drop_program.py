@@ -63,3 +63,13 @@ def test_a_command_that_is_not_there_or_cannot_run_says_so_as_a_shell_does(progr
 def test_without_a_command_it_says_how_it_is_used(program: str) -> None:
     done = subprocess.run([program, "1000123"], capture_output=True, text=True, check=False)
     assert done.returncode == 125 and "usage" in done.stderr
+
+
+def test_a_devpts_that_cannot_be_mounted_stops_it_before_anything_runs(program: str,
+                                                                       tmp_path: os.PathLike[str]) -> None:
+    # (Mounted, it is the sandbox's own: tests/integration/test_sandbox_mounts.py looks at one in a sandbox.)
+    marker = os.path.join(tmp_path, "ran")
+    done = subprocess.run([program, "--devpts", os.path.join(tmp_path, "no-such-folder"), "1000123", "touch", marker],
+                          capture_output=True, text=True, check=False)
+    assert done.returncode == 125 and "mounting a devpts of the sandbox's own failed" in done.stderr
+    assert not os.path.exists(marker)

@@ -5,14 +5,24 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
-from agent.isolation.sandbox import VIEW_DROP, Hidden, SandboxSpec, built_drop_program, bwrap_argv, host_view
+from agent.isolation.sandbox import (
+    DEVICES_SOURCE,
+    VIEW_DROP,
+    Hidden,
+    SandboxSpec,
+    built_drop_program,
+    bwrap_argv,
+    host_view,
+)
 from agent.processes.holder import unshown_mounts
 from agent.processes.holder_client import HeldProcess, HoldServer
+from tests.support.bwrap import ops
 
 on_loop = pytest.mark.asyncio(loop_scope="session")
 as_root = pytest.mark.skipif(os.geteuid() != 0, reason="a mount namespace of the holder's needs root")
@@ -165,3 +175,46 @@ async def test_sandboxes_see_the_host_through_one_read_only_view_made_once_and_a
             break
         await asyncio.sleep(0.05)
     assert set(Path("/tmp").glob("trainyard-views-*")) == places_before
+
+
+# What a job finds in its /dev: the devices at work, no way to add to it, and shared memory and terminals of its own
+# (a terminal's name from a new devpts starts at 0).
+LOOK_AT_DEV = """
+head -c 3 /dev/zero | od -An -tx1 | tr -d ' \\n'; echo
+echo gone > /dev/null && echo null-written
+touch /dev/new 2>/dev/null && echo dev-written || echo dev-refused
+touch /dev/shm/mine && ls -A /dev/shm
+stat -c '%d' /dev /dev/pts /dev/shm | tr '\\n' ' '; echo
+grep -c ' /dev/pts ' /proc/self/mountinfo
+script -qc tty /dev/null | tr -d '\\r'
+id -u
+"""
+
+
+@as_root
+@on_loop
+async def test_sandboxes_share_the_holder_s_dev_but_not_their_terminals_or_shared_memory(tmp_path: Path) -> None:
+    drop = built_drop_program()
+    if drop is None:
+        pytest.skip("trainyard-drop is not built (make install)")
+    if shutil.which("script") is None:
+        pytest.skip("no script(1) here to open a terminal with")
+    spec = SandboxSpec(binds=[], tmp=None, keep=[], cwd="/", run_as=65534)
+    view = host_view(spec, drop_program=drop)
+    assert view is not None and view.devices == ()
+    look = bwrap_argv(spec, ["sh", "-c", LOOK_AT_DEV], drop_program=drop, host_view=view)
+    assert ("--dev-bind", DEVICES_SOURCE, "/dev") in ops(look)
+    server = HoldServer()
+    try:
+        first = (await output_of(tmp_path / "first", look, server, sandbox=True, view=view.request)).splitlines()
+        second = (await output_of(tmp_path / "second", look, server, sandbox=True, view=view.request)).splitlines()
+    finally:
+        server.close()
+    for seen in (first, second):
+        # The devices read and written by the job's user, /dev itself read-only, its shared memory its own to write.
+        assert seen[:4] == ["000000", "null-written", "dev-refused", "mine"]
+        assert seen[5:] == ["1", "/dev/pts/0", "65534"]  # one devpts, new: its first terminal is number 0
+    one, two = first[4].split(), second[4].split()  # the device numbers of /dev, /dev/pts and /dev/shm
+    assert one[0] == two[0]  # the one /dev the holder made, bound in both
+    assert one[1] != two[1] and one[2] != two[2]  # a devpts and a shared memory of each sandbox's own
+    assert str(os.stat("/dev/pts").st_dev) not in (one[1], two[1])

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 # bwrap options that take no argument or one; every other option used takes two (source and target).
 _ARGUMENTS = {"--dir": 1, "--proc": 1, "--tmpfs": 1, "--remount-ro": 1, "--chdir": 1, "--dev": 1, "--cap-drop": 1,
+              "--perms": 1,
               "--unshare-pid": 0, "--unshare-ipc": 0, "--unshare-uts": 0, "--unshare-cgroup-try": 0,
               "--unshare-user": 0}
 

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 
-from agent.isolation.sandbox import HOST, VIEW_SOURCE, HostView
-from agent.processes.holder import view_of, with_view
+from agent.isolation.sandbox import DEVICES_SOURCE, HOST, VIEW_SOURCE, HostView
+from agent.processes.holder import view_of, with_devices, with_view
 
 BINDS = (("/etc", "etc"), ("/usr", "usr"), ("/venv/bin/trainyard-drop", ".trainyard-drop"))
 ARGV = ["bwrap", "--proc", "/proc", "--ro-bind", VIEW_SOURCE, HOST, "--tmpfs", f"{HOST}/etc/trainyard",
@@ -30,9 +30,28 @@ def test_the_view_s_place_is_bound_whole_or_each_of_its_paths_where_there_is_non
     assert with_view([*ARGV, "--ro-bind", VIEW_SOURCE], VIEW_SOURCE, BINDS, "/v")[-2:] == ["--ro-bind", VIEW_SOURCE]
 
 
+def test_the_holder_s_dev_is_bound_or_where_there_is_none_bwrap_makes_its_own_with_each_device() -> None:
+    argv = ["bwrap", "--proc", "/proc", "--dev-bind", DEVICES_SOURCE, "/dev", "--perms", "1777", "--tmpfs",
+            "/dev/shm", "--", f"{HOST}/.trainyard-drop", "--devpts", "/dev/pts", "7", "true"]
+    assert with_devices(argv, DEVICES_SOURCE, ("/dev/nvidia0",), "/tmp/trainyard-views-x/1") == [
+        *argv[:4], "/tmp/trainyard-views-x/1", *argv[5:]]
+    assert with_devices(argv, DEVICES_SOURCE, ("/dev/nvidia0", "/dev/dri"), None) == [
+        "bwrap", "--proc", "/proc", "--dev", "/dev", "--dev-bind-try", "/dev/nvidia0", "/dev/nvidia0",
+        "--dev-bind-try", "/dev/dri", "/dev/dri", *argv[6:]]
+    job_s = ["bwrap", "--", "tool", "--dev-bind", DEVICES_SOURCE, "/dev"]
+    assert with_devices(job_s, DEVICES_SOURCE, (), "/v") == job_s
+
+
 def test_a_view_is_read_from_the_agent_s_request_and_refused_when_it_names_more_than_paths_and_names() -> None:
     request = HostView(binds=BINDS).request
-    assert view_of(request) == (VIEW_SOURCE, BINDS)
+    assert view_of(request) == (VIEW_SOURCE, BINDS, None, ())
+    with_devices_asked = HostView(binds=BINDS, devices=("/dev/nvidia0", "/dev/dri")).request
+    assert view_of(with_devices_asked) == (VIEW_SOURCE, BINDS, DEVICES_SOURCE, ("/dev/nvidia0", "/dev/dri"))
+    assert view_of(HostView(binds=BINDS, devices=()).request) == (VIEW_SOURCE, BINDS, DEVICES_SOURCE, ())
+    for devices in (["/etc/passwd"], ["/dev/../etc"], ["dev/null"], ["/dev/"], "/dev/null", [["/dev/x"]]):
+        asked = {"source": VIEW_SOURCE, "binds": [], "devices": {"source": DEVICES_SOURCE, "paths": devices}}
+        assert view_of(json.dumps(asked)) is None, devices
+    assert view_of(json.dumps({"source": VIEW_SOURCE, "binds": [], "devices": ["/dev/null"]})) is None
     for binds in ([["etc", "etc"]], [["/etc", "../etc"]], [["/etc", "/etc"]], [["/etc", ""]], [["/etc", "a//b"]],
                   [["/etc", "a/./b"]], [["/etc"]], "etc", [[1, 2]]):
         assert view_of(json.dumps({"source": VIEW_SOURCE, "binds": binds})) is None, binds

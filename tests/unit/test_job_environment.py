@@ -131,7 +131,7 @@ def test_a_secret_file_reads_as_empty_and_paths_the_job_cannot_see_are_left_alon
                     Hidden(Path("/workspace"), is_dir=True), Hidden(Path("/"), is_dir=True))
     assert ("--ro-bind", "/dev/null", "/.host/srv/auth-secret") in found
     # /tmp/ty: the host's /tmp is not shown at all; /workspace: the job's own; /: everything.
-    assert [o for o in found if o[0] == "--tmpfs"] == []
+    assert [o for o in found if o[0] == "--tmpfs"] == [("--tmpfs", "/dev/shm")]  # nothing hidden, shm its own
     assert not any(o[-1].startswith("/.host/tmp") for o in found)
 
 

@@ -17,6 +17,7 @@ import pytest
 
 from agent.isolation import sandbox
 from agent.isolation.sandbox import (
+    DEVICES_SOURCE,
     DROP_INSIDE,
     EXEC,
     HOST,
@@ -146,6 +147,9 @@ def test_the_job_has_namespaces_and_a_dev_of_its_own_with_the_host_s_accelerator
     for device in ("/dev/nvidia0", "/dev/nvidiactl", "/dev/infiniband"):
         assert ("--dev-bind-try", device, device) in found
         assert found.index(("--dev", "/dev")) < found.index(("--dev-bind-try", device, device))
+    # Shared memory of its own, which the job's user may write (bwrap's /dev/shm is root's alone).
+    assert ("--perms", "1777") in found and found.index(("--perms", "1777")) + 1 == found.index(("--tmpfs", "/dev/shm"))
+    assert found.index(("--dev", "/dev")) < found.index(("--tmpfs", "/dev/shm"))
 
 
 def test_as_root_the_job_drops_to_its_own_user_without_capabilities() -> None:
@@ -179,8 +183,10 @@ def test_through_a_host_view_the_host_s_folders_and_the_dropper_are_one_bind_and
     drop = "/venv/bin/trainyard-drop"
     spec = dataclasses.replace(SPEC, run_as=JOB_UID)
     view = host_view(spec, list_dir=list_dir, drop_program=drop, as_root=True)
-    assert view == HostView(binds=(("/etc", "etc"), ("/sys", "sys"), ("/usr", "usr"), (drop, ".trainyard-drop")))
-    # Where the job does not drop to a user of its own (the agent is not root), the view holds no dropper.
+    assert view == HostView(binds=(("/etc", "etc"), ("/sys", "sys"), ("/usr", "usr"), (drop, ".trainyard-drop")),
+                            devices=())
+    # Where the job does not drop to a user of its own (the agent is not root), the view holds no dropper, and no
+    # /dev: nothing in the sandbox would mount its devpts, so bwrap makes its /dev.
     assert host_view(spec, list_dir=list_dir, drop_program=drop, as_root=False) == HostView(binds=view.binds[:-1])
     each = bwrap_argv(spec, ["true"], list_dir=list_dir, as_root=True, drop_program=drop)
     viewed = bwrap_argv(spec, ["true"], list_dir=list_dir, as_root=True, drop_program=drop, host_view=view)
@@ -188,13 +194,25 @@ def test_through_a_host_view_the_host_s_folders_and_the_dropper_are_one_bind_and
     # The view at HOST instead of a folder there with a bind of each shown entry, and of the dropper at the root.
     assert ("--ro-bind", VIEW_SOURCE, HOST) in found and ("--dir", HOST) not in found
     assert not any(op[0] == "--ro-bind" and op[1] in ("/etc", "/sys", "/usr", drop) for op in found)
-    assert command_after_options(viewed)[:2] == [VIEW_DROP, str(JOB_UID)]
-    assert ("--ro-bind", drop, DROP_INSIDE) in ops(each) and command_after_options(each)[0] == DROP_INSIDE
+    # The holder's /dev instead of bwrap's, the sandbox's devpts mounted by the dropper before it drops.
+    assert ("--dev-bind", DEVICES_SOURCE, "/dev") in found and ("--dev", "/dev") not in found
+    assert command_after_options(viewed)[:4] == [VIEW_DROP, "--devpts", "/dev/pts", str(JOB_UID)]
+    assert ("--ro-bind", drop, DROP_INSIDE) in ops(each) and command_after_options(each)[:2] == [DROP_INSIDE,
+                                                                                                 str(JOB_UID)]
     # Everything else the same, in the same order: what is hidden under HOST still goes over what the view shows.
     replaced = {("--dir", HOST), *(("--ro-bind", path, f"{HOST}/{name}") for path, name in view.binds[:-1]),
-                ("--ro-bind", drop, DROP_INSIDE)}
-    assert [op for op in found if op != ("--ro-bind", VIEW_SOURCE, HOST)] == [op for op in ops(each)
-                                                                          if op not in replaced]
+                ("--ro-bind", drop, DROP_INSIDE), ("--dev", "/dev")}
+    assert [op for op in found if op not in (("--ro-bind", VIEW_SOURCE, HOST), ("--dev-bind", DEVICES_SOURCE, "/dev"))
+            ] == [op for op in ops(each) if op not in replaced]
+    # An accelerator is in the holder's /dev rather than bound on its own.
+    gpu = dataclasses.replace(spec, devices=["/dev/nvidia0"])
+    gpu_view = host_view(gpu, list_dir=list_dir, drop_program=drop, as_root=True)
+    assert gpu_view is not None and gpu_view.devices == ("/dev/nvidia0",)
+    in_view = ops(bwrap_argv(gpu, ["true"], list_dir=list_dir, as_root=True, drop_program=drop, host_view=gpu_view))
+    assert ("--dev-bind", DEVICES_SOURCE, "/dev") in in_view and not any(op[0] == "--dev-bind-try" for op in in_view)
+    # A view of other devices (one came or went since it was asked for) is not used.
+    assert ("--dev", "/dev") in ops(bwrap_argv(gpu, ["true"], list_dir=list_dir, as_root=True, drop_program=drop,
+                                               host_view=view))
     assert found.index(("--ro-bind", VIEW_SOURCE, HOST)) < found.index(("--remount-ro", "/"))
     # A view of other folders (the host's root changed since it was made) is not used; nor under an image.
     stale = HostView(binds=(("/etc", "etc"), (drop, ".trainyard-drop")))
