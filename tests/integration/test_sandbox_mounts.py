@@ -186,6 +186,7 @@ touch /dev/new 2>/dev/null && echo dev-written || echo dev-refused
 touch /dev/shm/mine && ls -A /dev/shm
 stat -c '%d' /dev /dev/pts /dev/shm | tr '\\n' ' '; echo
 grep -c ' /dev/pts ' /proc/self/mountinfo
+awk '$5 == "/dev" || index($5, "/dev/") == 1' /proc/self/mountinfo | wc -l
 script -qc tty /dev/null | tr -d '\\r'
 id -u
 """
@@ -213,7 +214,8 @@ async def test_sandboxes_share_the_holder_s_dev_but_not_their_terminals_or_share
     for seen in (first, second):
         # The devices read and written by the job's user, /dev itself read-only, its shared memory its own to write.
         assert seen[:4] == ["000000", "null-written", "dev-refused", "mine"]
-        assert seen[5:] == ["1", "/dev/pts/0", "65534"]  # one devpts, new: its first terminal is number 0
+        assert seen[5] == "1" and seen[7:] == ["/dev/pts/0", "65534"]  # one devpts, new: its first terminal is 0
+        assert seen[6] == "3"  # /dev, its devpts and its shm: the devices are nodes in the view, not mounts each
     one, two = first[4].split(), second[4].split()  # the device numbers of /dev, /dev/pts and /dev/shm
     assert one[0] == two[0]  # the one /dev the holder made, bound in both
     assert one[1] != two[1] and one[2] != two[2]  # a devpts and a shared memory of each sandbox's own
