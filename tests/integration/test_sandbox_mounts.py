@@ -60,6 +60,14 @@ def test_the_mounts_no_sandbox_shows_are_named_deepest_first_and_the_rest_kept()
     assert unshown_mounts(b"garbage\n\n1 2 3\n") == []
 
 
+@pytest.fixture
+def drop() -> str:
+    found = built_drop_program()
+    if found is None:
+        pytest.skip("trainyard-drop is not built (make install)")
+    return found
+
+
 def mount_points(table: str) -> list[str]:
     return [line.split()[4] for line in table.splitlines()]
 
@@ -135,10 +143,7 @@ id -u
 @as_root
 @on_loop
 async def test_sandboxes_see_the_host_through_one_read_only_view_made_once_and_again_after_a_change(
-        tmp_path: Path) -> None:
-    drop = built_drop_program()
-    if drop is None:
-        pytest.skip("trainyard-drop is not built (make install)")
+        tmp_path: Path, drop: str) -> None:
     if not Path("/opt").is_dir():
         pytest.skip("this host has no /opt to hide a folder in")
     secret = Path("/opt") / f"trainyard-test-{os.getpid()}"  # a platform folder inside a shown one, hidden
@@ -194,10 +199,8 @@ id -u
 
 @as_root
 @on_loop
-async def test_sandboxes_share_the_holder_s_dev_but_not_their_terminals_or_shared_memory(tmp_path: Path) -> None:
-    drop = built_drop_program()
-    if drop is None:
-        pytest.skip("trainyard-drop is not built (make install)")
+async def test_sandboxes_share_the_holder_s_dev_but_not_their_terminals_or_shared_memory(tmp_path: Path,
+                                                                                        drop: str) -> None:
     if shutil.which("script") is None:
         pytest.skip("no script(1) here to open a terminal with")
     spec = SandboxSpec(binds=[], tmp=None, keep=[], cwd="/", run_as=65534)
@@ -220,3 +223,30 @@ async def test_sandboxes_share_the_holder_s_dev_but_not_their_terminals_or_share
     assert one[0] == two[0]  # the one /dev the holder made, bound in both
     assert one[1] != two[1] and one[2] != two[2]  # a devpts and a shared memory of each sandbox's own
     assert str(os.stat("/dev/pts").st_dev) not in (one[1], two[1])
+
+
+@as_root
+@on_loop
+async def test_the_host_s_accelerators_are_in_the_holder_s_dev_as_the_host_has_them(tmp_path: Path, drop: str) -> None:
+    # Stand-ins for accelerators this host lacks: a device node, a folder of them, and one gone since it was listed.
+    node = next((Path(p) for p in ("/dev/kvm", "/dev/loop-control", "/dev/fuse") if Path(p).exists()), None)
+    folder = next((Path(p) for p in ("/dev/net", "/dev/cpu", "/dev/input") if Path(p).is_dir()), None)
+    if node is None or folder is None:
+        pytest.skip("this host has no device node and folder of devices to stand in for accelerators")
+    spec = SandboxSpec(binds=[], tmp=None, keep=[], cwd="/", run_as=65534,
+                       devices=[str(node), str(folder), "/dev/no-such-accelerator"])
+    view = host_view(spec, drop_program=drop)
+    assert view is not None and view.devices == (str(node), str(folder), "/dev/no-such-accelerator")
+    look = ["sh", "-c", f"stat -c '%t:%T %a %u:%g' {node}; ls -A {folder} | tr '\\n' ' '; echo; "
+                        "ls /dev/no-such-accelerator 2>/dev/null || echo absent"]
+    server = HoldServer()
+    try:
+        seen = (await output_of(tmp_path / "look", bwrap_argv(spec, look, drop_program=drop, host_view=view), server,
+                                sandbox=True, view=view.request)).splitlines()
+    finally:
+        server.close()
+    found = node.stat()
+    assert seen[0] == (f"{os.major(found.st_rdev):x}:{os.minor(found.st_rdev):x} {found.st_mode & 0o7777:o} "
+                       f"{found.st_uid}:{found.st_gid}")  # the same device, mode and owner
+    assert set(seen[1].split()) == set(os.listdir(folder))  # a folder of devices bound whole
+    assert seen[2] == "absent"
