@@ -88,12 +88,13 @@ DEVICE_LINKS = (("stdin", "/proc/self/fd/0"), ("stdout", "/proc/self/fd/1"), ("s
 ViewKey = tuple[str, tuple[Any, ...]]
 # Mounts no sandbox shows, by filesystem type: the host's cgroup hierarchies (a sandbox has a cgroup namespace of
 # its own), terminals, message queues and huge pages (a sandbox has a /dev of its own), and the kernel's debugging,
-# tracing, security, BPF, crash-record, configuration, FUSE-control and binary-format interfaces. By mount point:
-# what is mounted inside /proc (a sandbox mounts a /proc of its own), the host's shared memory, and anything in
-# its cgroup folder. Device nodes bound into /dev stay: an accelerator is bound from there.
+# tracing, security, BPF, crash-record, configuration, FUSE-control and binary-format interfaces, and other processes'
+# namespaces kept as files (nsfs). By mount point: what is mounted inside /proc (a sandbox mounts a /proc of its own),
+# the host's shared memory, anything in its cgroup folder, and the folder `ip netns` keeps network namespaces in. Device
+# nodes bound into /dev stay: an accelerator is bound from there.
 UNSHOWN_TYPES = frozenset({"cgroup", "cgroup2", "devpts", "mqueue", "hugetlbfs", "debugfs", "tracefs", "securityfs",
-                           "bpf", "pstore", "configfs", "fusectl", "binfmt_misc"})
-UNSHOWN_POINTS = ("/dev/shm", "/sys/fs/cgroup")
+                           "bpf", "pstore", "configfs", "fusectl", "binfmt_misc", "nsfs"})
+UNSHOWN_POINTS = ("/dev/shm", "/sys/fs/cgroup", "/run/netns")
 
 
 def write_atomically(path: Path, text: str) -> None:

@@ -44,6 +44,8 @@ MOUNTINFO = b"""\
 32 25 0:28 / /mnt/shared\\040storage rw - nfs4 server:/export rw
 33 22 0:5 /nvidia0 /dev/nvidia0 rw - devtmpfs udev rw
 34 25 0:29 / /run/user/0 rw - tmpfs tmpfs rw
+35 25 8:1 /run/netns /run/netns rw shared:5 - ext4 /dev/vda rw
+36 35 0:4 net:[4026532280] /run/netns/node-1 rw shared:6 - nsfs nsfs rw
 """
 
 
@@ -51,7 +53,7 @@ def test_the_mounts_no_sandbox_shows_are_named_deepest_first_and_the_rest_kept()
     unshown = unshown_mounts(MOUNTINFO)
     assert sorted(unshown) == sorted([b"/dev/shm", b"/dev/pts", b"/dev/pts", b"/sys/fs/cgroup",
                                       b"/sys/fs/cgroup/memory", b"/sys/fs/cgroup/unified", b"/sys/kernel/debug",
-                                      b"/proc/sys/fs/binfmt_misc"])
+                                      b"/proc/sys/fs/binfmt_misc", b"/run/netns", b"/run/netns/node-1"])
     depths = [point.count(b"/") for point in unshown]
     assert depths == sorted(depths, reverse=True)
     # What jobs are given or bound from stays: the system folders, storage (its escaped space read), devices.
