@@ -45,11 +45,11 @@ about 0.4 ms of CPU a start alone, 0.25-0.3 ms in the whole stack, where the vie
 The command binds VIEW_SOURCE there, which the holder replaces with the view's place, or where it has none (not
 root), with a bind of each path into HOST, the same files at the same paths. A command started elsewhere (a debug
 session, an exec in the job) binds each entry itself. Where trainyard-drop starts the job, the holder makes its /dev
-once too (`HostView.devices`): the six devices and the links bwrap's --dev makes, and the accelerators, in a read-only
-tmpfs each sandbox binds whole (DEVICES_SOURCE), where --dev bound each device and read the mount table after each
-(0.6-0.8 ms of CPU a start); trainyard-drop mounts a devpts of the sandbox's own at /dev/pts before it drops, so that
-its terminals are its own as under --dev. Every sandbox has a /dev/shm of its own that its user may write (POSIX
-shared memory: PyTorch's data loaders, NCCL, MPI), which --dev's folder of root's was not.
+once too (`HostView.devices`): the six devices and the links bwrap's --dev makes, and the accelerators, made in a
+read-only tmpfs each sandbox binds whole (DEVICES_SOURCE), where --dev bound each device and read the mount table
+after each (0.6-0.8 ms of CPU a start); trainyard-drop mounts a devpts of the sandbox's own at /dev/pts before it
+drops, so that its terminals are its own as under --dev. Every sandbox has a /dev/shm of its own that its user may
+write (POSIX shared memory: PyTorch's data loaders, NCCL, MPI), which --dev's folder of root's was not.
 
 Host paths the platform keeps for itself (its state folder with the token signing secret, tokens and
 stack settings, the agent's own folder with other jobs' files) are hidden where the host's files
@@ -368,7 +368,7 @@ class HostView:
 
     Where trainyard-drop starts the job (it mounts the sandbox's devpts), the holder also makes its /dev once
     (`devices`: the accelerator devices in it besides bwrap's six): one bind of a read-only tmpfs with the devices
-    bound in it where bwrap's --dev bound each of them, reading its whole mount table after each (0.6-0.8 ms of CPU a
+    made in it where bwrap's --dev bound each of them, reading its whole mount table after each (0.6-0.8 ms of CPU a
     start). The command binds DEVICES_SOURCE at /dev, which the holder replaces with that /dev's place, or where it
     cannot make one, with bwrap's --dev and a bind of each device."""
 
