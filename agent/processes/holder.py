@@ -306,7 +306,9 @@ class SandboxMounts:
             return None
         try:
             if self._places is None:
-                self._places = tempfile.mkdtemp(prefix="trainyard-views-")  # 0700, the holder's user's (root)
+                # 0700, the holder's user's (root); named after the holder, so that one left by a holder killed is
+                # known for whose it was.
+                self._places = tempfile.mkdtemp(prefix=f"trainyard-views-{os.getpid()}-")
             place = os.path.join(self._places, str(self._made_views))
             self._made_views += 1
             os.mkdir(place, 0o755)
