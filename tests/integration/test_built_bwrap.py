@@ -54,3 +54,27 @@ def test_without_a_built_one_agents_run_the_systems(tmp_path: Path) -> None:
     assert bwrap_program(str(python)) == shutil.which("bwrap")
     (tmp_path / BUILT_BWRAP).write_text("")  # there, but not a program
     assert bwrap_program(str(python)) == shutil.which("bwrap")
+
+
+def test_a_sandbox_far_larger_than_a_jobs_is_made_whole(built: Path, tmp_path: Path) -> None:
+    """The built bwrap has an allocator of its own (deploy/local/bwrap-arena.c): here it holds megabytes of
+    arguments, read through a file descriptor and grown as they are read, and the mount table read again for each
+    of a hundred binds, every folder and bind where it was asked for."""
+    source = tmp_path / "source"
+    source.mkdir()
+    (source / "mark").write_text("here\n")
+    # Some 1.4 MB of arguments (bwrap takes 9,000 at most): folders of long names.
+    folders = [f"/many/{i:04}{'f' * 240}/{'g' * 240}" for i in range(2_900)]
+    binds = [f"/bound/{i}" for i in range(100)]
+    args = ["--ro-bind", "/usr", "/usr", "--symlink", "usr/bin", "/bin", "--symlink", "usr/lib", "/lib",
+            "--symlink", "usr/lib64", "/lib64", "--proc", "/proc"]
+    args += [word for folder in folders for word in ("--dir", folder)]
+    args += [word for bind in binds for word in ("--ro-bind", str(source), bind)]
+    (tmp_path / "args").write_bytes(b"".join(arg.encode() + b"\0" for arg in args))
+    check = ("ls /many | wc -l; cat /bound/0/mark /bound/99/mark; "
+             "grep -c ' /bound/' /proc/self/mountinfo")
+    with (tmp_path / "args").open("rb") as given:
+        done = subprocess.run([str(built), "--args", str(given.fileno()), "--unshare-pid", "sh", "-c", check],
+                              pass_fds=(given.fileno(),), capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["2900", "here", "here", "100"]
