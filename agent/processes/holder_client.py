@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 import weakref
 from datetime import UTC, datetime
 from pathlib import Path
@@ -28,6 +29,7 @@ POLL_SECONDS = 0.1
 # at only this often besides.
 TOLD_POLL_SECONDS = 2.0
 HOLDER_START_SECONDS = 30.0  # a loaded host may be slow to start a Python
+HOLDER_LOOK_SECONDS = 1.0  # how often whether the holder still runs is asked, at most (`HoldServer._alive`)
 
 
 def _request_line(fields: dict[str, object]) -> bytes:
@@ -63,6 +65,7 @@ class HoldServer:
         self._exits: dict[tuple[int, str], tuple[int, datetime]] = {}
         self._turn = asyncio.Lock()  # one request on its way at a time, so answers come in order
         self._writing = asyncio.Lock()  # one line at a time into the holder's input
+        self._polled_at = -HOLDER_LOOK_SECONDS  # when it was last asked whether the holder still runs
 
     async def hold(self, folder: Path, argv: list[str], env: dict[str, str], cwd: Path, *,
                    sandbox: bool = False, view: str | None = None) -> int:
@@ -117,14 +120,25 @@ class HoldServer:
         """The exit of the command `pid` is reported and its record removed: the holder need not write it down.
         A holder gone meanwhile, or started again since, has nothing of it to forget."""
         process = self._process
-        if process is None or process.poll() is not None or process.stdin is None:
+        if process is None or not self._alive(process) or process.stdin is None:
             return
         with contextlib.suppress(OSError, ValueError):
             async with self._writing:
                 await _write(process.stdin.fileno(), f"reported {pid}\n".encode())
 
+    def _alive(self, process: subprocess.Popen[bytes]) -> bool:
+        """Whether the holder still runs, as last looked (HOLDER_LOOK_SECONDS ago at most): each look is a wait4 call,
+        which on a host starting and ending sandboxes by the hundred a second waits on the kernel's process list. One
+        that ended since is known anyway: the end of its output is read at once (`_readable`), and a write into its
+        input fails, which starts another (`hold`)."""
+        now = time.monotonic()
+        if process.returncode is None and now - self._polled_at >= HOLDER_LOOK_SECONDS:
+            self._polled_at = now
+            process.poll()
+        return process.returncode is None
+
     def _running(self) -> subprocess.Popen[bytes]:
-        if self._process is None or self._process.poll() is not None:
+        if self._process is None or not self._alive(self._process):
             self._forget()
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(HOLDER), "--serve", "--tell-exits"], env={}, cwd="/",

@@ -179,6 +179,31 @@ async def test_a_killed_holder_counts_as_a_kill_and_takes_its_command_along(tmp_
     assert json.loads((tmp_path / EXIT_NAME).read_text())["exit_code"] == 137
 
 
+def until_dead(pid: int) -> None:
+    """Wait until the process `pid` is dead (gone, or a zombie), blocking whatever loop calls it."""
+    while start_ticks(pid) is not None and "Z" not in Path(f"/proc/{pid}/stat").read_text():
+        time.sleep(0.01)
+
+
+@on_loop
+async def test_a_start_right_after_its_holder_was_killed_runs_in_a_new_holder_at_once(tmp_path: Path) -> None:
+    """The agent asks whether its holder still runs only now and then: one killed just before a start, before the
+    agent read the end of its output, is found gone by that start's request, which a new holder then takes."""
+    server = HoldServer()
+    for name in ("a", "b"):
+        (tmp_path / name).mkdir()
+    first = await HeldProcess.start(tmp_path / "a", [sys.executable, "-c", "pass"], {}, tmp_path, server)
+    assert (await first.wait_exit())[0] == 0
+    os.kill(first.holder_pid, signal.SIGKILL)
+    until_dead(first.holder_pid)  # without giving the loop a turn: nothing of its end was read
+    began = time.monotonic()
+    second = await HeldProcess.start(tmp_path / "b", [sys.executable, "-c", "pass"], {}, tmp_path, server)
+    assert second.started and second.holder_pid not in (0, first.holder_pid)
+    assert time.monotonic() - began < 10  # not after the request's timeout (HOLDER_START_SECONDS)
+    assert (await second.wait_exit())[0] == 0
+    server.close()
+
+
 @on_loop
 async def test_commands_outlive_their_agent_and_the_holder_ends_after_the_last(tmp_path: Path) -> None:
     server, flag = HoldServer(), tmp_path / "go"
