@@ -29,7 +29,7 @@ POLL_SECONDS = 0.1
 # at only this often besides.
 TOLD_POLL_SECONDS = 2.0
 HOLDER_START_SECONDS = 30.0  # a loaded host may be slow to start a Python
-HOLDER_LOOK_SECONDS = 1.0  # how often whether the holder still runs is asked, at most (`HoldServer._alive`)
+HOLDER_LOOK_SECONDS = 1.0  # how often whether the holder still runs is asked, at most (`HoldServer._holder_runs`)
 
 
 def _request_line(fields: dict[str, object]) -> bytes:
@@ -120,13 +120,13 @@ class HoldServer:
         """The exit of the command `pid` is reported and its record removed: the holder need not write it down.
         A holder gone meanwhile, or started again since, has nothing of it to forget."""
         process = self._process
-        if process is None or not self._alive(process) or process.stdin is None:
+        if process is None or not self._holder_runs(process) or process.stdin is None:
             return
         with contextlib.suppress(OSError, ValueError):
             async with self._writing:
                 await _write(process.stdin.fileno(), f"reported {pid}\n".encode())
 
-    def _alive(self, process: subprocess.Popen[bytes]) -> bool:
+    def _holder_runs(self, process: subprocess.Popen[bytes]) -> bool:
         """Whether the holder still runs, as last looked (HOLDER_LOOK_SECONDS ago at most): each look is a wait4 call,
         which on a host starting and ending sandboxes by the hundred a second waits on the kernel's process list. One
         that ended since is known anyway: the end of its output is read at once (`_readable`), and a write into its
@@ -138,7 +138,7 @@ class HoldServer:
         return process.returncode is None
 
     def _running(self) -> subprocess.Popen[bytes]:
-        if self._process is None or not self._alive(self._process):
+        if self._process is None or not self._holder_runs(self._process):
             self._forget()
             self._process = subprocess.Popen(
                 [sys.executable, "-I", "-S", str(HOLDER), "--serve", "--tell-exits"], env={}, cwd="/",
