@@ -13,6 +13,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -151,15 +152,21 @@ def _all_faulty(count: int, detail: str) -> list[ComponentHealth]:
 
 
 def storage_health(storage: Path, node: str) -> ComponentHealth:
-    """Shared storage is there and takes writes: a probe file is written and removed."""
+    """Shared storage is there and takes writes: a probe file is written and removed. Each probe writes a file of
+    its own name, so that a precheck's probe beside the periodic one, or another node's agent of the same name on
+    the same storage, never removes the file this one is about to."""
     if not storage.is_dir():
         return ComponentHealth(kind="runtime", name="storage", healthy=False,
                                detail=f"shared storage {storage} is not a directory")
-    probe = storage / ".probe" / node
+    folder = storage / ".probe"
     try:
-        probe.parent.mkdir(exist_ok=True)
-        probe.write_text("probe\n")
-        probe.unlink()
+        folder.mkdir(exist_ok=True)
+        handle, probe = tempfile.mkstemp(prefix=f"{node}.", dir=folder)
+        try:
+            os.write(handle, b"probe\n")
+        finally:
+            os.close(handle)
+            os.unlink(probe)
     except OSError as exc:
         return ComponentHealth(kind="runtime", name="storage", healthy=False,
                                detail=f"cannot write to shared storage {storage}: {exc}")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import stat
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from agent.presence.health import board_health, nic_health, probe, resource_checks, storage_health
@@ -99,11 +100,27 @@ def test_a_failing_nvidia_smi_marks_every_board_faulty_with_its_error(tmp_path: 
     assert all("Unable to determine the device handle" in b.detail for b in boards)
 
 
+def test_probes_of_one_node_at_once_all_find_its_storage_healthy(tmp_path: Path) -> None:
+    """A precheck probes the node while its periodic probe may be running, and two agents of one name may share the
+    storage: neither may take the other's probe file for a fault."""
+    storage = tmp_path / "storage"
+    storage.mkdir()
+
+    def probes(_: int) -> list[ComponentHealth]:
+        return [storage_health(storage, "node-a") for _ in range(300)]
+
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        results = [health for batch in pool.map(probes, range(4)) for health in batch]
+
+    assert [h.detail for h in results if not h.healthy] == []
+    assert list((storage / ".probe").iterdir()) == []
+
+
 def test_storage_that_takes_no_writes_is_a_faulty_runtime(tmp_path: Path) -> None:
     storage = tmp_path / "storage"
     storage.mkdir()
     assert storage_health(storage, "node-a").healthy
-    assert not (storage / ".probe" / "node-a").exists()  # the probe file is removed again
+    assert list((storage / ".probe").iterdir()) == []  # the probe file is removed again
 
     (storage / ".probe").rmdir()
     (storage / ".probe").write_text("in the way\n")  # refuses writes even to root
