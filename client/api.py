@@ -451,7 +451,8 @@ class TrainyardClient:
     async def clone(self, source_job_id: str, overrides: dict[str, Any] | None = None, *,
                     job_id: str | None = None, on_retry: Callable[[int, Exception], None] | None = None,
                     ) -> JobAccepted:
-        """O1: a new job from another's spec with top-level fields replaced by `overrides`.
+        """O1: a new job from another's spec with `overrides` applied in order: a top-level field replaced whole
+        (`{"nodes": 4}`), or one entry of a field set by a dotted path, its other entries kept (`{"env.SEED": "7"}`).
 
         The new job's id is chosen here unless given, and an unanswered request is sent again with it,
         as `submit` does: the job is created once.

@@ -155,7 +155,18 @@ async def test_clone_applies_overrides_and_refuses_bad_ones(login: Login) -> Non
     assert (error.error.code, error.error.errors[0].field) == ("invalid-spec", "nodez")
     error = await refused(alice.clone(source, {"nodes": 0}))
     assert error.error.code == "invalid-spec"
-    assert len(await alice.list_jobs()) == 2
+
+    # a dotted path sets one entry of a field and keeps the others
+    with_env = (await alice.submit(spec("env", env={"A": "1"}))).job_id
+    nested = await alice.clone(with_env, {"env.B": "2", "fault_restart.max_restarts": 5})
+    cloned = (await alice.get_job(nested.job_id)).spec
+    assert cloned.env == {"A": "1", "B": "2"}
+    assert cloned.fault_restart is not None and cloned.fault_restart.max_restarts == 5
+    error = await refused(alice.clone(with_env, {"fault_restart.max_restartz": 1}))
+    assert (error.error.code, error.error.errors[0].field) == ("invalid-spec", "fault_restart.max_restartz")
+    error = await refused(alice.clone(with_env, {"nodes.count": 1}))
+    assert (error.error.code, error.error.errors[0].field) == ("invalid-spec", "nodes.count")
+    assert len(await alice.list_jobs()) == 4
 
 
 async def test_devenv_mirrors_the_jobs_workspace(login: Login) -> None:

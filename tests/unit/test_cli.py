@@ -93,12 +93,32 @@ def test_set_keeps_text_for_text_fields() -> None:
     assert overrides == {"driver_version": "535.104", "name": "2024", "image": "yes"}
 
 
-def test_set_refuses_a_dotted_key_naming_it() -> None:
+def test_set_reaches_into_a_field_by_a_dotted_path() -> None:
+    overrides = cli.parse_set_options(["checkpoint_resume.max_resumes=5", "env.SEED=7", "output.name=2024",
+                                       "checkpoint_resume.elastic.min_nodes=2"])
+    # env's values and an output's name are text: kept as typed, as for top-level text fields
+    assert overrides == {"checkpoint_resume.max_resumes": 5, "env.SEED": "7", "output.name": "2024",
+                         "checkpoint_resume.elastic.min_nodes": 2}
+
+
+def test_a_later_set_wins_over_an_earlier_one() -> None:
+    overrides = cli.parse_set_options(["env.A=1", "env={B: '2'}", "env.C=3", "nodes=2", "nodes=4"])
+    # the whole env replaces the path set before it; the path after it adds to it
+    assert list(overrides.items()) == [("env", {"B": "2"}), ("env.C", "3"), ("nodes", 4)]
+
+
+@pytest.mark.parametrize(("item", "expected", "hint"), [
+    ("checkpoint_resume.max_resumez=5", "--set checkpoint_resume.max_resumez: checkpoint_resume has no field "
+     "'max_resumez'", "did you mean 'max_resumes'?"),
+    ("nodes.count=2", "--set nodes.count: nodes holds no fields to set one of", "set the whole of nodes instead"),
+    ("tasks.0.command=x", "--set tasks.0.command: tasks holds no fields to set one of", "set the whole of tasks"),
+    ("env..A=1", "--set env..A: 'env..A' is not a field or a dotted path to one", "checkpoint_resume.max_resumes"),
+])
+def test_set_refuses_a_path_the_spec_does_not_have(item: str, expected: str, hint: str) -> None:
     with pytest.raises(cli.OverrideError) as caught:
-        cli.parse_set_options(["checkpoint_resume.max_resumes=5"])
-    assert "checkpoint_resume.max_resumes" in str(caught.value)
-    assert "nested keys are not supported" in str(caught.value)
-    assert "--set 'checkpoint_resume={max_resumes: 5}'" in caught.value.hint
+        cli.parse_set_options([item])
+    assert str(caught.value) == expected
+    assert hint in caught.value.hint
 
 
 @pytest.mark.parametrize(("item", "expected"), [
@@ -118,11 +138,11 @@ def test_unknown_field_suggests_the_close_one() -> None:
     assert "did you mean 'nodes'" in caught.value.hint
 
 
-def test_clone_refuses_a_dotted_key_before_connecting(fake: FakeClient) -> None:
-    result = invoke("clone", "job-0123456789ab", "--set", "output.name=x")
+def test_clone_refuses_a_path_the_spec_does_not_have_before_connecting(fake: FakeClient) -> None:
+    result = invoke("clone", "job-0123456789ab", "--set", "output.nme=x")
     assert result.exit_code == 1
-    assert "--set output.name: nested keys are not supported" in result.output
-    assert "hint:" in result.output
+    assert "--set output.nme: output has no field 'nme'" in result.output
+    assert "hint: did you mean 'name'?" in result.output
     assert fake.calls == []
 
 
@@ -861,3 +881,18 @@ def test_show_and_list_tell_a_waiting_jobs_expected_start_likely_and_latest(fake
     shown = next(line for line in lines if SHOWN_JOB in line)
     assert shown[-6:] == ["likely", "10:40", "UTC,", "latest", "14:05", "UTC"]
     assert next(line for line in lines if "job-000000000002" in line)[-2:] == ["14:05", "UTC"]
+
+
+def test_clone_sends_a_path_after_the_files_whole_field(fake: FakeClient, tmp_path: Path) -> None:
+    overrides = tmp_path / "overrides.yaml"
+    overrides.write_text("env: {A: '1'}\ncheckpoint_resume.max_resumes: 2\n")
+    fake.answers["clone"] = JobAccepted(job_id="job-00000000000b", status="queued", created=True)
+    result = invoke("clone", "job-00000000000a", "-f", str(overrides), "--set", "env.B=2")
+    assert result.exit_code == 0, result.output
+    [(_, (_, sent), _)] = fake.calls
+    assert list(sent.items()) == [("env", {"A": "1"}), ("checkpoint_resume.max_resumes", 2), ("env.B", "2")]
+
+
+def test_set_keeps_text_for_names_with_a_pattern() -> None:
+    # a project's and an output's names are text of a pattern: still text where YAML reads a number
+    assert cli.parse_set_options(["project=2024", "output.name=2025"]) == {"project": "2024", "output.name": "2025"}

@@ -72,7 +72,9 @@ class ChangeDuration(RequestMessage, frozen=True, tag="ChangeDuration.v1"):
 
 
 class CloneJob(RequestMessage, frozen=True, tag="CloneJob.v1"):
-    """O1: create a job from another's spec with top-level fields replaced by `overrides`."""
+    """O1: create a job from another's spec with `overrides` applied in their order. A key is a top-level field,
+    replaced whole, or a dotted path into a field that holds fields or a mapping (`checkpoint_resume.max_resumes`,
+    `env.SEED`), which sets that entry and keeps the others."""
 
     source_job_id: str
     job_id: str  # the new job's id, chosen by the client so a retry is idempotent

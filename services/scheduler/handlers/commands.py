@@ -24,7 +24,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
-from libs.contracts.jobspec import FieldError, JobSpec, field_error_from_msgspec, parse_duration
+from libs.contracts.jobspec import JobSpec, field_error_from_msgspec, parse_duration
 from libs.contracts.operations.arrays import SUBMIT_ARRAY, ArrayAccepted, SubmitArray
 from libs.contracts.operations.base import CommandError, Done
 from libs.contracts.operations.cluster import (
@@ -73,6 +73,7 @@ from services.scheduler.domain.storage_access import storage_errors
 from services.scheduler.history.archived import Archive
 from services.scheduler.interfaces import Scheduling
 from services.scheduler.rules.archive import MIN_RETENTION_SECONDS
+from services.scheduler.rules.clone import cloned_fields
 from services.scheduler.rules.submissions import Submission, retried, urgent_cap_error
 
 
@@ -110,12 +111,12 @@ class JobCommands:
         if error := access_error(holding, [request.source_job_id], identity, "clone"):
             return error
         source = holding.jobs[request.source_job_id].spec
-        unknown = sorted(set(request.overrides) - set(JobSpec.__struct_fields__))
-        if unknown:
-            return CommandError(code="invalid-spec", message=f"not fields of a job spec: {', '.join(unknown)}",
-                                hint="override top-level fields such as name, nodes, flavors, priority",
-                                errors=[FieldError(field=k, message="is not a known field") for k in unknown])
-        merged = {**msgspec.to_builtins(source), **request.overrides}
+        merged = cloned_fields(msgspec.to_builtins(source), request.overrides)
+        if isinstance(merged, list):
+            return CommandError(code="invalid-spec", message=f"cannot override {', '.join(e.field for e in merged)}",
+                                hint="override fields such as name, nodes or priority, or a path into one such as "
+                                     "checkpoint_resume.max_resumes or env.SEED",
+                                errors=merged)
         try:
             spec = decode_strict(encode(merged), JobSpec)
         except msgspec.ValidationError as exc:
