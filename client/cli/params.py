@@ -8,11 +8,11 @@ wraps (`refusing(job_statuses)`) also gives the command the value in its checked
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
@@ -74,13 +74,19 @@ def past_instant(text: str, *, now: datetime | None = None) -> datetime:
     return when.astimezone(UTC)
 
 
-def read_spec(file: Path) -> JobSpec:
-    """The job spec in FILE (YAML or JSON), every bad field named."""
+def read_spec(file: Path, overrides: Mapping[str, Any] | None = None) -> JobSpec:
+    """The job spec in FILE (YAML or JSON) with `overrides` (submit's --set) applied, every bad field named."""
+    from libs.contracts.overrides import overridden_document
+
+    data, yaml = file.read_bytes(), file.suffix in (".yaml", ".yml")
     try:
-        return decode_spec(file.read_bytes(), yaml=file.suffix in (".yaml", ".yml"))
+        if overrides:
+            data, yaml = overridden_document(data, overrides, yaml=yaml), False
+        return decode_spec(data, yaml=yaml)
     except SpecError as exc:
         print_field_errors(exc.errors)
-        raise fail(f"{file} is not a valid job spec; nothing was submitted") from None
+        with_set = " with its --set options" if overrides else ""
+        raise fail(f"{file}{with_set} is not a valid job spec; nothing was submitted") from None
 
 
 def job_statuses(given: list[str] | None) -> list[JobStatus]:

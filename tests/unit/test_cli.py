@@ -39,7 +39,7 @@ from libs.contracts.events import (
 from libs.contracts.health import ComponentHealth, NodeCheck
 from libs.contracts.identity import Identity
 from libs.contracts.ids import is_job_id
-from libs.contracts.jobspec import CheckpointResume, DatasetRef, FaultRestart, JobSpec
+from libs.contracts.jobspec import CheckpointResume, DatasetRef, FaultRestart, JobSpec, OutputRef
 from libs.contracts.operations.autoscaler import QueueStatus, ScaledInstance, TypeCooldown
 from libs.contracts.operations.base import CommandError, Done
 from libs.contracts.operations.cache import NodeCache, PreloadAccepted
@@ -193,6 +193,50 @@ def test_submit_that_nothing_answers_names_the_job_to_look_for(fake: FakeClient)
     assert "error: nothing answered creating job job-0000000000aa (3 attempts" in result.stderr
     assert "the scheduler does not answer (trainyard.cmd.jobs.submit)" in result.stderr
     assert "`trainyard show job-0000000000aa` tells" in result.stderr
+
+
+def submitted_specs(fake: FakeClient) -> list[JobSpec]:
+    sent: list[JobSpec] = []
+
+    async def submit(spec: JobSpec, *, job_id: str, on_retry: Any) -> JobAccepted:
+        sent.append(spec)
+        return JobAccepted(job_id=job_id, status="queued", created=True)
+
+    fake.answers["submit"] = submit
+    return sent
+
+
+def test_submit_set_replaces_fields_of_the_file_in_order(fake: FakeClient) -> None:
+    sent = submitted_specs(fake)
+    result = invoke("submit", str(EXAMPLE_JOB), "--set", "nodes=4", "--set", "env.SEED=7", "--set", "env.LR=0.1",
+                    "--set", "output.name=2026", "--set", "duration=2h", "--set", "duration=1h")
+    assert result.exit_code == 0, result.output
+    [spec] = sent
+    assert (spec.name, spec.nodes, spec.env, spec.duration) == ("pytorch-ddp-demo", 4, {"SEED": "7", "LR": "0.1"}, "1h")
+    assert spec.output is not None and spec.output.name == "2026"
+    assert spec.command is not None and spec.command.startswith("python3 train.py")  # the file's other fields
+
+
+def test_submit_set_may_fill_in_what_the_file_leaves_out(fake: FakeClient, tmp_path: Path) -> None:
+    sent = submitted_specs(fake)
+    template = tmp_path / "template.yaml"
+    template.write_text(EXAMPLE_JOB.read_text().replace("output: {name: pytorch-ddp-demo}\n", ""))
+    assert "output:" not in template.read_text()
+    result = invoke("submit", str(template), "--set", "output.name=mine")
+    assert result.exit_code == 0, result.output
+    assert [spec.output for spec in sent] == [OutputRef(name="mine")]
+
+
+def test_submit_refuses_what_its_set_options_make_invalid_before_sending(fake: FakeClient) -> None:
+    result = invoke("submit", str(EXAMPLE_JOB), "--set", "nodes=0")
+    assert result.exit_code == 1
+    assert "nodes: Expected `int` >= 1" in result.output
+    assert f"error: {EXAMPLE_JOB} with its --set options is not a valid job spec; nothing was submitted" in (
+        result.output)
+    result = invoke("submit", str(EXAMPLE_JOB), "--set", "output.nme=x")
+    assert result.exit_code == 1
+    assert "--set output.nme: output has no field 'nme'" in result.output
+    assert fake.calls == []
 
 
 def test_overrides_file_must_be_a_mapping(tmp_path: Path) -> None:

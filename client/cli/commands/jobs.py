@@ -79,8 +79,11 @@ SHOWN_ARRAY_JOBS = 50  # the jobs `show ARRAY` lists without --all
 
 
 @commands.command()
-def submit(file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False,
-                                                callback=refusing(read_spec))],
+def submit(file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).", exists=True, dir_okay=False)],
+           set_: Annotated[list[str] | None, typer.Option(
+               "--set", metavar="KEY=VALUE", help="Replace a field of the spec, the value read as YAML; a dotted path "
+               "sets one entry of a field and keeps its others (env.SEED=7). Repeatable; later ones win.",
+               callback=refusing(checked_set_options))] = None,
            array: Annotated[str | None, typer.Option(
                "--array", metavar="EXPR", help="Submit an array: a job per index, e.g. 0-999, 1-10:2 or 0,6,16-32; "
                "%N at the end lets at most N of them run at once.", callback=refusing(optional(array_indices)))] = None,
@@ -93,8 +96,9 @@ def submit(file: Annotated[Path, typer.Argument(help="Job spec (YAML or JSON).",
            as_json: JsonOption = False) -> None:
     """Submit a job described in FILE, or an array of jobs made from it; its id is printed (to stderr) before it
     is sent."""
-    # Options that do not go together are refused here, before connecting, so the error shows without a stack.
-    spec = read_spec(file)
+    # Options that do not go together are refused here, before connecting, so the error shows without a stack. The
+    # spec is checked whole once its --set options are applied: a file may leave out what they fill in.
+    spec = read_spec(file, checked_set_options(set_))
     request = array_request(array, sweep, max_running, follow=follow)
     if request is None:
         with_client(lambda client: send_job(client, spec, follow=follow, as_json=as_json))
@@ -341,7 +345,8 @@ def checked_overrides_file(path: Path | None) -> dict[str, Any]:
 async def clone(client: TrainyardClient,
                 job_id: Annotated[str, typer.Argument(help="The job to copy.")],
                 set_: Annotated[list[str] | None, typer.Option(
-                    "--set", help="Replace a top-level spec field: key=value, the value read as YAML (repeatable).",
+                    "--set", metavar="KEY=VALUE", help="Replace a field of the spec, the value read as YAML; a dotted "
+                    "path sets one entry of a field and keeps its others (env.SEED=7). Repeatable; later ones win.",
                     callback=refusing(checked_set_options))] = None,
                 file: Annotated[Path | None, typer.Option(
                     "--file", "-f", help="YAML mapping of top-level fields to replace.", exists=True, dir_okay=False,

@@ -50,6 +50,7 @@ from libs.contracts.operations.jobs import (
     StopJobs,
     SubmitJob,
 )
+from libs.contracts.overrides import apply_overrides
 from libs.contracts.scheduling import STORAGE_FOLDERS, StoredAccess
 from libs.contracts.strict import decode_strict
 from libs.eventstore import NewEvent
@@ -73,7 +74,6 @@ from services.scheduler.domain.storage_access import storage_errors
 from services.scheduler.history.archived import Archive
 from services.scheduler.interfaces import Scheduling
 from services.scheduler.rules.archive import MIN_RETENTION_SECONDS
-from services.scheduler.rules.clone import cloned_fields
 from services.scheduler.rules.submissions import Submission, retried, urgent_cap_error
 
 
@@ -111,7 +111,7 @@ class JobCommands:
         if error := access_error(holding, [request.source_job_id], identity, "clone"):
             return error
         source = holding.jobs[request.source_job_id].spec
-        merged = cloned_fields(msgspec.to_builtins(source), request.overrides)
+        merged = apply_overrides(msgspec.to_builtins(source), request.overrides)
         if isinstance(merged, list):
             return CommandError(code="invalid-spec", message=f"cannot override {', '.join(e.field for e in merged)}",
                                 hint="override fields such as name, nodes or priority, or a path into one such as "

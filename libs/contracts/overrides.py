@@ -1,4 +1,5 @@
-"""O1: a cloned job's spec, the source's with the caller's overrides applied.
+"""Overrides of a job spec's fields: a clone's (O1), applied by the scheduler to its source's spec, and
+`trainyard submit --set`'s, applied by the CLI to the spec it read.
 
 An override's key is a top-level field of the spec (`nodes`), replaced whole, or a dotted path into a field that
 holds a mapping (`checkpoint_resume.max_resumes`, `env.SEED`), which replaces that one entry and keeps its
@@ -12,15 +13,17 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from libs.contracts.jobspec import FieldError, JobSpec
+import msgspec
+
+from libs.contracts.jobspec import MAX_DOCUMENT_BYTES, FieldError, JobSpec, SpecError
 
 
-def cloned_fields(source: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any] | list[FieldError]:
-    """The spec's fields (as builtins) with `overrides` applied, or what is wrong with them (nothing is applied)."""
+def apply_overrides(fields: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any] | list[FieldError]:
+    """A spec's `fields` (as builtins) with `overrides` applied, or what is wrong with them (nothing is applied)."""
     errors = [error for key in overrides if (error := _path_error(key)) is not None]
     if errors:
         return errors
-    merged = dict(source)
+    merged = dict(fields)
     for key, value in overrides.items():
         *outer, last = key.split(".")
         node: dict[str, Any] = merged
@@ -32,7 +35,7 @@ def cloned_fields(source: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
                 where = ".".join(outer[:depth + 1])
                 return [FieldError(field=key, message=f"{where} holds a {_kind(child)}, not fields to set one of",
                                    hint=f"set the whole of {where} instead")]
-            node[part] = child = dict(child)  # a copy: the source's own mapping is never changed
+            node[part] = child = dict(child)  # a copy: the given fields are never changed
             node = child
         node[last] = value
     return merged
@@ -50,3 +53,21 @@ def _path_error(key: str) -> FieldError | None:
 
 def _kind(value: object) -> str:
     return "list" if isinstance(value, list) else "value"
+
+
+def overridden_document(data: bytes, overrides: Mapping[str, Any], *, yaml: bool = False) -> bytes:
+    """A spec document (YAML or JSON) with `overrides` applied, as JSON for `decode_spec` to check whole; SpecError
+    when the document is not a mapping of fields or an override cannot apply."""
+    if len(data) > MAX_DOCUMENT_BYTES:
+        raise SpecError([FieldError(field="(document)", message=f"is {len(data)} bytes long, over the limit of "
+                                    f"{MAX_DOCUMENT_BYTES}")])
+    try:
+        fields = msgspec.yaml.decode(data) if yaml else msgspec.json.decode(data)
+    except (msgspec.DecodeError, RecursionError) as exc:
+        raise SpecError([FieldError(field="(document)", message=f"is not valid: {exc}")]) from None
+    if not isinstance(fields, dict):
+        raise SpecError([FieldError(field="(document)", message="is not a mapping of a job spec's fields")])
+    merged = apply_overrides(fields, overrides)
+    if isinstance(merged, list):
+        raise SpecError(merged)
+    return msgspec.json.encode(merged)

@@ -1,0 +1,72 @@
+"""Overrides of a spec's fields (a clone's, O1, and `submit --set`'s) apply in order, a dotted path setting one
+entry of a field and keeping the others (libs/contracts/overrides.py)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import pytest
+
+from libs.contracts.jobspec import FieldError, SpecError
+from libs.contracts.overrides import apply_overrides, overridden_document
+
+SOURCE: dict[str, Any] = {"name": "orig", "nodes": 2, "env": {"A": "1"}, "checkpoint_resume": None,
+                          "output": {"name": "out"}}
+
+
+def test_a_path_sets_one_entry_and_keeps_its_siblings() -> None:
+    merged = apply_overrides(SOURCE, {"env.B": "2", "output.name": "other"})
+    assert isinstance(merged, dict)
+    assert (merged["env"], merged["output"]) == ({"A": "1", "B": "2"}, {"name": "other"})
+    assert SOURCE["env"] == {"A": "1"} and SOURCE["output"] == {"name": "out"}  # the source is left as it was
+
+
+def test_a_path_through_a_null_field_makes_it() -> None:
+    merged = apply_overrides(SOURCE, {"checkpoint_resume.elastic.min_nodes": 1})
+    assert isinstance(merged, dict)
+    assert merged["checkpoint_resume"] == {"elastic": {"min_nodes": 1}}
+
+
+def test_overrides_apply_in_order() -> None:
+    merged = apply_overrides(SOURCE, {"env.B": "2", "env": {"C": "3"}, "env.D": "4", "nodes": 4})
+    assert isinstance(merged, dict)
+    assert (merged["env"], merged["nodes"]) == ({"C": "3", "D": "4"}, 4)
+
+
+def test_a_path_into_what_holds_no_fields_is_refused() -> None:
+    assert apply_overrides(SOURCE, {"nodes.count": 2}) == [
+        FieldError(field="nodes.count", message="nodes holds a value, not fields to set one of",
+                   hint="set the whole of nodes instead")]
+    refused = apply_overrides({**SOURCE, "tasks": []}, {"tasks.0": "x"})
+    assert isinstance(refused, list) and refused[0].message == "tasks holds a list, not fields to set one of"
+
+
+def test_unknown_fields_and_empty_names_are_refused_and_nothing_is_applied() -> None:
+    errors = apply_overrides(SOURCE, {"nodez": 2, "env..A": "1", "name": "new"})
+    assert isinstance(errors, list)
+    assert [(e.field, e.message) for e in errors] == [("nodez", "is not a known field"),
+                                                      ("env..A", "is not a field or a dotted path to one")]
+
+
+def test_a_documents_overrides_come_back_as_json_to_decode_whole() -> None:
+    data = overridden_document(b"name: x\nenv: {A: '1'}\n", {"env.B": "2", "nodes": 2}, yaml=True)
+    assert msgspec.json.decode(data) == {"name": "x", "env": {"A": "1", "B": "2"}, "nodes": 2}
+
+
+@pytest.mark.parametrize(("data", "yaml", "message"), [
+    (b"- nodes\n", True, "is not a mapping of a job spec's fields"),
+    (b"name: [x\n", True, "is not valid: "),
+    (b"{", False, "is not valid: "),
+])
+def test_a_document_that_is_not_a_mapping_of_fields_is_refused(data: bytes, yaml: bool, message: str) -> None:
+    with pytest.raises(SpecError) as refused:
+        overridden_document(data, {"nodes": 2}, yaml=yaml)
+    [error] = refused.value.errors
+    assert error.field == "(document)" and error.message.startswith(message)
+
+
+def test_an_override_that_cannot_apply_to_a_document_is_refused() -> None:
+    with pytest.raises(SpecError) as refused:
+        overridden_document(b'{"nodes": 2}', {"nodes.count": 3})
+    assert [e.field for e in refused.value.errors] == ["nodes.count"]
