@@ -293,10 +293,11 @@ def jobs_as_root(environ: Mapping[str, str] = os.environ) -> bool:
 
 def job_user(launch: NodeLaunch, job_id: str, *, as_root: bool) -> int | None:
     """The user the node's processes run as (None: root, where the administrator allows it, `as_root`): the
-    launcher's choice, or for a plan of a launcher before it, the job's own by the default settings."""
+    launcher's choice, or for a plan of a launcher before it, the job's own, as that launcher's default chose (the
+    plan does not name the job's creator)."""
     if as_root:
         return None
-    return launch.run_as if launch.run_as is not None else job_uid(JobUsers(), job_id, "")
+    return launch.run_as if launch.run_as is not None else job_uid(JobUsers(per="job"), job_id, "")
 
 
 def choose_backend(environ: Mapping[str, str] = os.environ) -> tuple[str, str]:

@@ -182,11 +182,13 @@ MAX_JOB_UID = 2**31 - 2
 
 class JobUsers(Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """L1: the Unix user (and group of the same number) a job's processes run as on nodes whose agent runs as
-    root: one per job, or one per user (the same on every node and in every job of theirs, so that what their
-    jobs write to shared storage is theirs alike). The number is `uid_base` plus a hash of the job's id or the
-    user's name modulo `uid_count`: every node works it out alike, with no table to keep."""
+    root: one per user (the default: the same on every node and in every job of theirs, so that what their jobs
+    write to shared storage is theirs alike, and a clone writes again into its source's outputs), or one per job
+    (every job apart, even two of one user's: a job then cannot change what another left in shared storage). The
+    number is `uid_base` plus a hash of the user's name or the job's id modulo `uid_count`: every node works it out
+    alike, with no table to keep."""
 
-    per: Literal["job", "user"] = "job"
+    per: Literal["job", "user"] = "user"
     uid_base: Annotated[int, Meta(ge=1000, le=MAX_JOB_UID)] = 1_000_000_000
     uid_count: Annotated[int, Meta(ge=1, le=MAX_JOB_UID)] = 1_000_000_000
 

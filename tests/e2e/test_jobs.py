@@ -272,6 +272,20 @@ async def test_a_batch_job_runs_its_tasks_in_turn_each_writing_to_its_own_folder
     assert not any("second" in line for line in await stack.logs(refused.job_id))
 
 
+async def test_a_clone_writes_again_into_the_outputs_its_source_made(stack: Stack) -> None:
+    """A user's jobs run as one user (L1, `job_users` per user by default): a clone, or the same job submitted
+    again, changes the files an earlier job of theirs left in its output folder."""
+    api = await stack.up()
+    spec = JobSpec(name="rewrite", flavors=["cpu-1"], algorithm=AlgorithmRef(name="writer"),
+                   command="python3 write.py first", output=OutputRef(name="rewritten"))
+    first = await api.submit(spec)
+    assert (await stack.wait_until(first.job_id, "ended")).status == "succeeded"
+    again = await api.clone(first.job_id, {"command": "python3 write.py again"})
+    job = await stack.wait_until(again.job_id, "ended")
+    assert job.status == "succeeded", (job.reason, await stack.logs(again.job_id))
+    assert (stack.storage / "outputs" / "rewritten" / "result.txt").read_text() == "written by again\n"
+
+
 @pytest.mark.skipif(shutil.which("mpirun") is None, reason="OpenMPI (Debian: openmpi-bin) is not installed")
 async def test_horovod_mode_runs_mpirun_across_both_nodes_through_their_agents(stack: Stack) -> None:
     api = await stack.up()

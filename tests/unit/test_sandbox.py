@@ -591,7 +591,7 @@ def test_each_folder_the_sandbox_makes_is_made_once() -> None:
 def test_a_node_runs_as_the_launchers_user_or_as_root_only_where_an_administrator_allows() -> None:
     launch = NodeLaunch(rank=0, node="n", address="127.0.0.1", argv=["true"], env={}, mounts=[])
     assert job_user(msgspec.structs.replace(launch, run_as=1_000_123), "job-1", as_root=False) == 1_000_123
-    assert job_user(launch, "job-1", as_root=False) == job_uid(JobUsers(), "job-1", "")  # a launcher before
+    assert job_user(launch, "job-1", as_root=False) == job_uid(JobUsers(per="job"), "job-1", "")  # a launcher before
     assert job_user(msgspec.structs.replace(launch, run_as=1_000_123), "job-1", as_root=True) is None
     assert jobs_as_root({JOBS_AS_ROOT_VARIABLE: "1"}) and not jobs_as_root({}) and not jobs_as_root(
         {JOBS_AS_ROOT_VARIABLE: "yes"})
