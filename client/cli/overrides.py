@@ -129,7 +129,7 @@ def read_overrides_file(path: Path) -> dict[str, Any]:
     try:
         document = yaml.safe_load(path.read_text())
     except yaml.YAMLError as exc:
-        raise OverrideError(f"{path} is not valid YAML ({exc})", "fix the file; it holds top-level fields of a "
+        raise OverrideError(f"{path} is not valid YAML ({exc})", "fix the file; it holds fields of a "
                             "job spec, e.g. `nodes: 2`") from None
     if document is None:
         return {}

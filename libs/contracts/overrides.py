@@ -17,6 +17,10 @@ import msgspec
 
 from libs.contracts.jobspec import MAX_DOCUMENT_BYTES, FieldError, JobSpec, SpecError
 
+# Deeper than any field of a job spec (checkpoint_resume.performance.threshold is three): a longer path can
+# only be a mistake, or a request built to nest the merged spec too deeply to encode.
+MAX_PATH_PARTS = 6
+
 
 def apply_overrides(fields: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any] | list[FieldError]:
     """A spec's `fields` (as builtins) with `overrides` applied, or what is wrong with them (nothing is applied)."""
@@ -46,6 +50,9 @@ def _path_error(key: str) -> FieldError | None:
     if not all(parts):
         return FieldError(field=key or "(empty)", message="is not a field or a dotted path to one",
                           hint="write a field (nodes) or a path into one (checkpoint_resume.max_resumes)")
+    if len(parts) > MAX_PATH_PARTS:
+        return FieldError(field=key[:200], message=f"is a path of {len(parts)} names, deeper than any field of a job "
+                          "spec", hint="write a field (nodes) or a path into one (checkpoint_resume.max_resumes)")
     if parts[0] not in JobSpec.__struct_fields__:
         return FieldError(field=key, message="is not a known field", hint="check its spelling against docs/jobs.md")
     return None

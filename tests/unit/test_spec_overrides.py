@@ -70,3 +70,11 @@ def test_an_override_that_cannot_apply_to_a_document_is_refused() -> None:
     with pytest.raises(SpecError) as refused:
         overridden_document(b'{"nodes": 2}', {"nodes.count": 3})
     assert [e.field for e in refused.value.errors] == ["nodes.count"]
+
+
+def test_a_path_deeper_than_any_field_is_refused_before_anything_is_nested() -> None:
+    refused = apply_overrides(SOURCE, {"env" + ".a" * 5000: "x"})
+    assert isinstance(refused, list)
+    [error] = refused
+    assert error.message == "is a path of 5001 names, deeper than any field of a job spec"
+    assert len(error.field) == 200

@@ -349,7 +349,8 @@ async def clone(client: TrainyardClient,
                     "path sets one entry of a field and keeps its others (env.SEED=7). Repeatable; later ones win.",
                     callback=refusing(checked_set_options))] = None,
                 file: Annotated[Path | None, typer.Option(
-                    "--file", "-f", help="YAML mapping of top-level fields to replace.", exists=True, dir_okay=False,
+                    "--file", "-f", help="YAML mapping of fields (or dotted paths into them) to replace.", exists=True,
+                    dir_okay=False,
                     callback=refusing(checked_overrides_file))] = None,
                 name: Annotated[str | None, typer.Option("--name", help="The new job's name.")] = None,
                 as_json: JsonOption = False) -> None:
