@@ -52,7 +52,7 @@ BWRAP = "bwrap"
 BUILT_BWRAP = "trainyard-bwrap"  # bubblewrap as `make install` builds it, beside the agent's Python
 BACKEND_VARIABLE = "TRAINYARD_WORKSPACE_BACKEND"
 # An administrator's leave for the jobs of this node (of its pool) to run as root, in their sandbox and without any
-# capability all the same: `1`. Otherwise an agent running as root runs each job as its own user (L1).
+# capability all the same: `1`. Otherwise an agent running as root runs each job as its unprivileged user (L1).
 JOBS_AS_ROOT_VARIABLE = "TRAINYARD_JOBS_AS_ROOT"
 # The skeleton every node gets, even when the job mounts nothing there.
 SKELETON = ("algorithm", "anno_dataset", "dataset/private", "dataset/favorite", "model/pretrained",
