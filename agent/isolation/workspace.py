@@ -77,6 +77,9 @@ class Workspace:
     path: Path  # what /workspace means for this job: a folder under `root` (plain), or /workspace
     backend: str = PLAIN
     sandbox: SandboxSpec | None = None  # bwrap only
+    # Writable mounts whose folder in shared storage belongs to another user, who keeps it (`give_to`): the job
+    # cannot write there, which its log is told before it starts ("/workspace/outputs", the owner's uid).
+    not_writable: tuple[tuple[str, int], ...] = ()
 
     def translate(self, text: str, files: Mapping[str, Path]) -> str:
         """Map `/workspace/...` and generated file paths to their real places (plain only)."""
@@ -163,14 +166,18 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
                       for path in [*HOST_FILES_IN_IMAGE, *host_binds] if path.exists()]
             if not any(mount.target == "algorithm" for mount in launch.mounts):
                 cwd = image.workdir or WORKSPACE  # nothing of the job's to start in: where the image says
+        kept: list[tuple[str, int]] = []
         if run_as is not None and os.geteuid() == 0:
-            give_to(run_as, [tmp, *(() if run_folder is None else (run_folder,))], writable,
-                    [source for mount, source in zip(launch.mounts, sources, strict=True)
-                     if mount.target == CHECKPOINT_TARGET and not mount.read_only])
+            others = give_to(run_as, [tmp, *(() if run_folder is None else (run_folder,))], writable,
+                             [source for mount, source in zip(launch.mounts, sources, strict=True)
+                              if mount.target == CHECKPOINT_TARGET and not mount.read_only])
+            kept = [(f"{WORKSPACE}/{mount.target}", others[source]) for mount, source in
+                    zip(launch.mounts, sources, strict=True) if not mount.read_only and source in others]
         sandbox = SandboxSpec(binds=binds, dirs=SKELETON_DIRS, tmp=tmp, keep=agent_paths(), cwd=cwd,
                               hidden=hidden_entries(hidden), root=image.rootfs if image is not None else None,
                               run_as=run_as if os.geteuid() == 0 else None, devices=accelerator_devices())
-        return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox), files
+        return Workspace(root=root, path=Path(WORKSPACE), backend=BWRAP, sandbox=sandbox,
+                         not_writable=tuple(kept)), files
     workspace = Workspace(root=root, path=root / "workspace")
     if workspace.path.exists():
         shutil.rmtree(workspace.path)
@@ -185,23 +192,29 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
     return workspace, files
 
 
-def give_to(uid: int, own: Sequence[Path], writable: Sequence[Path], whole: Sequence[Path]) -> None:
+def give_to(uid: int, own: Sequence[Path], writable: Sequence[Path], whole: Sequence[Path]) -> dict[Path, int]:
     """Let the job's user `uid` write where the job writes: the node's own folders (`own`: its /tmp, its run
     socket's folder and what is in it), the writable folders of shared storage it mounts (`writable`) where the
     agent made them (those of another owner stay theirs: a volume another user's job made), and `whole` (its
-    checkpoint folder, copied from the last attempt's by the agent) with everything inside."""
+    checkpoint folder, copied from the last attempt's by the agent) with everything inside. Returns the writable
+    folders left to another owner, with the owner's uid."""
     for path in own:
         os.chown(path, uid, uid)
         for child in path.iterdir():
             os.chown(child, uid, uid, follow_symlinks=False)
+    others: dict[Path, int] = {}
     for path in writable:
-        if path.stat().st_uid == 0:
+        owner = path.stat().st_uid
+        if owner == 0:
             os.chown(path, uid, uid)
+        elif owner != uid:
+            others[path] = owner
     for path in whole:
         for folder, dirs, names in os.walk(path):
             os.chown(folder, uid, uid)
             for name in [*dirs, *names]:
                 os.chown(os.path.join(folder, name), uid, uid, follow_symlinks=False)
+    return others
 
 
 def accelerator_devices(dev: str = "/dev") -> tuple[str, ...]:

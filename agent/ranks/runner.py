@@ -401,6 +401,9 @@ class RankRunner:
             await self._not_started(node, root, f"cannot prepare the workspace: {exc}")
             await self._discard(node, root)  # half a workspace is nothing to debug in
             return None
+        for target, owner in workspace.not_writable:
+            append_note(root, f"{target} is another user's in shared storage (uid {owner}): this job cannot write "
+                              "there; give it a folder of its own (such as another output name)")
         env = job_environment(
             self.job_basics, {k: workspace.translate(v, files) for k, v in launch.env.items()},
             {"TRAINYARD_JOB_ID": node.job_id, "TRAINYARD_ATTEMPT": str(node.attempt),

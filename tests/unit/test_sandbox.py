@@ -333,6 +333,19 @@ def test_a_bwrap_workspace_uses_the_real_paths(tmp_path: Path) -> None:
     assert ("--ro-bind", str(files["/job/hostfile"]), "/job/hostfile") in found
 
 
+@pytest.mark.skipif(os.geteuid() != 0, reason="folders are given to a job's user by an agent running as root")
+def test_a_writable_folder_of_another_user_stays_theirs_and_is_named(tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    (storage / "outputs" / "theirs").mkdir(parents=True)
+    os.chown(storage / "outputs" / "theirs", JOB_UID + 1, JOB_UID + 1)  # an earlier job of another user made it
+    node = launch(Mount(source="outputs/theirs", target="outputs", read_only=False),
+                  Mount(source="volumes/new", target="volumes/new", read_only=False))
+    workspace, _ = build_workspace(tmp_path / "rank-0", storage, node, BWRAP, run_as=JOB_UID)
+    assert workspace.not_writable == (("/workspace/outputs", JOB_UID + 1),)
+    assert (storage / "outputs" / "theirs").stat().st_uid == JOB_UID + 1  # still theirs
+    assert (storage / "volumes" / "new").stat().st_uid == JOB_UID  # made by the agent now: the job's
+
+
 def test_a_workspace_made_again_starts_with_an_empty_tmp(tmp_path: Path) -> None:
     build_workspace(tmp_path / "rank-0", tmp_path / "storage", launch(), BWRAP)
     (tmp_path / "rank-0" / "tmp" / "left-over").write_text("from the start before")
