@@ -132,6 +132,8 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
     sources = []
     for mount in launch.mounts:
         source = (staged or {}).get(mount.source) or storage / mount.source
+        if source == storage / mount.source:
+            check_no_link(storage, mount.source, writable=not mount.read_only)
         if mount.target == CHECKPOINT_TARGET and not mount.read_only:
             prepare_checkpoints(source)  # this attempt's own folder, starting from the last one's
         elif not source.exists():
@@ -192,6 +194,24 @@ def build_workspace(root: Path, storage: Path, launch: NodeLaunch, backend: str 
     return workspace, files
 
 
+def check_no_link(storage: Path, source: str, *, writable: bool) -> None:
+    """Refuse a mount whose path in shared storage leads out of it through a link, and a writable one with a link
+    anywhere on its way: a job may leave links in what it writes, and the agent, as root, must neither show another
+    place of the host in a later job nor give it to that job's user. Links within storage that an administrator
+    made for read-only data (a dataset kept elsewhere in storage) stay usable."""
+    where = storage
+    for part in Path(source).parts:
+        where = where / part
+        if writable and where.is_symlink():
+            raise WorkspaceError(f"{source} in shared storage passes through a link ({where.relative_to(storage)}); "
+                                 "a job writes only to folders there: remove the link")
+    inside = os.path.realpath(storage)
+    found = os.path.realpath(storage / source)
+    if found != inside and not found.startswith(inside + os.sep):
+        raise WorkspaceError(f"{source} in shared storage leads out of it through a link (to {found}); a job's "
+                             "mounts stay in shared storage: remove the link")
+
+
 def give_to(uid: int, own: Sequence[Path], writable: Sequence[Path], whole: Sequence[Path]) -> dict[Path, int]:
     """Let the job's user `uid` write where the job writes: the node's own folders (`own`: its /tmp, its run
     socket's folder and what is in it), the writable folders of shared storage it mounts (`writable`) where the
@@ -204,10 +224,10 @@ def give_to(uid: int, own: Sequence[Path], writable: Sequence[Path], whole: Sequ
             os.chown(child, uid, uid, follow_symlinks=False)
     others: dict[Path, int] = {}
     for path in writable:
-        owner = path.stat().st_uid
+        owner = path.lstat().st_uid  # never through a link (check_no_link refused those): a job may make one later
         if owner == 0:
-            os.chown(path, uid, uid)
-        elif owner != uid:
+            os.chown(path, uid, uid, follow_symlinks=False)
+        elif owner != uid and path not in whole:
             others[path] = owner
     for path in whole:
         for folder, dirs, names in os.walk(path):

@@ -346,6 +346,34 @@ def test_a_writable_folder_of_another_user_stays_theirs_and_is_named(tmp_path: P
     assert (storage / "volumes" / "new").stat().st_uid == JOB_UID  # made by the agent now: the job's
 
 
+@pytest.mark.parametrize("backend", [BWRAP, PLAIN])
+def test_a_link_a_job_left_in_shared_storage_never_leads_a_mount_out_of_it(tmp_path: Path, backend: str) -> None:
+    storage, host = tmp_path / "storage", tmp_path / "host-etc"
+    host.mkdir()
+    (storage / "outputs" / "x").mkdir(parents=True)
+    (storage / "outputs" / "x" / "b-1").symlink_to(host)  # planted by an earlier job writing to outputs/x
+    (storage / "datasets").mkdir()
+    (storage / "datasets" / "out").symlink_to(host)
+    writable = launch(Mount(source="outputs/x/b-1", target="outputs", read_only=False))
+    through = r"outputs/x/b-1 in shared storage passes through a link \(outputs/x/b-1\)"
+    with pytest.raises(WorkspaceError, match=through):
+        build_workspace(tmp_path / "rank-0", storage, writable, backend, run_as=JOB_UID)
+    assert host.stat().st_uid == os.geteuid()  # not given to the job's user
+    reading = launch(Mount(source="datasets/out", target="dataset/private/out", read_only=True))
+    with pytest.raises(WorkspaceError, match="datasets/out in shared storage leads out of it through a link"):
+        build_workspace(tmp_path / "rank-0", storage, reading, backend)
+
+
+def test_a_read_only_mount_may_follow_a_link_within_shared_storage(tmp_path: Path) -> None:
+    storage = tmp_path / "storage"
+    (storage / "datasets" / "big-v2").mkdir(parents=True)
+    (storage / "datasets" / "big").symlink_to(storage / "datasets" / "big-v2")  # an administrator's
+    node = launch(Mount(source="datasets/big", target="dataset/private/big", read_only=True))
+    workspace, _ = build_workspace(tmp_path / "rank-0", storage, node, BWRAP)
+    assert workspace.sandbox is not None
+    assert [b.target for b in workspace.sandbox.binds] == ["/workspace/dataset/private/big"]
+
+
 def test_a_workspace_made_again_starts_with_an_empty_tmp(tmp_path: Path) -> None:
     build_workspace(tmp_path / "rank-0", tmp_path / "storage", launch(), BWRAP)
     (tmp_path / "rank-0" / "tmp" / "left-over").write_text("from the start before")
