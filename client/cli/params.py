@@ -81,7 +81,7 @@ def read_spec(file: Path, overrides: Mapping[str, Any] | None = None) -> JobSpec
     data, yaml = file.read_bytes(), file.suffix in (".yaml", ".yml")
     try:
         if overrides:
-            data, yaml = overridden_document(data, overrides, yaml=yaml), False
+            data, yaml = overridden_document(data, overrides, yaml=yaml), True
         return decode_spec(data, yaml=yaml)
     except SpecError as exc:
         print_field_errors(exc.errors)

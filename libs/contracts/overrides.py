@@ -20,14 +20,21 @@ from libs.contracts.jobspec import MAX_DOCUMENT_BYTES, FieldError, JobSpec, Spec
 # Deeper than any field of a job spec (checkpoint_resume.performance.threshold is three): a longer path can
 # only be a mistake, or a request built to nest the merged spec too deeply to encode.
 MAX_PATH_PARTS = 6
+# More than a person sets at once by far; the merge of a request's overrides stays short work for the scheduler.
+MAX_OVERRIDES = 256
 
 
 def apply_overrides(fields: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any] | list[FieldError]:
     """A spec's `fields` (as builtins) with `overrides` applied, or what is wrong with them (nothing is applied)."""
+    if len(overrides) > MAX_OVERRIDES:
+        return [FieldError(field="(overrides)", message=f"are {len(overrides)}, more than {MAX_OVERRIDES}",
+                           hint="set a whole field rather than each of its entries")]
     errors = [error for key in overrides if (error := _path_error(key)) is not None]
     if errors:
         return errors
     merged = dict(fields)
+    # The mappings of the merge's own, each made once and then changed in place (the given fields never are).
+    own: dict[int, dict[str, Any]] = {id(merged): merged}
     for key, value in overrides.items():
         *outer, last = key.split(".")
         node: dict[str, Any] = merged
@@ -39,7 +46,10 @@ def apply_overrides(fields: Mapping[str, Any], overrides: Mapping[str, Any]) -> 
                 where = ".".join(outer[:depth + 1])
                 return [FieldError(field=key, message=f"{where} holds a {_kind(child)}, not fields to set one of",
                                    hint=f"set the whole of {where} instead")]
-            node[part] = child = dict(child)  # a copy: the given fields are never changed
+            elif id(child) not in own:
+                child = dict(child)
+            own[id(child)] = child
+            node[part] = child
             node = child
         node[last] = value
     return merged
@@ -63,8 +73,9 @@ def _kind(value: object) -> str:
 
 
 def overridden_document(data: bytes, overrides: Mapping[str, Any], *, yaml: bool = False) -> bytes:
-    """A spec document (YAML or JSON) with `overrides` applied, as JSON for `decode_spec` to check whole; SpecError
-    when the document is not a mapping of fields or an override cannot apply."""
+    """A spec document (YAML or JSON) with `overrides` applied, as YAML for `decode_spec(..., yaml=True)` to check
+    whole as it checks the file alone (YAML keeps what JSON could not hold: a date, a key read as a boolean);
+    SpecError when the document is not a mapping of fields or an override cannot apply."""
     if len(data) > MAX_DOCUMENT_BYTES:
         raise SpecError([FieldError(field="(document)", message=f"is {len(data)} bytes long, over the limit of "
                                     f"{MAX_DOCUMENT_BYTES}")])
@@ -77,4 +88,4 @@ def overridden_document(data: bytes, overrides: Mapping[str, Any], *, yaml: bool
     merged = apply_overrides(fields, overrides)
     if isinstance(merged, list):
         raise SpecError(merged)
-    return msgspec.json.encode(merged)
+    return msgspec.yaml.encode(merged)

@@ -3,13 +3,14 @@ entry of a field and keeping the others (libs/contracts/overrides.py)."""
 
 from __future__ import annotations
 
+from datetime import date
 from typing import Any
 
 import msgspec
 import pytest
 
 from libs.contracts.jobspec import FieldError, SpecError
-from libs.contracts.overrides import apply_overrides, overridden_document
+from libs.contracts.overrides import MAX_OVERRIDES, apply_overrides, overridden_document
 
 SOURCE: dict[str, Any] = {"name": "orig", "nodes": 2, "env": {"A": "1"}, "checkpoint_resume": None,
                           "output": {"name": "out"}}
@@ -49,9 +50,9 @@ def test_unknown_fields_and_empty_names_are_refused_and_nothing_is_applied() -> 
                                                       ("env..A", "is not a field or a dotted path to one")]
 
 
-def test_a_documents_overrides_come_back_as_json_to_decode_whole() -> None:
+def test_a_documents_overrides_come_back_as_yaml_to_decode_whole() -> None:
     data = overridden_document(b"name: x\nenv: {A: '1'}\n", {"env.B": "2", "nodes": 2}, yaml=True)
-    assert msgspec.json.decode(data) == {"name": "x", "env": {"A": "1", "B": "2"}, "nodes": 2}
+    assert msgspec.yaml.decode(data) == {"name": "x", "env": {"A": "1", "B": "2"}, "nodes": 2}
 
 
 @pytest.mark.parametrize(("data", "yaml", "message"), [
@@ -78,3 +79,19 @@ def test_a_path_deeper_than_any_field_is_refused_before_anything_is_nested() -> 
     [error] = refused
     assert error.message == "is a path of 5001 names, deeper than any field of a job spec"
     assert len(error.field) == 200
+
+
+def test_many_paths_into_one_field_each_copy_it_once() -> None:
+    overrides = {f"env.K{i}": str(i) for i in range(MAX_OVERRIDES)}
+    merged = apply_overrides(SOURCE, overrides)
+    assert isinstance(merged, dict) and len(merged["env"]) == MAX_OVERRIDES + 1
+    assert SOURCE["env"] == {"A": "1"}
+    refused = apply_overrides(SOURCE, {**overrides, "nodes": 2})
+    assert isinstance(refused, list)
+    assert [(e.field, e.message) for e in refused] == [("(overrides)", f"are {MAX_OVERRIDES + 1}, more than "
+                                                                        f"{MAX_OVERRIDES}")]
+
+
+def test_a_documents_yaml_keeps_what_json_could_not_hold() -> None:
+    data = overridden_document(b"name: x\nenv: {ON: '1'}\nwhen: 2024-01-01\n", {"nodes": 2}, yaml=True)
+    assert msgspec.yaml.decode(data) == {"name": "x", "env": {True: "1"}, "when": date(2024, 1, 1), "nodes": 2}
