@@ -13,13 +13,13 @@ so that ranks reach each other as before, and so is the process group: the agent
 process of the job.
 
 A job is untrusted code. Where the agent runs as root, bwrap runs as root too (it mounts what the agent may
-read, whatever the permissions of the folders above it), and the first process inside drops to the job's own
-user and group (`SandboxSpec.run_as`, NodeLaunch.run_as) with no supplementary groups, no capabilities (none
-kept, none to gain: an empty bounding set) and `no_new_privs`, then runs the job's command (`dropper`): the
-agent's own static `trainyard-drop` (agent/isolation/drop.c, built by `make install` beside the agent's Python,
-bound read-only at DROP_INSIDE: about 1 ms of CPU a start less than setpriv, and it runs in any image), or
-where it was not built, the host's setpriv, or under an image the agent's own Python. Where the agent is not
-root, bwrap makes a user namespace and the job runs as the agent's user, with no capabilities either. An
+read, whatever the permissions of the folders above it), and the first process inside drops to the job's
+unprivileged user and group (`SandboxSpec.run_as`, NodeLaunch.run_as) with no supplementary groups, no
+capabilities (none kept, none to gain: an empty bounding set) and `no_new_privs`, then runs the job's command
+(`dropper`): the agent's own static `trainyard-drop` (agent/isolation/drop.c, built by `make install` beside the
+agent's Python, bound read-only at DROP_INSIDE: about 1 ms of CPU a start less than setpriv, and it runs in any
+image), or where it was not built, the host's setpriv, or under an image the agent's own Python. Where the agent
+is not root, bwrap makes a user namespace and the job runs as the agent's user, with no capabilities either. An
 agent allowed to run jobs as root (`run_as` None while root) runs them as root without any capability.
 There is no --die-with-parent: bwrap itself dies of the SIGTERM that starts a stop, and the flag would then
 kill the job at once instead of leaving it its grace period. Ranks of one job on one host that are not in one
@@ -405,7 +405,7 @@ def host_view(spec: SandboxSpec, *, list_dir: ListDir = host_listing, drop_progr
 
 
 def _drops_to(spec: SandboxSpec, as_root: bool) -> int | None:
-    """The user the sandbox's first process drops to: where bwrap runs as root and the job has a user of its own."""
+    """The user the sandbox's first process drops to: where bwrap runs as root and the job has a user to run as."""
     return spec.run_as if as_root else None
 
 

@@ -1,4 +1,5 @@
-"""The overrides of `trainyard clone` (O1): `--set key=value` options and an overrides file.
+"""The overrides of `trainyard clone` (O1) and `trainyard submit`: `--set key=value` options and clone's overrides
+file.
 
 Values are YAML; PyYAML is imported only when one is read.
 """
@@ -135,7 +136,7 @@ def read_overrides_file(path: Path) -> dict[str, Any]:
         return {}
     if not isinstance(document, dict) or not all(isinstance(key, str) for key in document):
         raise OverrideError(f"{path} is not a mapping of field names to values",
-                            "write top-level fields of a job spec, one per line, e.g. `nodes: 2`")
+                            "write fields of a job spec, one per line, e.g. `nodes: 2` or `env.SEED: '7'`")
     for key in document:
         field_type(key, f"{path}: {key}")
     return document

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from libs.contracts import subjects
 from libs.contracts.agent import ProcessExited, ProcessStarted
-from libs.contracts.cluster import ClusterConfig
+from libs.contracts.cluster import ClusterConfig, JobUsers
 from libs.contracts.events import (
     Event,
     JobAdmitted,
@@ -67,8 +67,21 @@ def _plan(state: LauncherState, cluster: ClusterConfig, job_id: str, admission: 
     ports = _rank_ports(state, spec, admission.placement, chosen)
     shape = plan_shape(spec, flavor, admission.placement, ports=ports, job_id=job_id,
                        attempt=admission.attempt, resumes=state.resumes(job_id), image=state.image(job_id),
-                       run_as=job_uid(cluster.job_users, job_id, state.creator(job_id)))
+                       run_as=_user_of(state, cluster, job_id))
     return LaunchPlanned(job_id=job_id, attempt=admission.attempt, mode=spec.mode, shape=shape)
+
+
+def _user_of(state: LauncherState, cluster: ClusterConfig, job_id: str) -> int:
+    """L1: the user the job's processes run as. A job keeps the user its earlier attempt ran as, whatever the
+    cluster config says since: a resumed or restarted attempt writes where the earlier ones wrote."""
+    earlier = state.launches.get(job_id)
+    if earlier is None:
+        return job_uid(cluster.job_users, job_id, state.creator(job_id))
+    plan = earlier.plan
+    ran_as = plan.shape.run_as if plan.shape is not None else next(
+        (launch.run_as for launch in plan.every() if launch.run_as is not None), None)
+    # A plan of a launcher before users were chosen: its agents ran the job as its own user (per job).
+    return ran_as if ran_as is not None else job_uid(JobUsers(per="job"), job_id, "")
 
 
 def _rank_ports(state: LauncherState, spec: JobSpec, placement: list[Placement],

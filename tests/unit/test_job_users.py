@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
+import msgspec
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from libs.contracts.cluster import MAX_JOB_UID, JobUsers
-from libs.contracts.events import JobAdmitted, JobSubmitted, LaunchPlanned, Placement
+from libs.contracts.events import JobAdmitted, JobRequeued, JobSubmitted, LaunchPlanned, Placement
 from libs.jobusers import job_uid
 from tests.support.launcher import Site, launches
 from tests.support.platform import CLUSTER, JOB, plain_spec
@@ -44,3 +47,25 @@ async def test_every_node_of_a_plan_runs_as_the_job_s_user(monkeypatch: pytest.M
     await site.dispatch()
     [plan] = site.recorded(LaunchPlanned)
     assert [node.run_as for node in launches(plan)] == [job_uid(CLUSTER.job_users, JOB, "alice")] * 2
+
+
+async def test_a_job_keeps_its_user_in_every_attempt_whatever_the_config_says_since(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    site = Site(monkeypatch)
+
+    def configured(per: Literal["job", "user"]) -> None:
+        site.launcher.cluster = site.launcher.dispatcher.cluster = msgspec.structs.replace(
+            CLUSTER, job_users=JobUsers(per=per))
+
+    configured("job")
+    await site.run(plain_spec(2), ["n1", "n2"])
+    [first] = site.recorded(LaunchPlanned)
+    assert [node.run_as for node in launches(first)] == [job_uid(JobUsers(per="job"), JOB, "alice")] * 2
+    configured("user")  # changed meanwhile, the launcher started again with it
+    await site.exited(1, "n2", 3)
+    await site.exited(0, "n1", 3)
+    await site.scheduler(JobRequeued(job_id=JOB, attempt=1, reason="resumed elsewhere"))
+    await site.run(plain_spec(2), ["n3", "n4"], attempt=2)
+    second = site.recorded(LaunchPlanned)[-1]
+    assert second.attempt == 2
+    assert [node.run_as for node in launches(second)] == [job_uid(JobUsers(per="job"), JOB, "alice")] * 2
