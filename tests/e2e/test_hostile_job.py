@@ -20,8 +20,13 @@ from urllib.parse import urlsplit
 import pytest
 
 from agent.isolation.workspace import BACKEND_VARIABLE, bwrap_problem, bwrap_program
+from client.api import TrainyardClient
+from devstack.harness import TESTER
+from libs.auth import issue_token
 from libs.contracts.cluster import JobUsers
+from libs.contracts.identity import Identity
 from libs.contracts.jobspec import AlgorithmRef, JobSpec, OutputRef
+from libs.jobusers import job_uid
 from tests.support.stack import Stack
 
 pytestmark = [pytest.mark.asyncio(loop_scope="session"), pytest.mark.e2e]
@@ -120,7 +125,11 @@ async def test_a_hostile_job_finds_nothing_of_the_control_plane_the_host_or_anot
     (stack.storage / "algorithms" / "hostile").mkdir(parents=True)
     (stack.storage / "algorithms" / "hostile" / "probe.py").write_text(PROBE)
     api = await stack.up()
-    victim = await api.submit(JobSpec(name="victim", mode="single-node", nodes=1, flavors=["cpu-1"],
+    # The victim is another user's job: the attacker's user (its creator's, L1) is not the victim's.
+    secret = (stack.home / "auth-secret").read_text().strip()
+    other = await TrainyardClient.open(stack.nats_url, token=issue_token(secret, Identity(user="victim-owner",
+                                                                                         projects=["default"])))
+    victim = await other.submit(JobSpec(name="victim", mode="single-node", nodes=1, flavors=["cpu-1"],
                                       algorithm=AlgorithmRef(name="hostile"), output=OutputRef(name="victim"),
                                       env={"API_KEY": API_KEY},
                                       command="python3 -c 'import time; open(\"/workspace/outputs/v\", \"w\"); "
@@ -144,6 +153,8 @@ async def test_a_hostile_job_finds_nothing_of_the_control_plane_the_host_or_anot
     users = JobUsers()
     uid, euid, gid, groups = seen["ids"]
     assert uid == euid == gid and users.uid_base <= uid < users.uid_base + users.uid_count and groups == []
+    # Its creator's user, not the victim's, whose creator is another.
+    assert uid == job_uid(users, attacker.job_id, TESTER) != job_uid(users, victim.job_id, "victim-owner")
     assert set(seen["capabilities"].values()) == {"0000000000000000"}
     assert seen["no_new_privs"] == "1"
     # Its own processes only (bwrap's init of its namespace, then the probe): no agent, service, server or victim
@@ -166,5 +177,6 @@ async def test_a_hostile_job_finds_nothing_of_the_control_plane_the_host_or_anot
     assert set(seen["postgres"].values()) <= {"InvalidPasswordError", "InvalidAuthorizationSpecificationError",
                                                "ConnectionRefusedError", "OSError"}, seen["postgres"]
     assert seen["nats"] != "connected"
-    await api.stop([victim.job_id])
+    await other.stop([victim.job_id])
+    await other.close()
     assert not Path(f"{stack.home}/probe").exists()
