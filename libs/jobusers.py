@@ -17,3 +17,9 @@ def job_uid(settings: JobUsers, job_id: str, creator: str) -> int:
     key = f"user:{creator}" if settings.per == "user" else f"job:{job_id}"
     digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big")
     return settings.uid_base + digest % settings.uid_count
+
+
+def unnamed_plan_uid(job_id: str) -> int:
+    """The user a job ran as under a plan that names none (a launcher's from before users were chosen): its own, as
+    that launcher's default chose; the plan does not name the job's creator."""
+    return job_uid(JobUsers(per="job"), job_id, "")

@@ -41,9 +41,8 @@ from agent.isolation.sandbox import (
     host_listing,
     host_view,
 )
-from libs.contracts.cluster import JobUsers
 from libs.contracts.events import NodeLaunch
-from libs.jobusers import job_uid
+from libs.jobusers import unnamed_plan_uid
 from libs.storage import CHECKPOINT_TARGET
 
 PLAIN = "plain"
@@ -326,11 +325,10 @@ def jobs_as_root(environ: Mapping[str, str] = os.environ) -> bool:
 
 def job_user(launch: NodeLaunch, job_id: str, *, as_root: bool) -> int | None:
     """The user the node's processes run as (None: root, where the administrator allows it, `as_root`): the
-    launcher's choice, or for a plan of a launcher before it, the job's own, as that launcher's default chose (the
-    plan does not name the job's creator)."""
+    launcher's choice, or for a plan of a launcher before it, the job's own (`unnamed_plan_uid`)."""
     if as_root:
         return None
-    return launch.run_as if launch.run_as is not None else job_uid(JobUsers(per="job"), job_id, "")
+    return launch.run_as if launch.run_as is not None else unnamed_plan_uid(job_id)
 
 
 def choose_backend(environ: Mapping[str, str] = os.environ) -> tuple[str, str]:

@@ -474,11 +474,16 @@ def validate_spec(spec: JobSpec) -> list[FieldError]:
     return errors
 
 
-def decode_spec(data: bytes | str, *, yaml: bool = False) -> JobSpec:
-    """Decode and validate a spec; raise SpecError naming every bad field."""
+def check_document_size(data: bytes | str) -> None:
+    """SpecError for a spec document longer than MAX_DOCUMENT_BYTES, before anything decodes it."""
     if len(data) > MAX_DOCUMENT_BYTES:
         raise SpecError([FieldError(field="(document)", message=f"is {len(data)} bytes long, over the limit of "
                                     f"{MAX_DOCUMENT_BYTES}")])
+
+
+def decode_spec(data: bytes | str, *, yaml: bool = False) -> JobSpec:
+    """Decode and validate a spec; raise SpecError naming every bad field."""
+    check_document_size(data)
     try:
         spec: JobSpec = decode_strict(data, JobSpec, yaml=yaml)
     except msgspec.ValidationError as exc:

@@ -15,7 +15,7 @@ from typing import Any
 
 import msgspec
 
-from libs.contracts.jobspec import MAX_DOCUMENT_BYTES, FieldError, JobSpec, SpecError
+from libs.contracts.jobspec import FieldError, JobSpec, SpecError, check_document_size
 
 # Deeper than any field of a job spec (checkpoint_resume.performance.threshold is three): a longer path can
 # only be a mistake, or a request built to nest the merged spec too deeply to encode.
@@ -76,9 +76,7 @@ def overridden_document(data: bytes, overrides: Mapping[str, Any], *, yaml: bool
     """A spec document (YAML or JSON) with `overrides` applied, as YAML for `decode_spec(..., yaml=True)` to check
     whole as it checks the file alone (YAML keeps what JSON could not hold: a date, a key read as a boolean);
     SpecError when the document is not a mapping of fields or an override cannot apply."""
-    if len(data) > MAX_DOCUMENT_BYTES:
-        raise SpecError([FieldError(field="(document)", message=f"is {len(data)} bytes long, over the limit of "
-                                    f"{MAX_DOCUMENT_BYTES}")])
+    check_document_size(data)
     try:
         fields = msgspec.yaml.decode(data) if yaml else msgspec.json.decode(data)
     except (msgspec.DecodeError, RecursionError) as exc:

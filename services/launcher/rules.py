@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from libs.contracts import subjects
 from libs.contracts.agent import ProcessExited, ProcessStarted
-from libs.contracts.cluster import ClusterConfig, JobUsers
+from libs.contracts.cluster import ClusterConfig
 from libs.contracts.events import (
     Event,
     JobAdmitted,
@@ -32,7 +32,7 @@ from libs.contracts.events import (
 )
 from libs.contracts.jobspec import JobSpec
 from libs.eventstore import NewEvent
-from libs.jobusers import job_uid
+from libs.jobusers import job_uid, unnamed_plan_uid
 from services.launcher.planner import listening_ranks, plan_shape, ports_wanted
 from services.launcher.state import Launch, LauncherState
 
@@ -80,8 +80,7 @@ def _user_of(state: LauncherState, cluster: ClusterConfig, job_id: str) -> int:
     plan = earlier.plan
     ran_as = plan.shape.run_as if plan.shape is not None else next(
         (launch.run_as for launch in plan.every() if launch.run_as is not None), None)
-    # A plan of a launcher before users were chosen: its agents ran the job as its own user (per job).
-    return ran_as if ran_as is not None else job_uid(JobUsers(per="job"), job_id, "")
+    return ran_as if ran_as is not None else unnamed_plan_uid(job_id)
 
 
 def _rank_ports(state: LauncherState, spec: JobSpec, placement: list[Placement],
